@@ -1,0 +1,55 @@
+// offloadctl: the command line for people and scripts.
+//
+//   offloadctl trace show PATH      summarise a trace directory (OFFLOAD_TRACE) or step file
+//   offloadctl trace check PATH     visibility and activation checks; exit 1 if one fails
+//   offloadctl replay FILE          replay a recorded step through the shim's pipeline on the
+//                                   simulated driver and show what it saw
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+int cmd_trace_show(const std::string& path, bool check);
+int cmd_replay(const std::string& path, int repeats);
+
+namespace {
+
+void usage(FILE* f) {
+  fprintf(f,
+          "usage: offloadctl <command>\n"
+          "  trace show PATH        summarise a trace directory (OFFLOAD_TRACE=DIR) or one step file\n"
+          "  trace check PATH       check visibility (shim launches == CUPTI kernels) and that every\n"
+          "                         activation is touched in the backward; exit 1 if a check fails\n"
+          "  replay FILE [--steps N]  replay a recorded step on the simulated driver (default N=6)\n"
+          "  help                   this text\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> a(argv + 1, argv + argc);
+  if (a.empty() || a[0] == "help" || a[0] == "--help" || a[0] == "-h") {
+    usage(a.empty() ? stderr : stdout);
+    return a.empty() ? 2 : 0;
+  }
+  if (a[0] == "trace" && a.size() == 3 && (a[1] == "show" || a[1] == "check"))
+    return cmd_trace_show(a[2], a[1] == "check");
+  if (a[0] == "replay" && (a.size() == 2 || (a.size() == 4 && a[2] == "--steps"))) {
+    int steps = 6;
+    if (a.size() == 4) {
+      char* end = nullptr;
+      long n = strtol(a[3].c_str(), &end, 10);
+      if (*end || n < 3 || n > 1000) {
+        fprintf(stderr, "offloadctl: --steps '%s' is not valid: expected a count from 3 to 1000\n", a[3].c_str());
+        return 2;
+      }
+      steps = static_cast<int>(n);
+    }
+    return cmd_replay(a[1], steps);
+  }
+  std::string joined;
+  for (auto& s : a) joined += (joined.empty() ? "" : " ") + s;
+  fprintf(stderr, "offloadctl: unknown command '%s'\n", joined.c_str());
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,32 @@
+/* liboffload's C API: the symbols liboffload.so exports besides the CUDA names it
+ * interposes. Callable from C, C++ and Python (ctypes, torch.cuda.memory).
+ *
+ * Every function is safe to call when the shim is idle, from any thread, and never
+ * throws. Functions that return int return 0 (or a length) on success and -1 on error. */
+#ifndef OFFLOAD_OFFLOAD_H
+#define OFFLOAD_OFFLOAD_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Allocator pair for torch.cuda.memory.CUDAPluggableAllocator (route 2):
+ *   CUDAPluggableAllocator("liboffload.so", "offload_malloc", "offload_free")
+ * Memory comes from the device's stream-ordered pool (cuMemAllocAsync on `stream`). */
+void* offload_malloc(size_t size, int device, void* stream);
+void offload_free(void* ptr, size_t size, int device, void* stream);
+
+/* Marks the end of a training step. Once called, automatic step detection is off
+ * and every later step boundary comes from this call. */
+void offload_mark_step(void);
+
+/* Writes the shim's counters as one JSON object into buf (NUL-terminated).
+ * Returns the length written, or -1 if len is too small. */
+int offload_stats_json(char* buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,95 @@
+#include "core/alloc_table.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+namespace offload {
+
+AllocTable::AllocTable(size_t reserve) { entries_.reserve(reserve); }
+
+size_t AllocTable::upper(DevPtr addr) const {
+  auto it = std::upper_bound(entries_.begin(), entries_.end(), addr,
+                             [](DevPtr a, const AllocEntry& e) { return a < e.base; });
+  return static_cast<size_t>(it - entries_.begin());
+}
+
+const AllocEntry* AllocTable::find_locked(DevPtr addr) const {
+  size_t i = upper(addr);
+  if (i == 0) return nullptr;
+  const AllocEntry& e = entries_[i - 1];
+  return addr - e.base < e.size ? &e : nullptr;
+}
+
+std::optional<AllocEntry> AllocTable::insert(DevPtr base, uint64_t size, AllocId id) {
+  if (size == 0) size = 1;  // a zero-byte allocation still owns its address
+  std::optional<AllocEntry> replaced;
+  {
+    std::unique_lock lock(mu_);
+    size_t i = upper(base);
+    // Drop stale entries that overlap the new range (their frees went unseen).
+    while (i > 0 && entries_[i - 1].base + entries_[i - 1].size > base) {
+      replaced = entries_[i - 1];
+      live_bytes_.fetch_sub(replaced->size, std::memory_order_relaxed);
+      entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(i - 1));
+      --i;
+    }
+    while (i < entries_.size() && entries_[i].base < base + size) {
+      replaced = entries_[i];
+      live_bytes_.fetch_sub(replaced->size, std::memory_order_relaxed);
+      entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(i));
+    }
+    entries_.insert(entries_.begin() + static_cast<ptrdiff_t>(i), AllocEntry{base, size, id});
+  }
+  live_bytes_.fetch_add(size, std::memory_order_relaxed);
+  DevPtr lo = lo_.load(std::memory_order_relaxed);
+  while (base < lo && !lo_.compare_exchange_weak(lo, base)) {}
+  DevPtr hi = hi_.load(std::memory_order_relaxed);
+  while (base + size > hi && !hi_.compare_exchange_weak(hi, base + size)) {}
+  return replaced;
+}
+
+std::optional<AllocEntry> AllocTable::erase(DevPtr base) {
+  std::unique_lock lock(mu_);
+  size_t i = upper(base);
+  if (i == 0 || entries_[i - 1].base != base) return std::nullopt;
+  AllocEntry e = entries_[i - 1];
+  entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(i - 1));
+  live_bytes_.fetch_sub(e.size, std::memory_order_relaxed);
+  return e;
+}
+
+std::optional<AllocEntry> AllocTable::find(DevPtr addr) const {
+  std::shared_lock lock(mu_);
+  const AllocEntry* e = find_locked(addr);
+  return e ? std::optional<AllocEntry>(*e) : std::nullopt;
+}
+
+size_t AllocTable::scan(const void* words, size_t nwords, AllocId* out, size_t count,
+                        size_t cap) const {
+  const DevPtr lo = lo_.load(std::memory_order_relaxed);
+  const DevPtr hi = hi_.load(std::memory_order_relaxed);
+  const auto* bytes = static_cast<const unsigned char*>(words);
+  bool locked = false;
+  std::shared_lock lock(mu_, std::defer_lock);
+  for (size_t w = 0; w < nwords && count < cap; ++w) {
+    DevPtr v;
+    std::memcpy(&v, bytes + w * 8, sizeof v);
+    if (v < lo || v >= hi) continue;  // most words are sizes, strides, scalars
+    if (!locked) {
+      lock.lock();
+      locked = true;
+    }
+    const AllocEntry* e = find_locked(v);
+    if (!e) continue;
+    if (std::find(out, out + count, e->id) == out + count) out[count++] = e->id;
+  }
+  return count;
+}
+
+size_t AllocTable::size() const {
+  std::shared_lock lock(mu_);
+  return entries_.size();
+}
+
+}  // namespace offload

@@ -1,0 +1,69 @@
+#include "core/env.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+namespace offload {
+
+std::optional<uint64_t> parse_size(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return std::nullopt;
+  char* end = nullptr;
+  std::string num = s.substr(0, i);
+  double v = std::strtod(num.c_str(), &end);
+  if (end != num.c_str() + num.size() || !std::isfinite(v) || v < 0) return std::nullopt;
+  std::string unit;
+  for (size_t k = i; k < s.size(); ++k) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(s[k])));
+  double mult;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kib") mult = 1024.0;
+  else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kb") mult = 1e3;
+  else if (unit == "mb") mult = 1e6;
+  else if (unit == "gb") mult = 1e9;
+  else if (unit == "tb") mult = 1e12;
+  else return std::nullopt;
+  double bytes = v * mult;
+  if (bytes >= 18446744073709551615.0) return std::nullopt;
+  return static_cast<uint64_t>(bytes);
+}
+
+Settings read_settings(const std::function<const char*(const char*)>& get,
+                       std::vector<std::string>* errors) {
+  Settings st;
+  auto bad = [&](const char* var, const char* val, const char* accepted) {
+    errors->push_back(std::string(var) + "='" + val + "' is not valid: expected " + accepted);
+  };
+  if (const char* v = get("OFFLOAD_TRACE"); v && *v) st.trace_dir = v;
+  if (const char* v = get("OFFLOAD_TRACE_STEPS"); v && *v) {
+    char* end = nullptr;
+    long n = std::strtol(v, &end, 10);
+    if (*end || n < 1 || n > 100000) bad("OFFLOAD_TRACE_STEPS", v, "a step count from 1 to 100000");
+    else st.trace_steps = static_cast<uint32_t>(n);
+  }
+  if (const char* v = get("OFFLOAD_TELEMETRY"); v && *v) {
+    std::string s = v;
+    if (s == "cupti") st.telemetry = true;
+    else if (s == "off") st.telemetry = false;
+    else bad("OFFLOAD_TELEMETRY", v, "'cupti' or 'off'");
+  }
+  if (const char* v = get("OFFLOAD_CUPTI_LIB"); v && *v) st.cupti_lib = v;
+  if (const char* v = get("OFFLOAD_LOG_LEVEL"); v && *v) {
+    std::string s = v;
+    if (s == "debug" || s == "info" || s == "warn" || s == "error" || s == "off") st.log_level = s;
+    else bad("OFFLOAD_LOG_LEVEL", v, "one of debug, info, warn, error, off");
+  }
+  if (const char* v = get("OFFLOAD_DISABLE"); v && *v) {
+    std::string s = v;
+    if (s == "1" || s == "true") st.enabled = false;
+    else if (s == "0" || s == "false") st.enabled = true;
+    else bad("OFFLOAD_DISABLE", v, "0, 1, true or false");
+  }
+  return st;
+}
+
+}  // namespace offload

@@ -1,0 +1,30 @@
+// OFFLOAD_* settings: parsed once at start, with a clear message for every bad value.
+// The README's configuration table lists the same variables; keep them in step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace offload {
+
+struct Settings {
+  std::string trace_dir;         // OFFLOAD_TRACE: write per-step traces here ("" = off)
+  uint32_t trace_steps = 12;     // OFFLOAD_TRACE_STEPS: how many steps to write
+  bool telemetry = true;         // OFFLOAD_TELEMETRY=cupti|off
+  std::string cupti_lib;         // OFFLOAD_CUPTI_LIB: path of libcupti.so ("" = search)
+  std::string log_level = "info";// OFFLOAD_LOG_LEVEL=debug|info|warn|error|off
+  bool enabled = true;           // OFFLOAD_DISABLE=1: forward everything, track nothing
+};
+
+// Parses a byte size: "1048576", "512MiB", "40GiB", "1.5GB", "64k". nullopt if malformed.
+std::optional<uint64_t> parse_size(const std::string& s);
+
+// Reads the settings through `get` (getenv in production). Every malformed value adds a
+// message naming the variable, the value and what is accepted.
+Settings read_settings(const std::function<const char*(const char*)>& get,
+                       std::vector<std::string>* errors);
+
+}  // namespace offload

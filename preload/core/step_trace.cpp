@@ -1,0 +1,206 @@
+#include "core/step_trace.h"
+
+#include <algorithm>
+#include <istream>
+#include <ostream>
+#include <sstream>
+
+#include "offload/trace_format.h"
+
+namespace offload {
+namespace {
+
+char kind_char(EventKind k) {
+  switch (k) {
+    case EventKind::Kernel: return 'K';
+    case EventKind::Copy: return 'C';
+    case EventKind::Memset: return 'M';
+    case EventKind::Graph: return 'G';
+    default: return '?';
+  }
+}
+
+bool kind_from(char c, EventKind* k) {
+  switch (c) {
+    case 'K': *k = EventKind::Kernel; return true;
+    case 'C': *k = EventKind::Copy; return true;
+    case 'M': *k = EventKind::Memset; return true;
+    case 'G': *k = EventKind::Graph; return true;
+    default: return false;
+  }
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  o.reserve(s.size());
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    o += c;
+  }
+  return o;
+}
+
+}  // namespace
+
+size_t StepTrace::kernel_launches() const {
+  return static_cast<size_t>(std::count_if(launches.begin(), launches.end(), [](const TraceLaunch& l) {
+    return l.kind == EventKind::Kernel;
+  }));
+}
+
+void StepTrace::write(std::ostream& os) const {
+  os << trace_format::kMagic << ' ' << trace_format::kMajor << '.' << trace_format::kMinor << '\n';
+  os << "step " << step << " launches " << launches.size() << " allocs " << allocs.size()
+     << " kernels " << kernels.size() << " gpu_busy_ns " << gpu_busy_ns << " cupti_kernels "
+     << cupti_kernels << '\n';
+  for (const auto& [id, name] : kernels) os << "kernel " << id << ' ' << name << '\n';
+  for (const TraceAlloc& a : allocs)
+    os << "alloc " << a.ordinal << ' ' << a.bytes << ' ' << std::hex << a.stream << std::dec << ' '
+       << a.alloc_pos << ' ' << a.free_pos << '\n';
+  for (const TraceLaunch& l : launches) {
+    os << "launch " << l.pos << ' ' << kind_char(l.kind) << ' ' << l.kernel << ' ' << std::hex
+       << l.stream << std::dec << ' ' << l.gpu_start_ns << ' ' << l.gpu_ns << ' ' << l.allocs.size();
+    for (uint32_t o : l.allocs) os << ' ' << o;
+    os << '\n';
+  }
+  os << "end\n";
+}
+
+bool StepTrace::read(std::istream& is, StepTrace* out, std::string* error) {
+  auto fail = [&](size_t line, const std::string& why) {
+    if (error) *error = "line " + std::to_string(line) + ": " + why;
+    return false;
+  };
+  *out = StepTrace{};
+  std::string line;
+  size_t ln = 0;
+  if (!std::getline(is, line)) return fail(1, "empty input");
+  ++ln;
+  {
+    std::istringstream ss(line);
+    std::string magic;
+    uint32_t major = 0, minor = 0;
+    char dot = 0;
+    if (!(ss >> magic >> major >> dot >> minor) || magic != trace_format::kMagic || dot != '.')
+      return fail(ln, "not an offload trace (expected '" + std::string(trace_format::kMagic) +
+                          " <major>.<minor>')");
+    if (major != trace_format::kMajor)
+      return fail(ln, "trace format " + std::to_string(major) + "." + std::to_string(minor) +
+                          " is not supported (this reader reads " +
+                          std::to_string(trace_format::kMajor) + ".x)");
+  }
+  size_t n_launches = 0, n_allocs = 0, n_kernels = 0;
+  if (!std::getline(is, line)) return fail(ln + 1, "missing step line");
+  ++ln;
+  {
+    std::istringstream ss(line);
+    std::string w[6];
+    if (!(ss >> w[0] >> out->step >> w[1] >> n_launches >> w[2] >> n_allocs >> w[3] >> n_kernels >>
+          w[4] >> out->gpu_busy_ns >> w[5] >> out->cupti_kernels) ||
+        w[0] != "step" || w[1] != "launches" || w[2] != "allocs" || w[3] != "kernels" ||
+        w[4] != "gpu_busy_ns" || w[5] != "cupti_kernels")
+      return fail(ln, "malformed step line");
+    // Bound what a header may ask us to reserve.
+    if (n_launches > (1u << 26) || n_allocs > (1u << 26) || n_kernels > (1u << 24))
+      return fail(ln, "implausible counts in step line");
+  }
+  out->allocs.reserve(n_allocs);
+  out->launches.reserve(n_launches);
+  while (std::getline(is, line)) {
+    ++ln;
+    std::istringstream ss(line);
+    std::string tag;
+    ss >> tag;
+    if (tag == "end") break;
+    if (tag == "kernel") {
+      uint32_t id;
+      if (!(ss >> id)) return fail(ln, "malformed kernel line");
+      std::string name;
+      std::getline(ss >> std::ws, name);
+      out->kernels[id] = name;
+    } else if (tag == "alloc") {
+      TraceAlloc a;
+      if (!(ss >> a.ordinal >> a.bytes >> std::hex >> a.stream >> std::dec >> a.alloc_pos >> a.free_pos))
+        return fail(ln, "malformed alloc line");
+      if (a.ordinal != out->allocs.size()) return fail(ln, "alloc ordinals out of order");
+      out->allocs.push_back(a);
+    } else if (tag == "launch") {
+      TraceLaunch l;
+      char k = 0;
+      size_t n = 0;
+      if (!(ss >> l.pos >> k >> l.kernel >> std::hex >> l.stream >> std::dec >> l.gpu_start_ns >>
+            l.gpu_ns >> n) ||
+          !kind_from(k, &l.kind))
+        return fail(ln, "malformed launch line");
+      if (l.pos != out->launches.size()) return fail(ln, "launch positions out of order");
+      if (n > n_allocs) return fail(ln, "launch touches more allocations than the step has");
+      l.allocs.resize(n);
+      for (auto& o : l.allocs)
+        if (!(ss >> o) || o >= n_allocs) return fail(ln, "bad allocation ordinal in launch");
+      out->launches.push_back(std::move(l));
+    } else {
+      return fail(ln, "unknown record '" + tag + "'");
+    }
+  }
+  if (line != "end") return fail(ln, "truncated trace (no 'end')");
+  if (out->launches.size() != n_launches || out->allocs.size() != n_allocs ||
+      out->kernels.size() != n_kernels)
+    return fail(ln, "record counts do not match the step line");
+  for (const TraceAlloc& a : out->allocs)
+    if (a.alloc_pos > static_cast<int64_t>(n_launches) || a.free_pos > static_cast<int64_t>(n_launches))
+      return fail(ln, "allocation position past the end of the step");
+  return true;
+}
+
+void StepTrace::write_chrome_json(std::ostream& os) const {
+  os << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+  os << "{\"ph\":\"M\",\"pid\":0,\"name\":\"process_name\",\"args\":{\"name\":\"step " << step
+     << " (GPU time, CUPTI)\"}}";
+  for (const TraceLaunch& l : launches) {
+    if (l.gpu_start_ns < 0 || l.gpu_ns < 0) continue;
+    std::string name = l.kind == EventKind::Kernel ? (kernels.count(l.kernel) ? kernels.at(l.kernel) : "?")
+                     : l.kind == EventKind::Copy   ? "memcpy"
+                     : l.kind == EventKind::Memset ? "memset"
+                                                   : "graph";
+    os << ",\n{\"ph\":\"X\",\"pid\":0,\"tid\":\"stream 0x" << std::hex << l.stream << std::dec
+       << "\",\"name\":\"" << json_escape(name) << "\",\"ts\":" << static_cast<double>(l.gpu_start_ns) / 1000.0
+       << ",\"dur\":" << static_cast<double>(l.gpu_ns) / 1000.0 << ",\"args\":{\"pos\":" << l.pos
+       << ",\"allocs\":" << l.allocs.size() << "}}";
+  }
+  os << "\n]}\n";
+}
+
+ActivationReport analyse_activations(const StepTrace& t) {
+  ActivationReport r;
+  const int64_t n = static_cast<int64_t>(t.launches.size());
+  // Live bytes before each launch position, from births and deaths.
+  std::vector<int64_t> delta(static_cast<size_t>(n) + 2, 0);
+  int64_t base = 0;
+  for (const TraceAlloc& a : t.allocs) {
+    if (a.alloc_pos < 0) base += static_cast<int64_t>(a.bytes);
+    else delta[static_cast<size_t>(a.alloc_pos)] += static_cast<int64_t>(a.bytes);
+    if (a.free_pos >= 0) delta[static_cast<size_t>(a.free_pos)] -= static_cast<int64_t>(a.bytes);
+  }
+  int64_t live = base;
+  for (int64_t p = 0; p < n; ++p) {
+    live += delta[static_cast<size_t>(p)];
+    if (r.peak_pos < 0 || live > static_cast<int64_t>(r.peak_bytes)) {
+      r.peak_bytes = static_cast<uint64_t>(live);
+      r.peak_pos = p;
+    }
+  }
+  if (r.peak_pos < 0) return r;
+  std::vector<int64_t> last_use(t.allocs.size(), -1);
+  for (const TraceLaunch& l : t.launches)
+    for (uint32_t o : l.allocs) last_use[o] = std::max<int64_t>(last_use[o], l.pos);
+  for (const TraceAlloc& a : t.allocs) {
+    if (a.alloc_pos < 0 || a.alloc_pos > r.peak_pos || a.free_pos <= r.peak_pos) continue;
+    ++r.activations;
+    r.activation_bytes += a.bytes;
+    if (last_use[a.ordinal] < r.peak_pos) r.without_backward_access.push_back(a.ordinal);
+  }
+  return r;
+}
+
+}  // namespace offload

@@ -1,0 +1,63 @@
+// StepTrace: what one training step did, in the terms the planner needs: which
+// allocations it made and freed, which launches touched which allocations, and how long
+// each launch ran on the GPU. Written and read in the format of protocol/offload/trace_format.h.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/driver.h"
+#include "core/event_log.h"
+
+namespace offload {
+
+struct TraceAlloc {
+  uint32_t ordinal = 0;
+  uint64_t bytes = 0;
+  Stream stream = 0;
+  int64_t alloc_pos = -1;  // launch position it was born before; -1: before the step
+  int64_t free_pos = -1;   // launch position it was freed before; -1: outlives the step
+};
+
+struct TraceLaunch {
+  uint32_t pos = 0;
+  EventKind kind = EventKind::Kernel;
+  uint32_t kernel = 0;        // kernel id (kernels only)
+  Stream stream = 0;
+  int64_t gpu_start_ns = -1;  // from the step's first GPU start; -1: not measured
+  int64_t gpu_ns = -1;
+  std::vector<uint32_t> allocs;  // ordinals touched
+};
+
+struct StepTrace {
+  uint64_t step = 0;
+  std::map<uint32_t, std::string> kernels;  // kernel id -> name
+  std::vector<TraceAlloc> allocs;           // by ordinal
+  std::vector<TraceLaunch> launches;        // by position
+  int64_t gpu_busy_ns = -1;                 // union of kernel intervals; -1: not measured
+  int64_t cupti_kernels = -1;               // CUPTI kernel records in the step; -1: none
+
+  size_t kernel_launches() const;
+
+  void write(std::ostream& os) const;
+  // Parses one step; on error returns false and says why in *error.
+  static bool read(std::istream& is, StepTrace* out, std::string* error);
+  // One step as Chrome/Perfetto trace-event JSON: kernels per stream with GPU times.
+  void write_chrome_json(std::ostream& os) const;
+};
+
+// Activations, as seen from the trace alone: allocations born in the step before its peak
+// of live bytes and freed after it (saved in the forward, released in the backward).
+struct ActivationReport {
+  int64_t peak_pos = -1;
+  uint64_t peak_bytes = 0;
+  size_t activations = 0;
+  uint64_t activation_bytes = 0;
+  std::vector<uint32_t> without_backward_access;  // ordinals never touched after the peak
+};
+ActivationReport analyse_activations(const StepTrace& t);
+
+}  // namespace offload

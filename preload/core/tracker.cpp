@@ -1,0 +1,348 @@
+#include "core/tracker.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace offload {
+namespace {
+
+int64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Records host time spent in a hook's bookkeeping.
+struct HookTimer {
+  explicit HookTimer(TrackerCounters& c) : c_(c), t0_(mono_ns()) {}
+  ~HookTimer() {
+    c_.hook_ns.fetch_add(static_cast<uint64_t>(mono_ns() - t0_), std::memory_order_relaxed);
+    c_.hooked.fetch_add(1, std::memory_order_relaxed);
+  }
+  TrackerCounters& c_;
+  int64_t t0_;
+};
+
+// Walks a launch's `extra` array for the packed argument buffer.
+bool extra_buffer(void** extra, const void** buf, size_t* len) {
+  const void* b = nullptr;
+  const size_t* l = nullptr;
+  for (int i = 0; i < 32 && extra[i] != nullptr; i += 2) {
+    uintptr_t key = reinterpret_cast<uintptr_t>(extra[i]);
+    if (key == 1) b = extra[i + 1];                                   // BUFFER_POINTER
+    else if (key == 2) l = static_cast<const size_t*>(extra[i + 1]);  // BUFFER_SIZE
+  }
+  if (!b || !l) return false;
+  *buf = b;
+  *len = *l;
+  return true;
+}
+
+}  // namespace
+
+Tracker::Tracker(Driver& driver, EventLog& log) : funcs_(driver), log_(log) {}
+
+uint64_t Tracker::publish(Event e, const AllocId* acc, uint32_t n) {
+  uint64_t seq = log_.claim();
+  if (seq) {
+    e.live_bytes = table_.live_bytes();
+    log_.publish(seq, e, acc, n);
+  }
+  return seq;
+}
+
+void Tracker::on_alloc(DevPtr p, uint64_t bytes, Stream s) {
+  AllocId id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  if (auto old = table_.insert(p, bytes, id)) {
+    // The address came back without a free we saw: close the old allocation first.
+    Event f{};
+    f.kind = EventKind::Free;
+    f.a = old->id;
+    f.b = old->size;
+    f.ptr = old->base;
+    f.stream = s;
+    publish(f, nullptr, 0);
+  }
+  counters_.allocs.fetch_add(1, std::memory_order_relaxed);
+  Event e{};
+  e.kind = EventKind::Alloc;
+  e.a = id;
+  e.b = bytes;
+  e.ptr = p;
+  e.stream = s;
+  publish(e, nullptr, 0);
+}
+
+void Tracker::on_free(DevPtr p, Stream s) {
+  auto old = table_.erase(p);
+  if (!old) {
+    counters_.unknown_frees.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  counters_.frees.fetch_add(1, std::memory_order_relaxed);
+  Event e{};
+  e.kind = EventKind::Free;
+  e.a = old->id;
+  e.b = old->size;
+  e.ptr = p;
+  e.stream = s;
+  publish(e, nullptr, 0);
+}
+
+uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
+  HookTimer timer(counters_);
+  counters_.kernels.fetch_add(1, std::memory_order_relaxed);
+  Event e{};
+  e.kind = EventKind::Kernel;
+  e.stream = s;
+  AllocId acc[kMaxAccesses];
+  size_t n = 0;
+  const FuncInfo* fi = funcs_.get(f);
+  if (fi) e.func = fi->id;
+  if (params && fi && fi->nparams >= 0) {
+    for (int i = 0; i < fi->nparams && n < kMaxAccesses; ++i) {
+      uint32_t size = fi->params[i].size;
+      if (size >= 8 && params[i]) n = table_.scan(params[i], size / 8, acc, n, kMaxAccesses);
+    }
+  } else if (params) {
+    e.flags |= kLayoutUnknown;
+    counters_.opaque_kernels.fetch_add(1, std::memory_order_relaxed);
+  }
+  const void* buf;
+  size_t len;
+  if (extra && extra_buffer(extra, &buf, &len)) n = table_.scan(buf, len / 8, acc, n, kMaxAccesses);
+  if (n == kMaxAccesses) e.flags |= kAccessesTruncated;
+  return publish(e, acc, static_cast<uint32_t>(n));
+}
+
+uint64_t Tracker::on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
+  HookTimer timer(counters_);
+  counters_.copies.fetch_add(1, std::memory_order_relaxed);
+  Event e{};
+  e.kind = EventKind::Copy;
+  e.stream = s;
+  e.a = bytes;
+  e.ptr = dst;
+  AllocId acc[2];
+  DevPtr words[2] = {dst, src};
+  size_t n = table_.scan(words, 2, acc, 0, 2);
+  return publish(e, acc, static_cast<uint32_t>(n));
+}
+
+uint64_t Tracker::on_memset(DevPtr dst, uint64_t bytes, Stream s) {
+  HookTimer timer(counters_);
+  counters_.memsets.fetch_add(1, std::memory_order_relaxed);
+  Event e{};
+  e.kind = EventKind::Memset;
+  e.stream = s;
+  e.a = bytes;
+  e.ptr = dst;
+  AllocId acc[1];
+  size_t n = table_.scan(&dst, 1, acc, 0, 1);
+  return publish(e, acc, static_cast<uint32_t>(n));
+}
+
+uint64_t Tracker::on_graph(Stream s) {
+  counters_.graphs.fetch_add(1, std::memory_order_relaxed);
+  Event e{};
+  e.kind = EventKind::Graph;
+  e.stream = s;
+  return publish(e, nullptr, 0);
+}
+
+void Tracker::mark_step() {
+  Event e{};
+  e.kind = EventKind::Mark;
+  publish(e, nullptr, 0);
+}
+
+// ---------------------------------------------------------------------------------------
+
+StepAssembler::StepAssembler(const FuncRegistry& funcs, Options o)
+    : funcs_(funcs), opt_(o), detector_(o.detector) {}
+
+void StepAssembler::consume(const Event& e, const AllocId* acc) {
+  pending_.push_back(Pending{e, pending_acc_.size()});
+  pending_acc_.insert(pending_acc_.end(), acc, acc + e.access_count);
+  if (is_launch(e.kind)) {
+    pending_launch_no_.push_back(launch_no_++);
+    uint64_t what = e.kind == EventKind::Kernel ? e.func : e.a;
+    detector_.push(StepDetector::token(static_cast<uint32_t>(e.kind), what, e.live_bytes), e.live_bytes);
+  } else {
+    pending_launch_no_.push_back(~uint64_t{0});
+  }
+  if (e.kind == EventKind::Mark) {
+    marked_ = true;
+    cut_at(pending_.size(), now_ns_);
+  } else if (pending_.size() > opt_.max_pending_events) {
+    // No boundary for too long: fold the older half into the live set and forget it.
+    size_t half = pending_.size() / 2;
+    for (size_t i = 0; i < half; ++i) {
+      const Event& x = pending_[i].e;
+      if (x.kind == EventKind::Alloc) live_[x.a] = Live{x.b, x.stream, x.ptr};
+      else if (x.kind == EventKind::Free) live_.erase(x.a);
+    }
+    size_t acc_off = pending_[half].acc_begin;
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(half));
+    pending_launch_no_.erase(pending_launch_no_.begin(), pending_launch_no_.begin() + static_cast<ptrdiff_t>(half));
+    pending_acc_.erase(pending_acc_.begin(), pending_acc_.begin() + static_cast<ptrdiff_t>(acc_off));
+    for (auto& p : pending_) p.acc_begin -= acc_off;
+  }
+}
+
+void StepAssembler::cut_at(size_t n, int64_t now_ns) {
+  Cut c;
+  c.cut_ns = now_ns;
+  StepTrace& t = c.trace;
+  t.step = next_step_++;
+  std::vector<std::pair<DevPtr, AllocId>> born_before;
+  born_before.reserve(live_.size());
+  for (auto& [id, l] : live_) born_before.emplace_back(l.base, id);
+  std::sort(born_before.begin(), born_before.end());
+  std::unordered_map<AllocId, uint32_t> ord;
+  ord.reserve(born_before.size() * 2 + 64);
+  for (auto& [base, id] : born_before) {
+    const Live& l = live_[id];
+    ord[id] = static_cast<uint32_t>(t.allocs.size());
+    t.allocs.push_back(TraceAlloc{static_cast<uint32_t>(t.allocs.size()), l.bytes, l.stream, -1, -1});
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Event& e = pending_[i].e;
+    const int64_t pos = static_cast<int64_t>(t.launches.size());
+    switch (e.kind) {
+      case EventKind::Alloc:
+        ord[e.a] = static_cast<uint32_t>(t.allocs.size());
+        t.allocs.push_back(TraceAlloc{static_cast<uint32_t>(t.allocs.size()), e.b, e.stream, pos, -1});
+        live_[e.a] = Live{e.b, e.stream, e.ptr};
+        break;
+      case EventKind::Free:
+        if (auto it = ord.find(e.a); it != ord.end()) t.allocs[it->second].free_pos = pos;
+        live_.erase(e.a);
+        break;
+      case EventKind::Mark:
+        break;
+      default: {
+        TraceLaunch l;
+        l.pos = static_cast<uint32_t>(pos);
+        l.kind = e.kind;
+        l.stream = e.stream;
+        if (e.kind == EventKind::Kernel) {
+          l.kernel = e.func;
+          if (!t.kernels.count(e.func)) t.kernels[e.func] = funcs_.name(e.func);
+          if (!c.first_kernel_seq) c.first_kernel_seq = e.seq;
+        }
+        const AllocId* acc = pending_acc_.data() + pending_[i].acc_begin;
+        for (uint32_t k = 0; k < e.access_count; ++k)
+          if (auto it = ord.find(acc[k]); it != ord.end()) l.allocs.push_back(it->second);
+        t.launches.push_back(std::move(l));
+        c.seqs.push_back(e.seq);
+      }
+    }
+  }
+  size_t acc_off = n < pending_.size() ? pending_[n].acc_begin : pending_acc_.size();
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(n));
+  pending_launch_no_.erase(pending_launch_no_.begin(), pending_launch_no_.begin() + static_cast<ptrdiff_t>(n));
+  pending_acc_.erase(pending_acc_.begin(), pending_acc_.begin() + static_cast<ptrdiff_t>(acc_off));
+  for (auto& p : pending_) p.acc_begin -= acc_off;
+  if (!t.launches.empty()) cuts_.push_back(std::move(c));
+}
+
+void StepAssembler::add_gpu_records(std::vector<GpuRecord>& recs) {
+  for (const GpuRecord& r : recs) {
+    if (r.seq) {
+      gpu_by_seq_[r.seq] = r;
+      max_seq_seen_ = std::max(max_seq_seen_, r.seq);
+    }
+    if (r.kind == EventKind::Kernel) kernel_records_.push_back(r);
+  }
+  recs.clear();
+}
+
+void StepAssembler::finish(Cut& c, const Cut* next) {
+  StepTrace& t = c.trace;
+  // Correlation ids are handed out in API-call order: the step owns every kernel record
+  // from its first seen launch up to the next step's first seen launch, ours or not.
+  uint64_t c_first = ~uint64_t{0}, c_last = 0;
+  for (uint64_t s : c.seqs)
+    if (auto it = gpu_by_seq_.find(s); it != gpu_by_seq_.end()) {
+      c_first = std::min(c_first, it->second.corr);
+      c_last = std::max(c_last, it->second.corr);
+    }
+  uint64_t c_end = c_last + 1;
+  if (next) {
+    uint64_t next_first = ~uint64_t{0};
+    for (uint64_t s : next->seqs)
+      if (auto it = gpu_by_seq_.find(s); it != gpu_by_seq_.end())
+        next_first = std::min(next_first, it->second.corr);
+    if (next_first != ~uint64_t{0} && next_first > c_last) c_end = next_first;
+  }
+  // No GPU times for this step, or only for part of it (telemetry started mid-step).
+  if (c_first == ~uint64_t{0} || c.seqs.empty() || c.seqs.front() < gpu_from_seq_) return;
+  int64_t t0 = INT64_MAX;
+  std::vector<std::pair<uint64_t, uint64_t>> iv;
+  int64_t count = 0;
+  for (const GpuRecord& r : kernel_records_) {
+    if (r.corr < c_first || r.corr >= c_end) continue;
+    ++count;
+    iv.emplace_back(r.start_ns, r.end_ns);
+    t0 = std::min<int64_t>(t0, static_cast<int64_t>(r.start_ns));
+  }
+  for (size_t i = 0; i < c.seqs.size(); ++i)
+    if (auto it = gpu_by_seq_.find(c.seqs[i]); it != gpu_by_seq_.end()) {
+      t0 = std::min<int64_t>(t0, static_cast<int64_t>(it->second.start_ns));
+    }
+  for (size_t i = 0; i < c.seqs.size(); ++i)
+    if (auto it = gpu_by_seq_.find(c.seqs[i]); it != gpu_by_seq_.end()) {
+      t.launches[i].gpu_start_ns = static_cast<int64_t>(it->second.start_ns) - t0;
+      t.launches[i].gpu_ns = static_cast<int64_t>(it->second.end_ns - it->second.start_ns);
+      gpu_by_seq_.erase(it);
+    }
+  std::sort(iv.begin(), iv.end());
+  int64_t busy = 0;
+  uint64_t cur_s = 0, cur_e = 0;
+  bool open = false;
+  for (auto [s, e] : iv) {
+    if (open && s <= cur_e) {
+      cur_e = std::max(cur_e, e);
+      continue;
+    }
+    if (open) busy += static_cast<int64_t>(cur_e - cur_s);
+    cur_s = s;
+    cur_e = e;
+    open = true;
+  }
+  if (open) busy += static_cast<int64_t>(cur_e - cur_s);
+  t.gpu_busy_ns = busy;
+  t.cupti_kernels = count;
+  std::erase_if(kernel_records_, [&](const GpuRecord& r) { return r.corr < c_end; });
+}
+
+std::vector<StepTrace> StepAssembler::take_ready(int64_t now_ns, bool final) {
+  now_ns_ = now_ns;
+  if (!marked_) {
+    for (uint64_t b : detector_.poll()) {
+      auto it = std::find(pending_launch_no_.begin(), pending_launch_no_.end(), b);
+      if (it == pending_launch_no_.end()) continue;
+      size_t idx = static_cast<size_t>(it - pending_launch_no_.begin());
+      // Allocations and frees just before the boundary's launch open the new step.
+      while (idx > 0 && !is_launch(pending_[idx - 1].e.kind)) --idx;
+      if (idx > 0) cut_at(idx, now_ns);
+    }
+  }
+  if (final && !pending_.empty()) cut_at(pending_.size(), now_ns);
+  std::vector<StepTrace> out;
+  while (!cuts_.empty()) {
+    Cut& c = cuts_.front();
+    const Cut* next = cuts_.size() > 1 ? &cuts_[1] : nullptr;
+    bool times_in = next && next->first_kernel_seq && max_seq_seen_ >= next->first_kernel_seq;
+    if (!final && !times_in && now_ns - c.cut_ns < opt_.telemetry_wait_ns) break;
+    finish(c, next);
+    out.push_back(std::move(c.trace));
+    cuts_.pop_front();
+  }
+  return out;
+}
+
+}  // namespace offload

@@ -1,0 +1,130 @@
+// Tracker: the observing half of the shim.
+//
+// Hot path (called from hooks, any thread): on_alloc / on_free keep the interval map of
+// live allocations; on_kernel scans a launch's parameters against it; every event goes into
+// the EventLog with the allocations it touches. None of these allocate (after a kernel's
+// first launch), block, or call the driver except to learn a new kernel's layout.
+//
+// Worker side (one thread): StepAssembler drains the log, finds step boundaries, joins GPU
+// times and turns each step into a StepTrace.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/alloc_table.h"
+#include "core/event_log.h"
+#include "core/func_registry.h"
+#include "core/step_detector.h"
+#include "core/step_trace.h"
+#include "core/telemetry.h"
+
+namespace offload {
+
+struct TrackerCounters {
+  std::atomic<uint64_t> kernels{0}, copies{0}, memsets{0}, graphs{0};
+  std::atomic<uint64_t> allocs{0}, frees{0}, unknown_frees{0}, opaque_kernels{0};
+  std::atomic<uint64_t> hook_ns{0}, hooked{0};  // host time spent in our launch bookkeeping
+};
+
+class Tracker {
+ public:
+  Tracker(Driver& driver, EventLog& log);
+
+  void on_alloc(DevPtr p, uint64_t bytes, Stream s);
+  void on_free(DevPtr p, Stream s);
+  // Each returns the launch's sequence number (0 if the event was dropped).
+  // `params`: the kernelParams array (may be null); `extra`: the extra array (may be null).
+  uint64_t on_kernel(Func f, Stream s, void** params, void** extra);
+  uint64_t on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s);
+  uint64_t on_memset(DevPtr dst, uint64_t bytes, Stream s);
+  uint64_t on_graph(Stream s);
+  void mark_step();
+
+  const AllocTable& allocs() const { return table_; }
+  FuncRegistry& funcs() { return funcs_; }
+  TrackerCounters& counters() { return counters_; }
+
+  static constexpr uint32_t kMaxAccesses = 1024;
+
+ private:
+  uint64_t publish(Event e, const AllocId* acc, uint32_t n);
+
+  AllocTable table_;
+  FuncRegistry funcs_;
+  EventLog& log_;
+  std::atomic<AllocId> next_id_{1};
+  TrackerCounters counters_;
+};
+
+struct StepSummary {
+  uint64_t step = 0;
+  size_t launches = 0, kernels = 0, allocs_born = 0;
+  int64_t cupti_kernels = -1, gpu_busy_ns = -1;
+  size_t activations = 0, activations_unaccessed = 0;
+};
+
+class StepAssembler {
+ public:
+  struct Options {
+    StepDetector::Options detector{};
+    int64_t telemetry_wait_ns = 3'000'000'000;  // give up waiting for GPU times after this
+    size_t max_pending_events = 4u << 20;      // without boundaries, drop history past this
+  };
+  StepAssembler(const FuncRegistry& funcs, Options o);
+
+  void consume(const Event& e, const AllocId* acc);
+  void add_gpu_records(std::vector<GpuRecord>& recs);
+  // Steps whose GPU times have arrived (or that waited long enough, or all if `final`).
+  std::vector<StepTrace> take_ready(int64_t now_ns, bool final);
+
+  // GPU times are complete only for launches from `seq` on (telemetry started then).
+  void gpu_times_from(uint64_t seq) { gpu_from_seq_ = seq; }
+
+  const StepDetector& detector() const { return detector_; }
+  bool marked() const { return marked_; }
+  uint64_t steps_cut() const { return next_step_; }
+
+ private:
+  struct Pending {
+    Event e;
+    size_t acc_begin;
+  };
+  struct Live {
+    uint64_t bytes;
+    Stream stream;
+    DevPtr base;
+  };
+  struct Cut {
+    StepTrace trace;
+    std::vector<uint64_t> seqs;  // launch seq per position
+    uint64_t first_kernel_seq = 0;
+    int64_t cut_ns = 0;
+  };
+  void cut_at(size_t n_events, int64_t now_ns);
+  void finish(Cut& c, const Cut* next);
+
+  const FuncRegistry& funcs_;
+  Options opt_;
+  StepDetector detector_;
+  std::vector<Pending> pending_;
+  std::vector<AllocId> pending_acc_;
+  std::vector<uint64_t> pending_launch_no_;  // launch number of each pending launch event
+  uint64_t launch_no_ = 0;
+  std::unordered_map<AllocId, Live> live_;  // live at the start of the pending window
+  bool marked_ = false;
+  uint64_t next_step_ = 0;
+  int64_t now_ns_ = 0;
+  std::deque<Cut> cuts_;
+  std::unordered_map<uint64_t, GpuRecord> gpu_by_seq_;
+  std::vector<GpuRecord> kernel_records_;  // every kernel record, for counting by corr
+  uint64_t max_seq_seen_ = 0;
+  uint64_t gpu_from_seq_ = 0;
+};
+
+}  // namespace offload

@@ -1,0 +1,24 @@
+// CudaDriver: the Driver seam bound to the real CUDA driver. Entry points are resolved
+// from libcuda.so.1 at run time (never linked) through the hook table's real dlsym.
+#pragma once
+
+#include "core/driver.h"
+
+namespace offload {
+
+class CudaDriver final : public Driver {
+ public:
+  CudaDriver();
+  int param_layout(Func f, ParamInfo* out, int cap) override;
+  const char* func_name(Func f) override;
+
+ private:
+  bool ready();
+  using GetParamInfo = int (*)(uint64_t, size_t, size_t*, size_t*);
+  using GetName = int (*)(const char**, uint64_t);
+  GetParamInfo func_param_info_ = nullptr, kernel_param_info_ = nullptr;
+  GetName func_get_name_ = nullptr, kernel_get_name_ = nullptr;
+  bool resolved_ = false;
+};
+
+}  // namespace offload

@@ -1,0 +1,203 @@
+#include "cupti_telemetry.h"
+
+#include <cupti.h>
+#undef cuGetProcAddress
+#include <dlfcn.h>
+#include <link.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/log.h"
+#include "hooks/hook_table.h"
+
+namespace offload {
+namespace {
+
+CuptiTelemetry* g_instance = nullptr;  // CUPTI's buffer callbacks carry no user pointer
+constexpr size_t kBufferBytes = 8u << 20;
+constexpr uint64_t kExtRetention = 1u << 16;
+constexpr int kSilentCollectsForTakeover = 100;  // ~2 s of polls with launches, no buffers
+
+// Directory of a loaded library whose name contains `needle` ("" if none).
+std::string loaded_dir(const char* needle) {
+  struct Ctx {
+    const char* needle;
+    std::string dir;
+  } ctx{needle, {}};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* p) -> int {
+        auto* c = static_cast<Ctx*>(p);
+        if (info->dlpi_name && std::strstr(info->dlpi_name, c->needle)) {
+          std::string path = info->dlpi_name;
+          c->dir = path.substr(0, path.rfind('/'));
+          return 1;
+        }
+        return 0;
+      },
+      &ctx);
+  return ctx.dir;
+}
+
+}  // namespace
+
+CuptiTelemetry::CuptiTelemetry(std::string lib_hint, const std::atomic<uint64_t>& launches)
+    : lib_hint_(std::move(lib_hint)), launches_(launches) {}
+
+CuptiTelemetry::~CuptiTelemetry() {
+  if (g_instance == this) g_instance = nullptr;
+}
+
+bool CuptiTelemetry::start() {
+  std::vector<std::string> candidates;
+  if (!lib_hint_.empty()) candidates.push_back(lib_hint_);
+  candidates.push_back("libcupti.so.13");
+  // Next to the CUDA runtime the process loaded (pip wheels ship CUPTI beside it).
+  if (std::string d = loaded_dir("libcudart.so"); !d.empty()) candidates.push_back(d + "/libcupti.so.13");
+  const char* home = getenv("CUDA_HOME");
+  for (std::string root : {std::string(home ? home : ""), std::string("/usr/local/cuda")}) {
+    if (root.empty()) continue;
+    candidates.push_back(root + "/extras/CUPTI/lib64/libcupti.so.13");
+    candidates.push_back(root + "/lib64/libcupti.so.13");
+  }
+  for (const std::string& c : candidates)
+    if ((lib_ = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+  std::lock_guard lock(mu_);
+  if (!lib_) {
+    state_ = "off: libcupti.so.13 not found (set OFFLOAD_CUPTI_LIB)";
+    return false;
+  }
+  auto sym = [&](const char* n) { return hooks::real_dlsym(lib_, n); };
+  auto enable = reinterpret_cast<int (*)(int)>(sym("cuptiActivityEnable"));
+  auto reg = reinterpret_cast<int (*)(void*, void*)>(sym("cuptiActivityRegisterCallbacks"));
+  flush_all_ = reinterpret_cast<int (*)(uint32_t)>(sym("cuptiActivityFlushAll"));
+  get_next_ = reinterpret_cast<int (*)(uint8_t*, size_t, void**)>(sym("cuptiActivityGetNextRecord"));
+  push_ = reinterpret_cast<int (*)(int, uint64_t)>(sym("cuptiActivityPushExternalCorrelationId"));
+  pop_ = reinterpret_cast<int (*)(int, uint64_t*)>(sym("cuptiActivityPopExternalCorrelationId"));
+  if (!enable || !reg || !flush_all_ || !get_next_ || !push_ || !pop_) {
+    state_ = "off: libcupti lacks the activity API we need";
+    return false;
+  }
+  g_instance = this;
+  if (reg(reinterpret_cast<void*>(&request_cb), reinterpret_cast<void*>(&complete_cb)) != CUPTI_SUCCESS) {
+    state_ = "off: cuptiActivityRegisterCallbacks failed (another CUPTI client?)";
+    return false;
+  }
+  for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                   CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION}) {
+    if (int r = enable(kind); r != CUPTI_SUCCESS) {
+      state_ = "off: cuptiActivityEnable(" + std::to_string(kind) + ") failed with " + std::to_string(r);
+      return false;
+    }
+  }
+  state_ = "cupti";
+  active_.store(true, std::memory_order_release);
+  return true;
+}
+
+void CuptiTelemetry::push(uint64_t seq) {
+  if (active()) push_(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, seq);
+}
+
+void CuptiTelemetry::pop() {
+  uint64_t ignored;
+  if (active()) pop_(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &ignored);
+}
+
+void CuptiTelemetry::request_cb(uint8_t** buf, size_t* size, size_t* max_records) {
+  *buf = static_cast<uint8_t*>(aligned_alloc(8, kBufferBytes));
+  *size = *buf ? kBufferBytes : 0;
+  *max_records = 0;
+}
+
+void CuptiTelemetry::complete_cb(void*, uint32_t, uint8_t* buf, size_t, size_t valid) {
+  if (CuptiTelemetry* self = g_instance) self->on_buffer(buf, valid);
+  free(buf);
+}
+
+void CuptiTelemetry::on_buffer(uint8_t* buf, size_t valid) {
+  std::lock_guard lock(mu_);
+  ++buffers_;
+  CUpti_Activity* rec = nullptr;
+  while (get_next_(buf, valid, reinterpret_cast<void**>(&rec)) == CUPTI_SUCCESS) {
+    GpuRecord g;
+    switch (rec->kind) {
+      case CUPTI_ACTIVITY_KIND_KERNEL:
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+        auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(rec);
+        g = GpuRecord{EventKind::Kernel, 0, k->correlationId, k->start, k->end};
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(rec);
+        g = GpuRecord{EventKind::Copy, 0, m->correlationId, m->start, m->end};
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(rec);
+        g = GpuRecord{EventKind::Memset, 0, m->correlationId, m->start, m->end};
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
+        auto* x = reinterpret_cast<CUpti_ActivityExternalCorrelation*>(rec);
+        if (x->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) ext_[x->correlationId] = x->externalId;
+        continue;
+      }
+      default:
+        continue;
+    }
+    raw_.push_back(Raw{g, 0});
+  }
+}
+
+void CuptiTelemetry::collect(std::vector<GpuRecord>* out) {
+  if (!active()) return;
+  flush_all_(0);
+  std::lock_guard lock(mu_);
+  // A record's external id may arrive in a later buffer than the record: hold unjoined
+  // records for a few collects before handing them out as "not ours".
+  std::vector<Raw> keep;
+  for (Raw& r : raw_) {
+    if (auto it = ext_.find(static_cast<uint32_t>(r.r.corr)); it != ext_.end()) {
+      r.r.seq = it->second;
+      max_joined_ = std::max<uint64_t>(max_joined_, r.r.corr);
+      out->push_back(r.r);
+    } else if (++r.waited > 3) {
+      out->push_back(r.r);
+    } else {
+      keep.push_back(r);
+    }
+  }
+  raw_.swap(keep);
+  // A graph launch has one correlation id for all its kernels, so ids are kept a while
+  // after their first join rather than erased at once.
+  if (max_joined_ > kExtRetention) ext_.erase(ext_.begin(), ext_.lower_bound(max_joined_ - kExtRetention));
+  // Takeover: launches keep coming but no buffer has completed for a long while.
+  uint64_t launches = launches_.load(std::memory_order_relaxed);
+  if (buffers_ == last_buffers_ && launches != last_launches_) {
+    if (++silent_collects_ >= kSilentCollectsForTakeover && !taken_over_) {
+      taken_over_ = true;
+      state_ = "taken over: another CUPTI client (e.g. torch.profiler) owns the activity buffers; "
+               "GPU times unavailable";
+      log().warn("GPU-time telemetry: {}", state_);
+    }
+  } else if (buffers_ != last_buffers_) {
+    silent_collects_ = 0;
+    if (taken_over_) {
+      taken_over_ = false;
+      state_ = "cupti";
+      log().info("GPU-time telemetry: CUPTI records flow again");
+    }
+  }
+  last_buffers_ = buffers_;
+  last_launches_ = launches;
+}
+
+std::string CuptiTelemetry::state() const {
+  std::lock_guard lock(mu_);
+  return state_;
+}
+
+}  // namespace offload

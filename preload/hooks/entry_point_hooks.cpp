@@ -1,0 +1,69 @@
+// Entry-point routes: dlsym, cuGetProcAddress (v1, _v2), cudaGetDriverEntryPoint and
+// cudaGetDriverEntryPointByVersion. Each forwards, then hands back our wrapper for any
+// name in the hook table (hook_table.cpp decides which).
+#include <cuda.h>
+#undef cuGetProcAddress
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include "hooks/hook.h"
+
+#define OFFLOAD_EXPORT extern "C" __attribute__((visibility("default")))
+
+using namespace offload::hooks;
+
+namespace {
+using GpaV1 = CUresult (*)(const char*, void**, int, cuuint64_t);
+using GpaV2 = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+using RtEntry = cudaError_t (*)(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*);
+using RtEntryV = cudaError_t (*)(const char*, void**, unsigned int, unsigned long long,
+                                 cudaDriverEntryPointQueryResult*);
+constexpr bool ptds(cuuint64_t flags) { return flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM; }
+// The runtime's flags: cudaEnableDefault (0) means "as this runtime entry point was built":
+// per-thread for the _ptsz entry points.
+constexpr bool rt_ptds(unsigned long long flags, bool ptsz_entry) {
+  return (flags & cudaEnablePerThreadDefaultStream) || (ptsz_entry && flags == cudaEnableDefault);
+}
+}  // namespace
+
+OFFLOAD_EXPORT void* dlsym(void* handle, const char* name) {
+  return serve_symbol(name, real_dlsym(handle, name), kDlsym);
+}
+
+// dlvsym is not interposed: the real dlsym is bootstrapped through it, and CUDA's entry
+// points are not looked up by version string.
+
+OFFLOAD_EXPORT CUresult cuGetProcAddress(const char* sym, void** pfn, int ver, cuuint64_t flags) {
+  CUresult r = reinterpret_cast<GpaV1>(real(HookId::cuGetProcAddress))(sym, pfn, ver, flags);
+  if (r == CUDA_SUCCESS && pfn) *pfn = serve_proc(sym, *pfn, ver, ptds(flags), kGetProcAddress);
+  return r;
+}
+
+OFFLOAD_EXPORT CUresult cuGetProcAddress_v2(const char* sym, void** pfn, int ver, cuuint64_t flags,
+                                            CUdriverProcAddressQueryResult* status) {
+  CUresult r = reinterpret_cast<GpaV2>(real(HookId::cuGetProcAddress_v2))(sym, pfn, ver, flags, status);
+  if (r == CUDA_SUCCESS && pfn) *pfn = serve_proc(sym, *pfn, ver, ptds(flags), kGetProcAddress);
+  return r;
+}
+
+#define RT_ENTRY(NAME, PTSZ)                                                                        \
+  OFFLOAD_EXPORT cudaError_t NAME(const char* sym, void** pfn, unsigned long long flags,            \
+                                  cudaDriverEntryPointQueryResult* status) {                        \
+    cudaError_t r = reinterpret_cast<RtEntry>(real(HookId::NAME))(sym, pfn, flags, status);         \
+    if (r == cudaSuccess && pfn)                                                                    \
+      *pfn = serve_proc(sym, *pfn, CUDART_VERSION, rt_ptds(flags, PTSZ), kRuntimeEntryPoint);       \
+    return r;                                                                                       \
+  }
+RT_ENTRY(cudaGetDriverEntryPoint, false)
+RT_ENTRY(cudaGetDriverEntryPoint_ptsz, true)
+
+#define RT_ENTRY_BY_VERSION(NAME, PTSZ)                                                             \
+  OFFLOAD_EXPORT cudaError_t NAME(const char* sym, void** pfn, unsigned int ver,                    \
+                                  unsigned long long flags, cudaDriverEntryPointQueryResult* status) { \
+    cudaError_t r = reinterpret_cast<RtEntryV>(real(HookId::NAME))(sym, pfn, ver, flags, status);   \
+    if (r == cudaSuccess && pfn)                                                                    \
+      *pfn = serve_proc(sym, *pfn, static_cast<int>(ver), rt_ptds(flags, PTSZ), kRuntimeEntryPoint); \
+    return r;                                                                                       \
+  }
+RT_ENTRY_BY_VERSION(cudaGetDriverEntryPointByVersion, false)
+RT_ENTRY_BY_VERSION(cudaGetDriverEntryPointByVersion_ptsz, true)

@@ -1,0 +1,63 @@
+// What every hook does, once: guard, resolve the real entry point, forward, and tell the
+// core. The hook files hold nothing but one-line uses of these.
+//
+//   launch<Id>(observe, call): observe(tracker) -> seq before the launch (our bookkeeping
+//       and the CUPTI external correlation id), call(real) forwards; nested or pass-through
+//       calls only forward.
+//   after_ok<Id>(call, observe): forwards, then observes if the call succeeded (allocs).
+//   before<Id>(observe, call): observes, then forwards (frees).
+//
+// Nothing here allocates, throws, or takes a lock another hook may hold.
+#pragma once
+
+#include "hooks/hook_table.h"
+#include "runtime.h"
+
+namespace offload::hooks {
+
+template <auto Fn>
+using FnPtr = decltype(Fn);
+
+template <HookId Id, class Sig>
+inline Sig real_as() {
+  return reinterpret_cast<Sig>(real(Id));
+}
+
+template <HookId Id, class Sig, class Observe, class Call>
+inline auto launch(Observe&& observe, Call&& call) {
+  Sig fn = real_as<Id, Sig>();
+  HookGuard guard;
+  Runtime* rt = guard.outermost() ? runtime() : nullptr;
+  if (!rt) return call(fn);
+  uint64_t seq = observe(rt->tracker());
+  rt->telemetry().push(seq);
+  auto result = call(fn);
+  rt->telemetry().pop();
+  return result;
+}
+
+template <HookId Id, class Sig, class Call, class Observe>
+inline auto after_ok(Call&& call, Observe&& observe) {
+  Sig fn = real_as<Id, Sig>();
+  HookGuard guard;
+  auto result = call(fn);
+  Runtime* rt = guard.outermost() ? runtime() : nullptr;
+  if (rt && result == decltype(result){}) observe(rt->tracker());
+  return result;
+}
+
+template <HookId Id, class Sig, class Observe, class Call>
+inline auto before(Observe&& observe, Call&& call) {
+  Sig fn = real_as<Id, Sig>();
+  HookGuard guard;
+  if (Runtime* rt = guard.outermost() ? runtime() : nullptr) observe(rt->tracker());
+  return call(fn);
+}
+
+// Stream identity as the tracker records it: the null stream of a _ptsz entry point is the
+// calling thread's per-thread default stream.
+inline Stream stream_id(const void* s, bool ptsz) {
+  return (s == nullptr && ptsz) ? kPerThreadStream : reinterpret_cast<Stream>(s);
+}
+
+}  // namespace offload::hooks

@@ -1,0 +1,76 @@
+// Allocation hooks. Route 1: PyTorch under PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+// allocates every tensor with cudaMallocAsync and frees it with cudaFreeAsync; our exported
+// definitions bind ahead of libcudart's. Route 2: the offload_malloc/offload_free pair for
+// torch.cuda.memory.CUDAPluggableAllocator, on the driver's stream-ordered pool.
+#include <cuda.h>
+#undef cuGetProcAddress
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include "hooks/hook.h"
+#include "offload/offload.h"
+
+#define OFFLOAD_EXPORT extern "C" __attribute__((visibility("default")))
+
+using namespace offload;
+using namespace offload::hooks;
+
+namespace {
+inline DevPtr dptr(const void* p) { return reinterpret_cast<DevPtr>(p); }
+}  // namespace
+
+#define MALLOC_ASYNC(NAME, PTSZ)                                                                    \
+  OFFLOAD_EXPORT cudaError_t NAME(void** p, size_t n, cudaStream_t s) {                             \
+    return after_ok<HookId::NAME, decltype(&::cudaMallocAsync)>(                                    \
+        [&](auto real) { return real(p, n, s); },                                                   \
+        [&](Tracker& t) { t.on_alloc(dptr(*p), n, stream_id(s, PTSZ)); });                          \
+  }
+MALLOC_ASYNC(cudaMallocAsync, false)
+MALLOC_ASYNC(cudaMallocAsync_ptsz, true)
+
+#define MALLOC_FROM_POOL(NAME, PTSZ)                                                                \
+  OFFLOAD_EXPORT cudaError_t NAME(void** p, size_t n, cudaMemPool_t pool, cudaStream_t s) {         \
+    return after_ok<HookId::NAME, decltype(&::cudaMallocFromPoolAsync)>(                            \
+        [&](auto real) { return real(p, n, pool, s); },                                             \
+        [&](Tracker& t) { t.on_alloc(dptr(*p), n, stream_id(s, PTSZ)); });                          \
+  }
+MALLOC_FROM_POOL(cudaMallocFromPoolAsync, false)
+MALLOC_FROM_POOL(cudaMallocFromPoolAsync_ptsz, true)
+
+#define FREE_ASYNC(NAME, PTSZ)                                                                      \
+  OFFLOAD_EXPORT cudaError_t NAME(void* p, cudaStream_t s) {                                        \
+    return before<HookId::NAME, decltype(&::cudaFreeAsync)>(                                        \
+        [&](Tracker& t) { t.on_free(dptr(p), stream_id(s, PTSZ)); },                                \
+        [&](auto real) { return real(p, s); });                                                     \
+  }
+FREE_ASYNC(cudaFreeAsync, false)
+FREE_ASYNC(cudaFreeAsync_ptsz, true)
+
+// Route 2. PyTorch makes `device` current before calling us, so the driver's
+// stream-ordered allocator on `stream` serves the device's default pool.
+namespace {
+template <class Fn>
+Fn driver_fn(const char* name) {
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) h = dlopen("libcuda.so.1", RTLD_LAZY);
+  return h ? reinterpret_cast<Fn>(real_dlsym(h, name)) : nullptr;
+}
+}  // namespace
+
+OFFLOAD_EXPORT void* offload_malloc(size_t size, int, void* stream) {
+  static auto alloc = driver_fn<decltype(&::cuMemAllocAsync)>("cuMemAllocAsync");
+  CUdeviceptr p = 0;
+  if (!alloc || alloc(&p, size, static_cast<CUstream>(stream)) != CUDA_SUCCESS) return nullptr;
+  HookGuard guard;
+  if (Runtime* rt = guard.outermost() ? runtime() : nullptr) rt->tracker().on_alloc(p, size, dptr(stream));
+  return reinterpret_cast<void*>(p);
+}
+
+OFFLOAD_EXPORT void offload_free(void* ptr, size_t, int, void* stream) {
+  static auto release = driver_fn<decltype(&::cuMemFreeAsync)>("cuMemFreeAsync");
+  {
+    HookGuard guard;
+    if (Runtime* rt = guard.outermost() ? runtime() : nullptr) rt->tracker().on_free(dptr(ptr), dptr(stream));
+  }
+  if (release) release(reinterpret_cast<CUdeviceptr>(ptr), static_cast<CUstream>(stream));
+}

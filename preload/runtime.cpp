@@ -1,0 +1,236 @@
+#include "runtime.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/log.h"
+#include "hooks/hook_table.h"
+#include "offload/offload.h"
+
+namespace offload {
+namespace {
+
+std::atomic<Runtime*> g_runtime{nullptr};
+std::atomic<bool> g_pass_through{false};  // set at exit and in forked children
+__attribute__((tls_model("initial-exec"))) thread_local bool t_in_hook = false;
+
+int64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+constexpr size_t kSummariesKept = 256;
+
+const char* route_names[] = {"export", "dlsym", "cuGetProcAddress", "cudaGetDriverEntryPoint"};
+
+}  // namespace
+
+HookGuard::HookGuard() : outermost_(!t_in_hook) { t_in_hook = true; }
+HookGuard::~HookGuard() {
+  if (outermost_) t_in_hook = false;
+}
+
+Runtime* runtime() {
+  if (g_pass_through.load(std::memory_order_relaxed)) return nullptr;
+  return g_runtime.load(std::memory_order_acquire);
+}
+
+Runtime::Runtime(Settings s)
+    : settings_(std::move(s)),
+      tracker_(driver_, log_),
+      telemetry_(settings_.cupti_lib, tracker_.counters().kernels),
+      assembler_(tracker_.funcs(), StepAssembler::Options{}) {
+  if (!settings_.trace_dir.empty() && mkdir(settings_.trace_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    log().error("OFFLOAD_TRACE={}: cannot create the directory ({}); traces are off",
+                settings_.trace_dir, strerror(errno));
+    settings_.trace_dir.clear();
+  }
+  // The worker inherits a mask with every signal blocked: signals go to the application.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  thread_ = std::thread([this] { worker(); });
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+Runtime::~Runtime() { stop(); }
+
+void Runtime::stop() {
+  stop_.store(true);
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Runtime::worker() {
+  pthread_setname_np(pthread_self(), "offload-worker");
+  while (!stop_.load(std::memory_order_relaxed)) {
+    {
+      std::unique_lock lock(wake_mu_);
+      wake_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+    if (stop_.load(std::memory_order_relaxed) || g_pass_through.load(std::memory_order_relaxed)) break;
+    pump(false);
+  }
+}
+
+void Runtime::pump(bool final) {
+  std::lock_guard lock(pump_mu_);
+  // CUPTI starts once the process has launched on the GPU, never in processes that only
+  // inherited LD_PRELOAD (compilers, data-loader workers).
+  if (!telemetry_started_ && settings_.telemetry && tracker_.counters().kernels.load() > 0) {
+    telemetry_started_ = true;
+    if (telemetry_.start()) {
+      assembler_.gpu_times_from(log_.appended() + 1);
+      log().info("GPU-time telemetry: CUPTI activity records on");
+    }
+    else log().warn("GPU-time telemetry: {}", telemetry_.state());
+  }
+  log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
+  telemetry_.collect(&gpu_);
+  assembler_.add_gpu_records(gpu_);
+  for (StepTrace& t : assembler_.take_ready(mono_ns(), final)) emit(t);
+}
+
+void Runtime::emit(StepTrace& t) {
+  ActivationReport act = analyse_activations(t);
+  StepSummary s;
+  s.step = t.step;
+  s.launches = t.launches.size();
+  s.kernels = t.kernel_launches();
+  for (const TraceAlloc& a : t.allocs) s.allocs_born += a.alloc_pos >= 0;
+  s.cupti_kernels = t.cupti_kernels;
+  s.gpu_busy_ns = t.gpu_busy_ns;
+  s.activations = act.activations;
+  s.activations_unaccessed = act.without_backward_access.size();
+  summaries_.push_back(s);
+  if (summaries_.size() > kSummariesKept) summaries_.pop_front();
+  if (!settings_.trace_dir.empty() && steps_written_ < settings_.trace_steps) {
+    char name[64];
+    snprintf(name, sizeof name, "/step-%06llu", static_cast<unsigned long long>(t.step));
+    std::ofstream(settings_.trace_dir + name + ".trace") << [&] {
+      std::ostringstream os;
+      t.write(os);
+      return os.str();
+    }();
+    if (t.gpu_busy_ns >= 0) {
+      std::ofstream chrome(settings_.trace_dir + name + ".chrome.json");
+      t.write_chrome_json(chrome);
+    }
+    ++steps_written_;
+  }
+  if (!settings_.trace_dir.empty()) write_summary();
+}
+
+void Runtime::write_summary() {
+  std::string tmp = settings_.trace_dir + "/summary.json.tmp";
+  {
+    std::ofstream os(tmp);
+    os << stats_json_locked() << '\n';
+  }
+  rename(tmp.c_str(), (settings_.trace_dir + "/summary.json").c_str());
+}
+
+std::string Runtime::stats_json() {
+  {
+    // A query also pumps, so that a caller who synchronised the GPU sees its last steps.
+    pump(false);
+  }
+  std::lock_guard lock(pump_mu_);
+  return stats_json_locked();
+}
+
+std::string Runtime::stats_json_locked() {
+  TrackerCounters& c = tracker_.counters();
+  std::ostringstream os;
+  auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  uint64_t hooked = ld(c.hooked);
+  os << "{\"version\":1,\"pid\":" << getpid() << ",\"telemetry\":\"" << telemetry_.state() << "\""
+     << ",\"step_detection\":\"" << (assembler_.marked() ? "offload_mark_step" : "automatic") << "\""
+     << ",\"locked\":" << (assembler_.detector().locked() ? "true" : "false")
+     << ",\"period\":" << assembler_.detector().period()
+     << ",\"deviations\":" << assembler_.detector().deviations()
+     << ",\"steps\":" << assembler_.steps_cut()
+     << ",\"counters\":{\"kernels\":" << ld(c.kernels) << ",\"copies\":" << ld(c.copies)
+     << ",\"memsets\":" << ld(c.memsets) << ",\"graph_launches\":" << ld(c.graphs)
+     << ",\"allocs\":" << ld(c.allocs) << ",\"frees\":" << ld(c.frees)
+     << ",\"unknown_frees\":" << ld(c.unknown_frees) << ",\"opaque_kernels\":" << ld(c.opaque_kernels)
+     << ",\"dropped_events\":" << log_.dropped() << ",\"unwrapped_routes\":" << hooks::unwrapped_routes()
+     << ",\"live_allocs\":" << tracker_.allocs().size() << ",\"live_bytes\":" << tracker_.allocs().live_bytes()
+     << ",\"functions\":" << tracker_.funcs().count() << "}"
+     << ",\"hook_ns_mean\":" << (hooked ? static_cast<double>(ld(c.hook_ns)) / static_cast<double>(hooked) : 0.0)
+     << ",\"routes\":{";
+  bool first = true;
+  for (size_t i = 0; i < hooks::kHookCount; ++i) {
+    const hooks::HookEntry& e = hooks::hook_table()[i];
+    uint32_t r = e.routes.load(std::memory_order_relaxed);
+    if (!r) continue;
+    os << (first ? "" : ",") << "\"" << e.symbol << "\":[";
+    first = false;
+    bool f2 = true;
+    for (int b = 0; b < 4; ++b)
+      if (r & (1u << b)) {
+        os << (f2 ? "" : ",") << "\"" << route_names[b] << "\"";
+        f2 = false;
+      }
+    os << "]";
+  }
+  os << "},\"recent_steps\":[";
+  first = true;
+  for (const StepSummary& s : summaries_) {
+    os << (first ? "" : ",") << "{\"step\":" << s.step << ",\"launches\":" << s.launches
+       << ",\"kernels\":" << s.kernels << ",\"cupti_kernels\":" << s.cupti_kernels
+       << ",\"gpu_busy_ns\":" << s.gpu_busy_ns << ",\"allocs_born\":" << s.allocs_born
+       << ",\"activations\":" << s.activations << ",\"activations_unaccessed\":" << s.activations_unaccessed
+       << "}";
+    first = false;
+  }
+  os << "]}";
+  return os.str();
+}
+
+namespace {
+
+__attribute__((constructor)) void offload_init() {
+  std::vector<std::string> errors;
+  Settings s = read_settings([](const char* n) { return getenv(n); }, &errors);
+  set_log_level(s.log_level);
+  for (const std::string& e : errors) log().error("{}", e);
+  if (!errors.empty()) {
+    log().error("bad OFFLOAD_* settings: liboffload forwards every call and observes nothing");
+    return;
+  }
+  if (!s.enabled) return;
+  pthread_atfork(nullptr, nullptr, [] { g_pass_through.store(true); });
+  atexit([] { g_pass_through.store(true); });
+  g_runtime.store(new Runtime(std::move(s)), std::memory_order_release);
+}
+
+}  // namespace
+}  // namespace offload
+
+extern "C" {
+
+__attribute__((visibility("default"))) void offload_mark_step(void) {
+  if (offload::Runtime* rt = offload::runtime()) rt->tracker().mark_step();
+}
+
+__attribute__((visibility("default"))) int offload_stats_json(char* buf, size_t len) {
+  offload::Runtime* rt = offload::runtime();
+  std::string s = rt ? rt->stats_json() : std::string("{\"version\":1,\"state\":\"pass-through\"}");
+  if (!buf || s.size() + 1 > len) return -1;
+  memcpy(buf, s.c_str(), s.size() + 1);
+  return static_cast<int>(s.size());
+}
+
+}  // extern "C"

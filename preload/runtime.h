@@ -1,0 +1,78 @@
+// Runtime: the one process-wide object of liboffload.so, built once when the library
+// loads. It owns the driver binding, the tracker, the CUPTI telemetry and the worker
+// thread that turns the event log into step traces, stats and trace files.
+//
+// Hooks reach it through runtime(), which returns nullptr when the shim is disabled, not
+// yet built, shutting down, or in a forked child (which only forwards).
+//
+// Preload safety: the worker starts with every signal blocked; the exit handler only sets
+// a flag; the fork handler turns the child into a pass-through.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/env.h"
+#include "core/event_log.h"
+#include "core/tracker.h"
+#include "cuda_driver.h"
+#include "cupti_telemetry.h"
+
+namespace offload {
+
+class Runtime {
+ public:
+  explicit Runtime(Settings s);
+  ~Runtime();
+
+  Tracker& tracker() { return tracker_; }
+  CuptiTelemetry& telemetry() { return telemetry_; }
+
+  // Drains, joins GPU times and finishes every step that can be (all, if `final`).
+  void pump(bool final);
+  std::string stats_json();
+  void stop();
+
+ private:
+  void worker();
+  void emit(StepTrace& t);
+  void write_summary();
+  std::string stats_json_locked();
+
+  Settings settings_;
+  CudaDriver driver_;
+  EventLog log_;
+  Tracker tracker_;
+  CuptiTelemetry telemetry_;
+  std::mutex pump_mu_;  // one pump at a time (worker or a stats query)
+  StepAssembler assembler_;
+  std::deque<StepSummary> summaries_;  // under pump_mu_
+  uint64_t steps_written_ = 0;
+  bool telemetry_started_ = false;
+  std::vector<GpuRecord> gpu_;
+  std::atomic<bool> stop_{false};
+  std::mutex wake_mu_;
+  std::condition_variable wake_;
+  std::thread thread_;
+};
+
+Runtime* runtime();
+
+// The hooks' reentrancy guard: true while this thread is inside one of our hooks.
+struct HookGuard {
+  HookGuard();
+  ~HookGuard();
+  bool outermost() const { return outermost_; }
+  HookGuard(const HookGuard&) = delete;
+  HookGuard& operator=(const HookGuard&) = delete;
+
+ private:
+  bool outermost_;
+};
+
+}  // namespace offload

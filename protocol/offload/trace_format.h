@@ -1,0 +1,30 @@
+// The per-step trace file format (OFFLOAD_TRACE=DIR writes one file per step).
+//
+// A line-oriented text format, so that a person can read it and diff two steps:
+//
+//   offload-trace <major>.<minor>
+//   step <index> launches <n> allocs <n> kernels <n> gpu_busy_ns <ns> cupti_kernels <n>
+//   kernel <kernel-id> <name>                                  (one per distinct kernel)
+//   alloc <ordinal> <bytes> <stream> <alloc_pos> <free_pos>    (alloc_pos -1: born before the
+//                                                              step; free_pos -1: outlives it)
+//   launch <pos> <kind> <kernel-id> <stream> <gpu_start_ns> <gpu_ns> <n> <alloc-ordinal>...
+//   end
+//
+// Positions count launch-like events (kernels, copies, memsets, graph launches) from 0 at
+// the start of the step; an allocation at position p happened before launch p. Ordinals
+// number allocations in the order they were born in the step, after those born before it
+// (sorted by address). <kind> is one of: K kernel, C copy, M memset, G graph launch.
+// Streams are the process's own handle values, printed in hex; 0 is the legacy stream.
+// GPU times come from CUPTI; gpu_start_ns counts from the step's first kernel start;
+// -1 means not measured. A kernel name is the rest of its line.
+//
+// Readers reject another major version; a reader of minor m reads files of minor <= m.
+#pragma once
+
+#include <cstdint>
+
+namespace offload::trace_format {
+inline constexpr const char* kMagic = "offload-trace";
+inline constexpr uint32_t kMajor = 1;
+inline constexpr uint32_t kMinor = 0;
+}  // namespace offload::trace_format

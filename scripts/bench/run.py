@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""Runs one benchmark workload and prints `RESULT <json>` (see README.md).
+
+  python3 scripts/bench/run.py --workload reference --mode plain [--steps 20] [--warmup 3]
+      [--compile] [--deterministic] [--route {1,2}] [--mark-steps] [--json-out FILE] [--small]
+
+Route 1 (default): the caller sets PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (and
+LD_PRELOAD=liboffload.so for an offload run). Route 2: PyTorch's allocator is replaced by
+liboffload's CUDAPluggableAllocator pair, loaded from $OFFLOAD_LIB.
+"""
+
+import argparse
+import ctypes
+import glob
+import hashlib
+import json
+import os
+import site
+import sys
+import time
+
+# cudaMemPoolAttr values, from /usr/local/cuda-13.0/include/driver_types.h (enum cudaMemPoolAttr).
+CUDA_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 0x6
+CUDA_MEMPOOL_ATTR_USED_MEM_HIGH = 0x8
+
+SHIM_STATS_BUF = 64 * 1024
+
+
+def log(*a):
+    print("[bench]", *a, flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workload", required=True, choices=("reference", "convnet", "llama"))
+    p.add_argument("--mode", default="plain", choices=("plain", "ckpt", "save_on_cpu"))
+    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before (default 3)")
+    p.add_argument("--compile", action="store_true", help="torch.compile(model)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8, cudnn deterministic")
+    p.add_argument("--route", type=int, default=1, choices=(1, 2),
+                   help="1: backend from PYTORCH_CUDA_ALLOC_CONF; 2: CUDAPluggableAllocator from $OFFLOAD_LIB")
+    p.add_argument("--mark-steps", action="store_true", help="call offload_mark_step() after each step")
+    p.add_argument("--json-out", metavar="FILE", help="also write the result JSON here")
+    p.add_argument("--small", action="store_true", help="shrunken shapes for smoke runs")
+    p.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    return args
+
+
+# --------------------------------------------------------------------------- CUDA runtime
+
+def load_cudart(torch):
+    """libcudart.so.13: the copy torch already loaded if dlopen finds it by soname, else a
+    copy from the wheel directories. The default mempool is the driver's either way."""
+    try:
+        return ctypes.CDLL("libcudart.so.13")
+    except OSError:
+        pass
+    site_dirs = set(site.getsitepackages() + [site.getusersitepackages()])
+    site_dirs.add(os.path.dirname(os.path.dirname(torch.__file__)))
+    patterns = [os.path.join(os.path.dirname(torch.__file__), "lib", "libcudart.so.13*")]
+    patterns += [os.path.join(d, "nvidia", "*", "lib", "libcudart.so.13*") for d in sorted(site_dirs)]
+    patterns.append("/usr/local/cuda/lib64/libcudart.so.13*")
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)):
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                continue
+    return None
+
+
+class DefaultMemPool:
+    """The device's default stream-ordered pool (used by backend:cudaMallocAsync and by
+    liboffload's route-2 allocator), read through the CUDA runtime."""
+
+    def __init__(self, cudart, device):
+        self.rt = cudart
+        vp, u64p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)
+        cudart.cudaDeviceGetDefaultMemPool.argtypes = [ctypes.POINTER(vp), ctypes.c_int]
+        cudart.cudaMemPoolGetAttribute.argtypes = [vp, ctypes.c_int, u64p]
+        cudart.cudaMemPoolSetAttribute.argtypes = [vp, ctypes.c_int, u64p]
+        cudart.cudaMemPoolTrimTo.argtypes = [vp, ctypes.c_size_t]
+        for f in (cudart.cudaDeviceGetDefaultMemPool, cudart.cudaMemPoolGetAttribute,
+                  cudart.cudaMemPoolSetAttribute, cudart.cudaMemPoolTrimTo):
+            f.restype = ctypes.c_int
+        self.pool = ctypes.c_void_p()
+        self._check(cudart.cudaDeviceGetDefaultMemPool(ctypes.byref(self.pool), device), "cudaDeviceGetDefaultMemPool")
+
+    @staticmethod
+    def _check(err, what):
+        if err != 0:
+            raise RuntimeError(f"{what} failed: cudaError {err}")
+
+    def get(self, attr):
+        v = ctypes.c_uint64(0)
+        self._check(self.rt.cudaMemPoolGetAttribute(self.pool, attr, ctypes.byref(v)), "cudaMemPoolGetAttribute")
+        return v.value
+
+    def reset_high(self):
+        # Zero is the only valid value: the driver resets the mark to the current value.
+        for attr in (CUDA_MEMPOOL_ATTR_RESERVED_MEM_HIGH, CUDA_MEMPOOL_ATTR_USED_MEM_HIGH):
+            zero = ctypes.c_uint64(0)
+            self._check(self.rt.cudaMemPoolSetAttribute(self.pool, attr, ctypes.byref(zero)), "cudaMemPoolSetAttribute")
+
+    def trim(self):
+        self._check(self.rt.cudaMemPoolTrimTo(self.pool, 0), "cudaMemPoolTrimTo")
+
+
+# --------------------------------------------------------------------------- shim
+
+class Shim:
+    """liboffload's exported C API, when the library is in the process."""
+
+    def __init__(self, route, lib_path):
+        handles = [ctypes.CDLL(None)]  # global scope: the main program and LD_PRELOAD libraries
+        if route == 2:
+            handles.append(ctypes.CDLL(lib_path))  # already dlopen'ed by torch: same handle
+        self.mark_step_fn = self.stats_fn = None
+        for h in handles:
+            self.mark_step_fn = self.mark_step_fn or getattr(h, "offload_mark_step", None)
+            self.stats_fn = self.stats_fn or getattr(h, "offload_stats_json", None)
+        if self.mark_step_fn:
+            self.mark_step_fn.argtypes, self.mark_step_fn.restype = [], None
+        if self.stats_fn:
+            self.stats_fn.argtypes, self.stats_fn.restype = [ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
+
+    @property
+    def loaded(self):
+        return bool(self.mark_step_fn or self.stats_fn)
+
+    def mark_step(self):
+        if self.mark_step_fn:
+            self.mark_step_fn()
+
+    def stats(self):
+        if not self.stats_fn:
+            return None
+        buf = ctypes.create_string_buffer(SHIM_STATS_BUF)
+        n = self.stats_fn(buf, SHIM_STATS_BUF)
+        if n < 0:
+            return {"error": f"offload_stats_json returned {n}"}
+        text = buf.raw[:n].decode("utf-8", "replace")
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            return {"error": f"unparsable offload_stats_json output: {e}", "raw": text}
+
+
+# --------------------------------------------------------------------------- main
+
+def grad_sha256(torch, params):
+    h = hashlib.sha256()
+    for i, p in enumerate(params):
+        if p.grad is None:
+            h.update(f"<{i}:none>".encode())
+        else:
+            h.update(p.grad.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+
+    # Environment that must be in place before torch initialises CUDA.
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if args.compile:
+            # Inductor: no on-device benchmarking that changes numerics (reduction configs).
+            os.environ.setdefault("TORCHINDUCTOR_DETERMINISTIC", "1")
+    lib_path = None
+    if args.route == 2:
+        lib_path = os.environ.get("OFFLOAD_LIB")
+        if not lib_path:
+            sys.exit("run.py: --route 2 needs OFFLOAD_LIB=/path/to/liboffload.so in the environment")
+        if not os.path.isfile(lib_path):
+            sys.exit(f"run.py: OFFLOAD_LIB={lib_path} is not a file")
+        lib_path = os.path.abspath(lib_path)
+
+    import torch
+
+    if args.route == 2:
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(lib_path, "offload_malloc", "offload_free")
+        torch.cuda.memory.change_current_allocator(alloc)
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import workloads
+
+    if not torch.cuda.is_available():
+        sys.exit("run.py: no CUDA device")
+    device = torch.cuda.current_device()
+
+    model, make_batch, loss_fn, make_optimizer = workloads.build(args.workload, args.mode, args.small, args.seed)
+    params = list(model.parameters())
+    opt = make_optimizer(params)
+    run_model = torch.compile(model) if args.compile else model
+
+    backend = "pluggable:liboffload" if args.route == 2 else torch.cuda.get_allocator_backend()
+    if args.route == 1 and backend != "cudaMallocAsync":
+        log(f"WARNING: allocator backend is {backend!r}, not cudaMallocAsync "
+            "(set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync for comparable numbers)")
+    use_pool = args.route == 2 or backend == "cudaMallocAsync"
+    pool = None
+    if use_pool:
+        cudart = load_cudart(torch)
+        if cudart is None:
+            log("WARNING: libcudart.so.13 not found; pool high-water mark unavailable")
+        else:
+            pool = DefaultMemPool(cudart, device)
+    shim = Shim(args.route, lib_path)
+    if args.mark_steps and not shim.loaded:
+        log("--mark-steps: liboffload is not loaded, nothing to mark")
+    log(f"workload={args.workload} mode={args.mode} compile={args.compile} deterministic={args.deterministic} "
+        f"route={args.route} backend={backend} shim={'yes' if shim.loaded else 'no'} small={args.small} "
+        f"params={sum(p.numel() for p in params)}")
+
+    total = args.warmup + args.steps
+    losses = torch.zeros(total, dtype=torch.float32, device="cuda")
+
+    def forward_backward(i):
+        loss = loss_fn(run_model, make_batch(i))
+        loss.backward()
+        losses[i].copy_(loss.detach().float())
+
+    def finish_step():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if args.mark_steps:
+            shim.mark_step()
+
+    def reset_peaks():
+        torch.cuda.synchronize()
+        if args.route != 2:
+            torch.cuda.empty_cache()  # cudaMallocAsync: trims the pool; native: frees cached blocks
+            torch.cuda.reset_peak_memory_stats()
+        if pool:
+            pool.trim()
+            pool.reset_high()
+
+    # Warm-up. The peak counters are reset (and the pool trimmed, so that warm-up and
+    # compilation transients do not count) before the last warm-up step rather than the first
+    # timed one: the pool's regrowth then falls outside the timed steps; every step in the
+    # measured window is a steady-state training step.
+    for i in range(args.warmup):
+        if i == args.warmup - 1:
+            reset_peaks()
+        forward_backward(i)
+        finish_step()
+    if args.warmup == 0:
+        reset_peaks()
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    paused = 0.0
+    grad_hash = None
+    for i in range(args.warmup, total):
+        forward_backward(i)
+        if i == total - 1:
+            # Final gradients: after the last backward, before its optimizer step; not timed.
+            torch.cuda.synchronize()
+            tp = time.perf_counter()
+            grad_hash = grad_sha256(torch, params)
+            paused = time.perf_counter() - tp
+        finish_step()
+    torch.cuda.synchronize()
+    ms_per_step = (time.perf_counter() - t0 - paused) * 1000.0 / args.steps
+
+    if pool:
+        peak_reserved, peak_source = pool.get(CUDA_MEMPOOL_ATTR_RESERVED_MEM_HIGH), "mempool_reserved_high"
+        pool_used_high = pool.get(CUDA_MEMPOOL_ATTR_USED_MEM_HIGH)
+    elif use_pool:
+        peak_reserved, peak_source, pool_used_high = None, "unavailable", None
+    else:
+        peak_reserved, peak_source = torch.cuda.max_memory_reserved(), "max_memory_reserved"
+        pool_used_high = None
+    max_allocated = None if args.route == 2 else torch.cuda.max_memory_allocated()
+    free, total_mem = torch.cuda.mem_get_info()
+    loss_values = losses.tolist()
+
+    result = {
+        "workload": args.workload,
+        "mode": args.mode,
+        "compile": args.compile,
+        "deterministic": args.deterministic,
+        "route": args.route,
+        "small": args.small,
+        "seed": args.seed,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "ms_per_step": ms_per_step,
+        "peak_reserved_high_bytes": peak_reserved,
+        "peak_source": peak_source,
+        "pool_used_high_bytes": pool_used_high,
+        "max_memory_allocated": max_allocated,
+        "device_used_bytes": total_mem - free,
+        "device_total_bytes": total_mem,
+        "losses": loss_values,
+        "losses_hex": [float.hex(v) for v in loss_values],
+        "grad_sha256": grad_hash,
+        "allocator_backend": backend,
+        "torch_version": torch.__version__,
+        "gpu": torch.cuda.get_device_name(device),
+        "shim": shim.stats() if shim.loaded else None,
+    }
+    peak_txt = f"{peak_reserved / 2**30:.2f} GiB" if peak_reserved is not None else "n/a"
+    log(f"{ms_per_step:.1f} ms/step, peak {peak_txt} ({peak_source}), "
+        f"loss {loss_values[0]:.4f} -> {loss_values[-1]:.4f}, grad sha256 {grad_hash[:16]}")
+    line = json.dumps(result)
+    print("RESULT " + line, flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

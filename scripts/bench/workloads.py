@@ -1,0 +1,204 @@
+"""Benchmark workloads for liboffload (see DESIGN.md, "Reference workload").
+
+Each builder returns (model, make_batch, loss_fn, make_optimizer):
+  make_batch(step) -> inputs      same data for a given (seed, step) on every run
+  loss_fn(model, inputs) -> loss  scalar tensor; `model` may be the torch.compile'd module
+  make_optimizer(params) -> torch.optim.Optimizer
+
+Modes: plain | ckpt (non-reentrant activation checkpointing per block / stage) |
+save_on_cpu (forward + loss under torch.autograd.graph.save_on_cpu(pin_memory=True)).
+Weights are built from code with torch.manual_seed(seed); nothing is downloaded.
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+WORKLOADS = ("reference", "convnet", "llama")
+MODES = ("plain", "ckpt", "save_on_cpu")
+DEVICE = "cuda"
+
+
+def _batch_generator(seed):
+    """A device generator re-seeded per step: batch k is the same on every run."""
+    gen = torch.Generator(device=DEVICE)
+
+    def seeded(step):
+        gen.manual_seed(seed * 1_000_003 + step)
+        return gen
+
+    return seeded
+
+
+# --------------------------------------------------------------------------- reference
+
+class Block(nn.Module):
+    """Pre-LN transformer block: causal SDPA attention + 4x GELU MLP, residuals."""
+
+    def __init__(self, d, heads, **dd):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d, **dd)
+        self.qkv = nn.Linear(d, 3 * d, **dd)
+        self.proj = nn.Linear(d, d, **dd)
+        self.ln2 = nn.LayerNorm(d, **dd)
+        self.fc1 = nn.Linear(d, 4 * d, **dd)
+        self.fc2 = nn.Linear(4 * d, d, **dd)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        qkv = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (b, heads, t, hd)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab, d, heads, layers, ckpt=False, **dd):
+        super().__init__()
+        self.ckpt = ckpt
+        self.embed = nn.Embedding(vocab, d, **dd)
+        self.blocks = nn.ModuleList(Block(d, heads, **dd) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d, **dd)
+        self.head = nn.Linear(d, vocab, bias=False, **dd)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False) if self.ckpt else blk(x)
+        return self.head(self.ln_f(x))
+
+
+def build_reference(mode, small, seed):
+    vocab, d, heads, layers, batch, seq = (8000, 512, 8, 2, 2, 256) if small else (32000, 2048, 16, 16, 8, 2048)
+    model = Transformer(vocab, d, heads, layers, ckpt=(mode == "ckpt"), device=DEVICE, dtype=torch.bfloat16)
+    model.train()
+    gen = _batch_generator(seed)
+
+    def make_batch(step):
+        tok = torch.randint(0, vocab, (batch, seq + 1), generator=gen(step), device=DEVICE)
+        return tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+
+    def loss_fn(m, inputs):
+        idx, tgt = inputs
+        logits = m(idx)
+        return F.cross_entropy(logits.view(-1, vocab), tgt.view(-1))
+
+    def make_optimizer(params):
+        return torch.optim.AdamW(params, lr=1e-4)
+
+    return model, make_batch, loss_fn, make_optimizer
+
+
+# --------------------------------------------------------------------------- convnet
+
+class StageCheckpointed(nn.Module):
+    """ResNet forward with each of the 4 stages under non-reentrant checkpointing."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        n = self.net
+        x = n.maxpool(n.relu(n.bn1(n.conv1(x))))
+        for stage in (n.layer1, n.layer2, n.layer3, n.layer4):
+            x = checkpoint(stage, x, use_reentrant=False)
+        return n.fc(torch.flatten(n.avgpool(x), 1))
+
+
+def build_convnet(mode, small, seed):
+    """ResNet-50, fp32 parameters, bf16 autocast for the forward, channels_last.
+
+    Note: under ckpt, BatchNorm running stats are updated again on recompute; this
+    does not affect training-mode outputs or gradients.
+    """
+    import torchvision
+
+    batch, hw = (8, 64) if small else (128, 224)
+    net = torchvision.models.resnet50(weights=None).to(DEVICE, memory_format=torch.channels_last)
+    model = StageCheckpointed(net) if mode == "ckpt" else net
+    model.train()
+    gen = _batch_generator(seed)
+
+    def make_batch(step):
+        g = gen(step)
+        x = torch.randn(batch, 3, hw, hw, generator=g, device=DEVICE).contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (batch,), generator=g, device=DEVICE)
+        return x, y
+
+    def loss_fn(m, inputs):
+        x, y = inputs
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = m(x)
+        return F.cross_entropy(out.float(), y)
+
+    def make_optimizer(params):
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+    return model, make_batch, loss_fn, make_optimizer
+
+
+# --------------------------------------------------------------------------- llama
+
+def build_llama(mode, small, seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if small:
+        dims = dict(num_hidden_layers=2, hidden_size=512, intermediate_size=1408, num_attention_heads=8, vocab_size=8000)
+        batch, seq = 2, 256
+    else:
+        dims = dict(num_hidden_layers=8, hidden_size=2048, intermediate_size=5632, num_attention_heads=16, vocab_size=32000)
+        batch, seq = 4, 2048
+    config = LlamaConfig(**dims, num_key_value_heads=dims["num_attention_heads"],
+                         max_position_embeddings=4096, use_cache=False, attn_implementation="sdpa")
+    # Built directly in bf16 on the device (as from_pretrained(dtype=bf16) would): the
+    # rotary inv_freq buffer is made in fp32 explicitly and stays fp32.
+    prev_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(DEVICE):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(prev_dtype)
+    model.train()
+    if mode == "ckpt":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    vocab = dims["vocab_size"]
+    gen = _batch_generator(seed)
+
+    def make_batch(step):
+        return torch.randint(0, vocab, (batch, seq), generator=gen(step), device=DEVICE)
+
+    def loss_fn(m, ids):
+        return m(input_ids=ids, labels=ids, use_cache=False).loss
+
+    def make_optimizer(params):
+        return torch.optim.AdamW(params, lr=1e-4)
+
+    return model, make_batch, loss_fn, make_optimizer
+
+
+# --------------------------------------------------------------------------- entry point
+
+_BUILDERS = {"reference": build_reference, "convnet": build_convnet, "llama": build_llama}
+
+
+def build(name, mode="plain", small=False, seed=0):
+    """Builds workload `name` in `mode`; returns (model, make_batch, loss_fn, make_optimizer)."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    torch.manual_seed(seed)
+    model, make_batch, loss_fn, make_optimizer = _BUILDERS[name](mode, small, seed)
+    if mode == "save_on_cpu":
+        inner = loss_fn
+
+        def loss_fn(m, inputs):
+            with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                return inner(m, inputs)
+
+    return model, make_batch, loss_fn, make_optimizer
