@@ -19,7 +19,7 @@ namespace {
 CuptiTelemetry* g_instance = nullptr;  // CUPTI's buffer callbacks carry no user pointer
 constexpr size_t kBufferBytes = 8u << 20;
 constexpr uint64_t kExtRetention = 1u << 16;
-constexpr int kSilentCollectsForTakeover = 100;  // ~2 s of polls with launches, no buffers
+constexpr int kSilentCollectsForTakeover = 100;  // ~2 s of polls with launches, no records
 
 // Directory of a loaded library whose name contains `needle` ("" if none).
 std::string loaded_dir(const char* needle) {
@@ -154,7 +154,9 @@ void CuptiTelemetry::on_buffer(uint8_t* buf, size_t valid) {
 
 void CuptiTelemetry::collect(std::vector<GpuRecord>* out) {
   if (!active()) return;
-  flush_all_(0);
+  // Forced: deliver records of buffers that are not full yet, so each poll sees the
+  // kernels that finished since the last one.
+  flush_all_(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::lock_guard lock(mu_);
   // A record's external id may arrive in a later buffer than the record: hold unjoined
   // records for a few collects before handing them out as "not ours".

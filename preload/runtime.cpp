@@ -84,7 +84,7 @@ void Runtime::worker() {
   }
 }
 
-void Runtime::pump(bool final) {
+void Runtime::pump(bool no_wait) {
   std::lock_guard lock(pump_mu_);
   // CUPTI starts once the process has launched on the GPU, never in processes that only
   // inherited LD_PRELOAD (compilers, data-loader workers).
@@ -99,7 +99,7 @@ void Runtime::pump(bool final) {
   log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
   telemetry_.collect(&gpu_);
   assembler_.add_gpu_records(gpu_);
-  for (StepTrace& t : assembler_.take_ready(mono_ns(), final)) emit(t);
+  for (StepTrace& t : assembler_.take_ready(mono_ns(), false, no_wait)) emit(t);
 }
 
 void Runtime::emit(StepTrace& t) {
@@ -144,7 +144,7 @@ void Runtime::write_summary() {
 std::string Runtime::stats_json() {
   {
     // A query also pumps, so that a caller who synchronised the GPU sees its last steps.
-    pump(false);
+    pump(true);
   }
   std::lock_guard lock(pump_mu_);
   return stats_json_locked();

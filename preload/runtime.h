@@ -33,8 +33,9 @@ class Runtime {
   Tracker& tracker() { return tracker_; }
   CuptiTelemetry& telemetry() { return telemetry_; }
 
-  // Drains, joins GPU times and finishes every step that can be (all, if `final`).
-  void pump(bool final);
+  // Drains, joins GPU times and finishes every step that can be: those whose GPU times are
+  // in, or all that are cut if `no_wait` (a caller who synchronised the GPU).
+  void pump(bool no_wait);
   std::string stats_json();
   void stop();
 

@@ -47,8 +47,8 @@ int cmd_trace_show(const std::string& path, bool check) {
     fprintf(stderr, "offloadctl: no step traces (*.trace) in %s\n", path.c_str());
     return 1;
   }
-  printf("%-6s %9s %8s %13s %8s %11s %7s %13s %16s\n", "step", "launches", "kernels", "cupti_kernels",
-         "seen", "gpu_busy_ms", "allocs", "activations", "no_bwd_access");
+  printf("%-6s %9s %8s %13s %8s %11s %7s %14s %13s %15s\n", "step", "launches", "kernels", "cupti_kernels",
+         "seen", "gpu_busy_ms", "allocs", "activations", "no_bwd_access", "tiny(no_bwd)");
   int failures = 0, checked = 0;
   StepTrace last;
   for (const fs::path& f : files) {
@@ -65,8 +65,10 @@ int cmd_trace_show(const std::string& path, bool check) {
     size_t born = static_cast<size_t>(std::count_if(t.allocs.begin(), t.allocs.end(), [](auto& a) { return a.alloc_pos >= 0; }));
     char acts[48];
     snprintf(acts, sizeof acts, "%zu/%.2fGiB", act.activations, gib(act.activation_bytes));
-    printf("%-6llu %9zu %8zu %13s %8s %11s %7zu %13s %16zu\n", static_cast<unsigned long long>(t.step),
-           t.launches.size(), k, cupti, seen, busy, born, acts, act.without_backward_access.size());
+    char tiny[32];
+    snprintf(tiny, sizeof tiny, "%zu(%zu)", act.small, act.small_without_backward_access);
+    printf("%-6llu %9zu %8zu %13s %8s %11s %7zu %14s %13zu %15s\n", static_cast<unsigned long long>(t.step),
+           t.launches.size(), k, cupti, seen, busy, born, acts, act.without_backward_access.size(), tiny);
     if (check && t.cupti_kernels >= 0) {
       ++checked;
       if (static_cast<int64_t>(k) != t.cupti_kernels) {

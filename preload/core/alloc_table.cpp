@@ -82,9 +82,12 @@ size_t AllocTable::scan(const void* words, size_t nwords, AllocId* out, size_t c
     }
     const AllocEntry* e = find_locked(v);
     if (!e) continue;
-    if (std::find(out, out + count, e->id) == out + count) out[count++] = e->id;
+    // Consecutive words often point into the same allocation; the rest is deduplicated
+    // once at the end (a multi-tensor kernel passes hundreds of pointers).
+    if (count == 0 || out[count - 1] != e->id) out[count++] = e->id;
   }
-  return count;
+  std::sort(out, out + count);
+  return static_cast<size_t>(std::unique(out, out + count) - out);
 }
 
 size_t AllocTable::size() const {

@@ -39,8 +39,9 @@ class AllocTable {
   // The allocation containing `addr`, if any.
   std::optional<AllocEntry> find(DevPtr addr) const;
 
-  // Appends to `out` (up to `cap` total, deduplicated) the id of every allocation that one
-  // of the `nwords` 8-byte words at `words` points into. Returns the new count.
+  // Appends to `out` the id of every allocation that one of the `nwords` 8-byte words at
+  // `words` points into, up to `cap` entries in all; out[0, returned count) is then sorted
+  // and free of duplicates (entries already there included). Returns the new count.
   size_t scan(const void* words, size_t nwords, AllocId* out, size_t count, size_t cap) const;
 
   size_t size() const;

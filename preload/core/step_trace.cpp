@@ -171,7 +171,7 @@ void StepTrace::write_chrome_json(std::ostream& os) const {
   os << "\n]}\n";
 }
 
-ActivationReport analyse_activations(const StepTrace& t) {
+ActivationReport analyse_activations(const StepTrace& t, uint64_t min_bytes) {
   ActivationReport r;
   const int64_t n = static_cast<int64_t>(t.launches.size());
   // Live bytes before each launch position, from births and deaths.
@@ -196,9 +196,15 @@ ActivationReport analyse_activations(const StepTrace& t) {
     for (uint32_t o : l.allocs) last_use[o] = std::max<int64_t>(last_use[o], l.pos);
   for (const TraceAlloc& a : t.allocs) {
     if (a.alloc_pos < 0 || a.alloc_pos > r.peak_pos || a.free_pos <= r.peak_pos) continue;
+    bool unread = last_use[a.ordinal] < r.peak_pos;
+    if (a.bytes < min_bytes) {
+      ++r.small;
+      r.small_without_backward_access += unread;
+      continue;
+    }
     ++r.activations;
     r.activation_bytes += a.bytes;
-    if (last_use[a.ordinal] < r.peak_pos) r.without_backward_access.push_back(a.ordinal);
+    if (unread) r.without_backward_access.push_back(a.ordinal);
   }
   return r;
 }

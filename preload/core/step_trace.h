@@ -49,15 +49,19 @@ struct StepTrace {
   void write_chrome_json(std::ostream& os) const;
 };
 
-// Activations, as seen from the trace alone: allocations born in the step before its peak
-// of live bytes and freed after it (saved in the forward, released in the backward).
+// Activations, as seen from the trace alone: allocations of at least `min_bytes` born in the
+// step before its peak of live bytes and freed after it (saved in the forward, released in
+// the backward). Smaller ones are counted apart: a few bytes of RNG state that SDPA saves
+// and never reads again when dropout is off are not offload candidates.
 struct ActivationReport {
   int64_t peak_pos = -1;
   uint64_t peak_bytes = 0;
   size_t activations = 0;
   uint64_t activation_bytes = 0;
   std::vector<uint32_t> without_backward_access;  // ordinals never touched after the peak
+  size_t small = 0, small_without_backward_access = 0;  // those under min_bytes
 };
-ActivationReport analyse_activations(const StepTrace& t);
+inline constexpr uint64_t kActivationMinBytes = 64 * 1024;
+ActivationReport analyse_activations(const StepTrace& t, uint64_t min_bytes = kActivationMinBytes);
 
 }  // namespace offload

@@ -319,7 +319,7 @@ void StepAssembler::finish(Cut& c, const Cut* next) {
   std::erase_if(kernel_records_, [&](const GpuRecord& r) { return r.corr < c_end; });
 }
 
-std::vector<StepTrace> StepAssembler::take_ready(int64_t now_ns, bool final) {
+std::vector<StepTrace> StepAssembler::take_ready(int64_t now_ns, bool final, bool no_wait) {
   now_ns_ = now_ns;
   if (!marked_) {
     for (uint64_t b : detector_.poll()) {
@@ -337,7 +337,7 @@ std::vector<StepTrace> StepAssembler::take_ready(int64_t now_ns, bool final) {
     Cut& c = cuts_.front();
     const Cut* next = cuts_.size() > 1 ? &cuts_[1] : nullptr;
     bool times_in = next && next->first_kernel_seq && max_seq_seen_ >= next->first_kernel_seq;
-    if (!final && !times_in && now_ns - c.cut_ns < opt_.telemetry_wait_ns) break;
+    if (!final && !no_wait && !times_in && now_ns - c.cut_ns < opt_.telemetry_wait_ns) break;
     finish(c, next);
     out.push_back(std::move(c.trace));
     cuts_.pop_front();

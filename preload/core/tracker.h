@@ -80,8 +80,9 @@ class StepAssembler {
 
   void consume(const Event& e, const AllocId* acc);
   void add_gpu_records(std::vector<GpuRecord>& recs);
-  // Steps whose GPU times have arrived (or that waited long enough, or all if `final`).
-  std::vector<StepTrace> take_ready(int64_t now_ns, bool final);
+  // Steps whose GPU times have arrived or that waited long enough; every cut step if
+  // `no_wait`; and, if `final`, the unfinished step too.
+  std::vector<StepTrace> take_ready(int64_t now_ns, bool final, bool no_wait = false);
 
   // GPU times are complete only for launches from `seq` on (telemetry started then).
   void gpu_times_from(uint64_t seq) { gpu_from_seq_ = seq; }

@@ -5,7 +5,6 @@
 #include <cuda.h>
 #undef cuGetProcAddress
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include "hooks/hook.h"
 #include "offload/offload.h"
@@ -46,31 +45,20 @@ MALLOC_FROM_POOL(cudaMallocFromPoolAsync_ptsz, true)
 FREE_ASYNC(cudaFreeAsync, false)
 FREE_ASYNC(cudaFreeAsync_ptsz, true)
 
-// Route 2. PyTorch makes `device` current before calling us, so the driver's
-// stream-ordered allocator on `stream` serves the device's default pool.
-namespace {
-template <class Fn>
-Fn driver_fn(const char* name) {
-  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  if (!h) h = dlopen("libcuda.so.1", RTLD_LAZY);
-  return h ? reinterpret_cast<Fn>(real_dlsym(h, name)) : nullptr;
-}
-}  // namespace
-
+// Route 2. PyTorch makes `device` current before calling us; the runtime's stream-ordered
+// allocator (the real cudaMallocAsync, as under route 1) serves the device's default pool
+// and initialises the context on threads that have not used CUDA yet (autograd's).
 OFFLOAD_EXPORT void* offload_malloc(size_t size, int, void* stream) {
-  static auto alloc = driver_fn<decltype(&::cuMemAllocAsync)>("cuMemAllocAsync");
-  CUdeviceptr p = 0;
-  if (!alloc || alloc(&p, size, static_cast<CUstream>(stream)) != CUDA_SUCCESS) return nullptr;
-  HookGuard guard;
-  if (Runtime* rt = guard.outermost() ? runtime() : nullptr) rt->tracker().on_alloc(p, size, dptr(stream));
-  return reinterpret_cast<void*>(p);
+  void* p = nullptr;
+  auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t r = after_ok<HookId::cudaMallocAsync, decltype(&::cudaMallocAsync)>(
+      [&](auto real) { return real(&p, size, s); },
+      [&](Tracker& t) { t.on_alloc(dptr(p), size, dptr(stream)); });
+  return r == cudaSuccess ? p : nullptr;
 }
 
 OFFLOAD_EXPORT void offload_free(void* ptr, size_t, int, void* stream) {
-  static auto release = driver_fn<decltype(&::cuMemFreeAsync)>("cuMemFreeAsync");
-  {
-    HookGuard guard;
-    if (Runtime* rt = guard.outermost() ? runtime() : nullptr) rt->tracker().on_free(dptr(ptr), dptr(stream));
-  }
-  if (release) release(reinterpret_cast<CUdeviceptr>(ptr), static_cast<CUstream>(stream));
+  before<HookId::cudaFreeAsync, decltype(&::cudaFreeAsync)>(
+      [&](Tracker& t) { t.on_free(dptr(ptr), dptr(stream)); },
+      [&](auto real) { return real(ptr, static_cast<cudaStream_t>(stream)); });
 }

@@ -159,7 +159,7 @@ def grad_sha256(torch, params):
         if p.grad is None:
             h.update(f"<{i}:none>".encode())
         else:
-            h.update(p.grad.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+            h.update(p.grad.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
 
 

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Runs the GPU checks in one go on the GPU machine and leaves everything under $OUT.
+#
+#   scripts/gpu/run.sh smoke        every workload, small shapes, under the shim (both routes)
+#   scripts/gpu/run.sh visibility   issue 2's acceptance runs: reference + convnet (+ llama)
+#   scripts/gpu/run.sh llama        the transformer-from-config workload, eager and compiled
+#
+# Uses prebuilt binaries from $OFFLOAD_BIN (default .carry/bin: liboffload.so, offloadctl),
+# built on the development machine (the GPU machine has no spdlog); builds there otherwise.
+set -uo pipefail
+plan=${1:-smoke}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$root/out}
+work=$OUT/work
+mkdir -p "$work"
+bin=${OFFLOAD_BIN:-$root/.carry/bin}
+lib=$bin/liboffload.so
+ctl=$bin/offloadctl
+log() { echo "[gpu] $*"; }
+[ -x "$ctl" ] && [ -f "$lib" ] || { echo "no prebuilt liboffload.so/offloadctl in $bin" >&2; exit 1; }
+
+git -C "$root" rev-parse HEAD > "$work/commit" 2>/dev/null || echo unknown > "$work/commit"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } > "$work/machine.txt" 2>&1
+cat "$work/machine.txt"
+
+export PYTHONUNBUFFERED=1
+bench=$root/scripts/bench/run.py
+
+# run NAME SHIM(0|1|2 = off | route 1 | route 2) ARGS...
+run() {
+  local name=$1 shim=$2; shift 2
+  local envs=(env)
+  case $shim in
+    0) envs+=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) ;;
+    1) envs+=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD=$lib OFFLOAD_TRACE=$work/trace_$name) ;;
+    2) envs+=(-u PYTORCH_CUDA_ALLOC_CONF LD_PRELOAD=$lib OFFLOAD_LIB=$lib OFFLOAD_TRACE=$work/trace_$name) ;;
+  esac
+  local extra=()
+  [ "$shim" = 2 ] && extra+=(--route 2)
+  log "run $name (shim=$shim): $*"
+  local t0=$SECONDS
+  "${envs[@]}" python3 "$bench" "$@" "${extra[@]}" --json-out "$work/$name.json" > "$work/$name.log" 2>&1
+  local rc=$?
+  log "  rc=$rc in $((SECONDS - t0)) s: $(grep -E '^RESULT' "$work/$name.log" | head -c 300)"
+  [ $rc = 0 ] || tail -n 25 "$work/$name.log"
+  if [ "$shim" != 0 ] && [ -d "$work/trace_$name" ]; then
+    "$ctl" trace check "$work/trace_$name" > "$work/$name.check" 2>&1
+    log "  trace check rc=$?"; tail -n 14 "$work/$name.check"
+  fi
+}
+
+case $plan in
+  smoke)
+    run ref_small_r1 1 --workload reference --small --steps 8 --warmup 2
+    run ref_small_r2 2 --workload reference --small --steps 8 --warmup 2
+    run conv_small_r1 1 --workload convnet --small --steps 8 --warmup 2
+    run llama_small_r1 1 --workload llama --small --steps 8 --warmup 2
+    run llama_small_compile_r1 1 --workload llama --small --compile --steps 8 --warmup 3
+    run ref_r1 1 --workload reference --steps 10 --warmup 3 --deterministic
+    ;;
+  visibility)
+    # Determinism of each workload against itself, then with the shim (both routes).
+    for w in reference convnet; do
+      run ${w}_det_a 0 --workload $w --steps 10 --warmup 3 --deterministic
+      run ${w}_det_b 0 --workload $w --steps 10 --warmup 3 --deterministic
+      run ${w}_det_r1 1 --workload $w --steps 10 --warmup 3 --deterministic
+      run ${w}_det_r2 2 --workload $w --steps 10 --warmup 3 --deterministic
+    done
+    # Overhead of observing: interleaved, default (fast) algorithms.
+    for i in 1 2; do
+      run ref_time_plain_$i 0 --workload reference --steps 30 --warmup 5
+      run ref_time_shim_$i 1 --workload reference --steps 30 --warmup 5
+    done
+    ;;
+  llama)
+    run llama_det_a 0 --workload llama --steps 10 --warmup 3 --deterministic
+    run llama_det_b 0 --workload llama --steps 10 --warmup 3 --deterministic
+    run llama_det_r1 1 --workload llama --steps 10 --warmup 3 --deterministic
+    run llama_det_r2 2 --workload llama --steps 10 --warmup 3 --deterministic
+    run llamac_det_a 0 --workload llama --compile --steps 10 --warmup 4 --deterministic
+    run llamac_det_r1 1 --workload llama --compile --steps 10 --warmup 4 --deterministic
+    run llamac_det_r2 2 --workload llama --compile --steps 10 --warmup 4 --deterministic
+    ;;
+  *) echo "unknown plan '$plan' (smoke, visibility, llama)" >&2; exit 2 ;;
+esac
+
+python3 "$root/scripts/bench/compare.py" --baseline $(ls "$work"/*_det_a.json 2>/dev/null | head -1) "$work"/*.json \
+  > "$work/compare.md" 2>&1 || true
+cat "$work/compare.md"
+tar czf "$OUT/results-$plan.tgz" -C "$work" . && rm -rf "$work"
+log "done: $OUT/results-$plan.tgz"
