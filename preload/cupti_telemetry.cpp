@@ -128,20 +128,24 @@ void CuptiTelemetry::on_buffer(uint8_t* buf, size_t valid) {
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(rec);
         g = GpuRecord{EventKind::Kernel, 0, k->correlationId, k->start, k->end};
+        ++n_kernel_;
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(rec);
         g = GpuRecord{EventKind::Copy, 0, m->correlationId, m->start, m->end};
+        ++n_copy_;
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(rec);
         g = GpuRecord{EventKind::Memset, 0, m->correlationId, m->start, m->end};
+        ++n_memset_;
         break;
       }
       case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
         auto* x = reinterpret_cast<CUpti_ActivityExternalCorrelation*>(rec);
+        ++n_ext_;
         if (x->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) ext_[x->correlationId] = x->externalId;
         continue;
       }
@@ -165,8 +169,10 @@ void CuptiTelemetry::collect(std::vector<GpuRecord>* out) {
     if (auto it = ext_.find(static_cast<uint32_t>(r.r.corr)); it != ext_.end()) {
       r.r.seq = it->second;
       max_joined_ = std::max<uint64_t>(max_joined_, r.r.corr);
+      ++n_joined_;
       out->push_back(r.r);
     } else if (++r.waited > 3) {
+      ++n_unjoined_;
       out->push_back(r.r);
     } else {
       keep.push_back(r);
@@ -202,4 +208,14 @@ std::string CuptiTelemetry::state() const {
   return state_;
 }
 
+}  // namespace offload
+
+namespace offload {
+std::string CuptiTelemetry::counters_json() const {
+  std::lock_guard lock(mu_);
+  return "{\"buffers\":" + std::to_string(buffers_) + ",\"kernels\":" + std::to_string(n_kernel_) +
+         ",\"memcpys\":" + std::to_string(n_copy_) + ",\"memsets\":" + std::to_string(n_memset_) +
+         ",\"external_ids\":" + std::to_string(n_ext_) + ",\"joined\":" + std::to_string(n_joined_) +
+         ",\"not_ours\":" + std::to_string(n_unjoined_) + "}";
+}
 }  // namespace offload

@@ -37,6 +37,8 @@ class CuptiTelemetry final : public Telemetry {
 
   void collect(std::vector<GpuRecord>* out) override;
   std::string state() const override;
+  // Record counts, for telling "no records" from "records we could not join".
+  std::string counters_json() const;
 
  private:
   struct Raw {
@@ -56,6 +58,7 @@ class CuptiTelemetry final : public Telemetry {
   std::map<uint64_t, uint64_t> ext_;                  // corr -> seq, under mu_
   uint64_t max_joined_ = 0;                           // under mu_
   uint64_t buffers_ = 0;                              // completed buffers, under mu_
+  uint64_t n_kernel_ = 0, n_copy_ = 0, n_memset_ = 0, n_ext_ = 0, n_joined_ = 0, n_unjoined_ = 0;  // under mu_
   uint64_t last_buffers_ = 0, last_launches_ = 0;
   int silent_collects_ = 0;
   bool taken_over_ = false;

@@ -22,6 +22,8 @@ namespace {
 
 std::atomic<Runtime*> g_runtime{nullptr};
 std::atomic<bool> g_pass_through{false};  // set at exit and in forked children
+const Settings* g_settings = nullptr;      // set once by the library constructor
+std::once_flag g_build_once;
 __attribute__((tls_model("initial-exec"))) thread_local bool t_in_hook = false;
 
 int64_t mono_ns() {
@@ -43,6 +45,11 @@ HookGuard::~HookGuard() {
 
 Runtime* runtime() {
   if (g_pass_through.load(std::memory_order_relaxed)) return nullptr;
+  if (Runtime* rt = g_runtime.load(std::memory_order_acquire)) return rt;
+  if (!g_settings) return nullptr;
+  // Built on the first allocation or launch we see, so that processes which only inherit
+  // LD_PRELOAD (compilers, data-loader workers) never pay for the rings or the worker.
+  std::call_once(g_build_once, [] { g_runtime.store(new Runtime(*g_settings), std::memory_order_release); });
   return g_runtime.load(std::memory_order_acquire);
 }
 
@@ -156,6 +163,7 @@ std::string Runtime::stats_json_locked() {
   auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   uint64_t hooked = ld(c.hooked);
   os << "{\"version\":1,\"pid\":" << getpid() << ",\"telemetry\":\"" << telemetry_.state() << "\""
+     << ",\"cupti\":" << telemetry_.counters_json()
      << ",\"step_detection\":\"" << (assembler_.marked() ? "offload_mark_step" : "automatic") << "\""
      << ",\"locked\":" << (assembler_.detector().locked() ? "true" : "false")
      << ",\"period\":" << assembler_.detector().period()
@@ -213,7 +221,7 @@ __attribute__((constructor)) void offload_init() {
   if (!s.enabled) return;
   pthread_atfork(nullptr, nullptr, [] { g_pass_through.store(true); });
   atexit([] { g_pass_through.store(true); });
-  g_runtime.store(new Runtime(std::move(s)), std::memory_order_release);
+  g_settings = new Settings(std::move(s));
 }
 
 }  // namespace

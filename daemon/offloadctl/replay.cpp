@@ -127,6 +127,7 @@ int cmd_replay(const std::string& path, int repeats) {
     ReplayResult r = replay(rec, ReplayOptions{repeats, marked});
     printf("\nreplay, %d steps, step boundaries from %s:\n", repeats,
            marked ? "offload_mark_step()" : "automatic detection");
+    printf("  tracker time per launch: %.0f ns\n", r.hook_ns_mean);
     printf("  steps cut: %zu; launches per step:", r.steps.size());
     for (const StepTrace& t : r.steps) printf(" %zu", t.launches.size());
     printf("\n");

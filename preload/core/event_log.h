@@ -45,7 +45,9 @@ struct Event {
 
 class EventLog {
  public:
-  explicit EventLog(size_t capacity_pow2 = 1 << 20, size_t access_capacity_pow2 = 1 << 22)
+  // Both rings are mapped and faulted in up front: a page fault on the launch path costs
+  // more than the rest of the hook (measured: most of a 0.8 us hook on a fresh ring).
+  explicit EventLog(size_t capacity_pow2 = 1 << 16, size_t access_capacity_pow2 = 1 << 20)
       : cap_(capacity_pow2), acap_(access_capacity_pow2) {
     slots_ = static_cast<Slot*>(map(sizeof(Slot) * cap_));
     accesses_ = static_cast<AllocId*>(map(sizeof(AllocId) * acap_));
@@ -122,8 +124,7 @@ class EventLog {
     Event event;
   };
   static void* map(size_t bytes) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     return p;
   }

@@ -25,6 +25,7 @@ struct ReplayResult {
   size_t period = 0;             // the detector's period (launches), 0 if it never locked
   size_t matching_steps = 0;     // re-recorded steps equal to the recording
   std::string first_mismatch;    // why the first non-matching steady step differs
+  double hook_ns_mean = 0;       // host time of the tracker's launch bookkeeping
 };
 
 ReplayResult replay(const StepTrace& recorded, const ReplayOptions& opt);

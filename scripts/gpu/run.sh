@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Runs the GPU checks in one go on the GPU machine and leaves everything under $OUT.
 #
-#   scripts/gpu/run.sh smoke        every workload, small shapes, under the shim (both routes)
-#   scripts/gpu/run.sh visibility   issue 2's acceptance runs: reference + convnet (+ llama)
-#   scripts/gpu/run.sh llama        the transformer-from-config workload, eager and compiled
+#   scripts/gpu/run.sh smoke        every workload, small shapes, under the shim
+#   scripts/gpu/run.sh reference    determinism, shim on both routes, cost of observing, baselines
+#   scripts/gpu/run.sh conv_llama   the same for the convnet and the Llama-from-config model
+#   scripts/gpu/run.sh compiled     the Llama model under torch.compile
+# Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Uses prebuilt binaries from $OFFLOAD_BIN (default .carry/bin: liboffload.so, offloadctl),
 # built on the development machine (the GPU machine has no spdlog); builds there otherwise.
 set -uo pipefail
+if [ $# -gt 1 ]; then
+  for p in "$@"; do "$0" "$p"; done
+  exit 0
+fi
 plan=${1:-smoke}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$root/out}
@@ -57,36 +63,45 @@ case $plan in
     run conv_small_r1 1 --workload convnet --small --steps 8 --warmup 2
     run llama_small_r1 1 --workload llama --small --steps 8 --warmup 2
     run llama_small_compile_r1 1 --workload llama --small --compile --steps 8 --warmup 3
-    run ref_r1 1 --workload reference --steps 10 --warmup 3 --deterministic
     ;;
-  visibility)
-    # Determinism of each workload against itself, then with the shim (both routes).
-    for w in reference convnet; do
+  reference)
+    # Determinism against itself, then with the shim (both routes).
+    run reference_det_a 0 --workload reference --steps 10 --warmup 3 --deterministic
+    run reference_det_b 0 --workload reference --steps 10 --warmup 3 --deterministic
+    run reference_det_r1 1 --workload reference --steps 10 --warmup 3 --deterministic
+    run reference_det_r2 2 --workload reference --steps 10 --warmup 3 --deterministic
+    # Cost of observing: interleaved, default (fast) algorithms.
+    for i in 1 2; do
+      run reftime_plain_$i 0 --workload reference --steps 30 --warmup 5
+      run reftime_shim_$i 1 --workload reference --steps 30 --warmup 5
+    done
+    run reference_ckpt 0 --workload reference --mode ckpt --steps 10 --warmup 3
+    run reference_save_on_cpu 0 --workload reference --mode save_on_cpu --steps 5 --warmup 2
+    ;;
+  conv_llama)
+    for w in convnet llama; do
       run ${w}_det_a 0 --workload $w --steps 10 --warmup 3 --deterministic
       run ${w}_det_b 0 --workload $w --steps 10 --warmup 3 --deterministic
       run ${w}_det_r1 1 --workload $w --steps 10 --warmup 3 --deterministic
       run ${w}_det_r2 2 --workload $w --steps 10 --warmup 3 --deterministic
-    done
-    # Overhead of observing: interleaved, default (fast) algorithms.
-    for i in 1 2; do
-      run ref_time_plain_$i 0 --workload reference --steps 30 --warmup 5
-      run ref_time_shim_$i 1 --workload reference --steps 30 --warmup 5
+      run ${w}_ckpt 0 --workload $w --mode ckpt --steps 10 --warmup 3
+      run ${w}_save_on_cpu 0 --workload $w --mode save_on_cpu --steps 5 --warmup 2
     done
     ;;
-  llama)
-    run llama_det_a 0 --workload llama --steps 10 --warmup 3 --deterministic
-    run llama_det_b 0 --workload llama --steps 10 --warmup 3 --deterministic
-    run llama_det_r1 1 --workload llama --steps 10 --warmup 3 --deterministic
-    run llama_det_r2 2 --workload llama --steps 10 --warmup 3 --deterministic
-    run llamac_det_a 0 --workload llama --compile --steps 10 --warmup 4 --deterministic
-    run llamac_det_r1 1 --workload llama --compile --steps 10 --warmup 4 --deterministic
-    run llamac_det_r2 2 --workload llama --compile --steps 10 --warmup 4 --deterministic
+  compiled)
+    run llamac_det_a 0 --workload llama --compile --steps 8 --warmup 4 --deterministic
+    run llamac_det_b 0 --workload llama --compile --steps 8 --warmup 4 --deterministic
+    run llamac_det_r1 1 --workload llama --compile --steps 8 --warmup 4 --deterministic
+    run llamac_det_r2 2 --workload llama --compile --steps 8 --warmup 4 --deterministic
     ;;
-  *) echo "unknown plan '$plan' (smoke, visibility, llama)" >&2; exit 2 ;;
+  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, compiled)" >&2; exit 2 ;;
 esac
 
-python3 "$root/scripts/bench/compare.py" --baseline $(ls "$work"/*_det_a.json 2>/dev/null | head -1) "$work"/*.json \
-  > "$work/compare.md" 2>&1 || true
-cat "$work/compare.md"
+for base in "$work"/*_det_a.json; do
+  [ -f "$base" ] || continue
+  prefix=$(basename "$base" _det_a.json)
+  python3 "$root/scripts/bench/compare.py" --baseline "$base" "$work/${prefix}"_*.json >> "$work/compare.md" 2>&1
+done
+[ -f "$work/compare.md" ] && cat "$work/compare.md"
 tar czf "$OUT/results-$plan.tgz" -C "$work" . && rm -rf "$work"
 log "done: $OUT/results-$plan.tgz"
