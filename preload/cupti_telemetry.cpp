@@ -18,7 +18,6 @@ namespace {
 
 CuptiTelemetry* g_instance = nullptr;  // CUPTI's buffer callbacks carry no user pointer
 constexpr size_t kBufferBytes = 8u << 20;
-constexpr uint64_t kExtRetention = 1u << 16;
 constexpr int kSilentCollectsForTakeover = 100;  // ~2 s of polls with launches, no records
 
 // Directory of a loaded library whose name contains `needle` ("" if none).
@@ -74,9 +73,7 @@ bool CuptiTelemetry::start() {
   auto reg = reinterpret_cast<int (*)(void*, void*)>(sym("cuptiActivityRegisterCallbacks"));
   flush_all_ = reinterpret_cast<int (*)(uint32_t)>(sym("cuptiActivityFlushAll"));
   get_next_ = reinterpret_cast<int (*)(uint8_t*, size_t, void**)>(sym("cuptiActivityGetNextRecord"));
-  push_ = reinterpret_cast<int (*)(int, uint64_t)>(sym("cuptiActivityPushExternalCorrelationId"));
-  pop_ = reinterpret_cast<int (*)(int, uint64_t*)>(sym("cuptiActivityPopExternalCorrelationId"));
-  if (!enable || !reg || !flush_all_ || !get_next_ || !push_ || !pop_) {
+  if (!enable || !reg || !flush_all_ || !get_next_) {
     state_ = "off: libcupti lacks the activity API we need";
     return false;
   }
@@ -86,7 +83,7 @@ bool CuptiTelemetry::start() {
     return false;
   }
   for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                   CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION}) {
+                   CUPTI_ACTIVITY_KIND_MEMSET}) {
     if (int r = enable(kind); r != CUPTI_SUCCESS) {
       state_ = "off: cuptiActivityEnable(" + std::to_string(kind) + ") failed with " + std::to_string(r);
       return false;
@@ -95,15 +92,6 @@ bool CuptiTelemetry::start() {
   state_ = "cupti";
   active_.store(true, std::memory_order_release);
   return true;
-}
-
-void CuptiTelemetry::push(uint64_t seq) {
-  if (active()) push_(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, seq);
-}
-
-void CuptiTelemetry::pop() {
-  uint64_t ignored;
-  if (active()) pop_(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &ignored);
 }
 
 void CuptiTelemetry::request_cb(uint8_t** buf, size_t* size, size_t* max_records) {
@@ -127,7 +115,7 @@ void CuptiTelemetry::on_buffer(uint8_t* buf, size_t valid) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(rec);
-        g = GpuRecord{EventKind::Kernel, 0, k->correlationId, k->start, k->end};
+        g = GpuRecord{EventKind::Kernel, name_hash(k->name), k->correlationId, k->start, k->end};
         ++n_kernel_;
         break;
       }
@@ -143,16 +131,10 @@ void CuptiTelemetry::on_buffer(uint8_t* buf, size_t valid) {
         ++n_memset_;
         break;
       }
-      case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
-        auto* x = reinterpret_cast<CUpti_ActivityExternalCorrelation*>(rec);
-        ++n_ext_;
-        if (x->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) ext_[x->correlationId] = x->externalId;
-        continue;
-      }
       default:
         continue;
     }
-    raw_.push_back(Raw{g, 0});
+    raw_.push_back(g);
   }
 }
 
@@ -162,26 +144,8 @@ void CuptiTelemetry::collect(std::vector<GpuRecord>* out) {
   // kernels that finished since the last one.
   flush_all_(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::lock_guard lock(mu_);
-  // A record's external id may arrive in a later buffer than the record: hold unjoined
-  // records for a few collects before handing them out as "not ours".
-  std::vector<Raw> keep;
-  for (Raw& r : raw_) {
-    if (auto it = ext_.find(static_cast<uint32_t>(r.r.corr)); it != ext_.end()) {
-      r.r.seq = it->second;
-      max_joined_ = std::max<uint64_t>(max_joined_, r.r.corr);
-      ++n_joined_;
-      out->push_back(r.r);
-    } else if (++r.waited > 3) {
-      ++n_unjoined_;
-      out->push_back(r.r);
-    } else {
-      keep.push_back(r);
-    }
-  }
-  raw_.swap(keep);
-  // A graph launch has one correlation id for all its kernels, so ids are kept a while
-  // after their first join rather than erased at once.
-  if (max_joined_ > kExtRetention) ext_.erase(ext_.begin(), ext_.lower_bound(max_joined_ - kExtRetention));
+  out->insert(out->end(), raw_.begin(), raw_.end());
+  raw_.clear();
   // Takeover: launches keep coming but no buffer has completed for a long while.
   uint64_t launches = launches_.load(std::memory_order_relaxed);
   if (buffers_ == last_buffers_ && launches != last_launches_) {
@@ -214,8 +178,6 @@ namespace offload {
 std::string CuptiTelemetry::counters_json() const {
   std::lock_guard lock(mu_);
   return "{\"buffers\":" + std::to_string(buffers_) + ",\"kernels\":" + std::to_string(n_kernel_) +
-         ",\"memcpys\":" + std::to_string(n_copy_) + ",\"memsets\":" + std::to_string(n_memset_) +
-         ",\"external_ids\":" + std::to_string(n_ext_) + ",\"joined\":" + std::to_string(n_joined_) +
-         ",\"not_ours\":" + std::to_string(n_unjoined_) + "}";
+         ",\"memcpys\":" + std::to_string(n_copy_) + ",\"memsets\":" + std::to_string(n_memset_) + "}";
 }
 }  // namespace offload

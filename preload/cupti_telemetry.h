@@ -1,15 +1,17 @@
 // CuptiTelemetry: per-launch GPU time from the CUPTI activity API, inside the process.
 //
-// libcupti is loaded at run time (never linked). Each launch through our hooks pushes its
-// sequence number as a CUPTI external correlation id, so every kernel, memcpy and memset
-// record joins back to the launch that made it; records without one come from launches
-// we did not see, which is how visibility is checked against ground truth.
+// libcupti is loaded at run time (never linked). Kernel records carry the driver's
+// correlation id and the kernel's name; the StepAssembler aligns them with our launches
+// (core/telemetry.h says why not CUPTI's external ids), so a record left over is a launch
+// we did not see: visibility is checked against ground truth. Nothing is added to the
+// launch path.
 //
 // CUPTI allows one owner of the activity buffers. If another client (torch.profiler's
 // Kineto) takes them over, our records stop; we notice, say so once, and report the
 // state instead of numbers.
 //
-// Threading: push/pop from any launching thread; start/collect from the worker only.
+// Threading: start/collect from the worker only; CUPTI calls the buffer callbacks from
+// its own thread or from within collect().
 #pragma once
 
 #include <atomic>
@@ -32,8 +34,6 @@ class CuptiTelemetry final : public Telemetry {
 
   bool start();  // loads CUPTI and enables activity records; false: see state()
   bool active() const { return active_.load(std::memory_order_acquire); }
-  void push(uint64_t seq);
-  void pop();
 
   void collect(std::vector<GpuRecord>* out) override;
   std::string state() const override;
@@ -41,10 +41,6 @@ class CuptiTelemetry final : public Telemetry {
   std::string counters_json() const;
 
  private:
-  struct Raw {
-    GpuRecord r;
-    uint32_t waited = 0;
-  };
   void on_buffer(uint8_t* buf, size_t valid);
   static void request_cb(uint8_t** buf, size_t* size, size_t* max_records);
   static void complete_cb(void* ctx, uint32_t stream, uint8_t* buf, size_t size, size_t valid);
@@ -54,11 +50,9 @@ class CuptiTelemetry final : public Telemetry {
   std::atomic<bool> active_{false};
   mutable std::mutex mu_;
   std::string state_ = "not started";
-  std::vector<Raw> raw_;                              // under mu_
-  std::map<uint64_t, uint64_t> ext_;                  // corr -> seq, under mu_
-  uint64_t max_joined_ = 0;                           // under mu_
+  std::vector<GpuRecord> raw_;                        // under mu_
   uint64_t buffers_ = 0;                              // completed buffers, under mu_
-  uint64_t n_kernel_ = 0, n_copy_ = 0, n_memset_ = 0, n_ext_ = 0, n_joined_ = 0, n_unjoined_ = 0;  // under mu_
+  uint64_t n_kernel_ = 0, n_copy_ = 0, n_memset_ = 0;  // under mu_
   uint64_t last_buffers_ = 0, last_launches_ = 0;
   int silent_collects_ = 0;
   bool taken_over_ = false;
@@ -67,8 +61,6 @@ class CuptiTelemetry final : public Telemetry {
   void* lib_ = nullptr;
   int (*flush_all_)(uint32_t) = nullptr;
   int (*get_next_)(uint8_t*, size_t, void**) = nullptr;
-  int (*push_)(int, uint64_t) = nullptr;
-  int (*pop_)(int, uint64_t*) = nullptr;
 };
 
 }  // namespace offload

@@ -161,7 +161,6 @@ std::string Runtime::stats_json_locked() {
   TrackerCounters& c = tracker_.counters();
   std::ostringstream os;
   auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  uint64_t hooked = ld(c.hooked);
   os << "{\"version\":1,\"pid\":" << getpid() << ",\"telemetry\":\"" << telemetry_.state() << "\""
      << ",\"cupti\":" << telemetry_.counters_json()
      << ",\"step_detection\":\"" << (assembler_.marked() ? "offload_mark_step" : "automatic") << "\""
@@ -176,7 +175,7 @@ std::string Runtime::stats_json_locked() {
      << ",\"dropped_events\":" << log_.dropped() << ",\"unwrapped_routes\":" << hooks::unwrapped_routes()
      << ",\"live_allocs\":" << tracker_.allocs().size() << ",\"live_bytes\":" << tracker_.allocs().live_bytes()
      << ",\"functions\":" << tracker_.funcs().count() << "}"
-     << ",\"hook_ns_mean\":" << (hooked ? static_cast<double>(ld(c.hook_ns)) / static_cast<double>(hooked) : 0.0)
+     << ",\"hook_ns_mean\":" << c.hook_ns_mean()
      << ",\"routes\":{";
   bool first = true;
   for (size_t i = 0; i < hooks::kHookCount; ++i) {

@@ -155,8 +155,7 @@ ReplayResult replay(const StepTrace& rec, const ReplayOptions& opt) {
   }
   for (StepTrace& t : asm_.take_ready(0, true)) res.steps.push_back(std::move(t));
   res.period = asm_.detector().period();
-  uint64_t hooked = tracker.counters().hooked.load();
-  res.hook_ns_mean = hooked ? static_cast<double>(tracker.counters().hook_ns.load()) / static_cast<double>(hooked) : 0;
+  res.hook_ns_mean = tracker.counters().hook_ns_mean();
   for (const StepTrace& t : res.steps) {
     std::string why;
     if (same_step(rec, t, &why)) ++res.matching_steps;

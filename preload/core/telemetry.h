@@ -1,6 +1,10 @@
-// GPU-time telemetry as the core sees it: records of what ran on the GPU, each joined to
-// our launch sequence number (the CUPTI external correlation id), or 0 when the launch
-// did not pass through our hooks. Production: preload/cupti_telemetry.cpp.
+// GPU-time telemetry as the core sees it: records of the kernels that ran on the GPU, with
+// the driver's correlation id (handed out in API-call order, across threads) and a hash of
+// the kernel's name. The StepAssembler joins them to our launches by aligning the two
+// sequences by name: every launch we saw has a record; a record we cannot align is a launch
+// we did not see. (CUPTI's external correlation ids cannot do this: they attach to the
+// outermost API call, the runtime's cudaLaunchKernel, which starts before our driver hook.)
+// Production: preload/cupti_telemetry.cpp.
 #pragma once
 
 #include <cstdint>
@@ -13,10 +17,17 @@ namespace offload {
 
 struct GpuRecord {
   EventKind kind = EventKind::Kernel;  // Kernel, Copy or Memset
-  uint64_t seq = 0;   // our launch sequence number; 0: not launched through our hooks
-  uint64_t corr = 0;  // the driver's correlation id (API call order)
+  uint64_t name_hash = 0;  // kernels: name_hash() of the kernel's (mangled) name
+  uint64_t corr = 0;       // the driver's correlation id (API call order)
   uint64_t start_ns = 0, end_ns = 0;
 };
+
+// FNV-1a, the hash both sides use for kernel names.
+inline uint64_t name_hash(const char* s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; s && *s; ++s) h = (h ^ static_cast<unsigned char>(*s)) * 1099511628211ull;
+  return h;
+}
 
 class Telemetry {
  public:

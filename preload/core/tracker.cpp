@@ -1,6 +1,7 @@
 #include "core/tracker.h"
 
 #include <time.h>
+#include <x86intrin.h>
 
 #include <algorithm>
 #include <unordered_set>
@@ -8,21 +9,17 @@
 namespace offload {
 namespace {
 
-int64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
-
-// Records host time spent in a hook's bookkeeping.
+// Records host time spent in a hook's bookkeeping, in TSC cycles: clock_gettime can be a
+// system call in a virtual machine (measured: microseconds per call on the GPU machine),
+// more than the work it would time.
 struct HookTimer {
-  explicit HookTimer(TrackerCounters& c) : c_(c), t0_(mono_ns()) {}
+  explicit HookTimer(TrackerCounters& c) : c_(c), t0_(__rdtsc()) {}
   ~HookTimer() {
-    c_.hook_ns.fetch_add(static_cast<uint64_t>(mono_ns() - t0_), std::memory_order_relaxed);
+    c_.hook_cycles.fetch_add(__rdtsc() - t0_, std::memory_order_relaxed);
     c_.hooked.fetch_add(1, std::memory_order_relaxed);
   }
   TrackerCounters& c_;
-  int64_t t0_;
+  uint64_t t0_;
 };
 
 // Walks a launch's `extra` array for the packed argument buffer.
@@ -231,7 +228,7 @@ void StepAssembler::cut_at(size_t n, int64_t now_ns) {
         if (e.kind == EventKind::Kernel) {
           l.kernel = e.func;
           if (!t.kernels.count(e.func)) t.kernels[e.func] = funcs_.name(e.func);
-          if (!c.first_kernel_seq) c.first_kernel_seq = e.seq;
+          if (e.seq >= gpu_from_seq_) ++timed_kernels_;
         }
         const AllocId* acc = pending_acc_.data() + pending_[i].acc_begin;
         for (uint32_t k = 0; k < e.access_count; ++k)
@@ -246,59 +243,62 @@ void StepAssembler::cut_at(size_t n, int64_t now_ns) {
   pending_launch_no_.erase(pending_launch_no_.begin(), pending_launch_no_.begin() + static_cast<ptrdiff_t>(n));
   pending_acc_.erase(pending_acc_.begin(), pending_acc_.begin() + static_cast<ptrdiff_t>(acc_off));
   for (auto& p : pending_) p.acc_begin -= acc_off;
+  c.timed = !c.seqs.empty() && c.seqs.front() >= gpu_from_seq_;
+  c.kernels_through = timed_kernels_;
   if (!t.launches.empty()) cuts_.push_back(std::move(c));
 }
 
 void StepAssembler::add_gpu_records(std::vector<GpuRecord>& recs) {
-  for (const GpuRecord& r : recs) {
-    if (r.seq) {
-      gpu_by_seq_[r.seq] = r;
-      max_seq_seen_ = std::max(max_seq_seen_, r.seq);
+  for (const GpuRecord& r : recs)
+    if (r.kind == EventKind::Kernel && r.corr > aligned_corr_) {
+      records_.push_back(r);
+      ++records_in_;
     }
-    if (r.kind == EventKind::Kernel) kernel_records_.push_back(r);
-  }
   recs.clear();
 }
 
-void StepAssembler::finish(Cut& c, const Cut* next) {
+uint64_t StepAssembler::name_hash_of(uint32_t func) {
+  auto it = name_hashes_.find(func);
+  if (it != name_hashes_.end()) return it->second;
+  return name_hashes_[func] = name_hash(funcs_.name(func).c_str());
+}
+
+void StepAssembler::finish(Cut& c) {
   StepTrace& t = c.trace;
-  // Correlation ids are handed out in API-call order: the step owns every kernel record
-  // from its first seen launch up to the next step's first seen launch, ours or not.
-  uint64_t c_first = ~uint64_t{0}, c_last = 0;
-  for (uint64_t s : c.seqs)
-    if (auto it = gpu_by_seq_.find(s); it != gpu_by_seq_.end()) {
-      c_first = std::min(c_first, it->second.corr);
-      c_last = std::max(c_last, it->second.corr);
-    }
-  uint64_t c_end = c_last + 1;
-  if (next) {
-    uint64_t next_first = ~uint64_t{0};
-    for (uint64_t s : next->seqs)
-      if (auto it = gpu_by_seq_.find(s); it != gpu_by_seq_.end())
-        next_first = std::min(next_first, it->second.corr);
-    if (next_first != ~uint64_t{0} && next_first > c_last) c_end = next_first;
-  }
-  // No GPU times for this step, or only for part of it (telemetry started mid-step).
-  if (c_first == ~uint64_t{0} || c.seqs.empty() || c.seqs.front() < gpu_from_seq_) return;
+  if (records_.empty()) return;
+  // Align our kernel launches with the records in API-call order. A record that does not
+  // match the next launch by name is a launch we did not see; a launch with no matching
+  // record within a window (its record not delivered) is left without a time.
+  constexpr size_t kLookahead = 64;
+  std::sort(records_.begin(), records_.end(), [](const GpuRecord& a, const GpuRecord& b) { return a.corr < b.corr; });
+  size_t i = 0, matched = 0, unseen = 0, consumed = 0;
   int64_t t0 = INT64_MAX;
   std::vector<std::pair<uint64_t, uint64_t>> iv;
-  int64_t count = 0;
-  for (const GpuRecord& r : kernel_records_) {
-    if (r.corr < c_first || r.corr >= c_end) continue;
-    ++count;
-    iv.emplace_back(r.start_ns, r.end_ns);
-    t0 = std::min<int64_t>(t0, static_cast<int64_t>(r.start_ns));
+  std::vector<std::pair<size_t, size_t>> hits;  // launch position, record index
+  for (size_t pos = 0; pos < t.launches.size(); ++pos) {
+    const TraceLaunch& l = t.launches[pos];
+    if (l.kind != EventKind::Kernel || c.seqs[pos] < gpu_from_seq_) continue;
+    uint64_t h = name_hash_of(l.kernel);
+    size_t j = i;
+    while (j < records_.size() && j - i < kLookahead && records_[j].name_hash != h) ++j;
+    if (j == records_.size() || records_[j].name_hash != h) continue;
+    unseen += j - i;
+    for (size_t k = i; k <= j; ++k) {
+      iv.emplace_back(records_[k].start_ns, records_[k].end_ns);
+      t0 = std::min<int64_t>(t0, static_cast<int64_t>(records_[k].start_ns));
+    }
+    hits.emplace_back(pos, j);
+    ++matched;
+    i = j + 1;
+    consumed = i;
   }
-  for (size_t i = 0; i < c.seqs.size(); ++i)
-    if (auto it = gpu_by_seq_.find(c.seqs[i]); it != gpu_by_seq_.end()) {
-      t0 = std::min<int64_t>(t0, static_cast<int64_t>(it->second.start_ns));
-    }
-  for (size_t i = 0; i < c.seqs.size(); ++i)
-    if (auto it = gpu_by_seq_.find(c.seqs[i]); it != gpu_by_seq_.end()) {
-      t.launches[i].gpu_start_ns = static_cast<int64_t>(it->second.start_ns) - t0;
-      t.launches[i].gpu_ns = static_cast<int64_t>(it->second.end_ns - it->second.start_ns);
-      gpu_by_seq_.erase(it);
-    }
+  for (auto [pos, j] : hits) {
+    t.launches[pos].gpu_start_ns = static_cast<int64_t>(records_[j].start_ns) - t0;
+    t.launches[pos].gpu_ns = static_cast<int64_t>(records_[j].end_ns - records_[j].start_ns);
+  }
+  if (consumed) aligned_corr_ = records_[consumed - 1].corr;
+  records_.erase(records_.begin(), records_.begin() + static_cast<ptrdiff_t>(consumed));
+  if (!c.timed || matched == 0) return;
   std::sort(iv.begin(), iv.end());
   int64_t busy = 0;
   uint64_t cur_s = 0, cur_e = 0;
@@ -315,8 +315,7 @@ void StepAssembler::finish(Cut& c, const Cut* next) {
   }
   if (open) busy += static_cast<int64_t>(cur_e - cur_s);
   t.gpu_busy_ns = busy;
-  t.cupti_kernels = count;
-  std::erase_if(kernel_records_, [&](const GpuRecord& r) { return r.corr < c_end; });
+  t.cupti_kernels = static_cast<int64_t>(matched + unseen);
 }
 
 std::vector<StepTrace> StepAssembler::take_ready(int64_t now_ns, bool final, bool no_wait) {
@@ -335,14 +334,43 @@ std::vector<StepTrace> StepAssembler::take_ready(int64_t now_ns, bool final, boo
   std::vector<StepTrace> out;
   while (!cuts_.empty()) {
     Cut& c = cuts_.front();
-    const Cut* next = cuts_.size() > 1 ? &cuts_[1] : nullptr;
-    bool times_in = next && next->first_kernel_seq && max_seq_seen_ >= next->first_kernel_seq;
+    // Records arrive as kernels finish, not in order: wait until as many records came in as
+    // launches were made through this step, plus a moment for stragglers.
+    bool times_in = records_in_ >= c.kernels_through && now_ns - c.cut_ns >= opt_.telemetry_settle_ns;
     if (!final && !no_wait && !times_in && now_ns - c.cut_ns < opt_.telemetry_wait_ns) break;
-    finish(c, next);
+    finish(c);
     out.push_back(std::move(c.trace));
     cuts_.pop_front();
   }
   return out;
+}
+
+}  // namespace offload
+
+namespace offload {
+
+double ns_per_tsc_cycle() {
+  static const double ratio = [] {
+    auto now = [] {
+      timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+    };
+    int64_t t0 = now();
+    uint64_t c0 = __rdtsc();
+    timespec d{0, 20'000'000};
+    nanosleep(&d, nullptr);
+    int64_t t1 = now();
+    uint64_t c1 = __rdtsc();
+    return c1 > c0 ? static_cast<double>(t1 - t0) / static_cast<double>(c1 - c0) : 0.0;
+  }();
+  return ratio;
+}
+
+double TrackerCounters::hook_ns_mean() const {
+  uint64_t n = hooked.load(std::memory_order_relaxed);
+  return n ? static_cast<double>(hook_cycles.load(std::memory_order_relaxed)) * ns_per_tsc_cycle() / static_cast<double>(n)
+           : 0.0;
 }
 
 }  // namespace offload

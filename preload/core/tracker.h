@@ -29,8 +29,12 @@ namespace offload {
 struct TrackerCounters {
   std::atomic<uint64_t> kernels{0}, copies{0}, memsets{0}, graphs{0};
   std::atomic<uint64_t> allocs{0}, frees{0}, unknown_frees{0}, opaque_kernels{0};
-  std::atomic<uint64_t> hook_ns{0}, hooked{0};  // host time spent in our launch bookkeeping
+  std::atomic<uint64_t> hook_cycles{0}, hooked{0};  // host time in our launch bookkeeping
+  double hook_ns_mean() const;
 };
+
+// Nanoseconds per TSC cycle, calibrated once (20 ms) on first use.
+double ns_per_tsc_cycle();
 
 class Tracker {
  public:
@@ -74,6 +78,7 @@ class StepAssembler {
   struct Options {
     StepDetector::Options detector{};
     int64_t telemetry_wait_ns = 3'000'000'000;  // give up waiting for GPU times after this
+    int64_t telemetry_settle_ns = 100'000'000;  // once the counts match, wait this long
     size_t max_pending_events = 4u << 20;      // without boundaries, drop history past this
   };
   StepAssembler(const FuncRegistry& funcs, Options o);
@@ -84,7 +89,7 @@ class StepAssembler {
   // `no_wait`; and, if `final`, the unfinished step too.
   std::vector<StepTrace> take_ready(int64_t now_ns, bool final, bool no_wait = false);
 
-  // GPU times are complete only for launches from `seq` on (telemetry started then).
+  // GPU records exist only for launches from `seq` on (telemetry started then).
   void gpu_times_from(uint64_t seq) { gpu_from_seq_ = seq; }
 
   const StepDetector& detector() const { return detector_; }
@@ -104,11 +109,12 @@ class StepAssembler {
   struct Cut {
     StepTrace trace;
     std::vector<uint64_t> seqs;  // launch seq per position
-    uint64_t first_kernel_seq = 0;
+    bool timed = false;           // every launch of the step came after telemetry started
+    uint64_t kernels_through = 0; // timed kernel launches up to the end of this step
     int64_t cut_ns = 0;
   };
   void cut_at(size_t n_events, int64_t now_ns);
-  void finish(Cut& c, const Cut* next);
+  void finish(Cut& c);
 
   const FuncRegistry& funcs_;
   Options opt_;
@@ -122,10 +128,13 @@ class StepAssembler {
   uint64_t next_step_ = 0;
   int64_t now_ns_ = 0;
   std::deque<Cut> cuts_;
-  std::unordered_map<uint64_t, GpuRecord> gpu_by_seq_;
-  std::vector<GpuRecord> kernel_records_;  // every kernel record, for counting by corr
-  uint64_t max_seq_seen_ = 0;
-  uint64_t gpu_from_seq_ = 0;
+  uint64_t name_hash_of(uint32_t func);
+  std::unordered_map<uint32_t, uint64_t> name_hashes_;
+  std::vector<GpuRecord> records_;   // kernel records not yet aligned
+  uint64_t records_in_ = 0;          // kernel records received
+  uint64_t aligned_corr_ = 0;        // records up to here belong to finished steps
+  uint64_t timed_kernels_ = 0;       // our kernel launches since telemetry started
+  uint64_t gpu_from_seq_ = ~uint64_t{0};
 };
 
 }  // namespace offload

@@ -1,9 +1,8 @@
 // What every hook does, once: guard, resolve the real entry point, forward, and tell the
 // core. The hook files hold nothing but one-line uses of these.
 //
-//   launch<Id>(observe, call): observe(tracker) -> seq before the launch (our bookkeeping
-//       and the CUPTI external correlation id), call(real) forwards; nested or pass-through
-//       calls only forward.
+//   launch<Id>(observe, call): observe(tracker) records the launch and what it touches,
+//       then call(real) forwards; nested or pass-through calls only forward.
 //   after_ok<Id>(call, observe): forwards, then observes if the call succeeded (allocs).
 //   before<Id>(observe, call): observes, then forwards (frees).
 //
@@ -29,11 +28,8 @@ inline auto launch(Observe&& observe, Call&& call) {
   HookGuard guard;
   Runtime* rt = guard.outermost() ? runtime() : nullptr;
   if (!rt) return call(fn);
-  uint64_t seq = observe(rt->tracker());
-  rt->telemetry().push(seq);
-  auto result = call(fn);
-  rt->telemetry().pop();
-  return result;
+  observe(rt->tracker());
+  return call(fn);
 }
 
 template <HookId Id, class Sig, class Call, class Observe>

@@ -4,6 +4,7 @@
 #   scripts/gpu/run.sh smoke        every workload, small shapes, under the shim
 #   scripts/gpu/run.sh reference    determinism, shim on both routes, cost of observing, baselines
 #   scripts/gpu/run.sh conv_llama   the same for the convnet and the Llama-from-config model
+#   scripts/gpu/run.sh all_eager    reference (determinism, shim, cost) + conv_llama, in one call
 #   scripts/gpu/run.sh compiled     the Llama model under torch.compile
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
@@ -88,13 +89,30 @@ case $plan in
       run ${w}_save_on_cpu 0 --workload $w --mode save_on_cpu --steps 5 --warmup 2
     done
     ;;
+  all_eager)
+    # One call's worth: every eager workload's determinism and visibility, the cost of
+    # observing, and the convnet/llama baselines.
+    run reference_det_a 0 --workload reference --steps 10 --warmup 3 --deterministic
+    run reference_det_r1 1 --workload reference --steps 10 --warmup 3 --deterministic
+    run reference_det_r2 2 --workload reference --steps 10 --warmup 3 --deterministic
+    run reftime_plain_1 0 --workload reference --steps 30 --warmup 5
+    run reftime_shim_1 1 --workload reference --steps 30 --warmup 5
+    for w in convnet llama; do
+      run ${w}_det_a 0 --workload $w --steps 10 --warmup 3 --deterministic
+      run ${w}_det_b 0 --workload $w --steps 10 --warmup 3 --deterministic
+      run ${w}_det_r1 1 --workload $w --steps 10 --warmup 3 --deterministic
+      run ${w}_det_r2 2 --workload $w --steps 10 --warmup 3 --deterministic
+      run ${w}_ckpt 0 --workload $w --mode ckpt --steps 5 --warmup 2
+      run ${w}_save_on_cpu 0 --workload $w --mode save_on_cpu --steps 5 --warmup 2
+    done
+    ;;
   compiled)
     run llamac_det_a 0 --workload llama --compile --steps 8 --warmup 4 --deterministic
     run llamac_det_b 0 --workload llama --compile --steps 8 --warmup 4 --deterministic
     run llamac_det_r1 1 --workload llama --compile --steps 8 --warmup 4 --deterministic
     run llamac_det_r2 2 --workload llama --compile --steps 8 --warmup 4 --deterministic
     ;;
-  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, compiled)" >&2; exit 2 ;;
+  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled)" >&2; exit 2 ;;
 esac
 
 for base in "$work"/*_det_a.json; do

@@ -1,0 +1,176 @@
+// OFFLOAD_* settings and byte sizes.
+#include "core/env.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace offload {
+namespace {
+
+constexpr uint64_t KiB = 1024, MiB = KiB * 1024, GiB = MiB * 1024;
+
+TEST(ParseSize, PlainBytes) {
+  EXPECT_EQ(parse_size("0"), 0u);
+  EXPECT_EQ(parse_size("1048576"), 1048576u);
+  EXPECT_EQ(parse_size("100B"), 100u);
+  EXPECT_EQ(parse_size("100b"), 100u);
+}
+
+TEST(ParseSize, BinaryUnits) {
+  EXPECT_EQ(parse_size("64k"), 64 * KiB);
+  EXPECT_EQ(parse_size("2KiB"), 2 * KiB);
+  EXPECT_EQ(parse_size("512MiB"), 512 * MiB);
+  EXPECT_EQ(parse_size("40GiB"), 40 * GiB);
+  EXPECT_EQ(parse_size("3M"), 3 * MiB);
+  EXPECT_EQ(parse_size("1G"), GiB);
+  EXPECT_EQ(parse_size("2TiB"), 2 * GiB * 1024);
+}
+
+TEST(ParseSize, DecimalUnits) {
+  EXPECT_EQ(parse_size("1GB"), 1000000000u);
+  EXPECT_EQ(parse_size("1.5GB"), 1500000000u);
+  EXPECT_EQ(parse_size("3kB"), 3000u);
+  EXPECT_EQ(parse_size("7MB"), 7000000u);
+}
+
+TEST(ParseSize, Decimals) {
+  EXPECT_EQ(parse_size("0.5k"), 512u);
+  EXPECT_EQ(parse_size("1.5GiB"), GiB + GiB / 2);
+  EXPECT_EQ(parse_size("0.25MiB"), MiB / 4);
+  EXPECT_EQ(parse_size("2.0"), 2u);
+}
+
+TEST(ParseSize, Rejections) {
+  for (const char* bad : {"", "-1", "12XB", "GiB", "B", ".", "1.2.3", "1e9", "1 GiB", "GiB1", "0x10",
+                          "+5", "5 ", "5GiBs", "1..5k"})
+    EXPECT_FALSE(parse_size(bad).has_value()) << "'" << bad << "'";
+}
+
+TEST(ParseSize, RejectsSizesPastSixtyFourBits) {
+  EXPECT_FALSE(parse_size("16777216TiB").has_value());  // 2^64 bytes
+  EXPECT_FALSE(parse_size("99999999999999999999999").has_value());
+  EXPECT_TRUE(parse_size("16777215TiB").has_value());
+}
+
+// --- read_settings -----------------------------------------------------------------------
+
+struct Env {
+  std::map<std::string, std::string> vars;
+  std::vector<std::string> asked;
+  std::function<const char*(const char*)> getter() {
+    return [this](const char* name) -> const char* {
+      asked.push_back(name);
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  }
+};
+
+Settings read(Env& env, std::vector<std::string>* errors) { return read_settings(env.getter(), errors); }
+
+TEST(ReadSettings, DefaultsWhenNothingIsSet) {
+  Env env;
+  std::vector<std::string> errors;
+  Settings s = read(env, &errors);
+  EXPECT_TRUE(errors.empty());
+  EXPECT_EQ(s.trace_dir, "");
+  EXPECT_EQ(s.trace_steps, 12u);
+  EXPECT_TRUE(s.telemetry);
+  EXPECT_EQ(s.cupti_lib, "");
+  EXPECT_EQ(s.log_level, "info");
+  EXPECT_TRUE(s.enabled);
+  for (const char* v : {"OFFLOAD_TRACE", "OFFLOAD_TRACE_STEPS", "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",
+                        "OFFLOAD_LOG_LEVEL", "OFFLOAD_DISABLE"})
+    EXPECT_NE(std::find(env.asked.begin(), env.asked.end(), v), env.asked.end()) << v << " is read";
+}
+
+TEST(ReadSettings, EmptyValuesMeanUnset) {
+  Env env;
+  for (const char* v : {"OFFLOAD_TRACE", "OFFLOAD_TRACE_STEPS", "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",
+                        "OFFLOAD_LOG_LEVEL", "OFFLOAD_DISABLE"})
+    env.vars[v] = "";
+  std::vector<std::string> errors;
+  Settings s = read(env, &errors);
+  EXPECT_TRUE(errors.empty());
+  EXPECT_EQ(s.trace_steps, 12u);
+  EXPECT_TRUE(s.enabled);
+  EXPECT_TRUE(s.telemetry);
+}
+
+TEST(ReadSettings, EachVariable) {
+  Env env;
+  env.vars = {{"OFFLOAD_TRACE", "/tmp/offload traces"},
+              {"OFFLOAD_TRACE_STEPS", "5"},
+              {"OFFLOAD_TELEMETRY", "off"},
+              {"OFFLOAD_CUPTI_LIB", "/opt/cuda/libcupti.so.13"},
+              {"OFFLOAD_LOG_LEVEL", "debug"},
+              {"OFFLOAD_DISABLE", "1"}};
+  std::vector<std::string> errors;
+  Settings s = read(env, &errors);
+  EXPECT_TRUE(errors.empty());
+  EXPECT_EQ(s.trace_dir, "/tmp/offload traces");
+  EXPECT_EQ(s.trace_steps, 5u);
+  EXPECT_FALSE(s.telemetry);
+  EXPECT_EQ(s.cupti_lib, "/opt/cuda/libcupti.so.13");
+  EXPECT_EQ(s.log_level, "debug");
+  EXPECT_FALSE(s.enabled);
+}
+
+TEST(ReadSettings, AcceptedSpellings) {
+  auto one = [](const char* var, const char* val) {
+    Env env;
+    env.vars[var] = val;
+    std::vector<std::string> errors;
+    Settings s = read(env, &errors);
+    EXPECT_TRUE(errors.empty()) << var << "=" << val;
+    return s;
+  };
+  EXPECT_TRUE(one("OFFLOAD_TELEMETRY", "cupti").telemetry);
+  for (const char* l : {"debug", "info", "warn", "error", "off"}) EXPECT_EQ(one("OFFLOAD_LOG_LEVEL", l).log_level, l);
+  EXPECT_FALSE(one("OFFLOAD_DISABLE", "true").enabled);
+  EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").enabled);
+  EXPECT_TRUE(one("OFFLOAD_DISABLE", "false").enabled);
+  EXPECT_EQ(one("OFFLOAD_TRACE_STEPS", "1").trace_steps, 1u);
+  EXPECT_EQ(one("OFFLOAD_TRACE_STEPS", "100000").trace_steps, 100000u);
+}
+
+TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
+  const std::vector<std::pair<const char*, const char*>> bad = {
+      {"OFFLOAD_TRACE_STEPS", "0"},      {"OFFLOAD_TRACE_STEPS", "-3"},   {"OFFLOAD_TRACE_STEPS", "100001"},
+      {"OFFLOAD_TRACE_STEPS", "many"},   {"OFFLOAD_TRACE_STEPS", "5x"},   {"OFFLOAD_TRACE_STEPS", "99999999999999999999"},
+      {"OFFLOAD_TELEMETRY", "on"},       {"OFFLOAD_TELEMETRY", "CUPTI"},  {"OFFLOAD_LOG_LEVEL", "verbose"},
+      {"OFFLOAD_LOG_LEVEL", "trace"},    {"OFFLOAD_DISABLE", "yes"},      {"OFFLOAD_DISABLE", "2"},
+  };
+  for (auto [var, val] : bad) {
+    Env env;
+    env.vars[var] = val;
+    std::vector<std::string> errors;
+    Settings s = read(env, &errors);
+    ASSERT_EQ(errors.size(), 1u) << var << "=" << val;
+    EXPECT_NE(errors[0].find(var), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find(std::string("'") + val + "'"), std::string::npos) << "names the value: " << errors[0];
+    EXPECT_NE(errors[0].find("expected"), std::string::npos) << "says what is accepted: " << errors[0];
+    // A bad value leaves the default in place.
+    Settings d;
+    EXPECT_EQ(s.trace_steps, d.trace_steps);
+    EXPECT_EQ(s.telemetry, d.telemetry);
+    EXPECT_EQ(s.log_level, d.log_level);
+    EXPECT_EQ(s.enabled, d.enabled);
+  }
+}
+
+TEST(ReadSettings, SeveralBadValuesAreAllReported) {
+  Env env;
+  env.vars = {{"OFFLOAD_TRACE_STEPS", "x"}, {"OFFLOAD_TELEMETRY", "y"}, {"OFFLOAD_LOG_LEVEL", "z"},
+              {"OFFLOAD_DISABLE", "w"}, {"OFFLOAD_TRACE", "/ok"}};
+  std::vector<std::string> errors;
+  Settings s = read(env, &errors);
+  EXPECT_EQ(errors.size(), 4u);
+  EXPECT_EQ(s.trace_dir, "/ok");
+}
+
+}  // namespace
+}  // namespace offload

@@ -1,0 +1,417 @@
+// StepTrace: the per-step trace file (protocol/offload/trace_format.h), its Chrome JSON
+// view, and the activation analysis made from a trace alone.
+#include "core/step_trace.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "json_mini.h"
+#include "offload/trace_format.h"
+
+namespace offload {
+namespace {
+
+using offload::testing::Json;
+using offload::testing::parse_json;
+
+StepTrace sample() {
+  StepTrace t;
+  t.step = 42;
+  t.kernels[0] = "void gemm<float, 128>(float const*, float*, int)";
+  t.kernels[7] = "at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >";
+  t.kernels[9] = "k";
+  t.allocs = {
+      {0, 1 << 20, 0, -1, -1},
+      {1, 4096, 0x2, -1, 1},
+      {2, 123456789012ull, 0x7f00deadbeef, 0, 3},
+      {3, 1, 0x7f00deadbeef, 2, -1},
+  };
+  TraceLaunch l0{0, EventKind::Copy, 0, 0x2, 0, 1500, {0, 2}};
+  TraceLaunch l1{1, EventKind::Kernel, 7, 0x7f00deadbeef, 1700, 12345, {2, 1, 0}};
+  TraceLaunch l2{2, EventKind::Memset, 0, 0, -1, -1, {3}};
+  TraceLaunch l3{3, EventKind::Graph, 0, 0x2, 20000, 999, {}};
+  TraceLaunch l4{4, EventKind::Kernel, 0, 0, 30000, 1, {3, 0}};
+  TraceLaunch l5{5, EventKind::Kernel, 9, 0x2, -1, -1, {}};
+  t.launches = {l0, l1, l2, l3, l4, l5};
+  t.gpu_busy_ns = 14846;
+  t.cupti_kernels = 3;
+  return t;
+}
+
+void expect_equal(const StepTrace& a, const StepTrace& b) {
+  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(a.kernels, b.kernels);
+  EXPECT_EQ(a.gpu_busy_ns, b.gpu_busy_ns);
+  EXPECT_EQ(a.cupti_kernels, b.cupti_kernels);
+  ASSERT_EQ(a.allocs.size(), b.allocs.size());
+  for (size_t i = 0; i < a.allocs.size(); ++i) {
+    SCOPED_TRACE("alloc " + std::to_string(i));
+    EXPECT_EQ(a.allocs[i].ordinal, b.allocs[i].ordinal);
+    EXPECT_EQ(a.allocs[i].bytes, b.allocs[i].bytes);
+    EXPECT_EQ(a.allocs[i].stream, b.allocs[i].stream);
+    EXPECT_EQ(a.allocs[i].alloc_pos, b.allocs[i].alloc_pos);
+    EXPECT_EQ(a.allocs[i].free_pos, b.allocs[i].free_pos);
+  }
+  ASSERT_EQ(a.launches.size(), b.launches.size());
+  for (size_t i = 0; i < a.launches.size(); ++i) {
+    SCOPED_TRACE("launch " + std::to_string(i));
+    const TraceLaunch &x = a.launches[i], &y = b.launches[i];
+    EXPECT_EQ(x.pos, y.pos);
+    EXPECT_EQ(x.kind, y.kind);
+    EXPECT_EQ(x.kernel, y.kernel);
+    EXPECT_EQ(x.stream, y.stream);
+    EXPECT_EQ(x.gpu_start_ns, y.gpu_start_ns);
+    EXPECT_EQ(x.gpu_ns, y.gpu_ns);
+    EXPECT_EQ(x.allocs, y.allocs);
+  }
+}
+
+std::string text(const StepTrace& t) {
+  std::ostringstream os;
+  t.write(os);
+  return os.str();
+}
+
+bool read_text(const std::string& s, StepTrace* out, std::string* err) {
+  std::istringstream is(s);
+  return StepTrace::read(is, out, err);
+}
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> v;
+  std::istringstream is(s);
+  for (std::string l; std::getline(is, l);) v.push_back(l);
+  return v;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& l : v) s += l + "\n";
+  return s;
+}
+
+// Index of the first line starting with `prefix`.
+size_t find_line(const std::vector<std::string>& v, const std::string& prefix) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i].rfind(prefix, 0) == 0) return i;
+  ADD_FAILURE() << "no line starting with " << prefix;
+  return 0;
+}
+
+TEST(TraceIo, RoundTripKeepsEveryField) {
+  const StepTrace t = sample();
+  const std::string s = text(t);
+  StepTrace back;
+  std::string err;
+  ASSERT_TRUE(read_text(s, &back, &err)) << err;
+  expect_equal(t, back);
+  EXPECT_EQ(text(back), s) << "writing what was read gives the same bytes";
+}
+
+TEST(TraceIo, RoundTripOfAnEmptyStep) {
+  StepTrace t;
+  t.step = 3;
+  StepTrace back;
+  std::string err;
+  ASSERT_TRUE(read_text(text(t), &back, &err)) << err;
+  expect_equal(t, back);
+}
+
+TEST(TraceIo, HeaderIsMagicAndVersion) {
+  auto v = lines(text(sample()));
+  ASSERT_FALSE(v.empty());
+  EXPECT_EQ(v[0], std::string(trace_format::kMagic) + " " + std::to_string(trace_format::kMajor) + "." +
+                      std::to_string(trace_format::kMinor));
+  EXPECT_EQ(v.back(), "end");
+}
+
+TEST(TraceIo, RejectsWrongMagic) {
+  auto v = lines(text(sample()));
+  v[0] = "offload-trac 1.0";
+  StepTrace out;
+  std::string err;
+  EXPECT_FALSE(read_text(join(v), &out, &err));
+  EXPECT_NE(err.find("line 1"), std::string::npos) << err;
+  EXPECT_NE(err.find("not an offload trace"), std::string::npos) << err;
+  EXPECT_FALSE(read_text("", &out, &err));
+  EXPECT_FALSE(read_text("{\"traceEvents\":[]}\n", &out, &err));
+}
+
+TEST(TraceIo, RejectsAnotherMajorVersionNamingIt) {
+  auto v = lines(text(sample()));
+  const uint32_t other = trace_format::kMajor + 1;
+  v[0] = std::string(trace_format::kMagic) + " " + std::to_string(other) + ".3";
+  StepTrace out;
+  std::string err;
+  EXPECT_FALSE(read_text(join(v), &out, &err));
+  EXPECT_NE(err.find(std::to_string(other) + ".3"), std::string::npos) << "names the file's version: " << err;
+  EXPECT_NE(err.find(std::to_string(trace_format::kMajor) + ".x"), std::string::npos)
+      << "names the version it reads: " << err;
+  EXPECT_NE(err.find("not supported"), std::string::npos) << err;
+}
+
+TEST(TraceIo, AcceptsAnOlderMinorOfTheSameMajor) {
+  auto v = lines(text(sample()));
+  v[0] = std::string(trace_format::kMagic) + " " + std::to_string(trace_format::kMajor) + ".0";
+  StepTrace out;
+  std::string err;
+  EXPECT_TRUE(read_text(join(v), &out, &err)) << err;
+}
+
+TEST(TraceIo, RejectsTruncatedInput) {
+  auto v = lines(text(sample()));
+  v.pop_back();  // no 'end'
+  StepTrace out;
+  std::string err;
+  EXPECT_FALSE(read_text(join(v), &out, &err));
+  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+
+  // Cut anywhere before the end: never accepted.
+  auto full = lines(text(sample()));
+  for (size_t keep = 0; keep + 1 < full.size(); ++keep) {
+    std::vector<std::string> part(full.begin(), full.begin() + static_cast<ptrdiff_t>(keep));
+    EXPECT_FALSE(read_text(join(part), &out, &err)) << "kept " << keep << " lines";
+  }
+  // Cut in the middle of a line.
+  std::string s = text(sample());
+  EXPECT_FALSE(read_text(s.substr(0, s.size() / 2), &out, &err));
+}
+
+TEST(TraceIo, RejectsCountsThatDoNotMatchTheStepLine) {
+  auto v = lines(text(sample()));
+  v.erase(v.begin() + static_cast<ptrdiff_t>(find_line(v, "launch 5 ")));  // last launch gone
+  StepTrace out;
+  std::string err;
+  EXPECT_FALSE(read_text(join(v), &out, &err));
+  EXPECT_NE(err.find("counts"), std::string::npos) << err;
+
+  v = lines(text(sample()));
+  v.erase(v.begin() + static_cast<ptrdiff_t>(find_line(v, "kernel 9 ")));
+  EXPECT_FALSE(read_text(join(v), &out, &err));
+  EXPECT_NE(err.find("counts"), std::string::npos) << err;
+}
+
+TEST(TraceIo, RejectsOutOfRangeOrdinals) {
+  StepTrace t = sample();
+  t.launches[1].allocs.push_back(static_cast<uint32_t>(t.allocs.size()));  // one past the last
+  auto v = lines(text(t));
+  StepTrace out;
+  std::string err;
+  EXPECT_FALSE(read_text(join(v), &out, &err));
+  EXPECT_NE(err.find("bad allocation ordinal"), std::string::npos) << err;
+  EXPECT_NE(err.find("line " + std::to_string(find_line(v, "launch 1 ") + 1) + ":"), std::string::npos)
+      << "names the launch's line: " << err;
+}
+
+TEST(TraceIo, RejectsLaunchPositionsOutOfOrder) {
+  auto v = lines(text(sample()));
+  size_t i = find_line(v, "launch 2 ");
+  std::swap(v[i], v[i + 1]);
+  StepTrace out;
+  std::string err;
+  EXPECT_FALSE(read_text(join(v), &out, &err));
+  EXPECT_NE(err.find("launch positions out of order"), std::string::npos) << err;
+}
+
+TEST(TraceIo, RejectsAllocOrdinalsOutOfOrder) {
+  auto v = lines(text(sample()));
+  size_t i = find_line(v, "alloc 1 ");
+  std::swap(v[i], v[i + 1]);
+  StepTrace out;
+  std::string err;
+  EXPECT_FALSE(read_text(join(v), &out, &err));
+  EXPECT_NE(err.find("alloc ordinals out of order"), std::string::npos) << err;
+}
+
+TEST(TraceIo, RejectsPositionsPastTheEndOfTheStep) {
+  StepTrace t = sample();
+  t.allocs[3].free_pos = static_cast<int64_t>(t.launches.size()) + 1;
+  StepTrace out;
+  std::string err;
+  EXPECT_FALSE(read_text(text(t), &out, &err));
+  EXPECT_NE(err.find("past the end"), std::string::npos) << err;
+  // Freed right after the last launch is a valid position.
+  t.allocs[3].free_pos = static_cast<int64_t>(t.launches.size());
+  EXPECT_TRUE(read_text(text(t), &out, &err)) << err;
+}
+
+TEST(TraceIo, RejectsMalformedRecords) {
+  StepTrace out;
+  std::string err;
+  auto v = lines(text(sample()));
+  auto with = [&](size_t i, const std::string& line) {
+    auto w = v;
+    w[i] = line;
+    return join(w);
+  };
+  size_t launch1 = find_line(v, "launch 1 ");
+  EXPECT_FALSE(read_text(with(launch1, "launch 1 X 7 0 0 0 0"), &out, &err)) << "unknown kind";
+  EXPECT_FALSE(read_text(with(launch1, "launch 1 K 7"), &out, &err)) << "short launch";
+  EXPECT_FALSE(read_text(with(launch1, "launch 1 K 7 0 0 0 2 1"), &out, &err)) << "fewer ordinals than n";
+  EXPECT_FALSE(read_text(with(find_line(v, "alloc 2 "), "alloc 2 lots 0 0 3"), &out, &err));
+  EXPECT_FALSE(read_text(with(1, "step 42 launches 6"), &out, &err)) << "short step line";
+  EXPECT_FALSE(read_text(with(launch1, "lunch 1 K 7 0 0 0 0"), &out, &err));
+  EXPECT_NE(err.find("unknown record"), std::string::npos) << err;
+  // A header asking for absurd counts is refused before anything is reserved.
+  EXPECT_FALSE(read_text(with(1, "step 1 launches 99999999999 allocs 0 kernels 0 gpu_busy_ns -1 cupti_kernels -1"),
+                         &out, &err));
+  EXPECT_NE(err.find("implausible"), std::string::npos) << err;
+}
+
+// --- Chrome JSON ------------------------------------------------------------------------
+
+Json chrome(const StepTrace& t) {
+  std::ostringstream os;
+  t.write_chrome_json(os);
+  Json j;
+  std::string err;
+  EXPECT_TRUE(parse_json(os.str(), &j, &err)) << err << "\n" << os.str();
+  return j;
+}
+
+std::vector<const Json*> x_events(const Json& j) {
+  std::vector<const Json*> v;
+  if (!j.has("traceEvents") || j["traceEvents"].type != Json::Array) {
+    ADD_FAILURE() << "no traceEvents array";
+    return v;
+  }
+  for (const Json& e : j["traceEvents"].items)
+    if (e.has("ph") && e["ph"].text == "X") v.push_back(&e);
+  return v;
+}
+
+TEST(ChromeJson, OneCompleteEventPerTimedLaunch) {
+  const StepTrace t = sample();
+  Json j = chrome(t);
+  ASSERT_EQ(j.type, Json::Object);
+  auto xs = x_events(j);
+  std::vector<const TraceLaunch*> timed;
+  for (const TraceLaunch& l : t.launches)
+    if (l.gpu_start_ns >= 0 && l.gpu_ns >= 0) timed.push_back(&l);
+  ASSERT_EQ(xs.size(), timed.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Json& e = *xs[i];
+    const TraceLaunch& l = *timed[i];
+    SCOPED_TRACE("launch " + std::to_string(l.pos));
+    ASSERT_TRUE(e.has("ts") && e.has("dur") && e.has("name") && e.has("tid") && e.has("args"));
+    EXPECT_DOUBLE_EQ(e["ts"].num, static_cast<double>(l.gpu_start_ns) / 1000.0);
+    EXPECT_DOUBLE_EQ(e["dur"].num, static_cast<double>(l.gpu_ns) / 1000.0);
+    EXPECT_EQ(e["args"]["pos"].num, l.pos);
+    EXPECT_EQ(e["args"]["allocs"].num, l.allocs.size());
+    const char* expected_name = l.kind == EventKind::Copy     ? "memcpy"
+                                : l.kind == EventKind::Memset ? "memset"
+                                : l.kind == EventKind::Graph  ? "graph"
+                                                              : nullptr;
+    EXPECT_EQ(e["name"].text, expected_name ? expected_name : t.kernels.at(l.kernel));
+    std::ostringstream tid;
+    tid << "stream 0x" << std::hex << l.stream;
+    EXPECT_EQ(e["tid"].text, tid.str());
+  }
+}
+
+TEST(ChromeJson, NamesAreEscaped) {
+  StepTrace t;
+  t.kernels[1] = "void k<\"quoted\", C:\\path>(int)";
+  t.launches.push_back(TraceLaunch{0, EventKind::Kernel, 1, 0, 0, 10, {}});
+  Json j = chrome(t);
+  auto xs = x_events(j);
+  ASSERT_EQ(xs.size(), 1u);
+  EXPECT_EQ((*xs[0])["name"].text, t.kernels[1]);
+}
+
+TEST(ChromeJson, UntimedStepIsStillValidJson) {
+  StepTrace t = sample();
+  for (TraceLaunch& l : t.launches) l.gpu_start_ns = l.gpu_ns = -1;
+  Json j = chrome(t);
+  EXPECT_TRUE(x_events(j).empty());
+}
+
+// Steps last from milliseconds to seconds and kernels a few microseconds: the timeline
+// needs every nanosecond of `ts` (µs with three decimals) however far into the step.
+TEST(ChromeJson, TimestampsKeepNanosecondResolutionLateInAStep) {
+  StepTrace t;
+  t.kernels[1] = "k";
+  t.launches.push_back(TraceLaunch{0, EventKind::Kernel, 1, 0, 0, 2500, {}});
+  t.launches.push_back(TraceLaunch{1, EventKind::Kernel, 1, 0, 1'234'567'891, 4'321, {}});
+  Json j = chrome(t);
+  auto xs = x_events(j);
+  ASSERT_EQ(xs.size(), 2u);
+  EXPECT_NEAR((*xs[1])["ts"].num, 1234567.891, 0.0005) << "ts written as " << (*xs[1])["ts"].text;
+  EXPECT_NEAR((*xs[1])["dur"].num, 4.321, 0.0005);
+}
+
+// --- analyse_activations -----------------------------------------------------------------
+
+constexpr uint64_t K = 1024;
+
+// Live bytes (KiB) before each launch position:
+//   0: W                                   1024
+//   1: + A 256 + B 512 + S 1 + C 128       1921
+//   2: - C 128 + T 2 + E 200               1995   <- peak
+//   3: - B 512                             1483
+//   4: + D 256                             1739
+//   5: - D 256 - E 200 + G 64              1347
+//   6: - A 256 - S 1 - T 2                 1088
+StepTrace activation_step() {
+  StepTrace t;
+  t.kernels[0] = "k";
+  // ordinal, bytes, stream, alloc_pos, free_pos
+  t.allocs = {
+      {0, 1024 * K, 0, -1, -1},  // W: weights
+      {1, 256 * K, 0, 1, 6},     // A: activation, read in the backward (5)
+      {2, 512 * K, 0, 1, 3},     // B: activation, never read after the peak
+      {3, 1 * K, 0, 1, 6},       // S: small, never read after the peak
+      {4, 2 * K, 0, 2, 6},       // T: small, read in the backward (5)
+      {5, 128 * K, 0, 1, 2},     // C: temporary, gone by the peak
+      {6, 256 * K, 0, 4, 5},     // D: born after the peak
+      {7, 64 * K, 0, 5, -1},     // G: gradient, outlives the step
+      {8, 200 * K, 0, 2, 5},     // E: activation born at the peak, read at 4
+  };
+  std::vector<std::vector<uint32_t>> touches = {
+      {0}, {0, 1, 2, 3, 5}, {4, 8, 0}, {0}, {6, 8}, {1, 4, 7}, {7, 0}};
+  for (uint32_t p = 0; p < touches.size(); ++p)
+    t.launches.push_back(TraceLaunch{p, EventKind::Kernel, 0, 0, -1, -1, touches[p]});
+  return t;
+}
+
+TEST(Activations, PeakAndActivationsOfAHandBuiltStep) {
+  ActivationReport r = analyse_activations(activation_step());
+  EXPECT_EQ(r.peak_pos, 2);
+  EXPECT_EQ(r.peak_bytes, 1995 * K);
+  EXPECT_EQ(r.activations, 3u);  // A, B, E
+  EXPECT_EQ(r.activation_bytes, (256 + 512 + 200) * K);
+  EXPECT_EQ(r.without_backward_access, (std::vector<uint32_t>{2}));  // B
+  EXPECT_EQ(r.small, 2u);                                             // S, T
+  EXPECT_EQ(r.small_without_backward_access, 1u);                     // S
+}
+
+TEST(Activations, ThresholdDecidesWhatIsSmall) {
+  ActivationReport r = analyse_activations(activation_step(), /*min_bytes=*/1);
+  EXPECT_EQ(r.activations, 5u);  // A, B, S, T, E
+  EXPECT_EQ(r.activation_bytes, (256 + 512 + 1 + 2 + 200) * K);
+  EXPECT_EQ(r.without_backward_access, (std::vector<uint32_t>{2, 3}));  // B, S
+  EXPECT_EQ(r.small, 0u);
+  EXPECT_EQ(r.small_without_backward_access, 0u);
+}
+
+TEST(Activations, SurvivesTheTraceRoundTrip) {
+  StepTrace back;
+  std::string err;
+  ASSERT_TRUE(read_text(text(activation_step()), &back, &err)) << err;
+  ActivationReport r = analyse_activations(back);
+  EXPECT_EQ(r.peak_pos, 2);
+  EXPECT_EQ(r.activations, 3u);
+}
+
+TEST(Activations, EmptyStepHasNoPeak) {
+  ActivationReport r = analyse_activations(StepTrace{});
+  EXPECT_EQ(r.peak_pos, -1);
+  EXPECT_EQ(r.activations, 0u);
+}
+
+}  // namespace
+}  // namespace offload

@@ -1,0 +1,942 @@
+// The observing pipeline without a GPU: Tracker (hot path) -> EventLog -> StepAssembler
+// (worker side) on SimDriver, checked against hand-computed step traces; replay(); and the
+// EventLog on its own, single- and multi-threaded.
+#include "core/tracker.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "core/event_log.h"
+#include "core/replay.h"
+#include "core/sim_driver.h"
+
+namespace offload {
+namespace {
+
+constexpr DevPtr kVa = 0x7e0000000000;
+
+StepAssembler::Options no_wait_options() {
+  StepAssembler::Options o;
+  o.telemetry_wait_ns = 0;
+  return o;
+}
+
+// One tracker with its log, assembler and simulated driver, as the shim wires them.
+struct Rig {
+  SimDriver drv;
+  EventLog log;
+  Tracker tr;
+  StepAssembler as;
+  std::vector<StepTrace> steps;
+
+  explicit Rig(StepAssembler::Options o = no_wait_options(), size_t cap = 1 << 14, size_t acap = 1 << 16)
+      : log(cap, acap), tr(drv, log), as(tr.funcs(), o) {}
+
+  void drain() {
+    log.drain([&](const Event& e, const AllocId* acc) { as.consume(e, acc); });
+  }
+  void pump(bool final = false, int64_t now = 0) {
+    drain();
+    for (StepTrace& t : as.take_ready(now, final)) steps.push_back(std::move(t));
+  }
+};
+
+// Launches `f` with kernelParams pointing at each argument, as cuLaunchKernel receives them.
+template <class... Args>
+uint64_t launch(Tracker& tr, Func f, Stream s, Args... args) {
+  void* params[] = {static_cast<void*>(&args)..., nullptr};
+  return tr.on_kernel(f, s, params, nullptr);
+}
+
+// A bump allocator of fake device addresses: ascending, page-aligned, never reused.
+struct FakeVa {
+  DevPtr next = kVa;
+  DevPtr get(uint64_t bytes) {
+    DevPtr p = next;
+    next += (bytes + 0xfff) & ~DevPtr{0xfff};
+    next += 0x1000;  // a guard page: one-past-the-end is nobody's
+    return p;
+  }
+};
+
+struct ByValue {  // a struct passed by value, pointers inside
+  DevPtr x;
+  uint64_t n;
+  DevPtr y;
+  uint64_t flag;  // no padding: every byte of the struct is defined
+};
+
+// --- the hot path, event by event ---------------------------------------------------------
+
+struct Drained {
+  Event e;
+  std::vector<AllocId> acc;
+};
+
+std::vector<Drained> drain_all(EventLog& log) {
+  std::vector<Drained> v;
+  log.drain([&](const Event& e, const AllocId* acc) { v.push_back({e, std::vector<AllocId>(acc, acc + e.access_count)}); });
+  return v;
+}
+
+std::set<AllocId> as_set(const std::vector<AllocId>& v) { return {v.begin(), v.end()}; }
+
+TEST(Tracker, ScansParametersInteriorPointersStructsAndTheExtraBuffer) {
+  SimDriver drv;
+  EventLog log(1 << 10, 1 << 12);
+  Tracker tr(drv, log);
+  const Func k_ptrs = drv.add_kernel("axpy(float const*, float*, int)", {{0, 8}, {8, 8}, {16, 4}});
+  const Func k_struct = drv.add_kernel("by_value(S, float*)", {{0, sizeof(ByValue)}, {sizeof(ByValue), 8}});
+  const Func k_packed = drv.add_kernel("packed(float*, long, float*)", {{0, 8}, {8, 8}, {16, 8}});
+  const Func k_opaque = drv.add_opaque_kernel("opaque");
+
+  const DevPtr a = drv.alloc(4096), b = drv.alloc(8192), c = drv.alloc(1 << 16), d = drv.alloc(64);
+  tr.on_alloc(a, 4096, 0);
+  tr.on_alloc(b, 8192, 0);
+  tr.on_alloc(c, 1 << 16, 0);
+  tr.on_alloc(d, 64, 0);
+
+  std::vector<std::set<DevPtr>> want;  // per launch event, the allocations (by base) touched
+  std::vector<uint64_t> seqs;
+  seqs.push_back(launch(tr, k_ptrs, 5, a + 100, b, 5));  // interior pointer
+  want.push_back({a, b});
+  seqs.push_back(launch(tr, k_ptrs, 5, a, a + 8, 4096));  // the same allocation twice; an int
+  want.push_back({a});
+  seqs.push_back(launch(tr, k_struct, 5, ByValue{c + 4096, 12345, d, 1}, b + 1));
+  want.push_back({c, d, b});
+  seqs.push_back(launch(tr, k_opaque, 5, a));  // layout unknown: nothing found, flagged
+  want.push_back({});
+  {
+    // The packed argument buffer: extra = {BUFFER_POINTER, buf, BUFFER_SIZE, &size, END}.
+    DevPtr buf[3] = {c + 8, 77, a};
+    size_t size = sizeof buf;
+    void* extra[] = {reinterpret_cast<void*>(1), buf, reinterpret_cast<void*>(2), &size, nullptr};
+    seqs.push_back(tr.on_kernel(k_packed, 5, nullptr, extra));
+    want.push_back({c, a});
+    // An opaque kernel launched through `extra` is still scanned: the buffer is the layout.
+    DevPtr buf2[1] = {b + 64};
+    size_t size2 = sizeof buf2;
+    void* extra2[] = {reinterpret_cast<void*>(1), buf2, reinterpret_cast<void*>(2), &size2, nullptr};
+    seqs.push_back(tr.on_kernel(k_opaque, 5, nullptr, extra2));
+    want.push_back({b});
+  }
+  seqs.push_back(launch(tr, k_ptrs, 5, DevPtr{0}, DevPtr{0x1000}, 3));  // no device pointers
+  want.push_back({});
+  seqs.push_back(tr.on_copy(b + 16, a, 100, 6));
+  want.push_back({a, b});
+  seqs.push_back(tr.on_copy(c, 0, 5, 6));  // host source
+  want.push_back({c});
+  seqs.push_back(tr.on_memset(d + 8, 32, 6));
+  want.push_back({d});
+  seqs.push_back(tr.on_graph(7));
+  want.push_back({});
+
+  auto events = drain_all(log);
+  std::map<DevPtr, AllocId> id_of;
+  std::vector<const Drained*> launches;
+  for (const Drained& x : events) {
+    if (x.e.kind == EventKind::Alloc) id_of[x.e.ptr] = x.e.a;
+    if (is_launch(x.e.kind)) launches.push_back(&x);
+  }
+  ASSERT_EQ(id_of.size(), 4u);
+  ASSERT_EQ(launches.size(), want.size());
+  for (size_t i = 0; i < launches.size(); ++i) {
+    SCOPED_TRACE("launch " + std::to_string(i));
+    const Drained& x = *launches[i];
+    std::set<AllocId> ids;
+    for (DevPtr p : want[i]) ids.insert(id_of.at(p));
+    EXPECT_EQ(as_set(x.acc), ids);
+    EXPECT_EQ(x.acc.size(), ids.size()) << "no duplicates";
+    EXPECT_EQ(x.e.seq, seqs[i]) << "on_* returns the sequence number it published";
+    EXPECT_EQ(x.e.live_bytes, 4096u + 8192 + (1 << 16) + 64);
+  }
+  // Flags: only the opaque kernel launched with kernelParams is "layout unknown".
+  for (size_t i = 0; i < launches.size(); ++i)
+    EXPECT_EQ((launches[i]->e.flags & kLayoutUnknown) != 0, i == 3) << "launch " << i;
+  EXPECT_EQ(launches[7]->e.kind, EventKind::Copy);
+  EXPECT_EQ(launches[7]->e.stream, 6u);
+  EXPECT_EQ(launches[7]->e.a, 100u) << "copy bytes";
+  EXPECT_EQ(launches[9]->e.kind, EventKind::Memset);
+  EXPECT_EQ(launches[10]->e.kind, EventKind::Graph);
+  EXPECT_EQ(launches[10]->e.stream, 7u);
+
+  // Kernel ids name the kernels; each kernel's layout was asked of the driver once.
+  EXPECT_EQ(tr.funcs().name(launches[0]->e.func), "axpy(float const*, float*, int)");
+  EXPECT_EQ(launches[0]->e.func, launches[1]->e.func);
+  EXPECT_EQ(tr.funcs().name(launches[2]->e.func), "by_value(S, float*)");
+  EXPECT_EQ(tr.funcs().name(launches[3]->e.func), "opaque");
+  EXPECT_EQ(drv.param_queries(), 4u);
+  EXPECT_EQ(tr.funcs().count(), 4u);
+
+  TrackerCounters& n = tr.counters();
+  EXPECT_EQ(n.kernels.load(), 7u);
+  EXPECT_EQ(n.copies.load(), 2u);
+  EXPECT_EQ(n.memsets.load(), 1u);
+  EXPECT_EQ(n.graphs.load(), 1u);
+  EXPECT_EQ(n.allocs.load(), 4u);
+  EXPECT_EQ(n.opaque_kernels.load(), 1u);
+}
+
+TEST(Tracker, ALaunchTouchingMoreThanTheCapIsFlaggedTruncated) {
+  SimDriver drv;
+  EventLog log(1 << 12, 1 << 14);
+  Tracker tr(drv, log);
+  const uint32_t n = Tracker::kMaxAccesses + 100;
+  std::vector<DevPtr> words(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    words[i] = kVa + i * 0x1000;
+    tr.on_alloc(words[i], 0x100, 0);
+  }
+  const Func k = drv.add_kernel("multi_tensor_apply", {{0, static_cast<uint32_t>(8 * n)}});
+  void* params[] = {words.data()};
+  tr.on_kernel(k, 0, params, nullptr);
+  auto events = drain_all(log);
+  ASSERT_FALSE(events.empty());
+  const Drained& last = events.back();
+  EXPECT_EQ(last.e.kind, EventKind::Kernel);
+  EXPECT_EQ(last.acc.size(), Tracker::kMaxAccesses);
+  EXPECT_TRUE(last.e.flags & kAccessesTruncated);
+}
+
+TEST(Tracker, FreeOfAnUnknownAddressIsCountedNotLogged) {
+  SimDriver drv;
+  EventLog log(1 << 10, 1 << 12);
+  Tracker tr(drv, log);
+  tr.on_free(kVa, 0);
+  EXPECT_EQ(tr.counters().unknown_frees.load(), 1u);
+  EXPECT_EQ(tr.counters().frees.load(), 0u);
+  EXPECT_EQ(log.appended(), 0u);
+}
+
+TEST(Tracker, AllocationOverAStaleOneClosesIt) {
+  SimDriver drv;
+  EventLog log(1 << 10, 1 << 12);
+  Tracker tr(drv, log);
+  tr.on_alloc(kVa, 0x100, 0);
+  tr.on_alloc(kVa, 0x200, 0);  // same base, no free seen
+  auto events = drain_all(log);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[1].e.kind, EventKind::Free);
+  EXPECT_EQ(events[1].e.a, events[0].e.a) << "the stale allocation is closed";
+  EXPECT_EQ(events[1].e.b, 0x100u);
+  EXPECT_EQ(events[2].e.kind, EventKind::Alloc);
+  EXPECT_EQ(tr.allocs().live_bytes(), 0x200u);
+}
+
+// The table drops every stale entry the new range overlaps; each must be closed in the
+// event stream, or the step traces keep a phantom allocation alive forever.
+TEST(Tracker, AllocationOverTwoStaleOnesClosesBoth) {
+  Rig r;
+  const Func k = r.drv.add_kernel("k(float*)", {{0, 8}});
+  r.tr.on_alloc(kVa, 0x100, 0);          // A
+  r.tr.on_alloc(kVa + 0x100, 0x100, 0);  // B, adjacent
+  launch(r.tr, k, 0, kVa);
+  r.tr.mark_step();
+  r.tr.on_alloc(kVa, 0x200, 0);  // C over A and B: both frees went unseen
+  launch(r.tr, k, 0, kVa + 0x180);
+  r.tr.mark_step();
+  r.pump(true);
+  ASSERT_EQ(r.steps.size(), 2u);
+  const StepTrace& t = r.steps[1];
+  ASSERT_EQ(t.launches.size(), 1u);
+  int born_before = 0;
+  for (const TraceAlloc& a : t.allocs) {
+    if (a.alloc_pos >= 0) continue;
+    ++born_before;
+    EXPECT_EQ(a.free_pos, 0) << "ordinal " << a.ordinal << " (" << a.bytes
+                             << " bytes) was replaced by C but never freed in the trace";
+  }
+  EXPECT_EQ(born_before, 2);
+  EXPECT_EQ(r.tr.allocs().size(), 1u);
+}
+
+// --- StepAssembler: marked steps ------------------------------------------------------------
+
+// Ordinal -> the allocation's base address, for a trace: born-before ones sorted by
+// address (as the format says), then births in event order.
+std::vector<DevPtr> ordinal_bases(const StepTrace& t, std::vector<DevPtr> live_before,
+                                  const std::vector<DevPtr>& births) {
+  std::sort(live_before.begin(), live_before.end());
+  live_before.insert(live_before.end(), births.begin(), births.end());
+  EXPECT_EQ(live_before.size(), t.allocs.size());
+  return live_before;
+}
+
+std::set<DevPtr> touched(const StepTrace& t, size_t pos, const std::vector<DevPtr>& base_of) {
+  std::set<DevPtr> s;
+  for (uint32_t o : t.launches.at(pos).allocs) s.insert(base_of.at(o));
+  return s;
+}
+
+TEST(StepAssembler, MarkStepCutsExactlyAtMarks) {
+  Rig r;
+  FakeVa va;
+  const Func k_ptrs = r.drv.add_kernel("axpy", {{0, 8}, {8, 8}, {16, 4}});
+  const Func k_struct = r.drv.add_kernel("by_value", {{0, sizeof(ByValue)}, {sizeof(ByValue), 8}});
+  const DevPtr w = va.get(4096), x = va.get(1024), a = va.get(8192), tail = va.get(1000), b = va.get(8192);
+
+  // Step 0.
+  r.tr.on_alloc(w, 4096, 0);
+  r.tr.on_alloc(x, 1024, 3);
+  r.tr.on_copy(x, 0, 1024, 7);                                    // pos 0
+  r.tr.on_alloc(a, 8192, 0);                                      // born before pos 1
+  launch(r.tr, k_ptrs, 0, w + 16, a, 5);                          // pos 1
+  launch(r.tr, k_struct, 0, ByValue{x + 8, 99, a + 100, 0}, w);   // pos 2
+  r.tr.on_free(a, 0);                                             // freed before pos 3
+  r.tr.on_alloc(tail, 1000, 0);                                   // after the last launch
+  r.tr.mark_step();
+  r.pump();
+  ASSERT_EQ(r.steps.size(), 1u) << "a mark cuts the step at once";
+  // Step 1.
+  r.tr.on_alloc(b, 8192, 0);
+  launch(r.tr, k_ptrs, 0, w, b, 1);  // pos 0
+  r.tr.on_free(x, 3);
+  r.tr.on_copy(w, b, 64, 0);  // pos 1
+  r.tr.on_free(tail, 0);
+  r.tr.mark_step();
+  // Step 2.
+  r.tr.on_memset(w, 4096, 0);  // pos 0
+  r.tr.mark_step();
+  r.pump(true);
+  ASSERT_EQ(r.steps.size(), 3u);
+  EXPECT_TRUE(r.as.marked());
+
+  {
+    const StepTrace& t = r.steps[0];
+    SCOPED_TRACE("step 0");
+    EXPECT_EQ(t.step, 0u);
+    auto base = ordinal_bases(t, {}, {w, x, a, tail});
+    ASSERT_EQ(t.allocs.size(), 4u);
+    // ordinal, bytes, stream, alloc_pos, free_pos
+    auto expect_alloc = [&](uint32_t o, uint64_t bytes, Stream s, int64_t ap, int64_t fp) {
+      EXPECT_EQ(t.allocs[o].ordinal, o);
+      EXPECT_EQ(t.allocs[o].bytes, bytes) << o;
+      EXPECT_EQ(t.allocs[o].stream, s) << o;
+      EXPECT_EQ(t.allocs[o].alloc_pos, ap) << o;
+      EXPECT_EQ(t.allocs[o].free_pos, fp) << o;
+    };
+    expect_alloc(0, 4096, 0, 0, -1);
+    expect_alloc(1, 1024, 3, 0, -1);
+    expect_alloc(2, 8192, 0, 1, 3);
+    expect_alloc(3, 1000, 0, 3, -1);
+    ASSERT_EQ(t.launches.size(), 3u);
+    EXPECT_EQ(t.launches[0].kind, EventKind::Copy);
+    EXPECT_EQ(t.launches[0].stream, 7u);
+    EXPECT_EQ(t.launches[1].kind, EventKind::Kernel);
+    EXPECT_EQ(t.launches[2].kind, EventKind::Kernel);
+    for (uint32_t p = 0; p < 3; ++p) EXPECT_EQ(t.launches[p].pos, p);
+    EXPECT_EQ(touched(t, 0, base), (std::set<DevPtr>{x}));
+    EXPECT_EQ(touched(t, 1, base), (std::set<DevPtr>{w, a}));
+    EXPECT_EQ(touched(t, 2, base), (std::set<DevPtr>{x, a, w}));
+    ASSERT_EQ(t.kernels.size(), 2u);
+    EXPECT_EQ(t.kernels.at(t.launches[1].kernel), "axpy");
+    EXPECT_EQ(t.kernels.at(t.launches[2].kernel), "by_value");
+    EXPECT_EQ(t.kernel_launches(), 2u);
+    EXPECT_EQ(t.gpu_busy_ns, -1) << "no GPU records";
+    EXPECT_EQ(t.cupti_kernels, -1);
+    for (const TraceLaunch& l : t.launches) EXPECT_EQ(l.gpu_ns, -1);
+  }
+  {
+    const StepTrace& t = r.steps[1];
+    SCOPED_TRACE("step 1");
+    EXPECT_EQ(t.step, 1u);
+    auto base = ordinal_bases(t, {w, x, tail}, {b});
+    ASSERT_EQ(t.allocs.size(), 4u);
+    std::map<DevPtr, const TraceAlloc*> by;
+    for (uint32_t o = 0; o < t.allocs.size(); ++o) by[base[o]] = &t.allocs[o];
+    EXPECT_EQ(by[w]->alloc_pos, -1);
+    EXPECT_EQ(by[w]->free_pos, -1);
+    EXPECT_EQ(by[x]->alloc_pos, -1);
+    EXPECT_EQ(by[x]->free_pos, 1);
+    EXPECT_EQ(by[x]->stream, 3u);
+    EXPECT_EQ(by[tail]->free_pos, 2);
+    EXPECT_EQ(by[b]->alloc_pos, 0);
+    EXPECT_EQ(by[b]->free_pos, -1);
+    ASSERT_EQ(t.launches.size(), 2u);
+    EXPECT_EQ(touched(t, 0, base), (std::set<DevPtr>{w, b}));
+    EXPECT_EQ(touched(t, 1, base), (std::set<DevPtr>{w, b}));
+    EXPECT_EQ(t.kernels.size(), 1u);
+  }
+  {
+    const StepTrace& t = r.steps[2];
+    SCOPED_TRACE("step 2");
+    EXPECT_EQ(t.step, 2u);
+    auto base = ordinal_bases(t, {w, b}, {});
+    ASSERT_EQ(t.launches.size(), 1u);
+    EXPECT_EQ(t.launches[0].kind, EventKind::Memset);
+    EXPECT_EQ(touched(t, 0, base), (std::set<DevPtr>{w}));
+    EXPECT_TRUE(t.kernels.empty());
+  }
+}
+
+// --- StepAssembler: automatic detection -----------------------------------------------------
+
+// A small training loop: a warm-up, then steps of: free last step's gradient, copy a batch
+// in, 8 forward kernels each saving an activation, 8 backward kernels each releasing one,
+// an optimizer kernel. 18 launches; lowest live bytes at the batch copy.
+struct Trainer {
+  Rig& r;
+  FakeVa va;
+  Func init[5], fwd[8], bwd[8], opt;
+  DevPtr w = 0, in = 0, grad = 0;
+  static constexpr uint64_t kW = 1 << 20, kIn = 1 << 16, kGrad = 1 << 20;
+  static uint64_t act_bytes(int k) { return 4096u * static_cast<uint64_t>(k); }
+
+  // What one step did, for checking its trace.
+  struct Record {
+    std::vector<DevPtr> live_before;  // live when the step started
+    std::vector<DevPtr> births;       // in order
+    std::map<DevPtr, std::pair<int64_t, int64_t>> pos;  // base -> (alloc_pos, free_pos)
+    std::vector<std::set<DevPtr>> touched;
+  };
+  std::vector<Record> records;
+
+  explicit Trainer(Rig& rig) : r(rig) {
+    for (int i = 0; i < 5; ++i) init[i] = r.drv.add_kernel("init" + std::to_string(i), {{0, 8}});
+    for (int i = 0; i < 8; ++i) fwd[i] = r.drv.add_kernel("fwd" + std::to_string(i), {{0, 8}, {8, 8}, {16, 8}});
+    for (int i = 0; i < 8; ++i) bwd[i] = r.drv.add_kernel("bwd" + std::to_string(i), {{0, 8}, {8, 8}});
+    opt = r.drv.add_kernel("adam", {{0, 8}, {8, 8}});
+  }
+  void warmup() {
+    w = va.get(kW);
+    in = va.get(kIn);
+    r.tr.on_alloc(w, kW, 0);
+    r.tr.on_alloc(in, kIn, 0);
+    for (Func f : init) launch(r.tr, f, 0, w);
+  }
+  void step() {
+    Record rec;
+    rec.live_before = {w, in};
+    int64_t pos = 0;
+    if (grad) {
+      rec.live_before.push_back(grad);
+      r.tr.on_free(grad, 0);
+      rec.pos[grad] = {-1, 0};
+      grad = 0;
+    }
+    rec.pos[w] = {-1, -1};
+    rec.pos[in] = {-1, -1};
+    r.tr.on_copy(in, 0, kIn, 0);
+    rec.touched.push_back({in});
+    ++pos;
+    DevPtr act[9];
+    act[0] = in;
+    for (int k = 1; k <= 8; ++k) {
+      act[k] = va.get(act_bytes(k));
+      r.tr.on_alloc(act[k], act_bytes(k), 0);
+      rec.births.push_back(act[k]);
+      launch(r.tr, fwd[k - 1], 0, w, act[k - 1] + 64, act[k]);
+      rec.touched.push_back({w, act[k - 1], act[k]});
+      rec.pos[act[k]] = {pos, -1};
+      ++pos;
+    }
+    grad = va.get(kGrad);
+    r.tr.on_alloc(grad, kGrad, 0);
+    rec.births.push_back(grad);
+    rec.pos[grad] = {pos, -1};
+    for (int j = 8; j >= 1; --j) {
+      launch(r.tr, bwd[8 - j], 0, act[j], grad);
+      rec.touched.push_back({act[j], grad});
+      ++pos;
+      r.tr.on_free(act[j], 0);
+      rec.pos[act[j]].second = pos;
+    }
+    launch(r.tr, opt, 0, w, grad);
+    rec.touched.push_back({w, grad});
+    records.push_back(std::move(rec));
+  }
+  static constexpr size_t kStepLaunches = 18;
+};
+
+void expect_step(const StepTrace& t, const Trainer::Record& rec) {
+  auto base = ordinal_bases(t, rec.live_before, rec.births);
+  ASSERT_EQ(t.launches.size(), Trainer::kStepLaunches);
+  EXPECT_EQ(t.launches[0].kind, EventKind::Copy);
+  for (size_t p = 1; p < t.launches.size(); ++p) EXPECT_EQ(t.launches[p].kind, EventKind::Kernel);
+  for (size_t p = 0; p < t.launches.size(); ++p)
+    EXPECT_EQ(touched(t, p, base), rec.touched[p]) << "launch " << p;
+  ASSERT_EQ(t.allocs.size(), base.size());
+  for (uint32_t o = 0; o < t.allocs.size(); ++o) {
+    auto [ap, fp] = rec.pos.at(base[o]);
+    EXPECT_EQ(t.allocs[o].alloc_pos, ap) << "ordinal " << o;
+    EXPECT_EQ(t.allocs[o].free_pos, fp) << "ordinal " << o;
+  }
+  EXPECT_EQ(t.kernels.at(t.launches[1].kernel), "fwd0");
+  EXPECT_EQ(t.kernels.at(t.launches.back().kernel), "adam");
+}
+
+TEST(StepAssembler, AutomaticDetectionCutsAtTheStepStart) {
+  Rig r;
+  Trainer tr(r);
+  tr.warmup();
+  const int kSteps = 6;
+  for (int s = 0; s < kSteps; ++s) {
+    tr.step();
+    r.pump();
+  }
+  EXPECT_TRUE(r.as.detector().locked());
+  EXPECT_EQ(r.as.detector().period(), Trainer::kStepLaunches);
+  EXPECT_FALSE(r.as.marked());
+  r.pump(/*final=*/true);
+  // The warm-up, then one trace per step.
+  ASSERT_EQ(r.steps.size(), 1u + kSteps);
+  EXPECT_EQ(r.steps[0].launches.size(), 5u) << "the warm-up is a step of its own";
+  for (int s = 0; s < kSteps; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    EXPECT_EQ(r.steps[1 + s].step, static_cast<uint64_t>(1 + s));
+    // The gradient freed just before the batch copy opens the step it was freed in.
+    expect_step(r.steps[1 + s], tr.records[s]);
+  }
+}
+
+TEST(StepAssembler, AutomaticDetectionWithOnePumpAtTheEnd) {
+  Rig r;
+  Trainer tr(r);
+  tr.warmup();
+  for (int s = 0; s < 5; ++s) tr.step();
+  r.pump();
+  r.pump(true);
+  ASSERT_EQ(r.steps.size(), 6u);
+  for (int s = 0; s < 5; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    expect_step(r.steps[1 + s], tr.records[s]);
+  }
+}
+
+TEST(StepAssembler, WithoutBoundariesTheFinalCutTakesEverything) {
+  Rig r;
+  const Func k = r.drv.add_kernel("k", {{0, 8}});
+  FakeVa va;
+  const DevPtr p = va.get(64);
+  r.tr.on_alloc(p, 64, 0);
+  for (int i = 0; i < 10; ++i) launch(r.tr, k, 0, p);
+  r.pump();
+  EXPECT_TRUE(r.steps.empty());
+  r.pump(true);
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].launches.size(), 10u);
+  EXPECT_EQ(r.steps[0].allocs.size(), 1u);
+}
+
+// --- GPU records ---------------------------------------------------------------------------
+
+struct GpuRig {
+  Rig r;
+  Func k0, k1, k2;
+  uint64_t s0 = 0, s1 = 0, sc = 0, s2 = 0, s3 = 0;
+  explicit GpuRig(StepAssembler::Options o = no_wait_options()) : r(o) {
+    k0 = r.drv.add_kernel("k0", {{0, 8}});
+    k1 = r.drv.add_kernel("k1", {{0, 8}});
+    k2 = r.drv.add_kernel("k2", {{0, 8}});
+  }
+  // Step 0: k0, k1, a copy. Step 1: k2. Step 2: k0.
+  void run_steps() {
+    DevPtr p = kVa;
+    r.tr.on_alloc(p, 4096, 0);
+    s0 = launch(r.tr, k0, 0, p);
+    s1 = launch(r.tr, k1, 0, p);
+    sc = r.tr.on_copy(p, 0, 64, 0);
+    r.tr.mark_step();
+    s2 = launch(r.tr, k2, 0, p);
+    r.tr.mark_step();
+    s3 = launch(r.tr, k0, 0, p);
+    r.tr.mark_step();
+  }
+  // Correlation ids follow API-call order; records with seq 0 are launches the hooks never
+  // saw (e.g. from a library that bypassed them).
+  std::vector<GpuRecord> records() const {
+    return {
+        {EventKind::Kernel, s0, 10, 1000, 1500},
+        {EventKind::Kernel, 0, 11, 1600, 1700},  // unseen, between k0 and k1
+        {EventKind::Kernel, s1, 12, 1650, 2000},
+        {EventKind::Copy, sc, 13, 2100, 2200},
+        {EventKind::Kernel, 0, 14, 2300, 2400},  // unseen, after step 0's last seen launch
+        {EventKind::Kernel, s2, 15, 5000, 5100},
+        {EventKind::Kernel, 0, 16, 5200, 5300},  // unseen, in step 1
+        {EventKind::Kernel, s3, 17, 9000, 9050},
+    };
+  }
+};
+
+TEST(StepAssembler, GpuRecordsAreJoinedToLaunchesAndCountedPerStep) {
+  GpuRig g;
+  g.run_steps();
+  g.r.drain();
+  auto recs = g.records();
+  std::reverse(recs.begin(), recs.end());  // arrival order does not matter
+  g.r.as.add_gpu_records(recs);
+  EXPECT_TRUE(recs.empty()) << "records are taken";
+  g.r.pump(true);
+  ASSERT_EQ(g.r.steps.size(), 3u);
+
+  const StepTrace& t0 = g.r.steps[0];
+  ASSERT_EQ(t0.launches.size(), 3u);
+  // Kernel records with corr 10, 11, 12, 14: the step's own and the unseen ones up to step
+  // 1's first seen launch (15). The copy (13) is not a kernel.
+  EXPECT_EQ(t0.cupti_kernels, 4);
+  // Union of kernel intervals: [1000,1500) + [1600,2000) + [2300,2400).
+  EXPECT_EQ(t0.gpu_busy_ns, 500 + 400 + 100);
+  EXPECT_EQ(t0.launches[0].gpu_start_ns, 0);
+  EXPECT_EQ(t0.launches[0].gpu_ns, 500);
+  EXPECT_EQ(t0.launches[1].gpu_start_ns, 650);
+  EXPECT_EQ(t0.launches[1].gpu_ns, 350);
+  EXPECT_EQ(t0.launches[2].kind, EventKind::Copy);
+  EXPECT_EQ(t0.launches[2].gpu_start_ns, 1100);
+  EXPECT_EQ(t0.launches[2].gpu_ns, 100);
+
+  const StepTrace& t1 = g.r.steps[1];
+  EXPECT_EQ(t1.cupti_kernels, 2);  // 15 and the unseen 16
+  EXPECT_EQ(t1.gpu_busy_ns, 200);
+  EXPECT_EQ(t1.launches[0].gpu_start_ns, 0);
+  EXPECT_EQ(t1.launches[0].gpu_ns, 100);
+
+  const StepTrace& t2 = g.r.steps[2];
+  EXPECT_EQ(t2.cupti_kernels, 1);
+  EXPECT_EQ(t2.gpu_busy_ns, 50);
+  EXPECT_EQ(t2.launches[0].gpu_ns, 50);
+}
+
+TEST(StepAssembler, AStepWaitsForTheNextStepsFirstKernelRecordOrTheTimeout) {
+  StepAssembler::Options o;
+  o.telemetry_wait_ns = 1'000'000;
+  GpuRig g(o);
+  g.run_steps();
+  g.r.drain();
+  auto recs = g.records();
+  std::vector<GpuRecord> first_two(recs.begin(), recs.begin() + 5);  // up to corr 14
+  g.r.as.add_gpu_records(first_two);
+  EXPECT_TRUE(g.r.as.take_ready(100, false).empty()) << "step 1's first kernel has no record yet";
+  std::vector<GpuRecord> rest(recs.begin() + 5, recs.end());
+  g.r.as.add_gpu_records(rest);
+  auto ready = g.r.as.take_ready(200, false);
+  ASSERT_EQ(ready.size(), 2u) << "steps 0 and 1 are complete; step 2 has no successor yet";
+  EXPECT_EQ(ready[0].cupti_kernels, 4);
+  EXPECT_EQ(ready[1].cupti_kernels, 2);
+  EXPECT_TRUE(g.r.as.take_ready(300, false).empty());
+  ready = g.r.as.take_ready(10'000'000, false);  // waited long enough
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].step, 2u);
+  EXPECT_EQ(ready[0].cupti_kernels, 1);
+}
+
+TEST(StepAssembler, NoWaitTakesCutStepsWithoutTimes) {
+  StepAssembler::Options o;
+  o.telemetry_wait_ns = 1'000'000'000;
+  GpuRig g(o);
+  g.run_steps();
+  g.r.drain();
+  auto ready = g.r.as.take_ready(1, false, /*no_wait=*/true);
+  ASSERT_EQ(ready.size(), 3u);
+  for (const StepTrace& t : ready) {
+    EXPECT_EQ(t.cupti_kernels, -1);
+    EXPECT_EQ(t.gpu_busy_ns, -1);
+  }
+}
+
+TEST(StepAssembler, StepsBeforeTelemetryStartedGetNoTimes) {
+  GpuRig g;
+  g.run_steps();
+  g.r.as.gpu_times_from(g.s1);  // telemetry started in the middle of step 0
+  g.r.drain();
+  auto recs = g.records();
+  g.r.as.add_gpu_records(recs);
+  g.r.pump(true);
+  ASSERT_EQ(g.r.steps.size(), 3u);
+  EXPECT_EQ(g.r.steps[0].cupti_kernels, -1);
+  EXPECT_EQ(g.r.steps[0].gpu_busy_ns, -1);
+  EXPECT_EQ(g.r.steps[0].launches[0].gpu_ns, -1);
+  EXPECT_EQ(g.r.steps[1].cupti_kernels, 2);
+  EXPECT_EQ(g.r.steps[1].launches[0].gpu_ns, 100);
+}
+
+// --- replay ------------------------------------------------------------------------------
+
+// A recorded step as the assembler writes one: weights and the batch buffer born before the
+// step; last step's gradient born before and freed at position 0; activations born and
+// freed inside; this step's gradient born inside and outliving the step.
+StepTrace recorded_step() {
+  constexpr uint64_t M = 1 << 20;
+  StepTrace t;
+  t.step = 9;
+  t.kernels = {{0, "fwd"}, {1, "bwd"}, {2, "adam step"}, {3, "fwd_last"}};
+  t.allocs.push_back({0, M, 0, -1, -1});         // weights
+  t.allocs.push_back({1, M, 0, -1, 0});          // previous gradient
+  t.allocs.push_back({2, 64 * 1024, 0, -1, -1}); // batch
+  for (uint32_t k = 0; k < 6; ++k)               // activations 3..8, born at 1..6
+    t.allocs.push_back({3 + k, 256 * 1024 * (k + 1), 0, 1 + k, 13 - k});  // freed after its bwd
+  t.allocs.push_back({9, M, 0, 7, -1});          // gradient
+  uint32_t pos = 0;
+  auto add = [&](EventKind kind, uint32_t kernel, std::vector<uint32_t> allocs) {
+    t.launches.push_back(TraceLaunch{pos++, kind, kernel, 0, -1, -1, std::move(allocs)});
+  };
+  add(EventKind::Copy, 0, {2});
+  add(EventKind::Kernel, 0, {0, 2, 3});
+  for (uint32_t k = 1; k < 6; ++k) add(EventKind::Kernel, k == 5 ? 3 : 0, {0, 2 + k, 3 + k});
+  for (uint32_t j = 0; j < 6; ++j) add(EventKind::Kernel, 1, {8 - j, 9});  // pos 7..12
+  add(EventKind::Memset, 0, {9});
+  for (int i = 0; i < 5; ++i) add(EventKind::Kernel, 2, {0, 9});
+  add(EventKind::Kernel, 2, {0});
+  return t;
+}
+
+TEST(Replay, RecordedStepIsReRecordedAndItsPeriodFound) {
+  const StepTrace rec = recorded_step();
+  ASSERT_EQ(rec.launches.size(), 20u);
+  {  // the synthetic step is a valid trace
+    std::stringstream ss;
+    rec.write(ss);
+    StepTrace back;
+    std::string err;
+    ASSERT_TRUE(StepTrace::read(ss, &back, &err)) << err;
+  }
+  ReplayOptions o;
+  o.repeats = 6;
+  ReplayResult res = replay(rec, o);
+  EXPECT_EQ(res.period, rec.launches.size());
+  ASSERT_EQ(res.steps.size(), 6u);
+  // The first replayed step also holds the allocations made before it (born at 0 there, not
+  // before the step); every later one must be the recording again.
+  EXPECT_EQ(res.matching_steps, 5u) << res.first_mismatch;
+  EXPECT_EQ(res.first_mismatch.rfind("step 0:", 0), 0u) << res.first_mismatch;
+  for (size_t i = 1; i < res.steps.size(); ++i) {
+    std::string why;
+    EXPECT_TRUE(same_step(rec, res.steps[i], &why)) << "step " << i << ": " << why;
+  }
+}
+
+TEST(Replay, MarkedReplayCutsAtMarks) {
+  const StepTrace rec = recorded_step();
+  ReplayOptions o;
+  o.repeats = 4;
+  o.mark_steps = true;
+  ReplayResult res = replay(rec, o);
+  ASSERT_EQ(res.steps.size(), 4u);
+  EXPECT_EQ(res.matching_steps, 3u) << res.first_mismatch;
+  EXPECT_EQ(res.period, 0u) << "marks turn automatic detection off";
+}
+
+TEST(Replay, SameStepNoticesDifferences) {
+  const StepTrace a = recorded_step();
+  std::string why;
+  EXPECT_TRUE(same_step(a, a, &why)) << why;
+  StepTrace b = a;
+  b.launches[4].allocs = {0, 5};  // touches another activation
+  EXPECT_FALSE(same_step(a, b, &why));
+  EXPECT_NE(why.find("launch 4"), std::string::npos) << why;
+  b = a;
+  b.kernels[3] = "other";
+  EXPECT_FALSE(same_step(a, b, &why));
+  b = a;
+  b.allocs[4].free_pos = 10;
+  EXPECT_FALSE(same_step(a, b, &why));
+  b = a;
+  b.launches.pop_back();
+  EXPECT_FALSE(same_step(a, b, &why));
+}
+
+// --- EventLog ------------------------------------------------------------------------------
+
+Event payload(uint64_t producer, uint64_t index) {
+  Event e;
+  e.kind = EventKind::Kernel;
+  e.a = producer;
+  e.b = index;
+  return e;
+}
+
+TEST(EventLog, DrainsInSequenceOrderWithAccesses) {
+  EventLog log(64, 256);
+  for (uint64_t i = 0; i < 10; ++i) {
+    uint64_t seq = log.claim();
+    ASSERT_EQ(seq, i + 1);
+    std::vector<AllocId> acc(i % 4);
+    for (size_t k = 0; k < acc.size(); ++k) acc[k] = 100 * i + k;
+    log.publish(seq, payload(0, i), acc.data(), static_cast<uint32_t>(acc.size()));
+  }
+  auto v = drain_all(log);
+  ASSERT_EQ(v.size(), 10u);
+  for (uint64_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(v[i].e.seq, i + 1);
+    EXPECT_EQ(v[i].e.b, i);
+    ASSERT_EQ(v[i].acc.size(), i % 4);
+    for (size_t k = 0; k < v[i].acc.size(); ++k) EXPECT_EQ(v[i].acc[k], 100 * i + k);
+  }
+  EXPECT_TRUE(drain_all(log).empty());
+}
+
+TEST(EventLog, StopsAtTheFirstUnpublishedSlot) {
+  EventLog log(64, 256);
+  uint64_t a = log.claim(), b = log.claim();
+  log.publish(b, payload(0, 2), nullptr, 0);
+  EXPECT_TRUE(drain_all(log).empty()) << "seq 1 is claimed but not yet published";
+  log.publish(a, payload(0, 1), nullptr, 0);
+  auto v = drain_all(log);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].e.b, 1u);
+  EXPECT_EQ(v[1].e.b, 2u);
+}
+
+TEST(EventLog, AFullRingDropsAndCounts) {
+  EventLog log(512, 1024);  // room for 512 - 256 (slack) events
+  uint64_t accepted = 0;
+  for (int i = 0; i < 300; ++i)
+    if (uint64_t s = log.claim()) {
+      log.publish(s, payload(0, static_cast<uint64_t>(i)), nullptr, 0);
+      ++accepted;
+    }
+  EXPECT_EQ(accepted, 256u);
+  EXPECT_EQ(log.dropped(), 300u - 256u);
+  EXPECT_EQ(drain_all(log).size(), 256u);
+  uint64_t s = log.claim();
+  EXPECT_NE(s, 0u) << "room again once drained";
+  log.publish(s, payload(0, 999), nullptr, 0);
+  auto v = drain_all(log);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].e.seq, 257u);
+}
+
+TEST(EventLog, AccessRingOverflowTruncatesThatEventOnly) {
+  EventLog log(64, 16);
+  AllocId ten[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  log.publish(log.claim(), payload(0, 0), ten, 10);
+  log.publish(log.claim(), payload(0, 1), ten, 10);  // does not fit behind the first
+  auto v = drain_all(log);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].acc.size(), 10u);
+  EXPECT_FALSE(v[0].e.flags & kAccessesTruncated);
+  EXPECT_EQ(v[1].acc.size(), 0u);
+  EXPECT_TRUE(v[1].e.flags & kAccessesTruncated);
+  // The consumer caught up: the access ring is empty, so the next event's accesses fit.
+  log.publish(log.claim(), payload(0, 2), ten, 10);
+  v = drain_all(log);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_FALSE(v[0].e.flags & kAccessesTruncated) << "an overflow must not truncate every later event";
+  EXPECT_EQ(v[0].acc, std::vector<AllocId>(ten, ten + 10));
+}
+
+// Two producers: P1 claims seq 1, P2 claims seq 2 and publishes first, so P2's accesses sit
+// before P1's in the access ring. While the consumer handles seq 1, a third producer
+// publishes. It must not overwrite seq 2's accesses, which are not consumed yet.
+TEST(EventLog, AccessesOfAnUnconsumedEventAreNeverOverwritten) {
+  EventLog log(64, 8);
+  const uint64_t s1 = log.claim(), s2 = log.claim();
+  AllocId p2[4] = {21, 22, 23, 24}, p1[4] = {11, 12, 13, 14}, p3[4] = {31, 32, 33, 34};
+  log.publish(s2, payload(2, 0), p2, 4);
+  log.publish(s1, payload(1, 0), p1, 4);
+  std::map<uint64_t, Drained> got;
+  log.drain([&](const Event& e, const AllocId* acc) {
+    got[e.seq] = Drained{e, std::vector<AllocId>(acc, acc + e.access_count)};
+    if (e.seq == s1) {
+      std::thread p([&] {
+        if (uint64_t s3 = log.claim()) log.publish(s3, payload(3, 0), p3, 4);
+      });
+      p.join();
+    }
+  });
+  ASSERT_TRUE(got.count(s2));
+  const Drained& d2 = got[s2];
+  if (!(d2.e.flags & kAccessesTruncated))
+    EXPECT_EQ(d2.acc, std::vector<AllocId>(p2, p2 + 4)) << "seq 2's accesses were overwritten";
+  EXPECT_EQ(got[s1].acc, std::vector<AllocId>(p1, p1 + 4));
+}
+
+TEST(EventLog, ManyProducersOneConsumer) {
+  constexpr int kProducers = 4;
+  constexpr uint64_t kPerProducer = 20000;
+  EventLog log(1 << 16, 1 << 20);  // big enough that the accesses never wrap
+  std::atomic<int> running{kProducers};
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p)
+    producers.emplace_back([&, p] {
+      AllocId acc[3];
+      for (uint64_t i = 0; i < kPerProducer; ++i) {
+        uint32_t n = static_cast<uint32_t>(i % 4);
+        for (uint32_t k = 0; k < n; ++k) acc[k] = (static_cast<AllocId>(p) << 40) | (i << 4) | k;
+        if (uint64_t s = log.claim()) log.publish(s, payload(static_cast<uint64_t>(p), i), acc, n);
+      }
+      running.fetch_sub(1);
+    });
+
+  std::vector<int64_t> last(kProducers, -1);
+  uint64_t received = 0, expected_seq = 1, bad_order = 0, bad_acc = 0;
+  auto consume = [&](const Event& e, const AllocId* acc) {
+    ++received;
+    if (e.seq != expected_seq++) ++bad_order;
+    int p = static_cast<int>(e.a);
+    if (static_cast<int64_t>(e.b) <= last[p]) ++bad_order;
+    last[p] = static_cast<int64_t>(e.b);
+    if (e.flags & kAccessesTruncated) return;
+    if (e.access_count != e.b % 4) ++bad_acc;
+    for (uint32_t k = 0; k < e.access_count; ++k)
+      if (acc[k] != ((static_cast<AllocId>(p) << 40) | (e.b << 4) | k)) ++bad_acc;
+  };
+  while (running.load() > 0) log.drain(consume);
+  log.drain(consume);
+  for (auto& t : producers) t.join();
+  log.drain(consume);
+
+  EXPECT_EQ(bad_order, 0u);
+  EXPECT_EQ(bad_acc, 0u);
+  EXPECT_EQ(received + log.dropped(), kProducers * kPerProducer);
+  EXPECT_EQ(log.appended(), received);
+}
+
+// The whole hot path from several threads, with the worker side draining as it goes.
+TEST(Tracker, ConcurrentHooksAndAWorker) {
+  constexpr int kThreads = 4, kIters = 2000;
+  SimDriver drv;
+  EventLog log(1 << 16, 1 << 18);
+  Tracker tr(drv, log);
+  StepAssembler as(tr.funcs(), no_wait_options());
+  std::vector<Func> kernels;
+  for (int i = 0; i < 8; ++i) kernels.push_back(drv.add_kernel("k" + std::to_string(i), {{0, 8}, {8, 4}}));
+
+  std::atomic<int> running{kThreads};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      const DevPtr region = kVa + static_cast<DevPtr>(t) * (1ull << 32);
+      for (int i = 0; i < kIters; ++i) {
+        DevPtr p = region + static_cast<DevPtr>(i % 16) * 0x10000;
+        tr.on_alloc(p, 0x8000, static_cast<Stream>(t));
+        launch(tr, kernels[static_cast<size_t>(i + t) % kernels.size()], static_cast<Stream>(t), p + 8, 42);
+        tr.on_free(p, static_cast<Stream>(t));
+      }
+      running.fetch_sub(1);
+    });
+  std::vector<StepTrace> steps;
+  auto pump = [&](bool final) {
+    log.drain([&](const Event& e, const AllocId* acc) { as.consume(e, acc); });
+    for (StepTrace& s : as.take_ready(0, final)) steps.push_back(std::move(s));
+  };
+  while (running.load() > 0) pump(false);
+  for (auto& th : threads) th.join();
+  pump(true);
+
+  EXPECT_EQ(log.dropped(), 0u);
+  const uint64_t total = static_cast<uint64_t>(kThreads) * kIters;
+  EXPECT_EQ(tr.counters().kernels.load(), total);
+  EXPECT_EQ(tr.counters().allocs.load(), total);
+  EXPECT_EQ(tr.counters().frees.load(), total);
+  EXPECT_EQ(tr.counters().unknown_frees.load(), 0u);
+  EXPECT_EQ(tr.allocs().size(), 0u);
+  EXPECT_EQ(tr.allocs().live_bytes(), 0u);
+  EXPECT_EQ(drv.param_queries(), kernels.size());
+  size_t launches = 0;
+  for (const StepTrace& s : steps)
+    for (const TraceLaunch& l : s.launches) {
+      ++launches;
+      EXPECT_EQ(l.allocs.size(), 1u) << "each launch touched exactly its thread's live allocation";
+    }
+  EXPECT_EQ(launches, total);
+}
+
+}  // namespace
+}  // namespace offload
