@@ -22,17 +22,17 @@ FuncRegistry::FuncRegistry(Driver& driver, size_t capacity, size_t param_capacit
   names_.reserve(1024);
 }
 
-const FuncInfo* FuncRegistry::get(Func f) {
+const FuncInfo* FuncRegistry::get(Func f, bool* learned) {
   for (size_t i = hash(f), n = 0; n <= mask_; ++i, ++n) {
     Slot& s = slots_[i & mask_];
     Func k = s.key.load(std::memory_order_acquire);
     if (k == f) return &s.info;
-    if (k == 0) return learn(f, i & mask_);
+    if (k == 0) return learn(f, i & mask_, learned);
   }
   return nullptr;
 }
 
-const FuncInfo* FuncRegistry::learn(Func f, size_t slot) {
+const FuncInfo* FuncRegistry::learn(Func f, size_t slot, bool* learned) {
   std::lock_guard lock(mu_);
   // Another thread may have claimed this or a later slot meanwhile: probe again.
   for (size_t i = slot, n = 0; n <= mask_; ++i, ++n) {
@@ -49,6 +49,7 @@ const FuncInfo* FuncRegistry::learn(Func f, size_t slot) {
     s.info = FuncInfo{static_cast<uint32_t>(names_.size()), n_params, dst};
     names_.emplace_back(nm ? nm : "?");
     s.key.store(f, std::memory_order_release);
+    if (learned) *learned = true;
     return &s.info;
   }
   return nullptr;

@@ -28,8 +28,9 @@ class FuncRegistry {
   explicit FuncRegistry(Driver& driver, size_t capacity = 1 << 16,
                         size_t param_capacity = 1 << 20);
 
-  // Info for `f`, learning it on first sight. nullptr only when the registry is full.
-  const FuncInfo* get(Func f);
+  // Info for `f`, learning it on first sight (then *learned is set, if given). nullptr only
+  // when the registry is full.
+  const FuncInfo* get(Func f, bool* learned = nullptr);
 
   // Name of function id `id` ("?" if the driver gave none). Off the hot path.
   std::string name(uint32_t id) const;
@@ -40,7 +41,7 @@ class FuncRegistry {
     std::atomic<Func> key{0};
     FuncInfo info{};
   };
-  const FuncInfo* learn(Func f, size_t slot);
+  const FuncInfo* learn(Func f, size_t slot, bool* learned);
 
   Driver& driver_;
   std::unique_ptr<Slot[]> slots_;

@@ -195,7 +195,9 @@ ActivationReport analyse_activations(const StepTrace& t, uint64_t min_bytes) {
   for (const TraceLaunch& l : t.launches)
     for (uint32_t o : l.allocs) last_use[o] = std::max<int64_t>(last_use[o], l.pos);
   for (const TraceAlloc& a : t.allocs) {
-    if (a.alloc_pos < 0 || a.alloc_pos > r.peak_pos || a.free_pos <= r.peak_pos) continue;
+    // Freed after the peak, but not at the turnaround itself: tensors the loss function
+    // held (the input batch, logits) die when it returns, before any backward launch.
+    if (a.alloc_pos < 0 || a.alloc_pos > r.peak_pos || a.free_pos <= r.peak_pos + 1) continue;
     bool unread = last_use[a.ordinal] < r.peak_pos;
     if (a.bytes < min_bytes) {
       ++r.small;

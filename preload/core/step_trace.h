@@ -50,8 +50,9 @@ struct StepTrace {
 };
 
 // Activations, as seen from the trace alone: allocations of at least `min_bytes` born in the
-// step before its peak of live bytes and freed after it (saved in the forward, released in
-// the backward). Smaller ones are counted apart: a few bytes of RNG state that SDPA saves
+// step before its peak of live bytes and freed after the first launch that follows it (saved
+// in the forward, released in the backward; what dies at the turnaround itself is a forward
+// temporary the loss function held). Smaller ones are counted apart: a few bytes of RNG state that SDPA saves
 // and never reads again when dropout is off are not offload candidates.
 struct ActivationReport {
   int64_t peak_pos = -1;

@@ -12,14 +12,18 @@ namespace {
 // Records host time spent in a hook's bookkeeping, in TSC cycles: clock_gettime can be a
 // system call in a virtual machine (measured: microseconds per call on the GPU machine),
 // more than the work it would time.
+// A kernel's first launch, which asks the driver for its layout, is not counted: it is a
+// one-time cost that the launch itself would otherwise pay (module loading).
 struct HookTimer {
   explicit HookTimer(TrackerCounters& c) : c_(c), t0_(__rdtsc()) {}
   ~HookTimer() {
+    if (skip) return;
     c_.hook_cycles.fetch_add(__rdtsc() - t0_, std::memory_order_relaxed);
     c_.hooked.fetch_add(1, std::memory_order_relaxed);
   }
   TrackerCounters& c_;
   uint64_t t0_;
+  bool skip = false;
 };
 
 // Walks a launch's `extra` array for the packed argument buffer.
@@ -96,7 +100,7 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
   e.stream = s;
   AllocId acc[kMaxAccesses];
   size_t n = 0;
-  const FuncInfo* fi = funcs_.get(f);
+  const FuncInfo* fi = funcs_.get(f, &timer.skip);
   if (fi) e.func = fi->id;
   if (params && fi && fi->nparams >= 0) {
     for (int i = 0; i < fi->nparams && n < kMaxAccesses; ++i) {

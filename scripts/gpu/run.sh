@@ -6,6 +6,7 @@
 #   scripts/gpu/run.sh conv_llama   the same for the convnet and the Llama-from-config model
 #   scripts/gpu/run.sh all_eager    reference (determinism, shim, cost) + conv_llama, in one call
 #   scripts/gpu/run.sh compiled     the Llama model under torch.compile
+#   scripts/gpu/run.sh cost         cost of observing: reference and convnet, CUPTI on and off
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Uses prebuilt binaries from $OFFLOAD_BIN (default .carry/bin: liboffload.so, offloadctl),
@@ -41,6 +42,7 @@ run() {
   case $shim in
     0) envs+=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) ;;
     1) envs+=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD=$lib OFFLOAD_TRACE=$work/trace_$name) ;;
+    1n) envs+=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD=$lib OFFLOAD_TELEMETRY=off) ;;
     2) envs+=(-u PYTORCH_CUDA_ALLOC_CONF LD_PRELOAD=$lib OFFLOAD_LIB=$lib OFFLOAD_TRACE=$work/trace_$name) ;;
   esac
   local extra=()
@@ -51,7 +53,7 @@ run() {
   local rc=$?
   log "  rc=$rc in $((SECONDS - t0)) s: $(grep -E '^RESULT' "$work/$name.log" | head -c 300)"
   [ $rc = 0 ] || tail -n 25 "$work/$name.log"
-  if [ "$shim" != 0 ] && [ -d "$work/trace_$name" ]; then
+  if [ -d "$work/trace_$name" ]; then
     "$ctl" trace check "$work/trace_$name" > "$work/$name.check" 2>&1
     log "  trace check rc=$?"; tail -n 14 "$work/$name.check"
   fi
@@ -112,7 +114,15 @@ case $plan in
     run llamac_det_r1 1 --workload llama --compile --steps 8 --warmup 4 --deterministic
     run llamac_det_r2 2 --workload llama --compile --steps 8 --warmup 4 --deterministic
     ;;
-  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled)" >&2; exit 2 ;;
+  cost)
+    # Where the launch-bound convnet's overhead goes: the shim with and without CUPTI.
+    run convtime_plain 0 --workload convnet --steps 20 --warmup 3
+    run convtime_shim 1 --workload convnet --steps 20 --warmup 3
+    run convtime_shim_nocupti 1n --workload convnet --steps 20 --warmup 3
+    run reftime_plain_2 0 --workload reference --steps 30 --warmup 5
+    run reftime_shim_2 1 --workload reference --steps 30 --warmup 5
+    ;;
+  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost)" >&2; exit 2 ;;
 esac
 
 for base in "$work"/*_det_a.json; do

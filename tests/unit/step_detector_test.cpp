@@ -29,7 +29,9 @@ struct Feeder {
   void push(const Launch& l) { d.push(StepDetector::token(0, l.kernel, l.live), l.live); }
   void poll() {
     for (uint64_t b : d.poll()) {
-      if (!boundaries.empty()) EXPECT_GT(b, boundaries.back()) << "boundaries must ascend";
+      if (!boundaries.empty()) {
+        EXPECT_GT(b, boundaries.back()) << "boundaries must ascend";
+      }
       EXPECT_LT(b, d.launches()) << "a boundary names a launch that happened";
       boundaries.push_back(b);
     }
@@ -263,7 +265,7 @@ TEST(StepDetector, RandomStepsProperty) {
   for (uint32_t seed = 1; seed <= 60; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
-    auto uni = [&](uint32_t lo, uint32_t hi) { return lo + rng() % (hi - lo + 1); };
+    auto uni = [&](uint32_t lo, uint32_t hi) { return static_cast<uint32_t>(lo + rng() % (hi - lo + 1)); };
     const uint32_t len = uni(16, 150);
     const uint32_t min_at = uni(0, len - 1);
     Seq step(len);

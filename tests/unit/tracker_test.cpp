@@ -16,6 +16,7 @@
 #include "core/event_log.h"
 #include "core/replay.h"
 #include "core/sim_driver.h"
+#include "core/telemetry.h"
 
 namespace offload {
 namespace {
@@ -526,50 +527,63 @@ TEST(StepAssembler, WithoutBoundariesTheFinalCutTakesEverything) {
 }
 
 // --- GPU records ---------------------------------------------------------------------------
+//
+// Kernel records carry the driver's correlation id (API-call order) and the kernel's name
+// hash; the assembler aligns them with our kernel launches by name in that order. A record
+// that does not align is a launch we did not see (it counts towards cupti_kernels and the
+// busy time of the step whose next seen launch follows it).
+
+constexpr uint64_t kUnseen = 0xabcdef;  // the name hash of a kernel we never saw launched
+
+GpuRecord kernel_record(const char* name, uint64_t corr, uint64_t start, uint64_t end) {
+  return GpuRecord{EventKind::Kernel, name_hash(name), corr, start, end};
+}
+GpuRecord unseen_record(uint64_t corr, uint64_t start, uint64_t end) {
+  return GpuRecord{EventKind::Kernel, kUnseen, corr, start, end};
+}
 
 struct GpuRig {
   Rig r;
   Func k0, k1, k2;
-  uint64_t s0 = 0, s1 = 0, sc = 0, s2 = 0, s3 = 0;
+  uint64_t first_seq = 0, step1_seq = 0;
   explicit GpuRig(StepAssembler::Options o = no_wait_options()) : r(o) {
     k0 = r.drv.add_kernel("k0", {{0, 8}});
     k1 = r.drv.add_kernel("k1", {{0, 8}});
     k2 = r.drv.add_kernel("k2", {{0, 8}});
   }
-  // Step 0: k0, k1, a copy. Step 1: k2. Step 2: k0.
+  // Step 0: k0, k1, a copy. Step 1: k2. Step 2: k0. Each ended by a mark.
   void run_steps() {
     DevPtr p = kVa;
     r.tr.on_alloc(p, 4096, 0);
-    s0 = launch(r.tr, k0, 0, p);
-    s1 = launch(r.tr, k1, 0, p);
-    sc = r.tr.on_copy(p, 0, 64, 0);
+    first_seq = launch(r.tr, k0, 0, p);
+    launch(r.tr, k1, 0, p);
+    r.tr.on_copy(p, 0, 64, 0);
     r.tr.mark_step();
-    s2 = launch(r.tr, k2, 0, p);
+    step1_seq = launch(r.tr, k2, 0, p);
     r.tr.mark_step();
-    s3 = launch(r.tr, k0, 0, p);
+    launch(r.tr, k0, 0, p);
     r.tr.mark_step();
   }
-  // Correlation ids follow API-call order; records with seq 0 are launches the hooks never
-  // saw (e.g. from a library that bypassed them).
-  std::vector<GpuRecord> records() const {
+  static std::vector<GpuRecord> records() {
     return {
-        {EventKind::Kernel, s0, 10, 1000, 1500},
-        {EventKind::Kernel, 0, 11, 1600, 1700},  // unseen, between k0 and k1
-        {EventKind::Kernel, s1, 12, 1650, 2000},
-        {EventKind::Copy, sc, 13, 2100, 2200},
-        {EventKind::Kernel, 0, 14, 2300, 2400},  // unseen, after step 0's last seen launch
-        {EventKind::Kernel, s2, 15, 5000, 5100},
-        {EventKind::Kernel, 0, 16, 5200, 5300},  // unseen, in step 1
-        {EventKind::Kernel, s3, 17, 9000, 9050},
+        kernel_record("k0", 10, 1000, 1500),
+        unseen_record(11, 1600, 1700),  // between k0 and k1: step 0's
+        kernel_record("k1", 12, 1650, 2000),
+        {EventKind::Copy, 0, 13, 2100, 2200},  // not a kernel record: ignored
+        unseen_record(14, 2300, 2400),  // after step 0's last seen launch: goes with k2
+        kernel_record("k2", 15, 5000, 5100),
+        unseen_record(16, 5200, 5300),
+        kernel_record("k0", 17, 9000, 9050),
     };
   }
 };
 
-TEST(StepAssembler, GpuRecordsAreJoinedToLaunchesAndCountedPerStep) {
+TEST(StepAssembler, GpuRecordsAreAlignedToLaunchesByNameInCallOrder) {
   GpuRig g;
+  g.r.as.gpu_times_from(1);  // telemetry on from the start
   g.run_steps();
   g.r.drain();
-  auto recs = g.records();
+  auto recs = GpuRig::records();
   std::reverse(recs.begin(), recs.end());  // arrival order does not matter
   g.r.as.add_gpu_records(recs);
   EXPECT_TRUE(recs.empty()) << "records are taken";
@@ -578,58 +592,148 @@ TEST(StepAssembler, GpuRecordsAreJoinedToLaunchesAndCountedPerStep) {
 
   const StepTrace& t0 = g.r.steps[0];
   ASSERT_EQ(t0.launches.size(), 3u);
-  // Kernel records with corr 10, 11, 12, 14: the step's own and the unseen ones up to step
-  // 1's first seen launch (15). The copy (13) is not a kernel.
-  EXPECT_EQ(t0.cupti_kernels, 4);
-  // Union of kernel intervals: [1000,1500) + [1600,2000) + [2300,2400).
-  EXPECT_EQ(t0.gpu_busy_ns, 500 + 400 + 100);
+  EXPECT_EQ(t0.cupti_kernels, 3) << "k0, the unseen kernel between, k1";
+  EXPECT_EQ(t0.gpu_busy_ns, 500 + 400) << "[1000,1500) and [1600,2000)";
   EXPECT_EQ(t0.launches[0].gpu_start_ns, 0);
   EXPECT_EQ(t0.launches[0].gpu_ns, 500);
   EXPECT_EQ(t0.launches[1].gpu_start_ns, 650);
   EXPECT_EQ(t0.launches[1].gpu_ns, 350);
   EXPECT_EQ(t0.launches[2].kind, EventKind::Copy);
-  EXPECT_EQ(t0.launches[2].gpu_start_ns, 1100);
-  EXPECT_EQ(t0.launches[2].gpu_ns, 100);
+  EXPECT_EQ(t0.launches[2].gpu_ns, -1) << "only kernels are timed";
 
   const StepTrace& t1 = g.r.steps[1];
-  EXPECT_EQ(t1.cupti_kernels, 2);  // 15 and the unseen 16
+  EXPECT_EQ(t1.cupti_kernels, 2) << "the unseen 14, then k2";
   EXPECT_EQ(t1.gpu_busy_ns, 200);
-  EXPECT_EQ(t1.launches[0].gpu_start_ns, 0);
+  EXPECT_EQ(t1.launches[0].gpu_start_ns, 5000 - 2300) << "from the step's first kernel start";
   EXPECT_EQ(t1.launches[0].gpu_ns, 100);
 
   const StepTrace& t2 = g.r.steps[2];
-  EXPECT_EQ(t2.cupti_kernels, 1);
-  EXPECT_EQ(t2.gpu_busy_ns, 50);
+  EXPECT_EQ(t2.cupti_kernels, 2);
+  EXPECT_EQ(t2.gpu_busy_ns, 150);
+  EXPECT_EQ(t2.launches[0].gpu_start_ns, 9000 - 5200);
   EXPECT_EQ(t2.launches[0].gpu_ns, 50);
 }
 
-TEST(StepAssembler, AStepWaitsForTheNextStepsFirstKernelRecordOrTheTimeout) {
+TEST(StepAssembler, RepeatedKernelsAlignInOrderAndAMissingRecordLeavesOneLaunchUntimed) {
+  Rig r;
+  r.as.gpu_times_from(1);
+  const Func k = r.drv.add_kernel("gemm", {{0, 8}});
+  const Func other = r.drv.add_kernel("softmax", {{0, 8}});
+  DevPtr p = kVa;
+  r.tr.on_alloc(p, 4096, 0);
+  launch(r.tr, k, 0, p);      // corr 1
+  launch(r.tr, k, 0, p);      // corr 2
+  launch(r.tr, other, 0, p);  // its record never arrives
+  launch(r.tr, k, 0, p);      // corr 4
+  r.tr.mark_step();
+  r.drain();
+  std::vector<GpuRecord> recs = {kernel_record("gemm", 4, 400, 450), kernel_record("gemm", 1, 100, 110),
+                                 kernel_record("gemm", 2, 200, 230)};
+  r.as.add_gpu_records(recs);
+  r.pump(true);
+  ASSERT_EQ(r.steps.size(), 1u);
+  const StepTrace& t = r.steps[0];
+  EXPECT_EQ(t.launches[0].gpu_start_ns, 0);
+  EXPECT_EQ(t.launches[0].gpu_ns, 10);
+  EXPECT_EQ(t.launches[1].gpu_start_ns, 100);
+  EXPECT_EQ(t.launches[1].gpu_ns, 30);
+  EXPECT_EQ(t.launches[2].gpu_ns, -1);
+  EXPECT_EQ(t.launches[3].gpu_start_ns, 300);
+  EXPECT_EQ(t.launches[3].gpu_ns, 50);
+  EXPECT_EQ(t.cupti_kernels, 3);
+  EXPECT_EQ(t.gpu_busy_ns, 10 + 30 + 50);
+}
+
+TEST(StepAssembler, AStepWaitsForItsRecordsThenAMomentThenTheTimeout) {
   StepAssembler::Options o;
   o.telemetry_wait_ns = 1'000'000;
+  o.telemetry_settle_ns = 1000;
   GpuRig g(o);
+  g.r.as.gpu_times_from(1);
+  g.run_steps();  // cut at 0 (the assembler has not been given a time yet)
+  g.r.drain();
+  auto recs = GpuRig::records();
+  std::vector<GpuRecord> step0(recs.begin(), recs.begin() + 3);  // corr 10..12: k0, unseen, k1
+  std::vector<GpuRecord> rest(recs.begin() + 3, recs.end());
+  EXPECT_TRUE(g.r.as.take_ready(5000, false).empty()) << "no record has arrived";
+  g.r.as.add_gpu_records(step0);
+  auto ready = g.r.as.take_ready(6000, false);
+  ASSERT_EQ(ready.size(), 1u) << "step 0's records are in";
+  EXPECT_EQ(ready[0].cupti_kernels, 3);
+  EXPECT_EQ(ready[0].launches[1].gpu_ns, 350);
+  EXPECT_TRUE(g.r.as.take_ready(7000, false).empty()) << "step 1's record is not in yet";
+  g.r.as.add_gpu_records(rest);
+  ready = g.r.as.take_ready(8000, false);
+  ASSERT_EQ(ready.size(), 2u);
+  EXPECT_EQ(ready[0].launches[0].gpu_ns, 100);
+  EXPECT_EQ(ready[1].launches[0].gpu_ns, 50);
+}
+
+TEST(StepAssembler, RecordsNeedAMomentToSettle) {
+  StepAssembler::Options o;
+  o.telemetry_wait_ns = 1'000'000;
+  o.telemetry_settle_ns = 1000;
+  GpuRig g(o);
+  g.r.as.gpu_times_from(1);
   g.run_steps();
   g.r.drain();
-  auto recs = g.records();
-  std::vector<GpuRecord> first_two(recs.begin(), recs.begin() + 5);  // up to corr 14
-  g.r.as.add_gpu_records(first_two);
-  EXPECT_TRUE(g.r.as.take_ready(100, false).empty()) << "step 1's first kernel has no record yet";
-  std::vector<GpuRecord> rest(recs.begin() + 5, recs.end());
-  g.r.as.add_gpu_records(rest);
-  auto ready = g.r.as.take_ready(200, false);
-  ASSERT_EQ(ready.size(), 2u) << "steps 0 and 1 are complete; step 2 has no successor yet";
-  EXPECT_EQ(ready[0].cupti_kernels, 4);
-  EXPECT_EQ(ready[1].cupti_kernels, 2);
-  EXPECT_TRUE(g.r.as.take_ready(300, false).empty());
-  ready = g.r.as.take_ready(10'000'000, false);  // waited long enough
+  auto recs = GpuRig::records();
+  g.r.as.add_gpu_records(recs);
+  EXPECT_TRUE(g.r.as.take_ready(999, false).empty()) << "cut at 0: settles at 1000";
+  EXPECT_EQ(g.r.as.take_ready(1000, false).size(), 3u);
+}
+
+TEST(StepAssembler, WithoutRecordsAStepIsTakenAfterTheTimeout) {
+  StepAssembler::Options o;
+  o.telemetry_wait_ns = 1'000'000;
+  o.telemetry_settle_ns = 1000;
+  GpuRig g(o);
+  g.r.as.gpu_times_from(1);
+  g.run_steps();
+  g.r.drain();
+  EXPECT_TRUE(g.r.as.take_ready(999'999, false).empty());
+  auto ready = g.r.as.take_ready(1'000'000, false);
+  ASSERT_EQ(ready.size(), 3u);
+  for (const StepTrace& t : ready) {
+    EXPECT_EQ(t.cupti_kernels, -1);
+    EXPECT_EQ(t.gpu_busy_ns, -1);
+  }
+}
+
+// Records of launches we did not see (graph nodes, a library bypassing the hooks) are not
+// records of this step's launches: they must not end the wait for them. Here step 0 made
+// two launches; two records of unseen kernels arrive first, then step 0's own.
+TEST(StepAssembler, RecordsOfUnseenLaunchesDoNotEndTheWaitForOurs) {
+  StepAssembler::Options o;
+  o.telemetry_wait_ns = 1'000'000;
+  o.telemetry_settle_ns = 1000;
+  Rig r(o);
+  r.as.gpu_times_from(1);
+  const Func k = r.drv.add_kernel("k", {{0, 8}});
+  DevPtr p = kVa;
+  r.tr.on_alloc(p, 4096, 0);
+  launch(r.tr, k, 0, p);  // corr 1
+  launch(r.tr, k, 0, p);  // corr 3
+  r.tr.mark_step();
+  r.drain();
+  std::vector<GpuRecord> early = {unseen_record(2, 150, 160), unseen_record(4, 300, 310)};
+  r.as.add_gpu_records(early);
+  auto ready = r.as.take_ready(5000, false);
+  EXPECT_TRUE(ready.empty()) << "taken before its own records arrived: launch 0 gpu_ns = "
+                             << (ready.empty() ? 0 : ready[0].launches[0].gpu_ns);
+  std::vector<GpuRecord> ours = {kernel_record("k", 1, 100, 140), kernel_record("k", 3, 200, 290)};
+  r.as.add_gpu_records(ours);
+  for (StepTrace& t : r.as.take_ready(6000, false)) ready.push_back(std::move(t));
   ASSERT_EQ(ready.size(), 1u);
-  EXPECT_EQ(ready[0].step, 2u);
-  EXPECT_EQ(ready[0].cupti_kernels, 1);
+  EXPECT_EQ(ready[0].launches[0].gpu_ns, 40);
+  EXPECT_EQ(ready[0].launches[1].gpu_ns, 90);
 }
 
 TEST(StepAssembler, NoWaitTakesCutStepsWithoutTimes) {
   StepAssembler::Options o;
   o.telemetry_wait_ns = 1'000'000'000;
   GpuRig g(o);
+  g.r.as.gpu_times_from(1);
   g.run_steps();
   g.r.drain();
   auto ready = g.r.as.take_ready(1, false, /*no_wait=*/true);
@@ -643,9 +747,10 @@ TEST(StepAssembler, NoWaitTakesCutStepsWithoutTimes) {
 TEST(StepAssembler, StepsBeforeTelemetryStartedGetNoTimes) {
   GpuRig g;
   g.run_steps();
-  g.r.as.gpu_times_from(g.s1);  // telemetry started in the middle of step 0
+  g.r.as.gpu_times_from(g.step1_seq);  // telemetry started with step 1
   g.r.drain();
-  auto recs = g.records();
+  auto all = GpuRig::records();
+  std::vector<GpuRecord> recs(all.begin() + 4, all.end());  // from corr 14: none of step 0's
   g.r.as.add_gpu_records(recs);
   g.r.pump(true);
   ASSERT_EQ(g.r.steps.size(), 3u);
@@ -654,6 +759,21 @@ TEST(StepAssembler, StepsBeforeTelemetryStartedGetNoTimes) {
   EXPECT_EQ(g.r.steps[0].launches[0].gpu_ns, -1);
   EXPECT_EQ(g.r.steps[1].cupti_kernels, 2);
   EXPECT_EQ(g.r.steps[1].launches[0].gpu_ns, 100);
+  EXPECT_EQ(g.r.steps[2].launches[0].gpu_ns, 50);
+}
+
+TEST(StepAssembler, WithoutTelemetryNothingIsTimed) {
+  GpuRig g;  // gpu_times_from never called: telemetry never started
+  g.run_steps();
+  g.r.drain();
+  auto recs = GpuRig::records();
+  g.r.as.add_gpu_records(recs);
+  g.r.pump(true);
+  ASSERT_EQ(g.r.steps.size(), 3u);
+  for (const StepTrace& t : g.r.steps) {
+    EXPECT_EQ(t.cupti_kernels, -1);
+    for (const TraceLaunch& l : t.launches) EXPECT_EQ(l.gpu_ns, -1);
+  }
 }
 
 // --- replay ------------------------------------------------------------------------------
@@ -842,8 +962,9 @@ TEST(EventLog, AccessesOfAnUnconsumedEventAreNeverOverwritten) {
   });
   ASSERT_TRUE(got.count(s2));
   const Drained& d2 = got[s2];
-  if (!(d2.e.flags & kAccessesTruncated))
+  if (!(d2.e.flags & kAccessesTruncated)) {
     EXPECT_EQ(d2.acc, std::vector<AllocId>(p2, p2 + 4)) << "seq 2's accesses were overwritten";
+  }
   EXPECT_EQ(got[s1].acc, std::vector<AllocId>(p1, p1 + 4));
 }
 

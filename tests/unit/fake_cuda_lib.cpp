@@ -1,0 +1,15 @@
+// A stand-in for libcuda/libcudart, loaded with dlopen by hook_table_test: it exports every
+// name of the hook table (plus one that is not in it), so that the dlsym route can be
+// exercised on a handle whose symbols are not ours. The functions are never called; each
+// has its own body so that no two share an address.
+#include "hooks/hook_table.h"
+
+#define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+#define FAKE_D(sym, base, ver, ptsz) \
+  FAKE_EXPORT const char* sym() { return #sym; }
+#define FAKE_R(sym, ptsz) \
+  FAKE_EXPORT const char* sym() { return #sym; }
+OFFLOAD_DRIVER_HOOKS(FAKE_D)
+OFFLOAD_RUNTIME_HOOKS(FAKE_R)
+
+FAKE_EXPORT const char* cuFakeNotHooked() { return "cuFakeNotHooked"; }

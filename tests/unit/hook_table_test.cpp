@@ -1,0 +1,632 @@
+// The hook table and the hooks themselves, compiled from the shim's own sources into this
+// test binary (see tests/CMakeLists.txt): every route serves every name, and the exported
+// wrappers forward to the real entry point and tell the tracker.
+//
+// The table's slots are process-wide and the first real entry point a route resolves wins,
+// so every test starts by installing one fake per name (once per process, before anything
+// else can resolve a slot): the tests then pass in any order and alone.
+#include <cuda.h>
+#undef cuGetProcAddress
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "hooks/hook_table.h"
+#include "json_mini.h"
+#include "offload/offload.h"
+#include "runtime.h"
+
+// Our exports whose declarations cuda.h / cuda_runtime_api.h only give under other names.
+extern "C" {
+CUresult cuGetProcAddress(const char* sym, void** pfn, int ver, cuuint64_t flags);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                             unsigned bz, unsigned smem, CUstream s, void** p, void** e);
+cudaError_t cudaMallocAsync_ptsz(void** p, size_t n, cudaStream_t s);
+cudaError_t cudaFreeAsync_ptsz(void* p, cudaStream_t s);
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char* sym, void** pfn, unsigned long long flags,
+                                         cudaDriverEntryPointQueryResult* status);
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* sym, void** pfn, unsigned int ver,
+                                                  unsigned long long flags, cudaDriverEntryPointQueryResult* status);
+}
+
+// Unit tests never start CUPTI: there is no GPU. Runs before the shim's own constructor
+// (default priority) reads the environment; a value set by the caller is kept.
+__attribute__((constructor(101))) static void hook_test_env() { setenv("OFFLOAD_TELEMETRY", "off", 0); }
+
+namespace {
+
+using namespace offload;
+using namespace offload::hooks;
+
+void* fake_lib() {
+  static void* h = dlopen(OFFLOAD_FAKE_CUDA_LIB, RTLD_NOW | RTLD_LOCAL);
+  return h;
+}
+void* fake_lib_sym(const char* name) { return real_dlsym(fake_lib(), name); }
+
+// Distinct, stable addresses standing for "the driver's entry point of <name>".
+void* proc_of(const std::string& name) {
+  static std::map<std::string, char> storage;  // node-based: addresses never move
+  return &storage[name];
+}
+
+// --- fakes of the real entry points -----------------------------------------------------------
+
+struct LaunchCall {
+  CUfunction f;
+  unsigned g[3], b[3], smem;
+  CUstream s;
+  void** params;
+  void** extra;
+};
+std::vector<LaunchCall> g_launches;
+std::function<void()> g_inside_launch;  // runs inside the fake (nested-call test)
+
+CUresult fake_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                     unsigned bz, unsigned smem, CUstream s, void** p, void** e) {
+  g_launches.push_back({f, {gx, gy, gz}, {bx, by, bz}, smem, s, p, e});
+  if (auto inner = g_inside_launch) inner();
+  return CUDA_SUCCESS;
+}
+
+struct MallocCall {
+  size_t n;
+  cudaStream_t s;
+};
+std::vector<MallocCall> g_mallocs;
+std::vector<std::pair<void*, cudaStream_t>> g_frees;
+cudaError_t g_malloc_result = cudaSuccess;
+
+cudaError_t fake_malloc(void** p, size_t n, cudaStream_t s) {
+  g_mallocs.push_back({n, s});
+  if (g_malloc_result != cudaSuccess) return g_malloc_result;
+  *p = std::aligned_alloc(256, (n + 255) / 256 * 256);
+  return cudaSuccess;
+}
+cudaError_t fake_free(void* p, cudaStream_t s) {
+  g_frees.push_back({p, s});
+  std::free(p);
+  return cudaSuccess;
+}
+
+int g_copies = 0, g_memsets = 0, g_graphs = 0;
+CUresult fake_htod(CUdeviceptr, const void*, size_t, CUstream) { ++g_copies; return CUDA_SUCCESS; }
+CUresult fake_memset32(CUdeviceptr, unsigned, size_t, CUstream) { ++g_memsets; return CUDA_SUCCESS; }
+CUresult fake_graph(CUgraphExec, CUstream) {
+  ++g_graphs;
+  if (auto inner = g_inside_launch) inner();
+  return CUDA_SUCCESS;
+}
+
+// Entry-point queries: succeed with proc_of(name), except for "cuNoSuchThing".
+struct Query {
+  std::string sym;
+  long long version;
+  unsigned long long flags;
+};
+std::vector<Query> g_queries;
+bool known(const char* sym) { return std::strcmp(sym, "cuNoSuchThing") != 0; }
+
+CUresult fake_gpa_v1(const char* sym, void** pfn, int ver, cuuint64_t flags) {
+  g_queries.push_back({sym, ver, flags});
+  if (!known(sym)) return CUDA_ERROR_NOT_FOUND;
+  *pfn = proc_of(sym);
+  return CUDA_SUCCESS;
+}
+CUresult fake_gpa_v2(const char* sym, void** pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult* st) {
+  g_queries.push_back({sym, ver, flags});
+  if (!known(sym)) {
+    if (st) *st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  *pfn = proc_of(sym);
+  if (st) *st = CU_GET_PROC_ADDRESS_SUCCESS;
+  return CUDA_SUCCESS;
+}
+cudaError_t fake_rt_entry(const char* sym, void** pfn, unsigned long long flags, cudaDriverEntryPointQueryResult* st) {
+  g_queries.push_back({sym, -1, flags});
+  if (!known(sym)) return cudaErrorSymbolNotFound;
+  *pfn = proc_of(sym);
+  if (st) *st = cudaDriverEntryPointSuccess;
+  return cudaSuccess;
+}
+cudaError_t fake_rt_entry_v(const char* sym, void** pfn, unsigned int ver, unsigned long long flags,
+                            cudaDriverEntryPointQueryResult* st) {
+  g_queries.push_back({sym, ver, flags});
+  if (!known(sym)) return cudaErrorSymbolNotFound;
+  *pfn = proc_of(sym);
+  if (st) *st = cudaDriverEntryPointSuccess;
+  return cudaSuccess;
+}
+
+// --- installing them -----------------------------------------------------------------------
+
+struct Installed {
+  void* real_before[kHookCount];  // what each slot held before we installed (nullptr)
+  void* fake[kHookCount];         // the real entry point we installed
+  void* served[kHookCount];       // what serve_symbol handed back when installing
+};
+
+Installed& installed() {
+  static Installed inst;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::map<std::string, void*> specific = {
+        {"cuLaunchKernel", reinterpret_cast<void*>(&fake_launch)},
+        {"cuLaunchKernel_ptsz", reinterpret_cast<void*>(&fake_launch)},
+        {"cudaMallocAsync", reinterpret_cast<void*>(&fake_malloc)},
+        {"cudaMallocAsync_ptsz", reinterpret_cast<void*>(&fake_malloc)},
+        {"cudaFreeAsync", reinterpret_cast<void*>(&fake_free)},
+        {"cudaFreeAsync_ptsz", reinterpret_cast<void*>(&fake_free)},
+        {"cuMemcpyHtoDAsync_v2", reinterpret_cast<void*>(&fake_htod)},
+        {"cuMemsetD32Async", reinterpret_cast<void*>(&fake_memset32)},
+        {"cuGraphLaunch", reinterpret_cast<void*>(&fake_graph)},
+        {"cuGetProcAddress", reinterpret_cast<void*>(&fake_gpa_v1)},
+        {"cuGetProcAddress_v2", reinterpret_cast<void*>(&fake_gpa_v2)},
+        {"cudaGetDriverEntryPoint", reinterpret_cast<void*>(&fake_rt_entry)},
+        {"cudaGetDriverEntryPoint_ptsz", reinterpret_cast<void*>(&fake_rt_entry)},
+        {"cudaGetDriverEntryPointByVersion", reinterpret_cast<void*>(&fake_rt_entry_v)},
+        {"cudaGetDriverEntryPointByVersion_ptsz", reinterpret_cast<void*>(&fake_rt_entry_v)},
+    };
+    for (size_t i = 0; i < kHookCount; ++i) {
+      HookEntry& e = hook_table()[i];
+      auto it = specific.find(e.symbol);
+      void* f = it != specific.end() ? it->second : fake_lib_sym(e.symbol);
+      inst.real_before[i] = e.real.load();
+      inst.fake[i] = f;
+      inst.served[i] = serve_symbol(e.symbol, f, kDlsym);
+    }
+  });
+  return inst;
+}
+
+class Hooks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(fake_lib(), nullptr) << dlerror();
+    installed();
+    g_launches.clear();
+    g_mallocs.clear();
+    g_frees.clear();
+    g_queries.clear();
+    g_malloc_result = cudaSuccess;
+    g_inside_launch = nullptr;
+  }
+};
+
+std::string name_of(void* wrapper) {
+  for (size_t i = 0; i < kHookCount; ++i)
+    if (hook_table()[i].wrapper == wrapper) return hook_table()[i].symbol;
+  return wrapper ? "(not a wrapper)" : "(null)";
+}
+
+// --- the table --------------------------------------------------------------------------------
+
+TEST_F(Hooks, TableListsEveryNameOnceWithItsOwnWrapper) {
+#define COUNT_D(sym, base, ver, ptsz) +1
+#define COUNT_R(sym, ptsz) +1
+  constexpr size_t listed = 0 OFFLOAD_DRIVER_HOOKS(COUNT_D) OFFLOAD_RUNTIME_HOOKS(COUNT_R);
+#undef COUNT_D
+#undef COUNT_R
+  ASSERT_EQ(kHookCount, listed);
+  std::map<std::string, int> names;
+  std::map<void*, int> wrappers;
+  for (size_t i = 0; i < kHookCount; ++i) {
+    const HookEntry& e = hook_table()[i];
+    SCOPED_TRACE(e.symbol);
+    EXPECT_EQ(++names[e.symbol], 1) << "listed twice";
+    ASSERT_NE(e.wrapper, nullptr);
+    EXPECT_EQ(++wrappers[e.wrapper], 1) << "shares a wrapper";
+    if (e.driver) {
+      ASSERT_NE(e.base, nullptr);
+      EXPECT_EQ(std::strncmp(e.symbol, e.base, std::strlen(e.base)), 0) << "the symbol extends its base name";
+      EXPECT_GT(e.min_version, 0);
+      EXPECT_EQ(e.ptsz, std::strstr(e.symbol, "_ptsz") != nullptr);
+    } else {
+      EXPECT_EQ(e.base, nullptr);
+      EXPECT_EQ(std::strncmp(e.symbol, "cuda", 4), 0);
+    }
+    EXPECT_EQ(&entry(static_cast<HookId>(i)), &e);
+  }
+}
+
+TEST_F(Hooks, FindSymbolFindsEveryEntry) {
+  for (size_t i = 0; i < kHookCount; ++i) {
+    HookEntry& e = hook_table()[i];
+    EXPECT_EQ(find_symbol(e.symbol), &e) << e.symbol;
+  }
+  EXPECT_EQ(find_symbol("cuFakeNotHooked"), nullptr);
+  EXPECT_EQ(find_symbol("cuLaunchKernel_v2"), nullptr);
+  EXPECT_EQ(find_symbol("malloc"), nullptr);
+  EXPECT_EQ(find_symbol(""), nullptr);
+  EXPECT_EQ(find_symbol(nullptr), nullptr);
+}
+
+TEST_F(Hooks, ServeSymbolHandsOutTheWrapperAndTheFirstRealWins) {
+  const Installed& in = installed();
+  void* later = proc_of("a later, different real entry point");
+  for (size_t i = 0; i < kHookCount; ++i) {
+    HookEntry& e = hook_table()[i];
+    SCOPED_TRACE(e.symbol);
+    EXPECT_EQ(in.real_before[i], nullptr) << "nothing resolved the slot before the fakes";
+    ASSERT_NE(in.fake[i], nullptr);
+    EXPECT_EQ(in.served[i], e.wrapper);
+    EXPECT_EQ(e.real.load(), in.fake[i]);
+    EXPECT_TRUE(e.routes.load() & kDlsym);
+    EXPECT_EQ(real(static_cast<HookId>(i)), in.fake[i]) << "the wrapper forwards to the fake";
+    EXPECT_EQ(serve_symbol(e.symbol, later, kDlsym), e.wrapper);
+    EXPECT_EQ(e.real.load(), in.fake[i]) << "first one wins";
+    // Asked of ourselves (RTLD_DEFAULT finds our export): the wrapper, and the slot unchanged.
+    EXPECT_EQ(serve_symbol(e.symbol, e.wrapper, kDlsym), e.wrapper);
+    EXPECT_EQ(e.real.load(), in.fake[i]);
+  }
+}
+
+TEST_F(Hooks, NamesNotInTheTablePassThrough) {
+  void* p = proc_of("cuFakeNotHooked");
+  EXPECT_EQ(serve_symbol("cuFakeNotHooked", p, kDlsym), p);
+  EXPECT_EQ(serve_symbol("malloc", p, kDlsym), p);
+  EXPECT_EQ(serve_proc("cuMemAlloc", p, 13000, false, kGetProcAddress), p);
+  EXPECT_EQ(serve_proc("cuMemAlloc", p, 13000, true, kRuntimeEntryPoint), p);
+  EXPECT_EQ(serve_symbol(nullptr, p, kDlsym), p);
+}
+
+TEST_F(Hooks, NoRealEntryPointMeansNull) {
+  for (size_t i = 0; i < kHookCount; ++i) {
+    HookEntry& e = hook_table()[i];
+    EXPECT_EQ(serve_symbol(e.symbol, nullptr, kDlsym), nullptr) << e.symbol;
+    if (e.base) {
+      EXPECT_EQ(serve_proc(e.base, nullptr, 13000, e.ptsz, kGetProcAddress), nullptr) << e.symbol;
+    }
+  }
+  EXPECT_EQ(serve_symbol("cuFakeNotHooked", nullptr, kDlsym), nullptr);
+  EXPECT_EQ(serve_proc("cuMemAlloc", nullptr, 13000, false, kGetProcAddress), nullptr);
+}
+
+TEST_F(Hooks, ServeProcServesEachVariantFromItsFirstVersion) {
+  void* p = proc_of("driver's pointer");
+  for (size_t i = 0; i < kHookCount; ++i) {
+    HookEntry& e = hook_table()[i];
+    if (!e.driver) continue;
+    SCOPED_TRACE(e.symbol);
+    void* got = serve_proc(e.base, p, e.min_version, e.ptsz, kGetProcAddress);
+    EXPECT_EQ(got, e.wrapper) << "got " << name_of(got);
+    EXPECT_TRUE(e.routes.load() & kGetProcAddress);
+    EXPECT_EQ(e.real.load(), installed().fake[i]) << "the first real still wins";
+  }
+}
+
+TEST_F(Hooks, ServeProcPicksTheVariantByVersionAndStream) {
+  void* p = proc_of("driver's pointer");
+  auto served = [&](const char* base, int ver, bool ptsz) {
+    return name_of(serve_proc(base, p, ver, ptsz, kGetProcAddress));
+  };
+  EXPECT_EQ(served("cuMemcpyHtoDAsync", 13000, true), "cuMemcpyHtoDAsync_v2_ptsz");
+  EXPECT_EQ(served("cuMemcpyHtoDAsync", 13000, false), "cuMemcpyHtoDAsync_v2");
+  EXPECT_EQ(served("cuGetProcAddress", 13000, false), "cuGetProcAddress_v2");
+  EXPECT_EQ(served("cuGetProcAddress", 12000, false), "cuGetProcAddress_v2");
+  EXPECT_EQ(served("cuGetProcAddress", 11030, false), "cuGetProcAddress");
+  EXPECT_EQ(served("cuGetProcAddress", 13000, true), "cuGetProcAddress_v2") << "no per-thread variant";
+  EXPECT_EQ(served("cuLaunchKernel", 13000, true), "cuLaunchKernel_ptsz");
+  EXPECT_EQ(served("cuLaunchKernel", 13000, false), "cuLaunchKernel");
+  EXPECT_EQ(served("cuLaunchKernel", 6050, true), "cuLaunchKernel") << "no per-thread variant before 7.0";
+  EXPECT_EQ(served("cuLaunchKernelEx", 12080, true), "cuLaunchKernelEx_ptsz");
+  EXPECT_EQ(served("cuGraphLaunch", 13000, true), "cuGraphLaunch_ptsz");
+  EXPECT_EQ(served("cuMemsetD2D32Async", 13000, false), "cuMemsetD2D32Async");
+}
+
+TEST_F(Hooks, AListedNameAtAVersionWeDoNotWrapPassesThroughAndIsCounted) {
+  void* p = proc_of("driver's pointer");
+  uint64_t before = unwrapped_routes();
+  EXPECT_EQ(serve_proc("cuLaunchKernelEx", p, 11000, false, kGetProcAddress), p);
+  EXPECT_EQ(serve_proc("cuGetProcAddress", p, 11020, false, kGetProcAddress), p);
+  EXPECT_EQ(unwrapped_routes(), before + 2);
+  EXPECT_EQ(serve_proc("cuMemAlloc", p, 11000, false, kGetProcAddress), p);
+  EXPECT_EQ(unwrapped_routes(), before + 2) << "a name we do not list is not counted";
+}
+
+// --- the routes, through the exported functions ------------------------------------------------
+
+TEST_F(Hooks, DlsymRouteServesEveryName) {
+  for (size_t i = 0; i < kHookCount; ++i) {
+    HookEntry& e = hook_table()[i];
+    SCOPED_TRACE(e.symbol);
+    ASSERT_NE(fake_lib_sym(e.symbol), nullptr);
+    EXPECT_EQ(dlsym(fake_lib(), e.symbol), e.wrapper);
+    EXPECT_EQ(e.real.load(), installed().fake[i]);
+  }
+  EXPECT_EQ(dlsym(fake_lib(), "cuFakeNotHooked"), fake_lib_sym("cuFakeNotHooked"));
+  EXPECT_NE(dlsym(fake_lib(), "cuFakeNotHooked"), nullptr);
+  EXPECT_EQ(dlsym(fake_lib(), "cuNoSuchSymbol"), nullptr);
+  EXPECT_EQ(dlsym(RTLD_DEFAULT, "strlen"), real_dlsym(RTLD_DEFAULT, "strlen"));
+}
+
+cuuint64_t gpa_flags(bool ptsz) {
+  return ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+}
+
+TEST_F(Hooks, GetProcAddressRoutesServeEveryDriverName) {
+  for (size_t i = 0; i < kHookCount; ++i) {
+    HookEntry& e = hook_table()[i];
+    if (!e.driver) continue;
+    SCOPED_TRACE(e.symbol);
+    void* pfn = nullptr;
+    ASSERT_EQ(cuGetProcAddress(e.base, &pfn, e.min_version, gpa_flags(e.ptsz)), CUDA_SUCCESS);
+    EXPECT_EQ(pfn, e.wrapper) << "v1 gave " << name_of(pfn);
+    pfn = nullptr;
+    CUdriverProcAddressQueryResult st{};
+    ASSERT_EQ(cuGetProcAddress_v2(e.base, &pfn, e.min_version, gpa_flags(e.ptsz), &st), CUDA_SUCCESS);
+    EXPECT_EQ(pfn, e.wrapper) << "v2 gave " << name_of(pfn);
+    EXPECT_EQ(st, CU_GET_PROC_ADDRESS_SUCCESS);
+  }
+  // The query reached the (fake) driver unchanged.
+  ASSERT_FALSE(g_queries.empty());
+  EXPECT_EQ(g_queries.back().sym, hook_table()[static_cast<size_t>(HookId::cuGetProcAddress_v2)].base);
+}
+
+TEST_F(Hooks, GetProcAddressPassesOtherNamesAndFailuresThrough) {
+  void* pfn = nullptr;
+  ASSERT_EQ(cuGetProcAddress_v2("cuMemAlloc", &pfn, 13000, 0, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(pfn, proc_of("cuMemAlloc"));
+  pfn = reinterpret_cast<void*>(0x1);
+  CUdriverProcAddressQueryResult st{};
+  EXPECT_EQ(cuGetProcAddress_v2("cuNoSuchThing", &pfn, 13000, 0, &st), CUDA_ERROR_NOT_FOUND);
+  EXPECT_EQ(pfn, reinterpret_cast<void*>(0x1)) << "untouched on failure";
+  EXPECT_EQ(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  EXPECT_EQ(cuGetProcAddress("cuNoSuchThing", &pfn, 13000, 0), CUDA_ERROR_NOT_FOUND);
+  EXPECT_EQ(pfn, reinterpret_cast<void*>(0x1));
+  EXPECT_EQ(cuGetProcAddress_v2("cuLaunchKernel", nullptr, 13000, 0, nullptr), CUDA_SUCCESS)
+      << "a null pfn is the driver's business";
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+TEST_F(Hooks, RuntimeEntryPointRoutesServeDriverNames) {
+  auto get = [](const char* sym, unsigned long long flags) {
+    void* pfn = nullptr;
+    cudaDriverEntryPointQueryResult st{};
+    EXPECT_EQ(cudaGetDriverEntryPoint(sym, &pfn, flags, &st), cudaSuccess);
+    return name_of(pfn);
+  };
+  auto get_ptsz = [](const char* sym, unsigned long long flags) {
+    void* pfn = nullptr;
+    EXPECT_EQ(cudaGetDriverEntryPoint_ptsz(sym, &pfn, flags, nullptr), cudaSuccess);
+    return name_of(pfn);
+  };
+  auto by_version = [](const char* sym, unsigned ver, unsigned long long flags, bool ptsz_entry) {
+    void* pfn = nullptr;
+    cudaError_t r = ptsz_entry ? cudaGetDriverEntryPointByVersion_ptsz(sym, &pfn, ver, flags, nullptr)
+                               : cudaGetDriverEntryPointByVersion(sym, &pfn, ver, flags, nullptr);
+    EXPECT_EQ(r, cudaSuccess);
+    return name_of(pfn);
+  };
+  EXPECT_EQ(get("cuLaunchKernel", cudaEnableDefault), "cuLaunchKernel");
+  EXPECT_EQ(get("cuLaunchKernel", cudaEnablePerThreadDefaultStream), "cuLaunchKernel_ptsz");
+  EXPECT_EQ(get("cuMemcpyHtoDAsync", cudaEnableDefault), "cuMemcpyHtoDAsync_v2");
+  EXPECT_EQ(get_ptsz("cuLaunchKernel", cudaEnableDefault), "cuLaunchKernel_ptsz")
+      << "the _ptsz runtime entry point defaults to per-thread streams";
+  EXPECT_EQ(get_ptsz("cuLaunchKernel", cudaEnableLegacyStream), "cuLaunchKernel");
+  EXPECT_EQ(by_version("cuGetProcAddress", 11030, cudaEnableDefault, false), "cuGetProcAddress");
+  EXPECT_EQ(by_version("cuGetProcAddress", 12000, cudaEnableDefault, false), "cuGetProcAddress_v2");
+  EXPECT_EQ(by_version("cuMemsetD8Async", 13000, cudaEnableDefault, true), "cuMemsetD8Async_ptsz");
+  EXPECT_EQ(by_version("cuMemsetD8Async", 13000, cudaEnableLegacyStream, true), "cuMemsetD8Async");
+  for (size_t i = 0; i < kHookCount; ++i) {
+    HookEntry& e = hook_table()[i];
+    if (!e.driver) continue;
+    EXPECT_EQ(by_version(e.base, static_cast<unsigned>(e.min_version),
+                         e.ptsz ? cudaEnablePerThreadDefaultStream : cudaEnableLegacyStream, false),
+              e.symbol);
+    EXPECT_TRUE(e.routes.load() & kRuntimeEntryPoint) << e.symbol;
+  }
+  void* pfn = nullptr;
+  EXPECT_EQ(cudaGetDriverEntryPoint("cuMemAlloc", &pfn, cudaEnableDefault, nullptr), cudaSuccess);
+  EXPECT_EQ(pfn, proc_of("cuMemAlloc"));
+  pfn = nullptr;
+  EXPECT_EQ(cudaGetDriverEntryPoint("cuNoSuchThing", &pfn, cudaEnableDefault, nullptr), cudaErrorSymbolNotFound);
+  EXPECT_EQ(pfn, nullptr);
+}
+#pragma GCC diagnostic pop
+
+// --- the hooks, end to end -------------------------------------------------------------------
+
+Runtime* rt() {
+  Runtime* r = runtime();
+  EXPECT_NE(r, nullptr) << "the shim's runtime was not built: OFFLOAD_* settings invalid or disabled?";
+  return r;
+}
+
+bool driver_loaded() {
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (h) dlclose(h);
+  return h != nullptr;
+}
+
+TEST_F(Hooks, LaunchKernelForwardsItsArgumentsAndIsCounted) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  TrackerCounters& c = r->tracker().counters();
+  const uint64_t kernels = c.kernels.load(), opaque = c.opaque_kernels.load();
+  auto f = reinterpret_cast<CUfunction>(0x5a5a0);
+  auto s = reinterpret_cast<CUstream>(0x77);
+  uint64_t arg = 42;
+  void* params[] = {&arg};
+  CUresult res = cuLaunchKernel(f, 1, 2, 3, 4, 5, 6, 128, s, params, nullptr);
+  EXPECT_EQ(res, CUDA_SUCCESS);
+  ASSERT_EQ(g_launches.size(), 1u);
+  const LaunchCall& l = g_launches[0];
+  EXPECT_EQ(l.f, f);
+  EXPECT_EQ(l.g[0], 1u);
+  EXPECT_EQ(l.g[1], 2u);
+  EXPECT_EQ(l.g[2], 3u);
+  EXPECT_EQ(l.b[0], 4u);
+  EXPECT_EQ(l.b[1], 5u);
+  EXPECT_EQ(l.b[2], 6u);
+  EXPECT_EQ(l.smem, 128u);
+  EXPECT_EQ(l.s, s);
+  EXPECT_EQ(l.params, params);
+  EXPECT_EQ(l.extra, nullptr);
+  EXPECT_EQ(c.kernels.load(), kernels + 1);
+  // The layout comes from libcuda (cuFuncGetParamInfo). Not loaded here: unknown, so the
+  // launch is counted as opaque.
+  if (!driver_loaded()) {
+    EXPECT_EQ(c.opaque_kernels.load(), opaque + 1);
+  }
+
+  // The per-thread variant forwards the same way.
+  EXPECT_EQ(cuLaunchKernel_ptsz(f, 7, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(g_launches.size(), 2u);
+  EXPECT_EQ(g_launches[1].g[0], 7u);
+  EXPECT_EQ(g_launches[1].s, nullptr);
+  EXPECT_EQ(c.kernels.load(), kernels + 2);
+}
+
+TEST_F(Hooks, CopiesMemsetsAndGraphsAreForwardedAndCounted) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  TrackerCounters& c = r->tracker().counters();
+  const uint64_t copies = c.copies.load(), memsets = c.memsets.load(), graphs = c.graphs.load();
+  const int fc = g_copies, fm = g_memsets, fg = g_graphs;
+  char host[16] = {};
+  EXPECT_EQ(cuMemcpyHtoDAsync(0x1000, host, sizeof host, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemsetD32Async(0x1000, 7, 4, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(cuGraphLaunch(reinterpret_cast<CUgraphExec>(0x10), nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(g_copies, fc + 1);
+  EXPECT_EQ(g_memsets, fm + 1);
+  EXPECT_EQ(g_graphs, fg + 1);
+  EXPECT_EQ(c.copies.load(), copies + 1);
+  EXPECT_EQ(c.memsets.load(), memsets + 1);
+  EXPECT_EQ(c.graphs.load(), graphs + 1);
+}
+
+TEST_F(Hooks, ACallMadeInsideAHookOnlyForwards) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  TrackerCounters& c = r->tracker().counters();
+  const uint64_t kernels = c.kernels.load(), graphs = c.graphs.load();
+  // A graph launch whose "driver" launches a kernel through our export (as a library
+  // layered on the driver would): the inner launch is not ours to count.
+  g_inside_launch = [] {
+    g_inside_launch = nullptr;
+    cuLaunchKernel(reinterpret_cast<CUfunction>(0x5a5b0), 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+  };
+  EXPECT_EQ(cuGraphLaunch(reinterpret_cast<CUgraphExec>(0x10), nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(g_launches.size(), 1u) << "the inner launch was forwarded";
+  EXPECT_EQ(c.graphs.load(), graphs + 1);
+  EXPECT_EQ(c.kernels.load(), kernels) << "and not observed";
+  // Outside a hook again: observed.
+  cuLaunchKernel(reinterpret_cast<CUfunction>(0x5a5b0), 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+  EXPECT_EQ(c.kernels.load(), kernels + 1);
+}
+
+TEST_F(Hooks, MallocAsyncAndFreeAsyncKeepTheAllocationTable) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  TrackerCounters& c = r->tracker().counters();
+  const AllocTable& table = r->tracker().allocs();
+  const uint64_t allocs = c.allocs.load(), frees = c.frees.load();
+  auto s = reinterpret_cast<cudaStream_t>(0x99);
+
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, 4096, s), cudaSuccess);
+  ASSERT_NE(p, nullptr);
+  ASSERT_EQ(g_mallocs.size(), 1u);
+  EXPECT_EQ(g_mallocs[0].n, 4096u);
+  EXPECT_EQ(g_mallocs[0].s, s);
+  EXPECT_EQ(c.allocs.load(), allocs + 1);
+  const DevPtr base = reinterpret_cast<DevPtr>(p);
+  auto e = table.find(base + 1000);  // an interior pointer
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->base, base);
+  EXPECT_EQ(e->size, 4096u);
+  EXPECT_TRUE(table.find(base + 4095).has_value());
+  EXPECT_FALSE(table.find(base + 4096).has_value());
+
+  // A kernel reading it through the packed-argument route is scanned without faulting.
+  DevPtr buf[2] = {base + 64, 3};
+  size_t size = sizeof buf;
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+  EXPECT_EQ(cuLaunchKernel(reinterpret_cast<CUfunction>(0x5a5c0), 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, extra),
+            CUDA_SUCCESS);
+  EXPECT_EQ(g_launches.back().extra, extra);
+
+  ASSERT_EQ(cudaFreeAsync(p, s), cudaSuccess);
+  ASSERT_EQ(g_frees.size(), 1u);
+  EXPECT_EQ(g_frees[0].first, p);
+  EXPECT_EQ(g_frees[0].second, s);
+  EXPECT_EQ(c.frees.load(), frees + 1);
+  EXPECT_FALSE(table.find(base + 1000).has_value()) << "gone after the free";
+  EXPECT_FALSE(table.find(base).has_value());
+}
+
+TEST_F(Hooks, PerThreadMallocAndFreeAreTrackedToo) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  const AllocTable& table = r->tracker().allocs();
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync_ptsz(&p, 100, nullptr), cudaSuccess);
+  EXPECT_TRUE(table.find(reinterpret_cast<DevPtr>(p) + 99).has_value());
+  ASSERT_EQ(cudaFreeAsync_ptsz(p, nullptr), cudaSuccess);
+  EXPECT_FALSE(table.find(reinterpret_cast<DevPtr>(p) + 99).has_value());
+}
+
+TEST_F(Hooks, AFailedMallocIsNotTracked) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  TrackerCounters& c = r->tracker().counters();
+  const uint64_t allocs = c.allocs.load();
+  const size_t live = r->tracker().allocs().size();
+  g_malloc_result = cudaErrorMemoryAllocation;
+  void* p = reinterpret_cast<void*>(0x1234);
+  EXPECT_EQ(cudaMallocAsync(&p, 1 << 20, nullptr), cudaErrorMemoryAllocation);
+  EXPECT_EQ(g_mallocs.size(), 1u) << "forwarded";
+  EXPECT_EQ(c.allocs.load(), allocs);
+  EXPECT_EQ(r->tracker().allocs().size(), live);
+  EXPECT_FALSE(r->tracker().allocs().find(0x1234).has_value());
+}
+
+// --- the C API -----------------------------------------------------------------------------
+
+TEST_F(Hooks, StatsJsonIsValidAndAgreesWithTheTracker) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  cuLaunchKernel(reinterpret_cast<CUfunction>(0x5a5d0), 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+  std::vector<char> buf(1 << 16);
+  int n = offload_stats_json(buf.data(), buf.size());
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(static_cast<size_t>(n), std::strlen(buf.data()));
+  offload::testing::Json j;
+  std::string err;
+  ASSERT_TRUE(offload::testing::parse_json(buf.data(), &j, &err)) << err << "\n" << buf.data();
+  ASSERT_TRUE(j.has("counters"));
+  EXPECT_EQ(j["counters"]["kernels"].num, static_cast<double>(r->tracker().counters().kernels.load()));
+  ASSERT_TRUE(j.has("routes"));
+  ASSERT_TRUE(j["routes"].has("cuLaunchKernel"));
+  bool dlsym_route = false;
+  for (const auto& x : j["routes"]["cuLaunchKernel"].items) dlsym_route |= x.text == "dlsym";
+  EXPECT_TRUE(dlsym_route);
+  EXPECT_EQ(offload_stats_json(buf.data(), 8), -1) << "too small a buffer";
+  EXPECT_EQ(offload_stats_json(nullptr, 0), -1);
+}
+
+TEST_F(Hooks, MarkStepTurnsAutomaticDetectionOff) {
+  ASSERT_NE(rt(), nullptr);
+  cuLaunchKernel(reinterpret_cast<CUfunction>(0x5a5e0), 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+  offload_mark_step();
+  std::vector<char> buf(1 << 16);
+  ASSERT_GT(offload_stats_json(buf.data(), buf.size()), 0);
+  offload::testing::Json j;
+  std::string err;
+  ASSERT_TRUE(offload::testing::parse_json(buf.data(), &j, &err)) << err;
+  EXPECT_EQ(j["step_detection"].text, "offload_mark_step");
+  EXPECT_GE(j["steps"].num, 1);
+}
+
+}  // namespace
