@@ -17,7 +17,7 @@ namespace offload {
 namespace {
 
 CuptiTelemetry* g_instance = nullptr;  // CUPTI's buffer callbacks carry no user pointer
-constexpr size_t kBufferBytes = 8u << 20;
+constexpr size_t kBufferBytes = 256u << 10;  // ~1000 kernel records
 constexpr int kSilentCollectsForTakeover = 100;  // ~2 s of polls with launches, no records
 
 // Directory of a loaded library whose name contains `needle` ("" if none).
@@ -138,11 +138,12 @@ void CuptiTelemetry::on_buffer(uint8_t* buf, size_t valid) {
   }
 }
 
-void CuptiTelemetry::collect(std::vector<GpuRecord>* out) {
+void CuptiTelemetry::collect(std::vector<GpuRecord>* out, bool force) {
   if (!active()) return;
-  // Forced: deliver records of buffers that are not full yet, so each poll sees the
-  // kernels that finished since the last one.
-  flush_all_(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  // Unforced, CUPTI hands over full buffers only; buffers are small so that this happens
+  // a few times per step. A forced flush would also hand over records of kernels still
+  // running, without their times (measured: most of a step's records had start == end == 0).
+  flush_all_(force ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
   std::lock_guard lock(mu_);
   out->insert(out->end(), raw_.begin(), raw_.end());
   raw_.clear();

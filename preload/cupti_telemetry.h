@@ -35,7 +35,7 @@ class CuptiTelemetry final : public Telemetry {
   bool start();  // loads CUPTI and enables activity records; false: see state()
   bool active() const { return active_.load(std::memory_order_acquire); }
 
-  void collect(std::vector<GpuRecord>* out) override;
+  void collect(std::vector<GpuRecord>* out, bool force) override;
   std::string state() const override;
   // Record counts, for telling "no records" from "records we could not join".
   std::string counters_json() const;

@@ -104,7 +104,7 @@ void Runtime::pump(bool no_wait) {
     else log().warn("GPU-time telemetry: {}", telemetry_.state());
   }
   log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
-  telemetry_.collect(&gpu_);
+  telemetry_.collect(&gpu_, no_wait);
   assembler_.add_gpu_records(gpu_);
   for (StepTrace& t : assembler_.take_ready(mono_ns(), false, no_wait)) emit(t);
 }

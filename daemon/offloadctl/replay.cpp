@@ -134,8 +134,10 @@ int cmd_replay(const std::string& path, int repeats) {
     if (marked) {
       bool ok = r.matching_steps + 1 >= r.steps.size() && r.matching_steps >= static_cast<size_t>(repeats) - 1;
       printf("  re-recorded steps identical to the recording (allocations, launches, accesses): %zu of %zu%s\n",
-             r.matching_steps, r.steps.size(), ok ? "" : "  <-- MISMATCH");
-      if (!r.first_mismatch.empty()) printf("  first difference: %s\n", r.first_mismatch.c_str());
+             r.matching_steps, r.steps.size(),
+             ok ? (r.matching_steps < r.steps.size() ? " (the first also holds the set-up allocations)" : "")
+                : "  <-- MISMATCH");
+      if (!ok && !r.first_mismatch.empty()) printf("  first difference: %s\n", r.first_mismatch.c_str());
       if (!ok) rc = 1;
     } else {
       bool ok = r.period == rec.launches.size();

@@ -32,8 +32,10 @@ inline uint64_t name_hash(const char* s) {
 class Telemetry {
  public:
   virtual ~Telemetry() = default;
-  // Flushes what the GPU has finished and appends it to `out`.
-  virtual void collect(std::vector<GpuRecord>* out) = 0;
+  // Appends the records delivered so far to `out`. `force` also asks for records still in
+  // partly filled buffers: those of kernels not yet finished then come without times
+  // (start_ns == 0), so only a caller who synchronised the GPU should force.
+  virtual void collect(std::vector<GpuRecord>* out, bool force) = 0;
   // "cupti", or why GPU times are missing or degraded.
   virtual std::string state() const = 0;
 };

@@ -261,6 +261,11 @@ void StepAssembler::add_gpu_records(std::vector<GpuRecord>& recs) {
   recs.clear();
 }
 
+namespace {
+// A record handed over before its kernel finished carries no times.
+bool timed(const GpuRecord& r) { return r.start_ns != 0 && r.end_ns >= r.start_ns; }
+}  // namespace
+
 uint64_t StepAssembler::name_hash_of(uint32_t func) {
   auto it = name_hashes_.find(func);
   if (it != name_hashes_.end()) return it->second;
@@ -288,6 +293,7 @@ void StepAssembler::finish(Cut& c) {
     if (j == records_.size() || records_[j].name_hash != h) continue;
     unseen += j - i;
     for (size_t k = i; k <= j; ++k) {
+      if (!timed(records_[k])) continue;
       iv.emplace_back(records_[k].start_ns, records_[k].end_ns);
       t0 = std::min<int64_t>(t0, static_cast<int64_t>(records_[k].start_ns));
     }
@@ -297,12 +303,15 @@ void StepAssembler::finish(Cut& c) {
     consumed = i;
   }
   for (auto [pos, j] : hits) {
+    if (!timed(records_[j])) continue;
     t.launches[pos].gpu_start_ns = static_cast<int64_t>(records_[j].start_ns) - t0;
     t.launches[pos].gpu_ns = static_cast<int64_t>(records_[j].end_ns - records_[j].start_ns);
   }
   if (consumed) aligned_corr_ = records_[consumed - 1].corr;
   records_.erase(records_.begin(), records_.begin() + static_cast<ptrdiff_t>(consumed));
   if (!c.timed || matched == 0) return;
+  t.cupti_kernels = static_cast<int64_t>(matched + unseen);
+  if (iv.empty()) return;
   std::sort(iv.begin(), iv.end());
   int64_t busy = 0;
   uint64_t cur_s = 0, cur_e = 0;
@@ -319,7 +328,6 @@ void StepAssembler::finish(Cut& c) {
   }
   if (open) busy += static_cast<int64_t>(cur_e - cur_s);
   t.gpu_busy_ns = busy;
-  t.cupti_kernels = static_cast<int64_t>(matched + unseen);
 }
 
 std::vector<StepTrace> StepAssembler::take_ready(int64_t now_ns, bool final, bool no_wait) {

@@ -7,6 +7,7 @@
 #   scripts/gpu/run.sh all_eager    reference (determinism, shim, cost) + conv_llama, in one call
 #   scripts/gpu/run.sh compiled     the Llama model under torch.compile
 #   scripts/gpu/run.sh cost         cost of observing: reference and convnet, CUPTI on and off
+#   scripts/gpu/run.sh traces       record the step traces kept in bench/traces/
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Uses prebuilt binaries from $OFFLOAD_BIN (default .carry/bin: liboffload.so, offloadctl),
@@ -114,6 +115,12 @@ case $plan in
     run llamac_det_r1 1 --workload llama --compile --steps 8 --warmup 4 --deterministic
     run llamac_det_r2 2 --workload llama --compile --steps 8 --warmup 4 --deterministic
     ;;
+  traces)
+    # Record the step traces that bench/traces/ keeps (with GPU times).
+    run reference_det_r1 1 --workload reference --steps 10 --warmup 3 --deterministic
+    run convnet_det_r1 1 --workload convnet --steps 10 --warmup 3 --deterministic
+    run llamac_det_r1 1 --workload llama --compile --steps 8 --warmup 4 --deterministic
+    ;;
   cost)
     # Where the launch-bound convnet's overhead goes: the shim with and without CUPTI.
     run convtime_plain 0 --workload convnet --steps 20 --warmup 3
@@ -122,7 +129,7 @@ case $plan in
     run reftime_plain_2 0 --workload reference --steps 30 --warmup 5
     run reftime_shim_2 1 --workload reference --steps 30 --warmup 5
     ;;
-  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost)" >&2; exit 2 ;;
+  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces)" >&2; exit 2 ;;
 esac
 
 for base in "$work"/*_det_a.json; do

@@ -11,12 +11,14 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hooks/hook_table.h"
@@ -35,6 +37,8 @@ cudaError_t cudaGetDriverEntryPoint_ptsz(const char* sym, void** pfn, unsigned l
                                          cudaDriverEntryPointQueryResult* status);
 cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* sym, void** pfn, unsigned int ver,
                                                   unsigned long long flags, cudaDriverEntryPointQueryResult* status);
+// From next_first_lib (linked in; it depends on next_second_lib).
+void* offload_test_lookup_next(void* (*lookup)(void*, const char*));
 }
 
 // Unit tests never start CUPTI: there is no GPU. Runs before the shim's own constructor
@@ -67,12 +71,16 @@ struct LaunchCall {
   void** params;
   void** extra;
 };
+std::mutex g_fake_mu;  // the fakes below may be called from several threads at once
 std::vector<LaunchCall> g_launches;
 std::function<void()> g_inside_launch;  // runs inside the fake (nested-call test)
 
 CUresult fake_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                      unsigned bz, unsigned smem, CUstream s, void** p, void** e) {
-  g_launches.push_back({f, {gx, gy, gz}, {bx, by, bz}, smem, s, p, e});
+  {
+    std::lock_guard lock(g_fake_mu);
+    g_launches.push_back({f, {gx, gy, gz}, {bx, by, bz}, smem, s, p, e});
+  }
   if (auto inner = g_inside_launch) inner();
   return CUDA_SUCCESS;
 }
@@ -86,12 +94,14 @@ std::vector<std::pair<void*, cudaStream_t>> g_frees;
 cudaError_t g_malloc_result = cudaSuccess;
 
 cudaError_t fake_malloc(void** p, size_t n, cudaStream_t s) {
+  std::lock_guard lock(g_fake_mu);
   g_mallocs.push_back({n, s});
   if (g_malloc_result != cudaSuccess) return g_malloc_result;
   *p = std::aligned_alloc(256, (n + 255) / 256 * 256);
   return cudaSuccess;
 }
 cudaError_t fake_free(void* p, cudaStream_t s) {
+  std::lock_guard lock(g_fake_mu);
   g_frees.push_back({p, s});
   std::free(p);
   return cudaSuccess;
@@ -117,12 +127,14 @@ bool known(const char* sym) { return std::strcmp(sym, "cuNoSuchThing") != 0; }
 
 CUresult fake_gpa_v1(const char* sym, void** pfn, int ver, cuuint64_t flags) {
   g_queries.push_back({sym, ver, flags});
+  if (!pfn) return CUDA_ERROR_INVALID_VALUE;
   if (!known(sym)) return CUDA_ERROR_NOT_FOUND;
   *pfn = proc_of(sym);
   return CUDA_SUCCESS;
 }
 CUresult fake_gpa_v2(const char* sym, void** pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult* st) {
   g_queries.push_back({sym, ver, flags});
+  if (!pfn) return CUDA_ERROR_INVALID_VALUE;
   if (!known(sym)) {
     if (st) *st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return CUDA_ERROR_NOT_FOUND;
@@ -349,6 +361,25 @@ TEST_F(Hooks, DlsymRouteServesEveryName) {
   EXPECT_EQ(dlsym(RTLD_DEFAULT, "strlen"), real_dlsym(RTLD_DEFAULT, "strlen"));
 }
 
+// dlsym(RTLD_NEXT, name) means "the first definition after the caller's object". A library
+// whose dlsym calls bind to the shim's dlsym must get the same answer as from libc's: the
+// wrapper may not make the lookup relative to itself. Here the caller is next_first_lib,
+// and the next definition is next_second_lib's (returns 2), not the caller's own (returns 1).
+TEST_F(Hooks, DlsymRtldNextStaysRelativeToTheCaller) {
+  using Lookup = void* (*)(void*, const char*);
+  using Fn = int (*)();
+  auto libc_dlsym = reinterpret_cast<Lookup>(dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34"));
+  if (!libc_dlsym) libc_dlsym = reinterpret_cast<Lookup>(dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5"));
+  ASSERT_NE(libc_dlsym, nullptr);
+  auto direct = reinterpret_cast<Fn>(offload_test_lookup_next(libc_dlsym));
+  ASSERT_NE(direct, nullptr);
+  ASSERT_EQ(direct(), 2) << "the test's libraries are not in the expected order";
+  auto through_shim = reinterpret_cast<Fn>(offload_test_lookup_next(&::dlsym));
+  ASSERT_NE(through_shim, nullptr);
+  EXPECT_EQ(through_shim(), 2) << "the shim's dlsym resolved RTLD_NEXT relative to itself, "
+                                  "handing the caller its own definition back";
+}
+
 cuuint64_t gpa_flags(bool ptsz) {
   return ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
 }
@@ -383,8 +414,8 @@ TEST_F(Hooks, GetProcAddressPassesOtherNamesAndFailuresThrough) {
   EXPECT_EQ(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
   EXPECT_EQ(cuGetProcAddress("cuNoSuchThing", &pfn, 13000, 0), CUDA_ERROR_NOT_FOUND);
   EXPECT_EQ(pfn, reinterpret_cast<void*>(0x1));
-  EXPECT_EQ(cuGetProcAddress_v2("cuLaunchKernel", nullptr, 13000, 0, nullptr), CUDA_SUCCESS)
-      << "a null pfn is the driver's business";
+  EXPECT_EQ(cuGetProcAddress_v2("cuLaunchKernel", nullptr, 13000, 0, nullptr), CUDA_ERROR_INVALID_VALUE)
+      << "a null pfn is the driver's to refuse";
 }
 
 #pragma GCC diagnostic push
@@ -437,7 +468,22 @@ TEST_F(Hooks, RuntimeEntryPointRoutesServeDriverNames) {
 
 // --- the hooks, end to end -------------------------------------------------------------------
 
+bool g_runtime_used = false;
+
+// The shim never tears its runtime down (its exit handler only sets a flag), so its worker
+// would outlive the tests unjoined. The test binary stops it once the tests are done.
+class StopRuntime : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (!g_runtime_used) return;
+    if (Runtime* r = runtime()) r->stop();
+  }
+};
+[[maybe_unused]] ::testing::Environment* const g_stop_runtime =
+    ::testing::AddGlobalTestEnvironment(new StopRuntime);
+
 Runtime* rt() {
+  g_runtime_used = true;
   Runtime* r = runtime();
   EXPECT_NE(r, nullptr) << "the shim's runtime was not built: OFFLOAD_* settings invalid or disabled?";
   return r;
@@ -590,6 +636,51 @@ TEST_F(Hooks, AFailedMallocIsNotTracked) {
   EXPECT_EQ(c.allocs.load(), allocs);
   EXPECT_EQ(r->tracker().allocs().size(), live);
   EXPECT_FALSE(r->tracker().allocs().find(0x1234).has_value());
+}
+
+// Hooks on several threads while the shim's worker drains and a stats query pumps too.
+TEST_F(Hooks, ConcurrentHooksWithTheWorkerRunning) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  TrackerCounters& c = r->tracker().counters();
+  const uint64_t kernels = c.kernels.load(), allocs = c.allocs.load(), frees = c.frees.load();
+  const size_t live = r->tracker().allocs().size();
+  constexpr int kThreads = 4, kIters = 300;
+  std::atomic<int> running{kThreads}, failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      auto s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(0x100 + t));
+      for (int i = 0; i < kIters; ++i) {
+        void* p = nullptr;
+        if (cudaMallocAsync(&p, 256 + static_cast<size_t>(i), s) != cudaSuccess) failures.fetch_add(1);
+        DevPtr buf[1] = {reinterpret_cast<DevPtr>(p) + 8};
+        size_t size = sizeof buf;
+        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+        if (cuLaunchKernel(reinterpret_cast<CUfunction>(0x5b000 + 0x10 * (i % 8)), 1, 1, 1, 1, 1, 1, 0,
+                           reinterpret_cast<CUstream>(s), nullptr, extra) != CUDA_SUCCESS)
+          failures.fetch_add(1);
+        if (cudaFreeAsync(p, s) != cudaSuccess) failures.fetch_add(1);
+      }
+      running.fetch_sub(1);
+    });
+  std::vector<char> buf(1 << 16);
+  int queries = 0;
+  while (running.load() > 0 || queries == 0) {
+    EXPECT_GT(offload_stats_json(buf.data(), buf.size()), 0);
+    ++queries;
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(c.kernels.load(), kernels + kThreads * kIters);
+  EXPECT_EQ(c.allocs.load(), allocs + kThreads * kIters);
+  EXPECT_EQ(c.frees.load(), frees + kThreads * kIters);
+  EXPECT_EQ(r->tracker().allocs().size(), live);
+  offload::testing::Json j;
+  std::string err;
+  ASSERT_GT(offload_stats_json(buf.data(), buf.size()), 0);
+  ASSERT_TRUE(offload::testing::parse_json(buf.data(), &j, &err)) << err;
+  EXPECT_EQ(j["counters"]["dropped_events"].num, 0);
 }
 
 // --- the C API -----------------------------------------------------------------------------

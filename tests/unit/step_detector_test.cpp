@@ -152,6 +152,30 @@ TEST(StepDetector, BoundaryIsAtTheLowestLiveBytesNotAtTheFirstLaunchFed) {
   EXPECT_EQ(f.boundaries, starts(first_start, step.size(), 4));
 }
 
+// Locking when the last boundary is less than a period from the end of the history (the
+// usual case for a worker that polls at arbitrary times): the reference period must be read
+// from inside the history. Sized so that the history fills its vector exactly (64 tokens:
+// 24 warm-up + 2 steps of 20) and the step starts 5 launches in: a read past the end of the
+// history is past the end of its allocation (AddressSanitizer reports it).
+TEST(StepDetector, LockingNearTheEndReadsTheReferenceInsideTheHistory) {
+  Seq step;
+  for (uint32_t i = 0; i < 20; ++i) step.push_back({600 + i, i == 5 ? kParams : kParams + 100 + i});
+  Seq s = warmup(24);
+  Seq r = repeat(step, 2);
+  s.insert(s.end(), r.begin(), r.end());
+  ASSERT_EQ(s.size(), 64u);
+  Feeder f;
+  f.feed(s);
+  EXPECT_TRUE(f.d.locked());
+  EXPECT_EQ(f.d.period(), 20u);
+  EXPECT_EQ(f.boundaries, starts(24 + 5, 20, 2));
+  // The reference is right: the next step is followed without a deviation.
+  f.feed(step);
+  EXPECT_TRUE(f.d.locked());
+  EXPECT_EQ(f.d.deviations(), 0u);
+  EXPECT_EQ(f.boundaries, starts(24 + 5, 20, 3));
+}
+
 TEST(StepDetector, OnAPlateauOfTheMinimumTheStepStartsWhereThePlateauDoes) {
   Seq step;
   for (uint32_t k = 0; k < 4; ++k) step.push_back({400 + k, kParams});  // 4 launches at the minimum

@@ -351,28 +351,30 @@ constexpr uint64_t K = 1024;
 // Live bytes (KiB) before each launch position:
 //   0: W                                   1024
 //   1: + A 256 + B 512 + S 1 + C 128       1921
-//   2: - C 128 + T 2 + E 200               1995   <- peak
-//   3: - B 512                             1483
-//   4: + D 256                             1739
-//   5: - D 256 - E 200 + G 64              1347
-//   6: - A 256 - S 1 - T 2                 1088
+//   2: - C 128 + T 2 + L 96 + E 200        2091   <- peak
+//   3: - L 96                              1995   (L: a temporary of the turnaround)
+//   4: - B 512 + D 256                     1739
+//   5:                                     1739
+//   6: - D 256 - E 200 + G 64              1347
+//   7: - A 256 - S 1 - T 2                 1088
 StepTrace activation_step() {
   StepTrace t;
   t.kernels[0] = "k";
   // ordinal, bytes, stream, alloc_pos, free_pos
   t.allocs = {
       {0, 1024 * K, 0, -1, -1},  // W: weights
-      {1, 256 * K, 0, 1, 6},     // A: activation, read in the backward (5)
-      {2, 512 * K, 0, 1, 3},     // B: activation, never read after the peak
-      {3, 1 * K, 0, 1, 6},       // S: small, never read after the peak
-      {4, 2 * K, 0, 2, 6},       // T: small, read in the backward (5)
+      {1, 256 * K, 0, 1, 7},     // A: activation, read in the backward (6)
+      {2, 512 * K, 0, 1, 4},     // B: activation, never read after the peak
+      {3, 1 * K, 0, 1, 7},       // S: small, never read after the peak
+      {4, 2 * K, 0, 2, 7},       // T: small, read in the backward (6)
       {5, 128 * K, 0, 1, 2},     // C: temporary, gone by the peak
-      {6, 256 * K, 0, 4, 5},     // D: born after the peak
-      {7, 64 * K, 0, 5, -1},     // G: gradient, outlives the step
-      {8, 200 * K, 0, 2, 5},     // E: activation born at the peak, read at 4
+      {6, 96 * K, 0, 2, 3},      // L: freed right after the peak launch (the loss's input)
+      {7, 256 * K, 0, 4, 6},     // D: born after the peak
+      {8, 64 * K, 0, 6, -1},     // G: gradient, outlives the step
+      {9, 200 * K, 0, 2, 6},     // E: activation born at the peak, read at 5
   };
   std::vector<std::vector<uint32_t>> touches = {
-      {0}, {0, 1, 2, 3, 5}, {4, 8, 0}, {0}, {6, 8}, {1, 4, 7}, {7, 0}};
+      {0}, {0, 1, 2, 3, 5}, {4, 6, 9, 0}, {0}, {7}, {9}, {1, 4, 8}, {8, 0}};
   for (uint32_t p = 0; p < touches.size(); ++p)
     t.launches.push_back(TraceLaunch{p, EventKind::Kernel, 0, 0, -1, -1, touches[p]});
   return t;
@@ -381,7 +383,7 @@ StepTrace activation_step() {
 TEST(Activations, PeakAndActivationsOfAHandBuiltStep) {
   ActivationReport r = analyse_activations(activation_step());
   EXPECT_EQ(r.peak_pos, 2);
-  EXPECT_EQ(r.peak_bytes, 1995 * K);
+  EXPECT_EQ(r.peak_bytes, 2091 * K);
   EXPECT_EQ(r.activations, 3u);  // A, B, E
   EXPECT_EQ(r.activation_bytes, (256 + 512 + 200) * K);
   EXPECT_EQ(r.without_backward_access, (std::vector<uint32_t>{2}));  // B
@@ -391,7 +393,7 @@ TEST(Activations, PeakAndActivationsOfAHandBuiltStep) {
 
 TEST(Activations, ThresholdDecidesWhatIsSmall) {
   ActivationReport r = analyse_activations(activation_step(), /*min_bytes=*/1);
-  EXPECT_EQ(r.activations, 5u);  // A, B, S, T, E
+  EXPECT_EQ(r.activations, 5u);  // A, B, S, T, E (never L: it dies at the turnaround)
   EXPECT_EQ(r.activation_bytes, (256 + 512 + 1 + 2 + 200) * K);
   EXPECT_EQ(r.without_backward_access, (std::vector<uint32_t>{2, 3}));  // B, S
   EXPECT_EQ(r.small, 0u);

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The main job. Sets up, builds, and shows what liboffload sees:
+#   - on a machine with an NVIDIA GPU and PyTorch: runs the reference workload under the shim
+#     (LD_PRELOAD, backend:cudaMallocAsync) with OFFLOAD_TRACE, then prints the per-step
+#     table (launches vs CUPTI kernels, GPU time, activations) and checks it;
+#   - without a GPU: replays the step traces recorded on the GPU (bench/traces/) through the
+#     same pipeline on the simulated driver, and prints the recorded tables.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+"$root/scripts/install-deps.sh"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOFFLOAD_TESTS=OFF > /dev/null
+cmake --build build > /dev/null
+ctl=build/offloadctl
+
+if nvidia-smi -L > /dev/null 2>&1 && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+  trace=${OFFLOAD_TRACE:-$root/build/trace-reference}
+  rm -rf "$trace"
+  echo "== the reference workload under liboffload.so (traces in $trace)"
+  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD=$root/build/liboffload.so OFFLOAD_TRACE=$trace \
+    python3 scripts/bench/run.py --workload reference --steps 10 --warmup 3 --deterministic | grep -v '^RESULT'
+  echo; echo "== what the shim saw, per step"
+  "$ctl" trace check "$trace"
+else
+  echo "== no GPU here: replaying steps recorded on an H200 (bench/traces/) on the simulated driver"
+  for t in bench/traces/*.trace; do
+    echo; echo "---- $t"
+    "$ctl" replay "$t"
+  done
+  echo; echo "== what the shim saw on the GPU, per recorded step"
+  "$ctl" trace check bench/traces
+fi

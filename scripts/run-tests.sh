@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command (CI runs exactly this): the unit and integration tests, then again under
+# AddressSanitizer and ThreadSanitizer. GPU checks live in scripts/gpu/ and never run here.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+"$root/scripts/install-deps.sh"
+jobs=$(nproc)
+for variant in plain address thread; do
+  dir=build-test-$variant
+  san=""; [ "$variant" = plain ] || san=$variant
+  echo "== build and test: ${variant}"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DOFFLOAD_SANITIZE="$san" > /dev/null
+  cmake --build "$dir" -j "$jobs"
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu
+done
+echo "== the main job's no-GPU path (replay of the recorded traces)"
+for t in bench/traces/*.trace; do build-test-plain/offloadctl replay "$t" > /dev/null; done
+build-test-plain/offloadctl trace check bench/traces > /dev/null
+echo "all tests passed"
