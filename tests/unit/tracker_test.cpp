@@ -526,6 +526,32 @@ TEST(StepAssembler, WithoutBoundariesTheFinalCutTakesEverything) {
   EXPECT_EQ(r.steps[0].allocs.size(), 1u);
 }
 
+TEST(StepAssembler, WithoutBoundariesOldEventsAreFoldedIntoTheLiveSet) {
+  StepAssembler::Options o = no_wait_options();
+  o.max_pending_events = 100;
+  Rig r(o);
+  const Func k = r.drv.add_kernel("k", {{0, 8}});
+  FakeVa va;
+  const DevPtr a = va.get(64), b = va.get(128);
+  // 122 events: alloc a, 60 launches on a, alloc b, 60 launches on b. At 101 pending events
+  // the older 50 (alloc a and 49 launches) are folded away; a stays live.
+  r.tr.on_alloc(a, 64, 0);
+  for (int i = 0; i < 60; ++i) launch(r.tr, k, 0, a);
+  r.tr.on_alloc(b, 128, 0);
+  for (int i = 0; i < 60; ++i) launch(r.tr, k, 0, b);
+  r.pump(true);
+  ASSERT_EQ(r.steps.size(), 1u);
+  const StepTrace& t = r.steps[0];
+  ASSERT_EQ(t.launches.size(), 71u);
+  ASSERT_EQ(t.allocs.size(), 2u);
+  EXPECT_EQ(t.allocs[0].bytes, 64u);
+  EXPECT_EQ(t.allocs[0].alloc_pos, -1) << "folded: born before what is left";
+  EXPECT_EQ(t.allocs[1].bytes, 128u);
+  EXPECT_EQ(t.allocs[1].alloc_pos, 11);
+  for (size_t p = 0; p < t.launches.size(); ++p)
+    EXPECT_EQ(t.launches[p].allocs, (std::vector<uint32_t>{p < 11 ? 0u : 1u})) << "launch " << p;
+}
+
 // --- GPU records ---------------------------------------------------------------------------
 //
 // Kernel records carry the driver's correlation id (API-call order) and the kernel's name
