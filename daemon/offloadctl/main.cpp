@@ -1,22 +1,32 @@
 // offloadctl: the command line for people and scripts.
 //
+//   offloadctl status [--json] [--watch [SECONDS]] [--socket PATH]
+//                                   the pool and every client, from offloadd
+//   offloadctl stop [--socket PATH]  stop offloadd (leases in use stay in the segment)
 //   offloadctl trace show PATH      summarise a trace directory (OFFLOAD_TRACE) or step file
 //   offloadctl trace check PATH     visibility and activation checks; exit 1 if one fails
 //   offloadctl replay FILE          replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 int cmd_trace_show(const std::string& path, bool check);
 int cmd_replay(const std::string& path, int repeats);
+int cmd_status(const std::string& socket, bool json, double watch_s);
+int cmd_stop(const std::string& socket);
 
 namespace {
 
 void usage(FILE* f) {
   fprintf(f,
           "usage: offloadctl <command>\n"
+          "  status [--json] [--watch [SECONDS]] [--socket PATH]\n"
+          "                         the pool and every client (pid, command, GPU, leased, resident,\n"
+          "                         evicted, step time, exposed stall, misses); --watch refreshes\n"
+          "  stop [--socket PATH]   stop offloadd\n"
           "  trace show PATH        summarise a trace directory (OFFLOAD_TRACE=DIR) or one step file\n"
           "  trace check PATH       check visibility (shim launches == CUPTI kernels) and that every\n"
           "                         activation is touched in the backward; exit 1 if a check fails\n"
@@ -31,6 +41,34 @@ int main(int argc, char** argv) {
   if (a.empty() || a[0] == "help" || a[0] == "--help" || a[0] == "-h") {
     usage(a.empty() ? stderr : stdout);
     return a.empty() ? 2 : 0;
+  }
+  if (a[0] == "status" || a[0] == "stop") {
+    std::string socket;
+    bool json = false;
+    double watch = 0;
+    for (size_t i = 1; i < a.size(); ++i) {
+      if (a[i] == "--socket" && i + 1 < a.size()) {
+        socket = a[++i];
+      } else if (a[0] == "status" && a[i] == "--json") {
+        json = true;
+      } else if (a[0] == "status" && a[i] == "--watch") {
+        watch = 2;
+        if (i + 1 < a.size() && a[i + 1][0] != '-') {
+          char* end = nullptr;
+          watch = strtod(a[i + 1].c_str(), &end);
+          if (*end || watch < 0.1 || watch > 3600) {
+            fprintf(stderr, "offloadctl: --watch '%s' is not valid: expected seconds from 0.1 to 3600\n", a[i + 1].c_str());
+            return 2;
+          }
+          ++i;
+        }
+      } else {
+        fprintf(stderr, "offloadctl: unknown option '%s' for %s\n", a[i].c_str(), a[0].c_str());
+        usage(stderr);
+        return 2;
+      }
+    }
+    return a[0] == "status" ? cmd_status(socket, json, watch) : cmd_stop(socket);
   }
   if (a[0] == "trace" && a.size() == 3 && (a[1] == "show" || a[1] == "check"))
     return cmd_trace_show(a[2], a[1] == "check");

@@ -21,24 +21,20 @@ const AllocEntry* AllocTable::find_locked(DevPtr addr) const {
   return addr - e.base < e.size ? &e : nullptr;
 }
 
-std::optional<AllocEntry> AllocTable::insert(DevPtr base, uint64_t size, AllocId id) {
+size_t AllocTable::insert(DevPtr base, uint64_t size, AllocId id, AllocEntry* replaced) {
   if (size == 0) size = 1;  // a zero-byte allocation still owns its address
-  std::optional<AllocEntry> replaced;
+  size_t n = 0;
+  auto drop = [&](size_t i) {
+    if (replaced && n < kMaxReplaced) replaced[n++] = entries_[i];
+    live_bytes_.fetch_sub(entries_[i].size, std::memory_order_relaxed);
+    entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(i));
+  };
   {
     std::unique_lock lock(mu_);
     size_t i = upper(base);
     // Drop stale entries that overlap the new range (their frees went unseen).
-    while (i > 0 && entries_[i - 1].base + entries_[i - 1].size > base) {
-      replaced = entries_[i - 1];
-      live_bytes_.fetch_sub(replaced->size, std::memory_order_relaxed);
-      entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(i - 1));
-      --i;
-    }
-    while (i < entries_.size() && entries_[i].base < base + size) {
-      replaced = entries_[i];
-      live_bytes_.fetch_sub(replaced->size, std::memory_order_relaxed);
-      entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(i));
-    }
+    while (i > 0 && entries_[i - 1].base + entries_[i - 1].size > base) drop(--i);
+    while (i < entries_.size() && entries_[i].base < base + size) drop(i);
     entries_.insert(entries_.begin() + static_cast<ptrdiff_t>(i), AllocEntry{base, size, id});
   }
   live_bytes_.fetch_add(size, std::memory_order_relaxed);
@@ -46,7 +42,7 @@ std::optional<AllocEntry> AllocTable::insert(DevPtr base, uint64_t size, AllocId
   while (base < lo && !lo_.compare_exchange_weak(lo, base)) {}
   DevPtr hi = hi_.load(std::memory_order_relaxed);
   while (base + size > hi && !hi_.compare_exchange_weak(hi, base + size)) {}
-  return replaced;
+  return n;
 }
 
 std::optional<AllocEntry> AllocTable::erase(DevPtr base) {
@@ -72,7 +68,7 @@ size_t AllocTable::scan(const void* words, size_t nwords, AllocId* out, size_t c
   const auto* bytes = static_cast<const unsigned char*>(words);
   bool locked = false;
   std::shared_lock lock(mu_, std::defer_lock);
-  for (size_t w = 0; w < nwords && count < cap; ++w) {
+  for (size_t w = 0; w < nwords; ++w) {
     DevPtr v;
     std::memcpy(&v, bytes + w * 8, sizeof v);
     if (v < lo || v >= hi) continue;  // most words are sizes, strides, scalars
@@ -83,8 +79,14 @@ size_t AllocTable::scan(const void* words, size_t nwords, AllocId* out, size_t c
     const AllocEntry* e = find_locked(v);
     if (!e) continue;
     // Consecutive words often point into the same allocation; the rest is deduplicated
-    // once at the end (a multi-tensor kernel passes hundreds of pointers).
-    if (count == 0 || out[count - 1] != e->id) out[count++] = e->id;
+    // when the output fills (a multi-tensor kernel passes hundreds of pointers) and at the end.
+    if (count > 0 && out[count - 1] == e->id) continue;
+    if (count == cap) {
+      std::sort(out, out + count);
+      count = static_cast<size_t>(std::unique(out, out + count) - out);
+      if (count == cap) break;  // truly full: the caller sees count == cap
+    }
+    out[count++] = e->id;
   }
   std::sort(out, out + count);
   return static_cast<size_t>(std::unique(out, out + count) - out);

@@ -31,9 +31,11 @@ class AllocTable {
  public:
   explicit AllocTable(size_t reserve = 1 << 16);
 
-  // Adds [base, base+size). An entry already covering `base` is replaced (the driver
-  // reused the address; its free went unseen) and returned.
-  std::optional<AllocEntry> insert(DevPtr base, uint64_t size, AllocId id);
+  // Adds [base, base+size). Entries overlapping it are removed (the driver reused the
+  // range; their frees went unseen) and written to `replaced` (up to kMaxReplaced; any
+  // beyond are removed all the same). Returns how many were written.
+  static constexpr size_t kMaxReplaced = 16;
+  size_t insert(DevPtr base, uint64_t size, AllocId id, AllocEntry* replaced = nullptr);
   // Removes the allocation that starts at `base`; nullopt if none does.
   std::optional<AllocEntry> erase(DevPtr base);
   // The allocation containing `addr`, if any.

@@ -2,9 +2,10 @@
 // shim's worker thread.
 //
 // Hooks append one Event per allocation, free and launch (plus the allocation ids a launch
-// touches) without locks or allocation: a slot is claimed with one fetch_add and published
-// by storing its sequence number last. The worker drains in order. If the worker falls
-// behind by a whole ring, appends are dropped and counted (never block a launch).
+// touches) without allocation: a slot and its access room are claimed together under a
+// spinlock a few instructions long, and published by storing the sequence number last. The
+// worker drains in order. If the worker falls behind by a whole ring, appends are dropped
+// and counted (never block a launch).
 #pragma once
 
 #include <sys/mman.h>
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 
 #include "core/alloc_table.h"
 #include "core/driver.h"
@@ -41,6 +43,7 @@ struct Event {
   uint64_t live_bytes = 0; // tracked bytes live when the event happened
   uint64_t access_begin = 0;
   uint32_t access_count = 0;
+  uint32_t access_room = 0;  // reserved in the access ring (>= access_count)
 };
 
 class EventLog {
@@ -49,6 +52,7 @@ class EventLog {
   // more than the rest of the hook (measured: most of a 0.8 us hook on a fresh ring).
   explicit EventLog(size_t capacity_pow2 = 1 << 16, size_t access_capacity_pow2 = 1 << 20)
       : cap_(capacity_pow2), acap_(access_capacity_pow2) {
+    if (cap_ == 0 || (cap_ & (cap_ - 1)) || acap_ == 0 || (acap_ & (acap_ - 1))) throw std::invalid_argument("EventLog capacities must be powers of two");
     slots_ = static_cast<Slot*>(map(sizeof(Slot) * cap_));
     accesses_ = static_cast<AllocId*>(map(sizeof(AllocId) * acap_));
   }
@@ -59,33 +63,56 @@ class EventLog {
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;
 
-  // Claims the next sequence number; 0 if the ring is full (the event is dropped).
-  uint64_t claim() {
-    uint64_t head = head_.load(std::memory_order_relaxed);
-    if (head - tail_.load(std::memory_order_acquire) >= cap_ - kSlack) {
-      dropped_.fetch_add(1, std::memory_order_relaxed);
-      return 0;
+  // A claimed slot: its sequence number (0: the ring is full and the event is dropped) and
+  // the room reserved for its accesses.
+  struct Claim {
+    uint64_t seq = 0;
+    uint64_t access_begin = 0;
+    uint32_t access_room = 0;
+  };
+
+  // Claims the next sequence number and room for `n` accesses, together, so that events
+  // and their accesses are in the same order in both rings (the consumer frees access room
+  // in event order). If the access ring lacks room the event still goes in, flagged
+  // truncated, with none. The lock is a few instructions long and nothing is called under it.
+  Claim claim(uint32_t n) {
+    Claim c;
+    while (lock_.test_and_set(std::memory_order_acquire)) {
     }
-    return head_.fetch_add(1, std::memory_order_relaxed) + 1;
+    uint64_t head = head_.load(std::memory_order_relaxed);
+    if (head - tail_.load(std::memory_order_acquire) >= cap_) {
+      lock_.clear(std::memory_order_release);
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return c;
+    }
+    c.seq = head + 1;
+    head_.store(head + 1, std::memory_order_relaxed);
+    uint64_t ahead = ahead_.load(std::memory_order_relaxed);
+    if (n && ahead + n - atail_.load(std::memory_order_acquire) <= acap_) {
+      c.access_begin = ahead;
+      c.access_room = n;
+      ahead_.store(ahead + n, std::memory_order_relaxed);
+    } else {
+      c.access_begin = ahead;
+    }
+    lock_.clear(std::memory_order_release);
+    return c;
   }
 
-  // Publishes `e` under sequence `seq` (from claim()), with its accesses copied in.
-  void publish(uint64_t seq, Event e, const AllocId* acc, uint32_t n) {
-    if (n) {
-      uint64_t begin = ahead_.fetch_add(n, std::memory_order_relaxed);
-      if (begin + n - atail_.load(std::memory_order_acquire) > acap_) {
-        e.flags |= kAccessesTruncated;
-        n = 0;
-      } else {
-        for (uint32_t i = 0; i < n; ++i) accesses_[(begin + i) & (acap_ - 1)] = acc[i];
-      }
-      e.access_begin = begin;
+  // Publishes `e` in a claimed slot, with its accesses copied into the claimed room.
+  void publish(const Claim& c, Event e, const AllocId* acc, uint32_t n) {
+    if (n > c.access_room) {
+      e.flags |= kAccessesTruncated;
+      n = 0;
     }
+    for (uint32_t i = 0; i < n; ++i) accesses_[(c.access_begin + i) & (acap_ - 1)] = acc[i];
+    e.access_begin = c.access_begin;
     e.access_count = n;
-    e.seq = seq;
-    Slot& s = slots_[(seq - 1) & (cap_ - 1)];
+    e.access_room = c.access_room;
+    e.seq = c.seq;
+    Slot& s = slots_[(c.seq - 1) & (cap_ - 1)];
     s.event = e;
-    s.ready.store(seq, std::memory_order_release);
+    s.ready.store(c.seq, std::memory_order_release);
   }
 
   // Consumer: calls f(const Event&, const AllocId* accesses) for each published event in
@@ -103,7 +130,8 @@ class EventLog {
       for (uint32_t i = 0; i < m; ++i) tmp[i] = accesses_[(e.access_begin + i) & (acap_ - 1)];
       if (m < e.access_count) e.flags |= kAccessesTruncated;
       e.access_count = m;
-      if (e.access_count) atail_.store(e.access_begin + e.access_count, std::memory_order_release);
+      // Rooms were handed out in event order: everything before this one's end is read.
+      atail_.store(e.access_begin + e.access_room, std::memory_order_release);
       ++t;
       tail_.store(t, std::memory_order_release);
       f(e, tmp);
@@ -118,7 +146,6 @@ class EventLog {
   static constexpr uint32_t kMaxInline = 4096;
 
  private:
-  static constexpr size_t kSlack = 256;  // room for producers racing past the full check
   struct Slot {
     std::atomic<uint64_t> ready{0};
     Event event;
@@ -132,6 +159,7 @@ class EventLog {
   size_t cap_, acap_;
   Slot* slots_;
   AllocId* accesses_;
+  alignas(64) std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
   alignas(64) std::atomic<uint64_t> head_{0};
   alignas(64) std::atomic<uint64_t> tail_{0};
   alignas(64) std::atomic<uint64_t> ahead_{0};

@@ -96,14 +96,11 @@ void StepDetector::detect() {
     last_emitted_ = b;
     emitted_any_ = true;
   }
-  ref_.assign(tokens_.begin() + static_cast<ptrdiff_t>(last_emitted_ - base_),
-              tokens_.begin() + static_cast<ptrdiff_t>(last_emitted_ - base_ + p));
-  if (last_emitted_ + p > end) {
-    // The last boundary is less than a period from the end: its reference wraps into the
-    // previous period, which is identical.
-    ref_.assign(tokens_.begin() + static_cast<ptrdiff_t>(last_emitted_ - p - base_),
-                tokens_.begin() + static_cast<ptrdiff_t>(last_emitted_ - base_));
-  }
+  // The reference is the period starting at the last boundary; if that boundary is less
+  // than a period from the end, the previous period, which is identical, stands in.
+  uint64_t ref_start = last_emitted_ + p <= end ? last_emitted_ : last_emitted_ - p;
+  ref_.assign(tokens_.begin() + static_cast<ptrdiff_t>(ref_start - base_),
+              tokens_.begin() + static_cast<ptrdiff_t>(ref_start - base_ + p));
   locked_ = true;
   next_boundary_ = last_emitted_ + p;
   checked_ = end;

@@ -1,6 +1,7 @@
 #include "core/step_trace.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <istream>
 #include <ostream>
 #include <sstream>
@@ -39,6 +40,13 @@ std::string json_escape(const std::string& s) {
     o += c;
   }
   return o;
+}
+
+// Nanoseconds as microseconds with all three decimals (the trace-event unit is us).
+std::string micros(int64_t ns) {
+  char b[32];
+  snprintf(b, sizeof b, "%lld.%03lld", static_cast<long long>(ns / 1000), static_cast<long long>(ns % 1000));
+  return b;
 }
 
 }  // namespace
@@ -164,8 +172,8 @@ void StepTrace::write_chrome_json(std::ostream& os) const {
                      : l.kind == EventKind::Memset ? "memset"
                                                    : "graph";
     os << ",\n{\"ph\":\"X\",\"pid\":0,\"tid\":\"stream 0x" << std::hex << l.stream << std::dec
-       << "\",\"name\":\"" << json_escape(name) << "\",\"ts\":" << static_cast<double>(l.gpu_start_ns) / 1000.0
-       << ",\"dur\":" << static_cast<double>(l.gpu_ns) / 1000.0 << ",\"args\":{\"pos\":" << l.pos
+       << "\",\"name\":\"" << json_escape(name) << "\",\"ts\":" << micros(l.gpu_start_ns)
+       << ",\"dur\":" << micros(l.gpu_ns) << ",\"args\":{\"pos\":" << l.pos
        << ",\"allocs\":" << l.allocs.size() << "}}";
   }
   os << "\n]}\n";

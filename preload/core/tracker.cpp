@@ -46,23 +46,25 @@ bool extra_buffer(void** extra, const void** buf, size_t* len) {
 Tracker::Tracker(Driver& driver, EventLog& log) : funcs_(driver), log_(log) {}
 
 uint64_t Tracker::publish(Event e, const AllocId* acc, uint32_t n) {
-  uint64_t seq = log_.claim();
-  if (seq) {
+  EventLog::Claim c = log_.claim(n);
+  if (c.seq) {
     e.live_bytes = table_.live_bytes();
-    log_.publish(seq, e, acc, n);
+    log_.publish(c, e, acc, n);
   }
-  return seq;
+  return c.seq;
 }
 
 void Tracker::on_alloc(DevPtr p, uint64_t bytes, Stream s) {
   AllocId id = next_id_.fetch_add(1, std::memory_order_relaxed);
-  if (auto old = table_.insert(p, bytes, id)) {
-    // The address came back without a free we saw: close the old allocation first.
+  AllocEntry stale[AllocTable::kMaxReplaced];
+  size_t n_stale = table_.insert(p, bytes, id, stale);
+  for (size_t i = 0; i < n_stale; ++i) {
+    // The range came back without frees we saw: close the old allocations first.
     Event f{};
     f.kind = EventKind::Free;
-    f.a = old->id;
-    f.b = old->size;
-    f.ptr = old->base;
+    f.a = stale[i].id;
+    f.b = stale[i].size;
+    f.ptr = stale[i].base;
     f.stream = s;
     publish(f, nullptr, 0);
   }
@@ -170,7 +172,9 @@ void StepAssembler::consume(const Event& e, const AllocId* acc) {
   if (is_launch(e.kind)) {
     pending_launch_no_.push_back(launch_no_++);
     uint64_t what = e.kind == EventKind::Kernel ? e.func : e.a;
-    detector_.push(StepDetector::token(static_cast<uint32_t>(e.kind), what, e.live_bytes), e.live_bytes);
+    // Once steps are marked by the application the detector is not consulted: do not feed it.
+    if (!marked_) detector_.push(StepDetector::token(static_cast<uint32_t>(e.kind), what, e.live_bytes), e.live_bytes);
+    if (e.kind == EventKind::Kernel) known_names_.insert(name_hash_of(e.func));
   } else {
     pending_launch_no_.push_back(~uint64_t{0});
   }
@@ -197,7 +201,7 @@ void StepAssembler::cut_at(size_t n, int64_t now_ns) {
   Cut c;
   c.cut_ns = now_ns;
   StepTrace& t = c.trace;
-  t.step = next_step_++;
+  t.step = next_step_;
   std::vector<std::pair<DevPtr, AllocId>> born_before;
   born_before.reserve(live_.size());
   for (auto& [id, l] : live_) born_before.emplace_back(l.base, id);
@@ -249,14 +253,19 @@ void StepAssembler::cut_at(size_t n, int64_t now_ns) {
   for (auto& p : pending_) p.acc_begin -= acc_off;
   c.timed = !c.seqs.empty() && c.seqs.front() >= gpu_from_seq_;
   c.kernels_through = timed_kernels_;
-  if (!t.launches.empty()) cuts_.push_back(std::move(c));
+  if (!t.launches.empty()) {
+    ++next_step_;
+    cuts_.push_back(std::move(c));
+  }
 }
 
 void StepAssembler::add_gpu_records(std::vector<GpuRecord>& recs) {
   for (const GpuRecord& r : recs)
     if (r.kind == EventKind::Kernel && r.corr > aligned_corr_) {
       records_.push_back(r);
-      ++records_in_;
+      // Only records of kernels we have launched count towards "all our records are in":
+      // records of launches we never saw (graph nodes) must not end the wait early.
+      if (known_names_.count(r.name_hash)) ++records_in_;
     }
   recs.clear();
 }

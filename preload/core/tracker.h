@@ -15,6 +15,7 @@
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/alloc_table.h"
@@ -130,6 +131,7 @@ class StepAssembler {
   std::deque<Cut> cuts_;
   uint64_t name_hash_of(uint32_t func);
   std::unordered_map<uint32_t, uint64_t> name_hashes_;
+  std::unordered_set<uint64_t> known_names_;  // name hashes of kernels we have launched
   std::vector<GpuRecord> records_;   // kernel records not yet aligned
   uint64_t records_in_ = 0;          // kernel records received
   uint64_t aligned_corr_ = 0;        // records up to here belong to finished steps

@@ -5,6 +5,7 @@
 #undef cuGetProcAddress
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <link.h>
 
 #include "hooks/hook.h"
 
@@ -26,8 +27,31 @@ constexpr bool rt_ptds(unsigned long long flags, bool ptsz_entry) {
 }
 }  // namespace
 
+namespace {
+// dlsym(RTLD_NEXT, name) means "the first definition after the caller's object", but the
+// real dlsym, called from here, would search after liboffload.so. Walk the load order from
+// the caller's object instead.
+void* next_after(const void* caller, const char* name) {
+  Dl_info info;
+  link_map* lm = nullptr;
+  if (!dladdr1(caller, &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP) || !lm)
+    return real_dlsym(RTLD_NEXT, name);
+  for (link_map* l = lm->l_next; l; l = l->l_next) {
+    if (!l->l_name || !*l->l_name) continue;  // the vDSO
+    // A dependency's link_map is not a usable handle until dlopen has made it one.
+    void* h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) continue;
+    void* p = real_dlsym(h, name);
+    dlclose(h);
+    if (p) return p;
+  }
+  return nullptr;
+}
+}  // namespace
+
 OFFLOAD_EXPORT void* dlsym(void* handle, const char* name) {
-  return serve_symbol(name, real_dlsym(handle, name), kDlsym);
+  void* real = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name) : real_dlsym(handle, name);
+  return serve_symbol(name, real, kDlsym);
 }
 
 // dlvsym is not interposed: the real dlsym is bootstrapped through it, and CUDA's entry

@@ -91,7 +91,9 @@ TEST(AllocTable, EraseRemovesOnlyByBase) {
 TEST(AllocTable, InsertAtAStaleBaseReplacesIt) {
   AllocTable t(16);
   t.insert(kBase, 0x100, 1);
-  auto old = t.insert(kBase, 0x200, 2);  // the address came back without a free we saw
+  AllocEntry olds[AllocTable::kMaxReplaced];
+  size_t n_old = t.insert(kBase, 0x200, 2, olds);
+  std::optional<AllocEntry> old = n_old ? std::optional<AllocEntry>(olds[0]) : std::nullopt;  // the address came back without a free we saw
   ASSERT_TRUE(old.has_value());
   EXPECT_EQ(old->id, 1u);
   EXPECT_EQ(old->base, kBase);
@@ -104,7 +106,9 @@ TEST(AllocTable, InsertAtAStaleBaseReplacesIt) {
 TEST(AllocTable, InsertInsideAStaleRangeReplacesIt) {
   AllocTable t(16);
   t.insert(kBase, 0x100, 1);
-  auto old = t.insert(kBase + 0x80, 0x10, 2);
+  AllocEntry olds[AllocTable::kMaxReplaced];
+  size_t n_old = t.insert(kBase + 0x80, 0x10, 2, olds);
+  std::optional<AllocEntry> old = n_old ? std::optional<AllocEntry>(olds[0]) : std::nullopt;
   ASSERT_TRUE(old.has_value());
   EXPECT_EQ(old->id, 1u);
   EXPECT_FALSE(t.find(kBase).has_value()) << "the stale range must be gone entirely";
@@ -115,7 +119,9 @@ TEST(AllocTable, InsertInsideAStaleRangeReplacesIt) {
 TEST(AllocTable, InsertOverlappingALaterStaleRangeReplacesIt) {
   AllocTable t(16);
   t.insert(kBase + 0x100, 0x100, 1);
-  auto old = t.insert(kBase + 0x80, 0x100, 2);  // [0x80, 0x180) overlaps [0x100, 0x200)
+  AllocEntry olds[AllocTable::kMaxReplaced];
+  size_t n_old = t.insert(kBase + 0x80, 0x100, 2, olds);
+  std::optional<AllocEntry> old = n_old ? std::optional<AllocEntry>(olds[0]) : std::nullopt;  // [0x80, 0x180) overlaps [0x100, 0x200)
   ASSERT_TRUE(old.has_value());
   EXPECT_EQ(old->id, 1u);
   EXPECT_EQ(t.find(kBase + 0x17f)->id, 2u);
@@ -130,8 +136,13 @@ TEST(AllocTable, InsertOverSeveralStaleRangesDropsAllOfThem) {
   t.insert(kBase + 0x100, 0x100, 2);
   t.insert(kBase + 0x200, 0x100, 3);
   t.insert(kBase + 0x400, 0x100, 4);  // untouched neighbour
-  auto old = t.insert(kBase, 0x300, 5);
-  EXPECT_TRUE(old.has_value());
+  AllocEntry olds[AllocTable::kMaxReplaced];
+  size_t n_old = t.insert(kBase, 0x300, 5, olds);
+  ASSERT_EQ(n_old, 3u) << "every overlapped stale range is reported, so each gets its free";
+  std::vector<AllocId> ids;
+  for (size_t i = 0; i < n_old; ++i) ids.push_back(olds[i].id);
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<AllocId>{1, 2, 3}));
   EXPECT_EQ(t.size(), 2u);
   EXPECT_EQ(t.live_bytes(), 0x300u + 0x100u);
   for (DevPtr off : {0x0, 0x150, 0x2ff}) EXPECT_EQ(t.find(kBase + off)->id, 5u);
@@ -141,8 +152,8 @@ TEST(AllocTable, InsertOverSeveralStaleRangesDropsAllOfThem) {
 TEST(AllocTable, NonOverlappingNeighbourIsNotReplaced) {
   AllocTable t(16);
   t.insert(kBase, 0x100, 1);
-  EXPECT_FALSE(t.insert(kBase + 0x100, 0x100, 2).has_value());
-  EXPECT_FALSE(t.insert(kBase - 0x100, 0x100, 3).has_value());
+  EXPECT_EQ(t.insert(kBase + 0x100, 0x100, 2), 0u);
+  EXPECT_EQ(t.insert(kBase - 0x100, 0x100, 3), 0u);
   EXPECT_EQ(t.size(), 3u);
   EXPECT_EQ(t.live_bytes(), 0x300u);
 }
@@ -279,7 +290,7 @@ TEST(AllocTableConcurrency, WritersAndScannersAgree) {
         live[s] = 0;
       } else {
         AllocId id = make_id(w, s, ++gen);
-        if (t.insert(base, slot_size(s), id).has_value()) writer_errors.fetch_add(1);
+        if (t.insert(base, slot_size(s), id) != 0) writer_errors.fetch_add(1);
         live[s] = id;
       }
     }

@@ -899,11 +899,11 @@ Event payload(uint64_t producer, uint64_t index) {
 TEST(EventLog, DrainsInSequenceOrderWithAccesses) {
   EventLog log(64, 256);
   for (uint64_t i = 0; i < 10; ++i) {
-    uint64_t seq = log.claim();
-    ASSERT_EQ(seq, i + 1);
     std::vector<AllocId> acc(i % 4);
     for (size_t k = 0; k < acc.size(); ++k) acc[k] = 100 * i + k;
-    log.publish(seq, payload(0, i), acc.data(), static_cast<uint32_t>(acc.size()));
+    EventLog::Claim c = log.claim(static_cast<uint32_t>(acc.size()));
+    ASSERT_EQ(c.seq, i + 1);
+    log.publish(c, payload(0, i), acc.data(), static_cast<uint32_t>(acc.size()));
   }
   auto v = drain_all(log);
   ASSERT_EQ(v.size(), 10u);
@@ -918,7 +918,7 @@ TEST(EventLog, DrainsInSequenceOrderWithAccesses) {
 
 TEST(EventLog, StopsAtTheFirstUnpublishedSlot) {
   EventLog log(64, 256);
-  uint64_t a = log.claim(), b = log.claim();
+  EventLog::Claim a = log.claim(0), b = log.claim(0);
   log.publish(b, payload(0, 2), nullptr, 0);
   EXPECT_TRUE(drain_all(log).empty()) << "seq 1 is claimed but not yet published";
   log.publish(a, payload(0, 1), nullptr, 0);
@@ -929,19 +929,19 @@ TEST(EventLog, StopsAtTheFirstUnpublishedSlot) {
 }
 
 TEST(EventLog, AFullRingDropsAndCounts) {
-  EventLog log(512, 1024);  // room for 512 - 256 (slack) events
+  EventLog log(256, 1024);
   uint64_t accepted = 0;
   for (int i = 0; i < 300; ++i)
-    if (uint64_t s = log.claim()) {
-      log.publish(s, payload(0, static_cast<uint64_t>(i)), nullptr, 0);
+    if (EventLog::Claim c = log.claim(0); c.seq) {
+      log.publish(c, payload(0, static_cast<uint64_t>(i)), nullptr, 0);
       ++accepted;
     }
   EXPECT_EQ(accepted, 256u);
   EXPECT_EQ(log.dropped(), 300u - 256u);
   EXPECT_EQ(drain_all(log).size(), 256u);
-  uint64_t s = log.claim();
-  EXPECT_NE(s, 0u) << "room again once drained";
-  log.publish(s, payload(0, 999), nullptr, 0);
+  EventLog::Claim c = log.claim(0);
+  EXPECT_NE(c.seq, 0u) << "room again once drained";
+  log.publish(c, payload(0, 999), nullptr, 0);
   auto v = drain_all(log);
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].e.seq, 257u);
@@ -950,8 +950,8 @@ TEST(EventLog, AFullRingDropsAndCounts) {
 TEST(EventLog, AccessRingOverflowTruncatesThatEventOnly) {
   EventLog log(64, 16);
   AllocId ten[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-  log.publish(log.claim(), payload(0, 0), ten, 10);
-  log.publish(log.claim(), payload(0, 1), ten, 10);  // does not fit behind the first
+  log.publish(log.claim(10), payload(0, 0), ten, 10);
+  log.publish(log.claim(10), payload(0, 1), ten, 10);  // does not fit behind the first
   auto v = drain_all(log);
   ASSERT_EQ(v.size(), 2u);
   EXPECT_EQ(v[0].acc.size(), 10u);
@@ -959,38 +959,37 @@ TEST(EventLog, AccessRingOverflowTruncatesThatEventOnly) {
   EXPECT_EQ(v[1].acc.size(), 0u);
   EXPECT_TRUE(v[1].e.flags & kAccessesTruncated);
   // The consumer caught up: the access ring is empty, so the next event's accesses fit.
-  log.publish(log.claim(), payload(0, 2), ten, 10);
+  log.publish(log.claim(10), payload(0, 2), ten, 10);
   v = drain_all(log);
   ASSERT_EQ(v.size(), 1u);
   EXPECT_FALSE(v[0].e.flags & kAccessesTruncated) << "an overflow must not truncate every later event";
   EXPECT_EQ(v[0].acc, std::vector<AllocId>(ten, ten + 10));
 }
 
-// Two producers: P1 claims seq 1, P2 claims seq 2 and publishes first, so P2's accesses sit
-// before P1's in the access ring. While the consumer handles seq 1, a third producer
-// publishes. It must not overwrite seq 2's accesses, which are not consumed yet.
+// Two producers: P1 claims seq 1, P2 claims seq 2 and publishes first. While the consumer
+// handles seq 1, a third producer publishes. It must not overwrite seq 2's accesses, which
+// are not consumed yet.
 TEST(EventLog, AccessesOfAnUnconsumedEventAreNeverOverwritten) {
   EventLog log(64, 8);
-  const uint64_t s1 = log.claim(), s2 = log.claim();
+  const EventLog::Claim c1 = log.claim(4), c2 = log.claim(4);
   AllocId p2[4] = {21, 22, 23, 24}, p1[4] = {11, 12, 13, 14}, p3[4] = {31, 32, 33, 34};
-  log.publish(s2, payload(2, 0), p2, 4);
-  log.publish(s1, payload(1, 0), p1, 4);
+  log.publish(c2, payload(2, 0), p2, 4);
+  log.publish(c1, payload(1, 0), p1, 4);
   std::map<uint64_t, Drained> got;
   log.drain([&](const Event& e, const AllocId* acc) {
     got[e.seq] = Drained{e, std::vector<AllocId>(acc, acc + e.access_count)};
-    if (e.seq == s1) {
+    if (e.seq == c1.seq) {
       std::thread p([&] {
-        if (uint64_t s3 = log.claim()) log.publish(s3, payload(3, 0), p3, 4);
+        if (EventLog::Claim c3 = log.claim(4); c3.seq) log.publish(c3, payload(3, 0), p3, 4);
       });
       p.join();
     }
   });
-  ASSERT_TRUE(got.count(s2));
-  const Drained& d2 = got[s2];
-  if (!(d2.e.flags & kAccessesTruncated)) {
-    EXPECT_EQ(d2.acc, std::vector<AllocId>(p2, p2 + 4)) << "seq 2's accesses were overwritten";
-  }
-  EXPECT_EQ(got[s1].acc, std::vector<AllocId>(p1, p1 + 4));
+  ASSERT_TRUE(got.count(c2.seq));
+  const Drained& d2 = got[c2.seq];
+  EXPECT_FALSE(d2.e.flags & kAccessesTruncated);
+  EXPECT_EQ(d2.acc, std::vector<AllocId>(p2, p2 + 4)) << "seq 2's accesses were overwritten";
+  EXPECT_EQ(got[c1.seq].acc, std::vector<AllocId>(p1, p1 + 4));
 }
 
 TEST(EventLog, ManyProducersOneConsumer) {
@@ -1005,7 +1004,7 @@ TEST(EventLog, ManyProducersOneConsumer) {
       for (uint64_t i = 0; i < kPerProducer; ++i) {
         uint32_t n = static_cast<uint32_t>(i % 4);
         for (uint32_t k = 0; k < n; ++k) acc[k] = (static_cast<AllocId>(p) << 40) | (i << 4) | k;
-        if (uint64_t s = log.claim()) log.publish(s, payload(static_cast<uint64_t>(p), i), acc, n);
+        if (EventLog::Claim c = log.claim(n); c.seq) log.publish(c, payload(static_cast<uint64_t>(p), i), acc, n);
       }
       running.fetch_sub(1);
     });

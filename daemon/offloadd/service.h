@@ -1,0 +1,97 @@
+// offloadd's service: the node's shared pinned host pool and the clients that lease it.
+//
+// One thread runs everything: a poll() loop over the listening socket, the clients'
+// connections and the metrics port. The pool's lease table lives in the shared segment
+// itself, so it survives the daemon: a restarted daemon re-adopts the segment, keeps the
+// leases of processes that are still alive (they may be using the bytes) and frees those of
+// processes that are gone.
+//
+// Arbitration: every active client can always reach its fair share, the pool divided by
+// the number of active clients. A client may lease past its share only while the free
+// space left still covers what the others lack of theirs. It may never lease past its own
+// limit (Register.host_limit). A refusal is an answer, not an error: the shim keeps that
+// data resident.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/pool_layout.h"
+#include "offload/protocol.h"
+
+namespace offload {
+
+struct ServiceOptions {
+  std::string socket_path;
+  std::string segment;       // POSIX shared-memory name, without the leading '/'
+  uint64_t pool_bytes = 0;   // data bytes of a new pool (an adopted one keeps its size)
+  uint32_t max_leases = 4096;
+  int metrics_port = -1;     // -1: no metrics endpoint
+  mode_t socket_mode = 0600;
+  bool prefault = true;
+};
+
+class Service {
+ public:
+  // Creates the pool (or re-adopts an existing one) and binds the socket; nullptr with *why.
+  static std::unique_ptr<Service> create(const ServiceOptions& o, std::string* why);
+  ~Service();
+
+  // Serves until a Shutdown request or stop(). Returns the exit status.
+  int run();
+  // Safe from a signal handler.
+  void stop();
+
+  uint16_t metrics_port() const { return metrics_port_; }
+  std::string metrics_text() const;
+
+ private:
+  struct Client {
+    int fd = -1;  // -1: disconnected (adopted after a restart, or its process is gone)
+    uint32_t id = 0;
+    uint32_t pid = 0;
+    int32_t gpu = -1;
+    uint64_t host_limit = 0;
+    std::string command;
+    proto::Telemetry last{};
+  };
+  struct Conn {
+    proto::FrameReader reader;
+    uint32_t pid = 0;        // from SO_PEERCRED
+    uint32_t client_id = 0;  // 0 until it registers
+  };
+
+  Service() = default;
+  void accept_client();
+  void accept_metrics();
+  void on_readable(int fd);
+  void handle(int fd, Conn& conn, const proto::FrameHeader& h, const std::vector<unsigned char>& payload);
+  void send(int fd, const std::vector<unsigned char>& frame);
+  void send_error(int fd, uint64_t seq, proto::Status st, const std::string& msg);
+  void drop(int fd);
+  void reap_dead();
+  uint64_t fair_share() const;
+  proto::Status admit(const Client& c, uint64_t bytes) const;
+  std::vector<unsigned char> status_frame(uint64_t seq) const;
+
+  ServiceOptions opt_;
+  void* base_ = nullptr;
+  uint64_t total_ = 0;
+  std::optional<LeaseTable> table_;
+  int listen_fd_ = -1, metrics_fd_ = -1;
+  uint16_t metrics_port_ = 0;
+  int wake_[2] = {-1, -1};
+  volatile bool stopping_ = false;
+  uint32_t next_id_ = 1;
+  std::map<int, Conn> conns_;            // open connections (clients and offloadctl)
+  std::map<uint32_t, Client> clients_;   // registered or adopted clients, by id
+  int64_t last_reap_ms_ = 0;
+};
+
+}  // namespace offload

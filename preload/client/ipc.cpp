@@ -1,0 +1,257 @@
+#include "client/ipc.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace offload {
+namespace {
+
+bool ensure_private_dir(const std::string& d, std::string* why) {
+  if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) {
+    *why = "cannot create " + d + ": " + strerror(errno);
+    return false;
+  }
+  struct stat st;
+  if (lstat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *why = d + " is not a directory";
+    return false;
+  }
+  if (st.st_uid != getuid() || (st.st_mode & 0077)) {
+    *why = d + " is not private to this user (owner or mode): refusing to use it";
+    return false;
+  }
+  return true;
+}
+
+bool write_all(int fd, const void* p, size_t n) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  while (n) {
+    ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string default_segment_name() { return "offload-pool-" + std::to_string(getuid()); }
+
+bool default_paths(Paths* out, std::string* why) {
+  const char* xdg = getenv("XDG_RUNTIME_DIR");
+  out->dir = (xdg && *xdg) ? std::string(xdg) + "/liboffload" : "/tmp/liboffload-" + std::to_string(getuid());
+  if (!ensure_private_dir(out->dir, why)) return false;
+  const char* sock = getenv("OFFLOAD_SOCKET");
+  out->socket = (sock && *sock) ? sock : out->dir + "/offloadd.sock";
+  out->segment = default_segment_name();
+  return true;
+}
+
+Connection::~Connection() { close(); }
+
+Connection& Connection::operator=(Connection&& o) noexcept {
+  if (this != &o) {
+    close();
+    fd_ = o.fd_;
+    seq_ = o.seq_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void Connection::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  reader_ = proto::FrameReader{};
+}
+
+bool Connection::connect(const std::string& path, std::string* why) {
+  close();
+  sockaddr_un addr{};
+  if (path.size() >= sizeof addr.sun_path) {
+    *why = "socket path too long: " + path;
+    return false;
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = std::string("socket: ") + strerror(errno);
+    return false;
+  }
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    *why = "no offloadd at " + path + " (" + strerror(errno) + ")";
+    ::close(fd);
+    return false;
+  }
+  fd_ = fd;
+  return true;
+}
+
+bool Connection::send_nowait(proto::MsgType type, const void* payload, uint32_t len) {
+  if (fd_ < 0) return false;
+  proto::FrameHeader h = proto::make_header(type, len, ++seq_);
+  std::vector<unsigned char> buf(sizeof h + len);
+  std::memcpy(buf.data(), &h, sizeof h);
+  if (len) std::memcpy(buf.data() + sizeof h, payload, len);
+  ssize_t w = ::send(fd_, buf.data(), buf.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (w == static_cast<ssize_t>(buf.size())) return true;
+  if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+  // A partial write would desynchronise the stream: finish it blocking.
+  if (w > 0) return write_all(fd_, buf.data() + w, buf.size() - static_cast<size_t>(w));
+  close();
+  return false;
+}
+
+bool Connection::call(proto::MsgType type, const void* payload, uint32_t len, proto::FrameHeader* rh,
+                      std::vector<unsigned char>* reply, std::string* why, int timeout_ms) {
+  if (fd_ < 0) {
+    *why = "not connected to offloadd";
+    return false;
+  }
+  uint64_t seq = ++seq_;
+  proto::FrameHeader h = proto::make_header(type, len, seq);
+  std::vector<unsigned char> buf(sizeof h + len);
+  std::memcpy(buf.data(), &h, sizeof h);
+  if (len) std::memcpy(buf.data() + sizeof h, payload, len);
+  if (!write_all(fd_, buf.data(), buf.size())) {
+    *why = "offloadd closed the connection";
+    close();
+    return false;
+  }
+  for (;;) {
+    while (reader_.next(rh, reply)) {
+      if (rh->seq != seq) continue;  // a stale reply
+      if (static_cast<proto::MsgType>(rh->type) == proto::MsgType::Error) {
+        proto::Error e{};
+        proto::read_payload(reply->data(), reply->size(), &e);
+        *why = std::string("offloadd: ") + e.message;
+        return false;
+      }
+      return true;
+    }
+    if (reader_.failed()) {
+      *why = "malformed reply from offloadd: " + reader_.error();
+      close();
+      return false;
+    }
+    pollfd p{fd_, POLLIN, 0};
+    int r = ::poll(&p, 1, timeout_ms);
+    if (r == 0) {
+      *why = "offloadd did not answer within " + std::to_string(timeout_ms) + " ms";
+      return false;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    unsigned char tmp[4096];
+    ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *why = "offloadd closed the connection";
+      close();
+      return false;
+    }
+    reader_.feed(tmp, static_cast<size_t>(n));
+  }
+}
+
+template <class Reply, class Req>
+std::optional<Reply> DaemonClient::request(proto::MsgType type, proto::MsgType want, const Req& req, std::string* why) {
+  proto::FrameHeader h{};
+  std::vector<unsigned char> payload;
+  if (!conn_.call(type, &req, sizeof req, &h, &payload, why)) return std::nullopt;
+  Reply r{};
+  if (static_cast<proto::MsgType>(h.type) != want || !proto::read_payload(payload.data(), payload.size(), &r)) {
+    *why = "unexpected reply type " + std::to_string(h.type) + " from offloadd";
+    return std::nullopt;
+  }
+  return r;
+}
+
+std::optional<proto::RegisterReply> DaemonClient::register_client(const proto::Register& r, std::string* why) {
+  return request<proto::RegisterReply>(proto::MsgType::Register, proto::MsgType::RegisterReply, r, why);
+}
+
+std::optional<proto::LeaseReply> DaemonClient::lease(uint64_t bytes, std::string* why) {
+  return request<proto::LeaseReply>(proto::MsgType::Lease, proto::MsgType::LeaseReply, proto::Lease{bytes}, why);
+}
+
+std::optional<proto::ReleaseReply> DaemonClient::release(uint64_t offset, uint64_t bytes, std::string* why) {
+  return request<proto::ReleaseReply>(proto::MsgType::Release, proto::MsgType::ReleaseReply,
+                                      proto::Release{offset, bytes}, why);
+}
+
+std::optional<proto::PlanReply> DaemonClient::plan(const proto::PlanRequest& r, std::string* why) {
+  return request<proto::PlanReply>(proto::MsgType::PlanRequest, proto::MsgType::PlanReply, r, why);
+}
+
+bool DaemonClient::status(proto::StatusHead* head, std::vector<proto::ClientStatus>* clients, std::string* why) {
+  proto::FrameHeader h{};
+  std::vector<unsigned char> payload;
+  proto::StatusQuery q{};
+  if (!conn_.call(proto::MsgType::StatusQuery, &q, sizeof q, &h, &payload, why)) return false;
+  if (static_cast<proto::MsgType>(h.type) != proto::MsgType::StatusReply ||
+      !proto::read_status(payload.data(), payload.size(), head, clients)) {
+    *why = "malformed status reply from offloadd";
+    return false;
+  }
+  return true;
+}
+
+bool DaemonClient::shutdown(std::string* why) {
+  return request<proto::ReleaseReply>(proto::MsgType::Shutdown, proto::MsgType::ReleaseReply, proto::Shutdown{}, why)
+      .has_value();
+}
+
+SharedPoolMapping::~SharedPoolMapping() {
+  if (addr_) munmap(addr_, size_);
+}
+
+bool SharedPoolMapping::open(const std::string& name, std::string* why) {
+  std::string path = "/" + name;
+  int fd = shm_open(path.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = "cannot open the pool segment " + path + ": " + strerror(errno);
+    return false;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_uid != getuid() || (st.st_mode & 0077)) {
+    *why = "the pool segment " + path + " is not private to this user: refusing it";
+    ::close(fd);
+    return false;
+  }
+  void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    *why = std::string("cannot map the pool segment: ") + strerror(errno);
+    return false;
+  }
+  addr_ = p;
+  size_ = static_cast<uint64_t>(st.st_size);
+  if (!LeaseTable::open(addr_, size_, why)) {
+    munmap(addr_, size_);
+    addr_ = nullptr;
+    return false;
+  }
+  return true;
+}
+
+unsigned char* SharedPoolMapping::data() const {
+  return addr_ ? base() + static_cast<const PoolHeader*>(addr_)->data_offset : nullptr;
+}
+
+uint64_t SharedPoolMapping::data_bytes() const {
+  return addr_ ? static_cast<const PoolHeader*>(addr_)->data_bytes : 0;
+}
+
+}  // namespace offload

@@ -1,0 +1,106 @@
+// The client side of the daemon protocol (protocol/offload/protocol.h): where the socket
+// lives, a blocking request/reply connection, and the shared pool's mapping.
+//
+// Used by the shim's worker thread (never by a hook), by offloadctl, and by tests.
+// Errors come back as a Result with a message for a person; nothing throws.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/pool_layout.h"
+#include "offload/protocol.h"
+
+namespace offload {
+
+// $XDG_RUNTIME_DIR/liboffload if XDG_RUNTIME_DIR is set, else /tmp/liboffload-<uid>; made
+// 0700 if missing. Refuses a directory that another user owns or that others may write.
+// `env_socket` (OFFLOAD_SOCKET) overrides the socket path.
+struct Paths {
+  std::string dir, socket, segment;
+};
+bool default_paths(Paths* out, std::string* why);
+
+// The POSIX shared-memory name of the user's pool.
+std::string default_segment_name();
+
+class Connection {
+ public:
+  Connection() = default;
+  ~Connection();
+  Connection(Connection&& o) noexcept : fd_(o.fd_), seq_(o.seq_) { o.fd_ = -1; }
+  Connection& operator=(Connection&& o) noexcept;
+
+  // Connects to the daemon's socket; false with *why if nobody listens there.
+  bool connect(const std::string& socket_path, std::string* why);
+  bool connected() const { return fd_ >= 0; }
+  void close();
+  int fd() const { return fd_; }
+
+  // Sends one request and waits (up to timeout_ms) for the reply with the same sequence.
+  // The reply's header and payload are returned; false with *why on a broken connection, a
+  // timeout, a malformed reply, or an Error frame (its message in *why).
+  bool call(proto::MsgType type, const void* payload, uint32_t len, proto::FrameHeader* reply_header,
+            std::vector<unsigned char>* reply, std::string* why, int timeout_ms = 5000);
+  // Sends one frame without waiting for a reply (telemetry). False if it would block.
+  bool send_nowait(proto::MsgType type, const void* payload, uint32_t len);
+
+ private:
+  int fd_ = -1;
+  uint64_t seq_ = 0;
+  proto::FrameReader reader_;
+};
+
+// Typed requests.
+class DaemonClient {
+ public:
+  bool connect(const std::string& socket_path, std::string* why) { return conn_.connect(socket_path, why); }
+  bool connected() const { return conn_.connected(); }
+  Connection& connection() { return conn_; }
+
+  std::optional<proto::RegisterReply> register_client(const proto::Register& r, std::string* why);
+  std::optional<proto::LeaseReply> lease(uint64_t bytes, std::string* why);
+  std::optional<proto::ReleaseReply> release(uint64_t offset, uint64_t bytes, std::string* why);
+  std::optional<proto::PlanReply> plan(const proto::PlanRequest& r, std::string* why);
+  bool telemetry(const proto::Telemetry& t) { return conn_.send_nowait(proto::MsgType::Telemetry, &t, sizeof t); }
+  bool status(proto::StatusHead* head, std::vector<proto::ClientStatus>* clients, std::string* why);
+  bool shutdown(std::string* why);
+
+ private:
+  template <class Reply, class Req>
+  std::optional<Reply> request(proto::MsgType type, proto::MsgType want, const Req& req, std::string* why);
+  Connection conn_;
+};
+
+// A mapping of the user's pool segment.
+class SharedPoolMapping {
+ public:
+  SharedPoolMapping() = default;
+  ~SharedPoolMapping();
+  SharedPoolMapping(const SharedPoolMapping&) = delete;
+  SharedPoolMapping& operator=(const SharedPoolMapping&) = delete;
+
+  // Maps an existing segment read-write and checks its header.
+  bool open(const std::string& name, std::string* why);
+  unsigned char* base() const { return static_cast<unsigned char*>(addr_); }
+  uint64_t size() const { return size_; }
+  unsigned char* data() const;
+  uint64_t data_bytes() const;
+
+  // Calls pin(chunk, bytes) over the data area in chunks under 2 GiB (some drivers fail
+  // and leak on larger single registrations). False as soon as one chunk fails.
+  template <class PinFn>
+  bool pin_in_chunks(PinFn&& pin, uint64_t chunk = (2ull << 30) - kDataAlign) {
+    for (uint64_t off = 0; off < data_bytes(); off += chunk)
+      if (!pin(data() + off, std::min(chunk, data_bytes() - off))) return false;
+    return true;
+  }
+
+ private:
+  void* addr_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace offload

@@ -1,0 +1,126 @@
+#include "client/pool_layout.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace offload {
+namespace {
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+uint64_t data_offset_for(uint32_t max_leases) {
+  return round_up(sizeof(PoolHeader) + uint64_t{max_leases} * sizeof(LeaseSlot), kDataAlign);
+}
+}  // namespace
+
+uint64_t pool_total_bytes(uint64_t data_bytes, uint32_t max_leases) {
+  return data_offset_for(max_leases) + round_up(data_bytes, kLeaseAlign);
+}
+
+std::optional<LeaseTable> LeaseTable::format(void* base, uint64_t total, uint32_t max_leases, uint32_t owner_pid) {
+  uint64_t off = data_offset_for(max_leases);
+  if (!base || max_leases == 0 || total <= off) return std::nullopt;
+  auto* h = static_cast<PoolHeader*>(base);
+  std::memset(base, 0, off);
+  std::memcpy(h->magic, kPoolMagic, sizeof h->magic);
+  h->layout_version = kPoolLayoutVersion;
+  h->max_leases = max_leases;
+  h->table_offset = sizeof(PoolHeader);
+  h->data_offset = off;
+  h->data_bytes = (total - off) / kLeaseAlign * kLeaseAlign;
+  h->generation = 1;
+  h->owner_pid = owner_pid;
+  return LeaseTable(static_cast<unsigned char*>(base), h);
+}
+
+std::optional<LeaseTable> LeaseTable::open(void* base, uint64_t total, std::string* why) {
+  auto fail = [&](const char* m) {
+    if (why) *why = m;
+    return std::nullopt;
+  };
+  if (!base || total < sizeof(PoolHeader)) return fail("segment smaller than a pool header");
+  auto* h = static_cast<PoolHeader*>(base);
+  if (std::memcmp(h->magic, kPoolMagic, sizeof h->magic) != 0) return fail("not a liboffload pool (bad magic)");
+  if (h->layout_version != kPoolLayoutVersion) return fail("pool layout version not supported");
+  if (h->max_leases == 0 || h->table_offset != sizeof(PoolHeader) ||
+      h->data_offset != data_offset_for(h->max_leases) || h->data_offset + h->data_bytes > total)
+    return fail("pool header does not match the segment's size");
+  return LeaseTable(static_cast<unsigned char*>(base), h);
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> LeaseTable::used_extents() const {
+  std::vector<std::pair<uint64_t, uint64_t>> v;
+  for (uint32_t i = 0; i < header_->max_leases; ++i)
+    if (slots()[i].used) v.emplace_back(slots()[i].offset, slots()[i].bytes);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::optional<uint64_t> LeaseTable::lease(uint64_t bytes, uint32_t client_id, uint32_t pid) {
+  if (bytes == 0 || bytes > header_->data_bytes) return std::nullopt;
+  bytes = round_up(bytes, kLeaseAlign);
+  LeaseSlot* slot = nullptr;
+  for (uint32_t i = 0; i < header_->max_leases && !slot; ++i)
+    if (!slots()[i].used) slot = &slots()[i];
+  if (!slot) return std::nullopt;
+  uint64_t at = 0;
+  for (auto [off, len] : used_extents()) {
+    if (off >= at + bytes) break;  // the gap before this extent fits
+    at = std::max(at, off + len);
+  }
+  if (at + bytes > header_->data_bytes) return std::nullopt;
+  *slot = LeaseSlot{1, client_id, pid, 0, at, bytes};
+  return at;
+}
+
+bool LeaseTable::release(uint64_t offset, uint32_t client_id) {
+  for (uint32_t i = 0; i < header_->max_leases; ++i) {
+    LeaseSlot& s = slots()[i];
+    if (s.used && s.offset == offset && s.client_id == client_id) {
+      s = LeaseSlot{};
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t LeaseTable::release_all(uint32_t client_id) {
+  uint64_t freed = 0;
+  for (uint32_t i = 0; i < header_->max_leases; ++i) {
+    LeaseSlot& s = slots()[i];
+    if (s.used && s.client_id == client_id) {
+      freed += s.bytes;
+      s = LeaseSlot{};
+    }
+  }
+  return freed;
+}
+
+uint64_t LeaseTable::used_bytes() const {
+  uint64_t n = 0;
+  for (auto [off, len] : used_extents()) n += len;
+  return n;
+}
+
+uint64_t LeaseTable::leased_by(uint32_t client_id) const {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < header_->max_leases; ++i)
+    if (slots()[i].used && slots()[i].client_id == client_id) n += slots()[i].bytes;
+  return n;
+}
+
+uint64_t LeaseTable::largest_free() const {
+  uint64_t at = 0, best = 0;
+  for (auto [off, len] : used_extents()) {
+    if (off > at) best = std::max(best, off - at);
+    at = std::max(at, off + len);
+  }
+  return std::max(best, header_->data_bytes - std::min(at, header_->data_bytes));
+}
+
+std::vector<LeaseSlot> LeaseTable::leases() const {
+  std::vector<LeaseSlot> v;
+  for (uint32_t i = 0; i < header_->max_leases; ++i)
+    if (slots()[i].used) v.push_back(slots()[i]);
+  return v;
+}
+
+}  // namespace offload

@@ -1,0 +1,84 @@
+// The host pool's memory layout and its lease table, shared by offloadd (over a POSIX
+// shared-memory segment) and by the shim's in-process fallback (over private memory).
+//
+//   [ PoolHeader | LeaseSlot x max_leases | padding to kDataAlign | data ... ]
+//
+// Offsets only, never pointers, so every process may map it anywhere. The header carries
+// a magic and a layout version; a reader rejects anything else. The lease table is the
+// truth about which bytes belong to whom: a restarted daemon re-adopts it as it finds it.
+//
+// Threading: one writer (the daemon's loop, or the fallback's mutex holder).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace offload {
+
+inline constexpr char kPoolMagic[8] = {'O', 'F', 'F', 'L', 'P', 'O', 'O', 'L'};
+inline constexpr uint32_t kPoolLayoutVersion = 1;
+inline constexpr uint64_t kDataAlign = 2u << 20;   // 2 MiB: extents pin and map cleanly
+inline constexpr uint64_t kLeaseAlign = 64u << 10; // lease granularity
+
+struct PoolHeader {
+  char magic[8];
+  uint32_t layout_version;
+  uint32_t max_leases;
+  uint64_t table_offset;
+  uint64_t data_offset;
+  uint64_t data_bytes;
+  uint64_t generation;  // bumped by every daemon that adopts the segment
+  uint32_t owner_pid;   // the daemon that last adopted it
+  uint32_t reserved;
+};
+static_assert(sizeof(PoolHeader) == 56);
+
+struct LeaseSlot {
+  uint32_t used;       // 0 free, 1 leased
+  uint32_t client_id;
+  uint32_t pid;
+  uint32_t reserved;
+  uint64_t offset;     // in the data area
+  uint64_t bytes;
+};
+static_assert(sizeof(LeaseSlot) == 32);
+
+// Bytes a pool of `data_bytes` needs in all (header, table, alignment, data).
+uint64_t pool_total_bytes(uint64_t data_bytes, uint32_t max_leases);
+
+class LeaseTable {
+ public:
+  // Formats a fresh pool in [base, base + total).
+  static std::optional<LeaseTable> format(void* base, uint64_t total, uint32_t max_leases, uint32_t owner_pid);
+  // Opens a pool formatted earlier; nullopt with *why on a bad magic, version or size.
+  static std::optional<LeaseTable> open(void* base, uint64_t total, std::string* why);
+
+  // First fit, rounded up to kLeaseAlign. nullopt if no extent is large enough.
+  std::optional<uint64_t> lease(uint64_t bytes, uint32_t client_id, uint32_t pid);
+  // Frees the lease that starts at `offset` and belongs to `client_id`; false if none does.
+  bool release(uint64_t offset, uint32_t client_id);
+  // Frees every lease of `client_id`; returns the bytes freed.
+  uint64_t release_all(uint32_t client_id);
+
+  uint64_t data_bytes() const { return header_->data_bytes; }
+  uint64_t used_bytes() const;
+  uint64_t leased_by(uint32_t client_id) const;
+  uint64_t largest_free() const;
+  std::vector<LeaseSlot> leases() const;  // used slots
+  PoolHeader& header() { return *header_; }
+  unsigned char* data() { return base_ + header_->data_offset; }
+
+ private:
+  LeaseTable(unsigned char* base, PoolHeader* h) : base_(base), header_(h) {}
+  LeaseSlot* slots() { return reinterpret_cast<LeaseSlot*>(base_ + header_->table_offset); }
+  const LeaseSlot* slots() const { return reinterpret_cast<const LeaseSlot*>(base_ + header_->table_offset); }
+  std::vector<std::pair<uint64_t, uint64_t>> used_extents() const;  // (offset, bytes), sorted
+
+  unsigned char* base_;
+  PoolHeader* header_;
+};
+
+}  // namespace offload
