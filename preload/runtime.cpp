@@ -34,6 +34,21 @@ int64_t mono_ns() {
 
 constexpr size_t kSummariesKept = 256;
 
+// This process's command line, for offloadctl status.
+std::string command_line() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  // argv[0] without its directory, then the arguments.
+  size_t end0 = s.find('\0');
+  std::string argv0 = s.substr(0, end0);
+  std::string rest = end0 == std::string::npos ? "" : s.substr(end0);
+  std::string out = argv0.substr(argv0.rfind('/') == std::string::npos ? 0 : argv0.rfind('/') + 1) + rest;
+  for (char& c : out)
+    if (c == '\0') c = ' ';
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
 const char* route_names[] = {"export", "dlsym", "cuGetProcAddress", "cudaGetDriverEntryPoint"};
 
 }  // namespace
@@ -57,7 +72,8 @@ Runtime::Runtime(Settings s)
     : settings_(std::move(s)),
       tracker_(driver_, log_),
       telemetry_(settings_.cupti_lib, tracker_.counters().kernels),
-      assembler_(tracker_.funcs(), StepAssembler::Options{}) {
+      assembler_(tracker_.funcs(), StepAssembler::Options{}),
+      link_(settings_, command_line()) {
   if (!settings_.trace_dir.empty() && mkdir(settings_.trace_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     log().error("OFFLOAD_TRACE={}: cannot create the directory ({}); traces are off",
                 settings_.trace_dir, strerror(errno));
@@ -103,6 +119,12 @@ void Runtime::pump(bool no_wait) {
     }
     else log().warn("GPU-time telemetry: {}", telemetry_.state());
   }
+  // The host pool: offloadd's if it can be reached (started if need be), else a private one.
+  link_.poll(mono_ns() / 1'000'000);
+  if (!link_.usable() && !private_pool_) {
+    private_pool_ = std::make_unique<PrivatePool>(settings_.host_pool_bytes);
+    log().warn("no offloadd ({}): using a {}", link_.failure(), private_pool_->describe());
+  }
   log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
   telemetry_.collect(&gpu_, no_wait);
   assembler_.add_gpu_records(gpu_);
@@ -121,6 +143,14 @@ void Runtime::emit(StepTrace& t) {
   s.activations = act.activations;
   s.activations_unaccessed = act.without_backward_access.size();
   summaries_.push_back(s);
+  proto::Telemetry tm{};
+  tm.step = t.step;
+  int64_t now = mono_ns();
+  tm.step_ns = t.gpu_busy_ns > 0 ? static_cast<uint64_t>(t.gpu_busy_ns) : static_cast<uint64_t>(now - last_cut_ns_);
+  last_cut_ns_ = now;
+  tm.resident_bytes = tracker_.allocs().live_bytes();
+  tm.launches = t.launches.size();
+  link_.push(tm);
   if (summaries_.size() > kSummariesKept) summaries_.pop_front();
   if (!settings_.trace_dir.empty() && steps_written_ < settings_.trace_steps) {
     char name[64];
@@ -163,6 +193,7 @@ std::string Runtime::stats_json_locked() {
   auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   os << "{\"version\":1,\"pid\":" << getpid() << ",\"telemetry\":\"" << telemetry_.state() << "\""
      << ",\"cupti\":" << telemetry_.counters_json()
+     << ",\"host_pool\":\"" << (private_pool_ ? private_pool_->describe() : link_.describe()) << "\""
      << ",\"step_detection\":\"" << (assembler_.marked() ? "offload_mark_step" : "automatic") << "\""
      << ",\"locked\":" << (assembler_.detector().locked() ? "true" : "false")
      << ",\"period\":" << assembler_.detector().period()

@@ -15,6 +15,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <memory>
 #include <thread>
 
 #include "core/env.h"
@@ -22,6 +23,7 @@
 #include "core/tracker.h"
 #include "cuda_driver.h"
 #include "cupti_telemetry.h"
+#include "host_pool.h"
 
 namespace offload {
 
@@ -56,6 +58,9 @@ class Runtime {
   uint64_t steps_written_ = 0;
   bool telemetry_started_ = false;
   std::vector<GpuRecord> gpu_;
+  DaemonLink link_;
+  std::unique_ptr<PrivatePool> private_pool_;  // when no daemon can be reached
+  int64_t last_cut_ns_ = 0;
   std::atomic<bool> stop_{false};
   std::mutex wake_mu_;
   std::condition_variable wake_;

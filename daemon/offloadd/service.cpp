@@ -101,8 +101,14 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
       }
       s->base_ = p;
       s->total_ = total;
-      if (o.prefault) prefault(static_cast<unsigned char*>(p), total);
       s->table_ = LeaseTable::format(p, total, o.max_leases, static_cast<uint32_t>(getpid()));
+      // Fault the pool in behind the service: clients can register and lease meanwhile (a
+      // page they touch first is faulted then), and nobody waits seconds for a large pool.
+      if (o.prefault && s->table_) {
+        unsigned char* data = s->table_->data();
+        uint64_t bytes = s->table_->data_bytes();
+        s->prefault_ = std::thread([data, bytes] { prefault(data, bytes); });
+      }
       if (!s->table_) {
         *why = "pool too small for its lease table";
         return nullptr;
@@ -187,6 +193,7 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
 }
 
 Service::~Service() {
+  if (prefault_.joinable()) prefault_.join();
   for (auto& [fd, c] : conns_) close(fd);
   if (listen_fd_ >= 0) {
     close(listen_fd_);

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/pool_layout.h"
@@ -92,6 +93,7 @@ class Service {
   std::map<int, Conn> conns_;            // open connections (clients and offloadctl)
   std::map<uint32_t, Client> clients_;   // registered or adopted clients, by id
   int64_t last_reap_ms_ = 0;
+  std::thread prefault_;
 };
 
 }  // namespace offload

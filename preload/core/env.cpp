@@ -63,6 +63,17 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     else if (s == "0" || s == "false") st.enabled = true;
     else bad("OFFLOAD_DISABLE", v, "0, 1, true or false");
   }
+  if (const char* v = get("OFFLOAD_DAEMON"); v && *v) {
+    std::string s = v;
+    if (s == "auto" || s == "connect" || s == "off") st.daemon = s;
+    else bad("OFFLOAD_DAEMON", v, "'auto' (connect, else start offloadd), 'connect' (only connect) or 'off'");
+  }
+  if (const char* v = get("OFFLOAD_DAEMON_BIN"); v && *v) st.daemon_bin = v;
+  if (const char* v = get("OFFLOAD_HOST_POOL"); v && *v) {
+    auto size = parse_size(v);
+    if (!size || *size < (64ull << 20)) bad("OFFLOAD_HOST_POOL", v, "a size of at least 64MiB, e.g. 32GiB");
+    else st.host_pool_bytes = *size;
+  }
   return st;
 }
 

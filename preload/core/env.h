@@ -17,6 +17,9 @@ struct Settings {
   std::string cupti_lib;         // OFFLOAD_CUPTI_LIB: path of libcupti.so ("" = search)
   std::string log_level = "info";// OFFLOAD_LOG_LEVEL=debug|info|warn|error|off
   bool enabled = true;           // OFFLOAD_DISABLE=1: forward everything, track nothing
+  std::string daemon = "auto";   // OFFLOAD_DAEMON=auto|connect|off
+  std::string daemon_bin;        // OFFLOAD_DAEMON_BIN: offloadd to start ("" = search)
+  uint64_t host_pool_bytes = 4ull << 30;  // OFFLOAD_HOST_POOL: pool of a started daemon / private pool
 };
 
 // Parses a byte size: "1048576", "512MiB", "40GiB", "1.5GB", "64k". nullopt if malformed.

@@ -43,7 +43,10 @@ void* offload_test_lookup_next(void* (*lookup)(void*, const char*));
 
 // Unit tests never start CUPTI: there is no GPU. Runs before the shim's own constructor
 // (default priority) reads the environment; a value set by the caller is kept.
-__attribute__((constructor(101))) static void hook_test_env() { setenv("OFFLOAD_TELEMETRY", "off", 0); }
+__attribute__((constructor(101))) static void hook_test_env() {
+  setenv("OFFLOAD_TELEMETRY", "off", 0);
+  setenv("OFFLOAD_DAEMON", "off", 0);  // hermetic: no daemon is started from these tests
+}
 
 namespace {
 
