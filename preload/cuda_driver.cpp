@@ -4,6 +4,8 @@
 #undef cuGetProcAddress
 #include <dlfcn.h>
 
+#include <mutex>
+
 #include "hooks/hook_table.h"
 
 namespace offload {
@@ -49,6 +51,83 @@ const char* CudaDriver::func_name(Func f) {
     if (q && q(&name, f) == CUDA_SUCCESS && name) return name;
   }
   return nullptr;
+}
+
+}  // namespace offload
+
+namespace offload {
+namespace {
+struct MarkerRec {
+  void* event;
+  void* ctx;
+};
+}  // namespace
+
+const CudaDriver::EventApi* CudaDriver::events() {
+  static EventApi api;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return;
+    auto sym = [&](const char* a, const char* b = nullptr) {
+      void* p = hooks::real_dlsym(h, a);
+      return p || !b ? p : hooks::real_dlsym(h, b);
+    };
+    api.create = reinterpret_cast<int (*)(void**, unsigned)>(sym("cuEventCreate"));
+    api.record = reinterpret_cast<int (*)(void*, void*)>(sym("cuEventRecord"));
+    api.query = reinterpret_cast<int (*)(void*)>(sym("cuEventQuery"));
+    api.elapsed = reinterpret_cast<int (*)(float*, void*, void*)>(sym("cuEventElapsedTime_v2", "cuEventElapsedTime"));
+    api.destroy = reinterpret_cast<int (*)(void*)>(sym("cuEventDestroy_v2", "cuEventDestroy"));
+    api.get_ctx = reinterpret_cast<int (*)(void**)>(sym("cuCtxGetCurrent"));
+    api.push_ctx = reinterpret_cast<int (*)(void*)>(sym("cuCtxPushCurrent_v2", "cuCtxPushCurrent"));
+    api.pop_ctx = reinterpret_cast<int (*)(void**)>(sym("cuCtxPopCurrent_v2", "cuCtxPopCurrent"));
+  });
+  const EventApi* a = &api;
+  return a->create && a->record && a->query && a->elapsed && a->destroy && a->get_ctx && a->push_ctx && a->pop_ctx
+             ? a
+             : nullptr;
+}
+
+uint64_t CudaDriver::record_marker(Stream s) {
+  const EventApi* a = events();
+  if (!a) return 0;
+  void* ctx = nullptr;
+  void* ev = nullptr;
+  if (a->get_ctx(&ctx) != CUDA_SUCCESS || !ctx || a->create(&ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return 0;
+  if (a->record(ev, reinterpret_cast<void*>(s)) != CUDA_SUCCESS) {
+    a->destroy(ev);
+    return 0;
+  }
+  return reinterpret_cast<uint64_t>(new MarkerRec{ev, ctx});
+}
+
+int64_t CudaDriver::marker_elapsed_ns(uint64_t from, uint64_t to) {
+  const EventApi* a = events();
+  if (!a || !from || !to) return -1;
+  auto* f = reinterpret_cast<MarkerRec*>(from);
+  auto* t = reinterpret_cast<MarkerRec*>(to);
+  // The worker thread has no context of its own: borrow the markers'.
+  if (a->push_ctx(f->ctx) != CUDA_SUCCESS) return -1;
+  float ms = 0;
+  int64_t ns = -1;
+  if (a->query(f->event) == CUDA_SUCCESS && a->query(t->event) == CUDA_SUCCESS &&
+      a->elapsed(&ms, f->event, t->event) == CUDA_SUCCESS)
+    ns = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+  void* popped = nullptr;
+  a->pop_ctx(&popped);
+  return ns;
+}
+
+void CudaDriver::release_marker(uint64_t m) {
+  const EventApi* a = events();
+  if (!a || !m) return;
+  auto* r = reinterpret_cast<MarkerRec*>(m);
+  if (a->push_ctx(r->ctx) == CUDA_SUCCESS) {
+    a->destroy(r->event);
+    void* popped = nullptr;
+    a->pop_ctx(&popped);
+  }
+  delete r;
 }
 
 }  // namespace offload

@@ -11,6 +11,9 @@ class CudaDriver final : public Driver {
   CudaDriver();
   int param_layout(Func f, ParamInfo* out, int cap) override;
   const char* func_name(Func f) override;
+  uint64_t record_marker(Stream s) override;
+  int64_t marker_elapsed_ns(uint64_t from, uint64_t to) override;
+  void release_marker(uint64_t m) override;
 
  private:
   bool ready();
@@ -19,6 +22,19 @@ class CudaDriver final : public Driver {
   GetParamInfo func_param_info_ = nullptr, kernel_param_info_ = nullptr;
   GetName func_get_name_ = nullptr, kernel_get_name_ = nullptr;
   bool resolved_ = false;
+
+  // Event entry points, resolved once (std::call_once) on the first marker.
+  struct EventApi {
+    int (*create)(void**, unsigned) = nullptr;
+    int (*record)(void*, void*) = nullptr;
+    int (*query)(void*) = nullptr;
+    int (*elapsed)(float*, void*, void*) = nullptr;
+    int (*destroy)(void*) = nullptr;
+    int (*get_ctx)(void**) = nullptr;
+    int (*push_ctx)(void*) = nullptr;
+    int (*pop_ctx)(void**) = nullptr;
+  };
+  const EventApi* events();
 };
 
 }  // namespace offload

@@ -34,6 +34,8 @@ class CuptiTelemetry final : public Telemetry {
 
   bool start();  // loads CUPTI and enables activity records; false: see state()
   bool active() const { return active_.load(std::memory_order_acquire); }
+  // Records are flowing to us: started, and no other client has taken the buffers.
+  bool flowing() const { return active() && !taken_over_.load(std::memory_order_relaxed); }
 
   void collect(std::vector<GpuRecord>* out, bool force) override;
   std::string state() const override;
@@ -55,7 +57,7 @@ class CuptiTelemetry final : public Telemetry {
   uint64_t n_kernel_ = 0, n_copy_ = 0, n_memset_ = 0;  // under mu_
   uint64_t last_buffers_ = 0, last_launches_ = 0;
   int silent_collects_ = 0;
-  bool taken_over_ = false;
+  std::atomic<bool> taken_over_{false};
 
   // Resolved CUPTI entry points.
   void* lib_ = nullptr;

@@ -129,12 +129,53 @@ void Runtime::pump(bool no_wait) {
   telemetry_.collect(&gpu_, no_wait);
   assembler_.add_gpu_records(gpu_);
   for (StepTrace& t : assembler_.take_ready(mono_ns(), false, no_wait)) emit(t);
+  time_steps_with_markers();
+}
+
+void Runtime::time_steps_with_markers() {
+  // Without CUPTI's records (telemetry off, failed, or taken over by another CUPTI client),
+  // steps are timed on the GPU with an event at each step boundary.
+  if (tracker_.counters().kernels.load() == 0) return;  // nothing runs on a GPU here yet
+  bool want = telemetry_started_ ? !telemetry_.flowing() : !settings_.telemetry;
+  if (want && !event_timing_)
+    log().info("GPU-time telemetry: {}; timing steps with CUDA events at step boundaries instead",
+               settings_.telemetry ? telemetry_.state() : std::string("off (OFFLOAD_TELEMETRY=off)"));
+  event_timing_ = want;
+  tracker_.set_marks_record(event_timing_ && assembler_.marked());
+  if (event_timing_ && !assembler_.marked() && assembler_.detector().locked())
+    tracker_.arm_marker(assembler_.detector().next_boundary());
+  Tracker::Marker m;
+  while (tracker_.take_marker(&m)) markers_.push_back(m);
+  while (markers_.size() >= 2) {
+    const Tracker::Marker &m0 = markers_[0], &m1 = markers_[1];
+    // The step these two markers span: it must start at the first and end at the second
+    // (a marker armed too late for its boundary is missing, and the gap is two steps long).
+    StepSummary* step = nullptr;
+    bool later = summaries_.empty() || summaries_.back().first_launch < m0.launch_no;
+    for (StepSummary& s : summaries_)
+      if (s.first_launch == m0.launch_no) step = &s;
+    if (!step && later) break;  // its step is not assembled yet
+    if (step && step->first_launch + step->launches == m1.launch_no) {
+      int64_t ns = driver_.marker_elapsed_ns(m0.handle, m1.handle);
+      if (ns < 0) break;  // not reached on the GPU yet
+      step->gpu_step_ns = ns;
+      proto::Telemetry tm{};
+      tm.step = step->step;
+      tm.step_ns = static_cast<uint64_t>(ns);
+      tm.resident_bytes = tracker_.allocs().live_bytes();
+      tm.launches = step->launches;
+      link_.push(tm);
+    }
+    driver_.release_marker(m0.handle);
+    markers_.pop_front();
+  }
 }
 
 void Runtime::emit(StepTrace& t) {
   ActivationReport act = analyse_activations(t);
   StepSummary s;
   s.step = t.step;
+  s.first_launch = t.first_launch;
   s.launches = t.launches.size();
   s.kernels = t.kernel_launches();
   for (const TraceAlloc& a : t.allocs) s.allocs_born += a.alloc_pos >= 0;
@@ -228,7 +269,8 @@ std::string Runtime::stats_json_locked() {
   for (const StepSummary& s : summaries_) {
     os << (first ? "" : ",") << "{\"step\":" << s.step << ",\"launches\":" << s.launches
        << ",\"kernels\":" << s.kernels << ",\"cupti_kernels\":" << s.cupti_kernels
-       << ",\"gpu_busy_ns\":" << s.gpu_busy_ns << ",\"allocs_born\":" << s.allocs_born
+       << ",\"gpu_busy_ns\":" << s.gpu_busy_ns << ",\"gpu_step_ns\":" << s.gpu_step_ns
+       << ",\"allocs_born\":" << s.allocs_born
        << ",\"activations\":" << s.activations << ",\"activations_unaccessed\":" << s.activations_unaccessed
        << "}";
     first = false;

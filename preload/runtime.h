@@ -58,7 +58,10 @@ class Runtime {
   uint64_t steps_written_ = 0;
   bool telemetry_started_ = false;
   std::vector<GpuRecord> gpu_;
+  void time_steps_with_markers();
   DaemonLink link_;
+  bool event_timing_ = false;
+  std::deque<Tracker::Marker> markers_;
   std::unique_ptr<PrivatePool> private_pool_;  // when no daemon can be reached
   int64_t last_cut_ns_ = 0;
   std::atomic<bool> stop_{false};

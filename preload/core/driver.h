@@ -33,6 +33,15 @@ class Driver {
 
   // The kernel's (mangled) name, or nullptr. The string lives as long as the module.
   virtual const char* func_name(Func f) = 0;
+
+  // Step-boundary markers, for timing steps on the GPU when CUPTI's records are not to be
+  // had (telemetry off, or another CUPTI client took the buffers). record_marker is called
+  // from a hook on the launching thread, once per step: it records an event on `s` and
+  // returns a handle (0 on failure). The worker asks for the GPU time between two markers
+  // (-1 until both have been reached) and releases them.
+  virtual uint64_t record_marker(Stream s) = 0;
+  virtual int64_t marker_elapsed_ns(uint64_t from, uint64_t to) = 0;
+  virtual void release_marker(uint64_t m) = 0;
 };
 
 }  // namespace offload

@@ -58,4 +58,38 @@ const char* SimDriver::func_name(Func f) {
   return kernels_[i - 1]->name.c_str();
 }
 
+uint64_t SimDriver::record_marker(Stream) {
+  std::lock_guard lock(mu_);
+  uint64_t id = next_marker_++;
+  markers_[id] = Marker{clock_ns_, false};
+  return id;
+}
+
+int64_t SimDriver::marker_elapsed_ns(uint64_t from, uint64_t to) {
+  std::lock_guard lock(mu_);
+  auto a = markers_.find(from), b = markers_.find(to);
+  if (a == markers_.end() || b == markers_.end() || !a->second.reached || !b->second.reached) return -1;
+  return b->second.at - a->second.at;
+}
+
+void SimDriver::release_marker(uint64_t m) {
+  std::lock_guard lock(mu_);
+  markers_.erase(m);
+}
+
+void SimDriver::advance_clock(int64_t ns) {
+  std::lock_guard lock(mu_);
+  clock_ns_ += ns;
+}
+
+void SimDriver::reach_markers() {
+  std::lock_guard lock(mu_);
+  for (auto& [id, m] : markers_) m.reached = true;
+}
+
+size_t SimDriver::live_markers() const {
+  std::lock_guard lock(mu_);
+  return markers_.size();
+}
+
 }  // namespace offload

@@ -28,6 +28,14 @@ class SimDriver final : public Driver {
 
   int param_layout(Func f, ParamInfo* out, int cap) override;
   const char* func_name(Func f) override;
+  // Markers read a simulated GPU clock that tests advance; a marker is "reached" once the
+  // clock has been advanced past the moment it was recorded (reach_markers()).
+  uint64_t record_marker(Stream s) override;
+  int64_t marker_elapsed_ns(uint64_t from, uint64_t to) override;
+  void release_marker(uint64_t m) override;
+  void advance_clock(int64_t ns);
+  void reach_markers();
+  size_t live_markers() const;
 
   size_t param_queries() const { return param_queries_; }
 
@@ -37,10 +45,17 @@ class SimDriver final : public Driver {
     std::vector<ParamInfo> params;
     bool opaque = false;
   };
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<Kernel*> kernels_;                 // Func = index + 1, times 16
   std::unordered_map<DevPtr, size_t> mappings_;  // base -> bytes
   size_t param_queries_ = 0;
+  struct Marker {
+    int64_t at;
+    bool reached;
+  };
+  int64_t clock_ns_ = 0;
+  uint64_t next_marker_ = 1;
+  std::unordered_map<uint64_t, Marker> markers_;
 };
 
 }  // namespace offload

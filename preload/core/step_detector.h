@@ -38,6 +38,8 @@ class StepDetector {
 
   bool locked() const { return locked_; }
   size_t period() const { return locked_ ? ref_.size() : 0; }
+  // While locked: the launch number at which the next step will start.
+  uint64_t next_boundary() const { return next_boundary_; }
   uint64_t deviations() const { return deviations_; }
   uint64_t launches() const { return base_ + tokens_.size(); }
 

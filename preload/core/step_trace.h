@@ -34,6 +34,7 @@ struct TraceLaunch {
 
 struct StepTrace {
   uint64_t step = 0;
+  uint64_t first_launch = 0;  // the process's launch number of position 0 (not written)
   std::map<uint32_t, std::string> kernels;  // kernel id -> name
   std::vector<TraceAlloc> allocs;           // by ordinal
   std::vector<TraceLaunch> launches;        // by position

@@ -43,7 +43,28 @@ bool extra_buffer(void** extra, const void** buf, size_t* len) {
 
 }  // namespace
 
-Tracker::Tracker(Driver& driver, EventLog& log) : funcs_(driver), log_(log) {}
+Tracker::Tracker(Driver& driver, EventLog& log) : driver_(driver), funcs_(driver), log_(log) {}
+
+void Tracker::put_marker(uint64_t launch_no, uint64_t handle) {
+  if (!handle) return;
+  marker_launch_.store(launch_no, std::memory_order_relaxed);
+  // One slot: the worker takes a marker long before the next step's is recorded; if it has
+  // not, the older one is let go.
+  if (uint64_t old = marker_handle_.exchange(handle, std::memory_order_acq_rel)) driver_.release_marker(old);
+}
+
+void Tracker::count_launch(Stream s) {
+  uint64_t n = launches_.fetch_add(1, std::memory_order_relaxed);
+  if (n == marker_at_.load(std::memory_order_relaxed)) put_marker(n, driver_.record_marker(s));
+}
+
+bool Tracker::take_marker(Marker* m) {
+  uint64_t h = marker_handle_.exchange(0, std::memory_order_acq_rel);
+  if (!h) return false;
+  m->handle = h;
+  m->launch_no = marker_launch_.load(std::memory_order_relaxed);
+  return true;
+}
 
 uint64_t Tracker::publish(Event e, const AllocId* acc, uint32_t n) {
   EventLog::Claim c = log_.claim(n);
@@ -96,6 +117,7 @@ void Tracker::on_free(DevPtr p, Stream s) {
 
 uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
   HookTimer timer(counters_);
+  count_launch(s);
   counters_.kernels.fetch_add(1, std::memory_order_relaxed);
   Event e{};
   e.kind = EventKind::Kernel;
@@ -122,6 +144,7 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
 
 uint64_t Tracker::on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
   HookTimer timer(counters_);
+  count_launch(s);
   counters_.copies.fetch_add(1, std::memory_order_relaxed);
   Event e{};
   e.kind = EventKind::Copy;
@@ -136,6 +159,7 @@ uint64_t Tracker::on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
 
 uint64_t Tracker::on_memset(DevPtr dst, uint64_t bytes, Stream s) {
   HookTimer timer(counters_);
+  count_launch(s);
   counters_.memsets.fetch_add(1, std::memory_order_relaxed);
   Event e{};
   e.kind = EventKind::Memset;
@@ -148,6 +172,7 @@ uint64_t Tracker::on_memset(DevPtr dst, uint64_t bytes, Stream s) {
 }
 
 uint64_t Tracker::on_graph(Stream s) {
+  count_launch(s);
   counters_.graphs.fetch_add(1, std::memory_order_relaxed);
   Event e{};
   e.kind = EventKind::Graph;
@@ -156,6 +181,8 @@ uint64_t Tracker::on_graph(Stream s) {
 }
 
 void Tracker::mark_step() {
+  if (marks_record_.load(std::memory_order_relaxed))
+    put_marker(launches_.load(std::memory_order_relaxed), driver_.record_marker(0));
   Event e{};
   e.kind = EventKind::Mark;
   publish(e, nullptr, 0);
@@ -241,6 +268,7 @@ void StepAssembler::cut_at(size_t n, int64_t now_ns) {
         const AllocId* acc = pending_acc_.data() + pending_[i].acc_begin;
         for (uint32_t k = 0; k < e.access_count; ++k)
           if (auto it = ord.find(acc[k]); it != ord.end()) l.allocs.push_back(it->second);
+        if (t.launches.empty()) t.first_launch = pending_launch_no_[i];
         t.launches.push_back(std::move(l));
         c.seqs.push_back(e.seq);
       }

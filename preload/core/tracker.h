@@ -51,6 +51,19 @@ class Tracker {
   uint64_t on_graph(Stream s);
   void mark_step();
 
+  // Step-boundary markers, for timing steps with CUDA events when CUPTI's records are not
+  // to be had. The worker arms the launch number at which the next step starts; the hook
+  // making that launch records a marker on its stream first. With marks_record set,
+  // mark_step() records one on the legacy stream instead.
+  struct Marker {
+    uint64_t launch_no = 0;  // the first launch of the step it starts
+    uint64_t handle = 0;
+  };
+  void arm_marker(uint64_t launch_no) { marker_at_.store(launch_no, std::memory_order_relaxed); }
+  void set_marks_record(bool on) { marks_record_.store(on, std::memory_order_relaxed); }
+  bool take_marker(Marker* m);
+  uint64_t launches() const { return launches_.load(std::memory_order_relaxed); }
+
   const AllocTable& allocs() const { return table_; }
   FuncRegistry& funcs() { return funcs_; }
   TrackerCounters& counters() { return counters_; }
@@ -59,7 +72,14 @@ class Tracker {
 
  private:
   uint64_t publish(Event e, const AllocId* acc, uint32_t n);
+  void count_launch(Stream s);
+  void put_marker(uint64_t launch_no, uint64_t handle);
 
+  Driver& driver_;
+  std::atomic<uint64_t> launches_{0};
+  std::atomic<uint64_t> marker_at_{~uint64_t{0}};
+  std::atomic<bool> marks_record_{false};
+  std::atomic<uint64_t> marker_launch_{0}, marker_handle_{0};
   AllocTable table_;
   FuncRegistry funcs_;
   EventLog& log_;
@@ -69,6 +89,8 @@ class Tracker {
 
 struct StepSummary {
   uint64_t step = 0;
+  uint64_t first_launch = 0;
+  int64_t gpu_step_ns = -1;  // from step-boundary markers (when CUPTI's records are not to be had)
   size_t launches = 0, kernels = 0, allocs_born = 0;
   int64_t cupti_kernels = -1, gpu_busy_ns = -1;
   size_t activations = 0, activations_unaccessed = 0;

@@ -42,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--route", type=int, default=1, choices=(1, 2),
                    help="1: backend from PYTORCH_CUDA_ALLOC_CONF; 2: CUDAPluggableAllocator from $OFFLOAD_LIB")
     p.add_argument("--mark-steps", action="store_true", help="call offload_mark_step() after each step")
+    p.add_argument("--profile", action="store_true",
+                   help="run the timed steps under torch.profiler (CPU+CUDA): another CUPTI client")
     p.add_argument("--json-out", metavar="FILE", help="also write the result JSON here")
     p.add_argument("--small", action="store_true", help="shrunken shapes for smoke runs")
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
@@ -257,6 +259,11 @@ def main(argv=None):
     if args.warmup == 0:
         reset_peaks()
 
+    profiler = None
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        profiler.__enter__()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     paused = 0.0
@@ -272,6 +279,10 @@ def main(argv=None):
         finish_step()
     torch.cuda.synchronize()
     ms_per_step = (time.perf_counter() - t0 - paused) * 1000.0 / args.steps
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        kernels = sum(1 for e in profiler.events() if e.device_type.name == "CUDA")
+        log(f"torch.profiler recorded {kernels} CUDA events")
 
     if pool:
         peak_reserved, peak_source = pool.get(CUDA_MEMPOOL_ATTR_RESERVED_MEM_HIGH), "mempool_reserved_high"

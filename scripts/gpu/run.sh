@@ -8,6 +8,7 @@
 #   scripts/gpu/run.sh compiled     the Llama model under torch.compile
 #   scripts/gpu/run.sh cost         cost of observing: reference and convnet, CUPTI on and off
 #   scripts/gpu/run.sh traces       record the step traces kept in bench/traces/
+#   scripts/gpu/run.sh final        visibility, event timing (CUPTI off / taken over), offloadd
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Uses prebuilt binaries from $OFFLOAD_BIN (default .carry/bin: liboffload.so, offloadctl),
@@ -121,6 +122,15 @@ case $plan in
     run convnet_det_r1 1 --workload convnet --steps 10 --warmup 3 --deterministic
     run llamac_det_r1 1 --workload llama --compile --steps 8 --warmup 4 --deterministic
     ;;
+  final)
+    # The shim as committed: CUPTI visibility, event timing with CUPTI off, event timing
+    # after torch.profiler takes CUPTI over, and the offloadd the shim starts itself.
+    run reference_det_r1 1 --workload reference --steps 10 --warmup 3 --deterministic
+    run reference_nocupti 1n --workload reference --steps 10 --warmup 3
+    run reference_profiled 1 --workload reference --steps 20 --warmup 3 --profile
+    "$bin/offloadctl" status > "$work/offloadctl-status.txt" 2>&1; cat "$work/offloadctl-status.txt"
+    "$bin/offloadctl" stop
+    ;;
   cost)
     # Where the launch-bound convnet's overhead goes: the shim with and without CUPTI.
     run convtime_plain 0 --workload convnet --steps 20 --warmup 3
@@ -129,7 +139,7 @@ case $plan in
     run reftime_plain_2 0 --workload reference --steps 30 --warmup 5
     run reftime_shim_2 1 --workload reference --steps 30 --warmup 5
     ;;
-  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces)" >&2; exit 2 ;;
+  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final)" >&2; exit 2 ;;
 esac
 
 for base in "$work"/*_det_a.json; do

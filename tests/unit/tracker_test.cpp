@@ -497,6 +497,61 @@ TEST(StepAssembler, AutomaticDetectionCutsAtTheStepStart) {
   }
 }
 
+// Event timing at step boundaries (the fallback when CUPTI's records are not to be had):
+// armed at the detector's next boundary, the marker is recorded by the hook that makes the
+// step's first launch, and its launch number is that step's first_launch.
+TEST(StepMarkers, RecordedAtTheArmedBoundaryAndMatchTheStepStart) {
+  Rig r;
+  Trainer tr(r);
+  tr.warmup();
+  for (int s = 0; s < 4; ++s) {
+    tr.step();
+    r.pump();
+  }
+  ASSERT_TRUE(r.as.detector().locked());
+  const uint64_t next = r.as.detector().next_boundary();
+  EXPECT_EQ(next, r.tr.launches()) << "the worker pumped at a step's end: the next launch starts a step";
+  r.tr.arm_marker(next);
+  Tracker::Marker m;
+  EXPECT_FALSE(r.tr.take_marker(&m)) << "nothing recorded before the boundary launch";
+  r.drv.advance_clock(1000);
+  tr.step();  // its first launch is the armed one
+  ASSERT_TRUE(r.tr.take_marker(&m));
+  EXPECT_EQ(m.launch_no, next);
+  EXPECT_NE(m.handle, 0u);
+  EXPECT_FALSE(r.tr.take_marker(&m)) << "one marker per arming";
+  r.pump();  // the worker sees the step go by and arms the next boundary
+  EXPECT_EQ(r.as.detector().next_boundary(), next + Trainer::kStepLaunches);
+  r.tr.arm_marker(r.as.detector().next_boundary());
+  r.drv.advance_clock(250'000);  // the step's GPU time
+  tr.step();
+  Tracker::Marker m2;
+  ASSERT_TRUE(r.tr.take_marker(&m2));
+  EXPECT_EQ(m2.launch_no, next + Trainer::kStepLaunches);
+  EXPECT_EQ(r.drv.marker_elapsed_ns(m.handle, m2.handle), -1) << "not reached on the GPU yet";
+  r.drv.reach_markers();
+  EXPECT_EQ(r.drv.marker_elapsed_ns(m.handle, m2.handle), 250'000);
+  r.pump(/*final=*/true);
+  bool found = false;
+  for (const StepTrace& t : r.steps) found |= t.first_launch == next;
+  EXPECT_TRUE(found) << "a step trace starts at the marker's launch";
+  r.drv.release_marker(m.handle);
+  r.drv.release_marker(m2.handle);
+  EXPECT_EQ(r.drv.live_markers(), 0u);
+}
+
+TEST(StepMarkers, MarkStepRecordsOneWhenAsked) {
+  Rig r;
+  Tracker::Marker m;
+  r.tr.mark_step();
+  EXPECT_FALSE(r.tr.take_marker(&m)) << "marks record nothing unless event timing is on";
+  r.tr.set_marks_record(true);
+  r.tr.mark_step();
+  ASSERT_TRUE(r.tr.take_marker(&m));
+  EXPECT_EQ(m.launch_no, r.tr.launches());
+  r.drv.release_marker(m.handle);
+}
+
 TEST(StepAssembler, AutomaticDetectionWithOnePumpAtTheEnd) {
   Rig r;
   Trainer tr(r);

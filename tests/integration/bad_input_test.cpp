@@ -1,0 +1,337 @@
+// Bad input to the real binaries: malformed frames on offloadd's socket, bad options and
+// values on the command lines of offloadd and offloadctl.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include "it_support.h"
+
+namespace offload::it {
+namespace {
+
+using proto::MsgType;
+using proto::Status;
+
+constexpr uint16_t T(MsgType t) { return static_cast<uint16_t>(t); }
+
+// The daemon still runs and a fresh connection's status query works.
+::testing::AssertionResult daemon_healthy(Daemon& d) {
+  if (!d.proc().running()) return ::testing::AssertionFailure() << "offloadd died; log:\n" << d.log();
+  StatusView s;
+  std::string why;
+  if (!d.status(&s, &why)) return ::testing::AssertionFailure() << "status failed: " << why << "; log:\n" << d.log();
+  return ::testing::AssertionSuccess();
+}
+
+struct Malformed {
+  const char* name;
+  std::vector<unsigned char> bytes;
+  const char* message;  // a part of the Error frame's message
+};
+
+std::vector<unsigned char> cat(std::vector<unsigned char> a, const std::vector<unsigned char>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(BadInputIntegration, MalformedFramesAreRejectedAndTheDaemonLives) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  const uint32_t M = proto::kMagic;
+  const uint32_t kStatusEntry = sizeof(proto::ClientStatus), kHead = sizeof(proto::StatusHead);
+  std::vector<unsigned char> garbage(100);
+  for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<unsigned char>(i * 37 + 11);
+  const std::vector<Malformed> cases = {
+      {"bad magic", raw_frame(0xDEADBEEF, 1, 0, T(MsgType::StatusQuery), 8, 8), "bad magic"},
+      {"major 2", raw_frame(M, 2, 3, T(MsgType::StatusQuery), 8, 8), "2.3"},
+      {"major 0", raw_frame(M, 0, 0, T(MsgType::StatusQuery), 8, 8), "0.0"},
+      {"type 0", raw_frame(M, 1, 0, 0, 8, 8), "unknown message type 0"},
+      {"type 14", raw_frame(M, 1, 0, 14, 8, 8), "unknown message type 14"},
+      {"type 65535", raw_frame(M, 1, 0, 65535, 0, 0), "unknown message type 65535"},
+      {"Lease of 16 bytes", raw_frame(M, 1, 0, T(MsgType::Lease), 16, 16), "expected 8"},
+      {"Register of 95 bytes", raw_frame(M, 1, 0, T(MsgType::Register), 95, 95), "expected 96"},
+      {"StatusQuery of 0 bytes", raw_frame(M, 1, 0, T(MsgType::StatusQuery), 0, 0), "expected 8"},
+      {"Release of 4 GiB", raw_frame(M, 1, 0, T(MsgType::Release), 0xFFFFFFFF, 0), "expected 16"},
+      {"StatusReply of 4 GiB", raw_frame(M, 1, 0, T(MsgType::StatusReply), 0xFFFFFFFF, 0), "status reply length"},
+      {"StatusReply of 257 entries",
+       raw_frame(M, 1, 0, T(MsgType::StatusReply), kHead + 257 * kStatusEntry, 0), "status reply length"},
+      {"StatusReply of an odd length", raw_frame(M, 1, 0, T(MsgType::StatusReply), kHead + kStatusEntry - 1, 0),
+       "status reply length"},
+      {"StatusReply shorter than its head", raw_frame(M, 1, 0, T(MsgType::StatusReply), kHead - 1, 0),
+       "status reply length"},
+      {"valid frame, then garbage",
+       cat(proto::encode(MsgType::StatusQuery, 3, proto::StatusQuery{}), garbage), "bad magic"},
+      {"garbage", garbage, "bad magic"},
+  };
+  for (const Malformed& c : cases) {
+    SCOPED_TRACE(c.name);
+    int fd = raw_connect(d.socket());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(send_bytes(fd, c.bytes));
+    Answer a = read_answer(fd, 100, 5000);
+    ::close(fd);
+    EXPECT_TRUE(a.closed) << a.describe();
+    EXPECT_TRUE(a.has_error(Status::BadRequest)) << a.describe();
+    EXPECT_NE(a.error_message().find(c.message), std::string::npos) << a.describe();
+    if (std::string(c.name) == "valid frame, then garbage") {
+      ASSERT_GE(a.frames.size(), 2u);
+      EXPECT_EQ(a.frames[0].h.type, T(MsgType::StatusReply)) << "the valid frame before the garbage is answered";
+      EXPECT_EQ(a.frames[0].h.seq, 3u);
+    }
+    if (std::string(c.name) == "major 2") EXPECT_NE(a.error_message().find("1.x"), std::string::npos);
+    ASSERT_TRUE(daemon_healthy(d));
+  }
+
+  {  // A truncated frame, then hang-up.
+    SCOPED_TRACE("truncated then hang-up");
+    auto f = proto::encode(MsgType::Register, 1, proto::Register{});
+    for (size_t cut : {size_t{5}, sizeof(proto::FrameHeader), sizeof(proto::FrameHeader) + 40}) {
+      int fd = raw_connect(d.socket());
+      ASSERT_GE(fd, 0);
+      ASSERT_TRUE(send_bytes(fd, f.data(), cut));
+      ::shutdown(fd, SHUT_WR);
+      Answer a = read_answer(fd, 1, 5000);
+      ::close(fd);
+      EXPECT_TRUE(a.closed) << a.describe();
+      EXPECT_TRUE(a.frames.empty()) << a.describe();
+      ASSERT_TRUE(daemon_healthy(d));
+    }
+  }
+
+  {  // A peer that sends half a header and waits does not hold anyone else up.
+    SCOPED_TRACE("stalled peer");
+    int fd = raw_connect(d.socket());
+    ASSERT_GE(fd, 0);
+    auto f = proto::encode(MsgType::StatusQuery, 1, proto::StatusQuery{});
+    ASSERT_TRUE(send_bytes(fd, f.data(), 10));
+    ASSERT_TRUE(daemon_healthy(d));
+    ASSERT_TRUE(send_bytes(fd, f.data() + 10, f.size() - 10));  // and it is then answered
+    Answer a = read_answer(fd, 1, 5000);
+    ::close(fd);
+    ASSERT_EQ(a.frames.size(), 1u) << a.describe();
+    EXPECT_EQ(a.frames[0].h.type, T(MsgType::StatusReply));
+  }
+
+  {  // Requests before Register: refused, the connection stays usable.
+    SCOPED_TRACE("requests before Register");
+    int fd = raw_connect(d.socket());
+    ASSERT_GE(fd, 0);
+    std::vector<std::vector<unsigned char>> reqs = {
+        proto::encode(MsgType::Lease, 1, proto::Lease{MiB}),
+        proto::encode(MsgType::Release, 2, proto::Release{0, MiB}),
+        proto::encode(MsgType::PlanRequest, 3, proto::PlanRequest{1, 1}),
+        proto::encode(MsgType::Telemetry, 4, proto::Telemetry{}),
+    };
+    for (auto& r : reqs) {
+      ASSERT_TRUE(send_bytes(fd, r));
+      Answer a = read_answer(fd, 1, 5000);
+      ASSERT_EQ(a.frames.size(), 1u) << a.describe();
+      EXPECT_TRUE(a.has_error(Status::NotRegistered)) << a.describe();
+      EXPECT_FALSE(a.closed);
+    }
+    ASSERT_TRUE(send_bytes(fd, proto::encode(MsgType::StatusQuery, 5, proto::StatusQuery{})));
+    Answer a = read_answer(fd, 1, 5000);
+    ASSERT_EQ(a.frames.size(), 1u) << a.describe();
+    EXPECT_EQ(a.frames[0].h.type, T(MsgType::StatusReply));
+    proto::Register reg{};
+    std::snprintf(reg.command, sizeof reg.command, "late");
+    ASSERT_TRUE(send_bytes(fd, proto::encode(MsgType::Register, 6, reg)));
+    a = read_answer(fd, 1, 5000);
+    ASSERT_EQ(a.frames.size(), 1u) << a.describe();
+    EXPECT_EQ(a.frames[0].h.type, T(MsgType::RegisterReply));
+    EXPECT_EQ(a.frames[0].h.seq, 6u);
+    ASSERT_TRUE(send_bytes(fd, proto::encode(MsgType::Lease, 7, proto::Lease{MiB})));
+    a = read_answer(fd, 1, 5000);
+    ASSERT_EQ(a.frames.size(), 1u) << a.describe();
+    ASSERT_EQ(a.frames[0].h.type, T(MsgType::LeaseReply));
+    proto::LeaseReply lr{};
+    ASSERT_TRUE(proto::read_payload(a.frames[0].payload.data(), a.frames[0].payload.size(), &lr));
+    EXPECT_EQ(lr.status, 0u);
+    // A second Register on the same connection is a bad request.
+    ASSERT_TRUE(send_bytes(fd, proto::encode(MsgType::Register, 8, reg)));
+    a = read_answer(fd, 1, 5000);
+    EXPECT_TRUE(a.has_error(Status::BadRequest)) << a.describe();
+    ::close(fd);
+    ASSERT_TRUE(daemon_healthy(d));
+    // Its lease went back when it hung up.
+    ASSERT_TRUE(poll_until(
+        [&] {
+          StatusView s;
+          return d.status(&s, &why) && s.head.used_bytes == 0;
+        },
+        3000));
+  }
+
+  {  // Replies sent to the daemon are not requests.
+    SCOPED_TRACE("replies as requests");
+    int fd = raw_connect(d.socket());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(send_bytes(fd, proto::encode(MsgType::Register, 1, proto::Register{})));
+    ASSERT_EQ(read_answer(fd, 1, 5000).frames.size(), 1u);
+    std::vector<std::vector<unsigned char>> frames = {
+        proto::encode(MsgType::RegisterReply, 2, proto::RegisterReply{}),
+        proto::encode(MsgType::LeaseReply, 3, proto::LeaseReply{}),
+        proto::encode(MsgType::ReleaseReply, 4, proto::ReleaseReply{}),
+        proto::encode(MsgType::PlanReply, 5, proto::PlanReply{}),
+        proto::encode(MsgType::Error, 6, proto::Error{}),
+        proto::encode_status(7, proto::StatusHead{}, {proto::ClientStatus{}}),
+    };
+    for (auto& f : frames) {
+      ASSERT_TRUE(send_bytes(fd, f));
+      Answer a = read_answer(fd, 1, 5000);
+      EXPECT_TRUE(a.has_error(Status::BadRequest)) << a.describe();
+    }
+    ::close(fd);
+    ASSERT_TRUE(daemon_healthy(d));
+  }
+
+  {  // Garbage inside a well-formed Register: strings are cut, not over-read.
+    SCOPED_TRACE("unterminated command");
+    int fd = raw_connect(d.socket());
+    ASSERT_GE(fd, 0);
+    proto::Register reg;
+    std::memset(&reg, 'A', sizeof reg);
+    ASSERT_TRUE(send_bytes(fd, proto::encode(MsgType::Register, 1, reg)));
+    Answer a = read_answer(fd, 1, 5000);
+    ASSERT_EQ(a.frames.size(), 1u) << a.describe();
+    EXPECT_EQ(a.frames[0].h.type, T(MsgType::RegisterReply));
+    StatusView s;
+    ASSERT_TRUE(d.status(&s, &why)) << why;
+    const proto::ClientStatus* me = s.by_pid(getpid());
+    ASSERT_NE(me, nullptr) << "the daemon must take the pid from the kernel, not the payload";
+    EXPECT_EQ(std::string(me->command), std::string(63, 'A'));
+    RunResult r = d.offloadctl({"status", "--socket", d.socket()});
+    EXPECT_EQ(r.exit_code(), 0) << r.err;
+    ::close(fd);
+    ASSERT_TRUE(daemon_healthy(d));
+  }
+
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
+// --- command lines ---------------------------------------------------------------------
+
+struct BadArgs {
+  std::vector<std::string> args;
+  int exit_code;
+  std::string message;
+};
+
+TEST(BadInputIntegration, OffloaddRejectsBadOptionsClearly) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  std::string xdg = dir.path() + "/xdg";
+  ASSERT_EQ(mkdir(xdg.c_str(), 0700), 0);
+  std::string seg = "offload-it-args-" + std::to_string(getpid());
+  std::string sock = dir.path() + "/s.sock";
+  const std::vector<BadArgs> cases = {
+      {{"--pool-size", "12X"}, 2, "--pool-size '12X' is not valid"},
+      {{"--pool-size", "1MiB"}, 2, "--pool-size '1MiB' is not valid: expected a size of at least 64MiB"},
+      {{"--pool-size"}, 2, "--pool-size needs a size"},
+      {{"--metrics-port", "70000"}, 2, "--metrics-port '70000' is not valid: expected 0-65535"},
+      {{"--metrics-port", "-1"}, 2, "--metrics-port '-1' is not valid"},
+      {{"--metrics-port", "80a"}, 2, "--metrics-port '80a' is not valid"},
+      {{"--socket-mode", "999"}, 2, "--socket-mode '999' is not valid"},
+      {{"--max-leases", "3"}, 2, "--max-leases '3' is not valid"},
+      {{"--log-level", "loud"}, 2, "--log-level 'loud' is not valid"},
+      {{"--segment", "a/b"}, 2, "--segment needs a name without '/'"},
+      {{"--socket"}, 2, "--socket needs a path"},
+      {{"--frobnicate"}, 2, "unknown option '--frobnicate'"},
+      {{"--socket", "/tmp/" + std::string(120, 's') + ".sock", "--segment", seg, "--pool-size", "64MiB",
+        "--no-prefault"},
+       1,
+       "socket path too long"},
+  };
+  for (const BadArgs& c : cases) {
+    std::vector<std::string> argv = {OFFLOADD_BIN};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    std::string line;
+    for (auto& a : c.args) line += a + " ";
+    SCOPED_TRACE("offloadd " + line);
+    RunResult r = run_program(argv, {{"XDG_RUNTIME_DIR", xdg}, {"OFFLOAD_SOCKET", ""}}, dir.path());
+    EXPECT_EQ(r.exit_code(), c.exit_code) << describe_status(r.status) << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << "stderr: " << r.err;
+    EXPECT_EQ(r.err.find("offloadd: "), 0u) << "stderr: " << r.err;
+  }
+  // Nothing was left behind by the refused starts.
+  EXPECT_NE(access(("/dev/shm/" + seg).c_str(), F_OK), 0);
+  shm_unlink(("/" + seg).c_str());
+
+  {  // A segment of that name that is not a pool: refused, and left alone.
+    int fd = shm_open(("/" + seg).c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+    ::close(fd);
+    RunResult r = run_program({OFFLOADD_BIN, "--socket", sock, "--segment", seg, "--no-prefault"},
+                              {{"XDG_RUNTIME_DIR", xdg}}, dir.path());
+    shm_unlink(("/" + seg).c_str());
+    EXPECT_EQ(r.exit_code(), 1) << r.err;
+    EXPECT_NE(r.err.find("exists but is not a usable pool"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("not a liboffload pool (bad magic)"), std::string::npos) << r.err;
+  }
+  {  // A runtime directory others may enter: refused (default paths only).
+    std::string open_xdg = dir.path() + "/open";
+    ASSERT_EQ(mkdir(open_xdg.c_str(), 0700), 0);
+    ASSERT_EQ(mkdir((open_xdg + "/liboffload").c_str(), 0755), 0);
+    ASSERT_EQ(chmod((open_xdg + "/liboffload").c_str(), 0755), 0);
+    RunResult r = run_program({OFFLOADD_BIN, "--pool-size", "64MiB", "--no-prefault"},
+                              {{"XDG_RUNTIME_DIR", open_xdg}, {"OFFLOAD_SOCKET", ""}}, dir.path());
+    EXPECT_NE(r.exit_code(), 0) << r.err;
+    EXPECT_NE(r.err.find("is not private to this user"), std::string::npos) << r.err;
+  }
+}
+
+// A second offloadd on a socket that is served is refused, and must leave the first alone.
+TEST(BadInputIntegration, SecondDaemonOnTheSameSocketIsRefusedAndHarmless) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  RunResult r = run_program(
+      {OFFLOADD_BIN, "--socket", d.socket(), "--segment", d.segment(), "--pool-size", "64MiB", "--no-prefault"},
+      d.env(), d.dir());
+  EXPECT_EQ(r.exit_code(), 1) << r.err;
+  EXPECT_NE(r.err.find("another offloadd is already serving " + d.socket()), std::string::npos) << r.err;
+  // The first daemon is still reachable where it was, with its pool.
+  EXPECT_EQ(access(d.socket().c_str(), F_OK), 0) << "the refused daemon removed the running daemon's socket file";
+  EXPECT_EQ(access(("/dev/shm/" + d.segment()).c_str(), F_OK), 0)
+      << "the refused daemon removed the running daemon's shared-memory segment";
+  StatusView s;
+  EXPECT_TRUE(d.status(&s, &why)) << why;
+  EXPECT_TRUE(d.proc().running());
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
+TEST(BadInputIntegration, OffloadctlRejectsBadCommandsClearly) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  std::string xdg = dir.path() + "/xdg";
+  ASSERT_EQ(mkdir(xdg.c_str(), 0700), 0);
+  std::string none = dir.path() + "/nobody-here.sock";
+  const std::vector<BadArgs> cases = {
+      {{"status", "--watch", "abc"}, 2, "--watch 'abc' is not valid"},
+      {{"status", "--watch", "0"}, 2, "--watch '0' is not valid"},
+      {{"status", "--frobnicate"}, 2, "unknown option '--frobnicate' for status"},
+      {{"stop", "--json"}, 2, "unknown option '--json' for stop"},
+      {{"frobnicate"}, 2, "unknown command 'frobnicate'"},
+      {{"trace"}, 2, "unknown command 'trace'"},
+      {{}, 2, "usage: offloadctl"},
+      {{"status", "--socket", none}, 1, "no offloadd at " + none},
+      {{"status", "--json", "--socket", none}, 1, "no offloadd at " + none},
+      {{"status"}, 1, "no offloadd at " + xdg + "/liboffload/offloadd.sock"},
+      {{"stop", "--socket", none}, 1, "no offloadd at " + none},
+  };
+  for (const BadArgs& c : cases) {
+    std::vector<std::string> argv = {OFFLOADCTL_BIN};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    std::string line;
+    for (auto& a : c.args) line += a + " ";
+    SCOPED_TRACE("offloadctl " + line);
+    RunResult r = run_program(argv, {{"XDG_RUNTIME_DIR", xdg}, {"OFFLOAD_SOCKET", ""}}, dir.path());
+    EXPECT_EQ(r.exit_code(), c.exit_code) << describe_status(r.status) << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << "stderr: " << r.err;
+    EXPECT_TRUE(r.out.empty()) << "stdout: " << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace offload::it

@@ -1,0 +1,239 @@
+// What people and scrapers see: offloadctl status (table and --json) and the Prometheus
+// endpoint, end to end from a live client; who may connect; offloadctl stop.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+
+#include <regex>
+
+#include "it_support.h"
+#include "json_mini.h"
+
+namespace offload::it {
+namespace {
+
+std::string http_get(uint16_t port, const std::string& path, std::string* why) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_port = htons(port);
+  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&in), sizeof in) != 0) {
+    *why = std::string("connect: ") + strerror(errno);
+    ::close(fd);
+    return {};
+  }
+  std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  send_bytes(fd, req.data(), req.size());
+  std::string resp;
+  int64_t end = now_ms() + 10000;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    int left = static_cast<int>(end - now_ms());
+    if (left <= 0 || ::poll(&p, 1, left) <= 0) {
+      *why = "timeout";
+      break;
+    }
+    char b[4096];
+    ssize_t n = ::recv(fd, b, sizeof b, 0);
+    if (n <= 0) break;
+    resp.append(b, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return resp;
+}
+
+// The line of `text` that starts with `prefix` and contains every one of `parts`.
+std::string find_line(const std::string& text, const std::string& prefix, const std::vector<std::string>& parts) {
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind(prefix, 0) != 0) continue;
+    bool all = true;
+    for (auto& p : parts) all &= l.find(p) != std::string::npos;
+    if (all) return l;
+  }
+  return {};
+}
+
+TEST(StatusIntegration, OffloadctlAndMetricsShowALiveClient) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({"--metrics-port", "0"}, &why)) << why;
+  Proc c;
+  ASSERT_TRUE(d.client(&c, &why, "it-client", 3)) << why;
+  ASSERT_EQ(c.cmd("connect"), "ok");
+  auto w = split(c.cmd("register"));
+  ASSERT_TRUE(w.size() == 5 && w[0] == "ok");
+  const std::string id = w[1];
+  ASSERT_EQ(c.cmd("telemetry 7 123000000 2 " + std::to_string(5 * MiB) + " " + std::to_string(3 * MiB)), "ok");
+  w = split(c.cmd("lease " + std::to_string(10 * MiB)));  // after the telemetry, on the same stream
+  ASSERT_TRUE(w.size() == 3 && w[0] == "ok");
+  const std::string pid = std::to_string(c.pid());
+
+  // --json, parsed.
+  RunResult r = d.offloadctl({"status", "--json", "--socket", d.socket()});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err << "\n" << r.out;
+  EXPECT_EQ(j["version"].num, 1);
+  EXPECT_EQ(static_cast<pid_t>(j["daemon_pid"].num), d.pid());
+  EXPECT_EQ(j["pool_bytes"].text, std::to_string(256 * MiB));
+  EXPECT_EQ(j["used_bytes"].text, std::to_string(10 * MiB));
+  EXPECT_EQ(j["free_bytes"].text, std::to_string(246 * MiB));
+  ASSERT_EQ(j["clients"].items.size(), 1u) << r.out;
+  const testing::Json& cl = j["clients"].items[0];
+  EXPECT_EQ(cl["pid"].text, pid);
+  EXPECT_EQ(cl["client_id"].text, id);
+  EXPECT_EQ(cl["command"].text, "it-client");
+  EXPECT_EQ(cl["gpu"].text, "3");
+  EXPECT_TRUE(cl["connected"].b);
+  EXPECT_EQ(cl["leased_bytes"].text, std::to_string(10 * MiB));
+  EXPECT_EQ(cl["fair_share_bytes"].text, std::to_string(256 * MiB));
+  EXPECT_EQ(cl["step"].text, "7");
+  EXPECT_EQ(cl["step_ns"].text, "123000000");
+  EXPECT_EQ(cl["misses"].text, "2");
+  EXPECT_EQ(cl["resident_bytes"].text, std::to_string(5 * MiB));
+  EXPECT_EQ(cl["evicted_bytes"].text, std::to_string(3 * MiB));
+  EXPECT_EQ(cl["exposed_stall_ns"].text, "4000000");
+  EXPECT_EQ(cl["launches"].text, "99");
+
+  // The table for people.
+  r = d.offloadctl({"status", "--socket", d.socket()});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_NE(r.out.find("pool: 256.0 MiB, used 10.0 MiB, free 246.0 MiB (offloadd pid " + std::to_string(d.pid())),
+            std::string::npos)
+      << r.out;
+  std::string row = find_line(r.out, pid + " ", {"it-client", "10.0 MiB", "5.0 MiB", "3.0 MiB", "123.0"});
+  EXPECT_FALSE(row.empty()) << "no row with the client's pid, command and figures:\n" << r.out;
+  EXPECT_NE(row.find(" 3 "), std::string::npos) << row;  // gpu
+
+  // The same without --socket: the default path under XDG_RUNTIME_DIR is not where this
+  // daemon listens, and OFFLOAD_SOCKET points there.
+  r = run_program({OFFLOADCTL_BIN, "status", "--json"},
+                  {{"XDG_RUNTIME_DIR", d.dir() + "/xdg"}, {"OFFLOAD_SOCKET", d.socket()}}, d.dir());
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_NE(r.out.find("\"pid\":" + pid), std::string::npos) << r.out;
+
+  // Prometheus text: the port comes from the daemon's log.
+  std::smatch m;
+  const std::regex port_re("metrics on 127\\.0\\.0\\.1:([0-9]+)");
+  std::string log;
+  ASSERT_TRUE(poll_until(
+      [&] {
+        log = d.log();
+        return std::regex_search(log, m, port_re);
+      },
+      5000))
+      << log;
+  const uint16_t port = static_cast<uint16_t>(std::stoul(m[1].str()));
+  ASSERT_GT(port, 0);
+  std::string resp = http_get(port, "/metrics", &why);
+  ASSERT_EQ(resp.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << why << "\n" << resp;
+  EXPECT_NE(resp.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << resp;
+  size_t body_at = resp.find("\r\n\r\n");
+  ASSERT_NE(body_at, std::string::npos);
+  std::string body = resp.substr(body_at + 4);
+  EXPECT_FALSE(find_line(body, "offload_pool_bytes " + std::to_string(256 * MiB), {}).empty()) << body;
+  EXPECT_FALSE(find_line(body, "offload_pool_used_bytes " + std::to_string(10 * MiB), {}).empty()) << body;
+  EXPECT_FALSE(find_line(body, "offload_clients 1", {}).empty()) << body;
+  const std::string labels =
+      "{client=\"" + id + "\",pid=\"" + pid + "\",gpu=\"3\",command=\"it-client\"}";
+  EXPECT_FALSE(find_line(body, "offload_client_leased_bytes" + labels + " " + std::to_string(10 * MiB), {}).empty())
+      << body;
+  EXPECT_FALSE(find_line(body, "offload_client_misses_total" + labels + " 2", {}).empty()) << body;
+  EXPECT_FALSE(find_line(body, "offload_client_step_seconds" + labels + " 0.123", {}).empty()) << body;
+  EXPECT_FALSE(find_line(body, "# TYPE offload_client_misses_total counter", {}).empty()) << body;
+  // Every sample line is "name{labels} value" or "name value" with a number.
+  std::istringstream in(body);
+  const std::regex sample(R"(^[a-z_]+(\{[^}]*\})? [0-9.e+-]+$)");
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty() && l[0] != '#') EXPECT_TRUE(std::regex_match(l, sample)) << "not a sample: '" << l << "'";
+
+  // Any path serves the metrics; the daemon keeps serving clients meanwhile.
+  EXPECT_NE(http_get(port, "/", &why).find("offload_pool_bytes"), std::string::npos);
+  EXPECT_EQ(c.cmd("status").rfind("ok ", 0), 0u);
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
+TEST(StatusIntegration, OffloadctlStopStopsTheDaemon) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  RunResult r = d.offloadctl({"stop", "--socket", d.socket()});
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_NE(r.out.find("offloadd stopping"), std::string::npos) << r.out;
+  EXPECT_TRUE(exited_with(d.proc().wait(10000), 0)) << d.log();
+  EXPECT_NE(access(d.socket().c_str(), F_OK), 0) << "the socket file outlived the daemon";
+  EXPECT_NE(access(("/dev/shm/" + d.segment()).c_str(), F_OK), 0) << "an empty pool outlived the daemon";
+
+  // With a lease held, the segment (and the client's data) outlives a stopped daemon.
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  Proc c;
+  ASSERT_TRUE(d.client(&c, &why)) << why;
+  ASSERT_EQ(c.cmd("connect"), "ok");
+  ASSERT_EQ(c.cmd("register").rfind("ok ", 0), 0u);
+  ASSERT_EQ(c.cmd("map").rfind("ok ", 0), 0u);
+  auto w = split(c.cmd("lease " + std::to_string(MiB)));
+  ASSERT_TRUE(w.size() == 3 && w[0] == "ok");
+  ASSERT_EQ(c.cmd("fill " + w[1] + " " + w[2] + " 77"), "ok");
+  r = d.offloadctl({"stop", "--socket", d.socket()});
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(exited_with(d.proc().wait(10000), 0)) << d.log();
+  EXPECT_EQ(access(("/dev/shm/" + d.segment()).c_str(), F_OK), 0);
+  EXPECT_EQ(c.cmd("check " + w[1] + " " + w[2] + " 77"), "ok");
+}
+
+// A process of another uid must not get in: not with a socket it may open (the daemon
+// refuses it by SO_PEERCRED), and not at all with the default socket mode.
+TEST(StatusIntegration, AnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as uid 65534 (nobody); CI runs as root";
+  constexpr const char* kNobody = "65534";
+  {
+    Daemon d;
+    std::string why;
+    // The socket directory: the other uid may traverse it, not list or write it.
+    ASSERT_EQ(chmod(d.dir().c_str(), 0711), 0);
+    ASSERT_TRUE(d.start({"--socket-mode", "0666"}, &why)) << why;
+    struct stat st;
+    ASSERT_EQ(stat(d.socket().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0666u);
+    Proc other;
+    ASSERT_TRUE(d.client(&other, &why, "intruder", 0, {"--drop-uid", kNobody})) << why;
+    std::string raw = other.cmd("raw-register");
+    EXPECT_TRUE(raw == "error " + std::to_string(static_cast<uint32_t>(proto::Status::Refused)) || raw == "closed")
+        << "a client of uid 65534 got: " << raw;
+    // Through the client library too.
+    std::string conn = other.cmd("connect");
+    if (conn == "ok") {
+      std::string reg = other.cmd("register");
+      EXPECT_EQ(reg.rfind("err ", 0), 0u) << reg;
+    }
+    EXPECT_NE(d.log().find("refused a connection from uid 65534"), std::string::npos) << d.log();
+    StatusView s;
+    ASSERT_TRUE(d.status(&s, &why)) << why;
+    EXPECT_TRUE(s.clients.empty());
+    // The owner still gets in.
+    Proc mine;
+    ASSERT_TRUE(d.client(&mine, &why)) << why;
+    ASSERT_EQ(mine.cmd("connect"), "ok");
+    EXPECT_EQ(mine.cmd("register").rfind("ok ", 0), 0u);
+    EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+  }
+  {
+    Daemon d;
+    std::string why;
+    ASSERT_EQ(chmod(d.dir().c_str(), 0711), 0);
+    ASSERT_TRUE(d.start({}, &why)) << why;
+    struct stat st;
+    ASSERT_EQ(stat(d.socket().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    Proc other;
+    ASSERT_TRUE(d.client(&other, &why, "intruder", 0, {"--drop-uid", kNobody})) << why;
+    EXPECT_EQ(other.cmd("raw-register"), "connect-failed EACCES");
+    EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+  }
+}
+
+}  // namespace
+}  // namespace offload::it
