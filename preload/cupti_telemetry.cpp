@@ -73,11 +73,16 @@ bool CuptiTelemetry::start() {
   auto reg = reinterpret_cast<int (*)(void*, void*)>(sym("cuptiActivityRegisterCallbacks"));
   flush_all_ = reinterpret_cast<int (*)(uint32_t)>(sym("cuptiActivityFlushAll"));
   get_next_ = reinterpret_cast<int (*)(uint8_t*, size_t, void**)>(sym("cuptiActivityGetNextRecord"));
+  disable_ = reinterpret_cast<int (*)(int)>(sym("cuptiActivityDisable"));
   if (!enable || !reg || !flush_all_ || !get_next_) {
     state_ = "off: libcupti lacks the activity API we need";
     return false;
   }
   g_instance = this;
+  if (yielded_.load()) {
+    state_ = "off: another CUPTI client registered first";
+    return false;
+  }
   if (reg(reinterpret_cast<void*>(&request_cb), reinterpret_cast<void*>(&complete_cb)) != CUPTI_SUCCESS) {
     state_ = "off: cuptiActivityRegisterCallbacks failed (another CUPTI client?)";
     return false;
@@ -138,8 +143,22 @@ void CuptiTelemetry::on_buffer(uint8_t* buf, size_t valid) {
   }
 }
 
+void CuptiTelemetry::yield_to_other_client() {
+  if (!active() || yielded_.exchange(true)) return;
+  // Synchronously, before the other client enables its own kinds: ours off, so that it
+  // owns CUPTI as if we were not there (measured before this existed: torch.profiler saw
+  // no CUDA events at all while we held the activity buffers).
+  for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
+    if (disable_) disable_(kind);
+  taken_over_ = true;
+  std::lock_guard lock(mu_);
+  state_ = "yielded: another CUPTI client (e.g. torch.profiler) registered for activity records";
+  log().warn("GPU-time telemetry: {}", state_);
+}
+
 void CuptiTelemetry::collect(std::vector<GpuRecord>* out, bool force) {
-  if (!active()) return;
+  // Once yielded, flushing would only deliver the other client's buffers early.
+  if (!active() || yielded_.load()) return;
   // Unforced, CUPTI hands over full buffers only; buffers are small so that this happens
   // a few times per step. A forced flush would also hand over records of kernels still
   // running, without their times (measured: most of a step's records had start == end == 0).
@@ -158,7 +177,7 @@ void CuptiTelemetry::collect(std::vector<GpuRecord>* out, bool force) {
     }
   } else if (buffers_ != last_buffers_) {
     silent_collects_ = 0;
-    if (taken_over_) {
+    if (taken_over_ && !yielded_.load()) {
       taken_over_ = false;
       state_ = "cupti";
       log().info("GPU-time telemetry: CUPTI records flow again");
@@ -180,5 +199,11 @@ std::string CuptiTelemetry::counters_json() const {
   std::lock_guard lock(mu_);
   return "{\"buffers\":" + std::to_string(buffers_) + ",\"kernels\":" + std::to_string(n_kernel_) +
          ",\"memcpys\":" + std::to_string(n_copy_) + ",\"memsets\":" + std::to_string(n_memset_) + "}";
+}
+}  // namespace offload
+
+namespace offload {
+bool CuptiTelemetry::is_our_callback(const void* request_fn) {
+  return request_fn == reinterpret_cast<const void*>(&request_cb);
 }
 }  // namespace offload

@@ -36,6 +36,11 @@ class CuptiTelemetry final : public Telemetry {
   bool active() const { return active_.load(std::memory_order_acquire); }
   // Records are flowing to us: started, and no other client has taken the buffers.
   bool flowing() const { return active() && !taken_over_.load(std::memory_order_relaxed); }
+  // Another CUPTI client registers for activity records (our interposed
+  // cuptiActivityRegisterCallbacks saw it): turn ours off so that it works as if alone.
+  void yield_to_other_client();
+  bool yielded() const { return yielded_.load(); }
+  static bool is_our_callback(const void* request_fn);
 
   void collect(std::vector<GpuRecord>* out, bool force) override;
   std::string state() const override;
@@ -58,11 +63,13 @@ class CuptiTelemetry final : public Telemetry {
   uint64_t last_buffers_ = 0, last_launches_ = 0;
   int silent_collects_ = 0;
   std::atomic<bool> taken_over_{false};
+  std::atomic<bool> yielded_{false};
 
   // Resolved CUPTI entry points.
   void* lib_ = nullptr;
   int (*flush_all_)(uint32_t) = nullptr;
   int (*get_next_)(uint8_t*, size_t, void**) = nullptr;
+  int (*disable_)(int) = nullptr;
 };
 
 }  // namespace offload

@@ -58,6 +58,11 @@ HookGuard::~HookGuard() {
   if (outermost_) t_in_hook = false;
 }
 
+Runtime* runtime_if_built() {
+  if (g_pass_through.load(std::memory_order_relaxed)) return nullptr;
+  return g_runtime.load(std::memory_order_acquire);
+}
+
 Runtime* runtime() {
   if (g_pass_through.load(std::memory_order_relaxed)) return nullptr;
   if (Runtime* rt = g_runtime.load(std::memory_order_acquire)) return rt;
@@ -137,6 +142,7 @@ void Runtime::time_steps_with_markers() {
   // steps are timed on the GPU with an event at each step boundary.
   if (tracker_.counters().kernels.load() == 0) return;  // nothing runs on a GPU here yet
   bool want = telemetry_started_ ? !telemetry_.flowing() : !settings_.telemetry;
+  if (want && telemetry_started_ && !event_timing_) assembler_.telemetry_lost();
   if (want && !event_timing_)
     log().info("GPU-time telemetry: {}; timing steps with CUDA events at step boundaries instead",
                settings_.telemetry ? telemetry_.state() : std::string("off (OFFLOAD_TELEMETRY=off)"));

@@ -303,6 +303,12 @@ namespace {
 bool timed(const GpuRecord& r) { return r.start_ns != 0 && r.end_ns >= r.start_ns; }
 }  // namespace
 
+void StepAssembler::telemetry_lost() {
+  gpu_from_seq_ = ~uint64_t{0};
+  for (Cut& c : cuts_) c.timed = false;
+  records_.clear();
+}
+
 uint64_t StepAssembler::name_hash_of(uint32_t func) {
   auto it = name_hashes_.find(func);
   if (it != name_hashes_.end()) return it->second;

@@ -114,6 +114,9 @@ class StepAssembler {
 
   // GPU records exist only for launches from `seq` on (telemetry started then).
   void gpu_times_from(uint64_t seq) { gpu_from_seq_ = seq; }
+  // Records stopped coming (another CUPTI client took them): steps not finished yet may
+  // have only part of theirs, so none of them, and no later step, is counted or timed.
+  void telemetry_lost();
 
   const StepDetector& detector() const { return detector_; }
   bool marked() const { return marked_; }

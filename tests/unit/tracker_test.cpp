@@ -824,6 +824,26 @@ TEST(StepAssembler, NoWaitTakesCutStepsWithoutTimes) {
   }
 }
 
+// Another CUPTI client took the records mid-run: the steps that are cut but not finished
+// may hold only part of their records, so none of them is counted, nor any later one.
+TEST(StepAssembler, AfterTelemetryIsLostNoStepIsCountedOrTimed) {
+  GpuRig g;
+  g.run_steps();
+  g.r.as.gpu_times_from(1);
+  g.r.drain();
+  auto all = GpuRig::records();
+  std::vector<GpuRecord> part(all.begin(), all.begin() + 3);  // only the first records came
+  g.r.as.add_gpu_records(part);
+  g.r.as.telemetry_lost();
+  g.r.pump(true);
+  ASSERT_FALSE(g.r.steps.empty());
+  for (const StepTrace& t : g.r.steps) {
+    SCOPED_TRACE("step " + std::to_string(t.step));
+    EXPECT_EQ(t.cupti_kernels, -1);
+    EXPECT_EQ(t.gpu_busy_ns, -1);
+  }
+}
+
 TEST(StepAssembler, StepsBeforeTelemetryStartedGetNoTimes) {
   GpuRig g;
   g.run_steps();

@@ -1,0 +1,20 @@
+// CUPTI allows one owner of the activity buffers. When another client (torch.profiler's
+// Kineto) registers for them, our telemetry steps aside first, so that the profiler works
+// as it would without us; steps are then timed with CUDA events instead.
+#include <cupti.h>
+#undef cuGetProcAddress
+#include <dlfcn.h>
+
+#include "hooks/hook.h"
+
+#define OFFLOAD_EXPORT extern "C" __attribute__((visibility("default")))
+
+OFFLOAD_EXPORT CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc request,
+                                                          CUpti_BuffersCallbackCompleteFunc complete) {
+  using Fn = CUptiResult (*)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
+  auto real = reinterpret_cast<Fn>(offload::hooks::real_dlsym(RTLD_NEXT, "cuptiActivityRegisterCallbacks"));
+  if (!real) return CUPTI_ERROR_NOT_INITIALIZED;  // no libcupti loaded: nobody to forward to
+  if (!offload::CuptiTelemetry::is_our_callback(reinterpret_cast<const void*>(request)))
+    if (offload::Runtime* rt = offload::runtime_if_built()) rt->telemetry().yield_to_other_client();
+  return real(request, complete);
+}
