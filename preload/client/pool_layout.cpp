@@ -41,7 +41,8 @@ std::optional<LeaseTable> LeaseTable::open(void* base, uint64_t total, std::stri
   if (std::memcmp(h->magic, kPoolMagic, sizeof h->magic) != 0) return fail("not a liboffload pool (bad magic)");
   if (h->layout_version != kPoolLayoutVersion) return fail("pool layout version not supported");
   if (h->max_leases == 0 || h->table_offset != sizeof(PoolHeader) ||
-      h->data_offset != data_offset_for(h->max_leases) || h->data_offset + h->data_bytes > total)
+      h->data_offset != data_offset_for(h->max_leases) || h->data_offset > total ||
+      h->data_bytes > total - h->data_offset)
     return fail("pool header does not match the segment's size");
   return LeaseTable(static_cast<unsigned char*>(base), h);
 }

@@ -142,33 +142,28 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
   return publish(e, acc, static_cast<uint32_t>(n));
 }
 
-uint64_t Tracker::on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
+// Copies and memsets: the destination (and a copy's source) as the words to scan.
+uint64_t Tracker::on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
   HookTimer timer(counters_);
   count_launch(s);
-  counters_.copies.fetch_add(1, std::memory_order_relaxed);
+  (kind == EventKind::Copy ? counters_.copies : counters_.memsets).fetch_add(1, std::memory_order_relaxed);
   Event e{};
-  e.kind = EventKind::Copy;
+  e.kind = kind;
   e.stream = s;
   e.a = bytes;
   e.ptr = dst;
   AllocId acc[2];
   DevPtr words[2] = {dst, src};
-  size_t n = table_.scan(words, 2, acc, 0, 2);
+  size_t n = table_.scan(words, kind == EventKind::Copy ? 2 : 1, acc, 0, 2);
   return publish(e, acc, static_cast<uint32_t>(n));
 }
 
+uint64_t Tracker::on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
+  return on_transfer(EventKind::Copy, dst, src, bytes, s);
+}
+
 uint64_t Tracker::on_memset(DevPtr dst, uint64_t bytes, Stream s) {
-  HookTimer timer(counters_);
-  count_launch(s);
-  counters_.memsets.fetch_add(1, std::memory_order_relaxed);
-  Event e{};
-  e.kind = EventKind::Memset;
-  e.stream = s;
-  e.a = bytes;
-  e.ptr = dst;
-  AllocId acc[1];
-  size_t n = table_.scan(&dst, 1, acc, 0, 1);
-  return publish(e, acc, static_cast<uint32_t>(n));
+  return on_transfer(EventKind::Memset, dst, 0, bytes, s);
 }
 
 uint64_t Tracker::on_graph(Stream s) {

@@ -72,6 +72,7 @@ class Tracker {
 
  private:
   uint64_t publish(Event e, const AllocId* acc, uint32_t n);
+  uint64_t on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s);
   void count_launch(Stream s);
   void put_marker(uint64_t launch_no, uint64_t handle);
 
