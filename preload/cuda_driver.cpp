@@ -28,6 +28,12 @@ bool CudaDriver::ready() {
 
 int CudaDriver::param_layout(Func f, ParamInfo* out, int cap) {
   if (!ready()) return -1;
+  // Called from a launch hook: the launching thread's context is the one to pin host memory in.
+  if (!ctx_.load(std::memory_order_relaxed))
+    if (const EventApi* a = events()) {
+      void* c = nullptr;
+      if (a->get_ctx(&c) == CUDA_SUCCESS && c) ctx_.store(c, std::memory_order_relaxed);
+    }
   // cuLaunchKernel accepts a CUkernel in place of a CUfunction: ask as one, then the other.
   // Past the last parameter the driver answers CUDA_ERROR_INVALID_VALUE; a handle of the
   // other kind gets a different error.
@@ -81,6 +87,7 @@ const CudaDriver::EventApi* CudaDriver::events() {
     api.get_ctx = reinterpret_cast<int (*)(void**)>(sym("cuCtxGetCurrent"));
     api.push_ctx = reinterpret_cast<int (*)(void*)>(sym("cuCtxPushCurrent_v2", "cuCtxPushCurrent"));
     api.pop_ctx = reinterpret_cast<int (*)(void**)>(sym("cuCtxPopCurrent_v2", "cuCtxPopCurrent"));
+    api.host_register = reinterpret_cast<int (*)(void*, size_t, unsigned)>(sym("cuMemHostRegister_v2", "cuMemHostRegister"));
   });
   const EventApi* a = &api;
   return a->create && a->record && a->query && a->elapsed && a->destroy && a->get_ctx && a->push_ctx && a->pop_ctx
@@ -130,4 +137,16 @@ void CudaDriver::release_marker(uint64_t m) {
   delete r;
 }
 
+}  // namespace offload
+
+namespace offload {
+bool CudaDriver::pin_host(void* p, uint64_t bytes) {
+  const EventApi* a = events();
+  void* ctx = ctx_.load(std::memory_order_relaxed);
+  if (!a || !a->host_register || !ctx || a->push_ctx(ctx) != CUDA_SUCCESS) return false;
+  bool ok = a->host_register(p, static_cast<size_t>(bytes), CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+  void* popped = nullptr;
+  a->pop_ctx(&popped);
+  return ok;
+}
 }  // namespace offload

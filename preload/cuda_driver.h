@@ -2,6 +2,8 @@
 // from libcuda.so.1 at run time (never linked) through the hook table's real dlsym.
 #pragma once
 
+#include <atomic>
+
 #include "core/driver.h"
 
 namespace offload {
@@ -14,6 +16,7 @@ class CudaDriver final : public Driver {
   uint64_t record_marker(Stream s) override;
   int64_t marker_elapsed_ns(uint64_t from, uint64_t to) override;
   void release_marker(uint64_t m) override;
+  bool pin_host(void* p, uint64_t bytes) override;
 
  private:
   bool ready();
@@ -33,8 +36,10 @@ class CudaDriver final : public Driver {
     int (*get_ctx)(void**) = nullptr;
     int (*push_ctx)(void*) = nullptr;
     int (*pop_ctx)(void**) = nullptr;
+    int (*host_register)(void*, size_t, unsigned) = nullptr;
   };
   const EventApi* events();
+  std::atomic<void*> ctx_{nullptr};  // the context of the first kernel we learned about
 };
 
 }  // namespace offload

@@ -50,7 +50,14 @@ void PrivatePool::release(const Extent& e) {
 }
 
 std::string PrivatePool::describe() const {
-  return "private pool of " + std::to_string(table_ ? table_->data_bytes() : 0) + " bytes in this process";
+  return "private pool of " + std::to_string(table_ ? table_->data_bytes() : 0) + " bytes in this process" +
+         (pinned_ ? ", pinned" : "");
+}
+
+bool PrivatePool::pin(const std::function<bool(void*, uint64_t)>& pin) {
+  std::lock_guard lock(mu_);
+  if (!pinned_ && table_) pinned_ = pin_in_chunks(table_->data(), table_->data_bytes(), pin);
+  return pinned_;
 }
 
 std::string find_daemon_binary(const std::string& configured) {
@@ -212,9 +219,16 @@ void DaemonLink::release(const Extent& e) {
   client_.release(e.offset, e.bytes, &why);
 }
 
+bool DaemonLink::pin(const std::function<bool(void*, uint64_t)>& pin) {
+  std::lock_guard lock(mu_);
+  if (!pinned_ && mapping_.base()) pinned_ = mapping_.pin_in_chunks(pin);
+  return pinned_;
+}
+
 std::string DaemonLink::describe() const {
   std::lock_guard lock(mu_);
-  if (client_.connected()) return "offloadd at " + paths_.socket + ", client " + std::to_string(client_id_);
+  if (client_.connected())
+    return "offloadd at " + paths_.socket + ", client " + std::to_string(client_id_) + (pinned_ ? ", pinned" : "");
   return "offloadd not connected" + (failure_.empty() ? std::string() : ": " + failure_);
 }
 

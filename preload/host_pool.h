@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -28,6 +29,12 @@ class HostPool {
   virtual std::optional<Extent> lease(uint64_t bytes, std::string* why) = 0;
   virtual void release(const Extent& e) = 0;
   virtual std::string describe() const = 0;
+  // Pins the whole pool once, in chunks under 2 GiB, with `pin(ptr, bytes)`. True once pinned.
+  virtual bool pin(const std::function<bool(void*, uint64_t)>& pin) = 0;
+  bool pinned() const { return pinned_; }
+
+ protected:
+  bool pinned_ = false;
 };
 
 // A pool of private memory, for when no daemon is reachable. Not pre-faulted.
@@ -38,6 +45,7 @@ class PrivatePool final : public HostPool {
   std::optional<Extent> lease(uint64_t bytes, std::string* why) override;
   void release(const Extent& e) override;
   std::string describe() const override;
+  bool pin(const std::function<bool(void*, uint64_t)>& pin) override;
 
  private:
   std::mutex mu_;
@@ -63,6 +71,7 @@ class DaemonLink final : public HostPool {
   std::optional<Extent> lease(uint64_t bytes, std::string* why) override;
   void release(const Extent& e) override;
   std::string describe() const override;
+  bool pin(const std::function<bool(void*, uint64_t)>& pin) override;
 
  private:
   bool connect_and_register(std::string* why);

@@ -130,6 +130,14 @@ void Runtime::pump(bool no_wait) {
     private_pool_ = std::make_unique<PrivatePool>(settings_.host_pool_bytes);
     log().warn("no offloadd ({}): using a {}", link_.failure(), private_pool_->describe());
   }
+  // Pin the pool once, as soon as a launch has shown which context to pin it in.
+  if (HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
+      !pool->pinned() && !pin_failed_ && tracker_.funcs().count() > 0 && (private_pool_ || link_.connected())) {
+    if (pool->pin([&](void* p, uint64_t n) { return driver_.pin_host(p, n); }))
+      log().info("host pool pinned: {}", pool->describe());
+    else if ((pin_failed_ = true))
+      log().warn("could not pin the host pool ({}): copies to it will be slower", pool->describe());
+  }
   log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
   telemetry_.collect(&gpu_, no_wait);
   assembler_.add_gpu_records(gpu_);

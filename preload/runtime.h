@@ -61,6 +61,7 @@ class Runtime {
   void time_steps_with_markers();
   DaemonLink link_;
   bool event_timing_ = false;
+  bool pin_failed_ = false;
   std::deque<Tracker::Marker> markers_;
   std::unique_ptr<PrivatePool> private_pool_;  // when no daemon can be reached
   int64_t last_cut_ns_ = 0;

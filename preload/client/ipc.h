@@ -93,9 +93,7 @@ class SharedPoolMapping {
   // and leak on larger single registrations). False as soon as one chunk fails.
   template <class PinFn>
   bool pin_in_chunks(PinFn&& pin, uint64_t chunk = (2ull << 30) - kDataAlign) {
-    for (uint64_t off = 0; off < data_bytes(); off += chunk)
-      if (!pin(data() + off, std::min(chunk, data_bytes() - off))) return false;
-    return true;
+    return offload::pin_in_chunks(data(), data_bytes(), pin, chunk);
   }
 
  private:

@@ -46,6 +46,16 @@ struct LeaseSlot {
 };
 static_assert(sizeof(LeaseSlot) == 32);
 
+// Calls pin(chunk, bytes) over [data, data + bytes) in chunks of at most `chunk` bytes
+// (default: under 2 GiB, as some drivers fail and leak on larger single registrations).
+// False as soon as one chunk fails.
+template <class PinFn>
+bool pin_in_chunks(unsigned char* data, uint64_t bytes, PinFn&& pin, uint64_t chunk = (2ull << 30) - (2u << 20)) {
+  for (uint64_t off = 0; off < bytes; off += chunk)
+    if (!pin(data + off, bytes - off < chunk ? bytes - off : chunk)) return false;
+  return true;
+}
+
 // Bytes a pool of `data_bytes` needs in all (header, table, alignment, data).
 uint64_t pool_total_bytes(uint64_t data_bytes, uint32_t max_leases);
 

@@ -40,6 +40,10 @@ class Driver {
   // returns a handle (0 on failure). The worker asks for the GPU time between two markers
   // (-1 until both have been reached) and releases them.
   virtual uint64_t record_marker(Stream s) = 0;
+  // Pins host memory for fast, async copies (cuMemHostRegister, portable). Called from the
+  // worker thread, after a launch has shown the driver which context to use. False if
+  // the driver refused or no context is known yet.
+  virtual bool pin_host(void* p, uint64_t bytes) = 0;
   virtual int64_t marker_elapsed_ns(uint64_t from, uint64_t to) = 0;
   virtual void release_marker(uint64_t m) = 0;
 };

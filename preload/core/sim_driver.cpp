@@ -77,6 +77,17 @@ void SimDriver::release_marker(uint64_t m) {
   markers_.erase(m);
 }
 
+bool SimDriver::pin_host(void* p, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  pinned_.emplace_back(p, bytes);
+  return true;
+}
+
+std::vector<std::pair<void*, uint64_t>> SimDriver::pinned() const {
+  std::lock_guard lock(mu_);
+  return pinned_;
+}
+
 void SimDriver::advance_clock(int64_t ns) {
   std::lock_guard lock(mu_);
   clock_ns_ += ns;

@@ -33,6 +33,8 @@ class SimDriver final : public Driver {
   uint64_t record_marker(Stream s) override;
   int64_t marker_elapsed_ns(uint64_t from, uint64_t to) override;
   void release_marker(uint64_t m) override;
+  bool pin_host(void* p, uint64_t bytes) override;
+  std::vector<std::pair<void*, uint64_t>> pinned() const;
   void advance_clock(int64_t ns);
   void reach_markers();
   size_t live_markers() const;
@@ -54,6 +56,7 @@ class SimDriver final : public Driver {
     bool reached;
   };
   int64_t clock_ns_ = 0;
+  std::vector<std::pair<void*, uint64_t>> pinned_;
   uint64_t next_marker_ = 1;
   std::unordered_map<uint64_t, Marker> markers_;
 };
