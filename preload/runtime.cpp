@@ -131,12 +131,15 @@ void Runtime::pump(bool no_wait) {
     log().warn("no offloadd ({}): using a {}", link_.failure(), private_pool_->describe());
   }
   // Pin the pool once, as soon as a launch has shown which context to pin it in.
-  if (HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
-      !pool->pinned() && !pin_failed_ && tracker_.funcs().count() > 0 && (private_pool_ || link_.connected())) {
-    if (pool->pin([&](void* p, uint64_t n) { return driver_.pin_host(p, n); }))
+  HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
+  bool pool_ready = private_pool_ || link_.connected();
+  if (pool_ready && !pool->pinned() && !pin_failed_ && tracker_.funcs().count() > 0) {
+    if (pool->pin([&](void* p, uint64_t n) { return driver_.pin_host(p, n); })) {
       log().info("host pool pinned: {}", pool->describe());
-    else if ((pin_failed_ = true))
+    } else {
+      pin_failed_ = true;
       log().warn("could not pin the host pool ({}): copies to it will be slower", pool->describe());
+    }
   }
   log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
   telemetry_.collect(&gpu_, no_wait);
