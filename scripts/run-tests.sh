@@ -14,6 +14,8 @@ for variant in plain address thread; do
   cmake --build "$dir" -j "$jobs"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu
 done
+echo "== fuzz the wire protocol's decoder (bounded)"
+scripts/run-fuzz.sh "${FUZZ_SECONDS:-30}"
 echo "== the main job's no-GPU path (replay of the recorded traces)"
 for t in bench/traces/*.trace; do build-test-plain/offloadctl replay "$t" > /dev/null; done
 build-test-plain/offloadctl trace check bench/traces > /dev/null

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -59,6 +60,18 @@ std::string label_escape(const std::string& s) {
 std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* why) {
   std::unique_ptr<Service> s(new Service());
   s->opt_ = o;
+  // One daemon per socket: an exclusive lock held for the daemon's life, taken before it
+  // touches the segment or the socket, so that a second one refused here changes nothing.
+  std::string lock_path = o.socket_path + ".lock";
+  s->lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (s->lock_fd_ < 0) {
+    *why = "cannot open " + lock_path + ": " + strerror(errno);
+    return nullptr;
+  }
+  if (flock(s->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    *why = "another offloadd is already serving " + o.socket_path;
+    return nullptr;
+  }
   // The segment: adopt the one a previous daemon left, or create it.
   uint64_t total = pool_total_bytes(o.pool_bytes, o.max_leases);
   bool adopted = false;
@@ -150,21 +163,12 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, o.socket_path.c_str(), o.socket_path.size() + 1);
   s->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  // A socket file nobody listens on is left from a dead daemon: replace it. One somebody
-  // listens on means another daemon runs: refuse.
-  {
-    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-      close(probe);
-      *why = "another offloadd is already serving " + o.socket_path;
-      return nullptr;
-    }
-    close(probe);
-    unlink(o.socket_path.c_str());
-  }
+  // Holding the lock, a socket file left here is a dead daemon's: replace it.
+  unlink(o.socket_path.c_str());
   mode_t old = umask(0177);
   int rc = bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   umask(old);
+  if (rc == 0) s->owns_socket_ = true;
   if (rc != 0 || chmod(o.socket_path.c_str(), o.socket_mode) != 0 || listen(s->listen_fd_, 64) != 0) {
     *why = "cannot listen on " + o.socket_path + ": " + strerror(errno);
     return nullptr;
@@ -195,13 +199,12 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
 Service::~Service() {
   if (prefault_.joinable()) prefault_.join();
   for (auto& [fd, c] : conns_) close(fd);
-  if (listen_fd_ >= 0) {
-    close(listen_fd_);
-    unlink(opt_.socket_path.c_str());
-  }
+  if (listen_fd_ >= 0) close(listen_fd_);
+  if (owns_socket_) unlink(opt_.socket_path.c_str());
   if (metrics_fd_ >= 0) close(metrics_fd_);
   for (int fd : wake_)
     if (fd >= 0) close(fd);
+  if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock last
   if (base_) {
     bool empty = table_ && table_->used_bytes() == 0;
     munmap(base_, total_);
@@ -321,10 +324,14 @@ uint64_t Service::fair_share() const {
   size_t active = 0;
   for (auto& [id, c] : clients_)
     if (c.fd >= 0 || table_->leased_by(id) > 0) ++active;
-  return table_->data_bytes() / std::max<size_t>(active, 1);
+  // In whole lease units: leases are rounded up to them, so a share that is not one could
+  // not be reached by every client at once.
+  return table_->data_bytes() / std::max<size_t>(active, 1) / kLeaseAlign * kLeaseAlign;
 }
 
 proto::Status Service::admit(const Client& c, uint64_t bytes) const {
+  if (bytes > table_->data_bytes()) return proto::Status::PoolFull;
+  bytes = (bytes + kLeaseAlign - 1) / kLeaseAlign * kLeaseAlign;  // what a lease will take
   uint64_t mine = table_->leased_by(c.id);
   if (c.host_limit && mine + bytes > c.host_limit) return proto::Status::OverLimit;
   uint64_t share = fair_share();

@@ -85,7 +85,9 @@ class Service {
   void* base_ = nullptr;
   uint64_t total_ = 0;
   std::optional<LeaseTable> table_;
+  int lock_fd_ = -1;
   int listen_fd_ = -1, metrics_fd_ = -1;
+  bool owns_socket_ = false;
   uint16_t metrics_port_ = 0;
   int wake_[2] = {-1, -1};
   volatile bool stopping_ = false;

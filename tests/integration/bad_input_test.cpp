@@ -78,7 +78,9 @@ TEST(BadInputIntegration, MalformedFramesAreRejectedAndTheDaemonLives) {
       EXPECT_EQ(a.frames[0].h.type, T(MsgType::StatusReply)) << "the valid frame before the garbage is answered";
       EXPECT_EQ(a.frames[0].h.seq, 3u);
     }
-    if (std::string(c.name) == "major 2") EXPECT_NE(a.error_message().find("1.x"), std::string::npos);
+    if (std::string(c.name) == "major 2") {
+      EXPECT_NE(a.error_message().find("1.x"), std::string::npos) << a.describe();
+    }
     ASSERT_TRUE(daemon_healthy(d));
   }
 
@@ -281,24 +283,51 @@ TEST(BadInputIntegration, OffloaddRejectsBadOptionsClearly) {
   }
 }
 
-// A second offloadd on a socket that is served is refused, and must leave the first alone.
+// A second offloadd on a socket that is served is refused, and must leave the first alone:
+// its socket file, its segment and the segment's header.
 TEST(BadInputIntegration, SecondDaemonOnTheSameSocketIsRefusedAndHarmless) {
-  Daemon d;
+  auto second = [](const Daemon& d) {
+    return run_program(
+        {OFFLOADD_BIN, "--socket", d.socket(), "--segment", d.segment(), "--pool-size", "64MiB", "--no-prefault"},
+        d.env(), d.dir());
+  };
   std::string why;
-  ASSERT_TRUE(d.start({}, &why)) << why;
-  RunResult r = run_program(
-      {OFFLOADD_BIN, "--socket", d.socket(), "--segment", d.segment(), "--pool-size", "64MiB", "--no-prefault"},
-      d.env(), d.dir());
-  EXPECT_EQ(r.exit_code(), 1) << r.err;
-  EXPECT_NE(r.err.find("another offloadd is already serving " + d.socket()), std::string::npos) << r.err;
-  // The first daemon is still reachable where it was, with its pool.
-  EXPECT_EQ(access(d.socket().c_str(), F_OK), 0) << "the refused daemon removed the running daemon's socket file";
-  EXPECT_EQ(access(("/dev/shm/" + d.segment()).c_str(), F_OK), 0)
-      << "the refused daemon removed the running daemon's shared-memory segment";
-  StatusView s;
-  EXPECT_TRUE(d.status(&s, &why)) << why;
-  EXPECT_TRUE(d.proc().running());
-  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+  {
+    SCOPED_TRACE("an empty pool");
+    Daemon d;
+    ASSERT_TRUE(d.start({}, &why)) << why;
+    RunResult r = second(d);
+    EXPECT_EQ(r.exit_code(), 1) << r.err;
+    EXPECT_NE(r.err.find("another offloadd is already serving " + d.socket()), std::string::npos) << r.err;
+    EXPECT_EQ(access(d.socket().c_str(), F_OK), 0) << "the refused daemon removed the running daemon's socket file";
+    EXPECT_EQ(access(("/dev/shm/" + d.segment()).c_str(), F_OK), 0)
+        << "the refused daemon removed the running daemon's shared-memory segment";
+    StatusView s;
+    EXPECT_TRUE(d.status(&s, &why)) << why;
+    EXPECT_TRUE(d.proc().running());
+    EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+  }
+  {
+    SCOPED_TRACE("a pool with a lease");
+    Daemon d;
+    ASSERT_TRUE(d.start({}, &why)) << why;
+    Proc c;
+    ASSERT_TRUE(d.client(&c, &why)) << why;
+    ASSERT_EQ(c.cmd("connect"), "ok");
+    ASSERT_EQ(c.cmd("register").rfind("ok ", 0), 0u);
+    ASSERT_EQ(c.cmd("lease " + std::to_string(MiB)).rfind("ok ", 0), 0u);
+    RunResult r = second(d);
+    EXPECT_EQ(r.exit_code(), 1) << r.err;
+    EXPECT_EQ(access(d.socket().c_str(), F_OK), 0) << "the refused daemon removed the running daemon's socket file";
+    SharedPoolMapping m;
+    ASSERT_TRUE(m.open(d.segment(), &why)) << why;
+    auto* h = reinterpret_cast<const PoolHeader*>(m.base());
+    EXPECT_EQ(h->owner_pid, static_cast<uint32_t>(d.pid())) << "the refused daemon claimed the running one's pool";
+    EXPECT_EQ(h->generation, 1u) << "the refused daemon bumped the running one's pool generation";
+    StatusView s;
+    EXPECT_TRUE(d.status(&s, &why)) << why;
+    EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+  }
 }
 
 TEST(BadInputIntegration, OffloadctlRejectsBadCommandsClearly) {

@@ -23,8 +23,10 @@
 //   pid                             -> ok PID
 //   quit                            -> (exits 0)
 //
-// A pattern word sits every kStride bytes of an extent: (TAG << 40) ^ absolute offset, so a
-// word written by another lease holder, or for another offset, never matches.
+// A pattern word sits every kStride bytes of an extent (every kStressStride bytes in stress,
+// which moves gigabytes: a word per page still covers every 64 KiB lease granule 16 times):
+// (TAG << 40) ^ absolute offset, so a word written by another lease holder, or for
+// another offset, never matches.
 #include <errno.h>
 #include <grp.h>
 #include <poll.h>
@@ -52,6 +54,7 @@ namespace {
 using namespace offload;
 
 constexpr uint64_t kStride = 64;
+constexpr uint64_t kStressStride = 4096;
 
 struct State {
   std::string socket, command = "it-client", segment;
@@ -70,21 +73,21 @@ bool in_pool(State& s, uint64_t off, uint64_t bytes) {
   return s.pool && off % 8 == 0 && bytes <= s.pool->data_bytes() && off <= s.pool->data_bytes() - bytes;
 }
 
-void fill(State& s, uint64_t off, uint64_t bytes, uint64_t tag) {
-  for (uint64_t o = off; o + 8 <= off + bytes; o += kStride) *word(s, o) = pattern(tag, o);
+void fill(State& s, uint64_t off, uint64_t bytes, uint64_t tag, uint64_t stride = kStride) {
+  for (uint64_t o = off; o + 8 <= off + bytes; o += stride) *word(s, o) = pattern(tag, o);
 }
 
 // The first offset whose word is not the pattern of `tag` (tag 0: not zero), or UINT64_MAX.
-uint64_t first_bad(State& s, uint64_t off, uint64_t bytes, uint64_t tag) {
-  for (uint64_t o = off; o + 8 <= off + bytes; o += kStride) {
+uint64_t first_bad(State& s, uint64_t off, uint64_t bytes, uint64_t tag, uint64_t stride = kStride) {
+  for (uint64_t o = off; o + 8 <= off + bytes; o += stride) {
     uint64_t want = tag ? pattern(tag, o) : 0;
     if (*word(s, o) != want) return o;
   }
   return UINT64_MAX;
 }
 
-void clear(State& s, uint64_t off, uint64_t bytes) {
-  for (uint64_t o = off; o + 8 <= off + bytes; o += kStride) *word(s, o) = 0;
+void clear(State& s, uint64_t off, uint64_t bytes, uint64_t stride = kStride) {
+  for (uint64_t o = off; o + 8 <= off + bytes; o += stride) *word(s, o) = 0;
 }
 
 std::string one_line(std::string m) {
@@ -108,11 +111,11 @@ std::string stress(State& s, long iters, unsigned seed, uint64_t tag_base) {
   std::string why;
   auto release_one = [&](size_t i) -> std::string {
     Held h = held[i];
-    uint64_t bad = first_bad(s, h.off, h.bytes, h.tag);
+    uint64_t bad = first_bad(s, h.off, h.bytes, h.tag, kStressStride);
     if (bad != UINT64_MAX)
       return "bad pattern of extent " + std::to_string(h.off) + "+" + std::to_string(h.bytes) +
              " broken at " + std::to_string(bad);
-    clear(s, h.off, h.bytes);
+    clear(s, h.off, h.bytes, kStressStride);
     auto r = s.client.release(h.off, h.bytes, &why);
     if (!r) return "bad release failed: " + one_line(why);
     if (r->status != 0) return "bad release refused with status " + std::to_string(r->status);
@@ -140,12 +143,12 @@ std::string stress(State& s, long iters, unsigned seed, uint64_t tag_base) {
       if (r->bytes != rounded || r->offset % kLeaseAlign != 0 || !in_pool(s, r->offset, r->bytes))
         return "bad extent " + std::to_string(r->offset) + "+" + std::to_string(r->bytes) + " for a request of " +
                std::to_string(bytes);
-      uint64_t bad = first_bad(s, r->offset, r->bytes, 0);
+      uint64_t bad = first_bad(s, r->offset, r->bytes, 0, kStressStride);
       if (bad != UINT64_MAX)
         return "bad extent " + std::to_string(r->offset) + "+" + std::to_string(r->bytes) +
                " is in use: foreign word at " + std::to_string(bad);
       uint64_t tag = (tag_base << 20) | (++serial & 0xFFFFF);
-      fill(s, r->offset, r->bytes, tag);
+      fill(s, r->offset, r->bytes, tag, kStressStride);
       held.push_back({r->offset, r->bytes, tag});
       ++leases;
     } else {

@@ -103,8 +103,9 @@ TEST(PoolLayout, OpenChecksMagicVersionAndSize) {
   h->max_leases = 1 << 20;  // a table that would not fit before the data area
   expect_refused("table past the data offset", total, "size");
   EXPECT_FALSE(LeaseTable::open(nullptr, total, &why));
-  EXPECT_FALSE(LeaseTable::open(a.base(), total, nullptr) && false);  // `why` is optional
-  EXPECT_TRUE(LeaseTable::open(a.base(), total, nullptr));
+  EXPECT_TRUE(LeaseTable::open(a.base(), total, nullptr));  // `why` is optional
+  h->magic[0] = 0;
+  EXPECT_FALSE(LeaseTable::open(a.base(), total, nullptr));
 }
 
 // A data size so large that data_offset + data_bytes wraps around 2^64 must not pass for a
@@ -233,7 +234,9 @@ TEST(PoolLayout, LargestFree) {
   EXPECT_EQ(t->largest_free(), 3 * MiB / 2);
   ASSERT_TRUE(t->release(*y, 1));
   EXPECT_EQ(t->largest_free(), 2 * MiB);  // the head hole is now the largest
-  ASSERT_TRUE(t->lease(3 * MiB / 2, 1, 1));
+  ASSERT_EQ(t->lease(3 * MiB / 2, 1, 1).value_or(~0ull), 0u);  // [0, 1.5M): the head hole keeps 0.5M
+  EXPECT_EQ(t->largest_free(), 3 * MiB / 2);   // the tail
+  ASSERT_EQ(t->lease(3 * MiB / 2, 1, 1).value_or(~0ull), 5 * MiB / 2);  // does not fit the hole: the tail
   EXPECT_EQ(t->largest_free(), MiB / 2);
 }
 
