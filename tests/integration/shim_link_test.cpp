@@ -1,0 +1,108 @@
+// The shim's side of offloadd (preload/host_pool.*), in-process against a real daemon: a
+// refusal is an answer the shim can act on (keep the data resident), a lease is memory it
+// can write, and after a daemon restart the shim re-attaches with its old id and leases.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+
+#include "host_pool.h"
+#include "it_support.h"
+
+namespace offload::it {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+struct LinkRig {
+  Daemon d;
+  std::unique_ptr<DaemonLink> link;
+  int64_t now_ms = 0;
+
+  bool connect(std::string* why) {
+    setenv("XDG_RUNTIME_DIR", d.env().at("XDG_RUNTIME_DIR").c_str(), 1);
+    setenv("OFFLOAD_SOCKET", d.socket().c_str(), 1);
+    Settings s;
+    s.daemon = "connect";  // never start one: the test owns the daemon
+    link = std::make_unique<DaemonLink>(s, "shim-link-test");
+    return reconnect(why);
+  }
+  bool reconnect(std::string* why) {
+    for (int i = 0; i < 50; ++i) {
+      if (link->poll(now_ms)) return true;
+      now_ms += 1000;  // the link retries once a second
+      usleep(20000);
+    }
+    *why = "not connected: " + link->failure() + " / " + link->describe();
+    return false;
+  }
+};
+
+TEST(ShimLinkIntegration, RefusalsAreAnswersAndLeasesAreWritable) {
+  LinkRig r;
+  std::string why;
+  ASSERT_TRUE(r.d.start({}, &why)) << why;
+  ASSERT_TRUE(r.connect(&why)) << why;
+  EXPECT_NE(r.link->describe().find("client"), std::string::npos);
+
+  EXPECT_FALSE(r.link->lease(300 * kMiB, &why).has_value()) << "more than the pool";
+  EXPECT_NE(why.find("pool full"), std::string::npos) << why;
+
+  auto a = r.link->lease(100 * kMiB, &why);
+  ASSERT_TRUE(a.has_value()) << why;
+  std::memset(a->host, 0x5a, a->bytes);  // the shared segment, mapped in this process
+  EXPECT_EQ(a->host[a->bytes - 1], 0x5a);
+
+  why.clear();
+  EXPECT_FALSE(r.link->lease(200 * kMiB, &why).has_value()) << "only 156 MiB are left";
+  EXPECT_NE(why.find("pool full"), std::string::npos) << "the reason the shim logs when it keeps data resident: " << why;
+  EXPECT_TRUE(r.link->connected()) << "a refusal does not cost the connection";
+
+  r.link->release(*a);
+  auto b = r.link->lease(200 * kMiB, &why);
+  EXPECT_TRUE(b.has_value()) << "room again after the release: " << why;
+}
+
+TEST(ShimLinkIntegration, ConnectModeWithoutADaemonGivesUpWithAReason) {
+  LinkRig r;  // no daemon started
+  std::string why;
+  EXPECT_FALSE(r.connect(&why));
+  EXPECT_FALSE(r.link->usable()) << "the runtime then uses a private pool";
+  EXPECT_NE(r.link->failure().find("no offloadd"), std::string::npos) << r.link->failure();
+}
+
+TEST(ShimLinkIntegration, ReattachesWithItsLeasesAfterADaemonRestart) {
+  LinkRig r;
+  std::string why;
+  ASSERT_TRUE(r.d.start({}, &why)) << why;
+  ASSERT_TRUE(r.connect(&why)) << why;
+  std::string before = r.link->describe();
+  auto a = r.link->lease(64 * kMiB, &why);
+  ASSERT_TRUE(a.has_value()) << why;
+  for (uint64_t i = 0; i < a->bytes; i += 4096) a->host[i] = static_cast<unsigned char>(i / 4096);
+
+  kill(r.d.pid(), SIGKILL);
+  r.d.proc().kill_and_reap();
+  // The data lives on in the segment while no daemon runs.
+  for (uint64_t i = 0; i < a->bytes; i += 4096) ASSERT_EQ(a->host[i], static_cast<unsigned char>(i / 4096));
+
+  ASSERT_TRUE(r.d.start({}, &why)) << why;
+  r.link->poll(r.now_ms);  // notices nothing until it talks; a telemetry push finds the hang-up
+  r.link->push(proto::Telemetry{});
+  ASSERT_TRUE(r.reconnect(&why)) << why;
+  EXPECT_EQ(r.link->describe(), before) << "the same client id again";
+  StatusView s;
+  ASSERT_TRUE(r.d.status(&s, &why)) << why;
+  const proto::ClientStatus* me = s.by_pid(getpid());
+  ASSERT_NE(me, nullptr);
+  EXPECT_TRUE(me->connected);
+  EXPECT_EQ(me->leased_bytes, a->bytes) << "its lease survived the restart";
+  for (uint64_t i = 0; i < a->bytes; i += 4096) ASSERT_EQ(a->host[i], static_cast<unsigned char>(i / 4096));
+  r.link->release(*a);
+  ASSERT_TRUE(r.d.status(&s, &why)) << why;
+  EXPECT_EQ(s.head.used_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace offload::it
