@@ -30,3 +30,19 @@ else
   echo; echo "== what the shim saw on the GPU, per recorded step"
   "$ctl" trace check bench/traces
 fi
+
+echo; echo "== offloadd: the shim starts it, registers, and offloadctl shows the client"
+XDG_RUNTIME_DIR=$(mktemp -d) OFFLOAD_HOST_POOL=256MiB OFFLOAD_TELEMETRY=off \
+  LD_PRELOAD=$root/build/liboffload.so python3 - "$root/$ctl" <<'PY'
+import ctypes, json, subprocess, sys, time
+shim = ctypes.CDLL(None)
+buf = ctypes.create_string_buffer(1 << 16)
+for _ in range(50):  # the shim's worker connects (starting offloadd) in the background
+    shim.offload_stats_json(buf, len(buf))
+    if "offloadd at" in json.loads(buf.value)["host_pool"]:
+        break
+    time.sleep(0.1)
+print("shim:", json.loads(buf.value)["host_pool"])
+subprocess.run([sys.argv[1], "status"], check=True)
+subprocess.run([sys.argv[1], "stop"], check=True)
+PY

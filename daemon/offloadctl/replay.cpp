@@ -67,6 +67,7 @@ int cmd_trace_show(const std::string& path, bool check) {
     snprintf(acts, sizeof acts, "%zu/%.2fGiB", act.activations, gib(act.activation_bytes));
     char tiny[32];
     snprintf(tiny, sizeof tiny, "%zu(%zu)", act.small, act.small_without_backward_access);
+    if (files.size() > 1 && f.stem().string().rfind("step-", 0) != 0) printf("%s:\n", f.filename().c_str());
     printf("%-6llu %9zu %8zu %13s %8s %11s %7zu %14s %13zu %15s\n", static_cast<unsigned long long>(t.step),
            t.launches.size(), k, cupti, seen, busy, born, acts, act.without_backward_access.size(), tiny);
     if (check && t.cupti_kernels >= 0) {
