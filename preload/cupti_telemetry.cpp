@@ -17,6 +17,9 @@ namespace offload {
 namespace {
 
 CuptiTelemetry* g_instance = nullptr;  // CUPTI's buffer callbacks carry no user pointer
+// Set by the first registration of another CUPTI client, even before our telemetry exists
+// (a profiler started before the first kernel): then ours never starts.
+std::atomic<bool> g_other_client{false};
 constexpr size_t kBufferBytes = 256u << 10;  // ~1000 kernel records
 constexpr int kSilentCollectsForTakeover = 100;  // ~2 s of polls with launches, no records
 
@@ -43,7 +46,9 @@ std::string loaded_dir(const char* needle) {
 }  // namespace
 
 CuptiTelemetry::CuptiTelemetry(std::string lib_hint, const std::atomic<uint64_t>& launches)
-    : lib_hint_(std::move(lib_hint)), launches_(launches) {}
+    : lib_hint_(std::move(lib_hint)), launches_(launches) {
+  g_instance = this;
+}
 
 CuptiTelemetry::~CuptiTelemetry() {
   if (g_instance == this) g_instance = nullptr;
@@ -78,9 +83,9 @@ bool CuptiTelemetry::start() {
     state_ = "off: libcupti lacks the activity API we need";
     return false;
   }
-  g_instance = this;
-  if (yielded_.load()) {
-    state_ = "off: another CUPTI client registered first";
+  if (yielded_.load() || g_other_client.load()) {
+    yielded_.store(true);
+    state_ = "off: another CUPTI client (e.g. torch.profiler) registered first";
     return false;
   }
   if (reg(reinterpret_cast<void*>(&request_cb), reinterpret_cast<void*>(&complete_cb)) != CUPTI_SUCCESS) {
@@ -143,8 +148,14 @@ void CuptiTelemetry::on_buffer(uint8_t* buf, size_t valid) {
   }
 }
 
+void CuptiTelemetry::note_other_client() {
+  g_other_client.store(true);
+  if (CuptiTelemetry* self = g_instance) self->yield_to_other_client();
+}
+
 void CuptiTelemetry::yield_to_other_client() {
-  if (!active() || yielded_.exchange(true)) return;
+  if (yielded_.exchange(true)) return;
+  if (!active()) return;  // start() will see the flag and not begin
   // Synchronously, before the other client enables its own kinds: ours off, so that it
   // owns CUPTI as if we were not there (measured before this existed: torch.profiler saw
   // no CUDA events at all while we held the activity buffers).

@@ -39,6 +39,9 @@ class CuptiTelemetry final : public Telemetry {
   // Another CUPTI client registers for activity records (our interposed
   // cuptiActivityRegisterCallbacks saw it): turn ours off so that it works as if alone.
   void yield_to_other_client();
+  // From the interposed cuptiActivityRegisterCallbacks: marks that another client exists
+  // (so ours never starts) and makes the live telemetry, if any, step aside.
+  static void note_other_client();
   bool yielded() const { return yielded_.load(); }
   static bool is_our_callback(const void* request_fn);
 

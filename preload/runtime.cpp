@@ -58,11 +58,6 @@ HookGuard::~HookGuard() {
   if (outermost_) t_in_hook = false;
 }
 
-Runtime* runtime_if_built() {
-  if (g_pass_through.load(std::memory_order_relaxed)) return nullptr;
-  return g_runtime.load(std::memory_order_acquire);
-}
-
 Runtime* runtime() {
   if (g_pass_through.load(std::memory_order_relaxed)) return nullptr;
   if (Runtime* rt = g_runtime.load(std::memory_order_acquire)) return rt;

@@ -72,8 +72,6 @@ class Runtime {
 };
 
 Runtime* runtime();
-// The runtime if it has been built, without building it.
-Runtime* runtime_if_built();
 
 // The hooks' reentrancy guard: true while this thread is inside one of our hooks.
 struct HookGuard {

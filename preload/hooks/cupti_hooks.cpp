@@ -15,6 +15,6 @@ OFFLOAD_EXPORT CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackR
   auto real = reinterpret_cast<Fn>(offload::hooks::real_dlsym(RTLD_NEXT, "cuptiActivityRegisterCallbacks"));
   if (!real) return CUPTI_ERROR_NOT_INITIALIZED;  // no libcupti loaded: nobody to forward to
   if (!offload::CuptiTelemetry::is_our_callback(reinterpret_cast<const void*>(request)))
-    if (offload::Runtime* rt = offload::runtime_if_built()) rt->telemetry().yield_to_other_client();
+    offload::CuptiTelemetry::note_other_client();
   return real(request, complete);
 }

@@ -11,6 +11,8 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include "cupti_telemetry.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -724,3 +726,20 @@ TEST_F(Hooks, MarkStepTurnsAutomaticDetectionOff) {
 }
 
 }  // namespace
+
+namespace offload {
+namespace {
+
+// A profiler that registers for CUPTI's activity records before our telemetry starts must
+// keep them: our registration is interposed, and ours then never begins.
+TEST(CuptiYield, AnotherClientFirstMeansOursNeverStarts) {
+  std::atomic<uint64_t> launches{1};
+  CuptiTelemetry t("", launches);
+  CuptiTelemetry::note_other_client();
+  EXPECT_FALSE(t.start());
+  EXPECT_FALSE(t.flowing());
+  EXPECT_NE(t.state().find("another CUPTI client"), std::string::npos) << t.state();
+}
+
+}  // namespace
+}  // namespace offload
