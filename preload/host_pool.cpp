@@ -165,6 +165,7 @@ bool DaemonLink::connect_and_register(std::string* why) {
     log().warn("offloadd did not re-attach client {} (new id {}): leases made before are gone", client_id_,
                rep->client_id);
   client_id_ = rep->client_id;
+  fd_.store(client_.connection().fd(), std::memory_order_release);
   log().info("offloadd: client {} of a {}-byte pool (fair share {} bytes){}", client_id_, rep->pool_bytes,
              rep->fair_share, reattached ? ", re-attached" : "");
   return true;
@@ -217,6 +218,12 @@ void DaemonLink::release(const Extent& e) {
   std::lock_guard lock(mu_);
   std::string why;
   client_.release(e.offset, e.bytes, &why);
+}
+
+void DaemonLink::drop_in_child() {
+  int fd = fd_.exchange(-1);
+  if (fd >= 0) ::close(fd);  // the child's copy only; the parent's connection stays
+  mapping_.unmap_in_child();
 }
 
 bool DaemonLink::pin(const std::function<bool(void*, uint64_t)>& pin) {

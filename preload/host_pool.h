@@ -4,6 +4,7 @@
 // resident and counts the refusal. Used off the launch path only.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -72,6 +73,8 @@ class DaemonLink final : public HostPool {
   void release(const Extent& e) override;
   std::string describe() const override;
   bool pin(const std::function<bool(void*, uint64_t)>& pin) override;
+  // Fork handler, in the child: closes the socket and unmaps the pool, lock-free.
+  void drop_in_child();
 
  private:
   bool connect_and_register(std::string* why);
@@ -88,6 +91,7 @@ class DaemonLink final : public HostPool {
   int64_t next_try_ms_ = 0;
   std::string failure_;
   mutable std::mutex mu_;  // one request at a time on the connection
+  std::atomic<int> fd_{-1};  // the connection's descriptor, for the fork handler
 };
 
 // Where an offloadd binary is: OFFLOAD_DAEMON_BIN, next to liboffload.so, then PATH.

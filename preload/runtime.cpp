@@ -89,6 +89,8 @@ Runtime::Runtime(Settings s)
 
 Runtime::~Runtime() { stop(); }
 
+void Runtime::drop_in_child() { link_.drop_in_child(); }
+
 void Runtime::stop() {
   stop_.store(true);
   wake_.notify_all();
@@ -303,7 +305,13 @@ __attribute__((constructor)) void offload_init() {
     return;
   }
   if (!s.enabled) return;
-  pthread_atfork(nullptr, nullptr, [] { g_pass_through.store(true); });
+  // A forked child (a data-loader worker) only forwards, and lets go of the daemon
+  // connection and the pool mapping it inherited: were it to keep the socket open, the
+  // daemon would not see the parent die until the child does.
+  pthread_atfork(nullptr, nullptr, [] {
+    g_pass_through.store(true);
+    if (Runtime* rt = g_runtime.load(std::memory_order_acquire)) rt->drop_in_child();
+  });
   atexit([] { g_pass_through.store(true); });
   g_settings = new Settings(std::move(s));
 }
@@ -314,15 +322,22 @@ __attribute__((constructor)) void offload_init() {
 extern "C" {
 
 __attribute__((visibility("default"))) void offload_mark_step(void) {
-  if (offload::Runtime* rt = offload::runtime()) rt->tracker().mark_step();
+  try {
+    if (offload::Runtime* rt = offload::runtime()) rt->tracker().mark_step();
+  } catch (...) {
+  }
 }
 
 __attribute__((visibility("default"))) int offload_stats_json(char* buf, size_t len) {
-  offload::Runtime* rt = offload::runtime();
-  std::string s = rt ? rt->stats_json() : std::string("{\"version\":1,\"state\":\"pass-through\"}");
-  if (!buf || s.size() + 1 > len) return -1;
-  memcpy(buf, s.c_str(), s.size() + 1);
-  return static_cast<int>(s.size());
+  try {
+    offload::Runtime* rt = offload::runtime();
+    std::string s = rt ? rt->stats_json() : std::string("{\"version\":1,\"state\":\"pass-through\"}");
+    if (!buf || s.size() + 1 > len) return -1;
+    memcpy(buf, s.c_str(), s.size() + 1);
+    return static_cast<int>(s.size());
+  } catch (...) {
+    return -1;  // nothing is thrown across the C boundary
+  }
 }
 
 }  // extern "C"

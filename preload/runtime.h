@@ -40,6 +40,9 @@ class Runtime {
   void pump(bool no_wait);
   std::string stats_json();
   void stop();
+  // In a forked child, from the fork handler: closes inherited descriptors and mappings
+  // without taking any lock (another thread of the parent may have held one at fork).
+  void drop_in_child();
 
  private:
   void worker();

@@ -217,6 +217,12 @@ SharedPoolMapping::~SharedPoolMapping() {
   if (addr_) munmap(addr_, size_);
 }
 
+void SharedPoolMapping::unmap_in_child() {
+  if (addr_) munmap(addr_, size_);
+  addr_ = nullptr;
+  size_ = 0;
+}
+
 bool SharedPoolMapping::open(const std::string& name, std::string* why) {
   std::string path = "/" + name;
   int fd = shm_open(path.c_str(), O_RDWR | O_CLOEXEC, 0);

@@ -84,6 +84,8 @@ class SharedPoolMapping {
 
   // Maps an existing segment read-write and checks its header.
   bool open(const std::string& name, std::string* why);
+  // Unmaps without locking (a fork handler's child). The object is empty afterwards.
+  void unmap_in_child();
   unsigned char* base() const { return static_cast<unsigned char*>(addr_); }
   uint64_t size() const { return size_; }
   unsigned char* data() const;

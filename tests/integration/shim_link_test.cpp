@@ -106,3 +106,74 @@ TEST(ShimLinkIntegration, ReattachesWithItsLeasesAfterADaemonRestart) {
 
 }  // namespace
 }  // namespace offload::it
+
+#ifdef OFFLOAD_LIB
+namespace offload::it {
+namespace {
+
+// A training process forks (a data-loader worker) and is then killed: the child inherited
+// the daemon connection, and had it kept the socket open the daemon would not see the
+// parent die. The shim's fork handler closes it in the child, so the leases still come
+// back within a second.
+TEST(ShimLinkIntegration, AForkedChildDoesNotKeepADeadParentRegistered) {
+  // The interpreter itself, not a launcher script (pyenv's shims are shell scripts): the
+  // test kills this very process.
+  std::string python;
+  if (FILE* f = popen("python3 -c 'import sys; print(sys.executable)' 2>/dev/null", "r")) {
+    char b[4096] = {};
+    if (fgets(b, sizeof b, f)) python = b;
+    pclose(f);
+  }
+  while (!python.empty() && (python.back() == '\n' || python.back() == ' ')) python.pop_back();
+  if (python.empty()) GTEST_SKIP() << "needs python3";
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  const char* script = R"PY(
+import ctypes, json, os, sys, time
+shim = ctypes.CDLL(None)
+buf = ctypes.create_string_buffer(1 << 16)
+for _ in range(200):
+    shim.offload_stats_json(buf, len(buf))
+    if "offloadd at" in json.loads(buf.value)["host_pool"]:
+        break
+    time.sleep(0.05)
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+)PY";
+  Proc::Options o;
+  o.argv = {python, "-c", script};
+  o.env = d.env();
+  o.env["LD_PRELOAD"] = OFFLOAD_LIB;
+  o.env["OFFLOAD_SOCKET"] = d.socket();
+  o.env["OFFLOAD_DAEMON"] = "connect";
+  o.env["OFFLOAD_TELEMETRY"] = "off";
+  o.pipe_stdout = true;
+  o.stderr_file = d.dir() + "/python.log";
+  Proc parent;
+  ASSERT_TRUE(parent.start(o, &why)) << why;
+  std::string line = parent.read_line(20000);
+  ASSERT_FALSE(line.empty()) << "no child pid from the script; its log:\n" << read_file(d.dir() + "/python.log");
+  pid_t child = static_cast<pid_t>(std::stol(line));
+  StatusView s;
+  ASSERT_TRUE(d.status(&s, &why)) << why;
+  ASSERT_NE(s.by_pid(parent.pid()), nullptr) << "the shim registered the parent";
+
+  kill(parent.pid(), SIGKILL);
+  parent.kill_and_reap();
+  auto t0 = std::chrono::steady_clock::now();
+  bool gone = poll_until([&] { return d.status(&s, &why) && s.by_pid(parent.pid()) == nullptr; }, 5000);
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, WNOHANG);
+  EXPECT_TRUE(gone) << "the dead parent is still registered while its forked child lives";
+  EXPECT_LT(ms, 1000.0);
+}
+
+}  // namespace
+}  // namespace offload::it
+#endif
