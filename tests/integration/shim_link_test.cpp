@@ -126,6 +126,10 @@ TEST(ShimLinkIntegration, AForkedChildDoesNotKeepADeadParentRegistered) {
   }
   while (!python.empty() && (python.back() == '\n' || python.back() == ' ')) python.pop_back();
   if (python.empty()) GTEST_SKIP() << "needs python3";
+#ifdef OFFLOAD_SANITIZED
+  GTEST_SKIP() << "a sanitizer-instrumented liboffload.so cannot be preloaded into an uninstrumented python "
+                  "(the plain build runs this test)";
+#endif
   Daemon d;
   std::string why;
   ASSERT_TRUE(d.start({}, &why)) << why;
@@ -157,7 +161,8 @@ time.sleep(60)
   Proc parent;
   ASSERT_TRUE(parent.start(o, &why)) << why;
   std::string line = parent.read_line(20000);
-  ASSERT_FALSE(line.empty()) << "no child pid from the script; its log:\n" << read_file(d.dir() + "/python.log");
+  ASSERT_TRUE(!line.empty() && line.find_first_not_of("0123456789\n") == std::string::npos)
+      << "no child pid from the script (got '" << line << "'); its log:\n" << read_file(d.dir() + "/python.log");
   pid_t child = static_cast<pid_t>(std::stol(line));
   StatusView s;
   ASSERT_TRUE(d.status(&s, &why)) << why;
