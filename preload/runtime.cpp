@@ -145,6 +145,15 @@ void Runtime::pump(bool no_wait) {
   time_steps_with_markers();
 }
 
+void Runtime::push_step(uint64_t step, uint64_t step_ns, uint64_t launches) {
+  proto::Telemetry tm{};
+  tm.step = step;
+  tm.step_ns = step_ns;
+  tm.resident_bytes = tracker_.allocs().live_bytes();
+  tm.launches = launches;
+  link_.push(tm);
+}
+
 void Runtime::time_steps_with_markers() {
   // Without CUPTI's records (telemetry off, failed, or taken over by another CUPTI client),
   // steps are timed on the GPU with an event at each step boundary.
@@ -173,12 +182,7 @@ void Runtime::time_steps_with_markers() {
       int64_t ns = driver_.marker_elapsed_ns(m0.handle, m1.handle);
       if (ns < 0) break;  // not reached on the GPU yet
       step->gpu_step_ns = ns;
-      proto::Telemetry tm{};
-      tm.step = step->step;
-      tm.step_ns = static_cast<uint64_t>(ns);
-      tm.resident_bytes = tracker_.allocs().live_bytes();
-      tm.launches = step->launches;
-      link_.push(tm);
+      push_step(step->step, static_cast<uint64_t>(ns), step->launches);
     }
     driver_.release_marker(m0.handle);
     markers_.pop_front();
@@ -198,14 +202,10 @@ void Runtime::emit(StepTrace& t) {
   s.activations = act.activations;
   s.activations_unaccessed = act.without_backward_access.size();
   summaries_.push_back(s);
-  proto::Telemetry tm{};
-  tm.step = t.step;
   int64_t now = mono_ns();
-  tm.step_ns = t.gpu_busy_ns > 0 ? static_cast<uint64_t>(t.gpu_busy_ns) : static_cast<uint64_t>(now - last_cut_ns_);
+  push_step(t.step, t.gpu_busy_ns > 0 ? static_cast<uint64_t>(t.gpu_busy_ns) : static_cast<uint64_t>(now - last_cut_ns_),
+            t.launches.size());
   last_cut_ns_ = now;
-  tm.resident_bytes = tracker_.allocs().live_bytes();
-  tm.launches = t.launches.size();
-  link_.push(tm);
   if (summaries_.size() > kSummariesKept) summaries_.pop_front();
   if (!settings_.trace_dir.empty() && steps_written_ < settings_.trace_steps) {
     char name[64];

@@ -62,6 +62,7 @@ class Runtime {
   bool telemetry_started_ = false;
   std::vector<GpuRecord> gpu_;
   void time_steps_with_markers();
+  void push_step(uint64_t step, uint64_t step_ns, uint64_t launches);  // telemetry to offloadd
   DaemonLink link_;
   bool event_timing_ = false;
   bool pin_failed_ = false;

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "client/ipc.h"
 #include "core/log.h"
 
 namespace bip = boost::interprocess;
@@ -286,14 +287,7 @@ void Service::accept_metrics() {
     std::string body = metrics_text();
     std::string resp = "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
                        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-    const char* d = resp.data();
-    size_t left = resp.size();
-    while (left) {
-      ssize_t w = ::send(fd, d, left, MSG_NOSIGNAL);
-      if (w <= 0) break;
-      d += w;
-      left -= static_cast<size_t>(w);
-    }
+    send_all(fd, resp.data(), resp.size());
     close(fd);
   }
 }
@@ -432,19 +426,8 @@ void Service::handle(int fd, Conn& conn, const proto::FrameHeader& h, const std:
 }
 
 void Service::send(int fd, const std::vector<unsigned char>& frame) {
-  const unsigned char* d = frame.data();
-  size_t left = frame.size();
-  while (left) {
-    ssize_t w = ::send(fd, d, left, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      if (poll(&p, 1, 1000) > 0) continue;
-    }
-    if (w <= 0) return;  // the peer is gone; its hang-up will drop it
-    d += w;
-    left -= static_cast<size_t>(w);
-  }
+  // A peer that is gone is dropped when its hang-up is read.
+  send_all(fd, frame.data(), frame.size());
 }
 
 void Service::send_error(int fd, uint64_t seq, proto::Status st, const std::string& msg) {

@@ -32,19 +32,23 @@ bool ensure_private_dir(const std::string& d, std::string* why) {
   return true;
 }
 
-bool write_all(int fd, const void* p, size_t n) {
+}  // namespace
+
+bool send_all(int fd, const void* p, size_t n, int stall_ms) {
   const auto* c = static_cast<const unsigned char*>(p);
   while (n) {
     ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pf{fd, POLLOUT, 0};
+      if (::poll(&pf, 1, stall_ms) > 0) continue;
+    }
     if (w <= 0) return false;
     c += w;
     n -= static_cast<size_t>(w);
   }
   return true;
 }
-
-}  // namespace
 
 std::string default_segment_name() { return "offload-pool-" + std::to_string(getuid()); }
 
@@ -101,15 +105,12 @@ bool Connection::connect(const std::string& path, std::string* why) {
 
 bool Connection::send_nowait(proto::MsgType type, const void* payload, uint32_t len) {
   if (fd_ < 0) return false;
-  proto::FrameHeader h = proto::make_header(type, len, ++seq_);
-  std::vector<unsigned char> buf(sizeof h + len);
-  std::memcpy(buf.data(), &h, sizeof h);
-  if (len) std::memcpy(buf.data() + sizeof h, payload, len);
+  std::vector<unsigned char> buf = proto::encode_bytes(type, ++seq_, payload, len);
   ssize_t w = ::send(fd_, buf.data(), buf.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   if (w == static_cast<ssize_t>(buf.size())) return true;
   if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
   // A partial write would desynchronise the stream: finish it blocking.
-  if (w > 0) return write_all(fd_, buf.data() + w, buf.size() - static_cast<size_t>(w));
+  if (w > 0) return send_all(fd_, buf.data() + w, buf.size() - static_cast<size_t>(w));
   close();
   return false;
 }
@@ -121,11 +122,8 @@ bool Connection::call(proto::MsgType type, const void* payload, uint32_t len, pr
     return false;
   }
   uint64_t seq = ++seq_;
-  proto::FrameHeader h = proto::make_header(type, len, seq);
-  std::vector<unsigned char> buf(sizeof h + len);
-  std::memcpy(buf.data(), &h, sizeof h);
-  if (len) std::memcpy(buf.data() + sizeof h, payload, len);
-  if (!write_all(fd_, buf.data(), buf.size())) {
+  std::vector<unsigned char> buf = proto::encode_bytes(type, seq, payload, len);
+  if (!send_all(fd_, buf.data(), buf.size())) {
     *why = "offloadd closed the connection";
     close();
     return false;

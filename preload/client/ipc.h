@@ -26,6 +26,10 @@ bool default_paths(Paths* out, std::string* why);
 // The POSIX shared-memory name of the user's pool.
 std::string default_segment_name();
 
+// Sends all `n` bytes on a stream socket, retrying on EINTR and, for a non-blocking one,
+// waiting up to `stall_ms` for room each time it is full. False if the peer is gone.
+bool send_all(int fd, const void* p, size_t n, int stall_ms = 1000);
+
 class Connection {
  public:
   Connection() = default;

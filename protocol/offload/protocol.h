@@ -288,15 +288,19 @@ inline FrameHeader make_header(MsgType type, uint32_t length, uint64_t seq) {
   return FrameHeader{kMagic, kMajor, kMinor, static_cast<uint16_t>(type), 0, length, seq};
 }
 
-// One frame as bytes: header and payload.
+// One frame as bytes: header and `len` payload bytes.
+inline std::vector<unsigned char> encode_bytes(MsgType type, uint64_t seq, const void* payload, uint32_t len) {
+  std::vector<unsigned char> out(sizeof(FrameHeader) + len);
+  FrameHeader h = make_header(type, len, seq);
+  std::memcpy(out.data(), &h, sizeof h);
+  if (len) std::memcpy(out.data() + sizeof h, payload, len);
+  return out;
+}
+
 template <class T>
 inline std::vector<unsigned char> encode(MsgType type, uint64_t seq, const T& payload) {
   static_assert(kPod<T>);
-  std::vector<unsigned char> out(sizeof(FrameHeader) + sizeof(T));
-  FrameHeader h = make_header(type, sizeof(T), seq);
-  std::memcpy(out.data(), &h, sizeof h);
-  std::memcpy(out.data() + sizeof h, &payload, sizeof(T));
-  return out;
+  return encode_bytes(type, seq, &payload, sizeof(T));
 }
 
 inline std::vector<unsigned char> encode_status(uint64_t seq, const StatusHead& head,

@@ -337,17 +337,7 @@ inline int raw_connect(const std::string& path) {
   return fd;
 }
 
-inline bool send_bytes(int fd, const void* p, size_t n) {
-  const auto* c = static_cast<const unsigned char*>(p);
-  while (n) {
-    ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
+inline bool send_bytes(int fd, const void* p, size_t n) { return offload::send_all(fd, p, n); }
 inline bool send_bytes(int fd, const std::vector<unsigned char>& v) { return send_bytes(fd, v.data(), v.size()); }
 
 template <class T>

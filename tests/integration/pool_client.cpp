@@ -163,18 +163,6 @@ std::string stress(State& s, long iters, unsigned seed, uint64_t tag_base) {
   return "ok " + std::to_string(leases) + " " + std::to_string(refusals);
 }
 
-bool write_all(int fd, const void* p, size_t n) {
-  const auto* c = static_cast<const unsigned char*>(p);
-  while (n) {
-    ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
 // Connects and registers without the client library, reporting exactly what came back.
 std::string raw_register(State& s) {
   sockaddr_un addr{};
@@ -192,7 +180,7 @@ std::string raw_register(State& s) {
   r.gpu = s.gpu;
   std::snprintf(r.command, sizeof r.command, "%s", s.command.c_str());
   auto frame = proto::encode(proto::MsgType::Register, 1, r);
-  write_all(fd, frame.data(), frame.size());  // it may be refused before it reads this
+  offload::send_all(fd, frame.data(), frame.size());  // it may be refused before it reads this
   proto::FrameReader reader;
   proto::FrameHeader h{};
   std::vector<unsigned char> payload;
