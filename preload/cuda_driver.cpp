@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <type_traits>
 
 #include "hooks/hook_table.h"
 
@@ -149,4 +150,273 @@ bool CudaDriver::pin_host(void* p, uint64_t bytes) {
   a->pop_ctx(&popped);
   return ok;
 }
+}  // namespace offload
+
+namespace offload {
+namespace {
+
+// The executor's entry points. real_dlsym on libcuda's own handle returns libcuda's
+// definitions, never our wrappers of the same names (cuMemcpy*Async are interposed).
+struct ExecApi {
+  decltype(&cuCtxGetCurrent) get_ctx;
+  decltype(&cuCtxPushCurrent_v2) push_ctx;
+  decltype(&cuCtxPopCurrent_v2) pop_ctx;
+  decltype(&cuCtxGetDevice) get_device;
+  decltype(&cuDeviceTotalMem_v2) total_mem;
+  decltype(&cuMemGetAllocationGranularity) granularity;
+  decltype(&cuMemAddressReserve) reserve;
+  decltype(&cuMemAddressFree) free_va;
+  decltype(&cuMemCreate) create;
+  decltype(&cuMemRelease) release;
+  decltype(&cuMemMap) map;
+  decltype(&cuMemUnmap) unmap;
+  decltype(&cuMemSetAccess) set_access;
+  decltype(&cuStreamCreate) stream_create;
+  decltype(&cuEventCreate) event_create;
+  decltype(&cuEventDestroy_v2) event_destroy;
+  decltype(&cuEventRecord) event_record;
+  decltype(&cuStreamWaitEvent) stream_wait;
+  decltype(&cuEventQuery) event_query;
+  decltype(&cuEventSynchronize) event_sync;
+  decltype(&cuMemcpyDtoHAsync_v2) dtoh;
+  decltype(&cuMemcpyHtoDAsync_v2) htod;
+};
+
+// nullptr until libcuda is loaded, or if it lacks any of them (VMM needs CUDA 10.2).
+const ExecApi* exec_api() {
+  static ExecApi api{};
+  static std::atomic<int> state{0};  // 0 unresolved, 1 resolved, -1 incomplete
+  int s = state.load(std::memory_order_acquire);
+  if (s) return s > 0 ? &api : nullptr;
+  // A call before libcuda is loaded fails without spending the once: a later one resolves.
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) return nullptr;
+  static std::once_flag once;
+  std::call_once(once, [h] {
+    bool all = true;
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(hooks::real_dlsym(h, name));
+      all = all && fn;
+    };
+    sym(api.get_ctx, "cuCtxGetCurrent");
+    sym(api.push_ctx, "cuCtxPushCurrent_v2");
+    sym(api.pop_ctx, "cuCtxPopCurrent_v2");
+    sym(api.get_device, "cuCtxGetDevice");  // not cuCtxGetDevice_v2: that one takes a context
+    sym(api.total_mem, "cuDeviceTotalMem_v2");
+    sym(api.granularity, "cuMemGetAllocationGranularity");
+    sym(api.reserve, "cuMemAddressReserve");
+    sym(api.free_va, "cuMemAddressFree");
+    sym(api.create, "cuMemCreate");
+    sym(api.release, "cuMemRelease");
+    sym(api.map, "cuMemMap");
+    sym(api.unmap, "cuMemUnmap");
+    sym(api.set_access, "cuMemSetAccess");
+    sym(api.stream_create, "cuStreamCreate");
+    sym(api.event_create, "cuEventCreate");
+    sym(api.event_destroy, "cuEventDestroy_v2");
+    sym(api.event_record, "cuEventRecord");
+    sym(api.stream_wait, "cuStreamWaitEvent");
+    sym(api.event_query, "cuEventQuery");
+    sym(api.event_sync, "cuEventSynchronize");
+    sym(api.dtoh, "cuMemcpyDtoHAsync_v2");
+    sym(api.htod, "cuMemcpyHtoDAsync_v2");
+    state.store(all ? 1 : -1, std::memory_order_release);
+  });
+  return state.load(std::memory_order_acquire) > 0 ? &api : nullptr;
+}
+
+// Makes `ctx` current for the scope on a thread that has none (the worker); a hook's
+// thread keeps its own. False when neither is to be had.
+class CtxScope {
+ public:
+  CtxScope(const ExecApi* a, void* ctx) : a_(a) {
+    if (!a) return;
+    CUcontext cur = nullptr;
+    if (a->get_ctx(&cur) == CUDA_SUCCESS && cur) {
+      ok_ = true;
+    } else if (ctx && a->push_ctx(static_cast<CUcontext>(ctx)) == CUDA_SUCCESS) {
+      ok_ = pushed_ = true;
+    }
+  }
+  ~CtxScope() {
+    CUcontext popped = nullptr;
+    if (pushed_) a_->pop_ctx(&popped);
+  }
+  CtxScope(const CtxScope&) = delete;
+  CtxScope& operator=(const CtxScope&) = delete;
+  explicit operator bool() const { return ok_; }
+
+ private:
+  const ExecApi* a_;
+  bool ok_ = false, pushed_ = false;
+};
+
+CUstream as_stream(Stream s) { return reinterpret_cast<CUstream>(static_cast<uintptr_t>(s)); }
+CUevent as_event(uint64_t e) { return reinterpret_cast<CUevent>(static_cast<uintptr_t>(e)); }
+
+CUmemAllocationProp device_memory(int dev) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = dev;
+  return p;
+}
+
+}  // namespace
+
+// Asked with ctx_ itself current: a hook's thread may have another device's context.
+int CudaDriver::device() {
+  int d = device_.load(std::memory_order_relaxed);
+  if (d >= 0) return d;
+  const ExecApi* a = exec_api();
+  void* ctx = context();
+  if (!a || !ctx || a->push_ctx(static_cast<CUcontext>(ctx)) != CUDA_SUCCESS) return -1;
+  CUdevice dev = -1;
+  if (a->get_device(&dev) != CUDA_SUCCESS) dev = -1;
+  CUcontext popped = nullptr;
+  a->pop_ctx(&popped);
+  if (dev >= 0) device_.store(dev, std::memory_order_relaxed);
+  return dev;
+}
+
+uint64_t CudaDriver::vmm_granularity() {
+  uint64_t g = granularity_.load(std::memory_order_relaxed);
+  if (g) return g;
+  int dev = device();
+  if (dev < 0) return 0;
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  CUmemAllocationProp prop = device_memory(dev);
+  size_t n = 0;
+  if (!scope || a->granularity(&n, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return 0;
+  granularity_.store(n, std::memory_order_relaxed);
+  return n;
+}
+
+uint64_t CudaDriver::device_total_bytes() {
+  uint64_t t = total_bytes_.load(std::memory_order_relaxed);
+  if (t) return t;
+  int dev = device();
+  if (dev < 0) return 0;
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  size_t n = 0;
+  if (!scope || a->total_mem(&n, dev) != CUDA_SUCCESS) return 0;
+  total_bytes_.store(n, std::memory_order_relaxed);
+  return n;
+}
+
+DevPtr CudaDriver::reserve(uint64_t bytes) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  CUdeviceptr va = 0;
+  if (!scope || a->reserve(&va, bytes, 0, 0, 0) != CUDA_SUCCESS) return 0;
+  return va;
+}
+
+void CudaDriver::unreserve(DevPtr va, uint64_t bytes) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  if (scope && va) a->free_va(va, bytes);
+}
+
+uint64_t CudaDriver::create_physical(uint64_t bytes) {
+  int dev = device();
+  if (dev < 0) return 0;
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  CUmemAllocationProp prop = device_memory(dev);
+  CUmemGenericAllocationHandle h = 0;
+  if (!scope || a->create(&h, bytes, &prop, 0) != CUDA_SUCCESS) return 0;
+  return h;
+}
+
+void CudaDriver::release_physical(uint64_t handle) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  if (scope && handle) a->release(handle);
+}
+
+bool CudaDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
+  int dev = device();
+  if (dev < 0) return false;
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  if (!scope || a->map(va, bytes, 0, handle, 0) != CUDA_SUCCESS) return false;
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = dev;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (a->set_access(va, bytes, &access, 1) == CUDA_SUCCESS) return true;
+  // A mapping nobody may access would only fault later, in some kernel: take it back.
+  a->unmap(va, bytes);
+  return false;
+}
+
+bool CudaDriver::unmap(DevPtr va, uint64_t bytes) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  return scope && a->unmap(va, bytes) == CUDA_SUCCESS;
+}
+
+Stream CudaDriver::create_stream() {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  CUstream s = nullptr;
+  if (!scope || a->stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 0;
+  return reinterpret_cast<Stream>(s);
+}
+
+uint64_t CudaDriver::create_event() {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  CUevent e = nullptr;
+  if (!scope || a->event_create(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return 0;
+  return reinterpret_cast<uint64_t>(e);
+}
+
+void CudaDriver::destroy_event(uint64_t e) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  if (scope && e) a->event_destroy(as_event(e));
+}
+
+bool CudaDriver::record_event(uint64_t e, Stream s) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  return scope && e && a->event_record(as_event(e), as_stream(s)) == CUDA_SUCCESS;
+}
+
+bool CudaDriver::stream_wait(Stream s, uint64_t e) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  return scope && e && a->stream_wait(as_stream(s), as_event(e), 0) == CUDA_SUCCESS;
+}
+
+int CudaDriver::event_query(uint64_t e) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  if (!scope || !e) return -1;
+  CUresult r = a->event_query(as_event(e));
+  return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -1;
+}
+
+bool CudaDriver::event_sync(uint64_t e) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  return scope && e && a->event_sync(as_event(e)) == CUDA_SUCCESS;
+}
+
+bool CudaDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  return scope && a->dtoh(dst, src, bytes, as_stream(s)) == CUDA_SUCCESS;
+}
+
+bool CudaDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  return scope && a->htod(dst, src, bytes, as_stream(s)) == CUDA_SUCCESS;
+}
+
 }  // namespace offload

@@ -18,6 +18,25 @@ class CudaDriver final : public Driver {
   void release_marker(uint64_t m) override;
   bool pin_host(void* p, uint64_t bytes) override;
 
+  // What the executor moves bytes with (second half of cuda_driver.cpp).
+  uint64_t vmm_granularity() override;
+  uint64_t device_total_bytes() override;
+  DevPtr reserve(uint64_t bytes) override;
+  void unreserve(DevPtr va, uint64_t bytes) override;
+  uint64_t create_physical(uint64_t bytes) override;
+  void release_physical(uint64_t handle) override;
+  bool map(DevPtr va, uint64_t bytes, uint64_t handle) override;
+  bool unmap(DevPtr va, uint64_t bytes) override;
+  Stream create_stream() override;
+  uint64_t create_event() override;
+  void destroy_event(uint64_t e) override;
+  bool record_event(uint64_t e, Stream s) override;
+  bool stream_wait(Stream s, uint64_t e) override;
+  int event_query(uint64_t e) override;
+  bool event_sync(uint64_t e) override;
+  bool copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) override;
+  bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) override;
+
  private:
   bool ready();
   using GetParamInfo = int (*)(uint64_t, size_t, size_t*, size_t*);
@@ -40,6 +59,12 @@ class CudaDriver final : public Driver {
   };
   const EventApi* events();
   std::atomic<void*> ctx_{nullptr};  // the context of the first kernel we learned about
+  void* context() const { return ctx_.load(std::memory_order_relaxed); }
+
+  // The device of ctx_ (-1 until a context is known) and its fixed properties, cached.
+  int device();
+  std::atomic<int> device_{-1};
+  std::atomic<uint64_t> granularity_{0}, total_bytes_{0};
 };
 
 }  // namespace offload

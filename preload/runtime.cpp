@@ -71,9 +71,12 @@ Runtime* runtime() {
 Runtime::Runtime(Settings s)
     : settings_(std::move(s)),
       tracker_(driver_, log_),
+      executor_(driver_, Executor::Options{}),
+      offloading_(settings_.offload()),
       telemetry_(settings_.cupti_lib, tracker_.counters().kernels),
       assembler_(tracker_.funcs(), StepAssembler::Options{}),
       link_(settings_, command_line()) {
+  if (offloading_) tracker_.set_gate(&executor_);
   if (!settings_.trace_dir.empty() && mkdir(settings_.trace_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     log().error("OFFLOAD_TRACE={}: cannot create the directory ({}); traces are off",
                 settings_.trace_dir, strerror(errno));
@@ -141,8 +144,67 @@ void Runtime::pump(bool no_wait) {
   log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
   telemetry_.collect(&gpu_, no_wait);
   assembler_.add_gpu_records(gpu_);
-  for (StepTrace& t : assembler_.take_ready(mono_ns(), false, no_wait)) emit(t);
+  for (StepTrace& t : assembler_.take_ready(mono_ns(), false, no_wait)) {
+    emit(t);
+    if (offloading_) plan_from(t);
+  }
+  if (offloading_) executor_.poll();
   time_steps_with_markers();
+}
+
+void Runtime::plan_from(const StepTrace& t) {
+  std::vector<uint64_t> tokens;
+  tokens.reserve(t.launches.size());
+  for (const TraceLaunch& l : t.launches) tokens.push_back(launch_token(l.kind, l.kernel));
+  bool repeats = tokens == last_tokens_;
+  last_tokens_ = std::move(tokens);
+  // Plan from a step that repeats the one before it (the first steps build optimizer state),
+  // when no plan runs or the running one was abandoned, and once its arenas have drained.
+  if (!repeats || (executor_.installed() && !executor_.deviated()) || !executor_.idle()) return;
+  auto say = [&](const std::string& note) {
+    if (note != plan_note_) log().info("{}", note);
+    plan_note_ = note;
+  };
+  HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
+  if (!private_pool_ && !link_.connected()) return say("no host pool yet: keeping data resident");
+  uint64_t total = driver_.device_total_bytes();
+  PlanOptions o;
+  o.budget = settings_.budget_bytes(total);
+  if (!o.budget) return say("the GPU's memory size is unknown: OFFLOAD_DEVICE_BUDGET as a fraction cannot apply");
+  if (uint64_t g = driver_.vmm_granularity()) o.granularity = g;
+  if (host_) {
+    pool->release(*host_);
+    host_.reset();
+  }
+  for (int attempt = 0; attempt < 12; ++attempt) {
+    std::string why;
+    Plan plan = build_plan(t, o, &why);
+    if (plan.arenas.empty()) return say("not offloading: " + why);
+    std::string refused;
+    std::optional<Extent> ext = pool->lease(plan.host_bytes(), &refused);
+    if (!ext) {
+      // A full pool keeps data resident: try a smaller plan that fits what the pool gives.
+      say("host pool refused " + std::to_string(plan.host_bytes() >> 20) + " MiB (" + refused + "): planning for less");
+      o.max_host_bytes = plan.host_bytes() / 2;
+      continue;
+    }
+    const uint64_t n = plan.step_launches;
+    uint64_t anchor = t.first_launch + n;
+    uint64_t now = tracker_.launches();
+    if (anchor <= now) anchor += (now - anchor) / n * n + n;
+    std::string desc = plan.describe();
+    bool meets = plan.meets_budget;
+    if (!executor_.install(std::move(plan), anchor, ext->host, &why)) {
+      pool->release(*ext);
+      return say("not offloading: " + why);
+    }
+    host_ = ext;
+    plan_note_.clear();
+    log().info("plan: {}", desc);
+    if (!meets) log().warn("OFFLOAD_DEVICE_BUDGET cannot be met by moving activations alone; the rest stays resident");
+    return;
+  }
+  say("not offloading: the host pool has no room (OFFLOAD_HOST_POOL)");
 }
 
 void Runtime::push_step(uint64_t step, uint64_t step_ns, uint64_t launches) {
@@ -262,6 +324,7 @@ std::string Runtime::stats_json_locked() {
      << ",\"live_allocs\":" << tracker_.allocs().size() << ",\"live_bytes\":" << tracker_.allocs().live_bytes()
      << ",\"functions\":" << tracker_.funcs().count() << "}"
      << ",\"hook_ns_mean\":" << c.hook_ns_mean()
+     << ",\"executor\":" << executor_json()
      << ",\"routes\":{";
   bool first = true;
   for (size_t i = 0; i < hooks::kHookCount; ++i) {
@@ -289,6 +352,27 @@ std::string Runtime::stats_json_locked() {
        << "}";
     first = false;
   }
+  os << "]}";
+  return os.str();
+}
+
+std::string Runtime::executor_json() {
+  ExecutorStats x = executor_.stats();
+  std::ostringstream os;
+  uint64_t total = driver_.device_total_bytes();
+  os << "{\"on\":" << (offloading_ ? "true" : "false") << ",\"budget\":" << settings_.budget_bytes(total)
+     << ",\"installed\":" << (executor_.installed() ? "true" : "false")
+     << ",\"deviated\":" << (executor_.deviated() ? "true" : "false") << ",\"plan\":\"" << x.plan << "\""
+     << ",\"installs\":" << x.installs << ",\"deviations\":" << x.deviations
+     << ",\"steps_active\":" << x.steps_active << ",\"placed\":" << x.placed << ",\"arena_busy\":" << x.arena_busy
+     << ",\"evictions\":" << x.evictions << ",\"evictions_abandoned\":" << x.evictions_abandoned
+     << ",\"reloads\":" << x.reloads << ",\"misses\":" << x.misses << ",\"conservative\":" << x.conservative
+     << ",\"bytes_out\":" << x.bytes_out << ",\"bytes_in\":" << x.bytes_in
+     << ",\"handles_created\":" << x.handles_created << ",\"handles_released\":" << x.handles_released
+     << ",\"over_budget\":" << x.over_budget << ",\"budget_waits\":" << x.budget_waits
+     << ",\"held_bytes\":" << x.held_bytes << ",\"held_peak\":" << x.held_peak
+     << ",\"device_peak\":" << x.device_peak << ",\"recent_misses\":[";
+  for (size_t i = 0; i < x.recent_misses.size(); ++i) os << (i ? "," : "") << x.recent_misses[i];
   os << "]}";
   return os.str();
 }
@@ -324,6 +408,13 @@ extern "C" {
 __attribute__((visibility("default"))) void offload_mark_step(void) {
   try {
     if (offload::Runtime* rt = offload::runtime()) rt->tracker().mark_step();
+  } catch (...) {
+  }
+}
+
+__attribute__((visibility("default"))) void offload_reset_peak(void) {
+  try {
+    if (offload::Runtime* rt = offload::runtime()) rt->reset_peak();
   } catch (...) {
   }
 }

@@ -16,10 +16,12 @@
 #include <mutex>
 #include <string>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "core/env.h"
 #include "core/event_log.h"
+#include "core/executor.h"
 #include "core/tracker.h"
 #include "cuda_driver.h"
 #include "cupti_telemetry.h"
@@ -33,6 +35,29 @@ class Runtime {
   ~Runtime();
 
   Tracker& tracker() { return tracker_; }
+
+  // The allocation hooks' calls. place: serves a planned allocation from an arena (true, *p
+  // set, tracked); track_alloc: tracks one the allocator served; release: tracks a free and
+  // says whether it was an arena member's (then the allocator must not see it).
+  bool place(uint64_t bytes, Stream s, void** p) {
+    if (!offloading_) return false;
+    uint64_t tag = 0;
+    DevPtr a = executor_.place(bytes, s, tracker_.launches(), &tag);
+    if (!a) return false;
+    *p = reinterpret_cast<void*>(a);
+    tracker_.on_alloc(a, bytes, s, tag);
+    executor_.note_live(tracker_.allocs().live_bytes());
+    return true;
+  }
+  void track_alloc(void* p, uint64_t bytes, Stream s) {
+    tracker_.on_alloc(reinterpret_cast<DevPtr>(p), bytes, s);
+    if (offloading_) executor_.note_live(tracker_.allocs().live_bytes());
+  }
+  bool release(void* p, Stream s) {
+    tracker_.on_free(reinterpret_cast<DevPtr>(p), s);
+    return offloading_ && executor_.release(reinterpret_cast<DevPtr>(p), s);
+  }
+  void reset_peak() { executor_.reset_peak(); }
   CuptiTelemetry& telemetry() { return telemetry_; }
 
   // Drains, joins GPU times and finishes every step that can be: those whose GPU times are
@@ -50,10 +75,18 @@ class Runtime {
   void write_summary();
   std::string stats_json_locked();
 
+  void plan_from(const StepTrace& t);
+  std::string executor_json();
+
   Settings settings_;
   CudaDriver driver_;
   EventLog log_;
   Tracker tracker_;
+  Executor executor_;
+  const bool offloading_;                // OFFLOAD_DEVICE_BUDGET given
+  std::vector<uint64_t> last_tokens_;    // the previous step's launches, to see steps repeat
+  std::optional<Extent> host_;           // the installed plan's host memory
+  std::string plan_note_;                // the last reason for not planning, said once
   CuptiTelemetry telemetry_;
   std::mutex pump_mu_;  // one pump at a time (worker or a stats query)
   StepAssembler assembler_;

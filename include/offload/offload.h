@@ -22,6 +22,11 @@ void offload_free(void* ptr, size_t size, int device, void* stream);
  * and every later step boundary comes from this call. */
 void offload_mark_step(void);
 
+/* Starts a new high-water mark of the device footprint the executor reports
+ * ("executor.device_peak" in the stats: live allocations outside arenas plus the physical
+ * memory arenas hold). For benchmarks that measure the steady state after warm-up. */
+void offload_reset_peak(void);
+
 /* Writes the shim's counters as one JSON object into buf (NUL-terminated).
  * Returns the length written, or -1 if len is too small. */
 int offload_stats_json(char* buf, size_t len);

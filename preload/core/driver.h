@@ -46,6 +46,44 @@ class Driver {
   virtual bool pin_host(void* p, uint64_t bytes) = 0;
   virtual int64_t marker_elapsed_ns(uint64_t from, uint64_t to) = 0;
   virtual void release_marker(uint64_t m) = 0;
+
+  // ---- What the executor moves bytes with: virtual memory, streams, events, copies. ----
+  // Called from hooks (on the launching thread, whose context is current) and from the
+  // worker thread (no context current: the binding makes the context of the first launch
+  // current around each call). None of them calls back into the shim's hooks.
+
+  // Physical allocation granularity of the device (bytes); 0 if the driver cannot tell.
+  virtual uint64_t vmm_granularity() = 0;
+  // The device's total memory (bytes); 0 if unknown.
+  virtual uint64_t device_total_bytes() = 0;
+  // A reserved, unbacked virtual range of `bytes` (a multiple of the granularity); 0 on failure.
+  virtual DevPtr reserve(uint64_t bytes) = 0;
+  virtual void unreserve(DevPtr va, uint64_t bytes) = 0;
+  // Physical device memory of `bytes`; a non-zero handle, or 0 when the device is full.
+  virtual uint64_t create_physical(uint64_t bytes) = 0;
+  virtual void release_physical(uint64_t handle) = 0;
+  // Maps [va, va+bytes) onto the start of `handle` and grants this device read/write.
+  virtual bool map(DevPtr va, uint64_t bytes, uint64_t handle) = 0;
+  // Unmaps [va, va+bytes); the range stays reserved. The caller has made sure no queued
+  // work still touches it.
+  virtual bool unmap(DevPtr va, uint64_t bytes) = 0;
+
+  // A stream that does not synchronise with the legacy default stream; 0 on failure.
+  virtual Stream create_stream() = 0;
+  // An event without timing; 0 on failure.
+  virtual uint64_t create_event() = 0;
+  virtual void destroy_event(uint64_t e) = 0;
+  // Captures the work queued on `s` so far.
+  virtual bool record_event(uint64_t e, Stream s) = 0;
+  // Work queued on `s` after this waits for the event's last capture.
+  virtual bool stream_wait(Stream s, uint64_t e) = 0;
+  // 1: the last capture has completed (or there was none); 0: not yet; -1: error.
+  virtual int event_query(uint64_t e) = 0;
+  // Blocks the calling thread until the last capture has completed.
+  virtual bool event_sync(uint64_t e) = 0;
+  // Asynchronous copies on `s` (host memory pinned for full speed).
+  virtual bool copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) = 0;
+  virtual bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) = 0;
 };
 
 }  // namespace offload

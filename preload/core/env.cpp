@@ -74,6 +74,24 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     if (!size || *size < (64ull << 20)) bad("OFFLOAD_HOST_POOL", v, "a size of at least 64MiB, e.g. 32GiB");
     else st.host_pool_bytes = *size;
   }
+  if (const char* v = get("OFFLOAD_DEVICE_BUDGET"); v && *v) {
+    std::string s = v;
+    const char* accepted = "a size of at least 256MiB (e.g. 40GiB) or a fraction of the GPU's memory (0.5 or 50%)";
+    bool percent = !s.empty() && s.back() == '%';
+    bool fraction = percent || (s.find('.') != std::string::npos && s.find_first_not_of("0123456789.") == std::string::npos);
+    if (fraction) {
+      std::string num = percent ? s.substr(0, s.size() - 1) : s;
+      char* end = nullptr;
+      double f = num.empty() ? -1 : std::strtod(num.c_str(), &end);
+      if (percent) f /= 100;
+      if (num.empty() || *end || !std::isfinite(f) || f <= 0 || f > 1) bad("OFFLOAD_DEVICE_BUDGET", v, accepted);
+      else st.device_budget_fraction = f;
+    } else {
+      auto size = parse_size(s);
+      if (!size || *size < (256ull << 20)) bad("OFFLOAD_DEVICE_BUDGET", v, accepted);
+      else st.device_budget = *size;
+    }
+  }
   return st;
 }
 

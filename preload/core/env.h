@@ -20,6 +20,15 @@ struct Settings {
   std::string daemon = "auto";   // OFFLOAD_DAEMON=auto|connect|off
   std::string daemon_bin;        // OFFLOAD_DAEMON_BIN: offloadd to start ("" = search)
   uint64_t host_pool_bytes = 4ull << 30;  // OFFLOAD_HOST_POOL: pool of a started daemon / private pool
+  // OFFLOAD_DEVICE_BUDGET: the device memory the step may use. Bytes ("40GiB"), or a fraction
+  // of the GPU's memory ("0.5", "50%"). Unset: observe only, move nothing.
+  uint64_t device_budget = 0;
+  double device_budget_fraction = 0;
+  bool offload() const { return device_budget || device_budget_fraction > 0; }
+  // The budget in bytes on a device of `total` bytes (0: none).
+  uint64_t budget_bytes(uint64_t total) const {
+    return device_budget ? device_budget : static_cast<uint64_t>(device_budget_fraction * static_cast<double>(total));
+  }
 };
 
 // Parses a byte size: "1048576", "512MiB", "40GiB", "1.5GB", "64k". nullopt if malformed.

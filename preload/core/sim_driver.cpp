@@ -1,14 +1,22 @@
 #include "core/sim_driver.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <new>
 
 namespace offload {
 
 SimDriver::~SimDriver() {
-  for (auto& [base, bytes] : mappings_) munmap(reinterpret_cast<void*>(base), bytes);
+  // Queued ops never run; their captures die with the queues.
+  for (auto& [base, bytes] : allocs_) munmap(reinterpret_cast<void*>(base), bytes);
+  for (auto& [base, bytes] : reservations_) munmap(reinterpret_cast<void*>(base), bytes);
+  for (auto& [h, ph] : physical_) close(ph.fd);
   for (Kernel* k : kernels_) delete k;
 }
 
@@ -29,16 +37,16 @@ DevPtr SimDriver::alloc(size_t bytes) {
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   std::lock_guard lock(mu_);
-  mappings_[reinterpret_cast<DevPtr>(p)] = len;
+  allocs_[reinterpret_cast<DevPtr>(p)] = len;
   return reinterpret_cast<DevPtr>(p);
 }
 
 void SimDriver::free(DevPtr p) {
   std::lock_guard lock(mu_);
-  auto it = mappings_.find(p);
-  if (it == mappings_.end()) return;
+  auto it = allocs_.find(p);
+  if (it == allocs_.end()) return;
   munmap(reinterpret_cast<void*>(p), it->second);
-  mappings_.erase(it);
+  allocs_.erase(it);
 }
 
 int SimDriver::param_layout(Func f, ParamInfo* out, int cap) {
@@ -101,6 +109,383 @@ void SimDriver::reach_markers() {
 size_t SimDriver::live_markers() const {
   std::lock_guard lock(mu_);
   return markers_.size();
+}
+
+// ---- Virtual memory ------------------------------------------------------------------------
+
+namespace {
+
+uint64_t page_size() {
+  static const uint64_t p = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+void* as_ptr(DevPtr p) { return reinterpret_cast<void*>(p); }
+
+// Puts PROT_NONE address space back over [va, va+bytes), keeping it reserved.
+bool protect_none(DevPtr va, uint64_t bytes) {
+  void* p = mmap(as_ptr(va), bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  return p != MAP_FAILED;
+}
+
+}  // namespace
+
+uint64_t SimDriver::vmm_granularity() {
+  std::lock_guard lock(mu_);
+  return granularity_;
+}
+
+uint64_t SimDriver::device_total_bytes() {
+  std::lock_guard lock(mu_);
+  return device_total_;
+}
+
+void SimDriver::set_granularity(uint64_t bytes) {
+  if (bytes % page_size() != 0) {
+    std::fprintf(stderr, "SimDriver: granularity %" PRIu64 " is not a multiple of the page size\n", bytes);
+    std::abort();
+  }
+  std::lock_guard lock(mu_);
+  granularity_ = bytes;
+}
+
+void SimDriver::set_device_total_bytes(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  device_total_ = bytes;
+}
+
+void SimDriver::set_physical_limit(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  physical_limit_ = bytes;
+}
+
+DevPtr SimDriver::reserve(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  const uint64_t g = granularity_;
+  if (g == 0 || bytes == 0 || bytes % g != 0) {
+    ++stats_.misuses;
+    return 0;
+  }
+  // Over-reserve by one granule and trim, so that the range starts on a granule.
+  const uint64_t len = bytes + g;
+  void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return 0;
+  const DevPtr base = reinterpret_cast<DevPtr>(p);
+  const DevPtr va = (base + g - 1) / g * g;
+  if (va > base) munmap(p, va - base);
+  if (base + len > va + bytes) munmap(as_ptr(va + bytes), base + len - (va + bytes));
+  reservations_[va] = bytes;
+  return va;
+}
+
+void SimDriver::unreserve(DevPtr va, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  auto it = reservations_.find(va);
+  if (it == reservations_.end() || it->second != bytes) {
+    ++stats_.misuses;
+    return;
+  }
+  // Mappings left inside are a misuse; they go with the range.
+  for (auto m = mapped_.lower_bound(va); m != mapped_.end() && m->first < va + bytes;) {
+    ++stats_.misuses;
+    stats_.mapped_bytes -= m->second.bytes;
+    if (auto ph = physical_.find(m->second.handle); ph != physical_.end()) --ph->second.mapped;
+    m = mapped_.erase(m);
+  }
+  munmap(as_ptr(va), bytes);
+  reservations_.erase(it);
+}
+
+uint64_t SimDriver::create_physical(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  if (bytes == 0 || granularity_ == 0 || bytes % granularity_ != 0) {
+    ++stats_.misuses;
+    return 0;
+  }
+  if (stats_.physical_bytes + bytes > physical_limit_ || stats_.physical_bytes + bytes < bytes) return 0;
+  int fd = memfd_create("offload-sim-physical", MFD_CLOEXEC);
+  if (fd < 0) return 0;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    close(fd);
+    return 0;
+  }
+  // Garbage, so that a range mapped but never filled by a copy reads wrong.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return 0;
+  }
+  std::memset(p, kGarbage, bytes);
+  munmap(p, bytes);
+  const uint64_t h = next_handle_++;
+  physical_[h] = Physical{fd, bytes};
+  ++stats_.creates;
+  stats_.physical_bytes += bytes;
+  stats_.physical_peak = std::max(stats_.physical_peak, stats_.physical_bytes);
+  return h;
+}
+
+void SimDriver::release_physical(uint64_t handle) {
+  std::lock_guard lock(mu_);
+  auto it = physical_.find(handle);
+  if (it == physical_.end()) {
+    ++stats_.misuses;
+    return;
+  }
+  // Still mapped: a misuse, but the mappings keep their bytes (the kernel holds the memfd).
+  if (it->second.mapped > 0) ++stats_.misuses;
+  close(it->second.fd);
+  ++stats_.releases;
+  stats_.physical_bytes -= it->second.bytes;
+  physical_.erase(it);
+}
+
+bool SimDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
+  std::lock_guard lock(mu_);
+  const uint64_t g = granularity_;
+  auto ph = physical_.find(handle);
+  bool ok = g != 0 && bytes != 0 && va % g == 0 && bytes % g == 0 && ph != physical_.end() &&
+            bytes <= ph->second.bytes;
+  if (ok) {  // inside one reservation
+    auto r = reservations_.upper_bound(va);
+    ok = r != reservations_.begin() && (--r, va >= r->first && va + bytes <= r->first + r->second);
+  }
+  if (ok) {  // over no other mapping
+    auto next = mapped_.lower_bound(va);
+    if (next != mapped_.end() && next->first < va + bytes) ok = false;
+    if (next != mapped_.begin() && std::prev(next)->first + std::prev(next)->second.bytes > va) ok = false;
+  }
+  if (!ok) {
+    ++stats_.misuses;
+    return false;
+  }
+  void* p = mmap(as_ptr(va), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, ph->second.fd, 0);
+  if (p == MAP_FAILED) return false;
+  mapped_[va] = Mapping{bytes, handle};
+  ++ph->second.mapped;
+  ++stats_.maps;
+  stats_.mapped_bytes += bytes;
+  stats_.mapped_peak = std::max(stats_.mapped_peak, stats_.mapped_bytes);
+  return true;
+}
+
+bool SimDriver::unmap(DevPtr va, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  auto it = mapped_.find(va);
+  if (it == mapped_.end() || it->second.bytes != bytes) {
+    ++stats_.misuses;
+    return false;
+  }
+  if (!protect_none(va, bytes)) return false;
+  if (auto ph = physical_.find(it->second.handle); ph != physical_.end()) --ph->second.mapped;
+  ++stats_.unmaps;
+  stats_.mapped_bytes -= bytes;
+  mapped_.erase(it);
+  return true;
+}
+
+SimDriver::VmmStats SimDriver::vmm_stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void SimDriver::reset_peaks() {
+  std::lock_guard lock(mu_);
+  stats_.physical_peak = stats_.physical_bytes;
+  stats_.mapped_peak = stats_.mapped_bytes;
+}
+
+bool SimDriver::is_mapped(DevPtr p) const {
+  std::lock_guard lock(mu_);
+  auto it = mapped_.upper_bound(p);
+  if (it == mapped_.begin()) return false;
+  --it;
+  return p < it->first + it->second.bytes;
+}
+
+// ---- The simulated GPU ---------------------------------------------------------------------
+
+void SimDriver::enqueue(Stream s, Op op) { queues_[s].ops.push_back(std::move(op)); }
+
+Stream SimDriver::create_stream() {
+  std::lock_guard lock(mu_);
+  Stream s = next_stream_++;
+  queues_[s];
+  return s;
+}
+
+uint64_t SimDriver::create_event() {
+  std::lock_guard lock(mu_);
+  uint64_t e = next_event_++;
+  events_[e] = std::make_shared<EventState>();
+  return e;
+}
+
+void SimDriver::destroy_event(uint64_t e) {
+  // Queued records and waits keep the state alive, as a destroyed CUDA event's work does.
+  std::lock_guard lock(mu_);
+  events_.erase(e);
+}
+
+bool SimDriver::record_event(uint64_t e, Stream s) {
+  std::lock_guard lock(mu_);
+  auto it = events_.find(e);
+  if (it == events_.end()) return false;
+  EventState& ev = *it->second;
+  const uint64_t gen = ++ev.enqueued;
+  ev.pending.insert(gen);
+  enqueue(s, Op{Op::kRecord, {}, it->second, gen});
+  return true;
+}
+
+bool SimDriver::stream_wait(Stream s, uint64_t e) {
+  std::lock_guard lock(mu_);
+  auto it = events_.find(e);
+  if (it == events_.end()) return false;
+  if (it->second->enqueued == 0) return true;  // never recorded: nothing to wait for
+  enqueue(s, Op{Op::kWait, {}, it->second, it->second->enqueued});
+  return true;
+}
+
+int SimDriver::event_query(uint64_t e) {
+  std::lock_guard lock(mu_);
+  auto it = events_.find(e);
+  if (it == events_.end()) return -1;
+  return it->second->done(it->second->enqueued) ? 1 : 0;
+}
+
+bool SimDriver::event_sync(uint64_t e) {
+  std::shared_ptr<EventState> ev;
+  uint64_t gen;
+  {
+    std::lock_guard lock(mu_);
+    auto it = events_.find(e);
+    if (it == events_.end()) return false;
+    ev = it->second;
+    gen = ev->enqueued;
+  }
+  for (;;) {
+    std::lock_guard exec(exec_mu_);
+    std::unique_lock lock(mu_);
+    if (ev->done(gen)) return true;
+    Stream s;
+    if (!pick_locked(Pick::kRoundRobin, nullptr, &s)) deadlock_locked("event_sync");
+    execute(lock, s);
+  }
+}
+
+bool SimDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
+  if (bytes != 0 && (dst == nullptr || src == 0)) return false;
+  std::lock_guard lock(mu_);
+  enqueue(s, Op{Op::kCopy, [dst, src, bytes] { std::memcpy(dst, as_ptr(src), bytes); }, {}, 0});
+  return true;
+}
+
+bool SimDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) {
+  if (bytes != 0 && (dst == 0 || src == nullptr)) return false;
+  std::lock_guard lock(mu_);
+  enqueue(s, Op{Op::kCopy, [dst, src, bytes] { std::memcpy(as_ptr(dst), src, bytes); }, {}, 0});
+  return true;
+}
+
+void SimDriver::launch(Stream s, std::function<void()> body) {
+  std::lock_guard lock(mu_);
+  enqueue(s, Op{Op::kKernel, std::move(body), {}, 0});
+}
+
+bool SimDriver::pick_locked(Pick how, std::mt19937_64* rng, Stream* out) {
+  std::vector<Stream> runnable, non_copy;
+  for (auto& [s, q] : queues_) {
+    if (q.running || q.ops.empty()) continue;
+    const Op& head = q.ops.front();
+    if (head.kind == Op::kWait && !head.ev->done(head.gen)) continue;
+    runnable.push_back(s);
+    if (head.kind != Op::kCopy) non_copy.push_back(s);
+  }
+  if (runnable.empty()) return false;
+  const std::vector<Stream>& from = copy_delay_ && !non_copy.empty() ? non_copy : runnable;
+  if (how == Pick::kRandom) {
+    *out = from[std::uniform_int_distribution<size_t>(0, from.size() - 1)(*rng)];
+  } else {  // the first stream after the last one picked, in stream order
+    auto it = rr_started_ ? std::upper_bound(from.begin(), from.end(), rr_last_) : from.begin();
+    *out = it == from.end() ? from.front() : *it;
+    rr_last_ = *out;
+    rr_started_ = true;
+  }
+  return true;
+}
+
+void SimDriver::execute(std::unique_lock<std::mutex>& lock, Stream s) {
+  Queue& q = queues_[s];  // std::map: the reference survives other insertions
+  Op op = std::move(q.ops.front());
+  q.ops.pop_front();
+  switch (op.kind) {
+    case Op::kWait:
+      break;  // runnable means the awaited capture has completed
+    case Op::kRecord:
+      op.ev->pending.erase(op.gen);
+      break;
+    case Op::kKernel:
+    case Op::kCopy:
+      q.running = true;  // later ops of this stream wait for it, as on a GPU
+      lock.unlock();
+      op.body();
+      op.body = nullptr;  // captured state dies outside the lock too
+      lock.lock();
+      q.running = false;
+      break;
+  }
+}
+
+void SimDriver::deadlock_locked(const char* where) {
+  std::fprintf(stderr, "SimDriver: deadlock in %s: no queued op can run\n", where);
+  for (auto& [s, q] : queues_) {
+    if (q.ops.empty() && !q.running) continue;
+    const Op& head = q.ops.front();
+    std::fprintf(stderr, "  stream 0x%" PRIx64 ": %zu ops%s, head %s\n", s, q.ops.size(),
+                 q.running ? " (one running)" : "",
+                 head.kind == Op::kWait ? "waits for an event capture that never completes"
+                                        : "is runnable but its stream is busy");
+  }
+  std::abort();
+}
+
+bool SimDriver::step(std::mt19937_64& rng) {
+  std::lock_guard exec(exec_mu_);
+  std::unique_lock lock(mu_);
+  Stream s;
+  if (!pick_locked(Pick::kRandom, &rng, &s)) return false;
+  execute(lock, s);
+  return true;
+}
+
+void SimDriver::run_all() {
+  for (;;) {
+    std::lock_guard exec(exec_mu_);
+    std::unique_lock lock(mu_);
+    bool empty = std::all_of(queues_.begin(), queues_.end(), [](auto& kv) { return kv.second.ops.empty(); });
+    if (empty) return;
+    Stream s;
+    if (!pick_locked(Pick::kRoundRobin, nullptr, &s)) deadlock_locked("run_all");
+    execute(lock, s);
+  }
+}
+
+void SimDriver::set_copy_delay(bool on) {
+  std::lock_guard lock(mu_);
+  copy_delay_ = on;
+}
+
+size_t SimDriver::pending_ops() const {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (auto& [s, q] : queues_) n += q.ops.size() + (q.running ? 1 : 0);
+  return n;
+}
+
+size_t SimDriver::live_events() const {
+  std::lock_guard lock(mu_);
+  return events_.size();
 }
 
 }  // namespace offload

@@ -3,10 +3,37 @@
 // Kernels are registered with a name and a parameter layout; "device memory" is host
 // memory from mmap, so a device address is a real address and scanning a launch's
 // arguments behaves exactly as on the GPU.
+//
+// The executor's half of the seam is modelled so that its bugs fail loudly instead of
+// passing by luck (STYLE.md, practice 3):
+//   - Virtual memory. A reservation is PROT_NONE address space; a physical handle is a
+//     memfd filled with 0xA5; map() puts the memfd at the address MAP_SHARED, so the same
+//     handle at two addresses shows the same bytes, and unmap() puts PROT_NONE back. A
+//     kernel touching an evicted range segfaults; one reading a range that was mapped but
+//     never reloaded reads 0xA5 garbage. Misuses (mapping outside a reservation, over a
+//     mapping, past the handle, misaligned; unmapping what is not mapped exactly; releasing
+//     a handle still mapped) fail and are counted.
+//   - A GPU that runs later. Every stream (any value, 0 and 2 included, all independent:
+//     no legacy-stream implicit synchronisation) is a FIFO of ops — kernels (launch()),
+//     copies, event records and waits — that runs only when a test calls step(), run_all()
+//     or a caller blocks in event_sync(). Copies read and write at execution time, and
+//     with set_copy_delay(true) a copy runs only when nothing else can, so a missing
+//     stream wait shows up as wrong bytes.
+//
+// Threading: every method may be called from any thread. One mutex guards the state; op
+// bodies run without it (under a separate, recursive execution lock that keeps one op
+// running at a time), so a body may call back into the driver.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <random>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -17,12 +44,16 @@ namespace offload {
 
 class SimDriver final : public Driver {
  public:
+  SimDriver() = default;
+  SimDriver(const SimDriver&) = delete;
+  SimDriver& operator=(const SimDriver&) = delete;
   ~SimDriver() override;
 
   Func add_kernel(std::string name, std::vector<ParamInfo> params);
   // Registers a kernel the driver cannot describe (param_layout returns -1).
   Func add_opaque_kernel(std::string name);
 
+  // Plain host-page "device allocations" (PyTorch's own pool), outside the VMM model.
   DevPtr alloc(size_t bytes);
   void free(DevPtr p);
 
@@ -41,6 +72,67 @@ class SimDriver final : public Driver {
 
   size_t param_queries() const { return param_queries_; }
 
+  // ---- Virtual memory --------------------------------------------------------------------
+  static constexpr unsigned char kGarbage = 0xA5;  // what fresh physical memory holds
+  uint64_t vmm_granularity() override;
+  uint64_t device_total_bytes() override;
+  DevPtr reserve(uint64_t bytes) override;
+  void unreserve(DevPtr va, uint64_t bytes) override;
+  uint64_t create_physical(uint64_t bytes) override;
+  void release_physical(uint64_t handle) override;
+  bool map(DevPtr va, uint64_t bytes, uint64_t handle) override;
+  bool unmap(DevPtr va, uint64_t bytes) override;
+
+  // 0 (the driver cannot tell) or a multiple of the page size; default 64 KiB. Aborts
+  // otherwise. Set it before reserving.
+  void set_granularity(uint64_t bytes);
+  void set_device_total_bytes(uint64_t bytes);  // default 16 GiB
+  // create_physical returns 0 when the live physical bytes would exceed this; default none.
+  void set_physical_limit(uint64_t bytes);
+
+  struct VmmStats {
+    uint64_t physical_bytes = 0;  // created and not yet released
+    uint64_t physical_peak = 0;
+    uint64_t mapped_bytes = 0;
+    uint64_t mapped_peak = 0;
+    uint64_t creates = 0;   // successful create_physical
+    uint64_t releases = 0;  // release_physical of a live handle
+    uint64_t maps = 0;      // successful map
+    uint64_t unmaps = 0;    // successful unmap
+    uint64_t misuses = 0;   // calls that broke a rule of the API (see the top of this file)
+  };
+  VmmStats vmm_stats() const;
+  void reset_peaks();  // peaks := current values
+  // Whether `p` lies in a mapped range (a VMM mapping, not an alloc()).
+  bool is_mapped(DevPtr p) const;
+
+  // ---- Streams, events, copies --------------------------------------------------------------
+  Stream create_stream() override;  // 0x1000, 0x1001, ...
+  uint64_t create_event() override;
+  void destroy_event(uint64_t e) override;
+  bool record_event(uint64_t e, Stream s) override;
+  bool stream_wait(Stream s, uint64_t e) override;
+  int event_query(uint64_t e) override;
+  // Runs queued ops (in a fixed order) until the event's last capture completes. Aborts
+  // with a message if it never can (a deadlock of waits).
+  bool event_sync(uint64_t e) override;
+  bool copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) override;
+  bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) override;
+
+  // Enqueues a "kernel" on `s`: `body` runs when the simulated GPU reaches it and reads
+  // and writes device memory directly (an unmapped range segfaults, on purpose).
+  void launch(Stream s, std::function<void()> body);
+  // Executes one runnable head op (not a wait still blocked) of a randomly chosen stream;
+  // false when none is runnable.
+  bool step(std::mt19937_64& rng);
+  // Runs until every queue is empty, round-robin over streams. Aborts with a message if
+  // only blocked waits remain (a deadlock).
+  void run_all();
+  // When on, step/run_all/event_sync run a copy only when no other op is runnable.
+  void set_copy_delay(bool on);
+  size_t pending_ops() const;  // queued or running, all streams
+  size_t live_events() const;
+
  private:
   struct Kernel {
     std::string name;
@@ -48,8 +140,8 @@ class SimDriver final : public Driver {
     bool opaque = false;
   };
   mutable std::mutex mu_;
-  std::vector<Kernel*> kernels_;                 // Func = index + 1, times 16
-  std::unordered_map<DevPtr, size_t> mappings_;  // base -> bytes
+  std::vector<Kernel*> kernels_;               // Func = index + 1, times 16
+  std::unordered_map<DevPtr, size_t> allocs_;  // alloc(): base -> bytes
   size_t param_queries_ = 0;
   struct Marker {
     int64_t at;
@@ -59,6 +151,60 @@ class SimDriver final : public Driver {
   std::vector<std::pair<void*, uint64_t>> pinned_;
   uint64_t next_marker_ = 1;
   std::unordered_map<uint64_t, Marker> markers_;
+
+  // Virtual memory.
+  struct Physical {
+    int fd;
+    uint64_t bytes;
+    uint64_t mapped = 0;  // how many mappings use it
+  };
+  struct Mapping {
+    uint64_t bytes;
+    uint64_t handle;
+  };
+  uint64_t granularity_ = 64 << 10;
+  uint64_t device_total_ = 16ull << 30;
+  uint64_t physical_limit_ = UINT64_MAX;
+  std::map<DevPtr, uint64_t> reservations_;  // base -> bytes
+  std::map<uint64_t, Physical> physical_;    // handle -> memfd
+  std::map<DevPtr, Mapping> mapped_;         // base -> mapping
+  uint64_t next_handle_ = 1;
+  VmmStats stats_;
+
+  // The simulated GPU.
+  // Each record_event is a capture with its own generation; a wait or a query concerns the
+  // generation that was last at the time it was issued, as with CUDA's re-recorded events.
+  struct EventState {
+    uint64_t enqueued = 0;            // generation of the last record_event; 0: never recorded
+    std::set<uint64_t> pending;       // generations recorded and not yet executed
+    bool done(uint64_t gen) const { return gen == 0 || !pending.count(gen); }
+  };
+  struct Op {
+    enum Kind { kKernel, kCopy, kRecord, kWait } kind;
+    std::function<void()> body;       // kernel, copy
+    std::shared_ptr<EventState> ev;   // record, wait
+    uint64_t gen = 0;                 // record: its generation; wait: the one awaited
+  };
+  struct Queue {
+    std::deque<Op> ops;
+    bool running = false;  // its head op has been taken and is executing
+  };
+  enum class Pick { kRandom, kRoundRobin };
+  // Chooses a stream whose head op may run now, or returns false. Under mu_.
+  bool pick_locked(Pick how, std::mt19937_64* rng, Stream* out);
+  // Pops the head op of `s` and runs it (body without mu_). Caller holds exec_mu_.
+  void execute(std::unique_lock<std::mutex>& lock, Stream s);
+  [[noreturn]] void deadlock_locked(const char* where);
+  void enqueue(Stream s, Op op);
+
+  std::recursive_mutex exec_mu_;  // one op executes at a time; taken before mu_
+  std::map<Stream, Queue> queues_;
+  std::unordered_map<uint64_t, std::shared_ptr<EventState>> events_;
+  Stream next_stream_ = 0x1000;
+  uint64_t next_event_ = 1;
+  Stream rr_last_ = 0;
+  bool rr_started_ = false;
+  bool copy_delay_ = false;
 };
 
 }  // namespace offload

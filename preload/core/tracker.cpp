@@ -53,9 +53,10 @@ void Tracker::put_marker(uint64_t launch_no, uint64_t handle) {
   if (uint64_t old = marker_handle_.exchange(handle, std::memory_order_acq_rel)) driver_.release_marker(old);
 }
 
-void Tracker::count_launch(Stream s) {
+uint64_t Tracker::count_launch(Stream s) {
   uint64_t n = launches_.fetch_add(1, std::memory_order_relaxed);
   if (n == marker_at_.load(std::memory_order_relaxed)) put_marker(n, driver_.record_marker(s));
+  return n;
 }
 
 bool Tracker::take_marker(Marker* m) {
@@ -75,8 +76,9 @@ uint64_t Tracker::publish(Event e, const AllocId* acc, uint32_t n) {
   return c.seq;
 }
 
-void Tracker::on_alloc(DevPtr p, uint64_t bytes, Stream s) {
+void Tracker::on_alloc(DevPtr p, uint64_t bytes, Stream s, uint64_t tag) {
   AllocId id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  if (tag) id = arena_alloc_id(tag, id);
   AllocEntry stale[AllocTable::kMaxReplaced];
   size_t n_stale = table_.insert(p, bytes, id, stale);
   for (size_t i = 0; i < n_stale; ++i) {
@@ -117,7 +119,7 @@ void Tracker::on_free(DevPtr p, Stream s) {
 
 uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
   HookTimer timer(counters_);
-  count_launch(s);
+  uint64_t no = count_launch(s);
   counters_.kernels.fetch_add(1, std::memory_order_relaxed);
   Event e{};
   e.kind = EventKind::Kernel;
@@ -139,13 +141,14 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
   size_t len;
   if (extra && extra_buffer(extra, &buf, &len)) n = table_.scan(buf, len / 8, acc, n, kMaxAccesses);
   if (n == kMaxAccesses) e.flags |= kAccessesTruncated;
+  gate(no, e.kind, e.func, s, acc, n, e.flags);
   return publish(e, acc, static_cast<uint32_t>(n));
 }
 
 // Copies and memsets: the destination (and a copy's source) as the words to scan.
 uint64_t Tracker::on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
   HookTimer timer(counters_);
-  count_launch(s);
+  uint64_t no = count_launch(s);
   (kind == EventKind::Copy ? counters_.copies : counters_.memsets).fetch_add(1, std::memory_order_relaxed);
   Event e{};
   e.kind = kind;
@@ -155,6 +158,7 @@ uint64_t Tracker::on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t b
   AllocId acc[2];
   DevPtr words[2] = {dst, src};
   size_t n = table_.scan(words, kind == EventKind::Copy ? 2 : 1, acc, 0, 2);
+  gate(no, kind, 0, s, acc, n, 0);
   return publish(e, acc, static_cast<uint32_t>(n));
 }
 
@@ -167,7 +171,8 @@ uint64_t Tracker::on_memset(DevPtr dst, uint64_t bytes, Stream s) {
 }
 
 uint64_t Tracker::on_graph(Stream s) {
-  count_launch(s);
+  uint64_t no = count_launch(s);
+  gate(no, EventKind::Graph, 0, s, nullptr, 0, 0);
   counters_.graphs.fetch_add(1, std::memory_order_relaxed);
   Event e{};
   e.kind = EventKind::Graph;

@@ -20,6 +20,7 @@
 
 #include "core/alloc_table.h"
 #include "core/event_log.h"
+#include "core/executor.h"
 #include "core/func_registry.h"
 #include "core/step_detector.h"
 #include "core/step_trace.h"
@@ -41,7 +42,8 @@ class Tracker {
  public:
   Tracker(Driver& driver, EventLog& log);
 
-  void on_alloc(DevPtr p, uint64_t bytes, Stream s);
+  // `tag`: non-zero for an arena member (Executor::place's tag): its id says which arena.
+  void on_alloc(DevPtr p, uint64_t bytes, Stream s, uint64_t tag = 0);
   void on_free(DevPtr p, Stream s);
   // Each returns the launch's sequence number (0 if the event was dropped).
   // `params`: the kernelParams array (may be null); `extra`: the extra array (may be null).
@@ -64,6 +66,9 @@ class Tracker {
   bool take_marker(Marker* m);
   uint64_t launches() const { return launches_.load(std::memory_order_relaxed); }
 
+  // The executor, told of every launch (with what it touches) before it is forwarded.
+  void set_gate(LaunchGate* g) { gate_.store(g, std::memory_order_release); }
+
   const AllocTable& allocs() const { return table_; }
   FuncRegistry& funcs() { return funcs_; }
   TrackerCounters& counters() { return counters_; }
@@ -73,7 +78,10 @@ class Tracker {
  private:
   uint64_t publish(Event e, const AllocId* acc, uint32_t n);
   uint64_t on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s);
-  void count_launch(Stream s);
+  uint64_t count_launch(Stream s);  // returns the launch's number
+  void gate(uint64_t n, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc, size_t count, uint8_t flags) {
+    if (LaunchGate* g = gate_.load(std::memory_order_acquire)) g->before_launch(n, kind, kernel, s, acc, count, flags);
+  }
   void put_marker(uint64_t launch_no, uint64_t handle);
 
   Driver& driver_;
@@ -85,6 +93,7 @@ class Tracker {
   FuncRegistry funcs_;
   EventLog& log_;
   std::atomic<AllocId> next_id_{1};
+  std::atomic<LaunchGate*> gate_{nullptr};
   TrackerCounters counters_;
 };
 

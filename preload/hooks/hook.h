@@ -50,6 +50,32 @@ inline auto before(Observe&& observe, Call&& call) {
   return call(fn);
 }
 
+// allocate<Id>(p, bytes, stream, call): the executor may serve the allocation from an
+// arena (a planned one); otherwise it is forwarded. The tracker sees it either way.
+template <HookId Id, class Sig, class Call>
+inline auto allocate(void** p, uint64_t bytes, Stream s, Call&& call) {
+  Sig fn = real_as<Id, Sig>();
+  HookGuard guard;
+  Runtime* rt = guard.outermost() ? runtime() : nullptr;
+  using R = decltype(call(fn));
+  if (rt && rt->place(bytes, s, p)) return R{};
+  R result = call(fn);
+  if (rt && result == R{}) rt->track_alloc(*p, bytes, s);
+  return result;
+}
+
+// release<Id>(p, stream, call): an arena member's free stays with the executor; any other
+// is forwarded. The tracker sees it either way.
+template <HookId Id, class Sig, class Call>
+inline auto release(void* p, Stream s, Call&& call) {
+  Sig fn = real_as<Id, Sig>();
+  HookGuard guard;
+  Runtime* rt = guard.outermost() ? runtime() : nullptr;
+  using R = decltype(call(fn));
+  if (rt && rt->release(p, s)) return R{};
+  return call(fn);
+}
+
 // Stream identity as the tracker records it: the null stream of a _ptsz entry point is the
 // calling thread's per-thread default stream.
 inline Stream stream_id(const void* s, bool ptsz) {

@@ -20,27 +20,24 @@ inline DevPtr dptr(const void* p) { return reinterpret_cast<DevPtr>(p); }
 
 #define MALLOC_ASYNC(NAME, PTSZ)                                                                    \
   OFFLOAD_EXPORT cudaError_t NAME(void** p, size_t n, cudaStream_t s) {                             \
-    return after_ok<HookId::NAME, decltype(&::cudaMallocAsync)>(                                    \
-        [&](auto real) { return real(p, n, s); },                                                   \
-        [&](Tracker& t) { t.on_alloc(dptr(*p), n, stream_id(s, PTSZ)); });                          \
+    return allocate<HookId::NAME, decltype(&::cudaMallocAsync)>(                                    \
+        p, n, stream_id(s, PTSZ), [&](auto real) { return real(p, n, s); });                        \
   }
 MALLOC_ASYNC(cudaMallocAsync, false)
 MALLOC_ASYNC(cudaMallocAsync_ptsz, true)
 
 #define MALLOC_FROM_POOL(NAME, PTSZ)                                                                \
   OFFLOAD_EXPORT cudaError_t NAME(void** p, size_t n, cudaMemPool_t pool, cudaStream_t s) {         \
-    return after_ok<HookId::NAME, decltype(&::cudaMallocFromPoolAsync)>(                            \
-        [&](auto real) { return real(p, n, pool, s); },                                             \
-        [&](Tracker& t) { t.on_alloc(dptr(*p), n, stream_id(s, PTSZ)); });                          \
+    return allocate<HookId::NAME, decltype(&::cudaMallocFromPoolAsync)>(                            \
+        p, n, stream_id(s, PTSZ), [&](auto real) { return real(p, n, pool, s); });                  \
   }
 MALLOC_FROM_POOL(cudaMallocFromPoolAsync, false)
 MALLOC_FROM_POOL(cudaMallocFromPoolAsync_ptsz, true)
 
 #define FREE_ASYNC(NAME, PTSZ)                                                                      \
   OFFLOAD_EXPORT cudaError_t NAME(void* p, cudaStream_t s) {                                        \
-    return before<HookId::NAME, decltype(&::cudaFreeAsync)>(                                        \
-        [&](Tracker& t) { t.on_free(dptr(p), stream_id(s, PTSZ)); },                                \
-        [&](auto real) { return real(p, s); });                                                     \
+    return release<HookId::NAME, decltype(&::cudaFreeAsync)>(                                       \
+        p, stream_id(s, PTSZ), [&](auto real) { return real(p, s); });                              \
   }
 FREE_ASYNC(cudaFreeAsync, false)
 FREE_ASYNC(cudaFreeAsync_ptsz, true)
@@ -51,14 +48,12 @@ FREE_ASYNC(cudaFreeAsync_ptsz, true)
 OFFLOAD_EXPORT void* offload_malloc(size_t size, int, void* stream) {
   void* p = nullptr;
   auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t r = after_ok<HookId::cudaMallocAsync, decltype(&::cudaMallocAsync)>(
-      [&](auto real) { return real(&p, size, s); },
-      [&](Tracker& t) { t.on_alloc(dptr(p), size, dptr(stream)); });
+  cudaError_t r = allocate<HookId::cudaMallocAsync, decltype(&::cudaMallocAsync)>(
+      &p, size, dptr(stream), [&](auto real) { return real(&p, size, s); });
   return r == cudaSuccess ? p : nullptr;
 }
 
 OFFLOAD_EXPORT void offload_free(void* ptr, size_t, int, void* stream) {
-  before<HookId::cudaFreeAsync, decltype(&::cudaFreeAsync)>(
-      [&](Tracker& t) { t.on_free(dptr(ptr), dptr(stream)); },
-      [&](auto real) { return real(ptr, static_cast<cudaStream_t>(stream)); });
+  release<HookId::cudaFreeAsync, decltype(&::cudaFreeAsync)>(
+      ptr, dptr(stream), [&](auto real) { return real(ptr, static_cast<cudaStream_t>(stream)); });
 }

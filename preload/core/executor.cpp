@@ -1,0 +1,538 @@
+#include "core/executor.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "core/log.h"
+
+namespace offload {
+
+Executor::Executor(Driver& driver, Options o) : driver_(driver), opt_(o) {}
+
+Executor::~Executor() {
+  std::lock_guard lock(mu_);
+  teardown_locked();
+}
+
+void Executor::teardown_locked() {
+  installed_.store(false, std::memory_order_release);
+  for (Arena& a : arenas_) {
+    if (a.handle >= 0) driver_.unmap(a.va, plan_.handle_bytes);
+    for (uint64_t e : a.events)
+      if (e) driver_.destroy_event(e);
+    if (a.ev_d2h) driver_.destroy_event(a.ev_d2h);
+    if (a.ev_h2d) driver_.destroy_event(a.ev_h2d);
+  }
+  arenas_.clear();
+  for (uint64_t h : handles_)
+    if (h) {
+      driver_.release_physical(h);
+      ++st_.handles_released;
+    }
+  handles_.clear();
+  free_handles_.clear();
+  busy_.clear();
+  held_.store(0);
+  if (reservation_) driver_.unreserve(reservation_, reservation_bytes_);
+  reservation_ = 0;
+  reservation_bytes_ = 0;
+  va_lo_.store(0);
+  va_hi_.store(0);
+}
+
+bool Executor::idle() {
+  std::lock_guard lock(mu_);
+  poll_locked();
+  for (const Arena& a : arenas_)
+    if (a.state != State::Empty) return false;
+  return true;
+}
+
+bool Executor::install(Plan plan, uint64_t anchor, unsigned char* host, std::string* why) {
+  std::lock_guard lock(mu_);
+  poll_locked();
+  for (const Arena& a : arenas_)
+    if (a.state != State::Empty) {
+      *why = "the previous plan's arenas still hold data";
+      return false;
+    }
+  if (plan.arenas.empty() || plan.step_launches == 0 || plan.handle_bytes == 0) {
+    *why = "the plan moves nothing";
+    return false;
+  }
+  if (!offload_stream_) offload_stream_ = driver_.create_stream();
+  if (!prefetch_stream_) prefetch_stream_ = driver_.create_stream();
+  if (!offload_stream_ || !prefetch_stream_) {
+    *why = "the driver would not create the copy streams";
+    return false;
+  }
+  // Same geometry as before (the same plan again after a deviation): keep the addresses and
+  // the handles, so the members land where they did.
+  bool same = reservation_ && plan_.handle_bytes == plan.handle_bytes && arenas_.size() == plan.arenas.size();
+  if (!same) {
+    teardown_locked();
+    reservation_bytes_ = plan.handle_bytes * plan.arenas.size();
+    reservation_ = driver_.reserve(reservation_bytes_);
+    if (!reservation_) {
+      *why = "the driver would not reserve " + std::to_string(reservation_bytes_ >> 20) + " MiB of address space";
+      reservation_bytes_ = 0;
+      return false;
+    }
+    arenas_.resize(plan.arenas.size());
+    for (size_t i = 0; i < arenas_.size(); ++i) {
+      Arena& a = arenas_[i];
+      a.va = reservation_ + i * plan.handle_bytes;
+      for (uint64_t& e : a.events) e = driver_.create_event();
+      a.ev_d2h = driver_.create_event();
+      a.ev_h2d = driver_.create_event();
+      bool ok = a.ev_d2h && a.ev_h2d;
+      for (uint64_t e : a.events) ok = ok && e;
+      if (!ok) {
+        teardown_locked();
+        *why = "the driver would not create events";
+        return false;
+      }
+    }
+  }
+  plan_ = std::move(plan);
+  actions_.clear();
+  for (size_t i = 0; i < arenas_.size(); ++i) {
+    Arena& a = arenas_[i];
+    const ArenaPlan& ap = plan_.arenas[i];
+    a.used = ap.used;
+    a.host_offset = ap.host_offset;
+    a.members.clear();
+    a.filled_step = ~uint64_t{0};
+    actions_.push_back(Action{ap.evict_after + 1, static_cast<uint32_t>(i), true});
+    actions_.push_back(Action{ap.reload_at, static_cast<uint32_t>(i), false});
+  }
+  for (const MemberPlan& m : plan_.members) arenas_[m.arena].members.push_back(Member{m.offset, m.bytes, false});
+  for (Arena& a : arenas_)
+    std::sort(a.members.begin(), a.members.end(), [](const Member& x, const Member& y) { return x.offset < y.offset; });
+  std::stable_sort(actions_.begin(), actions_.end(), [](const Action& x, const Action& y) { return x.pos < y.pos; });
+  // Handles of another size are of no use to this plan.
+  for (size_t h = 0; h < handles_.size() && !same; ++h) give_handle(static_cast<int>(h));
+  anchor_ = anchor;
+  host_ = host;
+  active_ = false;
+  cursor_ = 0;
+  pending_reloads_.clear();
+  step_misses_ = 0;
+  sub_launch_ = ~uint64_t{0};
+  deviated_.store(false);
+  va_lo_.store(reservation_);
+  va_hi_.store(reservation_ + reservation_bytes_);
+  ++st_.installs;
+  st_.plan = plan_.describe();
+  installed_.store(true, std::memory_order_release);
+  return true;
+}
+
+// ---- hot path ----------------------------------------------------------------------------
+
+DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t* tag) {
+  if (!installed_.load(std::memory_order_acquire)) return 0;
+  std::lock_guard lock(mu_);
+  if (!active_ || next_launch < anchor_) return 0;
+  const uint64_t pos = (next_launch - anchor_) % plan_.step_launches;
+  if (sub_launch_ != next_launch) {
+    sub_launch_ = next_launch;
+    sub_ = 0;
+  }
+  const uint32_t k = sub_++;
+  const MemberPlan* mp = nullptr;
+  for (uint32_t j = plan_.member_index[pos]; j < plan_.member_index[pos + 1]; ++j)
+    if (plan_.members[j].sub == k) mp = &plan_.members[j];
+  if (!mp) return 0;
+  if (mp->bytes != bytes) {
+    deviate("an allocation's size differs from the plan's");
+    return 0;
+  }
+  Arena& a = arenas_[mp->arena];
+  auto member = std::lower_bound(a.members.begin(), a.members.end(), mp->offset,
+                                 [](const Member& m, uint64_t off) { return m.offset < off; });
+  if (member == a.members.end() || member->offset != mp->offset || member->live) {
+    ++st_.arena_busy;
+    return 0;
+  }
+  if (a.state == State::Draining) {
+    // Freed last step, its last work perhaps still queued: wait for it and keep the mapping.
+    poll_locked();
+    if (a.state == State::Draining && !a.overflow) {
+      for (int i = 0; i < a.nstreams; ++i) driver_.event_sync(a.events[i]);
+      a.state = State::Resident;
+      a.nstreams = 0;
+      a.h2d_pending = false;
+    }
+  }
+  if (a.state == State::Empty) {
+    int h = acquire_handle(false);
+    if (h < 0) {
+      ++st_.arena_busy;
+      return 0;
+    }
+    if (!driver_.map(a.va, plan_.handle_bytes, handles_[static_cast<size_t>(h)])) {
+      give_handle(h);
+      ++st_.arena_busy;
+      return 0;
+    }
+    a.handle = h;
+    a.state = State::Resident;
+    a.nstreams = 0;
+    a.overflow = false;
+    a.h2d_pending = false;
+  } else if (a.state != State::Resident || a.filled_step != step_) {
+    ++st_.arena_busy;  // last step's members still alive, or being moved
+    return 0;
+  }
+  (void)s;
+  a.filled_step = step_;
+  member->live = true;
+  ++a.live;
+  member_live_.fetch_add(bytes, std::memory_order_relaxed);
+  ++st_.placed;
+  *tag = mp->arena + 1;
+  return a.va + mp->offset;
+}
+
+bool Executor::release(DevPtr p, Stream s) {
+  if (p < va_lo_.load(std::memory_order_relaxed) || p >= va_hi_.load(std::memory_order_relaxed)) return false;
+  std::lock_guard lock(mu_);
+  if (arenas_.empty() || p < reservation_ || p >= reservation_ + reservation_bytes_) return false;
+  Arena& a = arenas_[(p - reservation_) / plan_.handle_bytes];
+  uint64_t off = p - a.va;
+  auto member = std::lower_bound(a.members.begin(), a.members.end(), off,
+                                 [](const Member& m, uint64_t o) { return m.offset < o; });
+  if (member == a.members.end() || member->offset != off || !member->live) return true;  // not the allocator's either
+  member->live = false;
+  member_live_.fetch_sub(member->bytes, std::memory_order_relaxed);
+  if (--a.live > 0) {
+    add_stream(a, s);
+    return true;
+  }
+  switch (a.state) {
+    case State::Resident:
+    case State::Reloading:
+      add_stream(a, s);
+      record_all(a);
+      a.state = State::Draining;
+      busy_.push_back(static_cast<uint32_t>(&a - arenas_.data()));
+      break;
+    case State::Evicted:
+      a.state = State::Empty;  // nothing of it is on the device
+      break;
+    default:
+      break;  // Evicting: poll finds it dead once the copy is done
+  }
+  return true;
+}
+
+void Executor::note_live(uint64_t live_bytes) {
+  last_live_.store(live_bytes, std::memory_order_relaxed);
+  if (installed_.load(std::memory_order_relaxed)) update_peak();
+}
+
+void Executor::update_peak() {
+  uint64_t live = last_live_.load(std::memory_order_relaxed), mem = member_live_.load(std::memory_order_relaxed);
+  uint64_t dev = (live > mem ? live - mem : 0) + held_.load(std::memory_order_relaxed);
+  uint64_t peak = device_peak_.load(std::memory_order_relaxed);
+  while (dev > peak && !device_peak_.compare_exchange_weak(peak, dev, std::memory_order_relaxed)) {
+  }
+}
+
+void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc,
+                             size_t count, uint8_t flags) {
+  if (!installed_.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(mu_);
+  if (n >= anchor_) {
+    const uint64_t pos = (n - anchor_) % plan_.step_launches;
+    if (pos == 0) {
+      if (active_) finish_step();
+      active_ = !deviated_.load(std::memory_order_relaxed);
+      if (active_) {
+        ++step_;
+        ++st_.steps_active;
+        cursor_ = 0;
+      }
+    }
+    if (active_ && plan_.tokens[pos] != launch_token(kind, kernel)) deviate("a launch differs from the plan's");
+    if (active_) {
+      if (!pending_reloads_.empty()) {
+        poll_locked();
+        std::vector<uint32_t> retry;
+        retry.swap(pending_reloads_);
+        for (uint32_t i : retry) {
+          State st = arenas_[i].state;
+          if (st == State::Evicted || st == State::Evicting) {
+            size_t inflight = 0;
+            for (const Arena& a : arenas_) inflight += a.h2d_pending;
+            if (inflight >= opt_.max_reloads_in_flight) pending_reloads_.push_back(i);
+            else reload(i);
+          }
+        }
+      }
+      while (cursor_ < actions_.size() && actions_[cursor_].pos <= static_cast<int64_t>(pos)) {
+        const Action& act = actions_[cursor_++];
+        if (act.evict) {
+          evict(act.arena);
+          continue;
+        }
+        State st = arenas_[act.arena].state;
+        if (st != State::Evicted && st != State::Evicting) continue;
+        size_t inflight = 0;
+        for (const Arena& a : arenas_) inflight += a.h2d_pending;
+        if (inflight >= opt_.max_reloads_in_flight && st == State::Evicted) pending_reloads_.push_back(act.arena);
+        else reload(act.arena);
+      }
+    }
+  }
+  // What the launch touches must be resident and current before it is queued.
+  if (kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated))) {
+    ++st_.conservative;
+    for (uint32_t i = 0; i < arenas_.size(); ++i) ensure_resident(i, s, true);
+  } else {
+    for (size_t j = count; j-- > 0 && (acc[j] & kArenaIdBit);) {
+      uint64_t i = ((acc[j] >> 32) & 0x7fffffffu) - 1;
+      if (i < arenas_.size()) ensure_resident(static_cast<uint32_t>(i), s, true);
+    }
+  }
+  if ((n & 15) == 0) poll_locked();
+}
+
+void Executor::ensure_resident(uint32_t i, Stream s, bool demand) {
+  Arena& a = arenas_[i];
+  switch (a.state) {
+    case State::Empty:
+    case State::Draining:
+      return;  // nothing of it is live: a stale word that looks like a pointer
+    case State::Evicting:
+      // The bytes are still on the device: keep them, let the copy finish unused.
+      a.state = State::Resident;
+      ++st_.evictions_abandoned;
+      break;
+    case State::Evicted:
+      if (!reload(i)) return;
+      if (demand) {
+        ++st_.misses;
+        ++step_misses_;
+      }
+      [[fallthrough]];
+    case State::Reloading:
+      a.state = State::Resident;
+      break;
+    case State::Resident:
+      break;
+  }
+  if (a.h2d_pending) driver_.stream_wait(s, a.ev_h2d);
+  add_stream(a, s);
+}
+
+// ---- moving bytes ------------------------------------------------------------------------
+
+void Executor::add_stream(Arena& a, Stream s) {
+  for (int i = 0; i < a.nstreams; ++i)
+    if (a.streams[i] == s) return;
+  if (a.nstreams == kMaxStreams) {
+    a.overflow = true;
+    return;
+  }
+  a.streams[a.nstreams++] = s;
+}
+
+bool Executor::record_all(Arena& a) {
+  bool ok = true;
+  for (int i = 0; i < a.nstreams; ++i) ok = driver_.record_event(a.events[i], a.streams[i]) && ok;
+  return ok;
+}
+
+bool Executor::all_done(Arena& a) {
+  for (int i = 0; i < a.nstreams; ++i)
+    if (driver_.event_query(a.events[i]) == 0) return false;
+  return true;
+}
+
+void Executor::evict(uint32_t i) {
+  Arena& a = arenas_[i];
+  if (a.state != State::Resident || a.filled_step != step_ || a.live == 0 || a.overflow || a.h2d_pending) return;
+  // After the last forward use: the copy waits for every stream that touched the arena.
+  if (!record_all(a)) return;
+  for (int k = 0; k < a.nstreams; ++k) driver_.stream_wait(offload_stream_, a.events[k]);
+  if (!driver_.copy_to_host(host_ + a.host_offset, a.va, a.used, offload_stream_) ||
+      !driver_.record_event(a.ev_d2h, offload_stream_)) {
+    log().warn("an eviction copy was refused by the driver: the arena stays resident");
+    return;
+  }
+  a.nstreams = 0;
+  add_stream(a, offload_stream_);
+  a.state = State::Evicting;
+  busy_.push_back(i);
+  ++st_.evictions;
+  st_.bytes_out += a.used;
+}
+
+bool Executor::reload(uint32_t i) {
+  Arena& a = arenas_[i];
+  if (a.state == State::Evicting) {
+    a.state = State::Resident;  // the copy out has not finished: the bytes never left
+    ++st_.evictions_abandoned;
+    return true;
+  }
+  if (a.state != State::Evicted) return false;
+  int h = acquire_handle(true);
+  if (h < 0 || !driver_.map(a.va, plan_.handle_bytes, handles_[static_cast<size_t>(h)]) ||
+      !driver_.copy_to_device(a.va, host_ + a.host_offset, a.used, prefetch_stream_) ||
+      !driver_.record_event(a.ev_h2d, prefetch_stream_)) {
+    // Evicted bytes that cannot come back: no launch may run on them, and none can be
+    // skipped. Fatal, and said so.
+    log().critical("cannot reload an evicted arena of {} MiB (device memory or driver refused): aborting",
+                   plan_.handle_bytes >> 20);
+    std::abort();
+  }
+  a.handle = h;
+  a.h2d_pending = true;
+  a.nstreams = 0;
+  a.overflow = false;
+  add_stream(a, prefetch_stream_);
+  a.state = State::Reloading;
+  busy_.push_back(i);
+  ++st_.reloads;
+  st_.bytes_in += a.used;
+  return true;
+}
+
+int Executor::acquire_handle(bool for_reload) {
+  poll_locked();
+  auto live_handles = [&] { return static_cast<size_t>(std::count_if(handles_.begin(), handles_.end(), [](uint64_t h) { return h != 0; })); };
+  auto create = [&]() -> int {
+    uint64_t h = driver_.create_physical(plan_.handle_bytes);
+    if (!h) return -1;
+    auto slot = std::find(handles_.begin(), handles_.end(), uint64_t{0});
+    if (slot == handles_.end()) slot = handles_.insert(handles_.end(), h);
+    else *slot = h;
+    ++st_.handles_created;
+    held_.fetch_add(plan_.handle_bytes);
+    st_.held_peak = std::max(st_.held_peak, held_.load());
+    update_peak();
+    return static_cast<int>(slot - handles_.begin());
+  };
+  for (;;) {
+    if (!free_handles_.empty()) {
+      int h = free_handles_.back();
+      free_handles_.pop_back();
+      return h;
+    }
+    if (live_handles() < plan_.handles) {
+      if (int h = create(); h >= 0) return h;
+    }
+    // Every handle is in use: wait for the oldest arena whose memory is on its way out.
+    int wait_for = -1;
+    for (uint32_t i : busy_) {
+      const Arena& b = arenas_[i];
+      if ((b.state == State::Evicting || b.state == State::Draining) && !b.overflow) {
+        wait_for = static_cast<int>(i);
+        break;
+      }
+    }
+    if (wait_for < 0) break;
+    Arena& b = arenas_[static_cast<size_t>(wait_for)];
+    ++st_.budget_waits;
+    if (b.state == State::Evicting) driver_.event_sync(b.ev_d2h);
+    else
+      for (int k = 0; k < b.nstreams; ++k) driver_.event_sync(b.events[k]);
+    poll_locked();
+  }
+  if (!for_reload) return -1;  // the allocator serves it instead
+  int h = create();
+  if (h >= 0) ++st_.over_budget;
+  return h;
+}
+
+void Executor::give_handle(int h) {
+  if (h < 0 || !handles_[static_cast<size_t>(h)]) return;
+  size_t live = static_cast<size_t>(std::count_if(handles_.begin(), handles_.end(), [](uint64_t x) { return x != 0; }));
+  if (live > plan_.handles || !installed_.load(std::memory_order_relaxed)) {
+    driver_.release_physical(handles_[static_cast<size_t>(h)]);
+    handles_[static_cast<size_t>(h)] = 0;
+    held_.fetch_sub(plan_.handle_bytes);
+    ++st_.handles_released;
+    return;
+  }
+  free_handles_.push_back(h);
+}
+
+void Executor::poll() {
+  if (!installed_.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(mu_);
+  poll_locked();
+}
+
+void Executor::poll_locked() {
+  std::deque<uint32_t> still;
+  for (uint32_t i : busy_) {
+    Arena& a = arenas_[i];
+    bool keep = false;
+    switch (a.state) {
+      case State::Evicting:
+        if (driver_.event_query(a.ev_d2h) == 0) {
+          keep = true;
+          break;
+        }
+        if (!driver_.unmap(a.va, plan_.handle_bytes)) log().error("unmapping an evicted arena failed");
+        give_handle(a.handle);
+        a.handle = -1;
+        a.nstreams = 0;
+        a.state = a.live ? State::Evicted : State::Empty;
+        break;
+      case State::Draining:
+        if (a.overflow || !all_done(a) || (a.h2d_pending && driver_.event_query(a.ev_h2d) == 0)) {
+          keep = !a.overflow;
+          break;
+        }
+        if (!driver_.unmap(a.va, plan_.handle_bytes)) log().error("unmapping a freed arena failed");
+        give_handle(a.handle);
+        a.handle = -1;
+        a.nstreams = 0;
+        a.h2d_pending = false;
+        a.state = State::Empty;
+        break;
+      default:
+        if (a.h2d_pending && driver_.event_query(a.ev_h2d) == 0) keep = true;
+        else a.h2d_pending = false;
+        break;
+    }
+    if (keep && std::find(still.begin(), still.end(), i) == still.end()) still.push_back(i);
+  }
+  busy_.swap(still);
+}
+
+void Executor::finish_step() {
+  st_.recent_misses.push_back(step_misses_);
+  if (st_.recent_misses.size() > 16) st_.recent_misses.erase(st_.recent_misses.begin());
+  step_misses_ = 0;
+}
+
+void Executor::deviate(const char* why) {
+  if (!deviated_.exchange(true)) {
+    ++st_.deviations;
+    log().info("step deviates from the plan ({}): demand mode until re-planned", why);
+  }
+  active_ = false;
+  pending_reloads_.clear();
+}
+
+void Executor::reset_peak() {
+  std::lock_guard lock(mu_);
+  device_peak_.store(0);
+  st_.held_peak = held_.load();
+  update_peak();
+}
+
+ExecutorStats Executor::stats() {
+  std::lock_guard lock(mu_);
+  ExecutorStats s = st_;
+  s.held_bytes = held_.load();
+  s.device_peak = device_peak_.load();
+  return s;
+}
+
+}  // namespace offload

@@ -1,0 +1,184 @@
+// Executor: the acting half of the shim. It places planned allocations in arenas, evicts
+// them to host memory after their last forward use, reloads them before their backward
+// use, and keeps every launch safe whatever the plan says.
+//
+// Arenas. Each offloaded arena is a reserved virtual range of `handle_bytes`; while it holds
+// data one physical handle from a small recycled set is mapped under it. Members sit at
+// fixed offsets, so their addresses are the same every step and stay valid while the
+// arena is evicted (PyTorch keeps its pointers; only the backing goes).
+//
+// Ordering (DESIGN.md invariants). Every stream that may have queued work on an arena's
+// memory is in the arena's stream list: the streams of the launches that touched it, the
+// streams its members were freed on, our offload stream while a D2H reads it and our
+// prefetch stream while an H2D writes it. An eviction records an event on each listed
+// stream and the offload stream waits on all of them before copying; physical memory is
+// unmapped only once every recorded event has completed. A reload copies on the prefetch
+// stream and every launch touching the arena before that copy is known complete waits on
+// its event (cuStreamWaitEvent), on the launching stream, before it is launched.
+//
+// Safety net. Every launch's touched allocations reach before_launch: a touched arena that
+// is evicted is reloaded there and then (a demand reload, counted as a miss); one being
+// evicted keeps its memory (the eviction is abandoned). A launch we cannot see into (graph
+// replay, a kernel whose parameters the driver cannot describe, too many pointers) makes
+// every arena resident first. A step whose launches stop matching the plan turns the plan
+// off (demand mode: no new placements, evicted arenas come back when touched); the worker
+// installs a fresh plan once the arenas have drained.
+//
+// Threading: place/release/before_launch come from hooks on any thread; poll and install
+// from the worker. One mutex guards the state; it is held only around driver calls that do
+// not re-enter the shim (copies, events, map/unmap), and the only blocking call made under
+// it is waiting for one of our own copies or a freed arena's last work (device budget).
+// With no plan installed every entry point returns after one atomic load.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/alloc_table.h"
+#include "core/driver.h"
+#include "core/event_log.h"
+#include "core/plan.h"
+
+namespace offload {
+
+// AllocIds of arena members carry this bit and the arena's index: a launch's sorted access
+// list ends with them, so the hot path checks one word to know if it touches an arena.
+inline constexpr AllocId kArenaIdBit = AllocId{1} << 63;
+inline AllocId arena_alloc_id(uint64_t tag, AllocId counter) {
+  return kArenaIdBit | (tag << 32) | (counter & 0xffffffffu);
+}
+
+// What a launch gate sees: called by the tracker before each launch is forwarded.
+class LaunchGate {
+ public:
+  virtual ~LaunchGate() = default;
+  virtual void before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s,
+                             const AllocId* acc, size_t n, uint8_t flags) = 0;
+};
+
+struct ExecutorStats {
+  uint64_t installs = 0, deviations = 0, steps_active = 0;
+  uint64_t placed = 0, arena_busy = 0;
+  uint64_t evictions = 0, evictions_abandoned = 0, reloads = 0, misses = 0, conservative = 0;
+  uint64_t bytes_out = 0, bytes_in = 0;
+  uint64_t handles_created = 0, handles_released = 0, over_budget = 0;
+  uint64_t budget_waits = 0;
+  uint64_t held_bytes = 0, held_peak = 0;   // physical bytes we hold
+  uint64_t device_peak = 0;                 // live allocation bytes outside arenas + held
+  std::vector<uint64_t> recent_misses;      // misses in each of the last finished active steps
+  std::string plan;                         // the installed plan, described
+};
+
+class Executor final : public LaunchGate {
+ public:
+  struct Options {
+    uint32_t max_reloads_in_flight = 2;
+  };
+  Executor(Driver& driver, Options o);
+  ~Executor() override;
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Worker. Installs `plan` to take effect from the step that starts at launch `anchor`
+  // (the first launch numbered anchor + k * step_launches that passes before_launch).
+  // `host` holds plan.host_bytes() bytes (pinned for full-speed copies) and must outlive
+  // the plan. Refused (false, *why) while an earlier plan's arenas still hold members, or
+  // if the driver refuses the reservation or the streams.
+  bool install(Plan plan, uint64_t anchor, unsigned char* host, std::string* why);
+  bool installed() const { return installed_.load(std::memory_order_acquire); }
+  // True once the installed plan was turned off by a deviation (the worker re-plans).
+  bool deviated() const { return deviated_.load(std::memory_order_relaxed); }
+  // True when no arena holds members or physical memory (a new plan can go in).
+  bool idle();
+
+  // Hooks. place: an arena address for a planned allocation (and its tracker tag), or 0 to
+  // let the allocator serve it. `next_launch`: the number the next launch will get.
+  DevPtr place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t* tag);
+  // True if `p` is an arena member (then the allocator must not see the free).
+  bool release(DevPtr p, Stream s);
+  void before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s,
+                     const AllocId* acc, size_t n, uint8_t flags) override;
+  // After every allocation: the tracker's live bytes, for the device-footprint peak.
+  void note_live(uint64_t live_bytes);
+
+  // Worker (hooks call it too): finishes evictions and drains whose copies have completed.
+  void poll();
+  void reset_peak();
+  ExecutorStats stats();
+
+ private:
+  enum class State : uint8_t { Empty, Resident, Evicting, Evicted, Reloading, Draining };
+  static constexpr int kMaxStreams = 8;
+  struct Member {
+    uint64_t offset, bytes;
+    bool live;
+  };
+  struct Arena {
+    DevPtr va = 0;
+    State state = State::Empty;
+    int handle = -1;                // index in handles_
+    uint32_t live = 0;              // members placed and not freed
+    uint64_t used = 0;
+    uint64_t filled_step = ~uint64_t{0};
+    std::vector<Member> members;    // by offset
+    Stream streams[kMaxStreams]{};  // streams that may have work queued on it
+    uint64_t events[kMaxStreams]{};
+    int nstreams = 0;
+    bool overflow = false;          // more streams than we can track: never unmapped
+    uint64_t ev_d2h = 0, ev_h2d = 0;
+    bool h2d_pending = false;       // reload copy not yet seen complete
+    uint64_t host_offset = 0;
+  };
+  struct Action {
+    int64_t pos;
+    uint32_t arena;
+    bool evict;
+  };
+
+  void add_stream(Arena& a, Stream s);
+  bool record_all(Arena& a);        // one event per listed stream
+  bool all_done(Arena& a);
+  int acquire_handle(bool for_reload);
+  void give_handle(int h);
+  void evict(uint32_t i);
+  bool reload(uint32_t i);
+  void ensure_resident(uint32_t i, Stream s, bool demand);
+  void poll_locked();
+  void finish_step();
+  void deviate(const char* why);
+  void update_peak();
+  void teardown_locked();
+
+  Driver& driver_;
+  Options opt_;
+  std::mutex mu_;
+  std::atomic<bool> installed_{false};
+  std::atomic<bool> deviated_{false};
+  std::atomic<DevPtr> va_lo_{0}, va_hi_{0};
+  Plan plan_;
+  uint64_t anchor_ = 0;
+  unsigned char* host_ = nullptr;
+  std::vector<Arena> arenas_;
+  std::vector<Action> actions_;   // by position
+  size_t cursor_ = 0;             // next action this step
+  std::vector<uint32_t> pending_reloads_;
+  bool active_ = false;           // a step of the plan is running
+  uint64_t step_ = 0;
+  uint64_t sub_launch_ = ~uint64_t{0};
+  uint32_t sub_ = 0;
+  uint64_t step_misses_ = 0;
+  Stream offload_stream_ = 0, prefetch_stream_ = 0;
+  DevPtr reservation_ = 0;
+  uint64_t reservation_bytes_ = 0;
+  std::vector<uint64_t> handles_;   // physical handles we hold (0: released slot)
+  std::vector<int> free_handles_;
+  std::deque<uint32_t> busy_;       // arenas whose memory is waiting on the GPU, oldest first
+  std::atomic<uint64_t> member_live_{0}, held_{0}, last_live_{0}, device_peak_{0};
+  ExecutorStats st_;
+};
+
+}  // namespace offload

@@ -1,0 +1,219 @@
+#include "core/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace offload {
+namespace {
+
+uint64_t round_up(uint64_t v, uint64_t a) { return a ? (v + a - 1) / a * a : v; }
+
+std::string gib(uint64_t b) {
+  char s[32];
+  snprintf(s, sizeof s, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
+  return s;
+}
+
+struct Arena {
+  std::vector<uint32_t> members;  // ordinals
+  uint64_t used = 0;
+  int64_t evict_after = -1, first_use = -1;
+};
+
+}  // namespace
+
+uint64_t Plan::host_bytes() const {
+  uint64_t b = 0;
+  for (const ArenaPlan& a : arenas) b = std::max(b, a.host_offset + a.used);
+  return b;
+}
+
+std::string Plan::describe() const {
+  uint64_t moved = 0;
+  for (const ArenaPlan& a : arenas) moved += a.used;
+  std::string s = std::to_string(arenas.size()) + " arenas offloaded (" + gib(moved) + " of " +
+                  gib(candidate_bytes) + " in " + std::to_string(candidates) + " activations), " +
+                  std::to_string(handles) + " handles of " + std::to_string(handle_bytes >> 20) +
+                  " MiB; peak " + gib(plain_peak) + " -> predicted " + gib(predicted_peak);
+  if (budget) s += std::string(" (budget ") + gib(budget) + (meets_budget ? ")" : ", NOT met)");
+  return s;
+}
+
+Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
+  Plan p;
+  p.budget = o.budget;
+  const size_t n = t.launches.size();
+  p.step_launches = n;
+  for (const TraceLaunch& l : t.launches) p.tokens.push_back(launch_token(l.kind, l.kernel));
+  p.member_index.assign(n + 1, 0);
+  if (n == 0) {
+    *why = "the step has no launches";
+    return p;
+  }
+
+  // Live bytes before each launch, and the peak.
+  std::vector<int64_t> live(n, 0);
+  {
+    std::vector<int64_t> delta(n + 1, 0);
+    int64_t base = 0;
+    for (const TraceAlloc& a : t.allocs) {
+      if (a.alloc_pos < 0) base += static_cast<int64_t>(a.bytes);
+      else delta[static_cast<size_t>(a.alloc_pos)] += static_cast<int64_t>(a.bytes);
+      if (a.free_pos >= 0) delta[static_cast<size_t>(a.free_pos)] -= static_cast<int64_t>(a.bytes);
+    }
+    int64_t v = base;
+    for (size_t i = 0; i < n; ++i) live[i] = v += delta[i];
+  }
+  int64_t peak_pos = std::max_element(live.begin(), live.end()) - live.begin();
+  p.plain_peak = static_cast<uint64_t>(live[static_cast<size_t>(peak_pos)]);
+  p.resident_peak = p.predicted_peak = p.plain_peak;
+  if (o.budget && p.plain_peak <= o.budget) {
+    *why = "the step's peak (" + gib(p.plain_peak) + ") is within the budget";
+    return p;
+  }
+
+  // Accesses per allocation: the last before the turnaround, the first after it.
+  std::vector<int64_t> fwd_last(t.allocs.size(), -1), bwd_first(t.allocs.size(), -1);
+  for (const TraceLaunch& l : t.launches)
+    for (uint32_t a : l.allocs) {
+      if (a >= t.allocs.size()) continue;
+      if (l.pos <= peak_pos) fwd_last[a] = std::max<int64_t>(fwd_last[a], l.pos);
+      else if (bwd_first[a] < 0) bwd_first[a] = l.pos;
+    }
+  // The sub-ordinal of each allocation among those born before the same launch.
+  std::vector<uint32_t> sub(t.allocs.size(), 0);
+  {
+    std::vector<uint32_t> seen(n, 0);
+    for (const TraceAlloc& a : t.allocs)
+      if (a.alloc_pos >= 0 && static_cast<size_t>(a.alloc_pos) < n) sub[a.ordinal] = seen[a.alloc_pos]++;
+  }
+
+  // Candidates: activations (born by the peak, freed after the turnaround) read in backward.
+  std::vector<uint32_t> cand;
+  for (const TraceAlloc& a : t.allocs) {
+    if (a.alloc_pos < 0 || a.alloc_pos > peak_pos || a.free_pos <= peak_pos + 1) continue;
+    if (a.bytes < o.min_bytes || bwd_first[a.ordinal] < 0) continue;
+    cand.push_back(a.ordinal);
+    p.candidate_bytes += a.bytes;
+  }
+  p.candidates = cand.size();
+  if (cand.size() < 2) {
+    *why = "fewer than two activations to offload";
+    return p;
+  }
+
+  // Arenas: consecutive candidates, about candidate_bytes / segments each.
+  const uint64_t target = std::max(o.granularity, p.candidate_bytes / std::max(1u, o.segments));
+  std::vector<Arena> arenas;
+  for (uint32_t c : cand) {
+    uint64_t bytes = round_up(t.allocs[c].bytes, o.member_align);
+    if (arenas.empty() || (arenas.back().used + bytes > target && !arenas.back().members.empty()))
+      arenas.emplace_back();
+    Arena& a = arenas.back();
+    a.members.push_back(c);
+    a.used += bytes;
+  }
+  for (Arena& a : arenas) {
+    for (uint32_t m : a.members) {
+      a.evict_after = std::max({a.evict_after, fwd_last[m], t.allocs[m].alloc_pos});
+      if (a.first_use < 0 || bwd_first[m] < a.first_use) a.first_use = bwd_first[m];
+    }
+  }
+  // Every arena but the last (its activations are needed at once in backward), and only
+  // those with a gap to hide a copy in.
+  std::vector<size_t> offloadable;
+  for (size_t i = 0; i + 1 < arenas.size(); ++i)
+    if (arenas[i].first_use > arenas[i].evict_after + 1) offloadable.push_back(i);
+  if (offloadable.empty()) {
+    *why = "no activation is idle between its forward and backward use";
+    return p;
+  }
+  uint64_t cap = 0;
+  for (size_t i : offloadable) cap = std::max(cap, round_up(arenas[i].used, o.granularity));
+
+  // Offload the oldest k arenas: the smallest k that meets the budget, else all of them.
+  auto resident_peak = [&](size_t k) {
+    std::vector<int64_t> res(live);
+    for (size_t j = 0; j < k; ++j)
+      for (uint32_t m : arenas[offloadable[j]].members) {
+        const TraceAlloc& a = t.allocs[m];
+        for (int64_t q = a.alloc_pos; q < a.free_pos && q < static_cast<int64_t>(n); ++q)
+          res[static_cast<size_t>(q)] -= static_cast<int64_t>(a.bytes);
+      }
+    return static_cast<uint64_t>(*std::max_element(res.begin(), res.end()));
+  };
+  size_t k = offloadable.size();
+  uint64_t host = 0;
+  for (size_t j = 0; j < offloadable.size(); ++j) {
+    host += arenas[offloadable[j]].used;
+    if (host > o.max_host_bytes) {
+      k = j;
+      break;
+    }
+  }
+  if (k == 0) {
+    *why = "the host pool cannot take even one arena (" + gib(arenas[offloadable[0]].used) + ")";
+    return p;
+  }
+  auto predicted = [&](size_t kk, uint64_t* res) {
+    *res = resident_peak(kk);
+    return *res + std::min<uint64_t>(o.handles, kk) * cap;
+  };
+  uint64_t res = 0, pred = predicted(k, &res);
+  if (o.budget && pred <= o.budget) {
+    // Fewer arenas may do: every one moved costs link time.
+    size_t lo = 1, hi = k;
+    while (lo < hi) {
+      size_t mid = (lo + hi) / 2;
+      uint64_t r2;
+      if (predicted(mid, &r2) <= o.budget) hi = mid;
+      else lo = mid + 1;
+    }
+    k = lo;
+    pred = predicted(k, &res);
+  }
+  if (pred >= p.plain_peak) {
+    *why = "offloading would not lower the peak below " + gib(p.plain_peak);
+    return p;
+  }
+  p.meets_budget = !o.budget || pred <= o.budget;
+  p.resident_peak = res;
+  p.predicted_peak = pred;
+  p.handles = static_cast<uint32_t>(std::min<uint64_t>(o.handles, k));
+  p.handle_bytes = cap;
+
+  // Reload one arena ahead: while the backward consumes arena j+1, arena j comes back.
+  uint64_t host_off = 0;
+  for (size_t j = 0; j < k; ++j) {
+    const Arena& a = arenas[offloadable[j]];
+    ArenaPlan ap;
+    ap.capacity = cap;
+    ap.evict_after = a.evict_after;
+    ap.first_use = a.first_use;
+    ap.reload_at = j + 1 < k ? arenas[offloadable[j + 1]].first_use : peak_pos + 1;
+    ap.reload_at = std::clamp(ap.reload_at, a.evict_after + 1, a.first_use);
+    ap.host_offset = host_off;
+    ap.members = a.members;
+    uint64_t off = 0;
+    for (uint32_t m : a.members) {
+      const TraceAlloc& ta = t.allocs[m];
+      p.members.push_back(MemberPlan{static_cast<uint32_t>(ta.alloc_pos), sub[m], ta.bytes,
+                                     static_cast<uint32_t>(p.arenas.size()), off});
+      off += round_up(ta.bytes, o.member_align);
+    }
+    ap.used = off;
+    host_off += round_up(off, 4096);
+    p.arenas.push_back(std::move(ap));
+  }
+  std::sort(p.members.begin(), p.members.end(), [](const MemberPlan& a, const MemberPlan& b) {
+    return a.pos != b.pos ? a.pos < b.pos : a.sub < b.sub;
+  });
+  size_t mi = 0;
+  for (size_t q = 0; q <= n; ++q) {
+    while (mi < p.members.size() && p.members[mi].pos < q) ++mi;
+    p.member_index[q] = static_cast<uint32_t>(mi);
+  }
+  return p;
+}
+
+}  // namespace offload

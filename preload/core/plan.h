@@ -1,0 +1,79 @@
+// Plan: what the executor does in every step from the one it is installed in: which
+// allocations it places in which arena, when each arena is evicted and reloaded, and how
+// many physical handles it keeps. Positions are launch positions within the step, as in
+// StepTrace.
+//
+// build_plan is the built-in planner (until the GPU-time planner lands): arenas are
+// consecutive activations in birth order; every arena of the forward but the last is a
+// candidate; arenas are offloaded oldest first, only as many as the device budget needs
+// (all candidates without a budget); each is reloaded one arena ahead of its first
+// backward use. It is a pure function of the trace and the options.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/step_trace.h"
+
+namespace offload {
+
+// What a launch is, as the executor checks it against the plan: its kind, and for a kernel
+// its function id. A step whose launches do not match the plan's is a deviation.
+inline uint64_t launch_token(EventKind kind, uint32_t kernel) {
+  return (uint64_t{static_cast<uint8_t>(kind)} << 32) | (kind == EventKind::Kernel ? kernel : 0);
+}
+
+struct ArenaPlan {
+  uint64_t capacity = 0;     // virtual bytes (a multiple of the handle size)
+  uint64_t used = 0;         // bytes copied out and back (end of the last member)
+  int64_t evict_after = -1;  // evicted at the first launch after this position
+  int64_t reload_at = -1;    // reload starts at this launch
+  int64_t first_use = -1;    // first backward launch touching a member
+  uint64_t host_offset = 0;  // where its bytes go in the host extent
+  std::vector<uint32_t> members;  // trace ordinals, for reports
+};
+
+struct MemberPlan {
+  uint32_t pos = 0;      // born before launch `pos`
+  uint32_t sub = 0;      // the sub-th allocation made before that launch (any size)
+  uint64_t bytes = 0;
+  uint32_t arena = 0;
+  uint64_t offset = 0;   // within the arena
+};
+
+struct Plan {
+  uint64_t step_launches = 0;     // launches per step
+  std::vector<uint64_t> tokens;   // launch_token per position
+  std::vector<ArenaPlan> arenas;  // offloaded arenas, in birth order
+  std::vector<MemberPlan> members;  // sorted by (pos, sub)
+  std::vector<uint32_t> member_index;  // first member born before each position (size N+1)
+  uint32_t handles = 0;           // physical handles kept
+  uint64_t handle_bytes = 0;      // size of each (= every arena's capacity)
+
+  // Predictions, from the trace's allocation sizes.
+  uint64_t plain_peak = 0;        // live bytes at the peak without offload
+  uint64_t resident_peak = 0;     // live bytes outside arenas at their peak
+  uint64_t predicted_peak = 0;    // resident_peak + handles * handle_bytes
+  uint64_t budget = 0;            // 0: none given
+  bool meets_budget = true;
+  uint64_t candidates = 0, candidate_bytes = 0;
+  uint64_t host_bytes() const;
+  std::string describe() const;   // one line for the log
+};
+
+struct PlanOptions {
+  uint64_t budget = 0;              // device bytes; 0: offload every candidate
+  uint64_t granularity = 2u << 20;  // physical allocation granularity
+  uint64_t min_bytes = kActivationMinBytes;
+  uint32_t segments = 32;           // target number of arenas over the candidates
+  uint32_t handles = 3;             // filling + evicting + one spare (forward); consuming + reloading + draining (backward)
+  uint64_t member_align = 4096;
+  uint64_t max_host_bytes = ~uint64_t{0};  // what the host pool can take
+};
+
+// The plan for steps like `t`. An empty plan (no arenas) when nothing is worth moving:
+// `why` then says why.
+Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why);
+
+}  // namespace offload
