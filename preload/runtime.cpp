@@ -194,7 +194,8 @@ void Runtime::plan_from(const StepTrace& t) {
     if (anchor <= now) anchor += (now - anchor) / n * n + n;
     std::string desc = plan.describe();
     bool meets = plan.meets_budget;
-    if (!executor_.install(std::move(plan), anchor, ext->host, &why)) {
+    HostMemory hm{ext->host, ext->host - ext->offset, kPinChunk};
+    if (!executor_.install(std::move(plan), anchor, hm, &why)) {
       pool->release(*ext);
       return say("not offloading: " + why);
     }
@@ -366,13 +367,16 @@ std::string Runtime::executor_json() {
      << ",\"installs\":" << x.installs << ",\"deviations\":" << x.deviations
      << ",\"steps_active\":" << x.steps_active << ",\"placed\":" << x.placed << ",\"arena_busy\":" << x.arena_busy
      << ",\"evictions\":" << x.evictions << ",\"evictions_abandoned\":" << x.evictions_abandoned
-     << ",\"reloads\":" << x.reloads << ",\"misses\":" << x.misses << ",\"conservative\":" << x.conservative
+     << ",\"reloads\":" << x.reloads << ",\"misses\":" << x.misses << ",\"late_reloads\":" << x.late_reloads
+     << ",\"copy_failures\":" << x.copy_failures << ",\"conservative\":" << x.conservative
      << ",\"bytes_out\":" << x.bytes_out << ",\"bytes_in\":" << x.bytes_in
      << ",\"handles_created\":" << x.handles_created << ",\"handles_released\":" << x.handles_released
      << ",\"over_budget\":" << x.over_budget << ",\"budget_waits\":" << x.budget_waits
      << ",\"held_bytes\":" << x.held_bytes << ",\"held_peak\":" << x.held_peak
      << ",\"device_peak\":" << x.device_peak << ",\"recent_misses\":[";
   for (size_t i = 0; i < x.recent_misses.size(); ++i) os << (i ? "," : "") << x.recent_misses[i];
+  os << "],\"recent_late\":[";
+  for (size_t i = 0; i < x.recent_late.size(); ++i) os << (i ? "," : "") << x.recent_late[i];
   os << "]}";
   return os.str();
 }

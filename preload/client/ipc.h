@@ -98,7 +98,7 @@ class SharedPoolMapping {
   // Calls pin(chunk, bytes) over the data area in chunks under 2 GiB (some drivers fail
   // and leak on larger single registrations). False as soon as one chunk fails.
   template <class PinFn>
-  bool pin_in_chunks(PinFn&& pin, uint64_t chunk = (2ull << 30) - kDataAlign) {
+  bool pin_in_chunks(PinFn&& pin, uint64_t chunk = kPinChunk) {
     return offload::pin_in_chunks(data(), data_bytes(), pin, chunk);
   }
 

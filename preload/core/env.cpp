@@ -76,7 +76,7 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
   }
   if (const char* v = get("OFFLOAD_DEVICE_BUDGET"); v && *v) {
     std::string s = v;
-    const char* accepted = "a size of at least 256MiB (e.g. 40GiB) or a fraction of the GPU's memory (0.5 or 50%)";
+    const char* accepted = "a size of at least 16MiB (e.g. 40GiB) or a fraction of the GPU's memory (0.5 or 50%)";
     bool percent = !s.empty() && s.back() == '%';
     bool fraction = percent || (s.find('.') != std::string::npos && s.find_first_not_of("0123456789.") == std::string::npos);
     if (fraction) {
@@ -88,7 +88,7 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
       else st.device_budget_fraction = f;
     } else {
       auto size = parse_size(s);
-      if (!size || *size < (256ull << 20)) bad("OFFLOAD_DEVICE_BUDGET", v, accepted);
+      if (!size || *size < (16ull << 20)) bad("OFFLOAD_DEVICE_BUDGET", v, accepted);
       else st.device_budget = *size;
     }
   }

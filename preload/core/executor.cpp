@@ -48,7 +48,7 @@ bool Executor::idle() {
   return true;
 }
 
-bool Executor::install(Plan plan, uint64_t anchor, unsigned char* host, std::string* why) {
+bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string* why) {
   std::lock_guard lock(mu_);
   poll_locked();
   for (const Arena& a : arenas_)
@@ -117,7 +117,7 @@ bool Executor::install(Plan plan, uint64_t anchor, unsigned char* host, std::str
   active_ = false;
   cursor_ = 0;
   pending_reloads_.clear();
-  step_misses_ = 0;
+  step_misses_ = step_late_ = 0;
   sub_launch_ = ~uint64_t{0};
   deviated_.store(false);
   va_lo_.store(reservation_);
@@ -246,6 +246,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
   std::lock_guard lock(mu_);
   if (n >= anchor_) {
     const uint64_t pos = (n - anchor_) % plan_.step_launches;
+    cur_pos_ = static_cast<int64_t>(pos);
     if (pos == 0) {
       if (active_) finish_step();
       active_ = !deviated_.load(std::memory_order_relaxed);
@@ -310,12 +311,22 @@ void Executor::ensure_resident(uint32_t i, Stream s, bool demand) {
       a.state = State::Resident;
       ++st_.evictions_abandoned;
       break;
-    case State::Evicted:
+    case State::Evicted: {
+      auto pending = std::find(pending_reloads_.begin(), pending_reloads_.end(), i);
+      bool late = pending != pending_reloads_.end();
+      if (late) pending_reloads_.erase(pending);
       if (!reload(i)) return;
-      if (demand) {
+      if (demand && late) {
+        ++st_.late_reloads;
+        ++step_late_;
+      } else if (demand) {
         ++st_.misses;
         ++step_misses_;
+        if (st_.misses <= 8)
+          log().info("miss: arena {} (evicted after launch {}, reload due at {}) touched at launch {} of the step",
+                     i, plan_.arenas[i].evict_after, plan_.arenas[i].reload_at, cur_pos_);
       }
+    }
       [[fallthrough]];
     case State::Reloading:
       a.state = State::Resident;
@@ -339,6 +350,20 @@ void Executor::add_stream(Arena& a, Stream s) {
   a.streams[a.nstreams++] = s;
 }
 
+bool Executor::copy(Arena& a, bool to_host, Stream s) {
+  unsigned char* h = host_.ptr + a.host_offset;
+  DevPtr d = a.va;
+  for (uint64_t left = a.used; left > 0;) {
+    uint64_t n = left;
+    if (host_.chunk) n = std::min(n, host_.chunk - static_cast<uint64_t>(h - host_.origin) % host_.chunk);
+    if (!(to_host ? driver_.copy_to_host(h, d, n, s) : driver_.copy_to_device(d, h, n, s))) return false;
+    h += n;
+    d += n;
+    left -= n;
+  }
+  return true;
+}
+
 bool Executor::record_all(Arena& a) {
   bool ok = true;
   for (int i = 0; i < a.nstreams; ++i) ok = driver_.record_event(a.events[i], a.streams[i]) && ok;
@@ -357,9 +382,10 @@ void Executor::evict(uint32_t i) {
   // After the last forward use: the copy waits for every stream that touched the arena.
   if (!record_all(a)) return;
   for (int k = 0; k < a.nstreams; ++k) driver_.stream_wait(offload_stream_, a.events[k]);
-  if (!driver_.copy_to_host(host_ + a.host_offset, a.va, a.used, offload_stream_) ||
-      !driver_.record_event(a.ev_d2h, offload_stream_)) {
-    log().warn("an eviction copy was refused by the driver: the arena stays resident");
+  if (!copy(a, true, offload_stream_) || !driver_.record_event(a.ev_d2h, offload_stream_)) {
+    // Part of the copy may be queued: the offload stream stays listed until it is done.
+    add_stream(a, offload_stream_);
+    if (st_.copy_failures++ == 0) log().warn("an eviction copy was refused by the driver: the arena stays resident");
     return;
   }
   a.nstreams = 0;
@@ -380,7 +406,7 @@ bool Executor::reload(uint32_t i) {
   if (a.state != State::Evicted) return false;
   int h = acquire_handle(true);
   if (h < 0 || !driver_.map(a.va, plan_.handle_bytes, handles_[static_cast<size_t>(h)]) ||
-      !driver_.copy_to_device(a.va, host_ + a.host_offset, a.used, prefetch_stream_) ||
+      !copy(a, false, prefetch_stream_) ||
       !driver_.record_event(a.ev_h2d, prefetch_stream_)) {
     // Evicted bytes that cannot come back: no launch may run on them, and none can be
     // skipped. Fatal, and said so.
@@ -507,8 +533,10 @@ void Executor::poll_locked() {
 
 void Executor::finish_step() {
   st_.recent_misses.push_back(step_misses_);
+  st_.recent_late.push_back(step_late_);
   if (st_.recent_misses.size() > 16) st_.recent_misses.erase(st_.recent_misses.begin());
-  step_misses_ = 0;
+  if (st_.recent_late.size() > 16) st_.recent_late.erase(st_.recent_late.begin());
+  step_misses_ = step_late_ = 0;
 }
 
 void Executor::deviate(const char* why) {

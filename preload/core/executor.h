@@ -60,16 +60,29 @@ class LaunchGate {
                              const AllocId* acc, size_t n, uint8_t flags) = 0;
 };
 
+// Where evicted bytes go: plan.host_bytes() bytes at `ptr`, pinned in registrations of
+// `chunk` bytes from `origin` (a copy never spans two; chunk 0: one registration).
+struct HostMemory {
+  unsigned char* ptr = nullptr;
+  const unsigned char* origin = nullptr;
+  uint64_t chunk = 0;
+};
+
 struct ExecutorStats {
   uint64_t installs = 0, deviations = 0, steps_active = 0;
   uint64_t placed = 0, arena_busy = 0;
-  uint64_t evictions = 0, evictions_abandoned = 0, reloads = 0, misses = 0, conservative = 0;
+  uint64_t evictions = 0, evictions_abandoned = 0, reloads = 0, conservative = 0, copy_failures = 0;
+  // A miss: a launch touched an evicted arena whose reload the plan had not started (a
+  // planning bug). A late reload: one the plan had due but the in-flight cap held back, issued
+  // at the consuming launch instead.
+  uint64_t misses = 0, late_reloads = 0;
   uint64_t bytes_out = 0, bytes_in = 0;
   uint64_t handles_created = 0, handles_released = 0, over_budget = 0;
   uint64_t budget_waits = 0;
   uint64_t held_bytes = 0, held_peak = 0;   // physical bytes we hold
   uint64_t device_peak = 0;                 // live allocation bytes outside arenas + held
   std::vector<uint64_t> recent_misses;      // misses in each of the last finished active steps
+  std::vector<uint64_t> recent_late;        // late reloads in each of them
   std::string plan;                         // the installed plan, described
 };
 
@@ -85,10 +98,9 @@ class Executor final : public LaunchGate {
 
   // Worker. Installs `plan` to take effect from the step that starts at launch `anchor`
   // (the first launch numbered anchor + k * step_launches that passes before_launch).
-  // `host` holds plan.host_bytes() bytes (pinned for full-speed copies) and must outlive
-  // the plan. Refused (false, *why) while an earlier plan's arenas still hold members, or
+  // `host` must outlive the plan. Refused (false, *why) while an earlier plan's arenas still hold members, or
   // if the driver refuses the reservation or the streams.
-  bool install(Plan plan, uint64_t anchor, unsigned char* host, std::string* why);
+  bool install(Plan plan, uint64_t anchor, HostMemory host, std::string* why);
   bool installed() const { return installed_.load(std::memory_order_acquire); }
   // True once the installed plan was turned off by a deviation (the worker re-plans).
   bool deviated() const { return deviated_.load(std::memory_order_relaxed); }
@@ -140,6 +152,7 @@ class Executor final : public LaunchGate {
   };
 
   void add_stream(Arena& a, Stream s);
+  bool copy(Arena& a, bool to_host, Stream s);  // in pieces that respect the pinned chunks
   bool record_all(Arena& a);        // one event per listed stream
   bool all_done(Arena& a);
   int acquire_handle(bool for_reload);
@@ -161,7 +174,7 @@ class Executor final : public LaunchGate {
   std::atomic<DevPtr> va_lo_{0}, va_hi_{0};
   Plan plan_;
   uint64_t anchor_ = 0;
-  unsigned char* host_ = nullptr;
+  HostMemory host_;
   std::vector<Arena> arenas_;
   std::vector<Action> actions_;   // by position
   size_t cursor_ = 0;             // next action this step
@@ -170,7 +183,8 @@ class Executor final : public LaunchGate {
   uint64_t step_ = 0;
   uint64_t sub_launch_ = ~uint64_t{0};
   uint32_t sub_ = 0;
-  uint64_t step_misses_ = 0;
+  uint64_t step_misses_ = 0, step_late_ = 0;
+  int64_t cur_pos_ = -1;  // position of the launch being gated
   Stream offload_stream_ = 0, prefetch_stream_ = 0;
   DevPtr reservation_ = 0;
   uint64_t reservation_bytes_ = 0;

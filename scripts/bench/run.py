@@ -6,7 +6,9 @@
 
 Route 1 (default): the caller sets PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (and
 LD_PRELOAD=liboffload.so for an offload run). Route 2: PyTorch's allocator is replaced by
-liboffload's CUDAPluggableAllocator pair, loaded from $OFFLOAD_LIB.
+liboffload's CUDAPluggableAllocator pair, loaded from $OFFLOAD_LIB. An offload run also sets
+OFFLOAD_DEVICE_BUDGET (and OFFLOAD_HOST_POOL) and passes a --warmup long enough for the
+shim's plan to be installed before the peaks are reset (--warmup 8).
 """
 
 import argparse
@@ -122,12 +124,15 @@ class Shim:
         handles = [ctypes.CDLL(None)]  # global scope: the main program and LD_PRELOAD libraries
         if route == 2:
             handles.append(ctypes.CDLL(lib_path))  # already dlopen'ed by torch: same handle
-        self.mark_step_fn = self.stats_fn = None
+        self.mark_step_fn = self.stats_fn = self.reset_peak_fn = None
         for h in handles:
             self.mark_step_fn = self.mark_step_fn or getattr(h, "offload_mark_step", None)
             self.stats_fn = self.stats_fn or getattr(h, "offload_stats_json", None)
+            self.reset_peak_fn = self.reset_peak_fn or getattr(h, "offload_reset_peak", None)
         if self.mark_step_fn:
             self.mark_step_fn.argtypes, self.mark_step_fn.restype = [], None
+        if self.reset_peak_fn:
+            self.reset_peak_fn.argtypes, self.reset_peak_fn.restype = [], None
         if self.stats_fn:
             self.stats_fn.argtypes, self.stats_fn.restype = [ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
 
@@ -138,6 +143,12 @@ class Shim:
     def mark_step(self):
         if self.mark_step_fn:
             self.mark_step_fn()
+
+    def reset_peak(self):
+        """New high-water marks of the executor's held_peak / device_peak (an older
+        liboffload without offload_reset_peak: nothing to reset)."""
+        if self.reset_peak_fn:
+            self.reset_peak_fn()
 
     def stats(self):
         if not self.stats_fn:
@@ -151,6 +162,26 @@ class Shim:
             return json.loads(text)
         except ValueError as e:
             return {"error": f"unparsable offload_stats_json output: {e}", "raw": text}
+
+
+def executor_summary(stats):
+    """One log line about the shim's executor from offload_stats_json()'s "executor", or
+    None when there is none (no shim, an older shim, or no budget)."""
+    x = (stats or {}).get("executor")
+    if not isinstance(x, dict):
+        return None
+    if not x.get("on"):
+        return "executor off (no OFFLOAD_DEVICE_BUDGET)"
+    active = x.get("steps_active") or 0
+    out = (x.get("bytes_out") or 0) / active / 2**30 if active else 0.0
+    inn = (x.get("bytes_in") or 0) / active / 2**30 if active else 0.0
+    return (f"executor: plan [{x.get('plan') or 'none'}] installed={x.get('installed')} "
+            f"deviated={x.get('deviated')} installs={x.get('installs')} deviations={x.get('deviations')} "
+            f"steps_active={active} misses/step (recent) {x.get('recent_misses')} total {x.get('misses')}; "
+            f"evictions {x.get('evictions')} (abandoned {x.get('evictions_abandoned')}) reloads {x.get('reloads')}; "
+            f"per active step {out:.2f} GiB out (D2H) + {inn:.2f} GiB in (H2D); held_peak {(x.get('held_peak') or 0) / 2**30:.2f} GiB "
+            f"device_peak {(x.get('device_peak') or 0) / 2**30:.2f} GiB budget {(x.get('budget') or 0) / 2**30:.2f} GiB "
+            f"over_budget {x.get('over_budget')} budget_waits {x.get('budget_waits')}")
 
 
 # --------------------------------------------------------------------------- main
@@ -246,6 +277,7 @@ def main(argv=None):
         if pool:
             pool.trim()
             pool.reset_high()
+        shim.reset_peak()  # the executor's arena high-water marks, at the same moment
 
     # Warm-up. The peak counters are reset (and the pool trimmed, so that warm-up and
     # compilation transients do not count) before the last warm-up step rather than the first
@@ -295,6 +327,15 @@ def main(argv=None):
     max_allocated = None if args.route == 2 else torch.cuda.max_memory_allocated()
     free, total_mem = torch.cuda.mem_get_info()
     loss_values = losses.tolist()
+    shim_stats = shim.stats() if shim.loaded else None
+    # The device footprint: the pool's high-water mark plus the physical memory the executor's
+    # arenas held at their peak (PyTorch's counters still count evicted tensors; DESIGN.md).
+    executor = (shim_stats or {}).get("executor")
+    held_peak = executor.get("held_peak") if isinstance(executor, dict) else None
+    if peak_reserved is None:
+        footprint = None
+    else:
+        footprint = peak_reserved + (held_peak or 0)
 
     result = {
         "workload": args.workload,
@@ -308,6 +349,8 @@ def main(argv=None):
         "steps": args.steps,
         "ms_per_step": ms_per_step,
         "peak_reserved_high_bytes": peak_reserved,
+        "footprint_peak_bytes": footprint,
+        "offload_budget": os.environ.get("OFFLOAD_DEVICE_BUDGET") or None,
         "peak_source": peak_source,
         "pool_used_high_bytes": pool_used_high,
         "max_memory_allocated": max_allocated,
@@ -319,11 +362,17 @@ def main(argv=None):
         "allocator_backend": backend,
         "torch_version": torch.__version__,
         "gpu": torch.cuda.get_device_name(device),
-        "shim": shim.stats() if shim.loaded else None,
+        "shim": shim_stats,
     }
     peak_txt = f"{peak_reserved / 2**30:.2f} GiB" if peak_reserved is not None else "n/a"
-    log(f"{ms_per_step:.1f} ms/step, peak {peak_txt} ({peak_source}), "
+    fp_txt = f"{footprint / 2**30:.2f} GiB" if footprint is not None else "n/a"
+    log(f"{ms_per_step:.1f} ms/step, peak {peak_txt} ({peak_source}), footprint {fp_txt}, "
         f"loss {loss_values[0]:.4f} -> {loss_values[-1]:.4f}, grad sha256 {grad_hash[:16]}")
+    summary = executor_summary(shim_stats)
+    if summary:
+        log(summary)
+    elif os.environ.get("OFFLOAD_DEVICE_BUDGET"):
+        log("WARNING: OFFLOAD_DEVICE_BUDGET is set but the shim reported no executor")
     line = json.dumps(result)
     print("RESULT " + line, flush=True)
     if args.json_out:

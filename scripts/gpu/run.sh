@@ -9,7 +9,20 @@
 #   scripts/gpu/run.sh cost         cost of observing: reference and convnet, CUPTI on and off
 #   scripts/gpu/run.sh traces       record the step traces kept in bench/traces/
 #   scripts/gpu/run.sh final        visibility, event timing (CUPTI off / taken over), offloadd
+#   scripts/gpu/run.sh executor_smoke  offload executor: reference --small and full, plain vs a
+#                                   budget of 50% of plain's footprint, bitwise pass/fail (~3 min)
+#   scripts/gpu/run.sh executor     every workload, deterministic, plain vs offload (reference
+#                                   at 50%, the others at 60% of plain's footprint), reference
+#                                   ckpt and save_on_cpu; executor_report.py -> executor.md (< 9 min;
+#                                   skips llama --compile when short of time)
+#   scripts/gpu/run.sh executor_compiled  only executor's llama --compile pair, and its report
+#   scripts/gpu/run.sh sanitize     compute-sanitizer memcheck, then synccheck, on an offloaded
+#                                   reference run (budget 50% of plain's footprint; < 10 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
+#
+# Offload runs (run kind o) take OFFLOAD_DEVICE_BUDGET from $budget, which budget_of sets from
+# a plain run's footprint_peak_bytes. An offload plan restarts offloadd first, so that the
+# daemon's pool is OFFLOAD_HOST_POOL=48GiB and not what an earlier run started it with.
 #
 # Uses prebuilt binaries from $OFFLOAD_BIN (default .carry/bin: liboffload.so, offloadctl),
 # built on the development machine (the GPU machine has no spdlog); builds there otherwise.
@@ -37,29 +50,89 @@ cat "$work/machine.txt"
 export PYTHONUNBUFFERED=1
 bench=$root/scripts/bench/run.py
 
-# run NAME SHIM(0|1|2 = off | route 1 | route 2) ARGS...
+# Offload runs: route 1 with a device budget ($budget), a host pool large enough for half the
+# reference workload's peak, no trace, and log level info so that the shim's plan is logged.
+host_pool=48GiB
+budget=
+
+# run NAME SHIM(0|1|1n|2|o = off | route 1 | route 1, CUPTI off | route 2 | offload) ARGS...
 run() {
   local name=$1 shim=$2; shift 2
   local envs=(env)
+  if [ "$shim" = o ] && [ -z "$budget" ]; then
+    log "run $name: offload run without a \$budget; skipped"
+    return 1
+  fi
   case $shim in
     0) envs+=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) ;;
     1) envs+=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD=$lib OFFLOAD_TRACE=$work/trace_$name) ;;
     1n) envs+=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD=$lib OFFLOAD_TELEMETRY=off) ;;
     2) envs+=(-u PYTORCH_CUDA_ALLOC_CONF LD_PRELOAD=$lib OFFLOAD_LIB=$lib OFFLOAD_TRACE=$work/trace_$name) ;;
+    o) envs+=(-u OFFLOAD_TRACE PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD=$lib
+              OFFLOAD_HOST_POOL=$host_pool OFFLOAD_DEVICE_BUDGET=$budget OFFLOAD_LOG_LEVEL=info) ;;
   esac
   local extra=()
   [ "$shim" = 2 ] && extra+=(--route 2)
-  log "run $name (shim=$shim): $*"
+  local note=
+  [ "$shim" = o ] && note=", budget $budget"
+  log "run $name (shim=$shim$note): $*"
   local t0=$SECONDS
   "${envs[@]}" python3 "$bench" "$@" "${extra[@]}" --json-out "$work/$name.json" > "$work/$name.log" 2>&1
   local rc=$?
   log "  rc=$rc in $((SECONDS - t0)) s: $(grep -E '^RESULT' "$work/$name.log" | head -c 300)"
   [ $rc = 0 ] || tail -n 25 "$work/$name.log"
+  if [ "$shim" = o ]; then
+    grep -E '^\[offload (warn|error)\]|^\[offload info\] (plan|not offloading|host pool|step deviates)|\[bench\] (executor|WARNING)' \
+      "$work/$name.log" | head -n 12 | cut -c1-600
+  fi
   if [ -d "$work/trace_$name" ]; then
     "$ctl" trace check "$work/trace_$name" > "$work/$name.check" 2>&1
     log "  trace check rc=$?"; tail -n 14 "$work/$name.check"
   fi
 }
+
+# budget_of PLAIN_NAME FRACTION: sets $budget to FRACTION of the plain run's footprint_peak_bytes
+# in bytes; below the shim's 256 MiB floor for a byte count (--small), as a fraction of the GPU.
+budget_of() {
+  budget=$(python3 - "$work/$1.json" "$2" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+b = int(r["footprint_peak_bytes"] * float(sys.argv[2]))
+print(b if b >= 256 << 20 else f"{b / r['device_total_bytes']:.12f}")
+PY
+  ) || { budget=; log "no footprint in $work/$1.json: no budget"; return 1; }
+  log "budget: $2 of $1's footprint = $budget"
+}
+
+# check_pair PLAIN_NAME OFFLOAD_NAME: quick bitwise pass/fail (losses, gradients); also shows
+# the footprint against the budget and the timed steps' demand reloads.
+check_pair() {
+  if [ ! -f "$work/$1.json" ] || [ ! -f "$work/$2.json" ]; then
+    log "check $1 vs $2: FAIL (result missing)"; return 1
+  fi
+  python3 - "$work/$1.json" "$work/$2.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+losses = a["losses_hex"] == b["losses_hex"]
+grads = a["grad_sha256"] == b["grad_sha256"]
+x = (b.get("shim") or {}).get("executor") or {}
+fp, bud = b.get("footprint_peak_bytes"), x.get("budget")
+within = "n/a" if not (fp and bud) else ("yes" if fp <= bud else "NO")
+misses = sum((x.get("recent_misses") or [])[-b["steps"]:])
+g = lambda v: f"{v / 2**30:.2f}" if isinstance(v, (int, float)) else "n/a"
+print(f"[gpu] check {b['workload']}{' --small' if b['small'] else ''}: "
+      f"{'PASS' if losses and grads else 'FAIL'} losses={'same' if losses else 'DIFFER'} "
+      f"grads={'same' if grads else 'DIFFER'}; footprint {g(a.get('footprint_peak_bytes'))} -> {g(fp)} GiB, "
+      f"budget {g(bud)} GiB, within={within}; installed={x.get('installed')} "
+      f"steps_active={x.get('steps_active')} timed-step misses={misses}; "
+      f"{a['ms_per_step']:.1f} -> {b['ms_per_step']:.1f} ms/step")
+sys.exit(0 if losses and grads else 1)
+PY
+}
+
+# A running offloadd keeps the pool size it was started with: stop it, so that the next offload
+# run starts one with $host_pool.
+restart_daemon() { "$ctl" stop > /dev/null 2>&1 && sleep 1; return 0; }
 
 case $plan in
   smoke)
@@ -139,7 +212,92 @@ case $plan in
     run reftime_plain_2 0 --workload reference --steps 30 --warmup 5
     run reftime_shim_2 1 --workload reference --steps 30 --warmup 5
     ;;
-  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final)" >&2; exit 2 ;;
+  executor_smoke)
+    restart_daemon
+    fails=0
+    for sz in small full; do
+      args=(--workload reference --deterministic --steps 6 --warmup 8 --mark-steps)
+      [ $sz = small ] && args+=(--small)
+      run xs_${sz}_plain 0 "${args[@]}"
+      budget_of xs_${sz}_plain 0.5 || { fails=$((fails + 1)); continue; }
+      run xs_${sz}_offload o "${args[@]}"
+      check_pair xs_${sz}_plain xs_${sz}_offload || fails=$((fails + 1))
+    done
+    log "executor_smoke: $([ $fails = 0 ] && echo PASS || echo "FAIL ($fails)")"
+    "$ctl" stop > /dev/null 2>&1
+    ;;
+  executor|executor_compiled)
+    # Every workload, deterministic, 8 warm-up + 20 timed steps (all 28 losses compared);
+    # save_on_cpu (about 1 s/step on the reference) runs 2 + 5, before offloadd pins its pool.
+    # executor_compiled: only the compiled Llama pair (for when executor had to skip it).
+    restart_daemon
+    t_plan=$SECONDS
+    d=(--deterministic --steps 20 --warmup 8 --mark-steps)
+    if [ "$plan" = executor ]; then
+      run reference_plain 0 --workload reference "${d[@]}"
+      run reference_ckpt 0 --workload reference --mode ckpt "${d[@]}"
+      run reference_save_on_cpu 0 --workload reference --mode save_on_cpu --deterministic --steps 5 --warmup 2
+      budget_of reference_plain 0.5 && run reference_offload o --workload reference "${d[@]}"
+      for w in convnet llama; do
+        run ${w}_plain 0 --workload $w "${d[@]}"
+        budget_of ${w}_plain 0.6 && run ${w}_offload o --workload $w "${d[@]}"
+      done
+    fi
+    # The compiled pair takes about 3.5 minutes (it compiles twice): only if it still fits.
+    if [ "$plan" = executor_compiled ] || (( SECONDS - t_plan < ${EXECUTOR_COMPILE_BY_S:-330} )); then
+      run llamac_plain 0 --workload llama --compile "${d[@]}"
+      budget_of llamac_plain 0.6 && run llamac_offload o --workload llama --compile "${d[@]}"
+    else
+      log "skipping llama --compile after $((SECONDS - t_plan)) s: it would not finish in time" \
+          "(run the executor_compiled plan)"
+    fi
+    "$ctl" status > "$work/offloadctl-status.txt" 2>&1
+    "$ctl" stop > /dev/null 2>&1
+    python3 "$root/scripts/bench/executor_report.py" "$work" > "$work/executor.md" 2>&1
+    log "executor_report rc=$? (plan took $((SECONDS - t_plan)) s)"
+    cat "$work/executor.md"
+    ;;
+  sanitize)
+    cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    [ -x "$cs" ] || { log "no compute-sanitizer (PATH, /usr/local/cuda/bin)"; exit 1; }
+    "$cs" --version 2>&1 | tee "$work/compute-sanitizer-version.txt"
+    restart_daemon
+    # A plain footprint: this plan's, else the executor plan's results, else a quick plain run.
+    if [ ! -f "$work/reference_plain.json" ] && [ -f "$OUT/results-executor.tgz" ]; then
+      tar xzf "$OUT/results-executor.tgz" -C "$work" ./reference_plain.json 2>/dev/null
+    fi
+    [ -f "$work/reference_plain.json" ] ||
+      run reference_plain 0 --workload reference --deterministic --steps 2 --warmup 2
+    budget_of reference_plain 0.5 || exit 1
+    # sanitize NAME TOOL STEPS: the variables go before compute-sanitizer, which passes its
+    # environment (LD_PRELOAD included) on to the python process it starts; liboffload stays
+    # inert in the sanitizer's own process, which makes no CUDA calls. CUPTI telemetry is off
+    # by default (the sanitizer holds the tools interface; SANITIZE_TELEMETRY=cupti tries it).
+    # Each run gets at most 280 s, less when the plan's 570 s would otherwise be exceeded.
+    sanitize() {
+      local name=$1 tool=$2 steps=$3 limit=$((570 - SECONDS))
+      (( limit > 280 )) && limit=280
+      (( limit < 30 )) && { log "sanitize $name: no time left"; return 1; }
+      log "sanitize $name: --tool $tool, budget $budget, --steps $steps --warmup 8, timeout $limit s"
+      local t0=$SECONDS
+      env -u OFFLOAD_TRACE PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD="$lib" \
+          OFFLOAD_HOST_POOL=$host_pool OFFLOAD_DEVICE_BUDGET="$budget" OFFLOAD_LOG_LEVEL=info \
+          OFFLOAD_TELEMETRY="${SANITIZE_TELEMETRY:-off}" \
+        timeout -k 15 "$limit" "$cs" --tool "$tool" --target-processes all --print-limit 20 \
+          python3 "$bench" --workload reference --deterministic --steps "$steps" --warmup 8 --mark-steps \
+          --json-out "$work/$name.json" > "$work/$name.txt" 2>&1
+      local rc=$?
+      log "  rc=$rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (timed out)')"
+      grep -E 'ERROR SUMMARY' "$work/$name.txt" || log "  no ERROR SUMMARY line"
+      grep -E '^\[offload (warn|error)\]|^\[offload info\] plan|\[bench\] (executor|[0-9.]+ ms/step)' \
+        "$work/$name.txt" | head -n 8 | cut -c1-600
+      [ $rc = 0 ] || tail -n 15 "$work/$name.txt"
+    }
+    sanitize sanitize_memcheck memcheck 3
+    sanitize sanitize_synccheck synccheck 2
+    "$ctl" stop > /dev/null 2>&1
+    ;;
+  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final, executor_smoke, executor, executor_compiled, sanitize)" >&2; exit 2 ;;
 esac
 
 for base in "$work"/*_det_a.json; do

@@ -36,6 +36,7 @@ struct Config {
   uint32_t gpu_ops_per_launch = 2;  // how far the simulated GPU may run behind
   bool second_stream_backward = false;
   uint64_t budget = 0;
+  uint64_t host_chunk = 0, host_phase = 0;  // pinned-chunk layout of the host memory
   Executor::Options exec{};
 };
 
@@ -195,10 +196,12 @@ class Rig {
       std::string why;
       Plan p = build_plan(t, o, &why);
       ASSERT_FALSE(p.arenas.empty()) << why;
-      host_.assign(p.host_bytes(), 0);
+      host_.assign(p.host_bytes() + c_.host_phase, 0);
       uint64_t n = p.step_launches, anchor = t.first_launch + n, now = tr_.launches();
       if (anchor <= now) anchor += (now - anchor) / n * n + n;
-      ASSERT_TRUE(ex_.install(std::move(p), anchor, host_.data(), &why)) << why;
+      // The host memory as if pinned in chunks of c_.host_chunk from `phase` bytes before it.
+      HostMemory hm{host_.data() + c_.host_phase, host_.data(), c_.host_chunk};
+      ASSERT_TRUE(ex_.install(std::move(p), anchor, hm, &why)) << why;
     }
   }
 
@@ -232,6 +235,18 @@ TEST(Executor, OffloadedStepsMatchThePlainRunByteForByte) {
             << off.stats.evictions_abandoned << " placed " << off.stats.placed << " busy " << off.stats.arena_busy
             << " handles " << off.stats.handles_created << " waits " << off.stats.budget_waits << " plan "
             << off.stats.plan << "\n";
+}
+
+TEST(Executor, CopiesSplitAtPinnedChunkBoundaries) {
+  Config c;
+  c.host_chunk = 100 * 1024 + 8;  // not a divisor of anything the arenas hold
+  c.host_phase = 12344;
+  Outcome plain = run([&] { Config p = c; p.offload = false; return p; }());
+  Outcome off = run(c);
+  ASSERT_TRUE(off.installed);
+  EXPECT_GT(off.stats.evictions, 0u);
+  EXPECT_EQ(off.weights, plain.weights);
+  EXPECT_EQ(off.losses, plain.losses);
 }
 
 }  // namespace
