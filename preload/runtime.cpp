@@ -365,7 +365,7 @@ std::string Runtime::executor_json() {
      << ",\"installed\":" << (executor_.installed() ? "true" : "false")
      << ",\"deviated\":" << (executor_.deviated() ? "true" : "false") << ",\"plan\":\"" << x.plan << "\""
      << ",\"installs\":" << x.installs << ",\"deviations\":" << x.deviations
-     << ",\"steps_active\":" << x.steps_active << ",\"placed\":" << x.placed << ",\"arena_busy\":" << x.arena_busy
+     << ",\"steps_active\":" << x.steps_active << ",\"placed\":" << x.placed << ",\"arena_busy\":" << x.arena_busy << ",\"no_handle\":" << x.no_handle
      << ",\"evictions\":" << x.evictions << ",\"evictions_abandoned\":" << x.evictions_abandoned
      << ",\"reloads\":" << x.reloads << ",\"misses\":" << x.misses << ",\"late_reloads\":" << x.late_reloads
      << ",\"copy_failures\":" << x.copy_failures << ",\"conservative\":" << x.conservative

@@ -7,14 +7,19 @@
 //   offloadctl trace check PATH     visibility and activation checks; exit 1 if one fails
 //   offloadctl replay FILE          replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw
+//   offloadctl plan --trace FILE [--budget SIZE] [--arenas]
+//                                   the built-in plan for a recorded step, without a GPU
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "core/env.h"
+
 int cmd_trace_show(const std::string& path, bool check);
 int cmd_replay(const std::string& path, int repeats);
+int cmd_plan(const std::string& path, uint64_t budget, bool arenas);
 int cmd_status(const std::string& socket, bool json, double watch_s);
 int cmd_stop(const std::string& socket);
 
@@ -31,6 +36,9 @@ void usage(FILE* f) {
           "  trace check PATH       check visibility (shim launches == CUPTI kernels) and that every\n"
           "                         activation is touched in the backward; exit 1 if a check fails\n"
           "  replay FILE [--steps N]  replay a recorded step on the simulated driver (default N=6)\n"
+          "  plan --trace FILE [--budget SIZE] [--arenas]\n"
+          "                         the plan the shim would make for a recorded step under a device\n"
+          "                         budget (e.g. 12GiB; none: offload every candidate); --arenas lists them\n"
           "  help                   this text\n");
 }
 
@@ -84,6 +92,34 @@ int main(int argc, char** argv) {
       steps = static_cast<int>(n);
     }
     return cmd_replay(a[1], steps);
+  }
+  if (a[0] == "plan") {
+    std::string trace;
+    uint64_t budget = 0;
+    bool arenas = false;
+    for (size_t i = 1; i < a.size(); ++i) {
+      if (a[i] == "--trace" && i + 1 < a.size()) {
+        trace = a[++i];
+      } else if (a[i] == "--budget" && i + 1 < a.size()) {
+        auto b = offload::parse_size(a[++i]);
+        if (!b || *b == 0) {
+          fprintf(stderr, "offloadctl: --budget '%s' is not valid: expected a size such as 12GiB\n", a[i].c_str());
+          return 2;
+        }
+        budget = *b;
+      } else if (a[i] == "--arenas") {
+        arenas = true;
+      } else {
+        fprintf(stderr, "offloadctl: unknown option '%s' for plan\n", a[i].c_str());
+        usage(stderr);
+        return 2;
+      }
+    }
+    if (trace.empty()) {
+      fprintf(stderr, "offloadctl: plan needs --trace FILE\n");
+      return 2;
+    }
+    return cmd_plan(trace, budget, arenas);
   }
   std::string joined;
   for (auto& s : a) joined += (joined.empty() ? "" : " ") + s;

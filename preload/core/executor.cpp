@@ -168,7 +168,7 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
   if (a.state == State::Empty) {
     int h = acquire_handle(false);
     if (h < 0) {
-      ++st_.arena_busy;
+      ++st_.no_handle;
       return 0;
     }
     if (!driver_.map(a.va, plan_.handle_bytes, handles_[static_cast<size_t>(h)])) {
@@ -265,9 +265,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
         for (uint32_t i : retry) {
           State st = arenas_[i].state;
           if (st == State::Evicted || st == State::Evicting) {
-            size_t inflight = 0;
-            for (const Arena& a : arenas_) inflight += a.h2d_pending;
-            if (inflight >= opt_.max_reloads_in_flight) pending_reloads_.push_back(i);
+            if (reloads_in_flight() >= reload_cap()) pending_reloads_.push_back(i);
             else reload(i);
           }
         }
@@ -280,9 +278,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
         }
         State st = arenas_[act.arena].state;
         if (st != State::Evicted && st != State::Evicting) continue;
-        size_t inflight = 0;
-        for (const Arena& a : arenas_) inflight += a.h2d_pending;
-        if (inflight >= opt_.max_reloads_in_flight && st == State::Evicted) pending_reloads_.push_back(act.arena);
+        if (reloads_in_flight() >= reload_cap() && st == State::Evicted) pending_reloads_.push_back(act.arena);
         else reload(act.arena);
       }
     }
@@ -298,6 +294,12 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
     }
   }
   if ((n & 15) == 0) poll_locked();
+}
+
+size_t Executor::reloads_in_flight() const {
+  size_t n = 0;
+  for (const Arena& a : arenas_) n += a.h2d_pending;
+  return n;
 }
 
 void Executor::ensure_resident(uint32_t i, Stream s, bool demand) {

@@ -70,7 +70,9 @@ struct HostMemory {
 
 struct ExecutorStats {
   uint64_t installs = 0, deviations = 0, steps_active = 0;
-  uint64_t placed = 0, arena_busy = 0;
+  // Planned allocations served by the allocator instead: no handle free and none on its way
+  // back (no_handle), or the arena still holding last step's members or moving (busy).
+  uint64_t placed = 0, arena_busy = 0, no_handle = 0;
   uint64_t evictions = 0, evictions_abandoned = 0, reloads = 0, conservative = 0, copy_failures = 0;
   // A miss: a launch touched an evicted arena whose reload the plan had not started (a
   // planning bug). A late reload: one the plan had due but the in-flight cap held back, issued
@@ -89,7 +91,9 @@ struct ExecutorStats {
 class Executor final : public LaunchGate {
  public:
   struct Options {
-    uint32_t max_reloads_in_flight = 2;
+    // Reload copies queued and not yet complete, at most (0: the plan's handle count, which
+    // already bounds the bytes a reload may bring in).
+    uint32_t max_reloads_in_flight = 0;
   };
   Executor(Driver& driver, Options o);
   ~Executor() override;
@@ -164,6 +168,8 @@ class Executor final : public LaunchGate {
   void finish_step();
   void deviate(const char* why);
   void update_peak();
+  size_t reloads_in_flight() const;
+  uint32_t reload_cap() const { return opt_.max_reloads_in_flight ? opt_.max_reloads_in_flight : plan_.handles; }
   void teardown_locked();
 
   Driver& driver_;

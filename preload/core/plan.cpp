@@ -103,11 +103,11 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
   }
 
   // Arenas: consecutive candidates, about candidate_bytes / segments each.
-  const uint64_t target = std::max(o.granularity, p.candidate_bytes / std::max(1u, o.segments));
+  const uint64_t arena_target = std::max(o.granularity, p.candidate_bytes / std::max(1u, o.segments));
   std::vector<Arena> arenas;
   for (uint32_t c : cand) {
     uint64_t bytes = round_up(t.allocs[c].bytes, o.member_align);
-    if (arenas.empty() || (arenas.back().used + bytes > target && !arenas.back().members.empty()))
+    if (arenas.empty() || (arenas.back().used + bytes > arena_target && !arenas.back().members.empty()))
       arenas.emplace_back();
     Arena& a = arenas.back();
     a.members.push_back(c);
@@ -121,9 +121,12 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
   }
   // Every arena but the last (its activations are needed at once in backward), and only
   // those with a gap to hide a copy in.
+  // A copy out and back needs time to hide in: without GPU times, the built-in plan asks for
+  // an idle gap of a sixteenth of the step's launches (a layer or so).
+  const int64_t min_gap = std::max<int64_t>(2, static_cast<int64_t>(n) / o.min_gap_fraction);
   std::vector<size_t> offloadable;
   for (size_t i = 0; i + 1 < arenas.size(); ++i)
-    if (arenas[i].first_use > arenas[i].evict_after + 1) offloadable.push_back(i);
+    if (arenas[i].first_use - arenas[i].evict_after >= min_gap) offloadable.push_back(i);
   if (offloadable.empty()) {
     *why = "no activation is idle between its forward and backward use";
     return p;
@@ -155,18 +158,62 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     *why = "the host pool cannot take even one arena (" + gib(arenas[offloadable[0]].used) + ")";
     return p;
   }
+  // Physical handles: the most arenas mapped at once when the oldest kk are offloaded. In the
+  // forward an arena is mapped from its first member's birth until its copy out is done,
+  // taken to be when the arena after next starts filling (the copies trail the compute);
+  // in the backward from its reload until its last member is freed.
+  // Reloads go one arena ahead in backward order: arena j comes back when the arena consumed
+  // just before it is first used (the first consumed, at the turnaround).
+  auto reload_at = [&](size_t kk, size_t j) {
+    const Arena& a = arenas[offloadable[j]];
+    int64_t at = peak_pos + 1;
+    for (size_t i = 0; i < kk; ++i) {
+      int64_t f = arenas[offloadable[i]].first_use;
+      if (f < a.first_use || (f == a.first_use && i < j)) at = std::max(at, f);
+    }
+    return std::clamp<int64_t>(at, a.evict_after + 1, a.first_use);
+  };
+  auto handles_needed = [&](size_t kk) {
+    std::vector<int32_t> count(n + 1, 0);
+    auto span = [&](int64_t a, int64_t b) {
+      a = std::clamp<int64_t>(a, 0, static_cast<int64_t>(n));
+      b = std::clamp<int64_t>(b, a, static_cast<int64_t>(n));
+      ++count[static_cast<size_t>(a)];
+      --count[static_cast<size_t>(b)];
+    };
+    for (size_t j = 0; j < kk; ++j) {
+      const Arena& a = arenas[offloadable[j]];
+      int64_t born = static_cast<int64_t>(n), last_free = 0;
+      for (uint32_t m : a.members) {
+        born = std::min(born, t.allocs[m].alloc_pos);
+        last_free = std::max(last_free, t.allocs[m].free_pos);
+      }
+      size_t after_next = offloadable[j] + 2;
+      int64_t out_done = a.evict_after + 1;
+      if (after_next < arenas.size())
+        for (uint32_t m : arenas[after_next].members) out_done = std::max(out_done, t.allocs[m].alloc_pos);
+      span(born, out_done + 1);
+      span(reload_at(kk, j), last_free + 1);
+    }
+    int32_t most = 0, run = 0;
+    for (size_t q = 0; q <= n; ++q) most = std::max(most, run += count[q]);
+    return std::max<uint64_t>(2, static_cast<uint64_t>(most));
+  };
   auto predicted = [&](size_t kk, uint64_t* res) {
     *res = resident_peak(kk);
-    return *res + std::min<uint64_t>(o.handles, kk) * cap;
+    return *res + std::min<uint64_t>(handles_needed(kk), kk) * cap;
   };
+  // Plan to a little under the budget: the stream-ordered pool reserves more than it hands
+  // out (measured on the reference workload: reserved high / used high = 1.09).
+  const uint64_t target = static_cast<uint64_t>(static_cast<double>(o.budget) * o.budget_headroom);
   uint64_t res = 0, pred = predicted(k, &res);
-  if (o.budget && pred <= o.budget) {
+  if (o.budget && pred <= target) {
     // Fewer arenas may do: every one moved costs link time.
     size_t lo = 1, hi = k;
     while (lo < hi) {
       size_t mid = (lo + hi) / 2;
       uint64_t r2;
-      if (predicted(mid, &r2) <= o.budget) hi = mid;
+      if (predicted(mid, &r2) <= target) hi = mid;
       else lo = mid + 1;
     }
     k = lo;
@@ -176,10 +223,10 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     *why = "offloading would not lower the peak below " + gib(p.plain_peak);
     return p;
   }
-  p.meets_budget = !o.budget || pred <= o.budget;
+  p.meets_budget = !o.budget || pred <= target;
   p.resident_peak = res;
   p.predicted_peak = pred;
-  p.handles = static_cast<uint32_t>(std::min<uint64_t>(o.handles, k));
+  p.handles = static_cast<uint32_t>(std::min<uint64_t>(handles_needed(k), k));
   p.handle_bytes = cap;
 
   // Reload one arena ahead: while the backward consumes arena j+1, arena j comes back.
@@ -190,8 +237,7 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     ap.capacity = cap;
     ap.evict_after = a.evict_after;
     ap.first_use = a.first_use;
-    ap.reload_at = j + 1 < k ? arenas[offloadable[j + 1]].first_use : peak_pos + 1;
-    ap.reload_at = std::clamp(ap.reload_at, a.evict_after + 1, a.first_use);
+    ap.reload_at = reload_at(k, j);
     ap.host_offset = host_off;
     ap.members = a.members;
     uint64_t off = 0;

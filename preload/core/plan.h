@@ -48,7 +48,7 @@ struct Plan {
   std::vector<ArenaPlan> arenas;  // offloaded arenas, in birth order
   std::vector<MemberPlan> members;  // sorted by (pos, sub)
   std::vector<uint32_t> member_index;  // first member born before each position (size N+1)
-  uint32_t handles = 0;           // physical handles kept
+  uint32_t handles = 0;           // physical handles kept (the most arenas mapped at once)
   uint64_t handle_bytes = 0;      // size of each (= every arena's capacity)
 
   // Predictions, from the trace's allocation sizes.
@@ -66,8 +66,9 @@ struct PlanOptions {
   uint64_t budget = 0;              // device bytes; 0: offload every candidate
   uint64_t granularity = 2u << 20;  // physical allocation granularity
   uint64_t min_bytes = kActivationMinBytes;
-  uint32_t segments = 32;           // target number of arenas over the candidates
-  uint32_t handles = 3;             // filling + evicting + one spare (forward); consuming + reloading + draining (backward)
+  uint32_t segments = 64;           // target number of arenas over the candidates
+  uint32_t min_gap_fraction = 16;   // an arena must be idle for n / this launches
+  double budget_headroom = 0.92;    // plan to this share of the budget (pool fragmentation)
   uint64_t member_align = 4096;
   uint64_t max_host_bytes = ~uint64_t{0};  // what the host pool can take
 };
