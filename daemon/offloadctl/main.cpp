@@ -7,7 +7,7 @@
 //   offloadctl trace check PATH     visibility and activation checks; exit 1 if one fails
 //   offloadctl replay FILE          replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw
-//   offloadctl plan --trace FILE [--budget SIZE] [--arenas]
+//   offloadctl plan --trace FILE [--budget SIZE] [--segments N] [--arenas]
 //                                   the built-in plan for a recorded step, without a GPU
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +19,7 @@
 
 int cmd_trace_show(const std::string& path, bool check);
 int cmd_replay(const std::string& path, int repeats);
-int cmd_plan(const std::string& path, uint64_t budget, bool arenas);
+int cmd_plan(const std::string& path, uint64_t budget, bool arenas, uint32_t segments);
 int cmd_status(const std::string& socket, bool json, double watch_s);
 int cmd_stop(const std::string& socket);
 
@@ -36,7 +36,7 @@ void usage(FILE* f) {
           "  trace check PATH       check visibility (shim launches == CUPTI kernels) and that every\n"
           "                         activation is touched in the backward; exit 1 if a check fails\n"
           "  replay FILE [--steps N]  replay a recorded step on the simulated driver (default N=6)\n"
-          "  plan --trace FILE [--budget SIZE] [--arenas]\n"
+          "  plan --trace FILE [--budget SIZE] [--segments N] [--arenas]\n"
           "                         the plan the shim would make for a recorded step under a device\n"
           "                         budget (e.g. 12GiB; none: offload every candidate); --arenas lists them\n"
           "  help                   this text\n");
@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
     std::string trace;
     uint64_t budget = 0;
     bool arenas = false;
+    uint32_t segments = 0;
     for (size_t i = 1; i < a.size(); ++i) {
       if (a[i] == "--trace" && i + 1 < a.size()) {
         trace = a[++i];
@@ -109,6 +110,14 @@ int main(int argc, char** argv) {
         budget = *b;
       } else if (a[i] == "--arenas") {
         arenas = true;
+      } else if (a[i] == "--segments" && i + 1 < a.size()) {
+        char* end = nullptr;
+        long v = strtol(a[++i].c_str(), &end, 10);
+        if (*end || v < 1 || v > 4096) {
+          fprintf(stderr, "offloadctl: --segments '%s' is not valid: expected a count from 1 to 4096\n", a[i].c_str());
+          return 2;
+        }
+        segments = static_cast<uint32_t>(v);
       } else {
         fprintf(stderr, "offloadctl: unknown option '%s' for plan\n", a[i].c_str());
         usage(stderr);
@@ -119,7 +128,7 @@ int main(int argc, char** argv) {
       fprintf(stderr, "offloadctl: plan needs --trace FILE\n");
       return 2;
     }
-    return cmd_plan(trace, budget, arenas);
+    return cmd_plan(trace, budget, arenas, segments);
   }
   std::string joined;
   for (auto& s : a) joined += (joined.empty() ? "" : " ") + s;

@@ -1,5 +1,6 @@
 // offloadctl plan: what-if planning on a recorded step, without a GPU.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -14,7 +15,7 @@ double gib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024);
 }  // namespace
 
 // budget: bytes, or 0 for "offload every candidate".
-int cmd_plan(const std::string& path, uint64_t budget, bool arenas) {
+int cmd_plan(const std::string& path, uint64_t budget, bool arenas, uint32_t segments) {
   std::ifstream is(path);
   if (!is) {
     fprintf(stderr, "offloadctl: cannot open %s\n", path.c_str());
@@ -28,6 +29,8 @@ int cmd_plan(const std::string& path, uint64_t budget, bool arenas) {
   }
   PlanOptions o;
   o.budget = budget;
+  if (segments) o.segments = segments;
+  if (const char* g = getenv("OFFLOAD_PLAN_MIN_GAP_FRACTION")) o.min_gap_fraction = static_cast<uint32_t>(atoi(g));
   std::string why;
   Plan p = build_plan(t, o, &why);
   printf("step %llu of %s: %zu launches, %zu allocations\n", static_cast<unsigned long long>(t.step), path.c_str(),

@@ -152,7 +152,8 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
   auto member = std::lower_bound(a.members.begin(), a.members.end(), mp->offset,
                                  [](const Member& m, uint64_t off) { return m.offset < off; });
   if (member == a.members.end() || member->offset != mp->offset || member->live) {
-    ++st_.arena_busy;
+    if (st_.arena_busy++ < 3)
+      log().info("arena {} busy at launch {} of the step: its slot is still held ({})", mp->arena, pos, describe_handles());
     return 0;
   }
   if (a.state == State::Draining) {
@@ -163,6 +164,7 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
       a.state = State::Resident;
       a.nstreams = 0;
       a.h2d_pending = false;
+      a.filled_step = step_;  // a fresh fill, on the memory it already has
     }
   }
   if (a.state == State::Empty) {
@@ -182,7 +184,8 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
     a.overflow = false;
     a.h2d_pending = false;
   } else if (a.state != State::Resident || a.filled_step != step_) {
-    ++st_.arena_busy;  // last step's members still alive, or being moved
+    if (st_.arena_busy++ < 3)  // last step's members still alive, or being moved
+      log().info("arena {} busy at launch {} of the step: {}", mp->arena, pos, describe_handles());
     return 0;
   }
   (void)s;
@@ -309,6 +312,8 @@ void Executor::ensure_resident(uint32_t i, Stream s, bool demand) {
     case State::Draining:
       return;  // nothing of it is live: a stale word that looks like a pointer
     case State::Evicting:
+      // Every member freed: nothing to keep (a stale word that looks like a pointer).
+      if (a.live == 0) return;
       // The bytes are still on the device: keep them, let the copy finish unused.
       a.state = State::Resident;
       ++st_.evictions_abandoned;
@@ -336,7 +341,7 @@ void Executor::ensure_resident(uint32_t i, Stream s, bool demand) {
     case State::Resident:
       break;
   }
-  if (a.h2d_pending) driver_.stream_wait(s, a.ev_h2d);
+  if (a.h2d_pending && opt_.fault != Options::Fault::SkipReloadWait) driver_.stream_wait(s, a.ev_h2d);
   add_stream(a, s);
 }
 
@@ -383,7 +388,8 @@ void Executor::evict(uint32_t i) {
   if (a.state != State::Resident || a.filled_step != step_ || a.live == 0 || a.overflow || a.h2d_pending) return;
   // After the last forward use: the copy waits for every stream that touched the arena.
   if (!record_all(a)) return;
-  for (int k = 0; k < a.nstreams; ++k) driver_.stream_wait(offload_stream_, a.events[k]);
+  if (opt_.fault != Options::Fault::SkipEvictWait)
+    for (int k = 0; k < a.nstreams; ++k) driver_.stream_wait(offload_stream_, a.events[k]);
   if (!copy(a, true, offload_stream_) || !driver_.record_event(a.ev_d2h, offload_stream_)) {
     // Part of the copy may be queued: the offload stream stays listed until it is done.
     add_stream(a, offload_stream_);
@@ -471,8 +477,19 @@ int Executor::acquire_handle(bool for_reload) {
   }
   if (!for_reload) return -1;  // the allocator serves it instead
   int h = create();
-  if (h >= 0) ++st_.over_budget;
+  if (h >= 0 && st_.over_budget++ < 3) log().info("over budget: a reload at launch {} found every handle held ({})", cur_pos_, describe_handles());
   return h;
+}
+
+std::string Executor::describe_handles() const {
+  static const char* names[] = {"empty", "resident", "evicting", "evicted", "reloading", "draining"};
+  std::string s;
+  for (size_t i = 0; i < arenas_.size(); ++i)
+    if (arenas_[i].handle >= 0)
+      s += (s.empty() ? "" : ", ") + std::string("arena ") + std::to_string(i) + " " +
+           names[static_cast<int>(arenas_[i].state)] + " live " + std::to_string(arenas_[i].live) + "/" +
+           std::to_string(arenas_[i].members.size());
+  return s;
 }
 
 void Executor::give_handle(int h) {

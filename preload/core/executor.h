@@ -94,6 +94,9 @@ class Executor final : public LaunchGate {
     // Reload copies queued and not yet complete, at most (0: the plan's handle count, which
     // already bounds the bytes a reload may bring in).
     uint32_t max_reloads_in_flight = 0;
+    // Test-only: drops a wait, for the tests that prove a missing wait is caught.
+    enum class Fault : uint8_t { None, SkipReloadWait, SkipEvictWait };
+    Fault fault = Fault::None;
   };
   Executor(Driver& driver, Options o);
   ~Executor() override;
@@ -171,6 +174,7 @@ class Executor final : public LaunchGate {
   size_t reloads_in_flight() const;
   uint32_t reload_cap() const { return opt_.max_reloads_in_flight ? opt_.max_reloads_in_flight : plan_.handles; }
   void teardown_locked();
+  std::string describe_handles() const;  // for the log: arenas holding memory, and their state
 
   Driver& driver_;
   Options opt_;

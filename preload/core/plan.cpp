@@ -122,7 +122,8 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
   // Every arena but the last (its activations are needed at once in backward), and only
   // those with a gap to hide a copy in.
   // A copy out and back needs time to hide in: without GPU times, the built-in plan asks for
-  // an idle gap of a sixteenth of the step's launches (a layer or so).
+  // an idle gap of a thirty-second of the step's launches (about half a layer of the
+  // reference workload).
   const int64_t min_gap = std::max<int64_t>(2, static_cast<int64_t>(n) / o.min_gap_fraction);
   std::vector<size_t> offloadable;
   for (size_t i = 0; i + 1 < arenas.size(); ++i)
@@ -131,9 +132,16 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     *why = "no activation is idle between its forward and backward use";
     return p;
   }
+  // Every handle has the size of the largest offloaded arena, so one arena far larger than
+  // the others (a single huge activation, such as a language model's logits) would make
+  // every handle that large. Each arena size is tried as the handle size (larger arenas stay
+  // resident); the best choice wins below.
+  const std::vector<size_t> all_offloadable = offloadable;
+  std::vector<uint64_t> caps;
+  for (size_t i : all_offloadable) caps.push_back(round_up(arenas[i].used, o.granularity));
+  std::sort(caps.begin(), caps.end());
+  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
   uint64_t cap = 0;
-  for (size_t i : offloadable) cap = std::max(cap, round_up(arenas[i].used, o.granularity));
-
   // Offload the oldest k arenas: the smallest k that meets the budget, else all of them.
   auto resident_peak = [&](size_t k) {
     std::vector<int64_t> res(live);
@@ -145,19 +153,6 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
       }
     return static_cast<uint64_t>(*std::max_element(res.begin(), res.end()));
   };
-  size_t k = offloadable.size();
-  uint64_t host = 0;
-  for (size_t j = 0; j < offloadable.size(); ++j) {
-    host += arenas[offloadable[j]].used;
-    if (host > o.max_host_bytes) {
-      k = j;
-      break;
-    }
-  }
-  if (k == 0) {
-    *why = "the host pool cannot take even one arena (" + gib(arenas[offloadable[0]].used) + ")";
-    return p;
-  }
   // Physical handles: the most arenas mapped at once when the oldest kk are offloaded. In the
   // forward an arena is mapped from its first member's birth until its copy out is done,
   // taken to be when the arena after next starts filling (the copies trail the compute);
@@ -199,28 +194,67 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     for (size_t q = 0; q <= n; ++q) most = std::max(most, run += count[q]);
     return std::max<uint64_t>(2, static_cast<uint64_t>(most));
   };
+  // The stream-ordered pool reserves more than the live bytes it hands out (fragmentation):
+  // what stays outside arenas costs pool_overhead times its size.
   auto predicted = [&](size_t kk, uint64_t* res) {
     *res = resident_peak(kk);
-    return *res + std::min<uint64_t>(handles_needed(kk), kk) * cap;
+    return static_cast<uint64_t>(static_cast<double>(*res) * o.pool_overhead) + std::min<uint64_t>(handles_needed(kk), kk) * cap;
   };
-  // Plan to a little under the budget: the stream-ordered pool reserves more than it hands
-  // out (measured on the reference workload: reserved high / used high = 1.09).
-  const uint64_t target = static_cast<uint64_t>(static_cast<double>(o.budget) * o.budget_headroom);
-  uint64_t res = 0, pred = predicted(k, &res);
-  if (o.budget && pred <= target) {
-    // Fewer arenas may do: every one moved costs link time.
-    size_t lo = 1, hi = k;
-    while (lo < hi) {
-      size_t mid = (lo + hi) / 2;
-      uint64_t r2;
-      if (predicted(mid, &r2) <= target) hi = mid;
-      else lo = mid + 1;
+  const uint64_t target = o.budget;
+  struct Choice {
+    uint64_t cap = 0, res = 0, pred = ~uint64_t{0}, moved = 0;
+    std::vector<size_t> arenas;
+    size_t k = 0;
+    bool meets = false;
+  } best;
+  for (uint64_t c : caps) {
+    cap = c;
+    offloadable.clear();
+    for (size_t i : all_offloadable)
+      if (round_up(arenas[i].used, o.granularity) <= c) offloadable.push_back(i);
+    size_t k = offloadable.size();
+    uint64_t host = 0;
+    for (size_t j = 0; j < offloadable.size(); ++j) {
+      host += arenas[offloadable[j]].used;
+      if (host > o.max_host_bytes) {
+        k = j;
+        break;
+      }
     }
-    k = lo;
-    pred = predicted(k, &res);
+    if (k == 0) continue;
+    uint64_t res = 0, pred = predicted(k, &res);
+    if (o.budget && pred <= target) {
+      // Fewer arenas may do: every one moved costs link time.
+      size_t lo = 1, hi = k;
+      while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        uint64_t r2;
+        if (predicted(mid, &r2) <= target) hi = mid;
+        else lo = mid + 1;
+      }
+      k = lo;
+      pred = predicted(k, &res);
+    }
+    Choice ch{c, res, pred, 0, std::vector<size_t>(offloadable.begin(), offloadable.begin() + static_cast<long>(k)), k,
+              !o.budget || pred <= target};
+    for (size_t i : ch.arenas) ch.moved += arenas[i].used;
+    // Meeting the budget first, then moving the fewest bytes; else the lowest peak.
+    bool better = ch.meets && o.budget ? (!best.meets || ch.moved < best.moved)
+                                       : (!best.meets && ch.pred < best.pred);
+    if (better) best = std::move(ch);
   }
+  if (best.k == 0) {
+    *why = "the host pool cannot take even one arena (" + gib(arenas[all_offloadable[0]].used) + ")";
+    return p;
+  }
+  cap = best.cap;
+  offloadable = best.arenas;
+  size_t k = best.k;
+  uint64_t res = best.res, pred = best.pred;
   if (pred >= p.plain_peak) {
-    *why = "offloading would not lower the peak below " + gib(p.plain_peak);
+    *why = "offloading would not lower the peak below " + gib(p.plain_peak) + " (the best plan keeps " + gib(res) +
+           " outside arenas, and " + std::to_string(handles_needed(k)) + " arenas of " + std::to_string(cap >> 20) +
+           " MiB mapped at once)";
     return p;
   }
   p.meets_budget = !o.budget || pred <= target;
