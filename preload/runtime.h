@@ -58,6 +58,10 @@ class Runtime {
     return offloading_ && executor_.release(reinterpret_cast<DevPtr>(p), s);
   }
   void reset_peak() { executor_.reset_peak(); }
+  // A pointer query (Triton checks its arguments): an evicted arena is mapped back first.
+  void prepare_access(DevPtr p) {
+    if (offloading_) executor_.prepare_access(p);
+  }
   CuptiTelemetry& telemetry() { return telemetry_; }
 
   // Drains, joins GPU times and finishes every step that can be: those whose GPU times are

@@ -230,6 +230,29 @@ bool Executor::release(DevPtr p, Stream s) {
   return true;
 }
 
+void Executor::prepare_access(DevPtr p) {
+  if (p < va_lo_.load(std::memory_order_relaxed) || p >= va_hi_.load(std::memory_order_relaxed)) return;
+  std::lock_guard lock(mu_);
+  if (arenas_.empty() || p < reservation_ || p >= reservation_ + reservation_bytes_) return;
+  uint32_t i = static_cast<uint32_t>((p - reservation_) / plan_.handle_bytes);
+  Arena& a = arenas_[i];
+  if (a.live == 0 || (a.state != State::Evicted && a.state != State::Evicting)) return;
+  auto pending = std::find(pending_reloads_.begin(), pending_reloads_.end(), i);
+  bool late = pending != pending_reloads_.end();
+  if (late) pending_reloads_.erase(pending);
+  bool moved = a.state == State::Evicted;
+  reload(i);
+  if (!moved) return;  // the copy out was abandoned: the bytes never left
+  if (late) {
+    ++st_.late_reloads;
+    ++step_late_;
+  } else {
+    ++st_.misses;
+    ++step_misses_;
+    if (st_.misses <= 8) log().info("miss: arena {} asked about (pointer query) at launch {} of the step", i, cur_pos_);
+  }
+}
+
 void Executor::note_live(uint64_t live_bytes) {
   last_live_.store(live_bytes, std::memory_order_relaxed);
   if (installed_.load(std::memory_order_relaxed)) update_peak();

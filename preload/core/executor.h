@@ -121,6 +121,9 @@ class Executor final : public LaunchGate {
   bool release(DevPtr p, Stream s);
   void before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s,
                      const AllocId* acc, size_t n, uint8_t flags) override;
+  // A question about `p` that announces a use (a pointer-attribute query): an evicted arena is
+  // reloaded now, so that the memory is mapped; the launch that follows waits for the copy.
+  void prepare_access(DevPtr p);
   // After every allocation: the tracker's live bytes, for the device-footprint peak.
   void note_live(uint64_t live_bytes);
 

@@ -112,3 +112,16 @@ MEMSET2D(cuMemsetD2D32Async_ptsz, cuMemsetD2D32Async, true, unsigned int, 4)
   }
 GRAPH_LAUNCH(cuGraphLaunch, false)
 GRAPH_LAUNCH(cuGraphLaunch_ptsz, true)
+
+// Pointer queries. Triton's launchers check every pointer argument with cuPointerGetAttribute
+// before they launch: an evicted arena must be mapped again before that check (the launch
+// that follows waits for the reload like any other).
+OFFLOAD_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute a, CUdeviceptr p) {
+  return query<HookId::cuPointerGetAttribute, decltype(&::cuPointerGetAttribute)>(
+      dev(p), [&](auto real) { return real(data, a, p); });
+}
+
+OFFLOAD_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute* a, void** data, CUdeviceptr p) {
+  return query<HookId::cuPointerGetAttributes, decltype(&::cuPointerGetAttributes)>(
+      dev(p), [&](auto real) { return real(n, a, data, p); });
+}

@@ -76,6 +76,16 @@ inline auto release(void* p, Stream s, Call&& call) {
   return call(fn);
 }
 
+// query<Id>(ptr, call): a question about `ptr` (its attributes) that announces a use: the
+// executor maps an evicted arena back first, then the question is forwarded.
+template <HookId Id, class Sig, class Call>
+inline auto query(DevPtr ptr, Call&& call) {
+  Sig fn = real_as<Id, Sig>();
+  HookGuard guard;
+  if (Runtime* rt = guard.outermost() ? runtime() : nullptr) rt->prepare_access(ptr);
+  return call(fn);
+}
+
 // Stream identity as the tracker records it: the null stream of a _ptsz entry point is the
 // calling thread's per-thread default stream.
 inline Stream stream_id(const void* s, bool ptsz) {

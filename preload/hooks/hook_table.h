@@ -47,6 +47,8 @@
   X(cuMemsetD2D32Async_ptsz, "cuMemsetD2D32Async", 7000, 1)             \
   X(cuGraphLaunch, "cuGraphLaunch", 10000, 0)                           \
   X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)                      \
+  X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000, 0)            \
+  X(cuPointerGetAttributes, "cuPointerGetAttributes", 7000, 0)          \
   X(cuGetProcAddress, "cuGetProcAddress", 11030, 0)                     \
   X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0)
 

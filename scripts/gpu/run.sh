@@ -276,8 +276,8 @@ case $plan in
     # by default (the sanitizer holds the tools interface; SANITIZE_TELEMETRY=cupti tries it).
     # Each run gets at most 280 s, less when the plan's 570 s would otherwise be exceeded.
     sanitize() {
-      local name=$1 tool=$2 steps=$3 limit=$((570 - SECONDS))
-      (( limit > 280 )) && limit=280
+      local name=$1 tool=$2 steps=$3 limit=$((${SANITIZE_PLAN_S:-570} - SECONDS))
+      (( limit > ${SANITIZE_LIMIT_S:-280} )) && limit=${SANITIZE_LIMIT_S:-280}
       (( limit < 30 )) && { log "sanitize $name: no time left"; return 1; }
       log "sanitize $name: --tool $tool, budget $budget, --steps $steps --warmup 8, timeout $limit s"
       local t0=$SECONDS
