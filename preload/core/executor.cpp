@@ -243,6 +243,10 @@ void Executor::prepare_access(DevPtr p) {
   bool moved = a.state == State::Evicted;
   reload(i);
   if (!moved) return;  // the copy out was abandoned: the bytes never left
+  // A query just before the launch the reload is planned for (Triton asks before it
+  // launches) is that planned reload, a call early.
+  int64_t next = active_ ? (cur_pos_ + 1) % static_cast<int64_t>(plan_.step_launches) : -1;
+  if (next >= 0 && next >= plan_.arenas[i].reload_at) return;
   if (late) {
     ++st_.late_reloads;
     ++step_late_;

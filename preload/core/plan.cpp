@@ -164,7 +164,7 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     int64_t at = peak_pos + 1;
     for (size_t i = 0; i < kk; ++i) {
       int64_t f = arenas[offloadable[i]].first_use;
-      if (f < a.first_use || (f == a.first_use && i < j)) at = std::max(at, f);
+      if (f < a.first_use) at = std::max(at, f);  // arenas first used together come back together
     }
     return std::clamp<int64_t>(at, a.evict_after + 1, a.first_use);
   };
