@@ -24,8 +24,9 @@
 # a plain run's footprint_peak_bytes. An offload plan restarts offloadd first, so that the
 # daemon's pool is OFFLOAD_HOST_POOL=48GiB and not what an earlier run started it with.
 #
-# Uses prebuilt binaries from $OFFLOAD_BIN (default .carry/bin: liboffload.so, offloadctl),
-# built on the development machine (the GPU machine has no spdlog); builds there otherwise.
+# Uses prebuilt binaries from $OFFLOAD_BIN (default .carry/bin: liboffload.so, offloadctl,
+# offloadd), built on the development machine by scripts/gpu/prepare.sh (the GPU machine has no
+# spdlog), which also records their commit.
 set -uo pipefail
 if [ $# -gt 1 ]; then
   for p in "$@"; do "$0" "$p"; done
@@ -42,7 +43,11 @@ ctl=$bin/offloadctl
 log() { echo "[gpu] $*"; }
 [ -x "$ctl" ] && [ -f "$lib" ] || { echo "no prebuilt liboffload.so/offloadctl in $bin" >&2; exit 1; }
 
-git -C "$root" rev-parse HEAD > "$work/commit" 2>/dev/null || echo unknown > "$work/commit"
+# The commit the binaries were built from (scripts/gpu/prepare.sh writes it); the copy of the
+# tree on the GPU machine may carry an older .git.
+if [ -f "$bin/../commit" ]; then cp "$bin/../commit" "$work/commit"
+else git -C "$root" rev-parse HEAD > "$work/commit" 2>/dev/null || echo unknown > "$work/commit"; fi
+log "binaries from commit $(cat "$work/commit")"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } > "$work/machine.txt" 2>&1
 cat "$work/machine.txt"
@@ -284,7 +289,7 @@ case $plan in
       env -u OFFLOAD_TRACE PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD="$lib" \
           OFFLOAD_HOST_POOL=$host_pool OFFLOAD_DEVICE_BUDGET="$budget" OFFLOAD_LOG_LEVEL=info \
           OFFLOAD_TELEMETRY="${SANITIZE_TELEMETRY:-off}" \
-        timeout -k 15 "$limit" "$cs" --tool "$tool" --target-processes all --print-limit 20 \
+        timeout -k 15 "$limit" "$cs" --tool "$tool" --target-processes all --print-limit 20 --launch-timeout 300 \
           python3 "$bench" --workload reference --deterministic --steps "$steps" --warmup 8 --mark-steps \
           --json-out "$work/$name.json" > "$work/$name.txt" 2>&1
       local rc=$?
@@ -294,6 +299,15 @@ case $plan in
         "$work/$name.txt" | head -n 8 | cut -c1-600
       [ $rc = 0 ] || tail -n 15 "$work/$name.txt"
     }
+    # Control: the sanitizer on a small run without the shim. At 7216a7f both shim runs ended in
+    # "No attachable process found" (the default 10 s launch timeout is shorter than importing
+    # torch and building the model; --launch-timeout now allows 300 s). This run tells whether
+    # attaching works at all here.
+    log "sanitize control (no shim): memcheck on reference --small"
+    timeout -k 15 200 "$cs" --tool memcheck --target-processes all --print-limit 20 --launch-timeout 300 \
+      env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 "$bench" --workload reference --small \
+      --deterministic --steps 2 --warmup 1 > "$work/sanitize_control.txt" 2>&1
+    log "  control rc=$?"; grep -E 'ERROR SUMMARY|No attachable' "$work/sanitize_control.txt"
     sanitize sanitize_memcheck memcheck 3
     sanitize sanitize_synccheck synccheck 2
     "$ctl" stop > /dev/null 2>&1

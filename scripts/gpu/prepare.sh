@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds liboffload.so, offloadd and offloadctl here (Release), strips them into .carry/bin and
+# records the commit they were built from in .carry/commit ("+dirty" when the tree has
+# uncommitted changes), for scripts/gpu/run.sh on the GPU machine (carry [".carry"]).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_TESTS=OFF > /dev/null
+cmake --build "$root/build" -j"$(nproc)" --target offload offloadd offloadctl
+mkdir -p "$root/.carry/bin"
+for f in liboffload.so offloadd offloadctl; do strip -o "$root/.carry/bin/$f" "$root/build/$f"; done
+commit=$(git -C "$root" rev-parse HEAD)
+[ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ] || commit="$commit+dirty"
+echo "$commit" > "$root/.carry/commit"
+echo "prepared .carry/bin at $commit"
