@@ -368,7 +368,7 @@ std::string Runtime::executor_json() {
      << ",\"steps_active\":" << x.steps_active << ",\"placed\":" << x.placed << ",\"arena_busy\":" << x.arena_busy << ",\"no_handle\":" << x.no_handle
      << ",\"evictions\":" << x.evictions << ",\"evictions_abandoned\":" << x.evictions_abandoned
      << ",\"reloads\":" << x.reloads << ",\"misses\":" << x.misses << ",\"late_reloads\":" << x.late_reloads
-     << ",\"copy_failures\":" << x.copy_failures << ",\"conservative\":" << x.conservative
+     << ",\"copy_failures\":" << x.copy_failures << ",\"pointer_tables\":" << x.pointer_tables << ",\"conservative\":" << x.conservative
      << ",\"bytes_out\":" << x.bytes_out << ",\"bytes_in\":" << x.bytes_in
      << ",\"handles_created\":" << x.handles_created << ",\"handles_released\":" << x.handles_released
      << ",\"over_budget\":" << x.over_budget << ",\"budget_waits\":" << x.budget_waits

@@ -117,6 +117,7 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
   active_ = false;
   cursor_ = 0;
   pending_reloads_.clear();
+  tables_.clear();  // arena numbers of another plan
   step_misses_ = step_late_ = 0;
   sub_launch_ = ~uint64_t{0};
   deviated_.store(false);
@@ -135,6 +136,9 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
   std::lock_guard lock(mu_);
   if (!active_ || next_launch < anchor_) return 0;
   const uint64_t pos = (next_launch - anchor_) % plan_.step_launches;
+  // The step the allocation belongs to: that of the launch it is born before (an allocation
+  // made before a step's first launch belongs to that step, not the one ending).
+  const uint64_t alloc_step = (next_launch - anchor_) / plan_.step_launches;
   if (sub_launch_ != next_launch) {
     sub_launch_ = next_launch;
     sub_ = 0;
@@ -164,7 +168,7 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
       a.state = State::Resident;
       a.nstreams = 0;
       a.h2d_pending = false;
-      a.filled_step = step_;  // a fresh fill, on the memory it already has
+      a.filled_step = alloc_step;  // a fresh fill, on the memory it already has
     }
   }
   if (a.state == State::Empty) {
@@ -183,13 +187,13 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
     a.nstreams = 0;
     a.overflow = false;
     a.h2d_pending = false;
-  } else if (a.state != State::Resident || a.filled_step != step_) {
+  } else if (a.state != State::Resident || a.filled_step != alloc_step) {
     if (st_.arena_busy++ < 3)  // last step's members still alive, or being moved
       log().info("arena {} busy at launch {} of the step: {}", mp->arena, pos, describe_handles());
     return 0;
   }
   (void)s;
-  a.filled_step = step_;
+  a.filled_step = alloc_step;
   member->live = true;
   ++a.live;
   member_live_.fetch_add(bytes, std::memory_order_relaxed);
@@ -281,7 +285,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
       if (active_) finish_step();
       active_ = !deviated_.load(std::memory_order_relaxed);
       if (active_) {
-        ++step_;
+        step_ = (n - anchor_) / plan_.step_launches;
         ++st_.steps_active;
         cursor_ = 0;
       }
@@ -322,6 +326,13 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
       uint64_t i = ((acc[j] >> 32) & 0x7fffffffu) - 1;
       if (i < arenas_.size()) ensure_resident(static_cast<uint32_t>(i), s, true);
     }
+    // Through a pointer table, a launch touches what the table points to.
+    if (!tables_.empty())
+      for (size_t j = 0; j < count && !(acc[j] & kArenaIdBit); ++j)
+        for (const auto& [table, targets] : tables_)
+          if (table == acc[j])
+            for (uint32_t i : targets)
+              if (i < arenas_.size()) ensure_resident(i, s, true);
   }
   if ((n & 15) == 0) poll_locked();
 }
@@ -330,6 +341,21 @@ size_t Executor::reloads_in_flight() const {
   size_t n = 0;
   for (const Arena& a : arenas_) n += a.h2d_pending;
   return n;
+}
+
+void Executor::note_pointer_table(AllocId table, const AllocId* targets, size_t n) {
+  if (!installed_.load(std::memory_order_acquire)) return;
+  std::vector<uint32_t> arenas;
+  for (size_t j = 0; j < n; ++j) {
+    uint64_t i = ((targets[j] >> 32) & 0x7fffffffu) - 1;
+    if ((targets[j] & kArenaIdBit) && std::find(arenas.begin(), arenas.end(), i) == arenas.end())
+      arenas.push_back(static_cast<uint32_t>(i));
+  }
+  std::lock_guard lock(mu_);
+  std::erase_if(tables_, [&](const auto& t) { return t.first == table; });
+  if (tables_.size() == kMaxTables) tables_.erase(tables_.begin());
+  tables_.emplace_back(table, std::move(arenas));
+  ++st_.pointer_tables;
 }
 
 void Executor::ensure_resident(uint32_t i, Stream s, bool demand) {

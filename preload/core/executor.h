@@ -34,6 +34,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <utility>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -58,6 +59,9 @@ class LaunchGate {
   virtual ~LaunchGate() = default;
   virtual void before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s,
                              const AllocId* acc, size_t n, uint8_t flags) = 0;
+  // A host-to-device copy wrote device pointers into allocation `table`: the arena members
+  // `targets` (sorted). Launches that touch `table` touch them too.
+  virtual void note_pointer_table(AllocId table, const AllocId* targets, size_t n) = 0;
 };
 
 // Where evicted bytes go: plan.host_bytes() bytes at `ptr`, pinned in registrations of
@@ -74,6 +78,7 @@ struct ExecutorStats {
   // back (no_handle), or the arena still holding last step's members or moving (busy).
   uint64_t placed = 0, arena_busy = 0, no_handle = 0;
   uint64_t evictions = 0, evictions_abandoned = 0, reloads = 0, conservative = 0, copy_failures = 0;
+  uint64_t pointer_tables = 0;  // host-to-device copies seen writing pointers into arenas
   // A miss: a launch touched an evicted arena whose reload the plan had not started (a
   // planning bug). A late reload: one the plan had due but the in-flight cap held back, issued
   // at the consuming launch instead.
@@ -121,6 +126,7 @@ class Executor final : public LaunchGate {
   bool release(DevPtr p, Stream s);
   void before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s,
                      const AllocId* acc, size_t n, uint8_t flags) override;
+  void note_pointer_table(AllocId table, const AllocId* targets, size_t n) override;
   // A question about `p` that announces a use (a pointer-attribute query): an evicted arena is
   // reloaded now, so that the memory is mapped; the launch that follows waits for the copy.
   void prepare_access(DevPtr p);
@@ -145,7 +151,7 @@ class Executor final : public LaunchGate {
     int handle = -1;                // index in handles_
     uint32_t live = 0;              // members placed and not freed
     uint64_t used = 0;
-    uint64_t filled_step = ~uint64_t{0};
+    uint64_t filled_step = ~uint64_t{0};  // the step its members were placed in
     std::vector<Member> members;    // by offset
     Stream streams[kMaxStreams]{};  // streams that may have work queued on it
     uint64_t events[kMaxStreams]{};
@@ -193,7 +199,7 @@ class Executor final : public LaunchGate {
   size_t cursor_ = 0;             // next action this step
   std::vector<uint32_t> pending_reloads_;
   bool active_ = false;           // a step of the plan is running
-  uint64_t step_ = 0;
+  uint64_t step_ = 0;             // (launch number - anchor) / launches per step
   uint64_t sub_launch_ = ~uint64_t{0};
   uint32_t sub_ = 0;
   uint64_t step_misses_ = 0, step_late_ = 0;
@@ -204,6 +210,9 @@ class Executor final : public LaunchGate {
   std::vector<uint64_t> handles_;   // physical handles we hold (0: released slot)
   std::vector<int> free_handles_;
   std::deque<uint32_t> busy_;       // arenas whose memory is waiting on the GPU, oldest first
+  // Pointer tables: allocation -> the arenas its pointers lead into (newest kept, bounded).
+  std::vector<std::pair<AllocId, std::vector<uint32_t>>> tables_;
+  static constexpr size_t kMaxTables = 256;
   std::atomic<uint64_t> member_live_{0}, held_{0}, last_live_{0}, device_peak_{0};
   ExecutorStats st_;
 };

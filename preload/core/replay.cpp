@@ -1,10 +1,14 @@
 #include "core/replay.h"
 
 #include <algorithm>
-#include <map>
-#include <tuple>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <random>
+#include <tuple>
+#include <unordered_map>
 
+#include "core/plan.h"
 #include "core/sim_driver.h"
 #include "core/tracker.h"
 
@@ -20,7 +24,468 @@ std::vector<Key> touched(const StepTrace& t, const TraceLaunch& l) {
   return k;
 }
 
+uint64_t round_up(uint64_t v, uint64_t m) { return (v + m - 1) / m * m; }
+
+uint64_t mix(uint64_t x) {
+  x ^= x >> 31;
+  x *= 0x9e3779b97f4a7c15ull;
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 32;
+  return x;
+}
+
+// What word `i` of an allocation holds after a writer that left signature `sig`.
+uint64_t sig_word(uint64_t sig, uint64_t i) { return mix(sig + i * 0x9e3779b97f4a7c15ull); }
+
+// The words a body checks and writes: all of a small allocation; of a larger one the first,
+// the last and fifteen spread between them (so a copy that stops short, starts late or misses
+// a granule in the middle is seen).
+template <class F>
+void for_sampled(uint64_t nwords, F f) {
+  if (nwords <= 32) {
+    for (uint64_t i = 0; i < nwords; ++i) f(i);
+    return;
+  }
+  f(0);
+  for (uint64_t k = 1; k < 16; ++k) f(k * nwords / 16);
+  f(nwords - 1);
+}
+
+struct Touch {
+  DevPtr base;
+  uint64_t words;
+  uint64_t expect;  // 0: nothing written since it was born (any content will do)
+  uint64_t next;
+  uint32_t ordinal;
+};
+
+struct ContentCheck {
+  uint64_t launches = 0, words = 0, mismatches = 0;
+  std::string first;
+};
+
+// A kernel body: check what the previous toucher of each allocation left, then sign it.
+void run_body(const std::vector<Touch>& touches, ContentCheck* chk, int step, size_t pos) {
+  bool checked = false;
+  for (const Touch& t : touches) {
+    uint64_t* w = reinterpret_cast<uint64_t*>(t.base);
+    if (t.expect) {
+      checked = true;
+      uint64_t bad = 0, bad_i = 0, bad_v = 0;
+      for_sampled(t.words, [&](uint64_t i) {
+        ++chk->words;
+        if (w[i] != sig_word(t.expect, i) && bad++ == 0) {
+          bad_i = i;
+          bad_v = w[i];
+        }
+      });
+      if (bad) {
+        ++chk->mismatches;
+        if (chk->first.empty()) {
+          char msg[256];
+          snprintf(msg, sizeof msg,
+                   "step %d launch %zu: allocation #%u (%llu words) word %llu holds 0x%016llx, expected 0x%016llx%s "
+                   "(%llu sampled words wrong)",
+                   step, pos, t.ordinal, static_cast<unsigned long long>(t.words), static_cast<unsigned long long>(bad_i),
+                   static_cast<unsigned long long>(bad_v),
+                   static_cast<unsigned long long>(sig_word(t.expect, bad_i)),
+                   bad_v == 0xa5a5a5a5a5a5a5a5ull ? ": a fresh physical handle never filled" : "",
+                   static_cast<unsigned long long>(bad));
+          chk->first = msg;
+        }
+      }
+    }
+    for_sampled(t.words, [&](uint64_t i) { w[i] = sig_word(t.next, i); });
+  }
+  if (checked) ++chk->launches;
+}
+
+class Replayer {
+ public:
+  Replayer(const StepTrace& rec, const ReplayOptions& opt)
+      : rec_(rec), opt_(opt), log_(1 << 16, 1 << 20), ex_(drv_, opt.exec), tracker_(drv_, log_),
+        asm_(tracker_.funcs(), assembler_options()), rng_(opt.seed) {
+    if (!opt_.offload) return;
+    const uint64_t div = std::max<uint32_t>(opt_.size_divisor, 1);
+    // The GPU's 2 MiB granularity, scaled (the simulated driver wants whole pages).
+    granularity_ = std::max<uint64_t>(4096, round_up((2u << 20) / div, 4096));
+    drv_.set_granularity(granularity_);
+    drv_.set_copy_delay(true);
+    tracker_.set_gate(&ex_);
+    res_.offload.divisor = static_cast<uint32_t>(div);
+    res_.offload.granularity = granularity_;
+    res_.offload.recorded_peak = peak_live_bytes(rec_);
+    res_.offload.budget = static_cast<uint64_t>(opt_.budget_fraction * static_cast<double>(res_.offload.recorded_peak));
+    res_.offload.plan = "no step repeated the one before it: nothing planned";
+  }
+
+  ReplayResult run();
+
+ private:
+  static StepAssembler::Options assembler_options() {
+    StepAssembler::Options ao;
+    ao.telemetry_wait_ns = 0;  // no GPU times to wait for
+    return ao;
+  }
+
+  void alloc(uint32_t o);
+  void release(uint32_t o);
+  void launch(int step, size_t p);
+  void join(Stream from, Stream to);
+  void run_gpu();
+  void sample_footprint();
+  void pump();
+  void plan_from(const StepTrace& t);
+  void begin_step();
+  void end_step();
+
+  const StepTrace& rec_;
+  ReplayOptions opt_;
+  SimDriver drv_;
+  EventLog log_;
+  std::vector<unsigned char> host_;  // the executor's host memory: outlives it
+  Executor ex_;
+  Tracker tracker_;
+  StepAssembler asm_;
+  std::mt19937_64 rng_;
+  ReplayResult res_;
+
+  std::map<uint32_t, size_t> width_;
+  std::map<uint32_t, Func> funcs_;
+  std::vector<unsigned char> buf_;
+  // Per ordinal: where it lives, its content signature, the stream that last touched it.
+  std::vector<DevPtr> addr_;
+  std::vector<uint64_t> sig_;
+  std::vector<Stream> last_stream_;
+  std::vector<bool> member_;
+
+  // Offload mode: the allocator (a caching pool, stream-ordered as cudaMallocAsync is).
+  std::unordered_multimap<uint64_t, DevPtr> pool_;
+  uint64_t plain_live_ = 0;  // live bytes the allocator served
+  uint64_t granularity_ = 0;
+  uint64_t footprint_ = 0;   // this step's peak
+  std::vector<uint64_t> last_tokens_;
+  ExecutorStats at_start_;
+  ContentCheck check_;
+};
+
+void Replayer::alloc(uint32_t o) {
+  const TraceAlloc& a = rec_.allocs[o];
+  sig_[o] = 0;
+  last_stream_[o] = a.stream;
+  member_[o] = false;
+  if (!opt_.offload) {
+    addr_[o] = drv_.alloc(a.bytes);
+    tracker_.on_alloc(addr_[o], a.bytes, a.stream);
+    return;
+  }
+  // Runtime::place, then Runtime::track_alloc for what the executor does not place.
+  uint64_t tag = 0;
+  DevPtr p = ex_.place(a.bytes, a.stream, tracker_.launches(), &tag);
+  if (p) {
+    member_[o] = true;
+  } else {
+    tag = 0;
+    if (auto it = pool_.find(a.bytes); it != pool_.end()) {
+      p = it->second;
+      pool_.erase(it);
+    } else {
+      p = drv_.alloc(a.bytes);
+    }
+    plain_live_ += a.bytes;
+  }
+  addr_[o] = p;
+  tracker_.on_alloc(p, a.bytes, a.stream, tag);
+  ex_.note_live(tracker_.allocs().live_bytes());
+  sample_footprint();
+}
+
+void Replayer::release(uint32_t o) {
+  const TraceAlloc& a = rec_.allocs[o];
+  const DevPtr p = addr_[o];
+  addr_[o] = 0;
+  tracker_.on_free(p, a.stream);
+  if (!opt_.offload) {
+    drv_.free(p);
+    return;
+  }
+  // Freed on the allocation's stream, after its last use on any stream (record_stream).
+  if (last_stream_[o] != a.stream) join(last_stream_[o], a.stream);
+  if (ex_.release(p, a.stream)) return;
+  plain_live_ -= a.bytes;
+  // The block is reusable once the stream has reached the free.
+  drv_.launch(a.stream, [this, p, bytes = a.bytes] { pool_.emplace(bytes, p); });
+}
+
+void Replayer::join(Stream from, Stream to) {
+  uint64_t ev = drv_.create_event();
+  drv_.record_event(ev, from);
+  drv_.stream_wait(to, ev);
+  drv_.destroy_event(ev);
+}
+
+void Replayer::launch(int step, size_t p) {
+  const TraceLaunch& l = rec_.launches[p];
+  std::vector<Touch> touches;
+  if (opt_.offload) {
+    // The program orders a use after the previous one on another stream (an event wait).
+    std::vector<uint32_t> objs(l.allocs.begin(), l.allocs.end());
+    std::sort(objs.begin(), objs.end());
+    objs.erase(std::unique(objs.begin(), objs.end()), objs.end());
+    for (uint32_t o : objs) {
+      if (!addr_[o]) continue;
+      if (last_stream_[o] != l.stream) join(last_stream_[o], l.stream);
+      last_stream_[o] = l.stream;
+      uint64_t next = mix((uint64_t{o} << 40) ^ (static_cast<uint64_t>(step) << 24) ^ p ^ 0x5eed) | 1;
+      touches.push_back(Touch{addr_[o], rec_.allocs[o].bytes / 8, sig_[o], next, o});
+      sig_[o] = next;
+    }
+  }
+  // Interior pointers: views point past their storage's start.
+  auto ptr = [&](uint32_t o) { return addr_[o] + (rec_.allocs[o].bytes > 64 ? 32 : 0); };
+  switch (l.kind) {
+    case EventKind::Kernel: {
+      size_t w = std::max<size_t>(width_[l.kernel], 1);
+      buf_.assign(8 * w + 16, 0);
+      for (size_t i = 0; i < l.allocs.size(); ++i) {
+        DevPtr v = ptr(l.allocs[i]);
+        std::memcpy(buf_.data() + 8 * i, &v, 8);
+      }
+      uint32_t scalar = 7;
+      uint64_t stride = 4096;
+      std::memcpy(buf_.data() + 8 * w, &scalar, 4);
+      std::memcpy(buf_.data() + 8 * w + 8, &stride, 8);
+      void* params[3] = {buf_.data(), buf_.data() + 8 * w, buf_.data() + 8 * w + 8};
+      tracker_.on_kernel(funcs_[l.kernel], l.stream, params, nullptr);
+      break;
+    }
+    case EventKind::Copy:
+      tracker_.on_copy(l.allocs.size() > 0 ? ptr(l.allocs[0]) : 0, l.allocs.size() > 1 ? ptr(l.allocs[1]) : 0, 0,
+                       l.stream);
+      break;
+    case EventKind::Memset:
+      tracker_.on_memset(l.allocs.empty() ? 0 : ptr(l.allocs[0]), 0, l.stream);
+      break;
+    default:
+      tracker_.on_graph(l.stream);
+  }
+  if (!opt_.offload) return;
+  // Queued after whatever the gate queued on the stream (the waits for reloads).
+  drv_.launch(l.stream, [touches = std::move(touches), chk = &check_, step, p] { run_body(touches, chk, step, p); });
+  run_gpu();
+  sample_footprint();
+}
+
+// The simulated GPU runs behind the host by a random number of ops; past max_queued the host
+// waits for it, as a real host blocks when the launch queue is full.
+void Replayer::run_gpu() {
+  uint32_t n = std::uniform_int_distribution<uint32_t>(0, opt_.gpu_ops_max)(rng_);
+  for (uint32_t i = 0; i < n && drv_.step(rng_); ++i) {
+  }
+  while (drv_.pending_ops() > opt_.max_queued)
+    if (!drv_.step(rng_)) drv_.run_all();  // only blocked waits: run_all names the deadlock
+}
+
+void Replayer::sample_footprint() {
+  footprint_ = std::max(footprint_, plain_live_ + drv_.vmm_stats().physical_bytes);
+}
+
+void Replayer::pump() {
+  log_.drain([&](const Event& e, const AllocId* acc) { asm_.consume(e, acc); });
+  if (opt_.offload) ex_.poll();
+  for (StepTrace& t : asm_.take_ready(0, false)) {
+    if (opt_.offload) plan_from(t);
+    res_.steps.push_back(std::move(t));
+  }
+}
+
+// As preload/runtime.cpp's Runtime::plan_from, with the sizes the recording was scaled by.
+void Replayer::plan_from(const StepTrace& t) {
+  std::vector<uint64_t> tokens;
+  tokens.reserve(t.launches.size());
+  for (const TraceLaunch& l : t.launches) tokens.push_back(launch_token(l.kind, l.kernel));
+  bool repeats = tokens == last_tokens_;
+  last_tokens_ = std::move(tokens);
+  if (!repeats || (ex_.installed() && !ex_.deviated()) || !ex_.idle()) return;
+  ReplayOffload& ro = res_.offload;
+  PlanOptions o;
+  o.budget = ro.budget;
+  o.granularity = drv_.vmm_granularity();
+  o.min_bytes = (kActivationMinBytes + ro.divisor - 1) / ro.divisor;
+  o.member_align = std::max<uint64_t>(64, o.member_align / ro.divisor);
+  std::string why;
+  Plan plan = build_plan(t, o, &why);
+  if (plan.arenas.empty()) {
+    ro.plan = "not offloading: " + why;
+    return;
+  }
+  // Host memory as if pinned in chunks smaller than an arena, from a phase that is not a
+  // multiple of anything: copies are split at the chunk boundaries.
+  const uint64_t phase = 12344;
+  ro.host_chunk = std::max<uint64_t>(4096, plan.handle_bytes / 2 + 4104);
+  host_.assign(plan.host_bytes() + phase, 0);
+  HostMemory hm{host_.data() + phase, host_.data(), ro.host_chunk};
+  const uint64_t n = plan.step_launches;
+  uint64_t anchor = t.first_launch + n, now = tracker_.launches();
+  if (anchor <= now) anchor += (now - anchor) / n * n + n;
+  ro.plan = plan.describe();
+  ro.predicted_peak = plan.predicted_peak;
+  ro.handles = plan.handles;
+  ro.handle_bytes = plan.handle_bytes;
+  ro.arenas = static_cast<uint32_t>(plan.arenas.size());
+  ro.moved_per_step = 0;
+  for (const ArenaPlan& a : plan.arenas) ro.moved_per_step += a.used;
+  ro.meets_budget = plan.meets_budget;
+  if (!ex_.install(std::move(plan), anchor, hm, &why)) {
+    ro.plan = "install refused: " + why;
+    return;
+  }
+  ro.installed = true;
+}
+
+void Replayer::begin_step() {
+  if (!opt_.offload) return;
+  at_start_ = ex_.stats();
+  ex_.reset_peak();
+  footprint_ = 0;
+  sample_footprint();
+}
+
+void Replayer::end_step() {
+  if (!opt_.offload) return;
+  ExecutorStats s = ex_.stats();
+  ReplayOffloadStep st;
+  st.active = s.steps_active > at_start_.steps_active;
+  st.evictions = s.evictions - at_start_.evictions;
+  st.reloads = s.reloads - at_start_.reloads;
+  st.misses = s.misses - at_start_.misses;
+  st.late_reloads = s.late_reloads - at_start_.late_reloads;
+  st.abandoned = s.evictions_abandoned - at_start_.evictions_abandoned;
+  st.footprint_peak = footprint_;
+  st.device_peak = s.device_peak;
+  ReplayOffload& ro = res_.offload;
+  if (st.active && ro.first_active < 0) {
+    ro.first_active = static_cast<int>(ro.steps.size());
+  } else if (st.active) {
+    ++ro.steady_steps;
+    ro.steady_misses += st.misses;
+    ro.steady_footprint = std::max(ro.steady_footprint, st.footprint_peak);
+    ro.steady_device_peak = std::max(ro.steady_device_peak, st.device_peak);
+  }
+  ro.steps.push_back(st);
+}
+
+ReplayResult Replayer::run() {
+  const StepTrace& rec = rec_;
+  // One simulated kernel per recorded kernel, wide enough for its widest launch.
+  for (const TraceLaunch& l : rec.launches)
+    if (l.kind == EventKind::Kernel) width_[l.kernel] = std::max(width_[l.kernel], l.allocs.size());
+  for (auto& [id, w] : width_) {
+    uint32_t bytes = static_cast<uint32_t>(8 * std::max<size_t>(w, 1));
+    funcs_[id] = drv_.add_kernel(rec.kernels.count(id) ? rec.kernels.at(id) : "?",
+                                 {{0, bytes}, {bytes, 4}, {bytes + 8, 8}});
+  }
+
+  // Births and deaths before each position (frees first: the allocator may reuse them).
+  const size_t n = rec.launches.size();
+  std::vector<std::vector<uint32_t>> born(n + 1), dies(n + 1);
+  std::vector<uint32_t> before_step;  // ordinals alive when the step starts
+  for (const TraceAlloc& a : rec.allocs) {
+    if (a.alloc_pos >= 0) born[static_cast<size_t>(a.alloc_pos)].push_back(a.ordinal);
+    else before_step.push_back(a.ordinal);
+    if (a.free_pos >= 0) dies[static_cast<size_t>(a.free_pos)].push_back(a.ordinal);
+  }
+  // Allocations born in a step that outlive it become, next step, the ones of the same size
+  // that the recording shows freed after having been born before the step (gradients).
+  std::map<uint64_t, std::vector<uint32_t>> carried_by_size;  // bytes -> ordinals freed in-step
+  for (uint32_t o : before_step)
+    if (rec.allocs[o].free_pos >= 0) carried_by_size[rec.allocs[o].bytes].push_back(o);
+
+  addr_.assign(rec.allocs.size(), 0);
+  sig_.assign(rec.allocs.size(), 0);
+  last_stream_.assign(rec.allocs.size(), 0);
+  member_.assign(rec.allocs.size(), false);
+  for (uint32_t o : before_step) alloc(o);
+
+  for (int r = 0; r < opt_.repeats; ++r) {
+    begin_step();
+    for (size_t p = 0; p <= n; ++p) {
+      for (uint32_t o : dies[p])
+        if (addr_[o]) release(o);
+      for (uint32_t o : born[p]) alloc(o);
+      if (p == n) break;
+      launch(r, p);
+      if ((p & 255) == 0) pump();
+    }
+    // Carry what outlives the step into the next one's "born before" slots.
+    std::map<uint64_t, size_t> used;
+    for (const TraceAlloc& a : rec.allocs) {
+      if (a.alloc_pos < 0 || a.free_pos >= 0 || !addr_[a.ordinal]) continue;
+      auto it = carried_by_size.find(a.bytes);
+      size_t& k = used[a.bytes];
+      if (it != carried_by_size.end() && k < it->second.size()) {
+        uint32_t to = it->second[k++];
+        addr_[to] = addr_[a.ordinal];
+        sig_[to] = sig_[a.ordinal];
+        last_stream_[to] = last_stream_[a.ordinal];
+        member_[to] = member_[a.ordinal];
+        addr_[a.ordinal] = 0;
+      } else {
+        release(a.ordinal);  // nothing in the recording carries it: let it go
+      }
+    }
+    if (opt_.mark_steps) tracker_.mark_step();
+    end_step();
+    pump();
+  }
+  if (opt_.offload) {
+    drv_.run_all();
+    ex_.poll();
+  }
+  log_.drain([&](const Event& e, const AllocId* acc) { asm_.consume(e, acc); });
+  for (StepTrace& t : asm_.take_ready(0, true)) res_.steps.push_back(std::move(t));
+  res_.period = asm_.detector().period();
+  res_.hook_ns_mean = tracker_.counters().hook_ns_mean();
+  for (const StepTrace& t : res_.steps) {
+    std::string why;
+    if (same_step(rec, t, &why)) ++res_.matching_steps;
+    else if (res_.first_mismatch.empty()) res_.first_mismatch = "step " + std::to_string(t.step) + ": " + why;
+  }
+  if (opt_.offload) {
+    ReplayOffload& ro = res_.offload;
+    ro.stats = ex_.stats();
+    ro.vmm_misuses = drv_.vmm_stats().misuses;
+    ro.launches_verified = check_.launches;
+    ro.words_checked = check_.words;
+    ro.mismatches = check_.mismatches;
+    ro.first_mismatch = check_.first;
+  }
+  return std::move(res_);
+}
+
 }  // namespace
+
+uint64_t peak_live_bytes(const StepTrace& t) {
+  const size_t n = t.launches.size();
+  std::vector<int64_t> delta(n + 1, 0);
+  int64_t v = 0;
+  for (const TraceAlloc& a : t.allocs) {
+    if (a.alloc_pos < 0) v += static_cast<int64_t>(a.bytes);
+    else delta[static_cast<size_t>(a.alloc_pos)] += static_cast<int64_t>(a.bytes);
+    if (a.free_pos >= 0) delta[static_cast<size_t>(a.free_pos)] -= static_cast<int64_t>(a.bytes);
+  }
+  int64_t peak = n ? INT64_MIN : v;
+  for (size_t i = 0; i < n; ++i) peak = std::max(peak, v += delta[i]);
+  return static_cast<uint64_t>(std::max<int64_t>(peak, 0));
+}
+
+StepTrace scale_step(const StepTrace& t, uint32_t divisor) {
+  StepTrace s = t;
+  const uint64_t d = std::max<uint32_t>(divisor, 1);
+  for (TraceAlloc& a : s.allocs) a.bytes = std::max<uint64_t>(64, round_up((a.bytes + d - 1) / d, 8));
+  return s;
+}
 
 bool same_step(const StepTrace& a, const StepTrace& b, std::string* why) {
   auto fail = [&](std::string s) {
@@ -47,121 +512,9 @@ bool same_step(const StepTrace& a, const StepTrace& b, std::string* why) {
 }
 
 ReplayResult replay(const StepTrace& rec, const ReplayOptions& opt) {
-  SimDriver drv;
-  EventLog log(1 << 16, 1 << 20);
-  Tracker tracker(drv, log);
-  StepAssembler::Options ao;
-  ao.telemetry_wait_ns = 0;  // no GPU times to wait for
-  StepAssembler asm_(tracker.funcs(), ao);
-  ReplayResult res;
-
-  // One simulated kernel per recorded kernel, wide enough for its widest launch.
-  std::map<uint32_t, size_t> width;
-  for (const TraceLaunch& l : rec.launches)
-    if (l.kind == EventKind::Kernel) width[l.kernel] = std::max(width[l.kernel], l.allocs.size());
-  std::map<uint32_t, Func> funcs;
-  for (auto& [id, w] : width) {
-    uint32_t bytes = static_cast<uint32_t>(8 * std::max<size_t>(w, 1));
-    funcs[id] = drv.add_kernel(rec.kernels.count(id) ? rec.kernels.at(id) : "?",
-                               {{0, bytes}, {bytes, 4}, {bytes + 8, 8}});
-  }
-
-  // Births and deaths before each position (frees first: the allocator may reuse them).
-  const size_t n = rec.launches.size();
-  std::vector<std::vector<uint32_t>> born(n + 1), dies(n + 1);
-  std::vector<uint32_t> before_step;  // ordinals alive when the step starts
-  for (const TraceAlloc& a : rec.allocs) {
-    if (a.alloc_pos >= 0) born[static_cast<size_t>(a.alloc_pos)].push_back(a.ordinal);
-    else before_step.push_back(a.ordinal);
-    if (a.free_pos >= 0) dies[static_cast<size_t>(a.free_pos)].push_back(a.ordinal);
-  }
-  // Allocations born in a step that outlive it become, next step, the ones of the same size
-  // that the recording shows freed after having been born before the step (gradients).
-  std::map<uint64_t, std::vector<uint32_t>> carried_by_size;  // bytes -> ordinals freed in-step
-  for (uint32_t o : before_step)
-    if (rec.allocs[o].free_pos >= 0) carried_by_size[rec.allocs[o].bytes].push_back(o);
-
-  auto pump = [&] {
-    log.drain([&](const Event& e, const AllocId* acc) { asm_.consume(e, acc); });
-    for (StepTrace& t : asm_.take_ready(0, false)) res.steps.push_back(std::move(t));
-  };
-
-  std::vector<DevPtr> addr(rec.allocs.size(), 0);
-  auto alloc = [&](uint32_t o) {
-    addr[o] = drv.alloc(rec.allocs[o].bytes);
-    tracker.on_alloc(addr[o], rec.allocs[o].bytes, rec.allocs[o].stream);
-  };
-  auto release = [&](uint32_t o) {
-    tracker.on_free(addr[o], rec.allocs[o].stream);
-    drv.free(addr[o]);
-    addr[o] = 0;
-  };
-  for (uint32_t o : before_step) alloc(o);
-
-  std::vector<unsigned char> buf;
-  for (int r = 0; r < opt.repeats; ++r) {
-    for (size_t p = 0; p <= n; ++p) {
-      for (uint32_t o : dies[p])
-        if (addr[o]) release(o);
-      for (uint32_t o : born[p]) alloc(o);
-      if (p == n) break;
-      const TraceLaunch& l = rec.launches[p];
-      // Interior pointers: views point past their storage's start.
-      auto ptr = [&](uint32_t o) { return addr[o] + (rec.allocs[o].bytes > 64 ? 32 : 0); };
-      switch (l.kind) {
-        case EventKind::Kernel: {
-          size_t w = width[l.kernel];
-          buf.assign(8 * std::max<size_t>(w, 1) + 16, 0);
-          for (size_t i = 0; i < l.allocs.size(); ++i) {
-            DevPtr v = ptr(l.allocs[i]);
-            std::memcpy(buf.data() + 8 * i, &v, 8);
-          }
-          uint32_t scalar = 7;
-          uint64_t stride = 4096;
-          std::memcpy(buf.data() + 8 * std::max<size_t>(w, 1), &scalar, 4);
-          std::memcpy(buf.data() + 8 * std::max<size_t>(w, 1) + 8, &stride, 8);
-          void* params[3] = {buf.data(), buf.data() + 8 * std::max<size_t>(w, 1),
-                             buf.data() + 8 * std::max<size_t>(w, 1) + 8};
-          tracker.on_kernel(funcs[l.kernel], l.stream, params, nullptr);
-          break;
-        }
-        case EventKind::Copy:
-          tracker.on_copy(l.allocs.size() > 0 ? ptr(l.allocs[0]) : 0,
-                          l.allocs.size() > 1 ? ptr(l.allocs[1]) : 0, 0, l.stream);
-          break;
-        case EventKind::Memset:
-          tracker.on_memset(l.allocs.empty() ? 0 : ptr(l.allocs[0]), 0, l.stream);
-          break;
-        default:
-          tracker.on_graph(l.stream);
-      }
-      if ((p & 255) == 0) pump();
-    }
-    // Carry what outlives the step into the next one's "born before" slots.
-    std::map<uint64_t, size_t> used;
-    for (const TraceAlloc& a : rec.allocs) {
-      if (a.alloc_pos < 0 || a.free_pos >= 0 || !addr[a.ordinal]) continue;
-      auto it = carried_by_size.find(a.bytes);
-      size_t& k = used[a.bytes];
-      if (it != carried_by_size.end() && k < it->second.size()) {
-        addr[it->second[k++]] = addr[a.ordinal];
-        addr[a.ordinal] = 0;
-      } else {
-        release(a.ordinal);  // nothing in the recording carries it: let it go
-      }
-    }
-    if (opt.mark_steps) tracker.mark_step();
-    pump();
-  }
-  for (StepTrace& t : asm_.take_ready(0, true)) res.steps.push_back(std::move(t));
-  res.period = asm_.detector().period();
-  res.hook_ns_mean = tracker.counters().hook_ns_mean();
-  for (const StepTrace& t : res.steps) {
-    std::string why;
-    if (same_step(rec, t, &why)) ++res.matching_steps;
-    else if (res.first_mismatch.empty()) res.first_mismatch = "step " + std::to_string(t.step) + ": " + why;
-  }
-  return res;
+  if (!opt.offload) return Replayer(rec, opt).run();
+  StepTrace scaled = scale_step(rec, opt.size_divisor);
+  return Replayer(scaled, opt).run();
 }
 
 }  // namespace offload

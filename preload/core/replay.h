@@ -6,11 +6,26 @@
 // Each kernel of the recording becomes a simulated kernel whose parameters are a struct of
 // device pointers (interior pointers, as views are) followed by scalars, so the scan must
 // find exactly the allocations the recording says the launch touched.
+//
+// Offload mode (ReplayOptions::offload) adds the acting half, wired as preload/runtime.cpp
+// wires it: allocations go through Executor::place first, frees through Executor::release,
+// the tracker gates every launch through the executor, and a plan is built from a step that
+// repeats the one before (build_plan, the GPU's budget scaled down) and installed. Sizes are
+// divided by `size_divisor` so that a 24 GiB step needs a few hundred MiB of host memory.
+// Every launch becomes a simulated kernel with a body that, for each allocation the launch
+// touches, checks the words the previous toucher wrote (a signature of allocation ordinal,
+// step and position) and writes its own: a missing reload (an unmapped range faults; a fresh
+// handle reads 0xA5 garbage) or a missing stream wait reads as a mismatch. The simulated GPU
+// runs behind the host, in a seeded random order, with copies delayed.
+//
+// Single-threaded: everything, the simulated GPU included, runs on the caller's thread.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/executor.h"
 #include "core/step_trace.h"
 
 namespace offload {
@@ -18,17 +33,66 @@ namespace offload {
 struct ReplayOptions {
   int repeats = 6;           // steps to replay
   bool mark_steps = false;   // call mark_step() after each step instead of detecting
+
+  // Offload mode.
+  bool offload = false;
+  double budget_fraction = 0.5;  // device budget, of the recorded step's peak live bytes
+  // Every allocation's bytes / this, rounded up to 8 bytes, at least 64. The VMM granularity,
+  // the activation threshold and the member alignment are scaled alike.
+  uint32_t size_divisor = 64;
+  uint64_t seed = 1;             // the simulated GPU's scheduler
+  uint32_t gpu_ops_max = 3;      // ops the GPU runs after each launch: 0 to this, at random
+  size_t max_queued = 512;       // past this many queued ops the host waits for the GPU
+  Executor::Options exec{};      // fault injection, for the tests that prove a fault is seen
+};
+
+// One replayed step, offload mode.
+struct ReplayOffloadStep {
+  bool active = false;  // the executor ran the plan in it
+  uint64_t evictions = 0, reloads = 0, misses = 0, late_reloads = 0, abandoned = 0;
+  uint64_t footprint_peak = 0;  // live allocations outside arenas + physical handles
+  uint64_t device_peak = 0;     // the executor's own reckoning (ExecutorStats::device_peak)
+};
+
+struct ReplayOffload {
+  uint32_t divisor = 1;          // bytes below are scaled (recording bytes / divisor)
+  uint64_t granularity = 0;
+  uint64_t host_chunk = 0;       // pinned-chunk size of the host memory given to the executor
+  uint64_t recorded_peak = 0;    // the step's peak live bytes, scaled
+  uint64_t budget = 0;
+  bool installed = false;
+  int first_active = -1;         // index of the first step the plan ran in
+  std::string plan;              // Plan::describe, or why none was made
+  uint64_t predicted_peak = 0, handle_bytes = 0, moved_per_step = 0;
+  uint32_t handles = 0, arenas = 0;
+  bool meets_budget = false;     // the planner's prediction
+  std::vector<ReplayOffloadStep> steps;
+  // Steady state: the active steps after the first.
+  size_t steady_steps = 0;
+  uint64_t steady_misses = 0, steady_footprint = 0, steady_device_peak = 0;
+  ExecutorStats stats;           // at the end
+  uint64_t vmm_misuses = 0;      // SimDriver API misuses (0 for a correct executor)
+  // Content checks.
+  uint64_t launches_verified = 0;  // launches that checked at least one allocation
+  uint64_t words_checked = 0, mismatches = 0;
+  std::string first_mismatch;
 };
 
 struct ReplayResult {
   std::vector<StepTrace> steps;  // as the pipeline re-recorded them
   size_t period = 0;             // the detector's period (launches), 0 if it never locked
-  size_t matching_steps = 0;     // re-recorded steps equal to the recording
+  size_t matching_steps = 0;     // re-recorded steps equal to the recording (scaled, offloading)
   std::string first_mismatch;    // why the first non-matching steady step differs
   double hook_ns_mean = 0;       // host time of the tracker's launch bookkeeping
+  ReplayOffload offload;         // offload mode only
 };
 
 ReplayResult replay(const StepTrace& recorded, const ReplayOptions& opt);
+
+// The recording with every allocation's bytes divided as ReplayOptions::size_divisor says.
+StepTrace scale_step(const StepTrace& t, uint32_t divisor);
+// Live bytes at the step's peak (what build_plan calls plain_peak).
+uint64_t peak_live_bytes(const StepTrace& t);
 
 // Equality up to renumbering: per launch, kind, kernel name, stream and the multiset of
 // (bytes, born, freed) of the allocations it touched; and the same allocations overall.

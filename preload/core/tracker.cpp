@@ -146,7 +146,8 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
 }
 
 // Copies and memsets: the destination (and a copy's source) as the words to scan.
-uint64_t Tracker::on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
+uint64_t Tracker::on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s,
+                              const void* host_src) {
   HookTimer timer(counters_);
   uint64_t no = count_launch(s);
   (kind == EventKind::Copy ? counters_.copies : counters_.memsets).fetch_add(1, std::memory_order_relaxed);
@@ -159,15 +160,26 @@ uint64_t Tracker::on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t b
   DevPtr words[2] = {dst, src};
   size_t n = table_.scan(words, kind == EventKind::Copy ? 2 : 1, acc, 0, 2);
   gate(no, kind, 0, s, acc, n, 0);
+  if (host_src && bytes >= 8 && bytes <= kMaxTableBytes && n == 1 && !(acc[0] & kArenaIdBit)) {
+    // A pointer table? Only pointers into arenas matter (anything else is always resident).
+    // Noted after the gate: writing the table does not touch what it points to.
+    AllocId targets[kMaxTableBytes / 8];
+    size_t t = table_.scan(host_src, bytes / 8, targets, 0, kMaxTableBytes / 8);
+    size_t first_arena = 0;
+    while (first_arena < t && !(targets[first_arena] & kArenaIdBit)) ++first_arena;
+    if (first_arena < t)
+      if (LaunchGate* g = gate_.load(std::memory_order_acquire))
+        g->note_pointer_table(acc[0], targets + first_arena, t - first_arena);
+  }
   return publish(e, acc, static_cast<uint32_t>(n));
 }
 
-uint64_t Tracker::on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
-  return on_transfer(EventKind::Copy, dst, src, bytes, s);
+uint64_t Tracker::on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src) {
+  return on_transfer(EventKind::Copy, dst, src, bytes, s, host_src);
 }
 
 uint64_t Tracker::on_memset(DevPtr dst, uint64_t bytes, Stream s) {
-  return on_transfer(EventKind::Memset, dst, 0, bytes, s);
+  return on_transfer(EventKind::Memset, dst, 0, bytes, s, nullptr);
 }
 
 uint64_t Tracker::on_graph(Stream s) {

@@ -48,7 +48,10 @@ class Tracker {
   // Each returns the launch's sequence number (0 if the event was dropped).
   // `params`: the kernelParams array (may be null); `extra`: the extra array (may be null).
   uint64_t on_kernel(Func f, Stream s, void** params, void** extra);
-  uint64_t on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s);
+  // `host_src`: the source of a host-to-device copy. A small one is scanned for pointers into
+  // arenas: the copy writes a pointer table, and launches reading it touch what it points to.
+  uint64_t on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src = nullptr);
+  static constexpr uint64_t kMaxTableBytes = 4096;
   uint64_t on_memset(DevPtr dst, uint64_t bytes, Stream s);
   uint64_t on_graph(Stream s);
   void mark_step();
@@ -77,7 +80,7 @@ class Tracker {
 
  private:
   uint64_t publish(Event e, const AllocId* acc, uint32_t n);
-  uint64_t on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s);
+  uint64_t on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src);
   uint64_t count_launch(Stream s);  // returns the launch's number
   void gate(uint64_t n, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc, size_t count, uint8_t flags) {
     if (LaunchGate* g = gate_.load(std::memory_order_acquire)) g->before_launch(n, kind, kernel, s, acc, count, flags);

@@ -45,38 +45,39 @@ LAUNCH_KERNEL_EX(cuLaunchKernelEx_ptsz, true)
 LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel, false)
 LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz, true)
 
-#define COPY(NAME, BASE, PTSZ, PARAMS, ARGS, DST, SRC, BYTES)                                       \
+// HSRC: the host source of a host-to-device copy (scanned for device pointers: a pointer table).
+#define COPY(NAME, BASE, PTSZ, PARAMS, ARGS, DST, SRC, BYTES, HSRC)                                 \
   OFFLOAD_EXPORT CUresult NAME PARAMS {                                                             \
     return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
-        [&](Tracker& t) { return t.on_copy(DST, SRC, BYTES, stream_id(s, PTSZ)); },                 \
+        [&](Tracker& t) { return t.on_copy(DST, SRC, BYTES, stream_id(s, PTSZ), HSRC); },           \
         [&](auto real) { return real ARGS; });                                                      \
   }
 COPY(cuMemcpyAsync, cuMemcpyAsync, false, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s),
-     (d, sr, n, s), dev(d), dev(sr), n)
+     (d, sr, n, s), dev(d), dev(sr), n, nullptr)
 COPY(cuMemcpyAsync_ptsz, cuMemcpyAsync, true, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s),
-     (d, sr, n, s), dev(d), dev(sr), n)
+     (d, sr, n, s), dev(d), dev(sr), n, nullptr)
 COPY(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2, false, (CUdeviceptr d, const void* h, size_t n, CUstream s),
-     (d, h, n, s), dev(d), host(h), n)
+     (d, h, n, s), dev(d), host(h), n, h)
 COPY(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_v2, true, (CUdeviceptr d, const void* h, size_t n, CUstream s),
-     (d, h, n, s), dev(d), host(h), n)
+     (d, h, n, s), dev(d), host(h), n, h)
 COPY(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2, false, (void* h, CUdeviceptr sr, size_t n, CUstream s),
-     (h, sr, n, s), host(h), dev(sr), n)
+     (h, sr, n, s), host(h), dev(sr), n, nullptr)
 COPY(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_v2, true, (void* h, CUdeviceptr sr, size_t n, CUstream s),
-     (h, sr, n, s), host(h), dev(sr), n)
+     (h, sr, n, s), host(h), dev(sr), n, nullptr)
 COPY(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2, false, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s),
-     (d, sr, n, s), dev(d), dev(sr), n)
+     (d, sr, n, s), dev(d), dev(sr), n, nullptr)
 COPY(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_v2, true, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s),
-     (d, sr, n, s), dev(d), dev(sr), n)
+     (d, sr, n, s), dev(d), dev(sr), n, nullptr)
 COPY(cuMemcpyPeerAsync, cuMemcpyPeerAsync, false,
      (CUdeviceptr d, CUcontext dc, CUdeviceptr sr, CUcontext sc, size_t n, CUstream s),
-     (d, dc, sr, sc, n, s), dev(d), dev(sr), n)
+     (d, dc, sr, sc, n, s), dev(d), dev(sr), n, nullptr)
 COPY(cuMemcpyPeerAsync_ptsz, cuMemcpyPeerAsync, true,
      (CUdeviceptr d, CUcontext dc, CUdeviceptr sr, CUcontext sc, size_t n, CUstream s),
-     (d, dc, sr, sc, n, s), dev(d), dev(sr), n)
+     (d, dc, sr, sc, n, s), dev(d), dev(sr), n, nullptr)
 COPY(cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2, false, (const CUDA_MEMCPY2D* c, CUstream s), (c, s),
-     c ? dev(c->dstDevice) : 0, c ? dev(c->srcDevice) : 0, c ? c->WidthInBytes * c->Height : 0)
+     c ? dev(c->dstDevice) : 0, c ? dev(c->srcDevice) : 0, c ? c->WidthInBytes * c->Height : 0, nullptr)
 COPY(cuMemcpy2DAsync_v2_ptsz, cuMemcpy2DAsync_v2, true, (const CUDA_MEMCPY2D* c, CUstream s), (c, s),
-     c ? dev(c->dstDevice) : 0, c ? dev(c->srcDevice) : 0, c ? c->WidthInBytes * c->Height : 0)
+     c ? dev(c->dstDevice) : 0, c ? dev(c->srcDevice) : 0, c ? c->WidthInBytes * c->Height : 0, nullptr)
 
 #define MEMSET(NAME, BASE, PTSZ, T, UNIT)                                                           \
   OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, T v, size_t n, CUstream s) {                          \
