@@ -251,8 +251,9 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
   offloadable = best.arenas;
   size_t k = best.k;
   uint64_t res = best.res, pred = best.pred;
-  if (o.budget && pred >= p.plain_peak) {
-    *why = "offloading would not lower the peak below " + gib(p.plain_peak) + " (the best plan keeps " + gib(res) +
+  const uint64_t plain_footprint = static_cast<uint64_t>(static_cast<double>(p.plain_peak) * o.pool_overhead);
+  if (o.budget && pred >= plain_footprint) {
+    *why = "offloading would not lower the footprint below " + gib(plain_footprint) + " (the best plan keeps " + gib(res) +
            " outside arenas, and " + std::to_string(handles_needed(k)) + " arenas of " + std::to_string(cap >> 20) +
            " MiB mapped at once)";
     return p;

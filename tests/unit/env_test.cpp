@@ -176,3 +176,50 @@ TEST(ReadSettings, SeveralBadValuesAreAllReported) {
 
 }  // namespace
 }  // namespace offload
+
+namespace offload {
+namespace {
+
+TEST(DeviceBudget, SizesAndFractions) {
+  struct Case {
+    const char* value;
+    uint64_t bytes;
+    double fraction;
+  };
+  for (Case c : {Case{"40GiB", 40ull << 30, 0}, Case{"12884901888", 12884901888ull, 0}, Case{"16MiB", 16ull << 20, 0},
+                 Case{"0.5", 0, 0.5}, Case{"50%", 0, 0.5}, Case{"1.0", 0, 1.0}, Case{"100%", 0, 1.0},
+                 Case{"12.5%", 0, 0.125}}) {
+    Env env;
+    env.vars["OFFLOAD_DEVICE_BUDGET"] = c.value;
+    std::vector<std::string> errors;
+    Settings s = read(env, &errors);
+    EXPECT_TRUE(errors.empty()) << c.value;
+    EXPECT_EQ(s.device_budget, c.bytes) << c.value;
+    EXPECT_DOUBLE_EQ(s.device_budget_fraction, c.fraction) << c.value;
+    EXPECT_TRUE(s.offload()) << c.value;
+  }
+  Settings half;
+  half.device_budget_fraction = 0.5;
+  EXPECT_EQ(half.budget_bytes(80ull << 30), 40ull << 30);
+  EXPECT_EQ(half.budget_bytes(0), 0u);  // an unknown GPU size gives no budget
+  Settings none;
+  EXPECT_FALSE(none.offload());
+  EXPECT_EQ(none.budget_bytes(80ull << 30), 0u);
+}
+
+TEST(DeviceBudget, BadValuesAreErrorsThatSayWhatIsAccepted) {
+  for (const char* v : {"0", "0.0", "0%", "1.5", "150%", "-1", "-0.5", "10MiB", "1", "lots", "40 GiB", "%", "0.5.5",
+                        "nan", "inf"}) {
+    Env env;
+    env.vars["OFFLOAD_DEVICE_BUDGET"] = v;
+    std::vector<std::string> errors;
+    Settings s = read(env, &errors);
+    ASSERT_EQ(errors.size(), 1u) << v;
+    EXPECT_NE(errors[0].find("OFFLOAD_DEVICE_BUDGET"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("fraction"), std::string::npos) << errors[0];
+    EXPECT_FALSE(s.offload()) << v;
+  }
+}
+
+}  // namespace
+}  // namespace offload
