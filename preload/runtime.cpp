@@ -319,6 +319,7 @@ std::string Runtime::stats_json_locked() {
      << ",\"steps\":" << assembler_.steps_cut()
      << ",\"counters\":{\"kernels\":" << ld(c.kernels) << ",\"copies\":" << ld(c.copies)
      << ",\"memsets\":" << ld(c.memsets) << ",\"graph_launches\":" << ld(c.graphs)
+     << ",\"collectives\":" << ld(c.collectives)
      << ",\"allocs\":" << ld(c.allocs) << ",\"frees\":" << ld(c.frees)
      << ",\"unknown_frees\":" << ld(c.unknown_frees) << ",\"opaque_kernels\":" << ld(c.opaque_kernels)
      << ",\"dropped_events\":" << log_.dropped() << ",\"unwrapped_routes\":" << hooks::unwrapped_routes()

@@ -147,10 +147,11 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
 
 // Copies and memsets: the destination (and a copy's source) as the words to scan.
 uint64_t Tracker::on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s,
-                              const void* host_src) {
+                              const void* host_src, std::atomic<uint64_t>* counter) {
   HookTimer timer(counters_);
   uint64_t no = count_launch(s);
-  (kind == EventKind::Copy ? counters_.copies : counters_.memsets).fetch_add(1, std::memory_order_relaxed);
+  if (!counter) counter = kind == EventKind::Copy ? &counters_.copies : &counters_.memsets;
+  counter->fetch_add(1, std::memory_order_relaxed);
   Event e{};
   e.kind = kind;
   e.stream = s;
@@ -176,6 +177,10 @@ uint64_t Tracker::on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t b
 
 uint64_t Tracker::on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src) {
   return on_transfer(EventKind::Copy, dst, src, bytes, s, host_src);
+}
+
+uint64_t Tracker::on_collective(DevPtr send, DevPtr recv, uint64_t bytes, Stream s) {
+  return on_transfer(EventKind::Copy, recv, send, bytes, s, nullptr, &counters_.collectives);
 }
 
 uint64_t Tracker::on_memset(DevPtr dst, uint64_t bytes, Stream s) {

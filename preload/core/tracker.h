@@ -29,7 +29,7 @@
 namespace offload {
 
 struct TrackerCounters {
-  std::atomic<uint64_t> kernels{0}, copies{0}, memsets{0}, graphs{0};
+  std::atomic<uint64_t> kernels{0}, copies{0}, memsets{0}, graphs{0}, collectives{0};
   std::atomic<uint64_t> allocs{0}, frees{0}, unknown_frees{0}, opaque_kernels{0};
   std::atomic<uint64_t> hook_cycles{0}, hooked{0};  // host time in our launch bookkeeping
   double hook_ns_mean() const;
@@ -53,6 +53,9 @@ class Tracker {
   uint64_t on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src = nullptr);
   static constexpr uint64_t kMaxTableBytes = 4096;
   uint64_t on_memset(DevPtr dst, uint64_t bytes, Stream s);
+  // An NCCL collective (or send/recv) on `s`, reading `send` and writing `recv` (either may be
+  // 0). Recorded as a copy: a stream-ordered data movement touching both buffers.
+  uint64_t on_collective(DevPtr send, DevPtr recv, uint64_t bytes, Stream s);
   uint64_t on_graph(Stream s);
   void mark_step();
 
@@ -80,7 +83,8 @@ class Tracker {
 
  private:
   uint64_t publish(Event e, const AllocId* acc, uint32_t n);
-  uint64_t on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src);
+  uint64_t on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src,
+                       std::atomic<uint64_t>* counter = nullptr);
   uint64_t count_launch(Stream s);  // returns the launch's number
   void gate(uint64_t n, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc, size_t count, uint8_t flags) {
     if (LaunchGate* g = gate_.load(std::memory_order_acquire)) g->before_launch(n, kind, kernel, s, acc, count, flags);

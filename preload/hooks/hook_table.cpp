@@ -8,7 +8,7 @@
 #include <cstring>
 
 // Declarations of every wrapper (defined in driver_hooks.cpp / runtime_hooks.cpp /
-// entry_point_hooks.cpp). Only their addresses are needed here.
+// nccl_hooks.cpp / entry_point_hooks.cpp). Only their addresses are needed here.
 extern "C" {
 #define OFFLOAD_DECL_D(sym, base, ver, ptsz) void sym();
 #define OFFLOAD_DECL_R(sym, ptsz) void sym();
@@ -56,7 +56,11 @@ void die_unresolved(const char* symbol) {
   abort();
 }
 
-bool is_candidate(const char* name) { return name && name[0] == 'c' && name[1] == 'u'; }
+// Every name we interpose starts with "cu" (driver, runtime) or "nccl": anything else is
+// turned away with two comparisons (dlsym is called for every symbol Python resolves).
+bool is_candidate(const char* name) {
+  return name && ((name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && name[1] == 'c' && name[2] == 'c' && name[3] == 'l'));
+}
 
 }  // namespace
 

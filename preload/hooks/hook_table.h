@@ -52,7 +52,7 @@
   X(cuGetProcAddress, "cuGetProcAddress", 11030, 0)                     \
   X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0)
 
-// X(symbol, ptsz): runtime names, served by export and dlsym only.
+// X(symbol, ptsz): runtime (and NCCL) names, served by export and dlsym only.
 #define OFFLOAD_RUNTIME_HOOKS(X)                  \
   X(cudaMallocAsync, 0)                           \
   X(cudaMallocAsync_ptsz, 1)                      \
@@ -63,7 +63,15 @@
   X(cudaGetDriverEntryPoint, 0)                   \
   X(cudaGetDriverEntryPoint_ptsz, 1)              \
   X(cudaGetDriverEntryPointByVersion, 0)          \
-  X(cudaGetDriverEntryPointByVersion_ptsz, 1)
+  X(cudaGetDriverEntryPointByVersion_ptsz, 1)    \
+  X(ncclAllReduce, 0)                             \
+  X(ncclBroadcast, 0)                             \
+  X(ncclBcast, 0)                                 \
+  X(ncclReduce, 0)                                \
+  X(ncclAllGather, 0)                             \
+  X(ncclReduceScatter, 0)                         \
+  X(ncclSend, 0)                                  \
+  X(ncclRecv, 0)
 
 namespace offload::hooks {
 

@@ -107,3 +107,47 @@ TEST(PointerTable, AKernelReachingAnEvictedArenaThroughATableFindsItResident) {
 
 }  // namespace
 }  // namespace offload
+
+namespace offload {
+namespace {
+
+// An NCCL collective's buffers are not kernel arguments: the interposed API call reports them.
+// One that reads an evicted arena must find it reloaded, on the collective's stream.
+TEST(Collective, ACollectiveReadingAnEvictedArenaFindsItResident) {
+  TableRig r;
+  DevPtr x = r.sim.alloc(4096), table = r.sim.alloc(64), out = r.sim.alloc(4096);
+  r.tr.on_alloc(x, 4096, kS);
+  r.tr.on_alloc(table, 64, kS);
+  r.tr.on_alloc(out, 4096, kS);
+  std::string why;
+  ASSERT_TRUE(r.ex.install(r.plan(), r.tr.launches(), HostMemory{r.host.data(), r.host.data(), 0}, &why)) << why;
+  // A step without the member, then one with it: filled, evicted after launch 0.
+  r.launch(r.fill, x);
+  r.launch(r.other, x);
+  r.tr.on_collective(x, out, 4096, kS);
+  r.launch(r.via_table, table, out);
+  uint64_t tag = 0;
+  DevPtr m = r.ex.place(4096, kS, r.tr.launches(), &tag);
+  ASSERT_NE(m, 0u);
+  r.tr.on_alloc(m, 4096, kS, tag);
+  r.launch(r.fill, m);
+  r.sim.launch(kS, [m] { std::memset(reinterpret_cast<void*>(m), 0x3d, 4096); });
+  r.launch(r.other, x);
+  r.sim.run_all();
+  r.ex.poll();
+  ASSERT_FALSE(r.sim.is_mapped(m));
+  // The "collective" (position 2, a copy-like launch) reads the member into `out`.
+  constexpr Stream kNccl = 0x9;
+  r.tr.on_collective(m, out, 4096, kNccl);
+  r.sim.launch(kNccl, [m, out] { std::memcpy(reinterpret_cast<void*>(out), reinterpret_cast<void*>(m), 4096); });
+  r.sim.run_all();
+  EXPECT_EQ(reinterpret_cast<unsigned char*>(out)[4095], 0x3d);
+  EXPECT_EQ(r.ex.stats().misses, 1u);
+  EXPECT_EQ(r.tr.counters().collectives.load(), 2u);
+  r.tr.on_free(m, kS);
+  r.ex.release(m, kS);
+  r.sim.run_all();
+}
+
+}  // namespace
+}  // namespace offload
