@@ -189,9 +189,7 @@ void Runtime::plan_from(const StepTrace& t) {
       continue;
     }
     const uint64_t n = plan.step_launches;
-    uint64_t anchor = t.first_launch + n;
-    uint64_t now = tracker_.launches();
-    if (anchor <= now) anchor += (now - anchor) / n * n + n;
+    uint64_t anchor = plan_anchor(t.first_launch, n, tracker_.launches());
     std::string desc = plan.describe();
     bool meets = plan.meets_budget;
     HostMemory hm{ext->host, ext->host - ext->offset, kPinChunk};

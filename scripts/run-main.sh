@@ -4,7 +4,8 @@
 #     (LD_PRELOAD, backend:cudaMallocAsync) with OFFLOAD_TRACE, then prints the per-step
 #     table (launches vs CUPTI kernels, GPU time, activations) and checks it;
 #   - without a GPU: replays the step traces recorded on the GPU (bench/traces/) through the
-#     same pipeline on the simulated driver, and prints the recorded tables.
+#     same pipeline on the simulated driver, prints the recorded tables, then replays them with
+#     the executor evicting and reloading under a budget, every launch's data checked.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -29,6 +30,13 @@ else
   done
   echo; echo "== what the shim saw on the GPU, per recorded step"
   "$ctl" trace check bench/traces
+  # The executor on the same steps: evict and reload under the budget the GPU runs used
+  # (bench/results/executor.md), sizes scaled down, every launch's data checked.
+  for tf in reference:0.5 convnet:0.6 llama-compiled:0.8; do
+    t=${tf%%:*}
+    echo; echo "== the executor on the simulated driver: $t at ${tf#*:} of its peak"
+    "$ctl" replay "bench/traces/$t.trace" --offload "${tf#*:}" --steps 10 | sed -n '/^offload:/,$p'
+  done
 fi
 
 echo; echo "== offloadd: the shim starts it, registers, and offloadctl shows the client"

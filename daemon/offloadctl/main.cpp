@@ -5,10 +5,13 @@
 //   offloadctl stop [--socket PATH]  stop offloadd (leases in use stay in the segment)
 //   offloadctl trace show PATH      summarise a trace directory (OFFLOAD_TRACE) or step file
 //   offloadctl trace check PATH     visibility and activation checks; exit 1 if one fails
-//   offloadctl replay FILE          replay a recorded step through the shim's pipeline on the
-//                                   simulated driver and show what it saw
+//   offloadctl replay FILE [--steps N] [--offload FRACTION] [--scale DIV]
+//                                   replay a recorded step through the shim's pipeline on the
+//                                   simulated driver and show what it saw; with --offload, the
+//                                   executor too, under a budget, with every launch's data checked
 //   offloadctl plan --trace FILE [--budget SIZE] [--segments N] [--arenas]
 //                                   the built-in plan for a recorded step, without a GPU
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +21,7 @@
 #include "core/env.h"
 
 int cmd_trace_show(const std::string& path, bool check);
-int cmd_replay(const std::string& path, int repeats);
+int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
 int cmd_plan(const std::string& path, uint64_t budget, bool arenas, uint32_t segments);
 int cmd_status(const std::string& socket, bool json, double watch_s);
 int cmd_stop(const std::string& socket);
@@ -35,7 +38,11 @@ void usage(FILE* f) {
           "  trace show PATH        summarise a trace directory (OFFLOAD_TRACE=DIR) or one step file\n"
           "  trace check PATH       check visibility (shim launches == CUPTI kernels) and that every\n"
           "                         activation is touched in the backward; exit 1 if a check fails\n"
-          "  replay FILE [--steps N]  replay a recorded step on the simulated driver (default N=6)\n"
+          "  replay FILE [--steps N] [--offload FRACTION] [--scale DIV]\n"
+          "                         replay a recorded step on the simulated driver (default N=6); with\n"
+          "                         --offload, the executor too, under a budget of FRACTION of the step's\n"
+          "                         peak (N=12 by default), sizes divided by DIV (default 256), every\n"
+          "                         launch's data checked; exit 1 on a mismatch or over the budget\n"
           "  plan --trace FILE [--budget SIZE] [--segments N] [--arenas]\n"
           "                         the plan the shim would make for a recorded step under a device\n"
           "                         budget (e.g. 12GiB; none: offload every candidate); --arenas lists them\n"
@@ -80,18 +87,40 @@ int main(int argc, char** argv) {
   }
   if (a[0] == "trace" && a.size() == 3 && (a[1] == "show" || a[1] == "check"))
     return cmd_trace_show(a[2], a[1] == "check");
-  if (a[0] == "replay" && (a.size() == 2 || (a.size() == 4 && a[2] == "--steps"))) {
-    int steps = 6;
-    if (a.size() == 4) {
+  if (a[0] == "replay" && a.size() >= 2) {
+    int steps = 0;
+    double fraction = 0;
+    uint32_t divisor = 256;
+    for (size_t i = 2; i < a.size(); ++i) {
       char* end = nullptr;
-      long n = strtol(a[3].c_str(), &end, 10);
-      if (*end || n < 3 || n > 1000) {
-        fprintf(stderr, "offloadctl: --steps '%s' is not valid: expected a count from 3 to 1000\n", a[3].c_str());
+      if (a[i] == "--steps" && i + 1 < a.size()) {
+        long n = strtol(a[++i].c_str(), &end, 10);
+        if (*end || n < 3 || n > 1000) {
+          fprintf(stderr, "offloadctl: --steps '%s' is not valid: expected a count from 3 to 1000\n", a[i].c_str());
+          return 2;
+        }
+        steps = static_cast<int>(n);
+      } else if (a[i] == "--offload" && i + 1 < a.size()) {
+        fraction = strtod(a[++i].c_str(), &end);
+        if (*end || !(fraction > 0 && fraction <= 1)) {
+          fprintf(stderr, "offloadctl: --offload '%s' is not valid: expected a fraction of the peak, 0 < F <= 1\n",
+                  a[i].c_str());
+          return 2;
+        }
+      } else if (a[i] == "--scale" && i + 1 < a.size()) {
+        long d = strtol(a[++i].c_str(), &end, 10);
+        if (*end || d < 1 || d > 1024) {
+          fprintf(stderr, "offloadctl: --scale '%s' is not valid: expected a divisor from 1 to 1024\n", a[i].c_str());
+          return 2;
+        }
+        divisor = static_cast<uint32_t>(d);
+      } else {
+        fprintf(stderr, "offloadctl: unknown option '%s' for replay\n", a[i].c_str());
+        usage(stderr);
         return 2;
       }
-      steps = static_cast<int>(n);
     }
-    return cmd_replay(a[1], steps);
+    return cmd_replay(a[1], steps, fraction, divisor);
   }
   if (a[0] == "plan") {
     std::string trace;

@@ -115,7 +115,98 @@ int cmd_trace_show(const std::string& path, bool check) {
   return 0;
 }
 
-int cmd_replay(const std::string& path, int repeats) {
+namespace {
+
+// Offload mode: the executor on the simulated driver, every launch's data checked.
+int replay_offload(const StepTrace& rec, int repeats, double fraction, uint32_t divisor) {
+  ReplayOptions o;
+  o.repeats = repeats;
+  o.mark_steps = true;
+  o.offload = true;
+  o.budget_fraction = fraction;
+  o.size_divisor = divisor;
+  ReplayResult r = replay(rec, o);
+  const ReplayOffload& ro = r.offload;
+  const double d = ro.divisor;
+  auto rescaled = [&](uint64_t scaled) { return gib(scaled) * d; };
+  auto mib = [](uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024); };
+  printf("\noffload: the executor on the simulated driver, %d steps, budget %.2f of the step's peak\n", repeats,
+         fraction);
+  printf("  sizes / %u, VMM granularity %llu KiB; host memory pinned in chunks of %.1f KiB (copies split at\n"
+         "  the chunk boundaries); the simulated GPU runs 0-%u ops after each launch, in a seeded random\n"
+         "  order (seed %llu), copies only when nothing else can run\n",
+         ro.divisor, static_cast<unsigned long long>(ro.granularity >> 10), static_cast<double>(ro.host_chunk) / 1024,
+         o.gpu_ops_max, static_cast<unsigned long long>(o.seed));
+  printf("  budget %.2f GiB of a %.2f GiB peak (scaled: %.1f of %.1f MiB)\n", rescaled(ro.budget),
+         rescaled(ro.recorded_peak), mib(ro.budget), mib(ro.recorded_peak));
+  printf("  plan (scaled bytes): %s\n", ro.plan.c_str());
+  if (!ro.installed) {
+    printf("  FAIL: no plan was installed\n");
+    return 1;
+  }
+  printf("  plan, rescaled: %u arenas, %u handles of %.0f MiB, %.2f GiB moved each way per step, predicted peak\n"
+         "  %.2f GiB (%s)\n",
+         ro.arenas, ro.handles, mib(ro.handle_bytes) * d, rescaled(ro.moved_per_step), rescaled(ro.predicted_peak),
+         ro.meets_budget ? "meets the budget" : "does NOT meet the budget");
+  printf("\n  %4s %6s %9s %7s %6s %5s %9s %17s %17s\n", "step", "plan", "evictions", "reloads", "misses", "late",
+         "abandoned", "footprint GiB", "executor GiB");
+  for (size_t i = 0; i < ro.steps.size(); ++i) {
+    const ReplayOffloadStep& s = ro.steps[i];
+    const char* phase = !s.active ? "-" : static_cast<int>(i) == ro.first_active ? "first" : "steady";
+    char dev[32] = "-";
+    if (s.active) snprintf(dev, sizeof dev, "%.2f", rescaled(s.device_peak));
+    printf("  %4zu %6s %9llu %7llu %6llu %5llu %9llu %17.2f %17s\n", i, phase,
+           static_cast<unsigned long long>(s.evictions), static_cast<unsigned long long>(s.reloads),
+           static_cast<unsigned long long>(s.misses), static_cast<unsigned long long>(s.late_reloads),
+           static_cast<unsigned long long>(s.abandoned), rescaled(s.footprint_peak), dev);
+  }
+  printf("  (footprint: live allocations outside arenas + physical handles the simulated driver holds, its\n"
+         "  peak in the step; executor: its own reckoning, ExecutorStats::device_peak; both rescaled)\n");
+  int rc = 0;
+  const ExecutorStats& st = ro.stats;
+  if (ro.steady_steps == 0) {
+    printf("\n  FAIL: the plan never reached a steady step (more --steps?)\n");
+    rc = 1;
+  } else {
+    bool within = ro.steady_footprint <= ro.budget;
+    printf("\n  steady state (%zu steps): footprint peak %.2f GiB (scaled %.1f MiB) vs budget %.2f GiB: %s;\n"
+           "  executor device peak %.2f GiB, predicted %.2f GiB; misses %llu%s\n",
+           ro.steady_steps, rescaled(ro.steady_footprint), mib(ro.steady_footprint), rescaled(ro.budget),
+           within ? "within" : "OVER THE BUDGET  <-- FAIL", rescaled(ro.steady_device_peak),
+           rescaled(ro.predicted_peak), static_cast<unsigned long long>(ro.steady_misses),
+           ro.steady_misses ? "  <-- demand reloads" : "");
+    if (!within) rc = 1;
+  }
+  printf("  executor: %llu evictions (%llu abandoned), %llu reloads, %llu misses, %llu late; %.2f GiB out, %.2f GiB\n"
+         "  in; handles %llu created, %llu over budget, %llu budget waits; %llu placed, %llu served by the\n"
+         "  allocator (arena busy %llu, no handle %llu); %llu deviations, %llu copy failures\n",
+         static_cast<unsigned long long>(st.evictions), static_cast<unsigned long long>(st.evictions_abandoned),
+         static_cast<unsigned long long>(st.reloads), static_cast<unsigned long long>(st.misses),
+         static_cast<unsigned long long>(st.late_reloads), rescaled(st.bytes_out), rescaled(st.bytes_in),
+         static_cast<unsigned long long>(st.handles_created), static_cast<unsigned long long>(st.over_budget),
+         static_cast<unsigned long long>(st.budget_waits), static_cast<unsigned long long>(st.placed),
+         static_cast<unsigned long long>(st.arena_busy + st.no_handle),
+         static_cast<unsigned long long>(st.arena_busy), static_cast<unsigned long long>(st.no_handle),
+         static_cast<unsigned long long>(st.deviations), static_cast<unsigned long long>(st.copy_failures));
+  if (ro.vmm_misuses) {
+    printf("  FAIL: %llu misuses of the VMM API (simulated driver)\n", static_cast<unsigned long long>(ro.vmm_misuses));
+    rc = 1;
+  }
+  printf("  re-recorded steps identical to the (scaled) recording: %zu of %zu\n", r.matching_steps, r.steps.size());
+  printf("  content checks: %llu launches verified (%llu words), %llu mismatches%s\n",
+         static_cast<unsigned long long>(ro.launches_verified), static_cast<unsigned long long>(ro.words_checked),
+         static_cast<unsigned long long>(ro.mismatches), ro.mismatches ? "  <-- FAIL" : "");
+  if (ro.mismatches) {
+    printf("  first mismatch: %s\n", ro.first_mismatch.c_str());
+    rc = 1;
+  }
+  return rc;
+}
+
+}  // namespace
+
+int cmd_replay(const std::string& path, int steps, double offload_fraction, uint32_t divisor) {
+  const int repeats = steps ? steps : 6;
   StepTrace rec;
   if (!load(path, &rec)) return 1;
   ActivationReport act = analyse_activations(rec);
@@ -148,5 +239,6 @@ int cmd_replay(const std::string& path, int repeats) {
     }
   }
   printf("\nactivations without an access after the forward: %zu\n", act.without_backward_access.size());
+  if (offload_fraction > 0 && replay_offload(rec, steps ? steps : 12, offload_fraction, divisor) != 0) rc = 1;
   return rc;
 }

@@ -75,6 +75,14 @@ struct PlanOptions {
   uint64_t max_host_bytes = ~uint64_t{0};  // what the host pool can take
 };
 
+// Where a plan made from step `t` can start: the first step boundary at or after launch
+// number `next` (the number the next launch will get), steps being t.launches.size() long.
+inline uint64_t plan_anchor(uint64_t traced_first_launch, uint64_t step_launches, uint64_t next) {
+  uint64_t a = traced_first_launch + step_launches;
+  if (a < next) a += (next - a + step_launches - 1) / step_launches * step_launches;
+  return a;
+}
+
 // The plan for steps like `t`. An empty plan (no arenas) when nothing is worth moving:
 // `why` then says why.
 Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why);

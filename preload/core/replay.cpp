@@ -111,7 +111,7 @@ class Replayer {
     // The GPU's 2 MiB granularity, scaled (the simulated driver wants whole pages).
     granularity_ = std::max<uint64_t>(4096, round_up((2u << 20) / div, 4096));
     drv_.set_granularity(granularity_);
-    drv_.set_copy_delay(true);
+    drv_.set_copy_delay(opt_.copy_delay);
     tracker_.set_gate(&ex_);
     res_.offload.divisor = static_cast<uint32_t>(div);
     res_.offload.granularity = granularity_;
@@ -327,8 +327,7 @@ void Replayer::plan_from(const StepTrace& t) {
   host_.assign(plan.host_bytes() + phase, 0);
   HostMemory hm{host_.data() + phase, host_.data(), ro.host_chunk};
   const uint64_t n = plan.step_launches;
-  uint64_t anchor = t.first_launch + n, now = tracker_.launches();
-  if (anchor <= now) anchor += (now - anchor) / n * n + n;
+  uint64_t anchor = plan_anchor(t.first_launch, n, tracker_.launches());
   ro.plan = plan.describe();
   ro.predicted_peak = plan.predicted_peak;
   ro.handles = plan.handles;

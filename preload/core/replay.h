@@ -11,7 +11,7 @@
 // wires it: allocations go through Executor::place first, frees through Executor::release,
 // the tracker gates every launch through the executor, and a plan is built from a step that
 // repeats the one before (build_plan, the GPU's budget scaled down) and installed. Sizes are
-// divided by `size_divisor` so that a 24 GiB step needs a few hundred MiB of host memory.
+// divided by `size_divisor` so that a 24 GiB step needs about a hundred MiB of host memory.
 // Every launch becomes a simulated kernel with a body that, for each allocation the launch
 // touches, checks the words the previous toucher wrote (a signature of allocation ordinal,
 // step and position) and writes its own: a missing reload (an unmapped range faults; a fresh
@@ -38,11 +38,14 @@ struct ReplayOptions {
   bool offload = false;
   double budget_fraction = 0.5;  // device budget, of the recorded step's peak live bytes
   // Every allocation's bytes / this, rounded up to 8 bytes, at least 64. The VMM granularity,
-  // the activation threshold and the member alignment are scaled alike.
-  uint32_t size_divisor = 64;
+  // the activation threshold and the member alignment are scaled alike. The time goes into
+  // the bytes moved (the simulated driver maps fresh pages at every map); past 512 the 64-byte
+  // floor starts to blur the activation threshold.
+  uint32_t size_divisor = 256;
   uint64_t seed = 1;             // the simulated GPU's scheduler
   uint32_t gpu_ops_max = 3;      // ops the GPU runs after each launch: 0 to this, at random
   size_t max_queued = 512;       // past this many queued ops the host waits for the GPU
+  bool copy_delay = true;        // copies run only when nothing else can (SimDriver)
   Executor::Options exec{};      // fault injection, for the tests that prove a fault is seen
 };
 

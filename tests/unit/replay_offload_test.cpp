@@ -1,0 +1,150 @@
+// The executor on the steps recorded on the H200 (bench/traces/), replayed on the simulated
+// driver: every launch of the recording checks the data the previous launch left in each
+// allocation it touches and writes its own, while the executor evicts and reloads under the
+// budget the GPU runs used. A missed reload faults (unmapped range) or reads garbage (a fresh
+// handle); a missed stream wait reads stale data: both count as mismatches.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "core/replay.h"
+#include "core/step_trace.h"
+
+namespace offload {
+namespace {
+
+// Under the sanitizers, fewer bytes and steps: the time goes into the bytes copied and
+// mapped, which they instrument. (Past a divisor of 512 the 64-byte floor of the scaled sizes
+// starts to blur the activation threshold.) The plan is made after step 1 and runs from step 3.
+#if defined(__SANITIZE_THREAD__)
+#define OFFLOAD_REPLAY_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define OFFLOAD_REPLAY_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define OFFLOAD_REPLAY_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define OFFLOAD_REPLAY_ASAN 1
+#endif
+#endif
+#if defined(OFFLOAD_REPLAY_TSAN)
+constexpr uint32_t kDivisor = 512;
+constexpr int kRepeats = 6, kScheduleRepeats = 5;
+#elif defined(OFFLOAD_REPLAY_ASAN)
+constexpr uint32_t kDivisor = 512;
+constexpr int kRepeats = 7, kScheduleRepeats = 6;
+#else
+constexpr uint32_t kDivisor = 256;
+constexpr int kRepeats = 8, kScheduleRepeats = 6;
+#endif
+
+StepTrace load(const std::string& name) {
+#ifdef OFFLOAD_TRACES_DIR
+  std::filesystem::path p = std::filesystem::path(OFFLOAD_TRACES_DIR) / (name + ".trace");
+#else
+  std::filesystem::path p = std::filesystem::path(__FILE__).parent_path() / "../../bench/traces" / (name + ".trace");
+#endif
+  std::ifstream is(p);
+  StepTrace t;
+  std::string err;
+  EXPECT_TRUE(is.good()) << "cannot open " << p;
+  EXPECT_TRUE(StepTrace::read(is, &t, &err)) << p << ": " << err;
+  return t;
+}
+
+ReplayOptions offload_options(double fraction) {
+  ReplayOptions o;
+  o.repeats = kRepeats;
+  o.mark_steps = true;
+  o.offload = true;
+  o.budget_fraction = fraction;
+  o.size_divisor = kDivisor;
+  return o;
+}
+
+void expect_clean(const std::string& name, double fraction) {
+  StepTrace rec = load(name);
+  ASSERT_FALSE(rec.launches.empty());
+  ReplayOptions o = offload_options(fraction);
+  ReplayResult r = replay(rec, o);
+  const ReplayOffload& ro = r.offload;
+  ASSERT_TRUE(ro.installed) << ro.plan;
+  EXPECT_EQ(ro.mismatches, 0u) << ro.first_mismatch;
+  EXPECT_GT(ro.launches_verified, rec.launches.size()) << "the bodies checked almost nothing";
+  EXPECT_GT(ro.stats.evictions, 0u);
+  EXPECT_GT(ro.stats.reloads, 0u);
+  EXPECT_EQ(ro.stats.deviations, 0u);
+  EXPECT_EQ(ro.stats.copy_failures, 0u);
+  EXPECT_EQ(ro.vmm_misuses, 0u);
+  // Steps 0 and 1 are observed, the plan is made when step 1 (a repeat of step 0) is cut and
+  // starts with step 2; step 3 on is the steady state.
+  EXPECT_EQ(ro.first_active, 2);
+  EXPECT_EQ(ro.steady_steps, static_cast<size_t>(kRepeats - 3));
+  EXPECT_EQ(ro.steady_misses, 0u);
+  EXPECT_LE(ro.steady_footprint, ro.budget) << "scaled bytes; plan " << ro.plan;
+  EXPECT_LE(ro.steady_device_peak, ro.budget);
+  for (size_t i = 0; i < ro.steps.size(); ++i)
+    if (ro.steps[i].active) {
+      EXPECT_GT(ro.steps[i].evictions, 0u) << "step " << i;
+      EXPECT_GT(ro.steps[i].reloads, 0u) << "step " << i;
+    }
+  // What the tracker sees does not change with the data in arenas.
+  EXPECT_GE(r.matching_steps + 1, r.steps.size()) << r.first_mismatch;
+  std::cout << name << ": " << ro.plan << "\n  evictions " << ro.stats.evictions << " reloads " << ro.stats.reloads
+            << " late " << ro.stats.late_reloads << " abandoned " << ro.stats.evictions_abandoned << "; steady footprint "
+            << ro.steady_footprint << " of budget " << ro.budget << " (scaled bytes); " << ro.launches_verified
+            << " launches verified\n";
+}
+
+TEST(ReplayOffload, ReferenceAtHalfThePeak) { expect_clean("reference", 0.5); }
+TEST(ReplayOffload, ConvnetAt60Percent) { expect_clean("convnet", 0.6); }
+TEST(ReplayOffload, LlamaCompiledAt80Percent) { expect_clean("llama-compiled", 0.8); }
+
+// The checks are real: without the wait for a reload's copy, a launch reads the garbage of
+// the fresh handle (or a stale copy) and the replay says so.
+TEST(ReplayOffload, AMissingReloadWaitIsSeen) {
+  StepTrace rec = load("llama-compiled");
+  ReplayOptions o = offload_options(0.8);
+  o.repeats = 5;
+  o.exec.fault = Executor::Options::Fault::SkipReloadWait;
+  ReplayResult r = replay(rec, o);
+  ASSERT_TRUE(r.offload.installed) << r.offload.plan;
+  EXPECT_GT(r.offload.stats.reloads, 0u);
+  EXPECT_GT(r.offload.mismatches, 0u);
+  std::cout << r.offload.mismatches << " mismatches; first: " << r.offload.first_mismatch << "\n";
+}
+
+// Other schedules of the simulated GPU: a GPU kept close behind the host, and one that runs far
+// behind it, in other orders.
+TEST(ReplayOffload, OtherGpuSchedules) {
+  struct Case {
+    const char* trace;
+    double fraction;
+    uint64_t seed;
+    uint32_t gpu_ops_max;
+    size_t max_queued;
+  };
+  for (const Case& c : {Case{"convnet", 0.6, 2, 1, 64}, Case{"llama-compiled", 0.8, 3, 8, 4096}}) {
+    ReplayOptions o = offload_options(c.fraction);
+    o.repeats = kScheduleRepeats;
+    o.seed = c.seed;
+    o.gpu_ops_max = c.gpu_ops_max;
+    o.max_queued = c.max_queued;
+    ReplayResult r = replay(load(c.trace), o);
+    ASSERT_TRUE(r.offload.installed) << c.trace << ": " << r.offload.plan;
+    EXPECT_EQ(r.offload.mismatches, 0u) << c.trace << ": " << r.offload.first_mismatch;
+    EXPECT_GT(r.offload.steady_steps, 0u) << c.trace;
+    EXPECT_EQ(r.offload.steady_misses, 0u) << c.trace;
+    EXPECT_LE(r.offload.steady_footprint, r.offload.budget) << c.trace;
+    EXPECT_GT(r.offload.stats.reloads, 0u) << c.trace;
+  }
+}
+
+}  // namespace
+}  // namespace offload
