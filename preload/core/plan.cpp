@@ -238,9 +238,10 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     Choice ch{c, res, pred, 0, std::vector<size_t>(offloadable.begin(), offloadable.begin() + static_cast<long>(k)), k,
               !o.budget || pred <= target};
     for (size_t i : ch.arenas) ch.moved += arenas[i].used;
-    // Meeting the budget first, then moving the fewest bytes; else the lowest peak.
-    bool better = ch.meets && o.budget ? (!best.meets || ch.moved < best.moved)
-                                       : (!best.meets && ch.pred < best.pred);
+    // Without a budget: every candidate (the most bytes moved). With one: meeting it first,
+    // then moving the fewest bytes; else the lowest peak.
+    bool better = !o.budget ? ch.moved > best.moved
+                            : ch.meets ? (!best.meets || ch.moved < best.moved) : (!best.meets && ch.pred < best.pred);
     if (better) best = std::move(ch);
   }
   if (best.k == 0) {

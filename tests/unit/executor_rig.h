@@ -1,0 +1,236 @@
+// The shim's wiring without a GPU, for the executor tests: a program's hooks go to the
+// tracker (and through it to the executor's launch gate) and its kernels to the simulated
+// GPU, which runs them later, in an order a seeded scheduler picks; pump() is the worker
+// (assemble steps, plan from a step that repeats the one before, install), as
+// preload/runtime.cpp's plan_from does it.
+//
+// A program allocates, frees and launches through the Rig only, so that the same program
+// run with offload off (Options::offload = false) is the reference its bytes are compared
+// with. Everything runs on the test's thread; the simulated GPU executes ops only when the
+// rig steps it after a launch, at a host sync, when its queues are full, or when the
+// executor waits for an event. Memory the executor does not place comes from a caching pool
+// (reused once the freeing stream reaches the free), so a program that reads memory it did
+// not write reads bytes that differ from run to run, and fails the comparison.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/executor.h"
+#include "core/plan.h"
+#include "core/sim_driver.h"
+#include "core/tracker.h"
+
+namespace offload::rig {
+
+inline uint64_t mix(uint64_t x) {
+  x ^= x >> 31;
+  x *= 0x9e3779b97f4a7c15ull;
+  x ^= x >> 29;
+  return x;
+}
+
+inline uint64_t* words(DevPtr p) { return reinterpret_cast<uint64_t*>(p); }
+
+// Every word of [from, to) changes the result.
+inline uint64_t hash_words(DevPtr p, uint64_t from, uint64_t to) {
+  const uint64_t* w = words(p);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t i = from; i < to; ++i) h = (h ^ w[i]) * 0x100000001b3ull;
+  return h;
+}
+
+struct Options {
+  uint64_t seed = 1;  // the GPU scheduler's
+  bool offload = true;
+  bool copy_delay = true;
+  uint32_t gpu_ops_min = 2, gpu_ops_max = 2;  // ops the simulated GPU runs after each launch
+  double host_sync = 0;  // chance that the host waits for the GPU at the end of a step
+  size_t max_queued = 0;  // past this many queued ops the host waits for the GPU (0: never)
+  uint64_t granularity = 64 << 10;
+  uint64_t host_chunk = 0, host_phase = 0;  // pinned-chunk layout of the host memory
+  uint64_t physical_limit = 0;  // SimDriver::set_physical_limit (0: none)
+  Executor::Options exec{};
+};
+
+class Rig;
+// The worker's planner: the plan for steps like `t`, or one without arenas (none installed).
+using Planner = std::function<Plan(const StepTrace& t, Rig& rig)>;
+
+class Rig {
+ public:
+  explicit Rig(const Options& o)
+      : o_(o), log_(1 << 16, 1 << 18), tr_(sim_, log_), as_(tr_.funcs(), assembler_options()), ex_(sim_, o.exec),
+        rng_(o.seed) {
+    sim_.set_granularity(o.granularity);
+    sim_.set_copy_delay(o.copy_delay);
+    if (o.physical_limit) sim_.set_physical_limit(o.physical_limit);
+    if (o.offload) tr_.set_gate(&ex_);
+    planner_ = [](const StepTrace& t, Rig& r) {
+      PlanOptions po;
+      po.granularity = r.sim().vmm_granularity();
+      po.segments = 4;
+      std::string why;
+      return build_plan(t, po, &why);
+    };
+  }
+  ~Rig() { sim_.run_all(); }
+  Rig(const Rig&) = delete;
+  Rig& operator=(const Rig&) = delete;
+
+  void set_planner(Planner p) { planner_ = std::move(p); }
+
+  // Kernels whose parameters are all 8-byte words.
+  Func add_kernel(std::string name, int nparams) {
+    std::vector<ParamInfo> params;
+    for (int i = 0; i < nparams; ++i) params.push_back(ParamInfo{8u * static_cast<uint32_t>(i), 8});
+    return sim_.add_kernel(std::move(name), std::move(params));
+  }
+
+  // cudaMallocAsync through the executor, as the allocator hook does; what the executor does
+  // not place comes from a caching pool, as PyTorch's does.
+  DevPtr alloc(uint64_t bytes, Stream s) {
+    uint64_t tag = 0;
+    DevPtr p = o_.offload ? ex_.place(bytes, s, tr_.launches(), &tag) : 0;
+    if (!p) {
+      if (auto it = pool_.find(bytes); it != pool_.end()) {
+        p = it->second;
+        pool_.erase(it);
+      } else {
+        p = sim_.alloc(bytes);
+      }
+      pool_sizes_[p] = bytes;
+    }
+    tr_.on_alloc(p, bytes, s, tag);
+    ex_.note_live(tr_.allocs().live_bytes());
+    return p;
+  }
+
+  // cudaFreeAsync: the block is back in the pool once the stream reaches the free, so that it
+  // is reused only after every use the program ordered before it (the program orders a free
+  // after the uses on other streams, as record_stream does).
+  void free(DevPtr p, Stream s) {
+    tr_.on_free(p, s);
+    if (o_.offload && ex_.release(p, s)) return;
+    auto it = pool_sizes_.find(p);
+    ASSERT_NE(it, pool_sizes_.end()) << "free of an unknown pointer";
+    uint64_t bytes = it->second;
+    pool_sizes_.erase(it);
+    sim_.launch(s, [this, p, bytes] { pool_.emplace(bytes, p); });
+  }
+
+  void kernel(Func f, Stream s, std::vector<uint64_t> args, std::function<void()> body) {
+    std::vector<void*> params(args.size());
+    for (size_t i = 0; i < args.size(); ++i) params[i] = &args[i];
+    tr_.on_kernel(f, s, params.data(), nullptr);
+    sim_.launch(s, std::move(body));
+    run_gpu();
+  }
+
+  // cudaMemcpyAsync device to device; cudaMemsetAsync.
+  void copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
+    tr_.on_copy(dst, src, bytes, s);
+    sim_.launch(s, [dst, src, bytes] { std::memcpy(words(dst), words(src), bytes); });
+    run_gpu();
+  }
+  void memset(DevPtr dst, int value, uint64_t bytes, Stream s) {
+    tr_.on_memset(dst, bytes, s);
+    sim_.launch(s, [dst, value, bytes] { std::memset(words(dst), value, bytes); });
+    run_gpu();
+  }
+  // A graph replay: the rig cannot tell what it touches.
+  void graph(Stream s, std::function<void()> body) {
+    tr_.on_graph(s);
+    sim_.launch(s, std::move(body));
+    run_gpu();
+  }
+
+  // Work queued on `to` from now on waits for the work queued on `from` so far.
+  void join(Stream from, Stream to) {
+    uint64_t ev = sim_.create_event();
+    sim_.record_event(ev, from);
+    sim_.stream_wait(to, ev);
+    sim_.destroy_event(ev);
+  }
+
+  // The end of a training step (the application's mark), then the worker's turn. Now and
+  // then the host waits for the GPU first (a loss.item()).
+  void end_step() {
+    tr_.mark_step();
+    if (o_.host_sync > 0 && std::bernoulli_distribution(o_.host_sync)(rng_)) sim_.run_all();
+    pump();
+  }
+  void finish() {
+    sim_.run_all();
+    pump();
+  }
+
+  SimDriver& sim() { return sim_; }
+  Executor& executor() { return ex_; }
+  Tracker& tracker() { return tr_; }
+  uint64_t installs() const { return installs_; }
+  // Installed and not abandoned, and its first step has begun or begins at launch `n`.
+  bool plan_runs_at(uint64_t n) { return ex_.installed() && !ex_.deviated() && anchor_ <= n; }
+
+ private:
+  static StepAssembler::Options assembler_options() {
+    StepAssembler::Options o;
+    o.telemetry_wait_ns = 0;
+    return o;
+  }
+
+  // The simulated GPU runs behind the host by a random number of ops; when its queues are
+  // full the host waits for it (so that delayed copies, which run only when nothing else
+  // can, do not wait for ever behind a GPU that never catches up).
+  void run_gpu() {
+    uint32_t n = std::uniform_int_distribution<uint32_t>(o_.gpu_ops_min, o_.gpu_ops_max)(rng_);
+    for (uint32_t i = 0; i < n; ++i) sim_.step(rng_);
+    if (o_.max_queued && sim_.pending_ops() > o_.max_queued) sim_.run_all();
+  }
+
+  void pump() {
+    log_.drain([&](const Event& e, const AllocId* acc) { as_.consume(e, acc); });
+    ex_.poll();
+    for (StepTrace& t : as_.take_ready(0, false, true)) {
+      std::vector<uint64_t> tokens;
+      for (const TraceLaunch& l : t.launches) tokens.push_back(launch_token(l.kind, l.kernel));
+      bool repeats = tokens == last_tokens_;
+      last_tokens_ = std::move(tokens);
+      if (!o_.offload || !repeats || (ex_.installed() && !ex_.deviated()) || !ex_.idle()) continue;
+      Plan p = planner_(t, *this);
+      if (p.arenas.empty()) continue;
+      // The executor is idle: nothing of the previous host memory is being copied.
+      host_.assign(p.host_bytes() + o_.host_phase, 0);
+      const uint64_t anchor = plan_anchor(t.first_launch, p.step_launches, tr_.launches());
+      // The host memory as if pinned in chunks of host_chunk from host_phase bytes before it.
+      HostMemory hm{host_.data() + o_.host_phase, host_.data(), o_.host_chunk};
+      std::string why;
+      ASSERT_TRUE(ex_.install(std::move(p), anchor, hm, &why)) << why;
+      anchor_ = anchor;
+      ++installs_;
+    }
+  }
+
+  Options o_;
+  SimDriver sim_;
+  EventLog log_;
+  Tracker tr_;
+  StepAssembler as_;
+  std::vector<unsigned char> host_;
+  Executor ex_;
+  std::mt19937_64 rng_;
+  Planner planner_;
+  std::vector<uint64_t> last_tokens_;
+  std::unordered_multimap<uint64_t, DevPtr> pool_;  // bytes -> free block (SimDriver frees them at the end)
+  std::unordered_map<DevPtr, uint64_t> pool_sizes_;  // live blocks from the pool
+  uint64_t installs_ = 0, anchor_ = ~uint64_t{0};  // anchor_: where the last plan installed runs from
+};
+
+}  // namespace offload::rig
