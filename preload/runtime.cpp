@@ -372,7 +372,11 @@ std::string Runtime::executor_json() {
      << ",\"handles_created\":" << x.handles_created << ",\"handles_released\":" << x.handles_released
      << ",\"over_budget\":" << x.over_budget << ",\"budget_waits\":" << x.budget_waits
      << ",\"held_bytes\":" << x.held_bytes << ",\"held_peak\":" << x.held_peak
-     << ",\"device_peak\":" << x.device_peak << ",\"recent_misses\":[";
+     << ",\"device_peak\":" << x.device_peak;
+  const double ns = ns_per_tsc_cycle();
+  os << ",\"gate_ns_mean\":"
+     << (x.gate_calls ? static_cast<double>(x.gate_cycles - x.gate_wait_cycles) * ns / static_cast<double>(x.gate_calls) : 0.0)
+     << ",\"budget_wait_ms\":" << static_cast<double>(x.wait_cycles) * ns / 1e6 << ",\"recent_misses\":[";
   for (size_t i = 0; i < x.recent_misses.size(); ++i) os << (i ? "," : "") << x.recent_misses[i];
   os << "],\"recent_late\":[";
   for (size_t i = 0; i < x.recent_late.size(); ++i) os << (i ? "," : "") << x.recent_late[i];

@@ -1,5 +1,7 @@
 #include "core/executor.h"
 
+#include <x86intrin.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -164,7 +166,9 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
     // Freed last step, its last work perhaps still queued: wait for it and keep the mapping.
     poll_locked();
     if (a.state == State::Draining && !a.overflow) {
+      uint64_t t0 = __rdtsc();
       for (int i = 0; i < a.nstreams; ++i) driver_.event_sync(a.events[i]);
+      wait_cycles_ += __rdtsc() - t0;
       a.state = State::Resident;
       a.nstreams = 0;
       a.h2d_pending = false;
@@ -277,7 +281,18 @@ void Executor::update_peak() {
 void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc,
                              size_t count, uint8_t flags) {
   if (!installed_.load(std::memory_order_acquire)) return;
+  const uint64_t t0 = __rdtsc();
   std::lock_guard lock(mu_);
+  const uint64_t waited_before = wait_cycles_;
+  struct Timed {  // host time in the gate, waits for the budget apart
+    Executor& x;
+    uint64_t t0, waited_before;
+    ~Timed() {
+      x.gate_cycles_ += __rdtsc() - t0;
+      x.gate_wait_cycles_ += x.wait_cycles_ - waited_before;
+      ++x.gate_calls_;
+    }
+  } timed{*this, t0, waited_before};
   if (n >= anchor_) {
     const uint64_t pos = (n - anchor_) % plan_.step_launches;
     cur_pos_ = static_cast<int64_t>(pos);
@@ -523,9 +538,11 @@ int Executor::acquire_handle(bool for_reload) {
     if (wait_for < 0) break;
     Arena& b = arenas_[static_cast<size_t>(wait_for)];
     ++st_.budget_waits;
+    uint64_t t0 = __rdtsc();
     if (b.state == State::Evicting) driver_.event_sync(b.ev_d2h);
     else
       for (int k = 0; k < b.nstreams; ++k) driver_.event_sync(b.events[k]);
+    wait_cycles_ += __rdtsc() - t0;
     poll_locked();
   }
   if (!for_reload) return -1;  // the allocator serves it instead
@@ -630,6 +647,10 @@ void Executor::reset_peak() {
 ExecutorStats Executor::stats() {
   std::lock_guard lock(mu_);
   ExecutorStats s = st_;
+  s.gate_calls = gate_calls_;
+  s.gate_cycles = gate_cycles_;
+  s.gate_wait_cycles = gate_wait_cycles_;
+  s.wait_cycles = wait_cycles_;
   s.held_bytes = held_.load();
   s.device_peak = device_peak_.load();
   return s;

@@ -88,6 +88,9 @@ struct ExecutorStats {
   uint64_t budget_waits = 0;
   uint64_t held_bytes = 0, held_peak = 0;   // physical bytes we hold
   uint64_t device_peak = 0;                 // live allocation bytes outside arenas + held
+  // Host time (TSC cycles): in before_launch, and of that waiting for the budget (our copies
+  // or freed arenas); all waits for the budget, the allocation hook's included.
+  uint64_t gate_calls = 0, gate_cycles = 0, gate_wait_cycles = 0, wait_cycles = 0;
   std::vector<uint64_t> recent_misses;      // misses in each of the last finished active steps
   std::vector<uint64_t> recent_late;        // late reloads in each of them
   std::string plan;                         // the installed plan, described
@@ -204,6 +207,7 @@ class Executor final : public LaunchGate {
   uint32_t sub_ = 0;
   uint64_t step_misses_ = 0, step_late_ = 0;
   int64_t cur_pos_ = -1;  // position of the launch being gated
+  uint64_t gate_calls_ = 0, gate_cycles_ = 0, gate_wait_cycles_ = 0, wait_cycles_ = 0;  // under mu_
   Stream offload_stream_ = 0, prefetch_stream_ = 0;
   DevPtr reservation_ = 0;
   uint64_t reservation_bytes_ = 0;
