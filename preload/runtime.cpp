@@ -153,9 +153,7 @@ void Runtime::pump(bool no_wait) {
 }
 
 void Runtime::plan_from(const StepTrace& t) {
-  std::vector<uint64_t> tokens;
-  tokens.reserve(t.launches.size());
-  for (const TraceLaunch& l : t.launches) tokens.push_back(launch_token(l.kind, l.kernel));
+  std::vector<uint64_t> tokens = step_tokens(t);
   bool repeats = tokens == last_tokens_;
   last_tokens_ = std::move(tokens);
   // Plan from a step that repeats the one before it (the first steps build optimizer state),

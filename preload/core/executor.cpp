@@ -245,9 +245,7 @@ void Executor::prepare_access(DevPtr p) {
   uint32_t i = static_cast<uint32_t>((p - reservation_) / plan_.handle_bytes);
   Arena& a = arenas_[i];
   if (a.live == 0 || (a.state != State::Evicted && a.state != State::Evicting)) return;
-  auto pending = std::find(pending_reloads_.begin(), pending_reloads_.end(), i);
-  bool late = pending != pending_reloads_.end();
-  if (late) pending_reloads_.erase(pending);
+  bool late = take_pending(i);
   bool moved = a.state == State::Evicted;
   reload(i);
   if (!moved) return;  // the copy out was abandoned: the bytes never left
@@ -255,14 +253,27 @@ void Executor::prepare_access(DevPtr p) {
   // launches) is that planned reload, a call early.
   int64_t next = active_ ? (cur_pos_ + 1) % static_cast<int64_t>(plan_.step_launches) : -1;
   if (next >= 0 && next >= plan_.arenas[i].reload_at) return;
+  count_demand(i, late, "asked about (pointer query)");
+}
+
+bool Executor::take_pending(uint32_t i) {
+  auto pending = std::find(pending_reloads_.begin(), pending_reloads_.end(), i);
+  if (pending == pending_reloads_.end()) return false;
+  pending_reloads_.erase(pending);
+  return true;
+}
+
+void Executor::count_demand(uint32_t i, bool late, const char* how) {
   if (late) {
     ++st_.late_reloads;
     ++step_late_;
-  } else {
-    ++st_.misses;
-    ++step_misses_;
-    if (st_.misses <= 8) log().info("miss: arena {} asked about (pointer query) at launch {} of the step", i, cur_pos_);
+    return;
   }
+  ++st_.misses;
+  ++step_misses_;
+  if (st_.misses <= 8)
+    log().info("miss: arena {} (evicted after launch {}, reload due at {}) {} at launch {} of the step", i,
+               plan_.arenas[i].evict_after, plan_.arenas[i].reload_at, how, cur_pos_);
 }
 
 void Executor::note_live(uint64_t live_bytes) {
@@ -338,7 +349,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
     for (uint32_t i = 0; i < arenas_.size(); ++i) ensure_resident(i, s, true);
   } else {
     for (size_t j = count; j-- > 0 && (acc[j] & kArenaIdBit);) {
-      uint64_t i = ((acc[j] >> 32) & 0x7fffffffu) - 1;
+      uint64_t i = arena_of(acc[j]);
       if (i < arenas_.size()) ensure_resident(static_cast<uint32_t>(i), s, true);
     }
     // Through a pointer table, a launch touches what the table points to.
@@ -362,7 +373,7 @@ void Executor::note_pointer_table(AllocId table, const AllocId* targets, size_t 
   if (!installed_.load(std::memory_order_acquire)) return;
   std::vector<uint32_t> arenas;
   for (size_t j = 0; j < n; ++j) {
-    uint64_t i = ((targets[j] >> 32) & 0x7fffffffu) - 1;
+    uint64_t i = arena_of(targets[j]);
     if ((targets[j] & kArenaIdBit) && std::find(arenas.begin(), arenas.end(), i) == arenas.end())
       arenas.push_back(static_cast<uint32_t>(i));
   }
@@ -387,20 +398,9 @@ void Executor::ensure_resident(uint32_t i, Stream s, bool demand) {
       ++st_.evictions_abandoned;
       break;
     case State::Evicted: {
-      auto pending = std::find(pending_reloads_.begin(), pending_reloads_.end(), i);
-      bool late = pending != pending_reloads_.end();
-      if (late) pending_reloads_.erase(pending);
+      bool late = take_pending(i);
       if (!reload(i)) return;
-      if (demand && late) {
-        ++st_.late_reloads;
-        ++step_late_;
-      } else if (demand) {
-        ++st_.misses;
-        ++step_misses_;
-        if (st_.misses <= 8)
-          log().info("miss: arena {} (evicted after launch {}, reload due at {}) touched at launch {} of the step",
-                     i, plan_.arenas[i].evict_after, plan_.arenas[i].reload_at, cur_pos_);
-      }
+      if (demand) count_demand(i, late, "touched");
     }
       [[fallthrough]];
     case State::Reloading:

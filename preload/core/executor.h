@@ -52,6 +52,8 @@ inline constexpr AllocId kArenaIdBit = AllocId{1} << 63;
 inline AllocId arena_alloc_id(uint64_t tag, AllocId counter) {
   return kArenaIdBit | (tag << 32) | (counter & 0xffffffffu);
 }
+// The arena index an arena member's id carries (its tag less one).
+inline uint64_t arena_of(AllocId id) { return ((id >> 32) & 0x7fffffffu) - 1; }
 
 // What a launch gate sees: called by the tracker before each launch is forwarded.
 class LaunchGate {
@@ -179,6 +181,9 @@ class Executor final : public LaunchGate {
   void evict(uint32_t i);
   bool reload(uint32_t i);
   void ensure_resident(uint32_t i, Stream s, bool demand);
+  bool take_pending(uint32_t i);  // drops i from the held-back reloads; true if it was there
+  // A reload made on demand: late if the plan had it due but held back, else a miss.
+  void count_demand(uint32_t i, bool late, const char* how);
   void poll_locked();
   void finish_step();
   void deviate(const char* why);

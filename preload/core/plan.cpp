@@ -22,6 +22,25 @@ struct Arena {
 
 }  // namespace
 
+std::vector<uint64_t> step_tokens(const StepTrace& t) {
+  std::vector<uint64_t> tokens;
+  tokens.reserve(t.launches.size());
+  for (const TraceLaunch& l : t.launches) tokens.push_back(launch_token(l.kind, l.kernel));
+  return tokens;
+}
+
+void Plan::index_members() {
+  std::sort(members.begin(), members.end(), [](const MemberPlan& a, const MemberPlan& b) {
+    return a.pos != b.pos ? a.pos < b.pos : a.sub < b.sub;
+  });
+  member_index.assign(step_launches + 1, 0);
+  size_t mi = 0;
+  for (size_t q = 0; q <= step_launches; ++q) {
+    while (mi < members.size() && members[mi].pos < q) ++mi;
+    member_index[q] = static_cast<uint32_t>(mi);
+  }
+}
+
 uint64_t Plan::host_bytes() const {
   uint64_t b = 0;
   for (const ArenaPlan& a : arenas) b = std::max(b, a.host_offset + a.used);
@@ -44,7 +63,7 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
   p.budget = o.budget;
   const size_t n = t.launches.size();
   p.step_launches = n;
-  for (const TraceLaunch& l : t.launches) p.tokens.push_back(launch_token(l.kind, l.kernel));
+  p.tokens = step_tokens(t);
   p.member_index.assign(n + 1, 0);
   if (n == 0) {
     *why = "the step has no launches";
@@ -287,14 +306,7 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     host_off += round_up(off, 4096);
     p.arenas.push_back(std::move(ap));
   }
-  std::sort(p.members.begin(), p.members.end(), [](const MemberPlan& a, const MemberPlan& b) {
-    return a.pos != b.pos ? a.pos < b.pos : a.sub < b.sub;
-  });
-  size_t mi = 0;
-  for (size_t q = 0; q <= n; ++q) {
-    while (mi < p.members.size() && p.members[mi].pos < q) ++mi;
-    p.member_index[q] = static_cast<uint32_t>(mi);
-  }
+  p.index_members();
   return p;
 }
 

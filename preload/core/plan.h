@@ -24,6 +24,9 @@ inline uint64_t launch_token(EventKind kind, uint32_t kernel) {
   return (uint64_t{static_cast<uint8_t>(kind)} << 32) | (kind == EventKind::Kernel ? kernel : 0);
 }
 
+// The tokens of every launch of `t`, by position.
+std::vector<uint64_t> step_tokens(const StepTrace& t);
+
 struct ArenaPlan {
   uint64_t capacity = 0;     // virtual bytes (a multiple of the handle size)
   uint64_t used = 0;         // bytes copied out and back (end of the last member)
@@ -59,6 +62,8 @@ struct Plan {
   bool meets_budget = true;
   uint64_t candidates = 0, candidate_bytes = 0;
   uint64_t host_bytes() const;
+  // Sorts members by (pos, sub) and fills member_index (step_launches + 1 entries).
+  void index_members();
   std::string describe() const;   // one line for the log
 };
 

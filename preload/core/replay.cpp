@@ -302,9 +302,7 @@ void Replayer::pump() {
 
 // As preload/runtime.cpp's Runtime::plan_from, with the sizes the recording was scaled by.
 void Replayer::plan_from(const StepTrace& t) {
-  std::vector<uint64_t> tokens;
-  tokens.reserve(t.launches.size());
-  for (const TraceLaunch& l : t.launches) tokens.push_back(launch_token(l.kind, l.kernel));
+  std::vector<uint64_t> tokens = step_tokens(t);
   bool repeats = tokens == last_tokens_;
   last_tokens_ = std::move(tokens);
   if (!repeats || (ex_.installed() && !ex_.deviated()) || !ex_.idle()) return;

@@ -15,7 +15,8 @@ import os
 import sys
 
 
-def load(path):
+def load_result(path):
+    """A run.py result: a JSON file, or the last RESULT line of a log; None if neither."""
     with open(path) as f:
         text = f.read()
     stripped = text.strip()
@@ -23,8 +24,15 @@ def load(path):
         return json.loads(stripped)
     lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
     if not lines:
-        sys.exit(f"compare.py: no result in {path}")
+        return None
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def load(path):
+    r = load_result(path)
+    if r is None:
+        sys.exit(f"compare.py: no result in {path}")
+    return r
 
 
 def comparable(base, r):

@@ -27,7 +27,6 @@ not active through them, or a deviation are warnings.
 
 import argparse
 import glob
-import json
 import os
 import sys
 
@@ -38,16 +37,7 @@ BOTH_GBPS = 85.0  # both directions at once, in sum
 GROUP_ORDER = {"reference": 0, "convnet": 1, "llama": 2}
 
 
-def load(path):
-    with open(path) as f:
-        text = f.read()
-    stripped = text.strip()
-    if stripped.startswith("{"):
-        return json.loads(stripped)
-    lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        return None
-    return json.loads(lines[-1][len("RESULT "):])
+from compare import load_result as load  # noqa: E402  (scripts/bench/ is on sys.path)
 
 
 def executor(r):

@@ -448,7 +448,7 @@ Plan hand_plan(const StepTrace& t, uint64_t granularity, bool sound, std::mt1993
   const size_t n = t.launches.size();
   Plan p;
   p.step_launches = n;
-  for (const TraceLaunch& l : t.launches) p.tokens.push_back(launch_token(l.kind, l.kernel));
+  p.tokens = step_tokens(t);
   p.member_index.assign(n + 1, 0);
   std::vector<std::vector<int64_t>> touches(t.allocs.size());
   for (const TraceLaunch& l : t.launches)
@@ -563,14 +563,7 @@ Plan hand_plan(const StepTrace& t, uint64_t granularity, bool sound, std::mt1993
     host += p.arenas[i].used + static_cast<uint64_t>(uni(0, 2)) * 8;
   }
   p.handles = static_cast<uint32_t>(uni(1, 4));
-  std::sort(p.members.begin(), p.members.end(), [](const MemberPlan& a, const MemberPlan& b) {
-    return a.pos != b.pos ? a.pos < b.pos : a.sub < b.sub;
-  });
-  size_t mi = 0;
-  for (size_t q = 0; q <= n; ++q) {
-    while (mi < p.members.size() && p.members[mi].pos < q) ++mi;
-    p.member_index[q] = static_cast<uint32_t>(mi);
-  }
+  p.index_members();
   return p;
 }
 

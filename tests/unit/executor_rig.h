@@ -199,8 +199,7 @@ class Rig {
     log_.drain([&](const Event& e, const AllocId* acc) { as_.consume(e, acc); });
     ex_.poll();
     for (StepTrace& t : as_.take_ready(0, false, true)) {
-      std::vector<uint64_t> tokens;
-      for (const TraceLaunch& l : t.launches) tokens.push_back(launch_token(l.kind, l.kernel));
+      std::vector<uint64_t> tokens = step_tokens(t);
       bool repeats = tokens == last_tokens_;
       last_tokens_ = std::move(tokens);
       if (!o_.offload || !repeats || (ex_.installed() && !ex_.deviated()) || !ex_.idle()) continue;
