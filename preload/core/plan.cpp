@@ -55,7 +55,76 @@ std::string Plan::describe() const {
                   std::to_string(handles) + " handles of " + std::to_string(handle_bytes >> 20) +
                   " MiB; peak " + gib(plain_peak) + " -> predicted " + gib(predicted_peak);
   if (budget) s += std::string(" (budget ") + gib(budget) + (meets_budget ? ")" : ", NOT met)");
+  if (predicted_step_ns > 0) {
+    char m[128];
+    snprintf(m, sizeof m, "; step %.1f ms predicted (compute %.1f ms, bound %.1f ms)", predicted_step_ns / 1e6,
+             compute_ns / 1e6, lower_bound_ns / 1e6);
+    s += m;
+  }
   return s;
+}
+
+StepFacts step_facts(const StepTrace& t, uint64_t min_bytes) {
+  StepFacts f;
+  const size_t n = t.launches.size();
+  // Live bytes before each launch, and the peak.
+  f.live.assign(n, 0);
+  {
+    std::vector<int64_t> delta(n + 1, 0);
+    int64_t base = 0;
+    for (const TraceAlloc& a : t.allocs) {
+      if (a.alloc_pos < 0) base += static_cast<int64_t>(a.bytes);
+      else if (static_cast<size_t>(a.alloc_pos) <= n) delta[static_cast<size_t>(a.alloc_pos)] += static_cast<int64_t>(a.bytes);
+      if (a.free_pos >= 0 && static_cast<size_t>(a.free_pos) <= n) delta[static_cast<size_t>(a.free_pos)] -= static_cast<int64_t>(a.bytes);
+    }
+    int64_t v = base;
+    for (size_t i = 0; i < n; ++i) f.live[i] = v += delta[i];
+  }
+  if (n == 0) return f;
+  f.peak_pos = std::max_element(f.live.begin(), f.live.end()) - f.live.begin();
+  f.peak = static_cast<uint64_t>(f.live[static_cast<size_t>(f.peak_pos)]);
+  // Accesses per allocation: the last before the turnaround, the first after it.
+  f.fwd_last.assign(t.allocs.size(), -1);
+  f.bwd_first.assign(t.allocs.size(), -1);
+  for (const TraceLaunch& l : t.launches)
+    for (uint32_t a : l.allocs) {
+      if (a >= t.allocs.size()) continue;
+      if (l.pos <= f.peak_pos) f.fwd_last[a] = std::max<int64_t>(f.fwd_last[a], l.pos);
+      else if (f.bwd_first[a] < 0) f.bwd_first[a] = l.pos;
+    }
+  // The sub-ordinal of each allocation among those born before the same launch.
+  f.sub.assign(t.allocs.size(), 0);
+  std::vector<uint32_t> seen(n, 0);
+  for (const TraceAlloc& a : t.allocs)
+    if (a.alloc_pos >= 0 && static_cast<size_t>(a.alloc_pos) < n) f.sub[a.ordinal] = seen[a.alloc_pos]++;
+  // Candidates: activations (born by the peak, freed after the turnaround) read in backward.
+  for (const TraceAlloc& a : t.allocs) {
+    if (a.alloc_pos < 0 || a.alloc_pos > f.peak_pos || a.free_pos <= f.peak_pos + 1) continue;
+    if (a.bytes < min_bytes || f.bwd_first[a.ordinal] < 0) continue;
+    f.candidates.push_back(a.ordinal);
+    f.candidate_bytes += a.bytes;
+  }
+  return f;
+}
+
+void add_arena(Plan& p, const StepTrace& t, const StepFacts& f, const std::vector<uint32_t>& members, uint64_t cap,
+               int64_t reload_at, uint64_t member_align) {
+  ArenaPlan ap;
+  ap.capacity = cap;
+  ap.reload_at = reload_at;
+  if (!p.arenas.empty()) ap.host_offset = round_up(p.arenas.back().host_offset + p.arenas.back().used, 4096);
+  ap.members = members;
+  uint64_t off = 0;
+  for (uint32_t m : members) {
+    const TraceAlloc& ta = t.allocs[m];
+    ap.evict_after = std::max({ap.evict_after, f.fwd_last[m], ta.alloc_pos});
+    if (ap.first_use < 0 || f.bwd_first[m] < ap.first_use) ap.first_use = f.bwd_first[m];
+    p.members.push_back(MemberPlan{static_cast<uint32_t>(ta.alloc_pos), f.sub[m], ta.bytes,
+                                   static_cast<uint32_t>(p.arenas.size()), off});
+    off += round_up(ta.bytes, member_align);
+  }
+  ap.used = off;
+  p.arenas.push_back(std::move(ap));
 }
 
 Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
@@ -70,51 +139,18 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     return p;
   }
 
-  // Live bytes before each launch, and the peak.
-  std::vector<int64_t> live(n, 0);
-  {
-    std::vector<int64_t> delta(n + 1, 0);
-    int64_t base = 0;
-    for (const TraceAlloc& a : t.allocs) {
-      if (a.alloc_pos < 0) base += static_cast<int64_t>(a.bytes);
-      else delta[static_cast<size_t>(a.alloc_pos)] += static_cast<int64_t>(a.bytes);
-      if (a.free_pos >= 0) delta[static_cast<size_t>(a.free_pos)] -= static_cast<int64_t>(a.bytes);
-    }
-    int64_t v = base;
-    for (size_t i = 0; i < n; ++i) live[i] = v += delta[i];
-  }
-  int64_t peak_pos = std::max_element(live.begin(), live.end()) - live.begin();
-  p.plain_peak = static_cast<uint64_t>(live[static_cast<size_t>(peak_pos)]);
+  const StepFacts f = step_facts(t, o.min_bytes);
+  const std::vector<int64_t>& live = f.live;
+  const int64_t peak_pos = f.peak_pos;
+  const std::vector<int64_t>&fwd_last = f.fwd_last, &bwd_first = f.bwd_first;
+  const std::vector<uint32_t>& cand = f.candidates;
+  p.plain_peak = f.peak;
   p.resident_peak = p.predicted_peak = p.plain_peak;
   if (o.budget && p.plain_peak <= o.budget) {
     *why = "the step's peak (" + gib(p.plain_peak) + ") is within the budget";
     return p;
   }
-
-  // Accesses per allocation: the last before the turnaround, the first after it.
-  std::vector<int64_t> fwd_last(t.allocs.size(), -1), bwd_first(t.allocs.size(), -1);
-  for (const TraceLaunch& l : t.launches)
-    for (uint32_t a : l.allocs) {
-      if (a >= t.allocs.size()) continue;
-      if (l.pos <= peak_pos) fwd_last[a] = std::max<int64_t>(fwd_last[a], l.pos);
-      else if (bwd_first[a] < 0) bwd_first[a] = l.pos;
-    }
-  // The sub-ordinal of each allocation among those born before the same launch.
-  std::vector<uint32_t> sub(t.allocs.size(), 0);
-  {
-    std::vector<uint32_t> seen(n, 0);
-    for (const TraceAlloc& a : t.allocs)
-      if (a.alloc_pos >= 0 && static_cast<size_t>(a.alloc_pos) < n) sub[a.ordinal] = seen[a.alloc_pos]++;
-  }
-
-  // Candidates: activations (born by the peak, freed after the turnaround) read in backward.
-  std::vector<uint32_t> cand;
-  for (const TraceAlloc& a : t.allocs) {
-    if (a.alloc_pos < 0 || a.alloc_pos > peak_pos || a.free_pos <= peak_pos + 1) continue;
-    if (a.bytes < o.min_bytes || bwd_first[a.ordinal] < 0) continue;
-    cand.push_back(a.ordinal);
-    p.candidate_bytes += a.bytes;
-  }
+  p.candidate_bytes = f.candidate_bytes;
   p.candidates = cand.size();
   if (cand.size() < 2) {
     *why = "fewer than two activations to offload";
@@ -285,27 +321,7 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
   p.handle_bytes = cap;
 
   // Reload one arena ahead: while the backward consumes arena j+1, arena j comes back.
-  uint64_t host_off = 0;
-  for (size_t j = 0; j < k; ++j) {
-    const Arena& a = arenas[offloadable[j]];
-    ArenaPlan ap;
-    ap.capacity = cap;
-    ap.evict_after = a.evict_after;
-    ap.first_use = a.first_use;
-    ap.reload_at = reload_at(k, j);
-    ap.host_offset = host_off;
-    ap.members = a.members;
-    uint64_t off = 0;
-    for (uint32_t m : a.members) {
-      const TraceAlloc& ta = t.allocs[m];
-      p.members.push_back(MemberPlan{static_cast<uint32_t>(ta.alloc_pos), sub[m], ta.bytes,
-                                     static_cast<uint32_t>(p.arenas.size()), off});
-      off += round_up(ta.bytes, o.member_align);
-    }
-    ap.used = off;
-    host_off += round_up(off, 4096);
-    p.arenas.push_back(std::move(ap));
-  }
+  for (size_t j = 0; j < k; ++j) add_arena(p, t, f, arenas[offloadable[j]].members, cap, reload_at(k, j), o.member_align);
   p.index_members();
   return p;
 }

@@ -60,6 +60,8 @@ struct Plan {
   uint64_t predicted_peak = 0;    // resident_peak * pool overhead + handles * handle_bytes
   uint64_t budget = 0;            // 0: none given
   bool meets_budget = true;
+  // From measured GPU times (the planner); 0: not predicted.
+  int64_t predicted_step_ns = 0, compute_ns = 0, lower_bound_ns = 0;
   uint64_t candidates = 0, candidate_bytes = 0;
   uint64_t host_bytes() const;
   // Sorts members by (pos, sub) and fills member_index (step_launches + 1 entries).
@@ -87,6 +89,23 @@ inline uint64_t plan_anchor(uint64_t traced_first_launch, uint64_t step_launches
   if (a < next) a += (next - a + step_launches - 1) / step_launches * step_launches;
   return a;
 }
+
+// What a planner needs to know about a step, from its trace alone.
+struct StepFacts {
+  std::vector<int64_t> live;             // live bytes before each launch
+  int64_t peak_pos = 0;                  // the turnaround: the launch with the most live bytes
+  uint64_t peak = 0;
+  std::vector<int64_t> fwd_last, bwd_first;  // per ordinal: last use by the peak, first after it
+  std::vector<uint32_t> sub;             // per ordinal: its rank among those born before its launch
+  std::vector<uint32_t> candidates;      // activations read in backward, in birth order
+  uint64_t candidate_bytes = 0;
+};
+StepFacts step_facts(const StepTrace& t, uint64_t min_bytes);
+
+// Appends to `p` an arena of `cap` bytes holding `members` (ordinals, in birth order) at
+// member_align offsets, and its host range after the arenas before it.
+void add_arena(Plan& p, const StepTrace& t, const StepFacts& f, const std::vector<uint32_t>& members, uint64_t cap,
+               int64_t reload_at, uint64_t member_align);
 
 // The plan for steps like `t`. An empty plan (no arenas) when nothing is worth moving:
 // `why` then says why.

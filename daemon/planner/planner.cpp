@@ -1,0 +1,662 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <limits>
+#include <optional>
+
+namespace offload {
+namespace {
+
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+uint64_t round_up(uint64_t v, uint64_t a) { return a ? (v + a - 1) / a * a : v; }
+
+std::string gib(uint64_t b) {
+  char s[32];
+  snprintf(s, sizeof s, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
+  return s;
+}
+
+int64_t copy_ns(uint64_t bytes, double bytes_per_ns) {
+  return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) / bytes_per_ns));
+}
+
+// The link: one FIFO queue per direction, sharing the bandwidth while both copy (a fluid
+// model: rates change only when a queue starts or runs dry).
+class Link {
+ public:
+  struct Job {
+    uint32_t arena;
+    int64_t ready;
+    double left;  // bytes
+    int64_t start = -1, end = -1;
+  };
+  explicit Link(const LinkModel& m) : m_(m) {}
+
+  // Queues a copy of `bytes` that may start at `ready`; returns its index in `dir`.
+  size_t push(bool d2h, uint32_t arena, int64_t ready, uint64_t bytes) {
+    auto& q = d2h ? d2h_ : h2d_;
+    q.push_back(Job{arena, ready, static_cast<double>(bytes)});
+    return q.size() - 1;
+  }
+  const Job& job(bool d2h, size_t i) const { return d2h ? d2h_[i] : h2d_[i]; }
+  int64_t now() const { return now_; }
+
+  // The time of the next completion or start, kNever when nothing is queued.
+  int64_t next_event() const {
+    bool ad = active(d2h_, hd_), ah = active(h2d_, hh_);
+    int64_t e = kNever;
+    auto rate = [&](bool d2h) {
+      double s = m_.scale;
+      if (ad && ah) return (d2h ? m_.d2h_shared : m_.h2d_shared) * s;
+      return (d2h ? m_.d2h : m_.h2d) * s;
+    };
+    if (ad) e = std::min(e, now_ + std::max<int64_t>(1, static_cast<int64_t>(std::ceil(d2h_[hd_].left / rate(true)))));
+    else if (hd_ < d2h_.size()) e = std::min(e, std::max(now_, d2h_[hd_].ready));
+    if (ah) e = std::min(e, now_ + std::max<int64_t>(1, static_cast<int64_t>(std::ceil(h2d_[hh_].left / rate(false)))));
+    else if (hh_ < h2d_.size()) e = std::min(e, std::max(now_, h2d_[hh_].ready));
+    return e;
+  }
+
+  // Moves the link to time `t`; calls done(d2h, job) for each copy completed on the way, in
+  // time order (a callback may queue more copies, ready no earlier than their completion).
+  template <typename F>
+  void advance(int64_t t, F&& done) {
+    while (now_ < t) {
+      mark_start(d2h_, hd_);
+      mark_start(h2d_, hh_);
+      int64_t e = std::min(next_event(), t);
+      bool ad = active(d2h_, hd_), ah = active(h2d_, hh_);
+      double dt = static_cast<double>(e - now_), s = m_.scale;
+      double rd = (ad && ah ? m_.d2h_shared : m_.d2h) * s, rh = (ad && ah ? m_.h2d_shared : m_.h2d) * s;
+      now_ = e;
+      if (ad) step(d2h_, hd_, rd * dt, true, done);
+      if (ah) step(h2d_, hh_, rh * dt, false, done);
+      // Heads that became ready start now.
+      mark_start(d2h_, hd_);
+      mark_start(h2d_, hh_);
+    }
+  }
+
+ private:
+  bool active(const std::deque<Job>& q, size_t h) const { return h < q.size() && q[h].ready <= now_; }
+  void mark_start(std::deque<Job>& q, size_t h) {
+    if (h < q.size() && q[h].ready <= now_ && q[h].start < 0) q[h].start = now_;
+  }
+  template <typename F>
+  void step(std::deque<Job>& q, size_t& h, double bytes, bool d2h, F& done) {
+    Job& j = q[h];
+    j.left -= bytes;
+    if (j.left <= 0.5) {
+      j.end = now_;
+      size_t idx = h++;
+      if (h < q.size() && q[h].ready < now_) q[h].ready = now_;  // FIFO: starts after the one before
+      done(d2h, idx);
+    }
+  }
+  LinkModel m_;
+  std::deque<Job> d2h_, h2d_;
+  size_t hd_ = 0, hh_ = 0;
+  int64_t now_ = 0;
+};
+
+}  // namespace
+
+GpuTimeline gpu_timeline(const StepTrace& t) {
+  GpuTimeline g;
+  const size_t n = t.launches.size();
+  g.start.assign(n, 0);
+  g.dur.assign(n, 0);
+  size_t kernels = 0, timed = 0;
+  int64_t end = 0, cur = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const TraceLaunch& l = t.launches[i];
+    if (l.kind == EventKind::Kernel) ++kernels;
+    if (l.gpu_start_ns >= 0 && l.gpu_ns >= 0) {
+      ++timed;
+      cur = std::max(cur, l.gpu_start_ns);
+      end = std::max(end, l.gpu_start_ns + l.gpu_ns);
+    }
+    g.start[i] = cur;
+  }
+  g.measured = kernels ? static_cast<double>(timed) / static_cast<double>(kernels) : 0;
+  if (timed * 2 < kernels || end == 0) {
+    // Not measured: every launch the same length (1 us), which keeps the order of things.
+    for (size_t i = 0; i < n; ++i) g.start[i] = static_cast<int64_t>(i) * 1000;
+    end = static_cast<int64_t>(n) * 1000;
+  }
+  g.total = std::max(end, n ? g.start[n - 1] : 0);
+  for (size_t i = 0; i < n; ++i) g.dur[i] = (i + 1 < n ? g.start[i + 1] : g.total) - g.start[i];
+  return g;
+}
+
+Boundaries layer_boundaries(const std::vector<uint64_t>& tokens, int64_t forward_end) {
+  Boundaries b;
+  b.starts.push_back(0);
+  const int64_t m = std::min<int64_t>(forward_end + 1, static_cast<int64_t>(tokens.size()));
+  if (m < 16) return b;
+  // The period: the lag at which the forward best repeats itself (a block's launches).
+  double best = 0;
+  int64_t period = 0;
+  for (int64_t p = 4; p <= m / 3; ++p) {
+    int64_t same = 0;
+    for (int64_t i = 0; i + p < m; ++i) same += tokens[static_cast<size_t>(i)] == tokens[static_cast<size_t>(i + p)];
+    double r = static_cast<double>(same) / static_cast<double>(m - p);
+    if (r > best + 1e-9) best = r, period = p;
+  }
+  b.match = best;
+  b.period = static_cast<uint32_t>(period);
+  if (!period) return b;
+  // Repetitions: from the first position where a block repeats the next one, as long as
+  // each block matches the one before it in most places.
+  auto block_match = [&](int64_t s) {
+    int64_t same = 0;
+    for (int64_t i = 0; i < period; ++i)
+      same += tokens[static_cast<size_t>(s + i)] == tokens[static_cast<size_t>(s + i + period)];
+    return static_cast<double>(same) / static_cast<double>(period);
+  };
+  int64_t first = -1;
+  for (int64_t s = 0; s + 2 * period <= m; ++s)
+    if (block_match(s) >= 0.9) {
+      first = s;
+      break;
+    }
+  if (first < 0) return b;
+  // The phase: among the first block's positions, one whose token occurs once per block.
+  int64_t phase = first;
+  for (int64_t s = first; s < first + period; ++s) {
+    bool once = true;
+    for (int64_t i = first; i < first + period && once; ++i) once = i == s || tokens[static_cast<size_t>(i)] != tokens[static_cast<size_t>(s)];
+    if (once) {
+      phase = s;
+      break;
+    }
+  }
+  if (phase > 0) b.starts.push_back(phase);
+  for (int64_t s = phase; s + 2 * period <= m && block_match(s) >= 0.75; s += period) b.starts.push_back(s + period);
+  return b;
+}
+
+Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, const LinkModel& link,
+                    double pool_overhead) {
+  Prediction pr;
+  const size_t n = t.launches.size();
+  const StepFacts f = step_facts(t, 0);
+  pr.compute_ns = g.total;
+  const size_t turn = std::min(n, static_cast<size_t>(f.peak_pos + 1));
+  pr.forward_ns = turn < n ? g.start[turn] : g.total;
+  pr.backward_ns = g.total - pr.forward_ns;
+  const size_t na = plan.arenas.size();
+  pr.arenas.resize(na);
+  // Per position: arenas born, reloads due, arenas whose last member is freed, first uses,
+  // evictions after the launch.
+  std::vector<std::vector<uint32_t>> born(n + 1), due(n + 1), freed(n + 1), used(n + 1), evict(n + 1);
+  std::vector<int64_t> last_free(na, -1);
+  std::vector<char> member(t.allocs.size(), 0);
+  for (uint32_t i = 0; i < na; ++i) {
+    const ArenaPlan& a = plan.arenas[i];
+    int64_t b = static_cast<int64_t>(n);
+    for (uint32_t m : a.members) {
+      const TraceAlloc& ta = t.allocs[m];
+      b = std::min(b, ta.alloc_pos);
+      last_free[i] = std::max(last_free[i], ta.free_pos < 0 ? static_cast<int64_t>(n) : ta.free_pos);
+      member[m] = 1;
+      pr.arenas[i].bytes += ta.bytes;
+    }
+    auto at = [&](int64_t p) { return static_cast<size_t>(std::clamp<int64_t>(p, 0, static_cast<int64_t>(n))); };
+    born[at(b)].push_back(i);
+    due[at(a.reload_at)].push_back(i);
+    freed[at(last_free[i])].push_back(i);
+    used[at(a.first_use)].push_back(i);
+    evict[at(a.evict_after)].push_back(i);
+    pr.bytes_out += a.used;
+    pr.bytes_in += a.used;
+  }
+  // Live bytes outside arenas before each launch.
+  pr.resident.assign(n, 0);
+  {
+    std::vector<int64_t> delta(n + 1, 0);
+    int64_t base = 0;
+    for (const TraceAlloc& a : t.allocs) {
+      if (member[a.ordinal]) continue;
+      if (a.alloc_pos < 0) base += static_cast<int64_t>(a.bytes);
+      else if (static_cast<size_t>(a.alloc_pos) <= n) delta[static_cast<size_t>(a.alloc_pos)] += static_cast<int64_t>(a.bytes);
+      if (a.free_pos >= 0 && static_cast<size_t>(a.free_pos) <= n) delta[static_cast<size_t>(a.free_pos)] -= static_cast<int64_t>(a.bytes);
+    }
+    int64_t v = base;
+    uint64_t most = 0;
+    for (size_t i = 0; i < n; ++i) {
+      pr.resident[i] = static_cast<uint64_t>(std::max<int64_t>(0, v += delta[i]));
+      most = std::max(most, pr.resident[i]);
+    }
+    pr.peak_bytes = static_cast<uint64_t>(static_cast<double>(most) * pool_overhead) + uint64_t{plan.handles} * plan.handle_bytes;
+  }
+  // Lower bound, per phase.
+  auto bound = [&](int64_t compute, uint64_t bytes, double rate) { return std::max(compute, bytes ? copy_ns(bytes, rate * link.scale) : 0); };
+  pr.lower_bound_ns = bound(pr.forward_ns, pr.bytes_out, link.d2h) + bound(pr.backward_ns, pr.bytes_in, link.h2d);
+
+  Link l(link);
+  int64_t free_handles = na ? plan.handles : 0, in_use = 0;
+  std::vector<int64_t> d2h_job(na, -1), h2d_job(na, -1);
+  std::deque<uint32_t> pending;  // reloads due and waiting for a handle, in order
+  std::vector<char> evicted(na, 0), back(na, 0), holds(na, 0);
+  int64_t shift = 0;
+  pr.launch_start.assign(n, 0);
+  auto take = [&](uint32_t i) {
+    --free_handles;
+    ++in_use;
+    holds[i] = 1;
+    pr.most_handles = std::max<uint64_t>(pr.most_handles, static_cast<uint64_t>(in_use));
+  };
+  auto give = [&](uint32_t i) {
+    if (!holds[i]) return;
+    holds[i] = 0;
+    ++free_handles;
+    --in_use;
+  };
+  auto issue_reload = [&](uint32_t i, int64_t when) {
+    take(i);
+    // Not before its bytes are on the host.
+    int64_t ready = std::max(when, pr.arenas[i].evict_end);
+    pr.arenas[i].reload_issue = when;
+    h2d_job[i] = static_cast<int64_t>(l.push(false, i, ready, plan.arenas[i].used));
+  };
+  auto on_done = [&](bool d2h, size_t idx) {
+    const Link::Job& j = l.job(d2h, idx);
+    ArenaTiming& at = pr.arenas[j.arena];
+    if (d2h) {
+      at.evict_start = j.start, at.evict_end = j.end;
+      evicted[j.arena] = 1;
+      give(j.arena);
+      while (free_handles > 0 && !pending.empty()) {
+        uint32_t r = pending.front();
+        pending.pop_front();
+        issue_reload(r, j.end);
+      }
+    } else {
+      at.reload_start = j.start, at.reload_end = j.end;
+      back[j.arena] = 1;
+    }
+  };
+  // Waits (moves the link forward) until `ok()` holds; returns when, or kNever if it never does.
+  auto wait_until = [&](int64_t from, auto ok) {
+    l.advance(from, on_done);
+    while (!ok()) {
+      int64_t e = l.next_event();
+      if (e == kNever) return kNever;
+      l.advance(e, on_done);
+    }
+    return std::max(from, l.now());
+  };
+  auto fail = [&]() {
+    pr.feasible = false;
+    pr.step_ns = kNever / 4;
+    return pr;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t natural = g.start[i] + shift;
+    int64_t s = natural;
+    l.advance(s, on_done);
+    for (uint32_t a : freed[i]) give(a);
+    for (uint32_t a : due[i]) pending.push_back(a);
+    for (uint32_t a : born[i]) {
+      s = wait_until(s, [&] { return free_handles > 0; });
+      if (s == kNever) return fail();
+      take(a);
+      pr.arenas[a].born = s;
+    }
+    while (free_handles > 0 && !pending.empty()) {
+      uint32_t r = pending.front();
+      pending.pop_front();
+      if (!evicted[r]) {
+        // Its copy out is still running: the executor would abandon it; the plan should not ask.
+        s = wait_until(s, [&] { return evicted[r] != 0; });
+        if (s == kNever) return fail();
+      }
+      issue_reload(r, s);
+    }
+    for (uint32_t a : used[i]) {
+      // A first use before the reload was even issued: the executor reloads on demand.
+      if (h2d_job[a] < 0) {
+        auto it = std::find(pending.begin(), pending.end(), a);
+        if (it != pending.end()) pending.erase(it);
+        s = wait_until(s, [&] { return free_handles > 0 && evicted[a] != 0; });
+        if (s == kNever) return fail();
+        issue_reload(a, s);
+      }
+      int64_t before = s;
+      s = wait_until(s, [&] { return back[a] != 0; });
+      if (s == kNever) return fail();
+      pr.arenas[a].use = s;
+      pr.arenas[a].stall += s - before;
+    }
+    shift += s - natural;
+    pr.launch_start[i] = s;
+    if (i + 1 == turn) pr.forward_step_ns = s + g.dur[i];
+    const int64_t end = s + g.dur[i];
+    for (uint32_t a : evict[i]) {
+      pr.arenas[a].evict_ready = end;
+      d2h_job[a] = static_cast<int64_t>(l.push(true, a, end, plan.arenas[a].used));
+    }
+  }
+  pr.step_ns = g.total + shift;
+  // Copies still running at the end of the step hold the next step up.
+  int64_t tail = wait_until(pr.step_ns, [&] {
+    for (uint32_t a = 0; a < na; ++a)
+      if (d2h_job[a] >= 0 && !evicted[a]) return false;
+    return true;
+  });
+  if (tail != kNever) pr.step_ns = std::max(pr.step_ns, tail);
+  return pr;
+}
+
+PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
+  PlannerResult r;
+  const size_t n = t.launches.size();
+  Plan& p = r.plan;
+  p.budget = o.budget;
+  p.step_launches = n;
+  p.tokens = step_tokens(t);
+  p.member_index.assign(n + 1, 0);
+  const GpuTimeline g = gpu_timeline(t);
+  r.prediction = simulate(t, g, p, o.link, o.pool_overhead);
+  if (n == 0) {
+    r.why = "the step has no launches";
+    return r;
+  }
+  const StepFacts f = step_facts(t, o.min_bytes);
+  p.plain_peak = p.resident_peak = p.predicted_peak = f.peak;
+  r.plain_footprint = static_cast<uint64_t>(static_cast<double>(f.peak) * o.pool_overhead);
+  p.candidates = f.candidates.size();
+  p.candidate_bytes = f.candidate_bytes;
+  if (o.budget && r.plain_footprint <= o.budget) {
+    r.why = "the step's footprint (" + gib(r.plain_footprint) + ") is within the budget";
+    return r;
+  }
+  if (f.candidates.size() < 2) {
+    r.why = "fewer than two activations to offload";
+    return r;
+  }
+
+  // Worth moving: an activation idle (in GPU time, from the end of its last forward use to
+  // the start of its first backward one) for at least its copy out and back. What the
+  // backward needs soon after the turnaround would only take the link when it is busiest.
+  std::vector<uint32_t> movable;
+  for (uint32_t c : f.candidates) {
+    const int64_t last = std::max(f.fwd_last[c], t.allocs[c].alloc_pos);
+    const int64_t idle = g.start[static_cast<size_t>(f.bwd_first[c])] - (g.start[static_cast<size_t>(last)] + g.dur[static_cast<size_t>(last)]);
+    const uint64_t b = t.allocs[c].bytes;
+    if (idle >= copy_ns(b, o.link.d2h * o.link.scale) + copy_ns(b, o.link.h2d * o.link.scale)) movable.push_back(c);
+  }
+  if (movable.empty()) {
+    r.why = "no activation is idle long enough (in GPU time) to copy it out and back";
+    return r;
+  }
+
+  // Segments: layer boundaries, else equal shares of the candidates' bytes.
+  r.boundaries = layer_boundaries(p.tokens, f.peak_pos);
+  uint64_t movable_bytes = 0;
+  for (uint32_t c : movable) movable_bytes += t.allocs[c].bytes;
+  std::vector<std::vector<uint32_t>> groups;
+  std::vector<int64_t> group_segment;
+  if (r.boundaries.match >= o.min_match && r.boundaries.starts.size() >= 3) {
+    const auto& st = r.boundaries.starts;
+    for (uint32_t c : movable) {
+      int64_t seg = std::upper_bound(st.begin(), st.end(), t.allocs[c].alloc_pos) - st.begin() - 1;
+      if (groups.empty() || group_segment.back() != seg) {
+        groups.emplace_back();
+        group_segment.push_back(seg);
+      }
+      groups.back().push_back(c);
+    }
+  } else {
+    const uint64_t target = std::max(o.granularity, movable_bytes / std::max(1u, o.fallback_segments));
+    uint64_t acc = 0;
+    for (uint32_t c : movable) {
+      if (groups.empty() || acc + t.allocs[c].bytes > target) {
+        groups.emplace_back();
+        group_segment.push_back(static_cast<int64_t>(groups.size()) - 1);
+        acc = 0;
+      }
+      groups.back().push_back(c);
+      acc += round_up(t.allocs[c].bytes, o.member_align);
+    }
+  }
+  // An arena leaves after its last member's forward use and comes back before its first
+  // member's backward use: one member used far later in the forward, or far earlier in the
+  // backward, than the rest of its segment would pin the whole arena. Such members stay.
+  {
+    const int64_t slack = std::max<int64_t>(1, g.start[static_cast<size_t>(f.peak_pos)] /
+                                                   static_cast<int64_t>(std::max<size_t>(1, groups.size())));
+    auto last_end = [&](uint32_t c) {
+      size_t q = static_cast<size_t>(std::max(f.fwd_last[c], t.allocs[c].alloc_pos));
+      return g.start[q] + g.dur[q];
+    };
+    auto first_start = [&](uint32_t c) { return g.start[static_cast<size_t>(f.bwd_first[c])]; };
+    for (auto& gr : groups) {
+      std::vector<int64_t> ends, starts;
+      for (uint32_t c : gr) ends.push_back(last_end(c)), starts.push_back(first_start(c));
+      std::nth_element(ends.begin(), ends.begin() + static_cast<long>(ends.size() / 2), ends.end());
+      std::nth_element(starts.begin(), starts.begin() + static_cast<long>(starts.size() / 2), starts.end());
+      const int64_t end_med = ends[ends.size() / 2], start_med = starts[starts.size() / 2];
+      std::erase_if(gr, [&](uint32_t c) { return last_end(c) > end_med + slack || first_start(c) < start_med - 2 * slack; });
+    }
+    for (size_t i = groups.size(); i-- > 0;)
+      if (groups[i].empty()) {
+        groups.erase(groups.begin() + static_cast<long>(i));
+        group_segment.erase(group_segment.begin() + static_cast<long>(i));
+      }
+    if (groups.empty()) {
+      r.why = "no segment's activations are idle together";
+      return r;
+    }
+  }
+  // Arenas: each segment's activations in `pieces` arenas of about equal bytes. One handle
+  // size serves every arena: the typical piece's; larger pieces (a language model's logits, a
+  // stem at full resolution) are cut to that size. Finer pieces need smaller handles (less
+  // memory held while copies trail the compute) at more driver calls; the search tries several.
+  struct Group {
+    std::vector<uint32_t> members;
+    int64_t segment;
+    uint64_t bytes = 0;
+    int64_t evict_after = -1, first_use = -1;
+  };
+  struct Layout {
+    std::vector<Group> arenas;
+    std::vector<size_t> offloadable;  // oldest first
+    uint64_t cap = 0;
+  };
+  auto layout = [&](uint32_t pieces) {
+    Layout L;
+    std::vector<uint64_t> piece_bytes;
+    for (const auto& gr : groups) {
+      uint64_t b = 0;
+      for (uint32_t c : gr) b += round_up(t.allocs[c].bytes, o.member_align);
+      piece_bytes.push_back(std::max<uint64_t>(1, b / pieces));
+    }
+    std::vector<uint64_t> sorted = piece_bytes;
+    std::sort(sorted.begin(), sorted.end());
+    L.cap = round_up(std::max<uint64_t>(sorted[sorted.size() / 2], o.granularity), o.granularity);
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const uint64_t target = std::min(L.cap, round_up(piece_bytes[gi], o.member_align));
+      L.arenas.push_back(Group{{}, group_segment[gi]});
+      for (uint32_t c : groups[gi]) {
+        uint64_t b = round_up(t.allocs[c].bytes, o.member_align);
+        if (!L.arenas.back().members.empty() && L.arenas.back().bytes + b > target)
+          L.arenas.push_back(Group{{}, group_segment[gi]});
+        L.arenas.back().members.push_back(c);
+        L.arenas.back().bytes += b;
+      }
+    }
+    for (Group& a : L.arenas)
+      for (uint32_t m : a.members) {
+        a.evict_after = std::max({a.evict_after, f.fwd_last[m], t.allocs[m].alloc_pos});
+        if (a.first_use < 0 || f.bwd_first[m] < a.first_use) a.first_use = f.bwd_first[m];
+      }
+    // The last segment is needed at once in backward: it stays. So does an arena without a
+    // gap between its last forward and first backward use, or one too large for a handle.
+    const int64_t last_segment = L.arenas.back().segment;
+    uint64_t host = 0;
+    for (size_t i = 0; i < L.arenas.size(); ++i) {
+      const Group& a = L.arenas[i];
+      if (a.segment == last_segment || a.first_use <= a.evict_after + 1) continue;
+      if (round_up(a.bytes, o.granularity) > L.cap) continue;
+      host += round_up(a.bytes, 4096);
+      if (host > o.max_host_bytes) break;
+      L.offloadable.push_back(i);
+    }
+    return L;
+  };
+
+  // Backward order of a plan's arenas: by first use, the later-born first on ties.
+  auto backward_order = [](const std::vector<int64_t>& first_use) {
+    std::vector<size_t> order(first_use.size());
+    for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      return first_use[x] != first_use[y] ? first_use[x] < first_use[y] : x > y;
+    });
+    return order;
+  };
+  // A candidate plan: the oldest k offloadable arenas of layout L, h handles. Reloads go in
+  // backward order, as early as a handle allows: a first simulation tells where each can be
+  // issued, and the plan asks for it there (never before its copy out is due to finish).
+  struct Candidate {
+    Plan plan;
+    Prediction pred;
+    std::vector<int64_t> segments;
+  };
+  auto make = [&](const Layout& L, size_t k, uint32_t h) {
+    Candidate c;
+    Plan& q = c.plan;
+    q.budget = o.budget;
+    q.step_launches = n;
+    q.tokens = p.tokens;
+    q.plain_peak = f.peak;
+    q.candidates = p.candidates;
+    q.candidate_bytes = p.candidate_bytes;
+    q.handles = h;
+    q.handle_bytes = L.cap;
+    std::vector<int64_t> uses;
+    for (size_t j = 0; j < k; ++j) uses.push_back(L.arenas[L.offloadable[j]].first_use);
+    // First pass: all due from the turnaround on, one launch apart in backward order (the
+    // executor queues held-back reloads in the order they fall due).
+    std::vector<size_t> order = backward_order(uses);
+    std::vector<int64_t> rank(k);
+    for (size_t j = 0; j < order.size(); ++j) rank[order[j]] = static_cast<int64_t>(j);
+    for (size_t j = 0; j < k; ++j) {
+      const Group& a = L.arenas[L.offloadable[j]];
+      int64_t at = std::min<int64_t>(f.peak_pos + 1 + rank[j], a.first_use);
+      add_arena(q, t, f, a.members, L.cap, std::max<int64_t>(at, a.evict_after + 1), o.member_align);
+      c.segments.push_back(a.segment);
+    }
+    q.index_members();
+    Prediction first = simulate(t, g, q, o.link, o.pool_overhead);
+    if (!first.feasible) {
+      c.pred = first;
+      return c;
+    }
+    int64_t prev = -1;
+    for (size_t j : order) {
+      ArenaPlan& a = q.arenas[j];
+      int64_t when = std::max(first.arenas[j].reload_issue, first.arenas[j].evict_end);
+      int64_t pos = std::lower_bound(first.launch_start.begin(), first.launch_start.end(), when) - first.launch_start.begin();
+      pos = std::clamp<int64_t>(pos, std::max<int64_t>(a.reload_at, prev + 1), std::max(a.first_use, prev + 1));
+      a.reload_at = pos;
+      prev = pos;
+    }
+    c.pred = simulate(t, g, q, o.link, o.pool_overhead);
+    return c;
+  };
+
+  // Search, for each arena size and handle count: with a budget, the fewest arenas that meet
+  // it (the footprint falls as k grows; every arena moved costs link time); the fastest such
+  // plan wins, fewer bytes moved breaking near-ties. Apart: the most arenas whose transfers
+  // the compute hides (exposed time grows with k), for the report and for "no budget".
+  const int64_t hide_limit = static_cast<int64_t>(static_cast<double>(g.total) * o.hide_tolerance);
+  std::optional<Candidate> best, hidden;
+  bool best_meets = false;
+  auto consider = [&](Candidate&& c) {
+    if (!c.pred.feasible) return;
+    bool meets = c.pred.peak_bytes <= o.budget;
+    bool take = false;
+    if (!best) take = true;
+    else if (meets != best_meets) take = meets;
+    else if (!meets) take = c.pred.peak_bytes < best->pred.peak_bytes;
+    else {
+      double a = static_cast<double>(c.pred.step_ns), b = static_cast<double>(best->pred.step_ns);
+      take = a < b * 0.995 || (a <= b * 1.005 && c.pred.bytes_out < best->pred.bytes_out);
+    }
+    if (take) {
+      best = std::move(c);
+      best_meets = meets;
+    }
+  };
+  auto consider_hidden = [&](Candidate&& c) {
+    if (!c.pred.feasible || c.pred.exposed_ns() > hide_limit || c.pred.peak_bytes >= r.plain_footprint) return;
+    if (!hidden || c.pred.bytes_out > hidden->pred.bytes_out ||
+        (c.pred.bytes_out == hidden->pred.bytes_out && c.pred.peak_bytes < hidden->pred.peak_bytes))
+      hidden = std::move(c);
+  };
+  for (uint32_t pieces : {1u, 2u, 3u, 4u, 6u, 8u}) {
+    Layout L = layout(pieces);
+    const size_t kmax = L.offloadable.size();
+    if (!kmax) continue;
+    uint32_t hmax = o.max_handles;
+    if (o.max_inflight_bytes) hmax = std::min<uint32_t>(hmax, static_cast<uint32_t>(std::max<uint64_t>(2, o.max_inflight_bytes / L.cap)));
+    hmax = std::min<uint32_t>(hmax, static_cast<uint32_t>(kmax) + 1);
+    for (uint32_t h = 2; h <= hmax; ++h) {
+      if (o.budget) {
+        // Smallest k whose footprint meets the budget (binary search), else all of them.
+        size_t lo = 1, hi = kmax;
+        while (lo < hi) {
+          size_t mid = (lo + hi) / 2;
+          Candidate c = make(L, mid, h);
+          if (c.pred.feasible && c.pred.peak_bytes <= o.budget) hi = mid;
+          else lo = mid + 1;
+        }
+        consider(make(L, lo, h));
+      }
+      // Largest k the compute hides.
+      size_t lo = 0, hi = kmax;
+      while (lo < hi) {
+        size_t mid = (lo + hi + 1) / 2;
+        Candidate c = make(L, mid, h);
+        if (c.pred.feasible && c.pred.exposed_ns() <= hide_limit) lo = mid;
+        else hi = mid - 1;
+      }
+      if (lo) consider_hidden(make(L, lo, h));
+    }
+  }
+  if (hidden) {
+    r.hidden_bytes = hidden->pred.bytes_out;
+    r.hidden_peak = hidden->pred.peak_bytes;
+    r.hidden_step_ns = hidden->pred.step_ns;
+    r.hidden_arenas = static_cast<uint32_t>(hidden->plan.arenas.size());
+  }
+  std::optional<Candidate>& chosen = o.budget ? best : hidden;
+  if (!chosen) {
+    r.why = o.budget ? "no plan the simulation can run (each waits for a handle that never frees)"
+                     : "the compute hides no offload that lowers the footprint";
+    return r;
+  }
+  if (o.budget && chosen->pred.peak_bytes >= r.plain_footprint) {
+    r.why = "offloading would not lower the footprint below " + gib(r.plain_footprint);
+    return r;
+  }
+  Plan q = std::move(chosen->plan);
+  r.prediction = std::move(chosen->pred);
+  r.arena_segment = std::move(chosen->segments);
+  q.resident_peak = *std::max_element(r.prediction.resident.begin(), r.prediction.resident.end());
+  q.predicted_peak = r.prediction.peak_bytes;
+  q.meets_budget = !o.budget || q.predicted_peak <= o.budget;
+  q.predicted_step_ns = r.prediction.step_ns;
+  q.compute_ns = r.prediction.compute_ns;
+  q.lower_bound_ns = r.prediction.lower_bound_ns;
+  p = std::move(q);
+  return r;
+}
+
+}  // namespace offload

@@ -1,0 +1,120 @@
+// The planner: which arenas to offload, and when to bring each back, so that the copies
+// hide behind compute in measured GPU time. A pure library: no I/O, no clocks, no driver.
+// offloadctl plans with it on recorded traces; the shim plans with it in-process.
+//
+// Model. The step's launches run on the GPU at the times CUPTI measured (GpuTimeline). An
+// offloaded arena is copied out on one D2H queue once its last forward use has run, and back
+// on one H2D queue; both share the PCIe link (LinkModel: each direction alone, and the two
+// at once). Arenas live in `handles` physical handles of one size: a handle is taken when an
+// arena's first member is born and given back when its copy out completes (forward), or when
+// its last member is freed (backward); a reload needs one. When none is free the launch that
+// needs it waits, and so does every launch after it: stalls add up.
+//
+// Choice. Arenas are the activations of one layer boundary segment (segments come from the
+// period of the forward's launch sequence; without a period, from byte size). The last
+// segment stays resident (the backward needs it at once). For each number k of offloaded
+// arenas (oldest first: they leave first and come back last) and each handle count, the
+// step is simulated; the plan is the fastest one whose peak meets the budget, fewer bytes
+// moved breaking ties. Reloads are issued as early as a handle allows, in backward order,
+// and never before the arena's copy out is predicted complete.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/plan.h"
+#include "core/step_trace.h"
+
+namespace offload {
+
+// The PCIe link, in bytes per nanosecond (= GB/s). Defaults: DESIGN.md's pinned figures on
+// the H200 (53.8 H2D, 54.4 D2H, 85 in sum at once, D2H suffering most).
+struct LinkModel {
+  double h2d = 53.8, d2h = 54.4;
+  double h2d_shared = 48.0, d2h_shared = 37.0;  // each, while the other direction also copies
+  // Feedback: the link as the shim measured it, relative to these figures.
+  double scale = 1.0;
+};
+
+// Launch times on the GPU, by position: start (monotone, from the step's first kernel) and
+// the time until the next position starts (the last: until the step's last kernel ends).
+struct GpuTimeline {
+  std::vector<int64_t> start, dur;
+  int64_t total = 0;
+  double measured = 0;  // share of kernel launches CUPTI gave a time for
+};
+GpuTimeline gpu_timeline(const StepTrace& t);
+
+// Layer boundaries: positions where a repetition of the forward's launch motif begins.
+struct Boundaries {
+  uint32_t period = 0;                 // launches per repetition; 0: no period found
+  double match = 0;                    // share of forward launches that repeat at that period
+  std::vector<int64_t> starts;         // segment starts (first: 0), ascending
+};
+Boundaries layer_boundaries(const std::vector<uint64_t>& tokens, int64_t forward_end);
+
+// What the planner is asked. budget 0: the largest offload the compute hides.
+struct PlannerOptions {
+  uint64_t budget = 0;
+  uint64_t granularity = 2u << 20;
+  uint64_t min_bytes = kActivationMinBytes;
+  double pool_overhead = 1.15;      // as PlanOptions
+  uint64_t member_align = 4096;
+  uint64_t max_host_bytes = ~uint64_t{0};
+  uint64_t max_inflight_bytes = 0;  // reload bytes in flight (handles x size); 0: no cap
+  uint32_t max_handles = 64;
+  double min_match = 0.75;          // a period must repeat this share of the forward
+  uint32_t fallback_segments = 32;  // segments by bytes when no period is found
+  // Exposed time the "hidden" offload may add, as a share of the step's compute.
+  double hide_tolerance = 0.01;
+  LinkModel link;
+};
+
+// One arena's predicted times, ns from the step's start.
+struct ArenaTiming {
+  uint64_t bytes = 0;
+  int64_t segment = -1;
+  int64_t born = 0, evict_ready = 0, evict_start = 0, evict_end = 0;
+  int64_t reload_issue = 0, reload_start = 0, reload_end = 0, use = 0;
+  int64_t stall = 0;  // the wait for this arena before its first backward use
+};
+
+struct Prediction {
+  bool feasible = true;                // false: the step would wait for a handle that never frees
+  int64_t compute_ns = 0, forward_ns = 0, backward_ns = 0;  // without offload
+  int64_t step_ns = 0;                 // with it
+  int64_t forward_step_ns = 0;         // the forward with it (to the turnaround)
+  int64_t lower_bound_ns = 0;          // per phase: max(compute, bytes / link), summed
+  uint64_t bytes_out = 0, bytes_in = 0;
+  uint64_t peak_bytes = 0;             // footprint: resident * overhead + handles * size
+  uint64_t most_handles = 0;           // handles in use at once
+  std::vector<ArenaTiming> arenas;
+  std::vector<int64_t> launch_start;   // simulated start of every launch
+  std::vector<uint64_t> resident;      // live bytes outside arenas, before every launch
+  int64_t exposed_ns() const { return step_ns - compute_ns; }
+};
+
+// The step simulated under `plan` (arenas in plan order; timing by segment if known).
+Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, const LinkModel& link,
+                    double pool_overhead);
+
+struct PlannerResult {
+  Plan plan;                       // empty (no arenas) when nothing should move; see why
+  Prediction prediction;           // of `plan` (of plain when empty)
+  Boundaries boundaries;
+  std::vector<int64_t> arena_segment;  // per plan arena, its segment
+  // The largest offload the compute hides (exposed <= hide_tolerance of the step), and the
+  // footprint it reaches: the smallest budget at which offloading costs (almost) nothing.
+  uint64_t hidden_bytes = 0, hidden_peak = 0;
+  int64_t hidden_step_ns = 0;
+  uint32_t hidden_arenas = 0;
+  uint64_t plain_footprint = 0;    // plain peak * pool overhead
+  std::string why;
+};
+
+// Plans steps like `t`. Without GPU times in the trace (CUPTI off), every launch counts as
+// the same length.
+PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o);
+
+}  // namespace offload
