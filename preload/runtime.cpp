@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "core/log.h"
 #include "hooks/hook_table.h"
 #include "offload/offload.h"
+#include "planner/planner.h"
 
 namespace offload {
 namespace {
@@ -158,6 +160,7 @@ void Runtime::plan_from(const StepTrace& t) {
   last_tokens_ = std::move(tokens);
   // Plan from a step that repeats the one before it (the first steps build optimizer state),
   // when no plan runs or the running one was abandoned, and once its arenas have drained.
+  if (executor_.installed() && !executor_.deviated()) watch_plan(t);
   if (!repeats || (executor_.installed() && !executor_.deviated()) || !executor_.idle()) return;
   auto say = [&](const std::string& note) {
     if (note != plan_note_) log().info("{}", note);
@@ -174,9 +177,33 @@ void Runtime::plan_from(const StepTrace& t) {
     pool->release(*host_);
     host_.reset();
   }
+  // The planner when the step's kernels have GPU times (CUPTI, or none taken over); else the
+  // built-in plan, which needs none.
+  const bool timed = !settings_.builtin_plan && gpu_timeline(t).measured >= 0.5;
+  PlannerOptions po;
+  po.budget = o.budget;
+  po.granularity = o.granularity;
+  po.link.scale = link_scale_;
   for (int attempt = 0; attempt < 12; ++attempt) {
     std::string why;
-    Plan plan = build_plan(t, o, &why);
+    Plan plan;
+    if (timed) {
+      po.max_host_bytes = o.max_host_bytes;
+      PlannerResult r = plan_step(t, po);
+      plan = std::move(r.plan);
+      why = r.why;
+      if (r.hidden_bytes && attempt == 0)
+        log().info("planner: the compute hides up to {:.2f} GiB per step (footprint {:.2f} GiB, step {:.1f} ms predicted)",
+                   static_cast<double>(r.hidden_bytes) / (1 << 30), static_cast<double>(r.hidden_peak) / (1 << 30),
+                   static_cast<double>(r.hidden_step_ns) / 1e6);
+      planned_ = Planned{true, r.prediction.step_ns, r.prediction.compute_ns, r.prediction.lower_bound_ns,
+                         r.prediction.forward_ns, r.prediction.backward_ns, r.hidden_bytes, r.hidden_peak,
+                         plan.predicted_peak, r.prediction.bytes_out};
+    } else {
+      plan = build_plan(t, o, &why);
+      planned_ = Planned{};
+      planned_.peak = plan.predicted_peak;
+    }
     if (plan.arenas.empty()) return say("not offloading: " + why);
     std::string refused;
     std::optional<Extent> ext = pool->lease(plan.host_bytes(), &refused);
@@ -202,6 +229,27 @@ void Runtime::plan_from(const StepTrace& t) {
     return;
   }
   say("not offloading: the host pool has no room (OFFLOAD_HOST_POOL)");
+}
+
+void Runtime::watch_plan(const StepTrace& t) {
+  if (!planned_.gpu_time || planned_.step_ns <= 0) return;
+  const GpuTimeline g = gpu_timeline(t);
+  if (g.measured < 0.5) return;
+  // Slow: over the prediction by more than a tenth of the exposed time allowed for, and 1 ms.
+  const int64_t slack = std::max<int64_t>(1'000'000, planned_.step_ns / 10);
+  slow_steps_ = g.total > planned_.step_ns + slack ? slow_steps_ + 1 : 0;
+  if (slow_steps_ < 3 || revisions_ >= 3) return;
+  // The copies took longer than modelled: plan again with the link slower by the share of
+  // the step's transfer time that the excess represents (at least 10%, at most half).
+  const double transfer = static_cast<double>(std::max<int64_t>(planned_.lower_bound_ns, planned_.step_ns));
+  const double factor = std::clamp(transfer / static_cast<double>(g.total), 0.5, 0.9);
+  log().warn("plan revised: {} steps in a row took {:.1f} ms on the GPU against {:.1f} ms predicted; planning again "
+             "with the link at {:.0f}% of its model",
+             slow_steps_, g.total / 1e6, planned_.step_ns / 1e6, 100 * link_scale_ * factor);
+  link_scale_ *= factor;
+  ++revisions_;
+  slow_steps_ = 0;
+  executor_.retire("revising the plan");
 }
 
 void Runtime::push_step(uint64_t step, uint64_t step_ns, uint64_t launches) {
@@ -370,7 +418,12 @@ std::string Runtime::executor_json() {
      << ",\"handles_created\":" << x.handles_created << ",\"handles_released\":" << x.handles_released
      << ",\"over_budget\":" << x.over_budget << ",\"budget_waits\":" << x.budget_waits
      << ",\"held_bytes\":" << x.held_bytes << ",\"held_peak\":" << x.held_peak
-     << ",\"device_peak\":" << x.device_peak;
+     << ",\"device_peak\":" << x.device_peak << ",\"planner\":{\"gpu_time\":" << (planned_.gpu_time ? "true" : "false")
+     << ",\"predicted_step_ns\":" << planned_.step_ns << ",\"compute_ns\":" << planned_.compute_ns
+     << ",\"lower_bound_ns\":" << planned_.lower_bound_ns << ",\"forward_ns\":" << planned_.forward_ns
+     << ",\"backward_ns\":" << planned_.backward_ns << ",\"bytes_moved\":" << planned_.bytes_moved << ",\"hidden_bytes\":" << planned_.hidden_bytes
+     << ",\"hidden_peak\":" << planned_.hidden_peak << ",\"predicted_peak\":" << planned_.peak
+     << ",\"link_scale\":" << link_scale_ << ",\"revisions\":" << revisions_ << "}";
   const double ns = ns_per_tsc_cycle();
   os << ",\"gate_ns_mean\":"
      << (x.gate_calls ? static_cast<double>(x.gate_cycles - x.gate_wait_cycles) * ns / static_cast<double>(x.gate_calls) : 0.0)

@@ -80,6 +80,9 @@ class Runtime {
   std::string stats_json_locked();
 
   void plan_from(const StepTrace& t);
+  // A step run under the planner's plan: revises the plan when steps keep running slower
+  // than predicted (the link is slower than the model says).
+  void watch_plan(const StepTrace& t);
   std::string executor_json();
 
   Settings settings_;
@@ -91,6 +94,15 @@ class Runtime {
   std::vector<uint64_t> last_tokens_;    // the previous step's launches, to see steps repeat
   std::optional<Extent> host_;           // the installed plan's host memory
   std::string plan_note_;                // the last reason for not planning, said once
+  // What the installed plan predicts (for the stats), and the planner's feedback.
+  struct Planned {
+    bool gpu_time = false;
+    int64_t step_ns = 0, compute_ns = 0, lower_bound_ns = 0, forward_ns = 0, backward_ns = 0;
+    uint64_t hidden_bytes = 0, hidden_peak = 0, peak = 0, bytes_moved = 0;
+  } planned_;
+  double link_scale_ = 1.0;              // the link as measured against the planner's model
+  uint32_t revisions_ = 0;               // plans revised because they kept stalling
+  uint32_t slow_steps_ = 0;              // consecutive steps of the plan over its prediction
   CuptiTelemetry telemetry_;
   std::mutex pump_mu_;  // one pump at a time (worker or a stats query)
   StepAssembler assembler_;

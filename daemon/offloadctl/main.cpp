@@ -9,8 +9,10 @@
 //                                   replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw; with --offload, the
 //                                   executor too, under a budget, with every launch's data checked
-//   offloadctl plan --trace FILE [--budget SIZE] [--segments N] [--arenas]
-//                                   the built-in plan for a recorded step, without a GPU
+//   offloadctl plan --trace FILE [--budget SIZE|SHARE] [--segments N] [--arenas|--json] [--html FILE]
+//                                   the planner's plan for a recorded step, without a GPU: as
+//                                   text, as JSON, and as a timeline page
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -22,11 +24,31 @@
 
 int cmd_trace_show(const std::string& path, bool check);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
-int cmd_plan(const std::string& path, uint64_t budget, bool arenas, uint32_t segments);
+int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
+             const std::string& html, bool json);
 int cmd_status(const std::string& socket, bool json, double watch_s);
 int cmd_stop(const std::string& socket);
 
 namespace {
+
+// A plan budget, read as OFFLOAD_DEVICE_BUDGET is: a size, or with '%' or a decimal point a
+// share of the footprint (0 < share <= 1), returned in *fraction.
+bool parse_budget(const std::string& s, uint64_t* bytes, double* fraction) {
+  const bool percent = !s.empty() && s.back() == '%';
+  if (percent || (s.find('.') != std::string::npos && s.find_first_not_of("0123456789.") == std::string::npos)) {
+    const std::string num = percent ? s.substr(0, s.size() - 1) : s;
+    char* end = nullptr;
+    double f = num.empty() ? -1 : strtod(num.c_str(), &end);
+    if (percent) f /= 100;
+    if (num.empty() || *end || !std::isfinite(f) || f <= 0 || f > 1) return false;
+    *fraction = f, *bytes = 0;
+    return true;
+  }
+  auto b = offload::parse_size(s);
+  if (!b || *b == 0) return false;
+  *bytes = *b, *fraction = 0;
+  return true;
+}
 
 void usage(FILE* f) {
   fprintf(f,
@@ -43,9 +65,13 @@ void usage(FILE* f) {
           "                         --offload, the executor too, under a budget of FRACTION of the step's\n"
           "                         peak (N=12 by default), sizes divided by DIV (default 256), every\n"
           "                         launch's data checked; exit 1 on a mismatch or over the budget\n"
-          "  plan --trace FILE [--budget SIZE] [--segments N] [--arenas]\n"
-          "                         the plan the shim would make for a recorded step under a device\n"
-          "                         budget (e.g. 12GiB; none: offload every candidate); --arenas lists them\n"
+          "  plan --trace FILE [--budget SIZE|SHARE] [--segments N] [--arenas|--json] [--html FILE]\n"
+          "                         the plan the planner makes for a recorded step under a device budget:\n"
+          "                         a size (12GiB) or a share of the step's footprint without offload\n"
+          "                         (75%% or 0.75); none: the largest offload the compute hides.\n"
+          "                         --arenas lists the arenas; --json prints the figures as one JSON\n"
+          "                         object instead of text; --html writes the predicted step's timeline\n"
+          "                         (compute, copy queues, footprint) as a self-contained page\n"
           "  help                   this text\n");
 }
 
@@ -123,22 +149,32 @@ int main(int argc, char** argv) {
     return cmd_replay(a[1], steps, fraction, divisor);
   }
   if (a[0] == "plan") {
-    std::string trace;
+    std::string trace, html;
     uint64_t budget = 0;
-    bool arenas = false;
+    double fraction = 0;
+    bool arenas = false, json = false;
     uint32_t segments = 0;
     for (size_t i = 1; i < a.size(); ++i) {
       if (a[i] == "--trace" && i + 1 < a.size()) {
         trace = a[++i];
       } else if (a[i] == "--budget" && i + 1 < a.size()) {
-        auto b = offload::parse_size(a[++i]);
-        if (!b || *b == 0) {
-          fprintf(stderr, "offloadctl: --budget '%s' is not valid: expected a size such as 12GiB\n", a[i].c_str());
+        if (!parse_budget(a[++i], &budget, &fraction)) {
+          fprintf(stderr,
+                  "offloadctl: --budget '%s' is not valid: expected a size such as 12GiB, or a share of the "
+                  "footprint without offload above 0 and at most 100%% (75%% or 0.75)\n",
+                  a[i].c_str());
           return 2;
         }
-        budget = *b;
       } else if (a[i] == "--arenas") {
         arenas = true;
+      } else if (a[i] == "--json") {
+        json = true;
+      } else if (a[i] == "--html" && i + 1 < a.size()) {
+        html = a[++i];
+        if (html.empty()) {
+          fprintf(stderr, "offloadctl: --html needs a file name\n");
+          return 2;
+        }
       } else if (a[i] == "--segments" && i + 1 < a.size()) {
         char* end = nullptr;
         long v = strtol(a[++i].c_str(), &end, 10);
@@ -157,7 +193,11 @@ int main(int argc, char** argv) {
       fprintf(stderr, "offloadctl: plan needs --trace FILE\n");
       return 2;
     }
-    return cmd_plan(trace, budget, arenas, segments);
+    if (json && arenas) {
+      fprintf(stderr, "offloadctl: --arenas lists arenas as text; --json gives only their count\n");
+      return 2;
+    }
+    return cmd_plan(trace, budget, fraction, arenas, segments, html, json);
   }
   std::string joined;
   for (auto& s : a) joined += (joined.empty() ? "" : " ") + s;

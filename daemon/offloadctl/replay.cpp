@@ -1,5 +1,6 @@
 // offloadctl's trace commands: read what the shim recorded, check it, replay it.
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "core/replay.h"
 #include "core/tracker.h"
 #include "core/step_trace.h"
+#include "planner/planner.h"
 
 namespace fs = std::filesystem;
 using namespace offload;
@@ -118,14 +120,30 @@ int cmd_trace_show(const std::string& path, bool check) {
 
 namespace {
 
+// The planner at the replay's scale: bytes / divisor, so the link / divisor too, and the
+// recorded GPU times unchanged; the copies take as long as they would on the GPU.
+Plan gpu_time_plan(const StepTrace& t, const PlanOptions& po, uint32_t divisor, std::string* why) {
+  PlannerOptions o;
+  o.budget = po.budget;
+  o.granularity = po.granularity;
+  o.min_bytes = po.min_bytes;
+  o.member_align = po.member_align;
+  o.pool_overhead = po.pool_overhead;
+  o.link.scale = 1.0 / divisor;
+  PlannerResult r = plan_step(t, o);
+  *why = r.why;
+  return std::move(r.plan);
+}
+
 // Offload mode: the executor on the simulated driver, every launch's data checked.
-int replay_offload(const StepTrace& rec, int repeats, double fraction, uint32_t divisor) {
+int replay_offload(const StepTrace& rec, int repeats, double fraction, uint32_t divisor, bool gpu_times) {
   ReplayOptions o;
   o.repeats = repeats;
   o.mark_steps = true;
   o.offload = true;
   o.budget_fraction = fraction;
   o.size_divisor = divisor;
+  if (gpu_times) o.planner = gpu_time_plan;
   ReplayResult r = replay(rec, o);
   const ReplayOffload& ro = r.offload;
   const double d = ro.divisor;
@@ -140,6 +158,7 @@ int replay_offload(const StepTrace& rec, int repeats, double fraction, uint32_t 
          o.gpu_ops_max, static_cast<unsigned long long>(o.seed));
   printf("  budget %.2f GiB of a %.2f GiB peak (scaled: %.1f of %.1f MiB)\n", rescaled(ro.budget),
          rescaled(ro.recorded_peak), mib(ro.budget), mib(ro.recorded_peak));
+  printf("  planner: %s\n", gpu_times ? "GPU time (the recorded kernel times; the link scaled like the bytes)" : "built-in");
   printf("  plan (scaled bytes): %s\n", ro.plan.c_str());
   if (!ro.installed) {
     printf("  FAIL: no plan was installed\n");
@@ -225,7 +244,10 @@ int cmd_replay(const std::string& path, int steps, double offload_fraction, uint
          rec.kernels.size(), rec.allocs.size(), act.activations, gib(act.activation_bytes));
   int rc = 0;
   for (bool marked : {true, false}) {
-    ReplayResult r = replay(rec, ReplayOptions{repeats, marked});
+    ReplayOptions ro;
+    ro.repeats = repeats;
+    ro.mark_steps = marked;
+    ReplayResult r = replay(rec, ro);
     printf("\nreplay, %d steps, step boundaries from %s:\n", repeats,
            marked ? "offload_mark_step()" : "automatic detection");
     printf("  tracker time per launch: %.0f ns\n", r.hook_ns_mean);
@@ -248,6 +270,10 @@ int cmd_replay(const std::string& path, int steps, double offload_fraction, uint
     }
   }
   printf("\nactivations without an access after the forward: %zu\n", act.without_backward_access.size());
-  if (offload_fraction > 0 && replay_offload(rec, steps ? steps : 12, offload_fraction, divisor) != 0) rc = 1;
+  // The planner when the recording has GPU times, as in the shim (OFFLOAD_PLANNER=builtin: the
+  // built-in plan).
+  const char* planner = getenv("OFFLOAD_PLANNER");
+  const bool gpu_times = gpu_timeline(rec).measured >= 0.5 && !(planner && std::string(planner) == "builtin");
+  if (offload_fraction > 0 && replay_offload(rec, steps ? steps : 12, offload_fraction, divisor, gpu_times) != 0) rc = 1;
   return rc;
 }

@@ -1,6 +1,7 @@
 #include "planner/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <deque>
@@ -353,47 +354,27 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
   return pr;
 }
 
-PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
-  PlannerResult r;
+namespace {
+
+// The search behind plan_step, on the candidates `strict` allows; fills r.
+void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g, const StepFacts& f, bool strict,
+               PlannerResult& r) {
   const size_t n = t.launches.size();
   Plan& p = r.plan;
-  p.budget = o.budget;
-  p.step_launches = n;
-  p.tokens = step_tokens(t);
-  p.member_index.assign(n + 1, 0);
-  const GpuTimeline g = gpu_timeline(t);
-  r.prediction = simulate(t, g, p, o.link, o.pool_overhead);
-  if (n == 0) {
-    r.why = "the step has no launches";
-    return r;
-  }
-  const StepFacts f = step_facts(t, o.min_bytes);
-  p.plain_peak = p.resident_peak = p.predicted_peak = f.peak;
-  r.plain_footprint = static_cast<uint64_t>(static_cast<double>(f.peak) * o.pool_overhead);
-  p.candidates = f.candidates.size();
-  p.candidate_bytes = f.candidate_bytes;
-  if (o.budget && r.plain_footprint <= o.budget) {
-    r.why = "the step's footprint (" + gib(r.plain_footprint) + ") is within the budget";
-    return r;
-  }
-  if (f.candidates.size() < 2) {
-    r.why = "fewer than two activations to offload";
-    return r;
-  }
-
   // Worth moving: an activation idle (in GPU time, from the end of its last forward use to
   // the start of its first backward one) for at least its copy out and back. What the
   // backward needs soon after the turnaround would only take the link when it is busiest.
+  // (Not strict: every activation, for a budget that needs more than what hides well.)
   std::vector<uint32_t> movable;
   for (uint32_t c : f.candidates) {
     const int64_t last = std::max(f.fwd_last[c], t.allocs[c].alloc_pos);
     const int64_t idle = g.start[static_cast<size_t>(f.bwd_first[c])] - (g.start[static_cast<size_t>(last)] + g.dur[static_cast<size_t>(last)]);
     const uint64_t b = t.allocs[c].bytes;
-    if (idle >= copy_ns(b, o.link.d2h * o.link.scale) + copy_ns(b, o.link.h2d * o.link.scale)) movable.push_back(c);
+    if (!strict || idle >= copy_ns(b, o.link.d2h * o.link.scale) + copy_ns(b, o.link.h2d * o.link.scale)) movable.push_back(c);
   }
   if (movable.empty()) {
     r.why = "no activation is idle long enough (in GPU time) to copy it out and back";
-    return r;
+    return;
   }
 
   // Segments: layer boundaries, else equal shares of the candidates' bytes.
@@ -428,7 +409,7 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
   // An arena leaves after its last member's forward use and comes back before its first
   // member's backward use: one member used far later in the forward, or far earlier in the
   // backward, than the rest of its segment would pin the whole arena. Such members stay.
-  {
+  if (strict) {
     const int64_t slack = std::max<int64_t>(1, g.start[static_cast<size_t>(f.peak_pos)] /
                                                    static_cast<int64_t>(std::max<size_t>(1, groups.size())));
     auto last_end = [&](uint32_t c) {
@@ -451,7 +432,7 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
       }
     if (groups.empty()) {
       r.why = "no segment's activations are idle together";
-      return r;
+      return;
     }
   }
   // Arenas: each segment's activations in `pieces` arenas of about equal bytes. One handle
@@ -469,7 +450,7 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
     std::vector<size_t> offloadable;  // oldest first
     uint64_t cap = 0;
   };
-  auto layout = [&](uint32_t pieces) {
+  auto layout = [&](uint32_t pieces, bool largest) {
     Layout L;
     std::vector<uint64_t> piece_bytes;
     for (const auto& gr : groups) {
@@ -479,7 +460,12 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
     }
     std::vector<uint64_t> sorted = piece_bytes;
     std::sort(sorted.begin(), sorted.end());
-    L.cap = round_up(std::max<uint64_t>(sorted[sorted.size() / 2], o.granularity), o.granularity);
+    // Largest: handles as large as the largest single activation, so that it can move too.
+    uint64_t biggest = 0;
+    if (largest)
+      for (const auto& gr : groups)
+        for (uint32_t c : gr) biggest = std::max(biggest, round_up(t.allocs[c].bytes, o.member_align));
+    L.cap = round_up(std::max({sorted[sorted.size() / 2], o.granularity, biggest}), o.granularity);
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const uint64_t target = std::min(L.cap, round_up(piece_bytes[gi], o.member_align));
       L.arenas.push_back(Group{{}, group_segment[gi]});
@@ -600,8 +586,9 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
         (c.pred.bytes_out == hidden->pred.bytes_out && c.pred.peak_bytes < hidden->pred.peak_bytes))
       hidden = std::move(c);
   };
-  for (uint32_t pieces : {1u, 2u, 3u, 4u, 6u, 8u}) {
-    Layout L = layout(pieces);
+  for (uint32_t variant = 0; variant < (strict ? 6u : 12u); ++variant) {
+    const uint32_t pieces = std::array<uint32_t, 6>{1, 2, 3, 4, 6, 8}[variant % 6];
+    Layout L = layout(pieces, variant >= 6);
     const size_t kmax = L.offloadable.size();
     if (!kmax) continue;
     uint32_t hmax = o.max_handles;
@@ -640,11 +627,11 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
   if (!chosen) {
     r.why = o.budget ? "no plan the simulation can run (each waits for a handle that never frees)"
                      : "the compute hides no offload that lowers the footprint";
-    return r;
+    return;
   }
   if (o.budget && chosen->pred.peak_bytes >= r.plain_footprint) {
     r.why = "offloading would not lower the footprint below " + gib(r.plain_footprint);
-    return r;
+    return;
   }
   Plan q = std::move(chosen->plan);
   r.prediction = std::move(chosen->pred);
@@ -656,7 +643,53 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
   q.compute_ns = r.prediction.compute_ns;
   q.lower_bound_ns = r.prediction.lower_bound_ns;
   p = std::move(q);
-  return r;
+  return;
+}
+
+}  // namespace
+
+PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
+  PlannerResult r;
+  const size_t n = t.launches.size();
+  Plan& p = r.plan;
+  p.budget = o.budget;
+  p.step_launches = n;
+  p.tokens = step_tokens(t);
+  p.member_index.assign(n + 1, 0);
+  const GpuTimeline g = gpu_timeline(t);
+  r.prediction = simulate(t, g, p, o.link, o.pool_overhead);
+  if (n == 0) {
+    r.why = "the step has no launches";
+    return r;
+  }
+  const StepFacts f = step_facts(t, o.min_bytes);
+  p.plain_peak = p.resident_peak = p.predicted_peak = f.peak;
+  r.plain_footprint = static_cast<uint64_t>(static_cast<double>(f.peak) * o.pool_overhead);
+  p.candidates = f.candidates.size();
+  p.candidate_bytes = f.candidate_bytes;
+  if (o.budget && r.plain_footprint <= o.budget) {
+    r.why = "the step's footprint (" + gib(r.plain_footprint) + ") is within the budget";
+    return r;
+  }
+  if (f.candidates.size() < 2) {
+    r.why = "fewer than two activations to offload";
+    return r;
+  }
+
+  PlannerResult strict = r;
+  plan_with(t, o, g, f, true, strict);
+  if (!o.budget || (!strict.plan.arenas.empty() && strict.plan.meets_budget)) return strict;
+  // The budget needs more than what hides well: every activation is a candidate then (the
+  // step gets slower, but it fits).
+  PlannerResult all = r;
+  plan_with(t, o, g, f, false, all);
+  if (all.plan.arenas.empty()) return strict;
+  if (strict.plan.arenas.empty() || all.plan.predicted_peak < strict.plan.predicted_peak) {
+    all.hidden_bytes = strict.hidden_bytes, all.hidden_peak = strict.hidden_peak;
+    all.hidden_step_ns = strict.hidden_step_ns, all.hidden_arenas = strict.hidden_arenas;
+    return all;
+  }
+  return strict;
 }
 
 }  // namespace offload

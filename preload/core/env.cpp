@@ -92,6 +92,11 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
       else st.device_budget = *size;
     }
   }
+  if (const char* v = get("OFFLOAD_PLANNER"); v && *v) {
+    std::string s = v;
+    if (s == "builtin") st.builtin_plan = true;
+    else if (s != "auto") bad("OFFLOAD_PLANNER", v, "auto or builtin");
+  }
   return st;
 }
 

@@ -23,6 +23,9 @@ struct Settings {
   // OFFLOAD_DEVICE_BUDGET: the device memory the step may use. Bytes ("40GiB"), or a fraction
   // of the GPU's memory ("0.5", "50%"). Unset: observe only, move nothing.
   uint64_t device_budget = 0;
+  // OFFLOAD_PLANNER=auto|builtin: the GPU-time planner when the step has GPU times (auto), or
+  // always the built-in plan (for comparisons).
+  bool builtin_plan = false;
   double device_budget_fraction = 0;
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // The budget in bytes on a device of `total` bytes (0: none).

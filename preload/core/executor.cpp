@@ -325,7 +325,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
         for (uint32_t i : retry) {
           State st = arenas_[i].state;
           if (st == State::Evicted || st == State::Evicting) {
-            if (reloads_in_flight() >= reload_cap()) pending_reloads_.push_back(i);
+            if (st == State::Evicted && !reload_may_start()) pending_reloads_.push_back(i);
             else reload(i);
           }
         }
@@ -338,7 +338,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
         }
         State st = arenas_[act.arena].state;
         if (st != State::Evicted && st != State::Evicting) continue;
-        if (reloads_in_flight() >= reload_cap() && st == State::Evicted) pending_reloads_.push_back(act.arena);
+        if (st == State::Evicted && !reload_may_start()) pending_reloads_.push_back(act.arena);
         else reload(act.arena);
       }
     }
@@ -361,6 +361,15 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
               if (i < arenas_.size()) ensure_resident(i, s, true);
   }
   if ((n & 15) == 0) poll_locked();
+}
+
+bool Executor::reload_may_start() const {
+  if (reloads_in_flight() >= reload_cap()) return false;
+  // A handle free now, or one the plan allows us to create: a planned reload never waits for
+  // one (the host would stall) nor creates one over the plan's count. It waits in the queue.
+  if (!free_handles_.empty()) return true;
+  return static_cast<size_t>(std::count_if(handles_.begin(), handles_.end(), [](uint64_t h) { return h != 0; })) <
+         plan_.handles;
 }
 
 size_t Executor::reloads_in_flight() const {
@@ -635,6 +644,11 @@ void Executor::deviate(const char* why) {
   }
   active_ = false;
   pending_reloads_.clear();
+}
+
+void Executor::retire(const char* why) {
+  std::lock_guard lock(mu_);
+  deviate(why);
 }
 
 void Executor::reset_peak() {

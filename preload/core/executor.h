@@ -123,6 +123,9 @@ class Executor final : public LaunchGate {
   bool deviated() const { return deviated_.load(std::memory_order_relaxed); }
   // True when no arena holds members or physical memory (a new plan can go in).
   bool idle();
+  // Worker: turns the plan off as a deviation would (demand mode until the arenas drain), so
+  // that a revised plan can go in.
+  void retire(const char* why);
 
   // Hooks. place: an arena address for a planned allocation (and its tracker tag), or 0 to
   // let the allocator serve it. `next_launch`: the number the next launch will get.
@@ -189,6 +192,7 @@ class Executor final : public LaunchGate {
   void deviate(const char* why);
   void update_peak();
   size_t reloads_in_flight() const;
+  bool reload_may_start() const;  // a planned reload: under the in-flight cap, with a handle to use
   uint32_t reload_cap() const { return opt_.max_reloads_in_flight ? opt_.max_reloads_in_flight : plan_.handles; }
   void teardown_locked();
   std::string describe_handles() const;  // for the log: arenas holding memory, and their state

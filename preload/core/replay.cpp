@@ -313,7 +313,19 @@ void Replayer::plan_from(const StepTrace& t) {
   o.min_bytes = (kActivationMinBytes + ro.divisor - 1) / ro.divisor;
   o.member_align = std::max<uint64_t>(64, o.member_align / ro.divisor);
   std::string why;
-  Plan plan = build_plan(t, o, &why);
+  Plan plan;
+  if (opt_.planner) {
+    // The replayed step ran on the simulated GPU: its launches carry the recorded times.
+    StepTrace timed = t;
+    if (timed.launches.size() == rec_.launches.size())
+      for (size_t i = 0; i < timed.launches.size(); ++i) {
+        timed.launches[i].gpu_start_ns = rec_.launches[i].gpu_start_ns;
+        timed.launches[i].gpu_ns = rec_.launches[i].gpu_ns;
+      }
+    plan = opt_.planner(timed, o, ro.divisor, &why);
+  } else {
+    plan = build_plan(t, o, &why);
+  }
   if (plan.arenas.empty()) {
     ro.plan = "not offloading: " + why;
     return;

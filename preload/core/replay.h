@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ struct ReplayOptions {
   size_t max_queued = 512;       // past this many queued ops the host waits for the GPU
   bool copy_delay = true;        // copies run only when nothing else can (SimDriver)
   Executor::Options exec{};      // fault injection, for the tests that prove a fault is seen
+  // The planner: given a replayed step (carrying the recorded GPU times), the options the
+  // built-in plan would use at this scale, and the divisor, a plan (empty: *why says why).
+  // Unset: the built-in plan.
+  std::function<Plan(const StepTrace&, const PlanOptions&, uint32_t divisor, std::string* why)> planner;
 };
 
 // One replayed step, offload mode.

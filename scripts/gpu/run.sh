@@ -16,6 +16,10 @@
 #                                   ckpt and save_on_cpu; executor_report.py -> executor.md (< 9 min;
 #                                   skips llama --compile when short of time)
 #   scripts/gpu/run.sh executor_compiled  only executor's llama --compile pair, and its report
+#   scripts/gpu/run.sh planner      the GPU-time planner on the reference workload: plain, ckpt,
+#                                   save_on_cpu, offload at 90/75/50% and at the hidden-offload
+#                                   budget; the link measured; planner_report.py -> planner.md
+#   scripts/gpu/run.sh sanitize_small  memcheck on a small offloaded run (diagnosis, < 3 min)
 #   scripts/gpu/run.sh sanitize     compute-sanitizer memcheck, then synccheck, on an offloaded
 #                                   reference run (budget 50% of plain's footprint; < 10 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
@@ -263,6 +267,58 @@ case $plan in
     log "executor_report rc=$? (plan took $((SECONDS - t_plan)) s)"
     cat "$work/executor.md"
     ;;
+  planner)
+    # The GPU-time planner on the reference workload, side by side in one call: plain, ckpt,
+    # save_on_cpu, and offload at 90%, 75% and 50% of plain's footprint and at the largest
+    # offload the planner says the compute hides (its predicted footprint as the budget).
+    # The link is measured first (pinned copies, each way and both at once).
+    restart_daemon
+    python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log"; cat "$work/link.json"
+    d=(--deterministic --steps 20 --warmup 8 --mark-steps)
+    run reference_plain 0 --workload reference "${d[@]}"
+    run reference_ckpt 0 --workload reference --mode ckpt "${d[@]}"
+    run reference_save_on_cpu 0 --workload reference --mode save_on_cpu --deterministic --steps 5 --warmup 2
+    for pct in 90 75 50; do
+      budget_of reference_plain 0.$pct && run reference_offload_$pct o --workload reference "${d[@]}"
+      check_pair reference_plain reference_offload_$pct
+    done
+    budget=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shim"]["executor"]["planner"]["hidden_peak"])' \
+             "$work/reference_offload_90.json" 2>/dev/null)
+    if [ -n "$budget" ] && [ "$budget" -gt 0 ] 2>/dev/null; then
+      log "budget: the planner's largest hidden offload, footprint $budget"
+      run reference_offload_hidden o --workload reference "${d[@]}"
+      check_pair reference_plain reference_offload_hidden
+    else
+      log "no hidden-offload figure from reference_offload_90"
+    fi
+    "$ctl" status > "$work/offloadctl-status.txt" 2>&1
+    "$ctl" stop > /dev/null 2>&1
+    python3 "$root/scripts/bench/planner_report.py" "$work" > "$work/planner.md" 2>&1
+    cat "$work/planner.md"
+    ;;
+  sanitize_small)
+    # Where the sanitizer runs stall: a small offloaded run under memcheck, the shim preloaded
+    # into python only (not into compute-sanitizer), Python's stacks dumped if it hangs.
+    cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    restart_daemon
+    run ref_small_plain 0 --workload reference --small --deterministic --steps 2 --warmup 6 --mark-steps
+    budget_of ref_small_plain 0.5 || exit 1
+    env -u OFFLOAD_TRACE PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PYTHONFAULTHANDLER=1 \
+        OFFLOAD_HOST_POOL=4GiB OFFLOAD_DEVICE_BUDGET="$budget" OFFLOAD_LOG_LEVEL=debug OFFLOAD_TELEMETRY=off \
+      "$cs" --tool memcheck --target-processes all --print-limit 20 --launch-timeout 300 \
+        sh -c 'LD_PRELOAD="$0${LD_PRELOAD:+:$LD_PRELOAD}" exec python3 "$@"' "$lib" "$bench" --workload reference --small \
+        --deterministic --steps 2 --warmup 6 --mark-steps --json-out "$work/sanitize_small.json" > "$work/sanitize_small.txt" 2>&1 &
+    spid=$!
+    for i in $(seq 1 ${SANITIZE_SMALL_S:-150}); do kill -0 $spid 2>/dev/null || break; sleep 1; done
+    if kill -0 $spid 2>/dev/null; then
+      log "sanitize_small: still running after ${SANITIZE_SMALL_S:-150} s; Python's stacks:"
+      pkill -ABRT -f "$bench" ; sleep 5; kill -9 $spid 2>/dev/null
+    fi
+    wait $spid; log "sanitize_small rc=$?"
+    grep -E 'ERROR SUMMARY|\[bench\]|Traceback|File "|Fatal|offload (warn|error)' "$work/sanitize_small.txt" | head -40
+    tail -n 25 "$work/sanitize_small.txt" | cut -c1-300
+    "$ctl" stop > /dev/null 2>&1
+    ;;
   sanitize)
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     [ -x "$cs" ] || { log "no compute-sanitizer (PATH, /usr/local/cuda/bin)"; exit 1; }
@@ -275,9 +331,9 @@ case $plan in
     [ -f "$work/reference_plain.json" ] ||
       run reference_plain 0 --workload reference --deterministic --steps 2 --warmup 2
     budget_of reference_plain 0.5 || exit 1
-    # sanitize NAME TOOL STEPS: the variables go before compute-sanitizer, which passes its
-    # environment (LD_PRELOAD included) on to the python process it starts; liboffload stays
-    # inert in the sanitizer's own process, which makes no CUDA calls. CUPTI telemetry is off
+    # sanitize NAME TOOL STEPS: liboffload is preloaded into python only, after whatever the
+    # sanitizer preloads itself. (At 570a5d9, with LD_PRELOAD set on compute-sanitizer, python
+    # printed nothing in 260 s under memcheck and synccheck.) CUPTI telemetry is off
     # by default (the sanitizer holds the tools interface; SANITIZE_TELEMETRY=cupti tries it).
     # Each run gets at most 280 s, less when the plan's 570 s would otherwise be exceeded.
     sanitize() {
@@ -286,11 +342,11 @@ case $plan in
       (( limit < 30 )) && { log "sanitize $name: no time left"; return 1; }
       log "sanitize $name: --tool $tool, budget $budget, --steps $steps --warmup 8, timeout $limit s"
       local t0=$SECONDS
-      env -u OFFLOAD_TRACE PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD="$lib" \
+      env -u OFFLOAD_TRACE PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
           OFFLOAD_HOST_POOL=$host_pool OFFLOAD_DEVICE_BUDGET="$budget" OFFLOAD_LOG_LEVEL=info \
           OFFLOAD_TELEMETRY="${SANITIZE_TELEMETRY:-off}" \
         timeout -k 15 "$limit" "$cs" --tool "$tool" --target-processes all --print-limit 20 --launch-timeout 300 \
-          python3 "$bench" --workload reference --deterministic --steps "$steps" --warmup 8 --mark-steps \
+          sh -c 'LD_PRELOAD="$0${LD_PRELOAD:+:$LD_PRELOAD}" exec python3 "$@"' "$lib" "$bench" --workload reference --deterministic --steps "$steps" --warmup 8 --mark-steps \
           --json-out "$work/$name.json" > "$work/$name.txt" 2>&1
       local rc=$?
       log "  rc=$rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (timed out)')"
@@ -312,7 +368,7 @@ case $plan in
     sanitize sanitize_synccheck synccheck 2
     "$ctl" stop > /dev/null 2>&1
     ;;
-  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final, executor_smoke, executor, executor_compiled, sanitize)" >&2; exit 2 ;;
+  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final, executor_smoke, executor, executor_compiled, planner, sanitize_small, sanitize)" >&2; exit 2 ;;
 esac
 
 for base in "$work"/*_det_a.json; do
