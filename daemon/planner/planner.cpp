@@ -83,12 +83,12 @@ class Link {
   }
 
  private:
-  bool active(const std::deque<Job>& q, size_t h) const { return h < q.size() && q[h].ready <= now_; }
-  void mark_start(std::deque<Job>& q, size_t h) {
+  bool active(const std::vector<Job>& q, size_t h) const { return h < q.size() && q[h].ready <= now_; }
+  void mark_start(std::vector<Job>& q, size_t h) {
     if (h < q.size() && q[h].ready <= now_ && q[h].start < 0) q[h].start = now_;
   }
   template <typename F>
-  void step(std::deque<Job>& q, size_t& h, double bytes, bool d2h, F& done) {
+  void step(std::vector<Job>& q, size_t& h, double bytes, bool d2h, F& done) {
     Job& j = q[h];
     j.left -= bytes;
     if (j.left <= 0.5) {
@@ -99,7 +99,7 @@ class Link {
     }
   }
   LinkModel m_;
-  std::deque<Job> d2h_, h2d_;
+  std::vector<Job> d2h_, h2d_;
   size_t hd_ = 0, hh_ = 0;
   int64_t now_ = 0;
 };
@@ -182,12 +182,12 @@ Boundaries layer_boundaries(const std::vector<uint64_t>& tokens, int64_t forward
 }
 
 Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, const LinkModel& link,
-                    double pool_overhead) {
+                    double pool_overhead, int64_t peak_pos) {
   Prediction pr;
   const size_t n = t.launches.size();
-  const StepFacts f = step_facts(t, 0);
+  if (peak_pos < 0) peak_pos = step_facts(t, 0).peak_pos;
   pr.compute_ns = g.total;
-  const size_t turn = std::min(n, static_cast<size_t>(f.peak_pos + 1));
+  const size_t turn = std::min(n, static_cast<size_t>(peak_pos + 1));
   pr.forward_ns = turn < n ? g.start[turn] : g.total;
   pr.backward_ns = g.total - pr.forward_ns;
   const size_t na = plan.arenas.size();
@@ -525,21 +525,24 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
     q.candidate_bytes = p.candidate_bytes;
     q.handles = h;
     q.handle_bytes = L.cap;
+    // The first k of the layout's order, in birth order.
+    std::vector<size_t> chosen(L.offloadable.begin(), L.offloadable.begin() + static_cast<long>(k));
+    std::sort(chosen.begin(), chosen.end());
     std::vector<int64_t> uses;
-    for (size_t j = 0; j < k; ++j) uses.push_back(L.arenas[L.offloadable[j]].first_use);
+    for (size_t j = 0; j < k; ++j) uses.push_back(L.arenas[chosen[j]].first_use);
     // First pass: all due from the turnaround on, one launch apart in backward order (the
     // executor queues held-back reloads in the order they fall due).
     std::vector<size_t> order = backward_order(uses);
     std::vector<int64_t> rank(k);
     for (size_t j = 0; j < order.size(); ++j) rank[order[j]] = static_cast<int64_t>(j);
     for (size_t j = 0; j < k; ++j) {
-      const Group& a = L.arenas[L.offloadable[j]];
+      const Group& a = L.arenas[chosen[j]];
       int64_t at = std::min<int64_t>(f.peak_pos + 1 + rank[j], a.first_use);
       add_arena(q, t, f, a.members, L.cap, std::max<int64_t>(at, a.evict_after + 1), o.member_align);
       c.segments.push_back(a.segment);
     }
     q.index_members();
-    Prediction first = simulate(t, g, q, o.link, o.pool_overhead);
+    Prediction first = simulate(t, g, q, o.link, o.pool_overhead, f.peak_pos);
     if (!first.feasible) {
       c.pred = first;
       return c;
@@ -553,7 +556,7 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
       a.reload_at = pos;
       prev = pos;
     }
-    c.pred = simulate(t, g, q, o.link, o.pool_overhead);
+    c.pred = simulate(t, g, q, o.link, o.pool_overhead, f.peak_pos);
     return c;
   };
 
@@ -580,31 +583,70 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
       best_meets = meets;
     }
   };
+  // The hidden offload that lowers the footprint most (fewer bytes moved on a tie).
   auto consider_hidden = [&](Candidate&& c) {
     if (!c.pred.feasible || c.pred.exposed_ns() > hide_limit || c.pred.peak_bytes >= r.plain_footprint) return;
-    if (!hidden || c.pred.bytes_out > hidden->pred.bytes_out ||
-        (c.pred.bytes_out == hidden->pred.bytes_out && c.pred.peak_bytes < hidden->pred.peak_bytes))
+    if (!hidden || c.pred.peak_bytes < hidden->pred.peak_bytes ||
+        (c.pred.peak_bytes == hidden->pred.peak_bytes && c.pred.bytes_out < hidden->pred.bytes_out))
       hidden = std::move(c);
   };
-  for (uint32_t variant = 0; variant < (strict ? 6u : 12u); ++variant) {
+  // Which arenas first: the oldest (they leave first and come back last: the longest
+  // windows), or spread evenly over the step (van der Corput order: any prefix is spread out),
+  // so that resident arenas between offloaded ones give the link time to catch up in backward.
+  auto spread = [](const std::vector<size_t>& v) {
+    // The i-th pick is the free position nearest above the i-th point of the sequence.
+    std::vector<size_t> out;
+    std::vector<char> taken(v.size(), 0);
+    for (size_t i = 0; i < v.size(); ++i) {
+      double x = 0, b = 0.5;
+      for (size_t m = i + 1; m; m >>= 1, b /= 2)
+        if (m & 1) x += b;
+      size_t at = std::min(v.size() - 1, static_cast<size_t>(x * static_cast<double>(v.size())));
+      while (taken[at]) at = (at + 1) % v.size();
+      taken[at] = 1;
+      out.push_back(v[at]);
+    }
+    return out;
+  };
+  for (uint32_t variant = 0; variant < (strict ? 12u : 24u); ++variant) {
     const uint32_t pieces = std::array<uint32_t, 6>{1, 2, 3, 4, 6, 8}[variant % 6];
-    Layout L = layout(pieces, variant >= 6);
+    Layout L = layout(pieces, variant >= 12);
+    if (variant % 12 >= 6) L.offloadable = spread(L.offloadable);
     const size_t kmax = L.offloadable.size();
     if (!kmax) continue;
     uint32_t hmax = o.max_handles;
     if (o.max_inflight_bytes) hmax = std::min<uint32_t>(hmax, static_cast<uint32_t>(std::max<uint64_t>(2, o.max_inflight_bytes / L.cap)));
     hmax = std::min<uint32_t>(hmax, static_cast<uint32_t>(kmax) + 1);
-    for (uint32_t h = 2; h <= hmax; ++h) {
-      if (o.budget) {
-        // Smallest k whose footprint meets the budget (binary search), else all of them.
-        size_t lo = 1, hi = kmax;
-        while (lo < hi) {
-          size_t mid = (lo + hi) / 2;
-          Candidate c = make(L, mid, h);
-          if (c.pred.feasible && c.pred.peak_bytes <= o.budget) hi = mid;
-          else lo = mid + 1;
+    // Live bytes outside arenas at their peak, for each k: the footprint is that times the
+    // pool overhead plus the handles, whatever the timing.
+    std::vector<uint64_t> res_peak(kmax + 1);
+    {
+      std::vector<int64_t> res(f.live);
+      res_peak[0] = f.peak;
+      for (size_t k = 1; k <= kmax; ++k) {
+        for (uint32_t m : L.arenas[L.offloadable[k - 1]].members) {
+          const TraceAlloc& a = t.allocs[m];
+          const int64_t end = a.free_pos < 0 ? static_cast<int64_t>(n) : std::min<int64_t>(a.free_pos, static_cast<int64_t>(n));
+          for (int64_t q = std::max<int64_t>(0, a.alloc_pos); q < end; ++q) res[static_cast<size_t>(q)] -= static_cast<int64_t>(a.bytes);
         }
-        consider(make(L, lo, h));
+        res_peak[k] = static_cast<uint64_t>(std::max<int64_t>(0, *std::max_element(res.begin(), res.end())));
+      }
+    }
+    auto footprint = [&](size_t k, uint32_t h) {
+      return static_cast<uint64_t>(static_cast<double>(res_peak[k]) * o.pool_overhead) + uint64_t{h} * L.cap;
+    };
+    // More handles than help: stop after a few that bring nothing.
+    int64_t best_here = kNever, best_hidden_here = -1;
+    uint32_t no_gain = 0;
+    for (uint32_t h = 2; h <= hmax && no_gain < 3; ++h) {
+      bool gained = false;
+      if (o.budget) {
+        // The fewest arenas whose footprint meets the budget, else all of them.
+        size_t k = 1;
+        while (k < kmax && footprint(k, h) > o.budget) ++k;
+        Candidate c = make(L, k, h);
+        if (c.pred.feasible && c.pred.step_ns < best_here) best_here = c.pred.step_ns, gained = true;
+        consider(std::move(c));
       }
       // Largest k the compute hides.
       size_t lo = 0, hi = kmax;
@@ -614,7 +656,13 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
         if (c.pred.feasible && c.pred.exposed_ns() <= hide_limit) lo = mid;
         else hi = mid - 1;
       }
-      if (lo) consider_hidden(make(L, lo, h));
+      if (lo) {
+        Candidate c = make(L, lo, h);
+        const int64_t saved = static_cast<int64_t>(r.plain_footprint) - static_cast<int64_t>(c.pred.peak_bytes);
+        if (saved > best_hidden_here) best_hidden_here = saved, gained = true;
+        consider_hidden(std::move(c));
+      }
+      no_gain = gained ? 0 : no_gain + 1;
     }
   }
   if (hidden) {

@@ -96,8 +96,9 @@ struct Prediction {
 };
 
 // The step simulated under `plan` (arenas in plan order; timing by segment if known).
+// peak_pos: the step's turnaround (StepFacts::peak_pos), -1 to find it.
 Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, const LinkModel& link,
-                    double pool_overhead);
+                    double pool_overhead, int64_t peak_pos = -1);
 
 struct PlannerResult {
   Plan plan;                       // empty (no arenas) when nothing should move; see why

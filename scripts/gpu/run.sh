@@ -311,7 +311,14 @@ case $plan in
     spid=$!
     for i in $(seq 1 ${SANITIZE_SMALL_S:-150}); do kill -0 $spid 2>/dev/null || break; sleep 1; done
     if kill -0 $spid 2>/dev/null; then
-      log "sanitize_small: still running after ${SANITIZE_SMALL_S:-150} s; Python's stacks:"
+      log "sanitize_small: still running after ${SANITIZE_SMALL_S:-150} s; the processes and their stacks:"
+      for p in $(pgrep -f "run.py|compute-sanitizer|python3"); do
+        echo "--- pid $p: $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-200)"
+        echo "    state $(awk '{print $3}' /proc/$p/stat) wchan $(cat /proc/$p/wchan 2>/dev/null); threads $(ls /proc/$p/task | wc -l)"
+        grep -E 'liboffload|sanitizer|libcuda' /proc/$p/maps 2>/dev/null | awk '{print "    maps " $6}' | sort -u | head -5
+        command -v gdb > /dev/null && timeout 30 gdb -p $p -batch -ex 'thread apply all bt 12' 2>/dev/null | grep -E '^#|^Thread' | head -60
+      done > "$work/sanitize_small_stacks.txt" 2>&1
+      cat "$work/sanitize_small_stacks.txt" | cut -c1-220 | head -120
       pkill -ABRT -f "$bench" ; sleep 5; kill -9 $spid 2>/dev/null
     fi
     wait $spid; log "sanitize_small rc=$?"
