@@ -36,6 +36,17 @@ void* next_after(const void* caller, const char* name) {
   link_map* lm = nullptr;
   if (!dladdr1(caller, &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP) || !lm)
     return real_dlsym(RTLD_NEXT, name);
+  // Fast path: the first definition after liboffload.so, if it lies after the caller, is also
+  // the first after the caller. (Tools preloaded after us, such as compute-sanitizer's
+  // injection libraries, resolve through dlsym(RTLD_NEXT) constantly: a dlopen per loaded
+  // object on every call is too slow for them.)
+  if (void* p = real_dlsym(RTLD_NEXT, name)) {
+    Dl_info pi;
+    link_map* plm = nullptr;
+    if (dladdr1(p, &pi, reinterpret_cast<void**>(&plm), RTLD_DL_LINKMAP) && plm)
+      for (link_map* l = lm->l_next; l; l = l->l_next)
+        if (l == plm) return p;
+  }
   for (link_map* l = lm->l_next; l; l = l->l_next) {
     if (!l->l_name || !*l->l_name) continue;  // the vDSO
     // A dependency's link_map is not a usable handle until dlopen has made it one.
