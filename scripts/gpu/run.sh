@@ -142,6 +142,14 @@ PY
 # A running offloadd keeps the pool size it was started with: stop it, so that the next offload
 # run starts one with $host_pool.
 restart_daemon() { "$ctl" stop > /dev/null 2>&1 && sleep 1; return 0; }
+# For runs under compute-sanitizer: offloadd started here, outside the sanitizer's process tree
+# (its subreaper waits for every descendant, and a daemon the shim starts never exits).
+start_daemon() {
+  restart_daemon
+  setsid "$bin/offloadd" --pool-size "$1" > "$work/offloadd.log" 2>&1 < /dev/null &
+  for _ in $(seq 1 50); do "$ctl" status > /dev/null 2>&1 && return 0; sleep 0.2; done
+  log "offloadd did not come up"; cat "$work/offloadd.log"; return 1
+}
 
 case $plan in
   smoke)
@@ -300,12 +308,12 @@ case $plan in
     # Where the sanitizer runs stall: a small offloaded run under memcheck, the shim preloaded
     # into python only (not into compute-sanitizer), Python's stacks dumped if it hangs.
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    restart_daemon
+    start_daemon 4GiB || exit 1
     run ref_small_plain 0 --workload reference --small --deterministic --steps 2 --warmup 6 --mark-steps
     budget_of ref_small_plain 0.5 || exit 1
     env -u OFFLOAD_TRACE PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PYTHONFAULTHANDLER=1 \
-        OFFLOAD_HOST_POOL=4GiB OFFLOAD_DEVICE_BUDGET="$budget" OFFLOAD_LOG_LEVEL=debug OFFLOAD_TELEMETRY=off \
-      "$cs" --tool memcheck --target-processes all --print-limit 20 --launch-timeout 300 \
+        OFFLOAD_DAEMON=connect OFFLOAD_DEVICE_BUDGET="$budget" OFFLOAD_LOG_LEVEL=debug OFFLOAD_TELEMETRY=off \
+      "$cs" --tool memcheck --target-processes all --print-limit 100 --report-api-errors no --launch-timeout 300 \
         sh -c 'LD_PRELOAD="$0${LD_PRELOAD:+:$LD_PRELOAD}" exec python3 "$@"' "$lib" "$bench" --workload reference --small \
         --deterministic --steps 2 --warmup 6 --mark-steps --json-out "$work/sanitize_small.json" > "$work/sanitize_small.txt" 2>&1 &
     spid=$!
@@ -330,7 +338,7 @@ case $plan in
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     [ -x "$cs" ] || { log "no compute-sanitizer (PATH, /usr/local/cuda/bin)"; exit 1; }
     "$cs" --version 2>&1 | tee "$work/compute-sanitizer-version.txt"
-    restart_daemon
+    start_daemon $host_pool || exit 1
     # A plain footprint: this plan's, else the executor plan's results, else a quick plain run.
     if [ ! -f "$work/reference_plain.json" ] && [ -f "$OUT/results-executor.tgz" ]; then
       tar xzf "$OUT/results-executor.tgz" -C "$work" ./reference_plain.json 2>/dev/null
@@ -339,8 +347,11 @@ case $plan in
       run reference_plain 0 --workload reference --deterministic --steps 2 --warmup 2
     budget_of reference_plain 0.5 || exit 1
     # sanitize NAME TOOL STEPS: liboffload is preloaded into python only, after whatever the
-    # sanitizer preloads itself. (At 570a5d9, with LD_PRELOAD set on compute-sanitizer, python
-    # printed nothing in 260 s under memcheck and synccheck.) CUPTI telemetry is off
+    # sanitizer preloads itself; offloadd runs outside the sanitizer's tree (start_daemon);
+    # CUDA API errors are not reported (the shim's function introspection probes handles,
+    # and those probes filled the print limit at 8951716). Before 8951716 python under the
+    # sanitizer never got past start-up: our dlsym(RTLD_NEXT) walked every loaded object
+    # with dlopen for each lookup the sanitizer's injection libraries made. CUPTI telemetry is off
     # by default (the sanitizer holds the tools interface; SANITIZE_TELEMETRY=cupti tries it).
     # Each run gets at most 280 s, less when the plan's 570 s would otherwise be exceeded.
     sanitize() {
@@ -350,9 +361,10 @@ case $plan in
       log "sanitize $name: --tool $tool, budget $budget, --steps $steps --warmup 8, timeout $limit s"
       local t0=$SECONDS
       env -u OFFLOAD_TRACE PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
-          OFFLOAD_HOST_POOL=$host_pool OFFLOAD_DEVICE_BUDGET="$budget" OFFLOAD_LOG_LEVEL=info \
+          OFFLOAD_DAEMON=connect OFFLOAD_DEVICE_BUDGET="$budget" OFFLOAD_LOG_LEVEL=info \
           OFFLOAD_TELEMETRY="${SANITIZE_TELEMETRY:-off}" \
-        timeout -k 15 "$limit" "$cs" --tool "$tool" --target-processes all --print-limit 20 --launch-timeout 300 \
+        timeout -k 15 "$limit" "$cs" --tool "$tool" --target-processes all --print-limit 100 --report-api-errors no \
+          --launch-timeout 300 \
           sh -c 'LD_PRELOAD="$0${LD_PRELOAD:+:$LD_PRELOAD}" exec python3 "$@"' "$lib" "$bench" --workload reference --deterministic --steps "$steps" --warmup 8 --mark-steps \
           --json-out "$work/$name.json" > "$work/$name.txt" 2>&1
       local rc=$?
