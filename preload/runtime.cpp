@@ -196,6 +196,8 @@ void Runtime::plan_from(const StepTrace& t) {
         log().info("planner: the compute hides up to {:.2f} GiB per step (footprint {:.2f} GiB, step {:.1f} ms predicted)",
                    static_cast<double>(r.hidden_bytes) / (1 << 30), static_cast<double>(r.hidden_peak) / (1 << 30),
                    static_cast<double>(r.hidden_step_ns) / 1e6);
+      if (!watch_) watch_.emplace(r.prediction.step_ns);
+      else watch_->replanned(r.prediction.step_ns);
       planned_ = Planned{true, r.prediction.step_ns, r.prediction.compute_ns, r.prediction.lower_bound_ns,
                          r.prediction.forward_ns, r.prediction.backward_ns, r.hidden_bytes, r.hidden_peak,
                          plan.predicted_peak, r.prediction.bytes_out};
@@ -232,23 +234,15 @@ void Runtime::plan_from(const StepTrace& t) {
 }
 
 void Runtime::watch_plan(const StepTrace& t) {
-  if (!planned_.gpu_time || planned_.step_ns <= 0) return;
+  if (!planned_.gpu_time || !watch_) return;
   const GpuTimeline g = gpu_timeline(t);
   if (g.measured < 0.5) return;
-  // Slow: over the prediction by more than a tenth of the exposed time allowed for, and 1 ms.
-  const int64_t slack = std::max<int64_t>(1'000'000, planned_.step_ns / 10);
-  slow_steps_ = g.total > planned_.step_ns + slack ? slow_steps_ + 1 : 0;
-  if (slow_steps_ < 3 || revisions_ >= 3) return;
-  // The copies took longer than modelled: plan again with the link slower by the share of
-  // the step's transfer time that the excess represents (at least 10%, at most half).
-  const double transfer = static_cast<double>(std::max<int64_t>(planned_.lower_bound_ns, planned_.step_ns));
-  const double factor = std::clamp(transfer / static_cast<double>(g.total), 0.5, 0.9);
-  log().warn("plan revised: {} steps in a row took {:.1f} ms on the GPU against {:.1f} ms predicted; planning again "
-             "with the link at {:.0f}% of its model",
-             slow_steps_, g.total / 1e6, planned_.step_ns / 1e6, 100 * link_scale_ * factor);
+  const double factor = watch_->observe(g.total);
+  if (factor <= 0) return;
+  log().warn("plan revised: 3 steps in a row took longer on the GPU than the {:.1f} ms predicted (the last {:.1f} ms); "
+             "planning again with the link at {:.0f}% of its model",
+             planned_.step_ns / 1e6, g.total / 1e6, 100 * link_scale_ * factor);
   link_scale_ *= factor;
-  ++revisions_;
-  slow_steps_ = 0;
   executor_.retire("revising the plan");
 }
 
@@ -423,7 +417,7 @@ std::string Runtime::executor_json() {
      << ",\"lower_bound_ns\":" << planned_.lower_bound_ns << ",\"forward_ns\":" << planned_.forward_ns
      << ",\"backward_ns\":" << planned_.backward_ns << ",\"bytes_moved\":" << planned_.bytes_moved << ",\"hidden_bytes\":" << planned_.hidden_bytes
      << ",\"hidden_peak\":" << planned_.hidden_peak << ",\"predicted_peak\":" << planned_.peak
-     << ",\"link_scale\":" << link_scale_ << ",\"revisions\":" << revisions_ << "}";
+     << ",\"link_scale\":" << link_scale_ << ",\"revisions\":" << (watch_ ? watch_->revisions() : 0) << "}";
   const double ns = ns_per_tsc_cycle();
   os << ",\"gate_ns_mean\":"
      << (x.gate_calls ? static_cast<double>(x.gate_cycles - x.gate_wait_cycles) * ns / static_cast<double>(x.gate_calls) : 0.0)

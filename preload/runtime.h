@@ -26,6 +26,7 @@
 #include "cuda_driver.h"
 #include "cupti_telemetry.h"
 #include "host_pool.h"
+#include "planner/planner.h"
 
 namespace offload {
 
@@ -101,8 +102,7 @@ class Runtime {
     uint64_t hidden_bytes = 0, hidden_peak = 0, peak = 0, bytes_moved = 0;
   } planned_;
   double link_scale_ = 1.0;              // the link as measured against the planner's model
-  uint32_t revisions_ = 0;               // plans revised because they kept stalling
-  uint32_t slow_steps_ = 0;              // consecutive steps of the plan over its prediction
+  std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
   CuptiTelemetry telemetry_;
   std::mutex pump_mu_;  // one pump at a time (worker or a stats query)
   StepAssembler assembler_;

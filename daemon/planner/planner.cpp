@@ -216,6 +216,9 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
     pr.bytes_out += a.used;
     pr.bytes_in += a.used;
   }
+  // Reloads due at one launch go in backward order, as the executor queues them.
+  for (auto& d : due)
+    std::sort(d.begin(), d.end(), [&](uint32_t x, uint32_t y) { return reload_before(plan.arenas[x], x, plan.arenas[y], y); });
   // Live bytes outside arenas before each launch.
   pr.resident.assign(n, 0);
   {
@@ -243,7 +246,7 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
   int64_t free_handles = na ? plan.handles : 0, in_use = 0;
   std::vector<int64_t> d2h_job(na, -1), h2d_job(na, -1);
   std::deque<uint32_t> pending;  // reloads due and waiting for a handle, in order
-  std::vector<char> evicted(na, 0), back(na, 0), holds(na, 0);
+  std::vector<char> evicted(na, 0), back(na, 0), holds(na, 0), abandoned(na, 0);
   int64_t shift = 0;
   pr.launch_start.assign(n, 0);
   auto take = [&](uint32_t i) {
@@ -265,18 +268,33 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
     pr.arenas[i].reload_issue = when;
     h2d_job[i] = static_cast<int64_t>(l.push(false, i, ready, plan.arenas[i].used));
   };
+  // A reload asked for while the copy out still runs: the executor keeps the memory (the
+  // bytes never left) and the copy out's result is dropped.
+  auto abandon = [&](uint32_t i, int64_t when) {
+    abandoned[i] = back[i] = 1;
+    pr.arenas[i].abandoned = true;
+    pr.arenas[i].reload_issue = when;
+  };
+  // Issues the queued reloads that can go: the head's, while a handle is free (or its copy
+  // out has not finished, which needs none).
+  auto drain_pending = [&](int64_t when) {
+    while (!pending.empty()) {
+      uint32_t r = pending.front();
+      if (evicted[r] && free_handles <= 0) break;
+      pending.pop_front();
+      if (evicted[r]) issue_reload(r, when);
+      else abandon(r, when);
+    }
+  };
   auto on_done = [&](bool d2h, size_t idx) {
     const Link::Job& j = l.job(d2h, idx);
     ArenaTiming& at = pr.arenas[j.arena];
     if (d2h) {
       at.evict_start = j.start, at.evict_end = j.end;
+      if (abandoned[j.arena]) return;
       evicted[j.arena] = 1;
       give(j.arena);
-      while (free_handles > 0 && !pending.empty()) {
-        uint32_t r = pending.front();
-        pending.pop_front();
-        issue_reload(r, j.end);
-      }
+      drain_pending(j.end);
     } else {
       at.reload_start = j.start, at.reload_end = j.end;
       back[j.arena] = 1;
@@ -309,24 +327,20 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
       take(a);
       pr.arenas[a].born = s;
     }
-    while (free_handles > 0 && !pending.empty()) {
-      uint32_t r = pending.front();
-      pending.pop_front();
-      if (!evicted[r]) {
-        // Its copy out is still running: the executor would abandon it; the plan should not ask.
-        s = wait_until(s, [&] { return evicted[r] != 0; });
-        if (s == kNever) return fail();
-      }
-      issue_reload(r, s);
-    }
+    drain_pending(s);
     for (uint32_t a : used[i]) {
-      // A first use before the reload was even issued: the executor reloads on demand.
-      if (h2d_job[a] < 0) {
+      // A first use before the reload was issued: the executor reloads on demand (or keeps
+      // the memory, if the copy out is still running).
+      if (h2d_job[a] < 0 && !back[a]) {
         auto it = std::find(pending.begin(), pending.end(), a);
         if (it != pending.end()) pending.erase(it);
-        s = wait_until(s, [&] { return free_handles > 0 && evicted[a] != 0; });
-        if (s == kNever) return fail();
-        issue_reload(a, s);
+        if (!evicted[a] && d2h_job[a] >= 0) {
+          abandon(a, s);
+        } else {
+          s = wait_until(s, [&] { return free_handles > 0 && evicted[a] != 0; });
+          if (s == kNever) return fail();
+          issue_reload(a, s);
+        }
       }
       int64_t before = s;
       s = wait_until(s, [&] { return back[a] != 0; });
@@ -490,6 +504,8 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
       const Group& a = L.arenas[i];
       if (a.segment == last_segment || a.first_use <= a.evict_after + 1) continue;
       if (round_up(a.bytes, o.granularity) > L.cap) continue;
+      // A sliver of a handle's size would hold a whole handle for little gain.
+      if (a.bytes * 16 < L.cap) continue;
       host += round_up(a.bytes, 4096);
       if (host > o.max_host_bytes) break;
       L.offloadable.push_back(i);
@@ -547,12 +563,15 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
       c.pred = first;
       return c;
     }
-    int64_t prev = -1;
+    // Positions never decrease in backward order and stay within [evict_after + 1, first_use]
+    // (always possible: backward order is by first use). Ties are fine: the executor queues
+    // reloads due at one launch in backward order.
+    int64_t prev = 0;
     for (size_t j : order) {
       ArenaPlan& a = q.arenas[j];
       int64_t when = std::max(first.arenas[j].reload_issue, first.arenas[j].evict_end);
       int64_t pos = std::lower_bound(first.launch_start.begin(), first.launch_start.end(), when) - first.launch_start.begin();
-      pos = std::clamp<int64_t>(pos, std::max<int64_t>(a.reload_at, prev + 1), std::max(a.first_use, prev + 1));
+      pos = std::clamp<int64_t>(pos, std::max(a.evict_after + 1, prev), a.first_use);
       a.reload_at = pos;
       prev = pos;
     }
@@ -637,6 +656,7 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
     };
     // More handles than help: stop after a few that bring nothing.
     int64_t best_here = kNever, best_hidden_here = -1;
+    uint64_t best_unmet_here = ~uint64_t{0};
     uint32_t no_gain = 0;
     for (uint32_t h = 2; h <= hmax && no_gain < 3; ++h) {
       bool gained = false;
@@ -645,7 +665,13 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
         size_t k = 1;
         while (k < kmax && footprint(k, h) > o.budget) ++k;
         Candidate c = make(L, k, h);
-        if (c.pred.feasible && c.pred.step_ns < best_here) best_here = c.pred.step_ns, gained = true;
+        // Too few handles for that many arenas deadlock the forward: a few arenas fewer may run
+        // (at a higher footprint, which may still be the lowest there is).
+        for (size_t kk = k; !c.pred.feasible && kk > 1 && kk + 8 > k;) c = make(L, --kk, h);
+        if (!c.pred.feasible) gained = true;  // more handles may make it feasible
+        else if (footprint(k, h) <= o.budget ? c.pred.step_ns < best_here : c.pred.peak_bytes < best_unmet_here)
+          best_here = footprint(k, h) <= o.budget ? c.pred.step_ns : best_here,
+          best_unmet_here = footprint(k, h) <= o.budget ? best_unmet_here : c.pred.peak_bytes, gained = true;
         consider(std::move(c));
       }
       // Largest k the compute hides.
@@ -695,6 +721,16 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
 }
 
 }  // namespace
+
+double PlanWatch::observe(int64_t measured) {
+  if (predicted_ <= 0 || measured <= 0) return 0;
+  const int64_t slack = std::max<int64_t>(1'000'000, predicted_ / 10);
+  slow_ = measured > predicted_ + slack ? slow_ + 1 : 0;
+  if (slow_ < 3 || revisions_ >= max_) return 0;
+  ++revisions_;
+  slow_ = 0;
+  return std::clamp(static_cast<double>(predicted_) / static_cast<double>(measured), 0.5, 0.9);
+}
 
 PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
   PlannerResult r;

@@ -78,6 +78,7 @@ struct ArenaTiming {
   int64_t born = 0, evict_ready = 0, evict_start = 0, evict_end = 0;
   int64_t reload_issue = 0, reload_start = 0, reload_end = 0, use = 0;
   int64_t stall = 0;  // the wait for this arena before its first backward use
+  bool abandoned = false;  // reload asked for before the copy out finished: it stayed
 };
 
 struct Prediction {
@@ -112,6 +113,27 @@ struct PlannerResult {
   uint32_t hidden_arenas = 0;
   uint64_t plain_footprint = 0;    // plain peak * pool overhead
   std::string why;
+};
+
+// Adaptation: watches the GPU time of the steps a plan runs and says when to plan again
+// with a slower link. A step is slow when it runs over the prediction by more than a tenth
+// (and 1 ms); three slow steps in a row revise the plan, at most `max_revisions` times. The
+// link is slowed by the share of the step the prediction accounted for (at least 10%, at
+// most half), so that the next plan moves less, or starts its reloads earlier.
+class PlanWatch {
+ public:
+  explicit PlanWatch(int64_t predicted_step_ns, uint32_t max_revisions = 3)
+      : predicted_(predicted_step_ns), max_(max_revisions) {}
+  // One step's measured GPU time (first kernel start to last kernel end). Returns the factor
+  // to multiply the link model's speed by, or 0 to keep the plan.
+  double observe(int64_t measured_step_ns);
+  void replanned(int64_t predicted_step_ns) { predicted_ = predicted_step_ns, slow_ = 0; }
+  uint32_t revisions() const { return revisions_; }
+  uint32_t slow_steps() const { return slow_; }
+
+ private:
+  int64_t predicted_;
+  uint32_t max_, slow_ = 0, revisions_ = 0;
 };
 
 // Plans steps like `t`. Without GPU times in the trace (CUPTI off), every launch counts as

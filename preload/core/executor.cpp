@@ -111,7 +111,13 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
   for (const MemberPlan& m : plan_.members) arenas_[m.arena].members.push_back(Member{m.offset, m.bytes, false});
   for (Arena& a : arenas_)
     std::sort(a.members.begin(), a.members.end(), [](const Member& x, const Member& y) { return x.offset < y.offset; });
-  std::stable_sort(actions_.begin(), actions_.end(), [](const Action& x, const Action& y) { return x.pos < y.pos; });
+  // By position; at one position evictions first, then reloads in backward order (held-back
+  // reloads are queued in this order).
+  std::stable_sort(actions_.begin(), actions_.end(), [&](const Action& x, const Action& y) {
+    if (x.pos != y.pos) return x.pos < y.pos;
+    if (x.evict != y.evict) return x.evict;
+    return !x.evict && reload_before(plan_.arenas[x.arena], x.arena, plan_.arenas[y.arena], y.arena);
+  });
   // Handles of another size are of no use to this plan.
   for (size_t h = 0; h < handles_.size() && !same; ++h) give_handle(static_cast<int>(h));
   anchor_ = anchor;

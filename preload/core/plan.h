@@ -82,6 +82,12 @@ struct PlanOptions {
   uint64_t max_host_bytes = ~uint64_t{0};  // what the host pool can take
 };
 
+// The order reloads due at one launch are issued in: backward order (the earlier first use
+// first; on a tie the later-born arena, index i, first).
+inline bool reload_before(const ArenaPlan& a, uint32_t i, const ArenaPlan& b, uint32_t j) {
+  return a.first_use != b.first_use ? a.first_use < b.first_use : i > j;
+}
+
 // Where a plan made from step `t` can start: the first step boundary at or after launch
 // number `next` (the number the next launch will get), steps being t.launches.size() long.
 inline uint64_t plan_anchor(uint64_t traced_first_launch, uint64_t step_launches, uint64_t next) {
