@@ -120,21 +120,6 @@ int cmd_trace_show(const std::string& path, bool check) {
 
 namespace {
 
-// The planner at the replay's scale: bytes / divisor, so the link / divisor too, and the
-// recorded GPU times unchanged; the copies take as long as they would on the GPU.
-Plan gpu_time_plan(const StepTrace& t, const PlanOptions& po, uint32_t divisor, std::string* why) {
-  PlannerOptions o;
-  o.budget = po.budget;
-  o.granularity = po.granularity;
-  o.min_bytes = po.min_bytes;
-  o.member_align = po.member_align;
-  o.pool_overhead = po.pool_overhead;
-  o.link.scale = 1.0 / divisor;
-  PlannerResult r = plan_step(t, o);
-  *why = r.why;
-  return std::move(r.plan);
-}
-
 // Offload mode: the executor on the simulated driver, every launch's data checked.
 int replay_offload(const StepTrace& rec, int repeats, double fraction, uint32_t divisor, bool gpu_times) {
   ReplayOptions o;
@@ -143,7 +128,7 @@ int replay_offload(const StepTrace& rec, int repeats, double fraction, uint32_t 
   o.offload = true;
   o.budget_fraction = fraction;
   o.size_divisor = divisor;
-  if (gpu_times) o.planner = gpu_time_plan;
+  if (gpu_times) o.planner = plan_scaled;
   ReplayResult r = replay(rec, o);
   const ReplayOffload& ro = r.offload;
   const double d = ro.divisor;

@@ -776,4 +776,18 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
   return strict;
 }
 
+Plan plan_scaled(const StepTrace& t, const PlanOptions& po, uint32_t divisor, std::string* why) {
+  PlannerOptions o;
+  o.budget = po.budget;
+  o.granularity = po.granularity;
+  o.min_bytes = po.min_bytes;
+  o.member_align = po.member_align;
+  o.pool_overhead = po.pool_overhead;
+  o.max_host_bytes = po.max_host_bytes;
+  o.link.scale = 1.0 / std::max<uint32_t>(1, divisor);
+  PlannerResult r = plan_step(t, o);
+  *why = r.why;
+  return std::move(r.plan);
+}
+
 }  // namespace offload

@@ -140,4 +140,9 @@ class PlanWatch {
 // the same length.
 PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o);
 
+// The planner where the built-in plan's options are at hand (the replay on the simulated
+// driver): same budget, granularity, thresholds and pool overhead. Sizes there are the
+// recorded ones / `divisor`, so the link is slowed alike and copies take the GPU's time.
+Plan plan_scaled(const StepTrace& t, const PlanOptions& po, uint32_t divisor, std::string* why);
+
 }  // namespace offload

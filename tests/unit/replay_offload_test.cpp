@@ -12,6 +12,7 @@
 
 #include "core/replay.h"
 #include "core/step_trace.h"
+#include "planner/planner.h"
 
 namespace offload {
 namespace {
@@ -68,10 +69,11 @@ ReplayOptions offload_options(double fraction) {
   return o;
 }
 
-void expect_clean(const std::string& name, double fraction) {
+void expect_clean(const std::string& name, double fraction, bool planner = false) {
   StepTrace rec = load(name);
   ASSERT_FALSE(rec.launches.empty());
   ReplayOptions o = offload_options(fraction);
+  if (planner) o.planner = plan_scaled;
   ReplayResult r = replay(rec, o);
   const ReplayOffload& ro = r.offload;
   ASSERT_TRUE(ro.installed) << ro.plan;
@@ -105,6 +107,11 @@ void expect_clean(const std::string& name, double fraction) {
 TEST(ReplayOffload, ReferenceAtHalfThePeak) { expect_clean("reference", 0.5); }
 TEST(ReplayOffload, ConvnetAt60Percent) { expect_clean("convnet", 0.6); }
 TEST(ReplayOffload, LlamaCompiledAt80Percent) { expect_clean("llama-compiled", 0.8); }
+// The same with the GPU-time planner's plans (the recorded kernel times, the link scaled
+// like the bytes): spread-out arenas, reloads held back for handles, ties at one launch.
+TEST(ReplayOffload, ReferenceAtHalfThePeakPlanned) { expect_clean("reference", 0.5, true); }
+TEST(ReplayOffload, ConvnetAt60PercentPlanned) { expect_clean("convnet", 0.6, true); }
+TEST(ReplayOffload, LlamaCompiledAt80PercentPlanned) { expect_clean("llama-compiled", 0.8, true); }
 
 // The checks are real: without the wait for a reload's copy, a launch reads the garbage of
 // the fresh handle (or a stale copy) and the replay says so.
