@@ -30,8 +30,14 @@ else
   done
   echo; echo "== what the shim saw on the GPU, per recorded step"
   "$ctl" trace check bench/traces
-  # The executor on the same steps: evict and reload under the budget the GPU runs used
-  # (bench/results/executor.md), sizes scaled down, every launch's data checked.
+  # The planner on the reference step: what it would offload at 75% of the step's footprint,
+  # the step time it predicts, and a picture (plan-reference-75.html).
+  echo; echo "== the planner on the recorded reference step, at 75% of its footprint"
+  "$ctl" plan --trace bench/traces/reference.trace --budget 75% --html build/plan-reference-75.html
+  echo "(picture: build/plan-reference-75.html)"
+  # The executor on the same steps, running the planner's plans: evict and reload under the
+  # budget the GPU runs used (bench/results/executor.md), sizes scaled down, every launch's
+  # data checked.
   for tf in reference:0.5 convnet:0.6 llama-compiled:0.8; do
     t=${tf%%:*}
     echo; echo "== the executor on the simulated driver: $t at ${tf#*:} of its peak"

@@ -223,3 +223,34 @@ TEST(DeviceBudget, BadValuesAreErrorsThatSayWhatIsAccepted) {
 
 }  // namespace
 }  // namespace offload
+
+namespace offload {
+namespace {
+
+TEST(Planner, OffloadPlannerChoosesTheBuiltInPlanOrSaysWhatIsAccepted) {
+  {
+    Env env;
+    std::vector<std::string> errors;
+    EXPECT_FALSE(read(env, &errors).builtin_plan);
+    EXPECT_TRUE(errors.empty());
+  }
+  for (const char* v : {"auto", "builtin"}) {
+    Env env;
+    env.vars["OFFLOAD_PLANNER"] = v;
+    std::vector<std::string> errors;
+    EXPECT_EQ(read(env, &errors).builtin_plan, std::string(v) == "builtin") << v;
+    EXPECT_TRUE(errors.empty()) << v;
+  }
+  for (const char* v : {"gpu", "Builtin", "built-in", "1"}) {
+    Env env;
+    env.vars["OFFLOAD_PLANNER"] = v;
+    std::vector<std::string> errors;
+    EXPECT_FALSE(read(env, &errors).builtin_plan) << v;
+    ASSERT_EQ(errors.size(), 1u) << v;
+    EXPECT_NE(errors[0].find("OFFLOAD_PLANNER"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("auto or builtin"), std::string::npos) << errors[0];
+  }
+}
+
+}  // namespace
+}  // namespace offload
