@@ -12,6 +12,8 @@
 //   offloadctl plan --trace FILE [--budget SIZE|SHARE] [--segments N] [--arenas|--json] [--html FILE]
 //                                   the planner's plan for a recorded step, without a GPU: as
 //                                   text, as JSON, and as a timeline page
+//   offloadctl plan --trace FILE --sweep [--segments N] [--json]
+//                                   the plan at budgets from 100% down to 30% of the footprint
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -25,7 +27,7 @@
 int cmd_trace_show(const std::string& path, bool check);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
-             const std::string& html, bool json);
+             const std::string& html, bool json, bool sweep);
 int cmd_status(const std::string& socket, bool json, double watch_s);
 int cmd_stop(const std::string& socket);
 
@@ -72,6 +74,10 @@ void usage(FILE* f) {
           "                         --arenas lists the arenas; --json prints the figures as one JSON\n"
           "                         object instead of text; --html writes the predicted step's timeline\n"
           "                         (compute, copy queues, footprint) as a self-contained page\n"
+          "  plan --trace FILE --sweep [--segments N] [--json]\n"
+          "                         the plan at budgets of 100%%, 95%%, ... 30%% of that footprint, a row each\n"
+          "                         (peak, moved, step against compute and its lower bound); it stops\n"
+          "                         after two budgets in a row that no plan meets\n"
           "  help                   this text\n");
 }
 
@@ -152,12 +158,13 @@ int main(int argc, char** argv) {
     std::string trace, html;
     uint64_t budget = 0;
     double fraction = 0;
-    bool arenas = false, json = false;
+    bool arenas = false, json = false, sweep = false, budget_given = false;
     uint32_t segments = 0;
     for (size_t i = 1; i < a.size(); ++i) {
       if (a[i] == "--trace" && i + 1 < a.size()) {
         trace = a[++i];
       } else if (a[i] == "--budget" && i + 1 < a.size()) {
+        budget_given = true;
         if (!parse_budget(a[++i], &budget, &fraction)) {
           fprintf(stderr,
                   "offloadctl: --budget '%s' is not valid: expected a size such as 12GiB, or a share of the "
@@ -169,6 +176,8 @@ int main(int argc, char** argv) {
         arenas = true;
       } else if (a[i] == "--json") {
         json = true;
+      } else if (a[i] == "--sweep") {
+        sweep = true;
       } else if (a[i] == "--html" && i + 1 < a.size()) {
         html = a[++i];
         if (html.empty()) {
@@ -197,7 +206,12 @@ int main(int argc, char** argv) {
       fprintf(stderr, "offloadctl: --arenas lists arenas as text; --json gives only their count\n");
       return 2;
     }
-    return cmd_plan(trace, budget, fraction, arenas, segments, html, json);
+    if (sweep && (budget_given || arenas || !html.empty())) {
+      fprintf(stderr, "offloadctl: --sweep chooses its own budgets and prints one table: it takes no --budget, "
+                      "--arenas or --html\n");
+      return 2;
+    }
+    return cmd_plan(trace, budget, fraction, arenas, segments, html, json, sweep);
   }
   std::string joined;
   for (auto& s : a) joined += (joined.empty() ? "" : " ") + s;

@@ -74,6 +74,59 @@ void print_json(const std::string& path, const StepTrace& t, const PlannerResult
          p.arenas.empty() ? json_string(r.why).c_str() : "null");
 }
 
+// --sweep: the step planned at 100%, 95%, ... 30% of its footprint without offload, one row
+// (or JSON object) each. Two budgets in a row that no plan meets end it: lower ones fare no better.
+int sweep(const std::string& path, const StepTrace& t, PlannerOptions o, uint64_t plain, bool json) {
+  if (!json) {  // the largest hidden offload: without a budget (at 100% the planner stops early)
+    o.budget = 0;
+    const PlannerResult h = plan_step(t, o);
+    printf("step %llu of %s: %.1f ms of GPU time; footprint without offload %.2f GiB\n", ull(t.step), path.c_str(),
+           ms(h.prediction.compute_ns), gib(h.plain_footprint));
+    if (h.hidden_bytes)
+      printf("largest offload the compute hides: %.2f GiB, footprint %.2f GiB, step %.1f ms\n\n", gib(h.hidden_bytes),
+             gib(h.hidden_peak), ms(h.hidden_step_ns));
+    else
+      printf("largest offload the compute hides: none\n\n");
+    const std::string head = "%7s %6s %6s  %-5s %6s  %6s  %-10s %6s  %9s %6s";  // the row's widths
+    printf((head + "  %10s\n").c_str(), "budget", "", "peak", "meets", "moved", "arenas", "handles", "step", "x compute",
+           "bound", "step/bound");
+    printf((head + "\n").c_str(), "%", "GiB", "GiB", "", "GiB", "", "    x MiB", "ms", "", "ms");
+  }
+  const char* sep = "[";
+  int misses = 0;
+  uint64_t lowest = ~uint64_t{0};  // the lowest peak of the budgets missed in a row
+  for (int pct = 100; pct >= 30; pct -= 5) {
+    o.budget = std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(plain) * pct / 100));
+    const PlannerResult r = plan_step(t, o);
+    const Prediction& pr = r.prediction;
+    const bool met = meets(r, o.budget);
+    const double x_compute = static_cast<double>(pr.step_ns) / static_cast<double>(std::max<int64_t>(1, pr.compute_ns));
+    const double x_bound = static_cast<double>(pr.step_ns) / static_cast<double>(std::max<int64_t>(1, pr.lower_bound_ns));
+    if (json) {
+      printf("%s{\"budget_percent\":%d,\"budget\":%llu,\"predicted_peak\":%llu,\"meets_budget\":%s,\"bytes_moved\":%llu,"
+             "\"arenas\":%zu,\"handles\":%u,\"handle_bytes\":%llu,\"predicted_step_ns\":%lld,\"step_per_compute\":%.3f,"
+             "\"lower_bound_ns\":%lld,\"step_per_bound\":%.3f}",
+             sep, pct, ull(o.budget), ull(pr.peak_bytes), met ? "true" : "false", ull(pr.bytes_out), r.plan.arenas.size(),
+             r.plan.handles, ull(r.plan.handle_bytes), ll(pr.step_ns), x_compute, ll(pr.lower_bound_ns), x_bound);
+      sep = ",\n";
+    } else {
+      printf("%6d%% %6.2f %6.2f  %-5s %6.2f  %6zu  %3u x %-4llu %6.1f  %8.2fx %6.1f  %10.2f\n", pct, gib(o.budget),
+             gib(pr.peak_bytes), met ? "yes" : "NO", gib(pr.bytes_out), r.plan.arenas.size(), r.plan.handles,
+             ull(r.plan.handle_bytes >> 20), ms(pr.step_ns), x_compute, ms(pr.lower_bound_ns), x_bound);
+    }
+    misses = met ? 0 : misses + 1;
+    lowest = met ? ~uint64_t{0} : std::min(lowest, pr.peak_bytes);
+    if (misses == 2 && pct > 30) {
+      if (!json)
+        printf("stopped: no plan meets %d%% or %d%% of the footprint; the lowest predicted peak there is %.2f GiB (%.0f%%)\n",
+               pct + 5, pct, gib(lowest), 100.0 * static_cast<double>(lowest) / static_cast<double>(std::max<uint64_t>(1, plain)));
+      break;
+    }
+  }
+  if (json) printf("]\n");
+  return 0;
+}
+
 // A round step for about `want` ticks over `range`.
 double tick_step(double range, int want) {
   const double s = range / want, e = std::pow(10.0, std::floor(std::log10(s)));
@@ -257,8 +310,9 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
 
 // budget: bytes, or 0 for none; fraction (> 0): the budget is that share of the step's
 // footprint without offload instead.
+// sweep: a row per budget from 100% to 30% of that footprint instead of one plan.
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
-             const std::string& html, bool json) {
+             const std::string& html, bool json, bool sweep_budgets) {
   std::ifstream is(path);
   if (!is) {
     fprintf(stderr, "offloadctl: cannot open %s\n", path.c_str());
@@ -272,9 +326,10 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
   }
   PlannerOptions o;
   if (segments) o.fallback_segments = segments;
+  // As plan_step computes PlannerResult::plain_footprint.
+  const uint64_t plain = static_cast<uint64_t>(static_cast<double>(step_facts(t, o.min_bytes).peak) * o.pool_overhead);
+  if (sweep_budgets) return sweep(path, t, o, plain, json);
   if (fraction > 0) {
-    // As plan_step computes PlannerResult::plain_footprint.
-    const uint64_t plain = static_cast<uint64_t>(static_cast<double>(step_facts(t, o.min_bytes).peak) * o.pool_overhead);
     budget = std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(plain) * fraction));
   }
   o.budget = budget;

@@ -348,6 +348,9 @@ TEST(BadInputIntegration, OffloadctlRejectsBadCommandsClearly) {
       {{"status", "--json", "--socket", none}, 1, "no offloadd at " + none},
       {{"status"}, 1, "no offloadd at " + xdg + "/liboffload/offloadd.sock"},
       {{"stop", "--socket", none}, 1, "no offloadd at " + none},
+      {{"plan", "--trace", none, "--sweep", "--budget", "50%"}, 2, "--sweep chooses its own budgets"},
+      {{"plan", "--trace", none, "--sweep", "--html", none}, 2, "--sweep chooses its own budgets"},
+      {{"plan", "--trace", none, "--arenas", "--sweep"}, 2, "--sweep chooses its own budgets"},
   };
   for (const BadArgs& c : cases) {
     std::vector<std::string> argv = {OFFLOADCTL_BIN};
