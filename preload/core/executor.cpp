@@ -34,6 +34,7 @@ void Executor::teardown_locked() {
   handles_.clear();
   free_handles_.clear();
   busy_.clear();
+  for (Arena& a : arenas_) a.in_busy = false;
   held_.store(0);
   if (reservation_) driver_.unreserve(reservation_, reservation_bytes_);
   reservation_ = 0;
@@ -81,6 +82,8 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
       return false;
     }
     arenas_.resize(plan.arenas.size());
+    busy_.reserve(arenas_.size());
+    pending_reloads_.reserve(arenas_.size());
     for (size_t i = 0; i < arenas_.size(); ++i) {
       Arena& a = arenas_[i];
       a.va = reservation_ + i * plan.handle_bytes;
@@ -233,7 +236,7 @@ bool Executor::release(DevPtr p, Stream s) {
       add_stream(a, s);
       record_all(a);
       a.state = State::Draining;
-      busy_.push_back(static_cast<uint32_t>(&a - arenas_.data()));
+      mark_busy(static_cast<uint32_t>(&a - arenas_.data()));
       break;
     case State::Evicted:
       a.state = State::Empty;  // nothing of it is on the device
@@ -326,15 +329,17 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
     if (active_) {
       if (!pending_reloads_.empty()) {
         poll_locked();
-        std::vector<uint32_t> retry;
-        retry.swap(pending_reloads_);
-        for (uint32_t i : retry) {
+        // In place, in order (no allocation on the hook path).
+        size_t kept = 0;
+        for (size_t r = 0; r < pending_reloads_.size(); ++r) {
+          const uint32_t i = pending_reloads_[r];
           State st = arenas_[i].state;
           if (st == State::Evicted || st == State::Evicting) {
-            if (st == State::Evicted && !reload_may_start()) pending_reloads_.push_back(i);
+            if (st == State::Evicted && !reload_may_start()) pending_reloads_[kept++] = i;
             else reload(i);
           }
         }
+        pending_reloads_.resize(kept);
       }
       while (cursor_ < actions_.size() && actions_[cursor_].pos <= static_cast<int64_t>(pos)) {
         const Action& act = actions_[cursor_++];
@@ -482,7 +487,7 @@ void Executor::evict(uint32_t i) {
   a.nstreams = 0;
   add_stream(a, offload_stream_);
   a.state = State::Evicting;
-  busy_.push_back(i);
+  mark_busy(i);
   ++st_.evictions;
   st_.bytes_out += a.used;
 }
@@ -511,7 +516,7 @@ bool Executor::reload(uint32_t i) {
   a.overflow = false;
   add_stream(a, prefetch_stream_);
   a.state = State::Reloading;
-  busy_.push_back(i);
+  mark_busy(i);
   ++st_.reloads;
   st_.bytes_in += a.used;
   return true;
@@ -596,9 +601,17 @@ void Executor::poll() {
   poll_locked();
 }
 
+void Executor::mark_busy(uint32_t i) {
+  if (arenas_[i].in_busy) return;
+  arenas_[i].in_busy = true;
+  busy_.push_back(i);  // capacity reserved at install: no allocation on the hook path
+}
+
 void Executor::poll_locked() {
-  std::deque<uint32_t> still;
-  for (uint32_t i : busy_) {
+  // Compacted in place: the launch gate calls this, and hooks allocate nothing.
+  size_t kept = 0;
+  for (size_t r = 0; r < busy_.size(); ++r) {
+    const uint32_t i = busy_[r];
     Arena& a = arenas_[i];
     bool keep = false;
     switch (a.state) {
@@ -630,9 +643,10 @@ void Executor::poll_locked() {
         else a.h2d_pending = false;
         break;
     }
-    if (keep && std::find(still.begin(), still.end(), i) == still.end()) still.push_back(i);
+    if (keep) busy_[kept++] = i;
+    else a.in_busy = false;
   }
-  busy_.swap(still);
+  busy_.resize(kept);
 }
 
 void Executor::finish_step() {

@@ -33,7 +33,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <utility>
 #include <mutex>
 #include <string>
@@ -168,6 +167,7 @@ class Executor final : public LaunchGate {
     uint64_t ev_d2h = 0, ev_h2d = 0;
     bool h2d_pending = false;       // reload copy not yet seen complete
     uint64_t host_offset = 0;
+    bool in_busy = false;           // listed in busy_
   };
   struct Action {
     int64_t pos;
@@ -188,6 +188,7 @@ class Executor final : public LaunchGate {
   // A reload made on demand: late if the plan had it due but held back, else a miss.
   void count_demand(uint32_t i, bool late, const char* how);
   void poll_locked();
+  void mark_busy(uint32_t i);     // lists an arena in busy_ (once)
   void finish_step();
   void deviate(const char* why);
   void update_peak();
@@ -222,7 +223,7 @@ class Executor final : public LaunchGate {
   uint64_t reservation_bytes_ = 0;
   std::vector<uint64_t> handles_;   // physical handles we hold (0: released slot)
   std::vector<int> free_handles_;
-  std::deque<uint32_t> busy_;       // arenas whose memory is waiting on the GPU, oldest first
+  std::vector<uint32_t> busy_;      // arenas whose memory is waiting on the GPU, oldest first
   // Pointer tables: allocation -> the arenas its pointers lead into (newest kept, bounded).
   std::vector<std::pair<AllocId, std::vector<uint32_t>>> tables_;
   static constexpr size_t kMaxTables = 256;
