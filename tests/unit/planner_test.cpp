@@ -28,6 +28,21 @@
 #include "core/step_trace.h"
 #include "planner/planner.h"
 
+// The planner is single-threaded and pure: ThreadSanitizer has nothing to check in it, and
+// makes the heavy tests (thousands of simulated steps) slow. Those run plain and under ASan.
+#if defined(__SANITIZE_THREAD__)
+#define OFFLOAD_PLANNER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define OFFLOAD_PLANNER_TSAN 1
+#endif
+#endif
+#ifdef OFFLOAD_PLANNER_TSAN
+#define SKIP_UNDER_TSAN() GTEST_SKIP() << "single-threaded planner: run plain and under ASan"
+#else
+#define SKIP_UNDER_TSAN() (void)0
+#endif
+
 namespace offload {
 namespace {
 
@@ -669,6 +684,7 @@ RandomCase random_case(uint64_t seed) {
 }
 
 TEST(PlannerProperties, RandomSyntheticSteps) {
+  SKIP_UNDER_TSAN();
   constexpr int kCases = 200;
   int planned = 0, met = 0;
   for (int i = 0; i < kCases; ++i) {
@@ -693,6 +709,7 @@ TEST(PlannerProperties, RandomSyntheticSteps) {
 // When no plan meets the budget, the planner returns the lowest footprint it finds: no plan
 // it makes for a looser budget may come closer to this one.
 TEST(PlannerProperties, AnUnmetBudgetGetsTheLowestFootprint) {
+  SKIP_UNDER_TSAN();
   constexpr int kCases = 100;
   int compared = 0;
   for (int i = 0; i < kCases; ++i) {
@@ -813,6 +830,7 @@ std::string recorded_name(const ::testing::TestParamInfo<TraceAndBudget>& info) 
 }
 
 TEST_P(PlannerRecorded, KeepsItsPromises) {
+  SKIP_UNDER_TSAN();
   const auto [name, pct] = GetParam();
   const StepTrace& t = recorded(name);
   const PlannerResult& r = recorded_plan(name, pct);
@@ -827,6 +845,7 @@ TEST_P(PlannerRecorded, KeepsItsPromises) {
 }
 
 TEST_P(PlannerRecorded, MatchesTheExpectedPlan) {
+  SKIP_UNDER_TSAN();
   const auto [name, pct] = GetParam();
   const std::string path = std::string(OFFLOAD_PLANS_DIR) + "/" + name + "-" + std::to_string(pct) + ".plan";
   const std::string got = serialize(recorded_plan(name, pct).plan);
@@ -855,6 +874,7 @@ class PlannerRecordedTrace : public ::testing::TestWithParam<const char*> {};
 // (g) Planning again in the same process gives the same plan (the expected plans check it
 // from one run to the next).
 TEST_P(PlannerRecordedTrace, PlanningTwiceGivesTheSamePlan) {
+  SKIP_UNDER_TSAN();
   const PlannerResult& first = recorded_plan(GetParam(), 75);
   const PlannerResult again = plan_step(recorded(GetParam()), recorded_options(GetParam(), 75));
   expect_same_plan(first.plan, again.plan);
@@ -863,6 +883,7 @@ TEST_P(PlannerRecordedTrace, PlanningTwiceGivesTheSamePlan) {
 
 // As AnUnmetBudgetGetsTheLowestFootprint, across the budgets of the expected plans.
 TEST_P(PlannerRecordedTrace, AnUnmetBudgetGetsTheLowestFootprint) {
+  SKIP_UNDER_TSAN();
   for (uint64_t tight : {90, 75, 50}) {
     const Plan& p = recorded_plan(GetParam(), tight).plan;
     if (p.arenas.empty() || p.meets_budget) continue;
