@@ -184,12 +184,17 @@ void Runtime::plan_from(const StepTrace& t) {
   po.budget = o.budget;
   po.granularity = o.granularity;
   po.link.scale = link_scale_;
+  // Lateness is per launch position: it means nothing for a step of another shape.
+  if (!watched_plan_.tokens.empty() && watched_plan_.tokens != last_tokens_) late_at_.clear();
+  po.link.late_at = late_at_;
   for (int attempt = 0; attempt < 12; ++attempt) {
     std::string why;
     Plan plan;
     if (timed) {
       po.max_host_bytes = o.max_host_bytes;
       PlannerResult r = plan_step(t, po);
+      watched_plan_ = r.plan;  // for the per-boundary feedback, against the steps it runs
+      watched_prediction_ = r.prediction;
       plan = std::move(r.plan);
       why = r.why;
       if (r.hidden_bytes && attempt == 0)
@@ -239,6 +244,23 @@ void Runtime::watch_plan(const StepTrace& t) {
   if (g.measured < 0.5) return;
   const double factor = watch_->observe(g.total);
   if (factor <= 0) return;
+  // Where the step waited longer than predicted, per boundary: the next plan knows those
+  // reloads arrive late. Without such a place, the link as a whole is taken to be slower.
+  std::vector<std::pair<int64_t, int64_t>> late = measured_lateness(watched_plan_, watched_prediction_, t);
+  if (!late.empty()) {
+    int64_t most = 0;
+    for (const auto& [pos, ns] : late) {
+      most = std::max(most, ns);
+      auto it = std::find_if(late_at_.begin(), late_at_.end(), [&](const auto& e) { return e.first == pos; });
+      if (it == late_at_.end()) late_at_.emplace_back(pos, ns);
+      else it->second = std::max(it->second, ns);
+    }
+    log().warn("plan revised: 3 steps in a row took longer on the GPU than the {:.1f} ms predicted (the last {:.1f} ms); "
+               "reloads arrived late at {} layer boundaries (up to {:.2f} ms): planning again with that",
+               planned_.step_ns / 1e6, g.total / 1e6, late.size(), most / 1e6);
+    executor_.retire("revising the plan");
+    return;
+  }
   log().warn("plan revised: 3 steps in a row took longer on the GPU than the {:.1f} ms predicted (the last {:.1f} ms); "
              "planning again with the link at {:.0f}% of its model",
              planned_.step_ns / 1e6, g.total / 1e6, 100 * link_scale_ * factor);

@@ -103,6 +103,9 @@ class Runtime {
   } planned_;
   double link_scale_ = 1.0;              // the link as measured against the planner's model
   std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
+  Plan watched_plan_;                    // the plan installed last, and its prediction
+  Prediction watched_prediction_;
+  std::vector<std::pair<int64_t, int64_t>> late_at_;  // per-boundary lateness measured so far
   CuptiTelemetry telemetry_;
   std::mutex pump_mu_;  // one pump at a time (worker or a stats query)
   StepAssembler assembler_;

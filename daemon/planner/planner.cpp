@@ -242,6 +242,9 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
   auto bound = [&](int64_t compute, uint64_t bytes, double rate) { return std::max(compute, bytes ? copy_ns(bytes, rate * link.scale) : 0); };
   pr.lower_bound_ns = bound(pr.forward_ns, pr.bytes_out, link.d2h) + bound(pr.backward_ns, pr.bytes_in, link.h2d);
 
+  std::vector<int64_t> late(n + 1, 0);
+  for (const auto& [pos, ns] : link.late_at)
+    if (pos >= 0 && static_cast<size_t>(pos) < n) late[static_cast<size_t>(pos)] = std::max(late[static_cast<size_t>(pos)], ns);
   Link l(link);
   int64_t free_handles = na ? plan.handles : 0, in_use = 0;
   std::vector<int64_t> d2h_job(na, -1), h2d_job(na, -1);
@@ -345,6 +348,8 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
       int64_t before = s;
       s = wait_until(s, [&] { return back[a] != 0; });
       if (s == kNever) return fail();
+      // Measured feedback: reloads used here came back later than the link model says.
+      if (late[i] && !abandoned[a]) s = std::max(s, pr.arenas[a].reload_end + late[i]);
       pr.arenas[a].use = s;
       pr.arenas[a].stall += s - before;
     }
@@ -721,6 +726,36 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
 }
 
 }  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> measured_lateness(const Plan& plan, const Prediction& pr,
+                                                           const StepTrace& measured, int64_t slack_ns) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (measured.launches.size() != plan.step_launches || pr.arenas.size() != plan.arenas.size()) return out;
+  // The GPU's idle time before launch p: from the latest end among the launches before it.
+  auto idle_before = [&](int64_t p) -> int64_t {
+    const TraceLaunch& l = measured.launches[static_cast<size_t>(p)];
+    if (l.gpu_start_ns < 0) return -1;
+    int64_t end = -1;
+    for (int64_t q = p - 1; q >= 0 && q >= p - 64; --q) {
+      const TraceLaunch& b = measured.launches[static_cast<size_t>(q)];
+      if (b.gpu_start_ns >= 0 && b.gpu_ns >= 0) end = std::max(end, b.gpu_start_ns + b.gpu_ns);
+    }
+    return end < 0 ? -1 : std::max<int64_t>(0, l.gpu_start_ns - end);
+  };
+  for (size_t i = 0; i < plan.arenas.size(); ++i) {
+    const int64_t p = plan.arenas[i].first_use;
+    if (p <= 0 || static_cast<size_t>(p) >= measured.launches.size() || pr.arenas[i].abandoned) continue;
+    const int64_t idle = idle_before(p);
+    const int64_t late = idle - pr.arenas[i].stall - slack_ns;
+    if (idle >= 0 && late > 0) {
+      auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == p; });
+      if (it == out.end()) out.emplace_back(p, late);
+      else it->second = std::max(it->second, late);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 double PlanWatch::observe(int64_t measured) {
   if (predicted_ <= 0 || measured <= 0) return 0;

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/plan.h"
@@ -35,6 +36,9 @@ struct LinkModel {
   double h2d_shared = 48.0, d2h_shared = 37.0;  // each, while the other direction also copies
   // Feedback: the link as the shim measured it, relative to these figures.
   double scale = 1.0;
+  // Feedback per layer boundary: (launch position, ns) where reloads first used at that launch
+  // arrived later than modelled in a step the shim ran (measured_lateness).
+  std::vector<std::pair<int64_t, int64_t>> late_at;
 };
 
 // Launch times on the GPU, by position: start (monotone, from the step's first kernel) and
@@ -114,6 +118,13 @@ struct PlannerResult {
   uint64_t plain_footprint = 0;    // plain peak * pool overhead
   std::string why;
 };
+
+// Per-boundary feedback: for each arena of `plan` (predicted as `pr`), how much longer than
+// predicted the GPU sat idle before its first backward use in `measured`, a step the plan ran
+// (with CUPTI times). Idle time under `slack_ns` is noise. Positions with nothing late are
+// left out.
+std::vector<std::pair<int64_t, int64_t>> measured_lateness(const Plan& plan, const Prediction& pr,
+                                                           const StepTrace& measured, int64_t slack_ns = 50'000);
 
 // Adaptation: watches the GPU time of the steps a plan runs and says when to plan again
 // with a slower link. A step is slow when it runs over the prediction by more than a tenth

@@ -86,5 +86,74 @@ TEST(PlanWatch, ASlowerLinkGivesASlowerPlanThatMovesNoMore) {
   EXPECT_LE(b.prediction.bytes_out, a.prediction.bytes_out + (a.plan.handle_bytes));
 }
 
+StepTrace reference_step() {
+  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/reference.trace");
+  StepTrace t;
+  std::string err;
+  EXPECT_TRUE(is && StepTrace::read(is, &t, &err)) << err;
+  return t;
+}
+
+// Per-boundary feedback, measured: a step that sat idle before an arena's first use longer
+// than the plan predicted says where, and by how much.
+TEST(PlanFeedback, MeasuredLatenessFindsTheBoundaryThatWaited) {
+  const StepTrace t = reference_step();
+  PlannerOptions o;
+  o.budget = 19ull << 30;
+  const PlannerResult r = plan_step(t, o);
+  ASSERT_FALSE(r.plan.arenas.empty()) << r.why;
+  // The step as planned (no extra idle time) has nothing late.
+  EXPECT_TRUE(measured_lateness(r.plan, r.prediction, t).empty());
+  // The same step with 2 ms of idle GPU before the first use of the arena used last.
+  size_t j = 0;
+  for (size_t i = 0; i < r.plan.arenas.size(); ++i)
+    if (r.plan.arenas[i].first_use > r.plan.arenas[j].first_use) j = i;
+  const int64_t p = r.plan.arenas[j].first_use;
+  StepTrace slow = t;
+  for (TraceLaunch& l : slow.launches)
+    if (static_cast<int64_t>(l.pos) >= p && l.gpu_start_ns >= 0) l.gpu_start_ns += 2 * kMs;
+  const auto late = measured_lateness(r.plan, r.prediction, slow);
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].first, p);
+  EXPECT_GT(late[0].second, 2 * kMs - r.prediction.arenas[j].stall - 60'000);
+  EXPECT_LE(late[0].second, 2 * kMs);
+  // A step of another length is not compared.
+  StepTrace other = t;
+  other.launches.pop_back();
+  EXPECT_TRUE(measured_lateness(r.plan, r.prediction, other).empty());
+}
+
+// Per-boundary feedback, used: reloads that arrive late at a boundary cost step time in the
+// simulation, and the plan made with that knowledge does no worse under it than the old one.
+TEST(PlanFeedback, LateReloadsCostTimeAndTheNextPlanAccountsForThem) {
+  const StepTrace t = reference_step();
+  PlannerOptions o;
+  o.budget = 19ull << 30;
+  const PlannerResult before = plan_step(t, o);
+  ASSERT_FALSE(before.plan.arenas.empty()) << before.why;
+  const GpuTimeline g = gpu_timeline(t);
+  // The arena whose reload has the most slack before its use: late by that slack + 3 ms.
+  size_t j = 0;
+  int64_t slack = -1;
+  for (size_t i = 0; i < before.plan.arenas.size(); ++i) {
+    const ArenaTiming& at = before.prediction.arenas[i];
+    if (!at.abandoned && at.use - at.reload_end > slack) slack = at.use - at.reload_end, j = i;
+  }
+  ASSERT_GE(slack, 0);
+  LinkModel fed = o.link;
+  fed.late_at = {{before.plan.arenas[j].first_use, slack + 3 * kMs}};
+  const Prediction old_under_feedback = simulate(t, g, before.plan, fed, o.pool_overhead);
+  // That use waits 3 ms longer; the step is no shorter (later waits may absorb some of it).
+  EXPECT_GE(old_under_feedback.arenas[j].stall, before.prediction.arenas[j].stall + 3 * kMs - 1000);
+  EXPECT_GE(old_under_feedback.step_ns, before.prediction.step_ns);
+  o.link = fed;
+  const PlannerResult after = plan_step(t, o);
+  ASSERT_FALSE(after.plan.arenas.empty()) << after.why;
+  EXPECT_LE(after.prediction.peak_bytes, o.budget);
+  EXPECT_LE(after.prediction.step_ns, old_under_feedback.step_ns * 101 / 100);
+  // Its own prediction includes the feedback.
+  EXPECT_EQ(simulate(t, g, after.plan, fed, o.pool_overhead).step_ns, after.prediction.step_ns);
+}
+
 }  // namespace
 }  // namespace offload
