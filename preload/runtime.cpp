@@ -185,7 +185,7 @@ void Runtime::plan_from(const StepTrace& t) {
   po.granularity = o.granularity;
   po.link.scale = link_scale_;
   // Lateness is per launch position: it means nothing for a step of another shape.
-  if (!watched_plan_.tokens.empty() && watched_plan_.tokens != last_tokens_) late_at_.clear();
+  if (!planned_.tokens.empty() && planned_.tokens != last_tokens_) late_at_.clear();
   po.link.late_at = late_at_;
   for (int attempt = 0; attempt < 12; ++attempt) {
     std::string why;
@@ -193,24 +193,22 @@ void Runtime::plan_from(const StepTrace& t) {
     if (timed) {
       po.max_host_bytes = o.max_host_bytes;
       PlannerResult r = plan_step(t, po);
-      watched_plan_ = r.plan;  // for the per-boundary feedback, against the steps it runs
-      watched_prediction_ = r.prediction;
       plan = std::move(r.plan);
+      predicted_ = std::move(r.prediction);
+      hidden_bytes_ = r.hidden_bytes, hidden_peak_ = r.hidden_peak;
       why = r.why;
       if (r.hidden_bytes && attempt == 0)
         log().info("planner: the compute hides up to {:.2f} GiB per step (footprint {:.2f} GiB, step {:.1f} ms predicted)",
                    static_cast<double>(r.hidden_bytes) / (1 << 30), static_cast<double>(r.hidden_peak) / (1 << 30),
                    static_cast<double>(r.hidden_step_ns) / 1e6);
-      if (!watch_) watch_.emplace(r.prediction.step_ns);
-      else watch_->replanned(r.prediction.step_ns);
-      planned_ = Planned{true, r.prediction.step_ns, r.prediction.compute_ns, r.prediction.lower_bound_ns,
-                         r.prediction.forward_ns, r.prediction.backward_ns, r.hidden_bytes, r.hidden_peak,
-                         plan.predicted_peak, r.prediction.bytes_out};
+      if (!watch_) watch_.emplace(predicted_.step_ns);
+      else watch_->replanned(predicted_.step_ns);
     } else {
       plan = build_plan(t, o, &why);
-      planned_ = Planned{};
-      planned_.peak = plan.predicted_peak;
+      predicted_ = Prediction{};
+      hidden_bytes_ = hidden_peak_ = 0;
     }
+    planned_ = plan;
     if (plan.arenas.empty()) return say("not offloading: " + why);
     std::string refused;
     std::optional<Extent> ext = pool->lease(plan.host_bytes(), &refused);
@@ -239,31 +237,29 @@ void Runtime::plan_from(const StepTrace& t) {
 }
 
 void Runtime::watch_plan(const StepTrace& t) {
-  if (!planned_.gpu_time || !watch_) return;
+  if (predicted_.step_ns <= 0 || !watch_) return;
   const GpuTimeline g = gpu_timeline(t);
   if (g.measured < 0.5) return;
   const double factor = watch_->observe(g.total);
   if (factor <= 0) return;
   // Where the step waited longer than predicted, per boundary: the next plan knows those
   // reloads arrive late. Without such a place, the link as a whole is taken to be slower.
-  std::vector<std::pair<int64_t, int64_t>> late = measured_lateness(watched_plan_, watched_prediction_, t);
+  std::vector<std::pair<int64_t, int64_t>> late = measured_lateness(planned_, predicted_, t);
   if (!late.empty()) {
     int64_t most = 0;
     for (const auto& [pos, ns] : late) {
       most = std::max(most, ns);
-      auto it = std::find_if(late_at_.begin(), late_at_.end(), [&](const auto& e) { return e.first == pos; });
-      if (it == late_at_.end()) late_at_.emplace_back(pos, ns);
-      else it->second = std::max(it->second, ns);
+      add_lateness(late_at_, pos, ns);
     }
     log().warn("plan revised: 3 steps in a row took longer on the GPU than the {:.1f} ms predicted (the last {:.1f} ms); "
                "reloads arrived late at {} layer boundaries (up to {:.2f} ms): planning again with that",
-               planned_.step_ns / 1e6, g.total / 1e6, late.size(), most / 1e6);
+               predicted_.step_ns / 1e6, g.total / 1e6, late.size(), most / 1e6);
     executor_.retire("revising the plan");
     return;
   }
   log().warn("plan revised: 3 steps in a row took longer on the GPU than the {:.1f} ms predicted (the last {:.1f} ms); "
              "planning again with the link at {:.0f}% of its model",
-             planned_.step_ns / 1e6, g.total / 1e6, 100 * link_scale_ * factor);
+             predicted_.step_ns / 1e6, g.total / 1e6, 100 * link_scale_ * factor);
   link_scale_ *= factor;
   executor_.retire("revising the plan");
 }
@@ -434,11 +430,11 @@ std::string Runtime::executor_json() {
      << ",\"handles_created\":" << x.handles_created << ",\"handles_released\":" << x.handles_released
      << ",\"over_budget\":" << x.over_budget << ",\"budget_waits\":" << x.budget_waits
      << ",\"held_bytes\":" << x.held_bytes << ",\"held_peak\":" << x.held_peak
-     << ",\"device_peak\":" << x.device_peak << ",\"planner\":{\"gpu_time\":" << (planned_.gpu_time ? "true" : "false")
-     << ",\"predicted_step_ns\":" << planned_.step_ns << ",\"compute_ns\":" << planned_.compute_ns
-     << ",\"lower_bound_ns\":" << planned_.lower_bound_ns << ",\"forward_ns\":" << planned_.forward_ns
-     << ",\"backward_ns\":" << planned_.backward_ns << ",\"bytes_moved\":" << planned_.bytes_moved << ",\"hidden_bytes\":" << planned_.hidden_bytes
-     << ",\"hidden_peak\":" << planned_.hidden_peak << ",\"predicted_peak\":" << planned_.peak
+     << ",\"device_peak\":" << x.device_peak << ",\"planner\":{\"gpu_time\":" << (predicted_.step_ns > 0 ? "true" : "false")
+     << ",\"predicted_step_ns\":" << predicted_.step_ns << ",\"compute_ns\":" << predicted_.compute_ns
+     << ",\"lower_bound_ns\":" << predicted_.lower_bound_ns << ",\"forward_ns\":" << predicted_.forward_ns
+     << ",\"backward_ns\":" << predicted_.backward_ns << ",\"bytes_moved\":" << predicted_.bytes_out << ",\"hidden_bytes\":" << hidden_bytes_
+     << ",\"hidden_peak\":" << hidden_peak_ << ",\"predicted_peak\":" << planned_.predicted_peak
      << ",\"link_scale\":" << link_scale_ << ",\"revisions\":" << (watch_ ? watch_->revisions() : 0) << "}";
   const double ns = ns_per_tsc_cycle();
   os << ",\"gate_ns_mean\":"

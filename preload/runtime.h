@@ -95,16 +95,13 @@ class Runtime {
   std::vector<uint64_t> last_tokens_;    // the previous step's launches, to see steps repeat
   std::optional<Extent> host_;           // the installed plan's host memory
   std::string plan_note_;                // the last reason for not planning, said once
-  // What the installed plan predicts (for the stats), and the planner's feedback.
-  struct Planned {
-    bool gpu_time = false;
-    int64_t step_ns = 0, compute_ns = 0, lower_bound_ns = 0, forward_ns = 0, backward_ns = 0;
-    uint64_t hidden_bytes = 0, hidden_peak = 0, peak = 0, bytes_moved = 0;
-  } planned_;
+  // The plan made last and what the planner predicts of it (empty for the built-in plan): for
+  // the stats and the adaptation. Then the planner's feedback.
+  Plan planned_;
+  Prediction predicted_;
+  uint64_t hidden_bytes_ = 0, hidden_peak_ = 0;  // the largest offload the compute hides
   double link_scale_ = 1.0;              // the link as measured against the planner's model
   std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
-  Plan watched_plan_;                    // the plan installed last, and its prediction
-  Prediction watched_prediction_;
   std::vector<std::pair<int64_t, int64_t>> late_at_;  // per-boundary lateness measured so far
   CuptiTelemetry telemetry_;
   std::mutex pump_mu_;  // one pump at a time (worker or a stats query)

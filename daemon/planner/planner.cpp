@@ -13,14 +13,6 @@ namespace {
 
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
 
-uint64_t round_up(uint64_t v, uint64_t a) { return a ? (v + a - 1) / a * a : v; }
-
-std::string gib(uint64_t b) {
-  char s[32];
-  snprintf(s, sizeof s, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
-  return s;
-}
-
 int64_t copy_ns(uint64_t bytes, double bytes_per_ns) {
   return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) / bytes_per_ns));
 }
@@ -222,18 +214,10 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
   // Live bytes outside arenas before each launch.
   pr.resident.assign(n, 0);
   {
-    std::vector<int64_t> delta(n + 1, 0);
-    int64_t base = 0;
-    for (const TraceAlloc& a : t.allocs) {
-      if (member[a.ordinal]) continue;
-      if (a.alloc_pos < 0) base += static_cast<int64_t>(a.bytes);
-      else if (static_cast<size_t>(a.alloc_pos) <= n) delta[static_cast<size_t>(a.alloc_pos)] += static_cast<int64_t>(a.bytes);
-      if (a.free_pos >= 0 && static_cast<size_t>(a.free_pos) <= n) delta[static_cast<size_t>(a.free_pos)] -= static_cast<int64_t>(a.bytes);
-    }
-    int64_t v = base;
+    const std::vector<int64_t> live = live_bytes(t, &member);
     uint64_t most = 0;
     for (size_t i = 0; i < n; ++i) {
-      pr.resident[i] = static_cast<uint64_t>(std::max<int64_t>(0, v += delta[i]));
+      pr.resident[i] = static_cast<uint64_t>(std::max<int64_t>(0, live[i]));
       most = std::max(most, pr.resident[i]);
     }
     pr.peak_bytes = static_cast<uint64_t>(static_cast<double>(most) * pool_overhead) + uint64_t{plan.handles} * plan.handle_bytes;
@@ -355,7 +339,6 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
     }
     shift += s - natural;
     pr.launch_start[i] = s;
-    if (i + 1 == turn) pr.forward_step_ns = s + g.dur[i];
     const int64_t end = s + g.dur[i];
     for (uint32_t a : evict[i]) {
       pr.arenas[a].evict_ready = end;
@@ -673,22 +656,27 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
         // Too few handles for that many arenas deadlock the forward: a few arenas fewer may run
         // (at a higher footprint, which may still be the lowest there is).
         for (size_t kk = k; !c.pred.feasible && kk > 1 && kk + 8 > k;) c = make(L, --kk, h);
-        if (!c.pred.feasible) gained = true;  // more handles may make it feasible
-        else if (footprint(k, h) <= o.budget ? c.pred.step_ns < best_here : c.pred.peak_bytes < best_unmet_here)
-          best_here = footprint(k, h) <= o.budget ? c.pred.step_ns : best_here,
-          best_unmet_here = footprint(k, h) <= o.budget ? best_unmet_here : c.pred.peak_bytes, gained = true;
+        // Gained: faster under the budget, or a lower footprint when none meets it (or
+        // infeasible: more handles may make it run).
+        if (!c.pred.feasible) gained = true;
+        else if (footprint(k, h) <= o.budget) {
+          if (c.pred.step_ns < best_here) best_here = c.pred.step_ns, gained = true;
+        } else if (c.pred.peak_bytes < best_unmet_here) {
+          best_unmet_here = c.pred.peak_bytes, gained = true;
+        }
         consider(std::move(c));
       }
-      // Largest k the compute hides.
+      // Largest k the compute hides (the candidate of the last k that passed is lo's).
       size_t lo = 0, hi = kmax;
+      std::optional<Candidate> fit;
       while (lo < hi) {
         size_t mid = (lo + hi + 1) / 2;
         Candidate c = make(L, mid, h);
-        if (c.pred.feasible && c.pred.exposed_ns() <= hide_limit) lo = mid;
+        if (c.pred.feasible && c.pred.exposed_ns() <= hide_limit) lo = mid, fit = std::move(c);
         else hi = mid - 1;
       }
-      if (lo) {
-        Candidate c = make(L, lo, h);
+      if (fit) {
+        Candidate& c = *fit;
         const int64_t saved = static_cast<int64_t>(r.plain_footprint) - static_cast<int64_t>(c.pred.peak_bytes);
         if (saved > best_hidden_here) best_hidden_here = saved, gained = true;
         consider_hidden(std::move(c));
@@ -709,7 +697,7 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
     return;
   }
   if (o.budget && chosen->pred.peak_bytes >= r.plain_footprint) {
-    r.why = "offloading would not lower the footprint below " + gib(r.plain_footprint);
+    r.why = "offloading would not lower the footprint below " + gib_text(r.plain_footprint);
     return;
   }
   Plan q = std::move(chosen->plan);
@@ -726,6 +714,12 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
 }
 
 }  // namespace
+
+void add_lateness(std::vector<std::pair<int64_t, int64_t>>& into, int64_t pos, int64_t ns) {
+  auto it = std::find_if(into.begin(), into.end(), [&](const auto& e) { return e.first == pos; });
+  if (it == into.end()) into.emplace_back(pos, ns);
+  else it->second = std::max(it->second, ns);
+}
 
 std::vector<std::pair<int64_t, int64_t>> measured_lateness(const Plan& plan, const Prediction& pr,
                                                            const StepTrace& measured, int64_t slack_ns) {
@@ -747,11 +741,7 @@ std::vector<std::pair<int64_t, int64_t>> measured_lateness(const Plan& plan, con
     if (p <= 0 || static_cast<size_t>(p) >= measured.launches.size() || pr.arenas[i].abandoned) continue;
     const int64_t idle = idle_before(p);
     const int64_t late = idle - pr.arenas[i].stall - slack_ns;
-    if (idle >= 0 && late > 0) {
-      auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == p; });
-      if (it == out.end()) out.emplace_back(p, late);
-      else it->second = std::max(it->second, late);
-    }
+    if (idle >= 0 && late > 0) add_lateness(out, p, late);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -787,7 +777,7 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
   p.candidates = f.candidates.size();
   p.candidate_bytes = f.candidate_bytes;
   if (o.budget && r.plain_footprint <= o.budget) {
-    r.why = "the step's footprint (" + gib(r.plain_footprint) + ") is within the budget";
+    r.why = "the step's footprint (" + gib_text(r.plain_footprint) + ") is within the budget";
     return r;
   }
   if (f.candidates.size() < 2) {

@@ -78,7 +78,6 @@ struct PlannerOptions {
 // One arena's predicted times, ns from the step's start.
 struct ArenaTiming {
   uint64_t bytes = 0;
-  int64_t segment = -1;
   int64_t born = 0, evict_ready = 0, evict_start = 0, evict_end = 0;
   int64_t reload_issue = 0, reload_start = 0, reload_end = 0, use = 0;
   int64_t stall = 0;  // the wait for this arena before its first backward use
@@ -89,7 +88,6 @@ struct Prediction {
   bool feasible = true;                // false: the step would wait for a handle that never frees
   int64_t compute_ns = 0, forward_ns = 0, backward_ns = 0;  // without offload
   int64_t step_ns = 0;                 // with it
-  int64_t forward_step_ns = 0;         // the forward with it (to the turnaround)
   int64_t lower_bound_ns = 0;          // per phase: max(compute, bytes / link), summed
   uint64_t bytes_out = 0, bytes_in = 0;
   uint64_t peak_bytes = 0;             // footprint: resident * overhead + handles * size
@@ -125,6 +123,9 @@ struct PlannerResult {
 // left out.
 std::vector<std::pair<int64_t, int64_t>> measured_lateness(const Plan& plan, const Prediction& pr,
                                                            const StepTrace& measured, int64_t slack_ns = 50'000);
+
+// Records that reloads first used at launch `pos` arrived `ns` late: the most seen there.
+void add_lateness(std::vector<std::pair<int64_t, int64_t>>& into, int64_t pos, int64_t ns);
 
 // Adaptation: watches the GPU time of the steps a plan runs and says when to plan again
 // with a slower link. A step is slow when it runs over the prediction by more than a tenth

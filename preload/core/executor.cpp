@@ -378,9 +378,11 @@ bool Executor::reload_may_start() const {
   if (reloads_in_flight() >= reload_cap()) return false;
   // A handle free now, or one the plan allows us to create: a planned reload never waits for
   // one (the host would stall) nor creates one over the plan's count. It waits in the queue.
-  if (!free_handles_.empty()) return true;
-  return static_cast<size_t>(std::count_if(handles_.begin(), handles_.end(), [](uint64_t h) { return h != 0; })) <
-         plan_.handles;
+  return !free_handles_.empty() || live_handles() < plan_.handles;
+}
+
+size_t Executor::live_handles() const {
+  return static_cast<size_t>(std::count_if(handles_.begin(), handles_.end(), [](uint64_t h) { return h != 0; }));
 }
 
 size_t Executor::reloads_in_flight() const {
@@ -524,7 +526,6 @@ bool Executor::reload(uint32_t i) {
 
 int Executor::acquire_handle(bool for_reload) {
   poll_locked();
-  auto live_handles = [&] { return static_cast<size_t>(std::count_if(handles_.begin(), handles_.end(), [](uint64_t h) { return h != 0; })); };
   auto create = [&]() -> int {
     uint64_t h = driver_.create_physical(plan_.handle_bytes);
     if (!h) return -1;
@@ -584,8 +585,7 @@ std::string Executor::describe_handles() const {
 
 void Executor::give_handle(int h) {
   if (h < 0 || !handles_[static_cast<size_t>(h)]) return;
-  size_t live = static_cast<size_t>(std::count_if(handles_.begin(), handles_.end(), [](uint64_t x) { return x != 0; }));
-  if (live > plan_.handles || !installed_.load(std::memory_order_relaxed)) {
+  if (live_handles() > plan_.handles || !installed_.load(std::memory_order_relaxed)) {
     driver_.release_physical(handles_[static_cast<size_t>(h)]);
     handles_[static_cast<size_t>(h)] = 0;
     held_.fetch_sub(plan_.handle_bytes);

@@ -6,14 +6,6 @@
 namespace offload {
 namespace {
 
-uint64_t round_up(uint64_t v, uint64_t a) { return a ? (v + a - 1) / a * a : v; }
-
-std::string gib(uint64_t b) {
-  char s[32];
-  snprintf(s, sizeof s, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
-  return s;
-}
-
 struct Arena {
   std::vector<uint32_t> members;  // ordinals
   uint64_t used = 0;
@@ -21,6 +13,12 @@ struct Arena {
 };
 
 }  // namespace
+
+std::string gib_text(uint64_t b) {
+  char s[32];
+  snprintf(s, sizeof s, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
+  return s;
+}
 
 std::vector<uint64_t> step_tokens(const StepTrace& t) {
   std::vector<uint64_t> tokens;
@@ -50,11 +48,11 @@ uint64_t Plan::host_bytes() const {
 std::string Plan::describe() const {
   uint64_t moved = 0;
   for (const ArenaPlan& a : arenas) moved += a.used;
-  std::string s = std::to_string(arenas.size()) + " arenas offloaded (" + gib(moved) + " of " +
-                  gib(candidate_bytes) + " in " + std::to_string(candidates) + " activations), " +
+  std::string s = std::to_string(arenas.size()) + " arenas offloaded (" + gib_text(moved) + " of " +
+                  gib_text(candidate_bytes) + " in " + std::to_string(candidates) + " activations), " +
                   std::to_string(handles) + " handles of " + std::to_string(handle_bytes >> 20) +
-                  " MiB; peak " + gib(plain_peak) + " -> predicted " + gib(predicted_peak);
-  if (budget) s += std::string(" (budget ") + gib(budget) + (meets_budget ? ")" : ", NOT met)");
+                  " MiB; peak " + gib_text(plain_peak) + " -> predicted " + gib_text(predicted_peak);
+  if (budget) s += std::string(" (budget ") + gib_text(budget) + (meets_budget ? ")" : ", NOT met)");
   if (predicted_step_ns > 0) {
     char m[128];
     snprintf(m, sizeof m, "; step %.1f ms predicted (compute %.1f ms, bound %.1f ms)", predicted_step_ns / 1e6,
@@ -64,22 +62,25 @@ std::string Plan::describe() const {
   return s;
 }
 
+std::vector<int64_t> live_bytes(const StepTrace& t, const std::vector<char>* skip) {
+  const size_t n = t.launches.size();
+  std::vector<int64_t> live(n, 0), delta(n + 1, 0);
+  int64_t v = 0;
+  for (const TraceAlloc& a : t.allocs) {
+    if (skip && (*skip)[a.ordinal]) continue;
+    if (a.alloc_pos < 0) v += static_cast<int64_t>(a.bytes);
+    else if (static_cast<size_t>(a.alloc_pos) <= n) delta[static_cast<size_t>(a.alloc_pos)] += static_cast<int64_t>(a.bytes);
+    if (a.free_pos >= 0 && static_cast<size_t>(a.free_pos) <= n) delta[static_cast<size_t>(a.free_pos)] -= static_cast<int64_t>(a.bytes);
+  }
+  for (size_t i = 0; i < n; ++i) live[i] = v += delta[i];
+  return live;
+}
+
 StepFacts step_facts(const StepTrace& t, uint64_t min_bytes) {
   StepFacts f;
   const size_t n = t.launches.size();
   // Live bytes before each launch, and the peak.
-  f.live.assign(n, 0);
-  {
-    std::vector<int64_t> delta(n + 1, 0);
-    int64_t base = 0;
-    for (const TraceAlloc& a : t.allocs) {
-      if (a.alloc_pos < 0) base += static_cast<int64_t>(a.bytes);
-      else if (static_cast<size_t>(a.alloc_pos) <= n) delta[static_cast<size_t>(a.alloc_pos)] += static_cast<int64_t>(a.bytes);
-      if (a.free_pos >= 0 && static_cast<size_t>(a.free_pos) <= n) delta[static_cast<size_t>(a.free_pos)] -= static_cast<int64_t>(a.bytes);
-    }
-    int64_t v = base;
-    for (size_t i = 0; i < n; ++i) f.live[i] = v += delta[i];
-  }
+  f.live = live_bytes(t, nullptr);
   if (n == 0) return f;
   f.peak_pos = std::max_element(f.live.begin(), f.live.end()) - f.live.begin();
   f.peak = static_cast<uint64_t>(f.live[static_cast<size_t>(f.peak_pos)]);
@@ -147,7 +148,7 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
   p.plain_peak = f.peak;
   p.resident_peak = p.predicted_peak = p.plain_peak;
   if (o.budget && p.plain_peak <= o.budget) {
-    *why = "the step's peak (" + gib(p.plain_peak) + ") is within the budget";
+    *why = "the step's peak (" + gib_text(p.plain_peak) + ") is within the budget";
     return p;
   }
   p.candidate_bytes = f.candidate_bytes;
@@ -300,7 +301,7 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     if (better) best = std::move(ch);
   }
   if (best.k == 0) {
-    *why = "the host pool cannot take even one arena (" + gib(arenas[all_offloadable[0]].used) + ")";
+    *why = "the host pool cannot take even one arena (" + gib_text(arenas[all_offloadable[0]].used) + ")";
     return p;
   }
   cap = best.cap;
@@ -309,7 +310,7 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
   uint64_t res = best.res, pred = best.pred;
   const uint64_t plain_footprint = static_cast<uint64_t>(static_cast<double>(p.plain_peak) * o.pool_overhead);
   if (o.budget && pred >= plain_footprint) {
-    *why = "offloading would not lower the footprint below " + gib(plain_footprint) + " (the best plan keeps " + gib(res) +
+    *why = "offloading would not lower the footprint below " + gib_text(plain_footprint) + " (the best plan keeps " + gib_text(res) +
            " outside arenas, and " + std::to_string(handles_needed(k)) + " arenas of " + std::to_string(cap >> 20) +
            " MiB mapped at once)";
     return p;

@@ -18,6 +18,11 @@
 
 namespace offload {
 
+// `v` rounded up to a multiple of `a` (a = 0: v).
+inline uint64_t round_up(uint64_t v, uint64_t a) { return a ? (v + a - 1) / a * a : v; }
+// Bytes as a person reads them in a log line: "12.34 GiB".
+std::string gib_text(uint64_t bytes);
+
 // What a launch is, as the executor checks it against the plan: its kind, and for a kernel
 // its function id. A step whose launches do not match the plan's is a deviation.
 inline uint64_t launch_token(EventKind kind, uint32_t kernel) {
@@ -95,6 +100,10 @@ inline uint64_t plan_anchor(uint64_t traced_first_launch, uint64_t step_launches
   if (a < next) a += (next - a + step_launches - 1) / step_launches * step_launches;
   return a;
 }
+
+// Live bytes before each launch of `t`, leaving out the allocations `skip` marks (by
+// ordinal; null: none).
+std::vector<int64_t> live_bytes(const StepTrace& t, const std::vector<char>* skip);
 
 // What a planner needs to know about a step, from its trace alone.
 struct StepFacts {

@@ -24,8 +24,6 @@ std::vector<Key> touched(const StepTrace& t, const TraceLaunch& l) {
   return k;
 }
 
-uint64_t round_up(uint64_t v, uint64_t m) { return (v + m - 1) / m * m; }
-
 uint64_t mix(uint64_t x) {
   x ^= x >> 31;
   x *= 0x9e3779b97f4a7c15ull;

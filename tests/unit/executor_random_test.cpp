@@ -438,7 +438,6 @@ enum class PlanKind : uint8_t {
 };
 const char* name(PlanKind k) { return k == PlanKind::Built ? "build_plan" : k == PlanKind::Sound ? "sound" : "wrong"; }
 
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // A plan from the observed step, by hand: a random set of the allocations born in the step
 // (activations, temporaries, gradients alike), grouped into arenas at aligned offsets.

@@ -20,7 +20,6 @@ StepTrace load(const std::string& name) {
   return t;
 }
 
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // Every property a plan of `t` must have.
 void check(const StepTrace& t, const PlanOptions& o, const Plan& p) {

@@ -13,6 +13,15 @@ namespace {
 
 constexpr int64_t kMs = 1'000'000;
 
+// The reference workload's recorded step.
+StepTrace reference_step() {
+  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/reference.trace");
+  StepTrace t;
+  std::string err;
+  EXPECT_TRUE(is && StepTrace::read(is, &t, &err)) << err;
+  return t;
+}
+
 TEST(PlanWatch, StepsWithinTheSlackKeepThePlan) {
   PlanWatch w(200 * kMs);
   for (int i = 0; i < 50; ++i) EXPECT_EQ(w.observe(219 * kMs), 0.0) << i;  // +9.5%: within a tenth
@@ -66,10 +75,8 @@ TEST(PlanWatch, NoPredictionNoRevision) {
 // What a revision does to the next plan: with the link at the factor the watch returned, the
 // same budget costs more predicted time, and no more bytes move than before.
 TEST(PlanWatch, ASlowerLinkGivesASlowerPlanThatMovesNoMore) {
-  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/reference.trace");
-  StepTrace t;
-  std::string err;
-  ASSERT_TRUE(is && StepTrace::read(is, &t, &err)) << err;
+  const StepTrace t = reference_step();
+  ASSERT_FALSE(t.launches.empty());
   PlannerOptions o;
   o.budget = 19ull << 30;
   PlannerResult a = plan_step(t, o);
@@ -84,14 +91,6 @@ TEST(PlanWatch, ASlowerLinkGivesASlowerPlanThatMovesNoMore) {
   EXPECT_GT(b.prediction.step_ns, a.prediction.step_ns);
   EXPECT_LE(b.prediction.peak_bytes, o.budget);
   EXPECT_LE(b.prediction.bytes_out, a.prediction.bytes_out + (a.plan.handle_bytes));
-}
-
-StepTrace reference_step() {
-  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/reference.trace");
-  StepTrace t;
-  std::string err;
-  EXPECT_TRUE(is && StepTrace::read(is, &t, &err)) << err;
-  return t;
 }
 
 // Per-boundary feedback, measured: a step that sat idle before an arena's first use longer
