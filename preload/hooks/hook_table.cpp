@@ -1,6 +1,7 @@
 #include "hooks/hook_table.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -48,9 +49,9 @@ DlsymFn bootstrap_dlsym() {
 
 void die_unresolved(const char* symbol) {
   char buf[256];
-  int n = snprintf(buf, sizeof buf,
-                   "[offload error] no real '%s' to forward to (is the CUDA %s library loadable?); aborting\n",
-                   symbol, symbol[2] == 'd' ? "runtime" : "driver");
+  const char* lib = symbol[0] == 'n' ? "NCCL" : symbol[2] == 'd' ? "CUDA runtime" : "CUDA driver";
+  int n = snprintf(buf, sizeof buf, "[offload error] no real '%s' to forward to (is the %s library loaded?); aborting\n",
+                   symbol, lib);
   ssize_t ignored = write(2, buf, static_cast<size_t>(n > 0 ? n : 0));
   (void)ignored;
   abort();
@@ -122,6 +123,36 @@ void* real_dlsym(void* handle, const char* name) {
   return fn(handle, name);
 }
 
+void* find_loaded(const char* name, const void* self) {
+  Dl_info own;
+  link_map* own_map = nullptr;
+  if (!dladdr1(self, &own, reinterpret_cast<void**>(&own_map), RTLD_DL_LINKMAP)) own_map = nullptr;
+  struct Walk {
+    const char* name;
+    const link_map* own;
+    void* found;
+  } w{name, own_map, nullptr};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* arg) -> int {
+        auto* w = static_cast<Walk*>(arg);
+        if (!info->dlpi_name || !*info->dlpi_name) return 0;  // the program, the vDSO
+        if (w->own && info->dlpi_addr == w->own->l_addr) return 0;
+        // A library's link_map is not a usable handle until dlopen has made it one.
+        void* h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) return 0;
+        void* p = real_dlsym(h, w->name);
+        dlclose(h);
+        Dl_info where;
+        link_map* m = nullptr;
+        // dlsym on a library's handle also searches its dependencies: ours does not count.
+        if (p && w->own && dladdr1(p, &where, reinterpret_cast<void**>(&m), RTLD_DL_LINKMAP) && m == w->own) p = nullptr;
+        w->found = p;
+        return p ? 1 : 0;
+      },
+      &w);
+  return w.found;
+}
+
 void* real(HookId id) {
   HookEntry& e = entry(id);
   void* p = e.real.load(std::memory_order_acquire);
@@ -131,6 +162,10 @@ void* real(HookId id) {
   if (e.driver && !handle) handle = dlopen("libcuda.so.1", RTLD_LAZY);
   if (handle) p = real_dlsym(handle, e.symbol);
   if (p == e.wrapper) p = nullptr;
+  // A library loaded with RTLD_LOCAL is not in the global scope that RTLD_NEXT searches, yet
+  // its callers bind to our export first: PyTorch's libnccl, a dependency of libtorch_cuda,
+  // which Python loads locally. Then the first other loaded object that defines the name.
+  if (!p && !e.driver) p = find_loaded(e.symbol, e.wrapper);
   if (!p) die_unresolved(e.symbol);
   void* expected = nullptr;
   if (!e.real.compare_exchange_strong(expected, p, std::memory_order_acq_rel)) p = expected;

@@ -119,6 +119,10 @@ void* real(HookId id);
 
 // dlsym that is never ours (bootstrapped with dlvsym).
 void* real_dlsym(void* handle, const char* name);
+// The first definition of `name` in a loaded library other than the one holding `self`,
+// in load order, whether the library was loaded globally or locally (RTLD_LOCAL). Slow (a
+// dlopen per library): for entry points resolved once.
+void* find_loaded(const char* name, const void* self);
 
 // Counters for routes that handed out a real, unwrapped entry point of a listed name
 // (a version we do not wrap): launches through it are invisible to us.

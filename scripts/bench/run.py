@@ -3,12 +3,18 @@
 
   python3 scripts/bench/run.py --workload reference --mode plain [--steps 20] [--warmup 3]
       [--compile] [--deterministic] [--route {1,2}] [--mark-steps] [--json-out FILE] [--small]
+      [--dist {ddp,fsdp}]
 
 Route 1 (default): the caller sets PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (and
 LD_PRELOAD=liboffload.so for an offload run). Route 2: PyTorch's allocator is replaced by
 liboffload's CUDAPluggableAllocator pair, loaded from $OFFLOAD_LIB. An offload run also sets
 OFFLOAD_DEVICE_BUDGET (and OFFLOAD_HOST_POOL) and passes a --warmup long enough for the
 shim's plan to be installed before the peaks are reset (--warmup 8).
+
+Several GPUs: under `torchrun --nproc-per-node N`, --dist ddp wraps the model in
+DistributedDataParallel and --dist fsdp shards it with FSDP2 (fully_shard per block, then the
+root). Every rank builds the same model and reads its own batches; each rank prints its own
+RESULT and writes FILE with "-rank<R>" before its extension.
 """
 
 import argparse
@@ -49,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--json-out", metavar="FILE", help="also write the result JSON here")
     p.add_argument("--small", action="store_true", help="shrunken shapes for smoke runs")
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
+    p.add_argument("--dist", choices=("ddp", "fsdp"),
+                   help="under torchrun: DistributedDataParallel, or FSDP2 (fully_shard)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
@@ -192,12 +200,47 @@ def grad_sha256(torch, params):
         if p.grad is None:
             h.update(f"<{i}:none>".encode())
         else:
-            h.update(p.grad.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
+            g = local_shard(torch, p.grad.detach())
+            h.update(g.reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def local_shard(torch, t):
+    """A DTensor's local shard (FSDP2), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def rank_path(path, rank):
+    root, ext = os.path.splitext(path)
+    return f"{root}-rank{rank}{ext or '.json'}"
+
+
+def shard_model(model, kind, device):
+    """--dist: DDP around the model, or FSDP2 on each repeated block and then the root."""
+    import torch
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model, device_ids=[device])
+    from torch.distributed.fsdp import fully_shard
+    blocks = getattr(model, "blocks", None)
+    if blocks is None and hasattr(model, "model") and hasattr(model.model, "layers"):
+        blocks = model.model.layers  # LlamaForCausalLM
+    if blocks is None:
+        raise SystemExit("run.py: --dist fsdp needs a model with repeated blocks (reference, llama)")
+    for blk in blocks:
+        fully_shard(blk)
+    fully_shard(model)
+    return model
 
 
 def main(argv=None):
     args = parse_args(argv)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.dist and "LOCAL_RANK" not in os.environ:
+        sys.exit("run.py: --dist needs torchrun (LOCAL_RANK is not set)")
+    if args.dist and args.json_out:
+        args.json_out = rank_path(args.json_out, rank)
 
     # Environment that must be in place before torch initialises CUDA.
     if args.deterministic:
@@ -229,9 +272,17 @@ def main(argv=None):
 
     if not torch.cuda.is_available():
         sys.exit("run.py: no CUDA device")
+    if args.dist:
+        import torch.distributed as dist
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     device = torch.cuda.current_device()
 
-    model, make_batch, loss_fn, make_optimizer = workloads.build(args.workload, args.mode, args.small, args.seed)
+    # Every rank builds the same model (seed); its batches come from its own data seed.
+    model, make_batch, loss_fn, make_optimizer = workloads.build(
+        args.workload, args.mode, args.small, args.seed, data_seed=args.seed + 1000 * rank)
+    if args.dist:
+        model = shard_model(model, args.dist, device)
     params = list(model.parameters())
     opt = make_optimizer(params)
     run_model = torch.compile(model) if args.compile else model
@@ -253,7 +304,7 @@ def main(argv=None):
         log("--mark-steps: liboffload is not loaded, nothing to mark")
     log(f"workload={args.workload} mode={args.mode} compile={args.compile} deterministic={args.deterministic} "
         f"route={args.route} backend={backend} shim={'yes' if shim.loaded else 'no'} small={args.small} "
-        f"params={sum(p.numel() for p in params)}")
+        f"params={sum(p.numel() for p in params)}" + (f" dist={args.dist} rank={rank}/{world}" if args.dist else ""))
 
     total = args.warmup + args.steps
     losses = torch.zeros(total, dtype=torch.float32, device="cuda")
@@ -362,11 +413,14 @@ def main(argv=None):
         "allocator_backend": backend,
         "torch_version": torch.__version__,
         "gpu": torch.cuda.get_device_name(device),
+        "dist": args.dist,
+        "rank": rank,
+        "world_size": world,
         "shim": shim_stats,
     }
     peak_txt = f"{peak_reserved / 2**30:.2f} GiB" if peak_reserved is not None else "n/a"
     fp_txt = f"{footprint / 2**30:.2f} GiB" if footprint is not None else "n/a"
-    log(f"{ms_per_step:.1f} ms/step, peak {peak_txt} ({peak_source}), footprint {fp_txt}, "
+    log(f"{'rank %d: ' % rank if args.dist else ''}{ms_per_step:.1f} ms/step, peak {peak_txt} ({peak_source}), footprint {fp_txt}, "
         f"loss {loss_values[0]:.4f} -> {loss_values[-1]:.4f}, grad sha256 {grad_hash[:16]}")
     summary = executor_summary(shim_stats)
     if summary:
@@ -378,6 +432,8 @@ def main(argv=None):
     if args.json_out:
         with open(args.json_out, "w") as f:
             f.write(line + "\n")
+    if args.dist:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -186,14 +186,15 @@ def build_llama(mode, small, seed):
 _BUILDERS = {"reference": build_reference, "convnet": build_convnet, "llama": build_llama}
 
 
-def build(name, mode="plain", small=False, seed=0):
-    """Builds workload `name` in `mode`; returns (model, make_batch, loss_fn, make_optimizer)."""
+def build(name, mode="plain", small=False, seed=0, data_seed=None):
+    """Builds workload `name` in `mode`; returns (model, make_batch, loss_fn, make_optimizer).
+    The weights come from `seed`, the batches from `data_seed` (default: `seed`)."""
     if name not in _BUILDERS:
         raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
     torch.manual_seed(seed)
-    model, make_batch, loss_fn, make_optimizer = _BUILDERS[name](mode, small, seed)
+    model, make_batch, loss_fn, make_optimizer = _BUILDERS[name](mode, small, seed if data_seed is None else data_seed)
     if mode == "save_on_cpu":
         inner = loss_fn
 

@@ -22,6 +22,13 @@
 #   scripts/gpu/run.sh sanitize_small  memcheck on a small offloaded run (diagnosis, < 3 min)
 #   scripts/gpu/run.sh sanitize     compute-sanitizer memcheck, then synccheck, on an offloaded
 #                                   reference run (budget 50% of plain's footprint; < 10 min)
+#   scripts/gpu/run.sh multigpu_smoke  several GPUs, small shapes: DDP reference and FSDP2 Llama
+#                                   (checkpointed), plain vs offload, one offloadd (< 4 min)
+#   scripts/gpu/run.sh multigpu     several GPUs (all visible, or $MULTIGPU_N): the link with
+#                                   all GPUs copying at once; DDP reference and FSDP2 Llama
+#                                   (checkpointed), plain vs offload at 75% under one offloadd
+#                                   with the measured --node-link; then a pool smaller than the
+#                                   ranks ask for (fair shares); multigpu_report.py -> multigpu.md
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Offload runs (run kind o) take OFFLOAD_DEVICE_BUDGET from $budget, which budget_of sets from
@@ -65,6 +72,8 @@ host_pool=48GiB
 budget=
 
 # run NAME SHIM(0|1|1n|2|o = off | route 1 | route 1, CUPTI off | route 2 | offload) ARGS...
+# $launch (default python3) starts the bench: `launch="torchrun ..." run ...` for several GPUs
+# (the shim, preloaded into torchrun, is built only in the ranks, which use CUDA).
 run() {
   local name=$1 shim=$2; shift 2
   local envs=(env)
@@ -86,7 +95,8 @@ run() {
   [ "$shim" = o ] && note=", budget $budget"
   log "run $name (shim=$shim$note): $*"
   local t0=$SECONDS
-  "${envs[@]}" python3 "$bench" "$@" "${extra[@]}" --json-out "$work/$name.json" > "$work/$name.log" 2>&1
+  # shellcheck disable=SC2086
+  "${envs[@]}" ${launch:-python3} "$bench" "$@" "${extra[@]}" --json-out "$work/$name.json" > "$work/$name.log" 2>&1
   local rc=$?
   log "  rc=$rc in $((SECONDS - t0)) s: $(grep -E '^RESULT' "$work/$name.log" | head -c 300)"
   [ $rc = 0 ] || tail -n 25 "$work/$name.log"
@@ -146,7 +156,8 @@ restart_daemon() { "$ctl" stop > /dev/null 2>&1 && sleep 1; return 0; }
 # (its subreaper waits for every descendant, and a daemon the shim starts never exits).
 start_daemon() {
   restart_daemon
-  setsid "$bin/offloadd" --pool-size "$1" > "$work/offloadd.log" 2>&1 < /dev/null &
+  local pool=$1; shift
+  setsid "$bin/offloadd" --pool-size "$pool" "$@" >> "$work/offloadd.log" 2>&1 < /dev/null &
   for _ in $(seq 1 50); do "$ctl" status > /dev/null 2>&1 && return 0; sleep 0.2; done
   log "offloadd did not come up"; cat "$work/offloadd.log"; return 1
 }
@@ -387,7 +398,73 @@ case $plan in
     sanitize sanitize_synccheck synccheck 2
     "$ctl" stop > /dev/null 2>&1
     ;;
-  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final, executor_smoke, executor, executor_compiled, planner, sanitize_small, sanitize)" >&2; exit 2 ;;
+  multigpu_smoke | multigpu)
+    # Several GPUs of one node, one offloadd for all ranks (started here, OFFLOAD_DAEMON=connect).
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    ngpu=$(nvidia-smi -L | wc -l)
+    n=${MULTIGPU_N:-$ngpu}
+    (( n >= 2 )) || { log "$plan: $ngpu GPU(s) here, needs 2 or more"; exit 1; }
+    nvidia-smi topo -m > "$work/topo.txt" 2>&1; cat "$work/topo.txt"
+    launch="torchrun --standalone --nproc-per-node $n"
+    small=(); node_link=()
+    if [ "$plan" = multigpu_smoke ]; then
+      small=(--small); d=(--deterministic --steps 4 --warmup 8 --mark-steps)
+    else
+      d=(--deterministic --steps 20 --warmup 8 --mark-steps)
+      python3 "$root/scripts/bench/link.py" --gpus "$n" > "$work/link_multi.json" 2> "$work/link_multi.log"
+      cat "$work/link_multi.json"; tail -n 3 "$work/link_multi.log"
+      nl=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["node_link"])' "$work/link_multi.json" 2>/dev/null) &&
+        node_link=(--node-link "$nl")
+    fi
+    export OFFLOAD_DAEMON=connect
+    start_daemon "$host_pool" "${node_link[@]}" || exit 1
+    # status_while NAME: offloadctl status (text and --json) every 2 s while the run goes on.
+    sampler=
+    status_while() {
+      ( i=0; while :; do
+          sleep 2; i=$((i + 1))
+          { echo "=== sample $i"; "$ctl" status; } >> "$work/$1.status.txt" 2>&1
+          "$ctl" status --json > "$work/$1.status.$((i % 2)).json" 2>/dev/null
+        done ) & sampler=$!
+    }
+    pair() {  # pair NAME DIST WORKLOAD FRACTION ARGS...: plain, then offload at FRACTION
+      local name=$1 dist=$2 wl=$3 frac=$4; shift 4
+      run "${name}_plain" 0 --dist "$dist" --workload "$wl" "${small[@]}" "${d[@]}" "$@"
+      budget_of "${name}_plain-rank0" "$frac" || return 1
+      status_while "${name}_offload"
+      run "${name}_offload" o --dist "$dist" --workload "$wl" "${small[@]}" "${d[@]}" "$@"
+      kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+      tail -n 30 "$work/${name}_offload.status.txt"
+      for r in $(seq 0 $((n - 1))); do check_pair "${name}_plain-rank$r" "${name}_offload-rank$r"; done
+    }
+    pair ddp ddp reference 0.75
+    pair fsdp fsdp llama 0.75 --mode ckpt
+    if [ "$plan" = multigpu ]; then
+      # Fair shares: a pool that holds less than the ranks ask for together. Each rank's plan
+      # at 75% leased L bytes (host_bytes); a pool of 1.2 L gives each rank 0.6 L.
+      lease=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shim"]["executor"]["host_bytes"])'               "$work/ddp_offload-rank0.json" 2>/dev/null)
+      if [ -n "$lease" ] && [ "$lease" -gt 0 ] 2>/dev/null; then
+        small_pool=$(( lease * 12 / 10 / (1 << 20) ))MiB
+        log "fair shares: rank 0 leased $lease bytes at 75%; a pool of $small_pool for $n ranks"
+        start_daemon "$small_pool" "${node_link[@]}" || exit 1
+        budget_of ddp_plain-rank0 0.75
+        status_while ddp_share
+        run ddp_share o --dist ddp --workload reference "${d[@]}"
+        kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+        tail -n 30 "$work/ddp_share.status.txt"
+        for r in $(seq 0 $((n - 1))); do check_pair "ddp_plain-rank$r" "ddp_share-rank$r"; done
+      else
+        log "no host_bytes in ddp_offload-rank0.json: fair-share run skipped"
+      fi
+    fi
+    "$ctl" status > "$work/offloadctl-status.txt" 2>&1
+    "$ctl" stop > /dev/null 2>&1
+    if [ "$plan" = multigpu ]; then
+      python3 "$root/scripts/bench/multigpu_report.py" "$work" > "$work/multigpu.md" 2>&1
+      cat "$work/multigpu.md"
+    fi
+    ;;
+  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final, executor_smoke, executor, executor_compiled, planner, sanitize_small, sanitize, multigpu_smoke, multigpu)" >&2; exit 2 ;;
 esac
 
 for base in "$work"/*_det_a.json; do

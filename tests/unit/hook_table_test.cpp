@@ -385,6 +385,23 @@ TEST_F(Hooks, DlsymRtldNextStaysRelativeToTheCaller) {
                                   "handing the caller its own definition back";
 }
 
+// PyTorch's libnccl is a dependency of libtorch_cuda, which Python loads with RTLD_LOCAL: not
+// in the global scope that RTLD_NEXT searches, while libtorch_cuda's calls still bind to our
+// exported collectives. The fake library stands for it here (loaded RTLD_LOCAL).
+TEST_F(Hooks, ARealInALocallyLoadedLibraryIsFound) {
+  const HookEntry& e = entry(HookId::ncclAllGather);
+  ASSERT_NE(fake_lib_sym("ncclAllGather"), nullptr);
+  EXPECT_EQ(real_dlsym(RTLD_NEXT, "ncclAllGather"), nullptr) << "the fake library is not loaded locally";
+  EXPECT_EQ(find_loaded("ncclAllGather", e.wrapper), fake_lib_sym("ncclAllGather"));
+  EXPECT_EQ(find_loaded("cuFakeNotHooked", e.wrapper), fake_lib_sym("cuFakeNotHooked"));
+  EXPECT_EQ(find_loaded("offload_no_such_symbol", e.wrapper), nullptr);
+  // Libraries in the global scope count too: the first in load order (next_first_lib's own
+  // definition returns 1, next_second_lib's 2).
+  auto fn = reinterpret_cast<int (*)()>(find_loaded("offload_test_next_symbol", e.wrapper));
+  ASSERT_NE(fn, nullptr);
+  EXPECT_EQ(fn(), 1);
+}
+
 cuuint64_t gpa_flags(bool ptsz) {
   return ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
 }
