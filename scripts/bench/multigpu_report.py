@@ -41,8 +41,8 @@ OFFLOADS = {"ddp_offload": "ddp_plain", "ddp_nolink": "ddp_plain", "ddp_share": 
             "fsdp_offload": "fsdp_plain"}
 OPTIONAL = ("ddp_nolink", "ddp_share")  # the plan runs them only when it can
 SAMPLED = ("ddp_offload", "fsdp_offload", "ddp_share")  # offloadctl status sampled during these
-GROUPS = [("DDP (reference workload)", "ddp_plain", ("ddp_offload", "ddp_nolink", "ddp_share")),
-          ("FSDP2 (reference workload, activation checkpointing)", "fsdp_plain", ("fsdp_offload",))]
+GROUPS = [("DDP", "ddp_plain", ("ddp_offload", "ddp_nolink", "ddp_share")),
+          ("FSDP2", "fsdp_plain", ("fsdp_offload",))]
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -487,7 +487,6 @@ def main(argv=None):
     source = ("from the results" if sizes else
               "not in any result: from link_multi.json or the rank files" if n else "unknown: no results")
     print(f"- **Ranks:** {n if n else 'n/a'} (torchrun, one per GPU; world size {source}); "
-          f"workload {any_r.get('workload', 'n/a')}{' --small' if any_r.get('small') else ''}, "
           f"{any_r.get('warmup', '?')} warm-up + {any_r.get('steps', '?')} timed steps"
           f"{', deterministic' if any_r.get('deterministic') else ''}")
     topo_text = topology(topo_rows)
@@ -550,7 +549,12 @@ def main(argv=None):
     # ------------------------------------------------ 3. per-rank tables
     rows = {}  # (name, rank) -> facts
     for title, plain_name, offs in GROUPS:
-        print(f"\n## {title}, per rank\n")
+        # The workload as the results say (the smoke plan's FSDP pair may run another one).
+        wr = next((r for nm in (plain_name,) + offs for r in results[nm].values()), {})
+        what = ", ".join(x for x in (wr.get("workload"), {"ckpt": "activation checkpointing"}.get(
+            wr.get("mode"), wr.get("mode") if wr.get("mode") not in (None, "plain") else None),
+            "--small" if wr.get("small") else None) if x)
+        print(f"\n## {title}{f' ({what})' if what else ''}, per rank\n")
         print("| run | rank | ms/step plain → offload | overhead | footprint GiB plain → offload | budget GiB "
               "| within | losses | grads | timed misses | GiB out / in per step | collectives | predicted ms "
               "| measured/predicted − 1 | link model: GPUs, H2D / D2H GB/s |")
