@@ -306,6 +306,17 @@ uint64_t CudaDriver::device_total_bytes() {
   return n;
 }
 
+std::string CudaDriver::gpu_id() {
+  int dev = device();
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (dev < 0 || !h) return {};
+  using BusIdFn = CUresult (*)(char*, int, CUdevice);
+  auto bus_id = reinterpret_cast<BusIdFn>(hooks::real_dlsym(h, "cuDeviceGetPCIBusId"));
+  char buf[32] = {};
+  if (!bus_id || bus_id(buf, sizeof buf, dev) != CUDA_SUCCESS) return {};
+  return buf;
+}
+
 DevPtr CudaDriver::reserve(uint64_t bytes) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());

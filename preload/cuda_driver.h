@@ -21,6 +21,10 @@ class CudaDriver final : public Driver {
   // What the executor moves bytes with (second half of cuda_driver.cpp).
   uint64_t vmm_granularity() override;
   uint64_t device_total_bytes() override;
+  std::string gpu_id() override;
+  // The device of the first context seen (-1 until one is known); cached, as are its fixed
+  // properties.
+  int device();
   DevPtr reserve(uint64_t bytes) override;
   void unreserve(DevPtr va, uint64_t bytes) override;
   uint64_t create_physical(uint64_t bytes) override;
@@ -61,8 +65,6 @@ class CudaDriver final : public Driver {
   std::atomic<void*> ctx_{nullptr};  // the context of the first kernel we learned about
   void* context() const { return ctx_.load(std::memory_order_relaxed); }
 
-  // The device of ctx_ (-1 until a context is known) and its fixed properties, cached.
-  int device();
   std::atomic<int> device_{-1};
   std::atomic<uint64_t> granularity_{0}, total_bytes_{0};
 };

@@ -815,4 +815,21 @@ Plan plan_scaled(const StepTrace& t, const PlanOptions& po, uint32_t divisor, st
   return std::move(r.plan);
 }
 
+LinkModel share_link(LinkModel one, const NodeLinkSums& node, uint32_t gpus) {
+  if (gpus <= 1) return one;
+  const double n = gpus;
+  if (node.h2d > 0) one.h2d = std::min(one.h2d, node.h2d / n);
+  if (node.d2h > 0) one.d2h = std::min(one.d2h, node.d2h / n);
+  // A direction alone is never slower than while the other also copies.
+  one.h2d_shared = std::min(one.h2d_shared, one.h2d);
+  one.d2h_shared = std::min(one.d2h_shared, one.d2h);
+  const double sum = one.h2d_shared + one.d2h_shared;
+  if (node.both > 0 && sum > node.both / n) {
+    const double f = node.both / n / sum;
+    one.h2d_shared *= f;
+    one.d2h_shared *= f;
+  }
+  return one;
+}
+
 }  // namespace offload

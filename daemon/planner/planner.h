@@ -41,6 +41,17 @@ struct LinkModel {
   std::vector<std::pair<int64_t, int64_t>> late_at;
 };
 
+// Several GPUs on one node copy through the same host: each gets less than the single-GPU
+// figures when all copy at once. `node` holds the node's sums with every GPU copying (each way
+// alone, and both ways at once; offloadd --node-link, measured by scripts/bench/link.py
+// --gpus N), in GB/s; 0 = not measured. With `gpus` of them copying, each direction gets the
+// smaller of its single-GPU figure and its share of the node's sum; the figures for both
+// directions at once shrink in proportion when their sum exceeds a GPU's share of the node's.
+struct NodeLinkSums {
+  double h2d = 0, d2h = 0, both = 0;
+};
+LinkModel share_link(LinkModel one, const NodeLinkSums& node, uint32_t gpus);
+
 // Launch times on the GPU, by position: start (monotone, from the step's first kernel) and
 // the time until the next position starts (the last: until the step's last kernel ends).
 struct GpuTimeline {

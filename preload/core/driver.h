@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace offload {
 
@@ -56,6 +57,8 @@ class Driver {
   virtual uint64_t vmm_granularity() = 0;
   // The device's total memory (bytes); 0 if unknown.
   virtual uint64_t device_total_bytes() = 0;
+  // A node-unique name of the device (its PCI bus id, "0000:1b:00.0"); "" if unknown.
+  virtual std::string gpu_id() { return {}; }
   // A reserved, unbacked virtual range of `bytes` (a multiple of the granularity); 0 on failure.
   virtual DevPtr reserve(uint64_t bytes) = 0;
   virtual void unreserve(DevPtr va, uint64_t bytes) = 0;

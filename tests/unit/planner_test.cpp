@@ -601,6 +601,53 @@ TEST(PlannerSynthetic, ASlowerLinkCostsStepTime) {
       << "fast: " << fast.plan.describe() << "\nslow: " << slow.plan.describe();
 }
 
+// Two H200s of one node, measured by scripts/bench/link.py --gpus 2 (bench/results/multigpu.md):
+// 101.42 GB/s H2D, 105.93 D2H, 131.19 both ways, summed over the two.
+TEST(PlannerLinkShare, EachGpuGetsItsShareOfTheNode) {
+  const LinkModel one;
+  const NodeLinkSums node{101.42, 105.93, 131.19};
+  LinkModel two = share_link(one, node, 2);
+  EXPECT_DOUBLE_EQ(two.h2d, 101.42 / 2);
+  EXPECT_DOUBLE_EQ(two.d2h, 105.93 / 2);
+  // Both ways at once: 48 + 37 = 85 per GPU in the single-GPU model, 65.6 per GPU here.
+  EXPECT_NEAR(two.h2d_shared + two.d2h_shared, 131.19 / 2, 1e-9);
+  EXPECT_NEAR(two.h2d_shared / two.d2h_shared, one.h2d_shared / one.d2h_shared, 1e-12);
+  // One GPU, or nothing measured: the single-GPU figures.
+  LinkModel alone = share_link(one, node, 1);
+  EXPECT_EQ(alone.h2d, one.h2d);
+  EXPECT_EQ(alone.d2h_shared, one.d2h_shared);
+  LinkModel unmeasured = share_link(one, NodeLinkSums{}, 4);
+  EXPECT_EQ(unmeasured.h2d, one.h2d);
+  EXPECT_EQ(unmeasured.h2d_shared, one.h2d_shared);
+  // A node faster than its GPUs together changes nothing: a share never exceeds one GPU's link.
+  LinkModel roomy = share_link(one, NodeLinkSums{400, 400, 800}, 2);
+  EXPECT_EQ(roomy.h2d, one.h2d);
+  EXPECT_EQ(roomy.h2d_shared, one.h2d_shared);
+  // Feedback fields pass through.
+  LinkModel fed = one;
+  fed.scale = 0.8;
+  fed.late_at = {{10, 5}};
+  EXPECT_EQ(share_link(fed, node, 2).scale, 0.8);
+  EXPECT_EQ(share_link(fed, node, 2).late_at, fed.late_at);
+}
+
+TEST(PlannerLinkShare, ASharedLinkNeverPredictsAFasterStep) {
+  SynthSpec s;
+  s.fwd_layer_ns = 400'000;
+  s.bwd_layer_ns = 800'000;
+  Synth x = synthetic(s);
+  PlannerOptions o;
+  o.budget = plain_footprint(x.trace, o) / 100 * 60;
+  PlannerResult alone = plan_step(x.trace, o);
+  o.link = share_link(o.link, NodeLinkSums{60, 60, 70}, 4);  // 15 GB/s a GPU each way
+  PlannerResult shared = plan_step(x.trace, o);
+  check_plan(x.trace, o, shared);
+  ASSERT_FALSE(alone.plan.arenas.empty()) << alone.why;
+  ASSERT_FALSE(shared.plan.arenas.empty()) << shared.why;
+  EXPECT_GT(shared.prediction.step_ns, alone.prediction.step_ns)
+      << "alone: " << alone.plan.describe() << "\nshared: " << shared.plan.describe();
+}
+
 TEST(PlannerSynthetic, TheLastForwardLayerStaysResident) {
   Synth x = synthetic(SynthSpec{});
   PlannerOptions base;

@@ -4,6 +4,8 @@
 // body would fault; with it, the executor reloads the arena first (a demand reload).
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <cstring>
 
 #include "core/executor.h"
@@ -147,6 +149,72 @@ TEST(Collective, ACollectiveReadingAnEvictedArenaFindsItResident) {
   r.tr.on_free(m, kS);
   r.ex.release(m, kS);
   r.sim.run_all();
+}
+
+// A collective keeps running after its API call returns (it waits for the other ranks). An
+// arena it reads may be evicted only once it is done: the eviction's copy waits on the
+// collective's stream too, and the range is unmapped after that copy. Here the GPU runs the
+// queued work in a random order each time; an eviction that did not wait would fault in the
+// collective's body (the range unmapped) or leave `out` without the member's bytes.
+TEST(Collective, AnArenaIsNotEvictedUnderARunningCollective) {
+  constexpr Stream kNccl = 0x9;
+  for (uint64_t seed = 0; seed < 64; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    TableRig r;
+    DevPtr x = r.sim.alloc(4096), out = r.sim.alloc(4096);
+    r.tr.on_alloc(x, 4096, kS);
+    r.tr.on_alloc(out, 4096, kS);
+    // [0] fill(member) [1] collective reading the member (stream kNccl) [2] other(x): the
+    // arena is evicted at launch 2, brought back at the next step's start.
+    Plan p;
+    p.step_launches = 3;
+    p.tokens = {launch_token(EventKind::Kernel, 0), launch_token(EventKind::Copy, 0), launch_token(EventKind::Kernel, 1)};
+    ArenaPlan a;
+    a.capacity = r.sim.vmm_granularity();
+    a.used = 4096;
+    a.evict_after = 1;
+    a.reload_at = 0;
+    a.first_use = 0;
+    p.arenas.push_back(a);
+    p.members.push_back(MemberPlan{0, 0, 4096, 0, 0});
+    p.member_index = {0, 1, 1, 1};
+    p.handles = 1;
+    p.handle_bytes = r.sim.vmm_granularity();
+    std::string why;
+    ASSERT_TRUE(r.ex.install(p, r.tr.launches(), HostMemory{r.host.data(), r.host.data(), 0}, &why)) << why;
+    r.launch(r.fill, x);
+    r.tr.on_collective(x, out, 4096, kNccl);
+    r.launch(r.other, x);
+    r.sim.run_all();
+    r.ex.poll();
+    uint64_t tag = 0;
+    DevPtr m = r.ex.place(4096, kS, r.tr.launches(), &tag);
+    ASSERT_NE(m, 0u);
+    r.tr.on_alloc(m, 4096, kS, tag);
+    r.launch(r.fill, m);
+    r.sim.launch(kS, [m] { std::memset(reinterpret_cast<void*>(m), 0x3d, 4096); });
+    // As ProcessGroupNCCL does: the collective's stream waits for the compute stream.
+    uint64_t ready = r.sim.create_event();
+    r.sim.record_event(ready, kS);
+    r.sim.stream_wait(kNccl, ready);
+    r.tr.on_collective(m, out, 4096, kNccl);
+    r.sim.launch(kNccl, [m, out] { std::memcpy(reinterpret_cast<void*>(out), reinterpret_cast<void*>(m), 4096); });
+    r.launch(r.other, x);  // the eviction starts here
+    std::mt19937_64 rng(seed);
+    while (r.sim.step(rng)) r.ex.poll();
+    r.sim.run_all();
+    r.ex.poll();
+    EXPECT_EQ(reinterpret_cast<unsigned char*>(out)[0], 0x3d);
+    EXPECT_EQ(reinterpret_cast<unsigned char*>(out)[4095], 0x3d);
+    EXPECT_FALSE(r.sim.is_mapped(m)) << "the arena was not evicted";
+    EXPECT_EQ(r.ex.stats().evictions, 1u);
+    EXPECT_EQ(r.ex.stats().misses, 0u);
+    EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+    r.tr.on_free(m, kS);
+    r.ex.release(m, kS);
+    r.sim.run_all();
+    r.sim.destroy_event(ready);
+  }
 }
 
 }  // namespace
