@@ -8,6 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -17,6 +19,38 @@
 extern char** environ;
 
 namespace offload {
+namespace {
+
+// A plain decimal in [lo, hi]; nullopt otherwise (empty, sign, spaces, overflow).
+std::optional<int> env_int(const char* v, int lo, int hi) {
+  if (!v || !*v) return std::nullopt;
+  int64_t x = 0;
+  for (const char* p = v; *p; ++p) {
+    if (*p < '0' || *p > '9') return std::nullopt;
+    x = x * 10 + (*p - '0');
+    if (x > hi) return std::nullopt;
+  }
+  if (x < lo) return std::nullopt;
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+AttachInfo attach_info_from_env(int gpu, uint64_t budget, std::string gpu_id,
+                                const std::function<const char*(const char*)>& get) {
+  AttachInfo a;
+  a.gpu = gpu;
+  a.device_budget = budget;
+  a.gpu_id = std::move(gpu_id);
+  a.rank = env_int(get("RANK"), 0, INT32_MAX).value_or(-1);
+  a.local_rank = env_int(get("LOCAL_RANK"), 0, INT32_MAX).value_or(-1);
+  a.local_world = env_int(get("LOCAL_WORLD_SIZE"), 1, proto::kMaxLocalWorld).value_or(0);
+  return a;
+}
+
+AttachInfo attach_info_from_env(int gpu, uint64_t budget, std::string gpu_id) {
+  return attach_info_from_env(gpu, budget, std::move(gpu_id), [](const char* k) { return getenv(k); });
+}
 
 PrivatePool::PrivatePool(uint64_t bytes) {
   total_ = pool_total_bytes(bytes, 4096);
@@ -168,7 +202,62 @@ bool DaemonLink::connect_and_register(std::string* why) {
   fd_.store(client_.connection().fd(), std::memory_order_release);
   log().info("offloadd: client {} of a {}-byte pool (fair share {} bytes){}", client_id_, rep->pool_bytes,
              rep->fair_share, reattached ? ", re-attached" : "");
+  if (attach_info_) {
+    // A restarted daemon knows nothing of our GPU: tell it again. Failing that is no reason
+    // to give up the connection (the pool works without it).
+    std::string attach_why;
+    if (!send_attach(&attach_why) && client_.connected() && !said_no_attach_) {
+      said_no_attach_ = true;
+      log().info("offloadd: {}", attach_why);
+    }
+    if (!client_.connected()) {
+      *why = attach_why;
+      return false;
+    }
+  }
   return true;
+}
+
+std::optional<NodeShare> DaemonLink::send_attach(std::string* why) {
+  const AttachInfo& i = *attach_info_;
+  proto::Attach a{};
+  a.gpu = i.gpu;
+  a.rank = i.rank;
+  a.local_rank = i.local_rank;
+  a.local_world = i.local_world;
+  a.device_budget = i.device_budget;
+  std::snprintf(a.gpu_id, sizeof a.gpu_id, "%s", i.gpu_id.c_str());
+  share_.reset();  // an answer from before (another daemon, other info) no longer holds
+  auto rep = client_.attach(a, why);
+  if (!rep) return std::nullopt;
+  auto st = static_cast<proto::Status>(rep->status);
+  if (st != proto::Status::Ok) {
+    *why = std::string("offloadd refused the attach: ") + proto::status_name(st);
+    return std::nullopt;
+  }
+  NodeShare s;
+  s.gpus = rep->gpus;
+  s.fair_share = rep->fair_share;
+  s.h2d = static_cast<double>(rep->link.h2d_bps) / 1e9;
+  s.d2h = static_cast<double>(rep->link.d2h_bps) / 1e9;
+  s.both = static_cast<double>(rep->link.both_bps) / 1e9;
+  share_ = s;
+  return s;
+}
+
+std::optional<NodeShare> DaemonLink::attach(const AttachInfo& info, std::string* why) {
+  std::lock_guard lock(mu_);
+  attach_info_ = info;
+  if (!client_.connected()) {
+    *why = "not connected to offloadd (the attach is sent when it connects)";
+    return std::nullopt;
+  }
+  return send_attach(why);
+}
+
+std::optional<NodeShare> DaemonLink::last_share() const {
+  std::lock_guard lock(mu_);
+  return share_;
 }
 
 bool DaemonLink::poll(int64_t now_ms) {

@@ -17,6 +17,31 @@
 
 namespace offload {
 
+// What a shim tells offloadd once it knows its GPU (protocol Attach).
+struct AttachInfo {
+  int gpu = -1;                          // device ordinal in the process
+  int rank = -1, local_rank = -1;        // RANK, LOCAL_RANK; -1 unset
+  int local_world = 0;                   // LOCAL_WORLD_SIZE; 0 unset
+  uint64_t device_budget = 0;            // bytes; 0 none
+  std::string gpu_id;                    // node-unique (PCI bus id); at most 31 bytes are sent
+};
+
+// What offloadd answers: how many GPUs of the node share its host link, and the link's
+// figures for the node as a whole (all GPUs copying at once).
+struct NodeShare {
+  uint32_t gpus = 1;
+  uint64_t fair_share = 0;            // of the host pool, bytes
+  double h2d = 0, d2h = 0, both = 0;  // node link, bytes per ns (= GB/s); 0 unknown
+};
+
+// AttachInfo from RANK, LOCAL_RANK and LOCAL_WORLD_SIZE (torchrun's names), read through
+// `get` (getenv by default). A value that is not a plain decimal in range (rank >= 0,
+// 1 <= local world <= proto::kMaxLocalWorld) counts as unset: -1, or 0 for the world size.
+// Never throws.
+AttachInfo attach_info_from_env(int gpu, uint64_t budget, std::string gpu_id);
+AttachInfo attach_info_from_env(int gpu, uint64_t budget, std::string gpu_id,
+                                const std::function<const char*(const char*)>& get);
+
 struct Extent {
   unsigned char* host = nullptr;  // in this process's mapping
   uint64_t offset = 0;            // in the pool's data area
@@ -57,7 +82,8 @@ class PrivatePool final : public HostPool {
 
 // The shim's link to offloadd: connects (starting the daemon if allowed), registers, maps
 // the shared segment, pushes telemetry, and reconnects after a daemon restart, keeping its
-// client id (and so its leases). Driven from the shim's worker thread by poll().
+// client id (and so its leases). Driven from the shim's worker thread by poll(). Every
+// request holds mu_, so any thread may call lease/release/attach.
 class DaemonLink final : public HostPool {
  public:
   DaemonLink(Settings s, std::string command);
@@ -76,9 +102,21 @@ class DaemonLink final : public HostPool {
   // Fork handler, in the child: closes the socket and unmaps the pool, lock-free.
   void drop_in_child();
 
+  // Tells offloadd which GPU, rank and budget this process has; returns how many GPUs share
+  // the node's host link. The info is remembered and sent again after every reconnect (a
+  // restarted daemon learns it again); calling it again replaces it (and refreshes the
+  // answer, which changes as processes come and go). nullopt with *why when not connected
+  // (it is sent on connecting), when offloadd is older than protocol 1.1 (nothing is sent:
+  // it would drop the connection), or when it refuses; the link stays up in every case.
+  std::optional<NodeShare> attach(const AttachInfo& info, std::string* why);
+  // The answer to the last Attach sent (by attach() or on a reconnect); nullopt if none was
+  // sent or the last one was not answered.
+  std::optional<NodeShare> last_share() const;
+
  private:
   bool connect_and_register(std::string* why);
   bool start_daemon(std::string* why);
+  std::optional<NodeShare> send_attach(std::string* why);  // holds mu_
 
   Settings settings_;
   std::string command_;
@@ -90,6 +128,9 @@ class DaemonLink final : public HostPool {
   bool tried_start_ = false;
   int64_t next_try_ms_ = 0;
   std::string failure_;
+  std::optional<AttachInfo> attach_info_;  // sent again on every reconnect
+  std::optional<NodeShare> share_;
+  bool said_no_attach_ = false;            // logged once that the daemon has no Attach
   mutable std::mutex mu_;  // one request at a time on the connection
   std::atomic<int> fd_{-1};  // the connection's descriptor, for the fork handler
 };

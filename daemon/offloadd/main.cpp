@@ -4,8 +4,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,11 @@ void usage(FILE* f) {
           "  --segment NAME       POSIX shared-memory name of the pool (default offload-pool-<uid>)\n"
           "  --metrics-port N     serve Prometheus metrics on 127.0.0.1:N (0: any free port)\n"
           "  --max-leases N       lease-table entries (default 4096)\n"
+          "  --node-link H2D,D2H,BOTH\n"
+          "                       the node's host link in GB/s (decimal, e.g. 110.2,108.5,190), measured\n"
+          "                       with all its GPUs copying at once: host to device, device to host, and\n"
+          "                       both ways at once (the two summed). Told to every shim that attaches;\n"
+          "                       default: not measured\n"
           "  --no-prefault        do not fault the pool in at start\n"
           "  --socket-mode OCTAL  socket file mode (default 0600; other users are refused anyway)\n"
           "  --log-level LEVEL    debug, info, warn, error or off (default info)\n"
@@ -46,6 +53,39 @@ bool parse_int(const std::string& s, long lo, long hi, long* out, int base = 10)
   if (s.empty() || *end || errno || v < lo || v > hi) return false;
   *out = v;
   return true;
+}
+
+// One figure of --node-link: a positive decimal number of GB/s ("110.2", "190"), at most
+// 100000 GB/s; bytes/s.
+std::optional<uint64_t> parse_gbps(const std::string& s) {
+  size_t digits = 0, dots = 0;
+  for (char c : s) {
+    if (c >= '0' && c <= '9') ++digits;
+    else if (c == '.') ++dots;
+    else return std::nullopt;
+  }
+  if (!digits || dots > 1 || s.front() == '.' || s.back() == '.') return std::nullopt;
+  double v = std::strtod(s.c_str(), nullptr);
+  if (!(v > 0) || v > 100000) return std::nullopt;
+  uint64_t bps = static_cast<uint64_t>(std::llround(v * 1e9));
+  if (bps == 0) return std::nullopt;
+  return bps;
+}
+
+// --node-link H2D,D2H,BOTH.
+std::optional<offload::proto::NodeLink> parse_node_link(const std::string& s) {
+  std::vector<uint64_t> v;
+  size_t start = 0;
+  for (;;) {
+    size_t comma = s.find(',', start);
+    auto x = parse_gbps(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (!x) return std::nullopt;
+    v.push_back(*x);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (v.size() != 3) return std::nullopt;
+  return offload::proto::NodeLink{v[0], v[1], v[2]};
 }
 
 }  // namespace
@@ -85,6 +125,14 @@ int main(int argc, char** argv) {
     } else if (k == "--max-leases") {
       if (!value(&v) || !parse_int(v, 16, 1 << 20, &n)) return bad("--max-leases '" + v + "' is not valid: expected 16-1048576");
       o.max_leases = static_cast<uint32_t>(n);
+    } else if (k == "--node-link") {
+      if (!value(&v)) return bad("--node-link needs H2D,D2H,BOTH in GB/s, e.g. 110.2,108.5,190");
+      auto link = parse_node_link(v);
+      if (!link)
+        return bad("--node-link '" + v +
+                   "' is not valid: expected H2D,D2H,BOTH, three positive decimal numbers of GB/s (at most "
+                   "100000), e.g. 110.2,108.5,190");
+      o.node_link = *link;
     } else if (k == "--socket-mode") {
       if (!value(&v) || !parse_int(v, 0, 0777, &n, 8)) return bad("--socket-mode '" + v + "' is not valid: expected an octal mode");
       o.socket_mode = static_cast<mode_t>(n);

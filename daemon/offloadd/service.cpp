@@ -17,6 +17,7 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <sstream>
 
 #include "client/ipc.h"
@@ -54,6 +55,24 @@ std::string label_escape(const std::string& s) {
     o += c;
   }
   return o;
+}
+
+std::string gbps(uint64_t bps) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f GB/s", static_cast<double>(bps) / 1e9);
+  return b;
+}
+
+std::string link_text(const proto::NodeLink& l) {
+  if (!l.h2d_bps && !l.d2h_bps && !l.both_bps) return "host link not measured";
+  return "host link " + gbps(l.h2d_bps) + " H2D, " + gbps(l.d2h_bps) + " D2H, " + gbps(l.both_bps) + " both ways";
+}
+
+std::string bytes_text(uint64_t b) {
+  char s[32];
+  if (b >= (1ull << 30)) std::snprintf(s, sizeof s, "%.2f GiB", static_cast<double>(b) / static_cast<double>(1ull << 30));
+  else std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(b) / static_cast<double>(1ull << 20));
+  return s;
 }
 
 }  // namespace
@@ -222,8 +241,9 @@ void Service::stop() {
 }
 
 int Service::run() {
-  log().info("serving {} ({} pool bytes in /{}){}", opt_.socket_path, table_->data_bytes(), opt_.segment,
-             metrics_fd_ >= 0 ? ", metrics on 127.0.0.1:" + std::to_string(metrics_port_) : std::string());
+  log().info("serving {} ({} pool bytes in /{}){}; {}", opt_.socket_path, table_->data_bytes(), opt_.segment,
+             metrics_fd_ >= 0 ? ", metrics on 127.0.0.1:" + std::to_string(metrics_port_) : std::string(),
+             link_text(opt_.node_link));
   while (!stopping_) {
     std::vector<pollfd> fds;
     fds.push_back({wake_[0], POLLIN, 0});
@@ -377,6 +397,8 @@ void Service::handle(int fd, Conn& conn, const proto::FrameHeader& h, const std:
     }
     case MsgType::StatusQuery:
       return send(fd, status_frame(h.seq));
+    case MsgType::NodeQuery:
+      return send(fd, node_frame(h.seq));
     case MsgType::Shutdown: {
       log().info("shutdown requested by pid {}", conn.pid);
       send(fd, proto::encode(MsgType::ReleaseReply, h.seq, proto::ReleaseReply{0, 0}));
@@ -419,10 +441,68 @@ void Service::handle(int fd, Conn& conn, const proto::FrameHeader& h, const std:
     case MsgType::Telemetry:
       proto::read_payload(payload.data(), payload.size(), &c->last);
       return;  // no reply: telemetry is fire-and-forget
+    case MsgType::Attach:
+      return on_attach(fd, *c, h, payload);
     default:
       return send_error(fd, h.seq, proto::Status::BadRequest,
                         "message type " + std::to_string(h.type) + " is not a request");
   }
+}
+
+void Service::on_attach(int fd, Client& c, const proto::FrameHeader& h, const std::vector<unsigned char>& payload) {
+  proto::Attach a{};
+  proto::read_payload(payload.data(), payload.size(), &a);
+  proto::AttachReply rep{};
+  if (a.gpu < -1 || a.rank < -1 || a.local_rank < -1 || a.local_world < 0 || a.local_world > proto::kMaxLocalWorld) {
+    // What it said before stands.
+    rep.status = static_cast<uint32_t>(proto::Status::BadRequest);
+  } else {
+    c.attached = true;
+    c.gpu = a.gpu;
+    c.rank = a.rank;
+    c.local_rank = a.local_rank;
+    c.local_world = a.local_world;
+    c.device_budget = a.device_budget;
+    c.gpu_id = a.gpu_id;
+    rep.status = static_cast<uint32_t>(proto::Status::Ok);
+  }
+  rep.gpus = node_gpus();
+  rep.fair_share = fair_share();
+  rep.link = opt_.node_link;
+  if (rep.status == static_cast<uint32_t>(proto::Status::Ok)) {
+    std::string who = c.rank >= 0 ? "rank " + std::to_string(c.rank) : std::string("no rank");
+    if (c.local_world > 0)
+      who += " (local " + (c.local_rank >= 0 ? std::to_string(c.local_rank) : std::string("?")) + " of " +
+             std::to_string(c.local_world) + ")";
+    log().info("client {} (pid {}): {} on GPU {} (device {}), budget {}; GPUs sharing the host link: {}", c.id, c.pid,
+               who, c.gpu_id.empty() ? std::string("of unknown id") : c.gpu_id, c.gpu,
+               c.device_budget ? bytes_text(c.device_budget) : std::string("none"), rep.gpus);
+    logged_gpus_ = rep.gpus;
+  } else {
+    log().warn("client {} (pid {}): attach refused (gpu {}, rank {}, local rank {}, local world {})", c.id, c.pid, a.gpu,
+               a.rank, a.local_rank, a.local_world);
+  }
+  send(fd, proto::encode(proto::MsgType::AttachReply, h.seq, rep));
+}
+
+uint32_t Service::node_gpus() const {
+  std::set<std::string> ids;
+  size_t unnamed = 0;  // a client that cannot name its GPU counts as one of its own
+  int32_t hint = 0;
+  for (auto& [id, c] : clients_) {
+    if (!c.attached || c.fd < 0) continue;
+    if (c.gpu_id.empty()) ++unnamed;
+    else ids.insert(c.gpu_id);
+    hint = std::max(hint, c.local_world);
+  }
+  return static_cast<uint32_t>(std::max(ids.size() + unnamed, static_cast<size_t>(hint)));
+}
+
+void Service::note_node_change() {
+  uint32_t g = node_gpus();
+  if (g == logged_gpus_) return;
+  log().info("GPUs sharing the host link: {} now", g);
+  logged_gpus_ = g;
 }
 
 void Service::send(int fd, const std::vector<unsigned char>& frame) {
@@ -449,6 +529,7 @@ void Service::drop(int fd) {
   uint64_t freed = table_->release_all(id);
   log().info("client {} (pid {}) disconnected; {} bytes back in the pool", id, clients_[id].pid, freed);
   clients_.erase(id);
+  note_node_change();
 }
 
 void Service::reap_dead() {
@@ -491,6 +572,27 @@ std::vector<unsigned char> Service::status_frame(uint64_t seq) const {
   return proto::encode_status(seq, head, cs);
 }
 
+std::vector<unsigned char> Service::node_frame(uint64_t seq) const {
+  proto::NodeHead head{};
+  head.gpus = node_gpus();
+  head.link = opt_.node_link;
+  std::vector<proto::ClientNode> cs;
+  for (auto& [id, c] : clients_) {
+    if (cs.size() == proto::kMaxClients) break;
+    proto::ClientNode n{};
+    n.client_id = id;
+    n.pid = c.pid;
+    n.gpu = c.gpu;
+    n.rank = c.rank;
+    n.local_rank = c.local_rank;
+    n.local_world = c.local_world;
+    n.device_budget = c.device_budget;
+    std::snprintf(n.gpu_id, sizeof n.gpu_id, "%s", c.gpu_id.c_str());
+    cs.push_back(n);
+  }
+  return proto::encode_node(seq, head, cs);
+}
+
 std::string Service::metrics_text() const {
   std::ostringstream m;
   uint64_t used = table_->used_bytes();
@@ -499,7 +601,10 @@ std::string Service::metrics_text() const {
     << "# HELP offload_pool_used_bytes Bytes of the pool leased to clients.\n# TYPE offload_pool_used_bytes gauge\n"
     << "offload_pool_used_bytes " << used << "\n"
     << "# HELP offload_clients Registered clients.\n# TYPE offload_clients gauge\n"
-    << "offload_clients " << clients_.size() << "\n";
+    << "offload_clients " << clients_.size() << "\n"
+    << "# HELP offload_node_gpus GPUs of the node that share the host link (distinct GPUs of the attached "
+       "clients, at least the largest local world size they reported).\n# TYPE offload_node_gpus gauge\n"
+    << "offload_node_gpus " << node_gpus() << "\n";
   struct Metric {
     const char* name;
     const char* help;
@@ -516,8 +621,9 @@ std::string Service::metrics_text() const {
   for (const Metric& x : ms) {
     m << "# HELP " << x.name << ' ' << x.help << "\n# TYPE " << x.name << ' ' << x.type << "\n";
     for (auto& [id, c] : clients_) {
-      m << x.name << "{client=\"" << id << "\",pid=\"" << c.pid << "\",gpu=\"" << c.gpu << "\",command=\""
-        << label_escape(c.command) << "\"} ";
+      m << x.name << "{client=\"" << id << "\",pid=\"" << c.pid << "\",gpu=\"" << c.gpu << "\",gpu_id=\""
+        << label_escape(c.gpu_id) << "\",rank=\"" << (c.rank >= 0 ? std::to_string(c.rank) : std::string())
+        << "\",command=\"" << label_escape(c.command) << "\"} ";
       std::string n = x.name;
       if (n == "offload_client_leased_bytes") m << table_->leased_by(id);
       else if (n == "offload_client_resident_bytes") m << c.last.resident_bytes;

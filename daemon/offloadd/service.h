@@ -11,6 +11,14 @@
 // space left still covers what the others lack of theirs. It may never lease past its own
 // limit (Register.host_limit). A refusal is an answer, not an error: the shim keeps that
 // data resident.
+//
+// The node: every GPU of the node shares its host link, and every shim attaches (Attach,
+// protocol minor 1) with its GPU's node-unique id, its rank and its job's local world size.
+// The daemon counts the GPUs that share the link from the live attached clients (distinct
+// gpu ids, and at least the largest local world: the ranks of one job attach at slightly
+// different times) on every question, so a client that comes or goes counts at once. A
+// client without a gpu id counts as a GPU of its own. The link's figures are the operator's
+// (--node-link): measured with all GPUs copying at once.
 #pragma once
 
 #include <sys/types.h>
@@ -36,6 +44,7 @@ struct ServiceOptions {
   int metrics_port = -1;     // -1: no metrics endpoint
   mode_t socket_mode = 0600;
   bool prefault = true;
+  proto::NodeLink node_link{};  // the node's aggregate host link; zeros: not measured
 };
 
 class Service {
@@ -51,6 +60,8 @@ class Service {
 
   uint16_t metrics_port() const { return metrics_port_; }
   std::string metrics_text() const;
+  // GPUs of the node that share the host link, as AttachReply and NodeReply report them.
+  uint32_t node_gpus() const;
 
  private:
   struct Client {
@@ -61,6 +72,11 @@ class Service {
     uint64_t host_limit = 0;
     std::string command;
     proto::Telemetry last{};
+    // From its last Attach (protocol minor 1); attached is false until one came.
+    bool attached = false;
+    int32_t rank = -1, local_rank = -1, local_world = 0;
+    uint64_t device_budget = 0;
+    std::string gpu_id;
   };
   struct Conn {
     proto::FrameReader reader;
@@ -80,6 +96,9 @@ class Service {
   uint64_t fair_share() const;
   proto::Status admit(const Client& c, uint64_t bytes) const;
   std::vector<unsigned char> status_frame(uint64_t seq) const;
+  std::vector<unsigned char> node_frame(uint64_t seq) const;
+  void on_attach(int fd, Client& c, const proto::FrameHeader& h, const std::vector<unsigned char>& payload);
+  void note_node_change();
 
   ServiceOptions opt_;
   void* base_ = nullptr;
@@ -95,6 +114,7 @@ class Service {
   std::map<int, Conn> conns_;            // open connections (clients and offloadctl)
   std::map<uint32_t, Client> clients_;   // registered or adopted clients, by id
   int64_t last_reap_ms_ = 0;
+  uint32_t logged_gpus_ = 0;  // the GPU count last logged
   std::thread prefault_;
 };
 

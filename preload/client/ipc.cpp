@@ -69,6 +69,7 @@ Connection& Connection::operator=(Connection&& o) noexcept {
     close();
     fd_ = o.fd_;
     seq_ = o.seq_;
+    peer_minor_ = o.peer_minor_;
     o.fd_ = -1;
   }
   return *this;
@@ -77,6 +78,7 @@ Connection& Connection::operator=(Connection&& o) noexcept {
 void Connection::close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  peer_minor_ = -1;
   reader_ = proto::FrameReader{};
 }
 
@@ -131,6 +133,7 @@ bool Connection::call(proto::MsgType type, const void* payload, uint32_t len, pr
   for (;;) {
     while (reader_.next(rh, reply)) {
       if (rh->seq != seq) continue;  // a stale reply
+      peer_minor_ = rh->minor;
       if (static_cast<proto::MsgType>(rh->type) == proto::MsgType::Error) {
         proto::Error e{};
         proto::read_payload(reply->data(), reply->size(), &e);
@@ -201,6 +204,34 @@ bool DaemonClient::status(proto::StatusHead* head, std::vector<proto::ClientStat
   if (static_cast<proto::MsgType>(h.type) != proto::MsgType::StatusReply ||
       !proto::read_status(payload.data(), payload.size(), head, clients)) {
     *why = "malformed status reply from offloadd";
+    return false;
+  }
+  return true;
+}
+
+bool DaemonClient::peer_has(uint16_t minor, const char* what, std::string* why) const {
+  int peer = conn_.peer_minor();
+  if (peer < 0 || peer >= minor) return true;
+  *why = "offloadd speaks protocol " + std::to_string(proto::kMajor) + "." + std::to_string(peer) + ", which has no " +
+         what + " (it came with " + std::to_string(proto::kMajor) + "." + std::to_string(minor) +
+         "); a newer offloadd knows it";
+  return false;
+}
+
+std::optional<proto::AttachReply> DaemonClient::attach(const proto::Attach& a, std::string* why) {
+  if (!peer_has(proto::kMinorNode, "Attach", why)) return std::nullopt;
+  return request<proto::AttachReply>(proto::MsgType::Attach, proto::MsgType::AttachReply, a, why);
+}
+
+bool DaemonClient::node(proto::NodeHead* head, std::vector<proto::ClientNode>* clients, std::string* why) {
+  if (!peer_has(proto::kMinorNode, "NodeQuery", why)) return false;
+  proto::FrameHeader h{};
+  std::vector<unsigned char> payload;
+  proto::NodeQuery q{};
+  if (!conn_.call(proto::MsgType::NodeQuery, &q, sizeof q, &h, &payload, why)) return false;
+  if (static_cast<proto::MsgType>(h.type) != proto::MsgType::NodeReply ||
+      !proto::read_node(payload.data(), payload.size(), head, clients)) {
+    *why = "malformed node reply from offloadd";
     return false;
   }
   return true;

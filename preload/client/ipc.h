@@ -34,7 +34,7 @@ class Connection {
  public:
   Connection() = default;
   ~Connection();
-  Connection(Connection&& o) noexcept : fd_(o.fd_), seq_(o.seq_) { o.fd_ = -1; }
+  Connection(Connection&& o) noexcept : fd_(o.fd_), seq_(o.seq_), peer_minor_(o.peer_minor_) { o.fd_ = -1; }
   Connection& operator=(Connection&& o) noexcept;
 
   // Connects to the daemon's socket; false with *why if nobody listens there.
@@ -51,9 +51,14 @@ class Connection {
   // Sends one frame without waiting for a reply (telemetry). False if it would block.
   bool send_nowait(proto::MsgType type, const void* payload, uint32_t len);
 
+  // The protocol minor of the peer, from the last reply on this connection (an Error
+  // included); -1 before the first reply.
+  int peer_minor() const { return peer_minor_; }
+
  private:
   int fd_ = -1;
   uint64_t seq_ = 0;
+  int peer_minor_ = -1;
   proto::FrameReader reader_;
 };
 
@@ -71,10 +76,17 @@ class DaemonClient {
   bool telemetry(const proto::Telemetry& t) { return conn_.send_nowait(proto::MsgType::Telemetry, &t, sizeof t); }
   bool status(proto::StatusHead* head, std::vector<proto::ClientStatus>* clients, std::string* why);
   bool shutdown(std::string* why);
+  // Protocol minor 1. Both refuse, without sending, when the daemon's replies say it speaks
+  // an older minor (it would take the frame for garbage and close the connection); the
+  // connection stays usable then, and after an Error reply too.
+  std::optional<proto::AttachReply> attach(const proto::Attach& a, std::string* why);
+  bool node(proto::NodeHead* head, std::vector<proto::ClientNode>* clients, std::string* why);
 
  private:
   template <class Reply, class Req>
   std::optional<Reply> request(proto::MsgType type, proto::MsgType want, const Req& req, std::string* why);
+  // False with *why when the peer is known to speak a minor older than `minor`.
+  bool peer_has(uint16_t minor, const char* what, std::string* why) const;
   Connection conn_;
 };
 

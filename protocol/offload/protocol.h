@@ -3,18 +3,27 @@
 //
 // Every frame is a FrameHeader followed by `length` payload bytes. Payloads are fixed-width
 // POD structs (static_asserts below pin their sizes); StatusReply is a StatusHead followed
-// by `clients` ClientStatus entries. A receiver:
+// by `clients` ClientStatus entries, NodeReply a NodeHead followed by `clients` ClientNode
+// entries (at most kMaxClients of either). A receiver:
 //   - reads exactly sizeof(FrameHeader) bytes and calls check_header(), which rejects a bad
 //     magic, another major version (with a message naming both versions), an unknown type,
 //     and a length that is not the exact size of that type's payload;
 //   - only then reads `length` payload bytes and takes them with read_payload(), which
 //     checks the size again and NUL-terminates every string field.
-// A minor version adds message types or appends nothing to existing payloads; a receiver
-// accepts any minor of its major.
+// A minor version adds message types and changes no existing payload; a receiver accepts
+// any minor of its major. A receiver of an older minor takes a newer type for an unknown
+// one: offloadd answers it with an Error and closes the connection (and a closed client
+// connection gives that client's leases back). So a sender checks the peer's minor, which
+// every reply header carries, before it sends a type the peer may not know.
+//
+// Minor 1 (node sharing): Attach/AttachReply (a shim says which GPU, rank and local rank
+// it is; the daemon answers how many GPUs share the node's host link) and
+// NodeQuery/NodeReply (what offloadctl shows about the node).
 //
 // Header-only; no allocation in decoding; safe on untrusted bytes (fuzzed: tests/fuzz/).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -26,7 +35,8 @@ namespace offload::proto {
 
 inline constexpr uint32_t kMagic = 0x4C46464F;  // "OFFL" little-endian
 inline constexpr uint16_t kMajor = 1;
-inline constexpr uint16_t kMinor = 0;
+inline constexpr uint16_t kMinor = 1;
+inline constexpr uint16_t kMinorNode = 1;       // the first minor with Attach and NodeQuery
 inline constexpr uint32_t kMaxClients = 256;     // status entries in one reply
 
 enum class MsgType : uint16_t {
@@ -43,6 +53,11 @@ enum class MsgType : uint16_t {
   StatusReply = 11,
   Shutdown = 12,
   Error = 13,
+  // Minor 1.
+  Attach = 14,
+  AttachReply = 15,
+  NodeQuery = 16,
+  NodeReply = 17,
 };
 
 enum class Status : uint32_t {
@@ -162,6 +177,59 @@ struct Error {
   char message[120];
 };
 
+// Minor 1: sent by a shim once it knows its GPU (after Register; again after a reconnect).
+// A second Attach from the same client replaces what the first said.
+struct Attach {
+  int32_t gpu;            // device ordinal in the process; -1 unknown
+  int32_t rank;           // RANK; -1 unset
+  int32_t local_rank;     // LOCAL_RANK; -1 unset
+  int32_t local_world;    // LOCAL_WORLD_SIZE: processes of this job on the node; 0 unset
+  uint64_t device_budget; // bytes; 0 = none
+  char gpu_id[32];        // node-unique id of the GPU (PCI bus id, "0000:1b:00.0"); "" unknown
+};
+
+// The node's host link, all its GPUs copying at once: bytes/s summed over them; 0 = not
+// measured (offloadd --node-link).
+struct NodeLink {
+  uint64_t h2d_bps;
+  uint64_t d2h_bps;
+  uint64_t both_bps;  // both directions at once, the two summed
+};
+
+struct AttachReply {
+  uint32_t status;
+  // GPUs of the node that share the host link, as the daemon counts them: distinct gpu_id
+  // among the live attached clients, and at least the largest local_world one of them said.
+  uint32_t gpus;
+  uint64_t fair_share;  // of the pool, as in RegisterReply
+  NodeLink link;
+};
+
+struct NodeQuery {
+  uint32_t flags;
+  uint32_t reserved;
+};
+
+struct NodeHead {
+  uint32_t gpus;     // as in AttachReply; 0 while no client is attached
+  uint32_t clients;  // ClientNode entries that follow
+  NodeLink link;
+};
+
+struct ClientNode {
+  uint32_t client_id;
+  uint32_t pid;
+  int32_t gpu;
+  int32_t rank;         // -1: none (or the client has not attached)
+  int32_t local_rank;   // -1: none
+  int32_t local_world;  // 0: none
+  uint64_t device_budget;
+  char gpu_id[32];
+};
+
+// Largest local_world an Attach may carry (a larger one is a bad request).
+inline constexpr int32_t kMaxLocalWorld = 1024;
+
 static_assert(sizeof(FrameHeader) == 24);
 static_assert(sizeof(Register) == 96);
 static_assert(sizeof(RegisterReply) == 88);
@@ -177,10 +245,17 @@ static_assert(sizeof(StatusHead) == 32);
 static_assert(sizeof(ClientStatus) == 32 + 56 + 64);
 static_assert(sizeof(Shutdown) == 8);
 static_assert(sizeof(Error) == 128);
+static_assert(sizeof(Attach) == 56);
+static_assert(sizeof(NodeLink) == 24);
+static_assert(sizeof(AttachReply) == 40);
+static_assert(sizeof(NodeQuery) == 8);
+static_assert(sizeof(NodeHead) == 32);
+static_assert(sizeof(ClientNode) == 64);
 
 template <class T>
 inline constexpr bool kPod = std::is_trivially_copyable_v<T> && std::is_standard_layout_v<T>;
 static_assert(kPod<FrameHeader> && kPod<Register> && kPod<ClientStatus> && kPod<Error>);
+static_assert(kPod<Attach> && kPod<AttachReply> && kPod<NodeQuery> && kPod<NodeHead> && kPod<ClientNode>);
 
 // The payload type of each message, for encode/decode.
 template <MsgType> struct PayloadOf;
@@ -196,6 +271,9 @@ template <> struct PayloadOf<MsgType::Telemetry> { using type = Telemetry; };
 template <> struct PayloadOf<MsgType::StatusQuery> { using type = StatusQuery; };
 template <> struct PayloadOf<MsgType::Shutdown> { using type = Shutdown; };
 template <> struct PayloadOf<MsgType::Error> { using type = Error; };
+template <> struct PayloadOf<MsgType::Attach> { using type = Attach; };
+template <> struct PayloadOf<MsgType::AttachReply> { using type = AttachReply; };
+template <> struct PayloadOf<MsgType::NodeQuery> { using type = NodeQuery; };
 
 enum class HeaderError {
   None,
@@ -205,7 +283,7 @@ enum class HeaderError {
   BadLength,
 };
 
-// Fixed payload size of a type; 0 for StatusReply (variable) and unknown types.
+// Fixed payload size of a type; 0 for StatusReply and NodeReply (variable) and unknown types.
 inline size_t payload_size(uint16_t type) {
   switch (static_cast<MsgType>(type)) {
     case MsgType::Register: return sizeof(Register);
@@ -220,12 +298,22 @@ inline size_t payload_size(uint16_t type) {
     case MsgType::StatusQuery: return sizeof(StatusQuery);
     case MsgType::Shutdown: return sizeof(Shutdown);
     case MsgType::Error: return sizeof(Error);
+    case MsgType::Attach: return sizeof(Attach);
+    case MsgType::AttachReply: return sizeof(AttachReply);
+    case MsgType::NodeQuery: return sizeof(NodeQuery);
     default: return 0;
   }
 }
 
 inline bool known_type(uint16_t type) {
-  return type >= static_cast<uint16_t>(MsgType::Register) && type <= static_cast<uint16_t>(MsgType::Error);
+  return type >= static_cast<uint16_t>(MsgType::Register) && type <= static_cast<uint16_t>(MsgType::NodeReply);
+}
+
+// A variable payload's length: a head and at most kMaxClients whole entries.
+template <class Head, class Entry>
+inline bool list_length_ok(uint32_t length) {
+  return length >= sizeof(Head) && (length - sizeof(Head)) % sizeof(Entry) == 0 &&
+         (length - sizeof(Head)) / sizeof(Entry) <= kMaxClients;
 }
 
 // Validates a header read off the wire. `why` (optional) gets a message for a person.
@@ -241,9 +329,13 @@ inline HeaderError check_header(const FrameHeader& h, std::string* why = nullptr
                                              std::to_string(kMajor) + ".x)");
   if (!known_type(h.type)) return fail(HeaderError::UnknownType, "unknown message type " + std::to_string(h.type));
   if (static_cast<MsgType>(h.type) == MsgType::StatusReply) {
-    if (h.length < sizeof(StatusHead) || (h.length - sizeof(StatusHead)) % sizeof(ClientStatus) != 0 ||
-        (h.length - sizeof(StatusHead)) / sizeof(ClientStatus) > kMaxClients)
+    if (!list_length_ok<StatusHead, ClientStatus>(h.length))
       return fail(HeaderError::BadLength, "malformed status reply length " + std::to_string(h.length));
+    return HeaderError::None;
+  }
+  if (static_cast<MsgType>(h.type) == MsgType::NodeReply) {
+    if (!list_length_ok<NodeHead, ClientNode>(h.length))
+      return fail(HeaderError::BadLength, "malformed node reply length " + std::to_string(h.length));
     return HeaderError::None;
   }
   if (h.length != payload_size(h.type))
@@ -257,6 +349,8 @@ inline void terminate_strings(Register& r) { r.command[sizeof r.command - 1] = 0
 inline void terminate_strings(RegisterReply& r) { r.segment[sizeof r.segment - 1] = 0; }
 inline void terminate_strings(Error& e) { e.message[sizeof e.message - 1] = 0; }
 inline void terminate_strings(ClientStatus& c) { c.command[sizeof c.command - 1] = 0; }
+inline void terminate_strings(Attach& a) { a.gpu_id[sizeof a.gpu_id - 1] = 0; }
+inline void terminate_strings(ClientNode& c) { c.gpu_id[sizeof c.gpu_id - 1] = 0; }
 template <class T>
 inline void terminate_strings(T&) {}
 
@@ -270,18 +364,31 @@ inline bool read_payload(const void* data, size_t len, T* out) {
   return true;
 }
 
-// A status reply: the head and its entries; false if the sizes do not add up.
-inline bool read_status(const void* data, size_t len, StatusHead* head, std::vector<ClientStatus>* clients) {
-  if (len < sizeof(StatusHead)) return false;
-  std::memcpy(head, data, sizeof(StatusHead));
-  if (head->clients > kMaxClients || len != sizeof(StatusHead) + head->clients * sizeof(ClientStatus)) return false;
-  clients->resize(head->clients);
-  const auto* p = static_cast<const unsigned char*>(data) + sizeof(StatusHead);
+// A variable payload (a Head whose `clients` counts the Entry records that follow); false
+// if the sizes do not add up.
+template <class Head, class Entry>
+inline bool read_list(const void* data, size_t len, Head* head, std::vector<Entry>* entries) {
+  static_assert(kPod<Head> && kPod<Entry>);
+  if (len < sizeof(Head)) return false;
+  std::memcpy(head, data, sizeof(Head));
+  if (head->clients > kMaxClients || len != sizeof(Head) + size_t{head->clients} * sizeof(Entry)) return false;
+  entries->resize(head->clients);
+  const auto* p = static_cast<const unsigned char*>(data) + sizeof(Head);
   for (uint32_t i = 0; i < head->clients; ++i) {
-    std::memcpy(&(*clients)[i], p + i * sizeof(ClientStatus), sizeof(ClientStatus));
-    terminate_strings((*clients)[i]);
+    std::memcpy(&(*entries)[i], p + i * sizeof(Entry), sizeof(Entry));
+    terminate_strings((*entries)[i]);
   }
   return true;
+}
+
+// A status reply: the head and its entries; false if the sizes do not add up.
+inline bool read_status(const void* data, size_t len, StatusHead* head, std::vector<ClientStatus>* clients) {
+  return read_list(data, len, head, clients);
+}
+
+// A node reply: the head and its entries; false if the sizes do not add up.
+inline bool read_node(const void* data, size_t len, NodeHead* head, std::vector<ClientNode>* clients) {
+  return read_list(data, len, head, clients);
 }
 
 inline FrameHeader make_header(MsgType type, uint32_t length, uint64_t seq) {
@@ -303,18 +410,32 @@ inline std::vector<unsigned char> encode(MsgType type, uint64_t seq, const T& pa
   return encode_bytes(type, seq, &payload, sizeof(T));
 }
 
-inline std::vector<unsigned char> encode_status(uint64_t seq, const StatusHead& head,
-                                                const std::vector<ClientStatus>& clients) {
-  StatusHead h2 = head;
-  h2.clients = static_cast<uint32_t>(clients.size());
-  uint32_t len = static_cast<uint32_t>(sizeof(StatusHead) + clients.size() * sizeof(ClientStatus));
+// A variable payload's frame: the head, its count set to the entries sent (the first
+// kMaxClients of them).
+template <class Head, class Entry>
+inline std::vector<unsigned char> encode_list(MsgType type, uint64_t seq, const Head& head,
+                                              const std::vector<Entry>& entries) {
+  static_assert(kPod<Head> && kPod<Entry>);
+  const size_t n = std::min<size_t>(entries.size(), kMaxClients);
+  Head h2 = head;
+  h2.clients = static_cast<uint32_t>(n);
+  uint32_t len = static_cast<uint32_t>(sizeof(Head) + n * sizeof(Entry));
   std::vector<unsigned char> out(sizeof(FrameHeader) + len);
-  FrameHeader h = make_header(MsgType::StatusReply, len, seq);
+  FrameHeader h = make_header(type, len, seq);
   std::memcpy(out.data(), &h, sizeof h);
   std::memcpy(out.data() + sizeof h, &h2, sizeof h2);
-  if (!clients.empty())
-    std::memcpy(out.data() + sizeof h + sizeof h2, clients.data(), clients.size() * sizeof(ClientStatus));
+  if (n) std::memcpy(out.data() + sizeof h + sizeof h2, entries.data(), n * sizeof(Entry));
   return out;
+}
+
+inline std::vector<unsigned char> encode_status(uint64_t seq, const StatusHead& head,
+                                                const std::vector<ClientStatus>& clients) {
+  return encode_list(MsgType::StatusReply, seq, head, clients);
+}
+
+inline std::vector<unsigned char> encode_node(uint64_t seq, const NodeHead& head,
+                                              const std::vector<ClientNode>& clients) {
+  return encode_list(MsgType::NodeReply, seq, head, clients);
 }
 
 inline const char* status_name(Status s) {

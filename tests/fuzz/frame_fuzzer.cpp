@@ -6,7 +6,7 @@
 // read_status for a StatusReply). Invariants that trap when broken:
 //   - a yielded frame passed check_header, and its payload is exactly `length` bytes;
 //   - read_payload accepts every fixed-size frame the reader yields, and leaves its
-//     strings NUL-terminated; read_status's entries match its count;
+//     strings NUL-terminated; read_status's and read_node's entries match their counts;
 //   - once the reader failed, it yields nothing more, and it says why.
 // The reader also gets the same stream in one piece: both must yield the same frames.
 //
@@ -83,6 +83,25 @@ void take(const FrameHeader& h, const std::vector<unsigned char>& p, std::vector
       Error e;
       read_payload(p.data(), p.size(), &e);
       terminated(e.message, sizeof e.message, "Error.message not terminated");
+      break;
+    }
+    case MsgType::Attach: {
+      decode<Attach>(p);
+      Attach a;
+      read_payload(p.data(), p.size(), &a);
+      terminated(a.gpu_id, sizeof a.gpu_id, "Attach.gpu_id not terminated");
+      break;
+    }
+    case MsgType::AttachReply: decode<AttachReply>(p); break;
+    case MsgType::NodeQuery: decode<NodeQuery>(p); break;
+    case MsgType::NodeReply: {
+      NodeHead head;
+      std::vector<ClientNode> cs;
+      if (read_node(p.data(), p.size(), &head, &cs)) {
+        if (cs.size() != head.clients || cs.size() > kMaxClients) broken("read_node: entries differ from count");
+        if (sizeof(NodeHead) + cs.size() * sizeof(ClientNode) != p.size()) broken("read_node: sizes");
+        for (auto& c : cs) terminated(c.gpu_id, sizeof c.gpu_id, "ClientNode.gpu_id not terminated");
+      }
       break;
     }
     case MsgType::StatusReply: {
@@ -175,6 +194,15 @@ std::vector<std::vector<unsigned char>> offload_fuzz_seeds() {
   std::snprintf(c.command, sizeof c.command, "python train.py");
   frames.push_back(encode_status(9, head, {}));
   frames.push_back(encode_status(9, head, {c, c}));
+  // Minor 1: the node messages.
+  Attach at{0, 1, 1, 2, 40ull << 30, "0000:1b:00.0"};
+  frames.push_back(frame(MsgType::Attach, 10, at));
+  frames.push_back(frame(MsgType::AttachReply, 10,
+                         AttachReply{0, 2, 1ull << 29, NodeLink{110200000000, 108500000000, 190000000000}}));
+  frames.push_back(frame(MsgType::NodeQuery, 11, NodeQuery{}));
+  ClientNode cn{3, 1234, 0, 1, 1, 2, 40ull << 30, "0000:1b:00.0"};
+  frames.push_back(encode_node(11, NodeHead{2, 0, NodeLink{0, 0, 0}}, {}));
+  frames.push_back(encode_node(11, NodeHead{2, 0, NodeLink{1, 2, 3}}, {cn, cn}));
 
   std::vector<std::vector<unsigned char>> seeds;
   uint8_t chunking = 0;

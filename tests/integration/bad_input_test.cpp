@@ -39,6 +39,7 @@ TEST(BadInputIntegration, MalformedFramesAreRejectedAndTheDaemonLives) {
   ASSERT_TRUE(d.start({}, &why)) << why;
   const uint32_t M = proto::kMagic;
   const uint32_t kStatusEntry = sizeof(proto::ClientStatus), kHead = sizeof(proto::StatusHead);
+  const uint32_t kNodeEntry = sizeof(proto::ClientNode), kNodeHead = sizeof(proto::NodeHead);
   std::vector<unsigned char> garbage(100);
   for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<unsigned char>(i * 37 + 11);
   const std::vector<Malformed> cases = {
@@ -46,11 +47,23 @@ TEST(BadInputIntegration, MalformedFramesAreRejectedAndTheDaemonLives) {
       {"major 2", raw_frame(M, 2, 3, T(MsgType::StatusQuery), 8, 8), "2.3"},
       {"major 0", raw_frame(M, 0, 0, T(MsgType::StatusQuery), 8, 8), "0.0"},
       {"type 0", raw_frame(M, 1, 0, 0, 8, 8), "unknown message type 0"},
-      {"type 14", raw_frame(M, 1, 0, 14, 8, 8), "unknown message type 14"},
+      {"type 18", raw_frame(M, 1, 1, 18, 8, 8), "unknown message type 18"},
       {"type 65535", raw_frame(M, 1, 0, 65535, 0, 0), "unknown message type 65535"},
       {"Lease of 16 bytes", raw_frame(M, 1, 0, T(MsgType::Lease), 16, 16), "expected 8"},
       {"Register of 95 bytes", raw_frame(M, 1, 0, T(MsgType::Register), 95, 95), "expected 96"},
       {"StatusQuery of 0 bytes", raw_frame(M, 1, 0, T(MsgType::StatusQuery), 0, 0), "expected 8"},
+      {"Attach of 55 bytes", raw_frame(M, 1, 1, T(MsgType::Attach), 55, 55), "expected 56"},
+      {"Attach of 57 bytes", raw_frame(M, 1, 1, T(MsgType::Attach), 57, 57), "expected 56"},
+      {"AttachReply of 8 bytes", raw_frame(M, 1, 1, T(MsgType::AttachReply), 8, 8), "expected 40"},
+      {"NodeQuery of 0 bytes", raw_frame(M, 1, 1, T(MsgType::NodeQuery), 0, 0), "expected 8"},
+      {"NodeQuery of 4 GiB", raw_frame(M, 1, 1, T(MsgType::NodeQuery), 0xFFFFFFFF, 0), "expected 8"},
+      {"NodeReply of 4 GiB", raw_frame(M, 1, 1, T(MsgType::NodeReply), 0xFFFFFFFF, 0), "node reply length"},
+      {"NodeReply of 257 entries", raw_frame(M, 1, 1, T(MsgType::NodeReply), kNodeHead + 257 * kNodeEntry, 0),
+       "node reply length"},
+      {"NodeReply of an odd length", raw_frame(M, 1, 1, T(MsgType::NodeReply), kNodeHead + kNodeEntry + 1, 0),
+       "node reply length"},
+      {"NodeReply shorter than its head", raw_frame(M, 1, 1, T(MsgType::NodeReply), kNodeHead - 1, 0),
+       "node reply length"},
       {"Release of 4 GiB", raw_frame(M, 1, 0, T(MsgType::Release), 0xFFFFFFFF, 0), "expected 16"},
       {"StatusReply of 4 GiB", raw_frame(M, 1, 0, T(MsgType::StatusReply), 0xFFFFFFFF, 0), "status reply length"},
       {"StatusReply of 257 entries",
@@ -123,6 +136,7 @@ TEST(BadInputIntegration, MalformedFramesAreRejectedAndTheDaemonLives) {
         proto::encode(MsgType::Release, 2, proto::Release{0, MiB}),
         proto::encode(MsgType::PlanRequest, 3, proto::PlanRequest{1, 1}),
         proto::encode(MsgType::Telemetry, 4, proto::Telemetry{}),
+        proto::encode(MsgType::Attach, 4, proto::Attach{0, 0, 0, 1, 0, "0000:1b:00.0"}),
     };
     for (auto& r : reqs) {
       ASSERT_TRUE(send_bytes(fd, r));
@@ -135,6 +149,18 @@ TEST(BadInputIntegration, MalformedFramesAreRejectedAndTheDaemonLives) {
     Answer a = read_answer(fd, 1, 5000);
     ASSERT_EQ(a.frames.size(), 1u) << a.describe();
     EXPECT_EQ(a.frames[0].h.type, T(MsgType::StatusReply));
+    // A node query needs no registration either (offloadctl's), and the unregistered
+    // Attach left no trace.
+    ASSERT_TRUE(send_bytes(fd, proto::encode(MsgType::NodeQuery, 5, proto::NodeQuery{})));
+    a = read_answer(fd, 1, 5000);
+    ASSERT_EQ(a.frames.size(), 1u) << a.describe();
+    ASSERT_EQ(a.frames[0].h.type, T(MsgType::NodeReply));
+    EXPECT_EQ(a.frames[0].h.minor, proto::kMinor);
+    proto::NodeHead nh{};
+    std::vector<proto::ClientNode> ns;
+    ASSERT_TRUE(proto::read_node(a.frames[0].payload.data(), a.frames[0].payload.size(), &nh, &ns));
+    EXPECT_EQ(nh.gpus, 0u);
+    EXPECT_TRUE(ns.empty());
     proto::Register reg{};
     std::snprintf(reg.command, sizeof reg.command, "late");
     ASSERT_TRUE(send_bytes(fd, proto::encode(MsgType::Register, 6, reg)));
@@ -177,6 +203,8 @@ TEST(BadInputIntegration, MalformedFramesAreRejectedAndTheDaemonLives) {
         proto::encode(MsgType::PlanReply, 5, proto::PlanReply{}),
         proto::encode(MsgType::Error, 6, proto::Error{}),
         proto::encode_status(7, proto::StatusHead{}, {proto::ClientStatus{}}),
+        proto::encode(MsgType::AttachReply, 8, proto::AttachReply{}),
+        proto::encode_node(9, proto::NodeHead{}, {proto::ClientNode{}}),
     };
     for (auto& f : frames) {
       ASSERT_TRUE(send_bytes(fd, f));
@@ -204,6 +232,29 @@ TEST(BadInputIntegration, MalformedFramesAreRejectedAndTheDaemonLives) {
     EXPECT_EQ(std::string(me->command), std::string(63, 'A'));
     RunResult r = d.offloadctl({"status", "--socket", d.socket()});
     EXPECT_EQ(r.exit_code(), 0) << r.err;
+    // And inside an Attach: the gpu id is cut too.
+    proto::Attach at;
+    std::memset(&at, 'B', sizeof at);
+    at.gpu = 0;
+    at.rank = at.local_rank = -1;
+    at.local_world = 0;
+    ASSERT_TRUE(send_bytes(fd, proto::encode(MsgType::Attach, 2, at)));
+    a = read_answer(fd, 1, 5000);
+    ASSERT_EQ(a.frames.size(), 1u) << a.describe();
+    ASSERT_EQ(a.frames[0].h.type, T(MsgType::AttachReply));
+    DaemonClient q;
+    ASSERT_TRUE(q.connect(d.socket(), &why)) << why;
+    proto::NodeHead nh{};
+    std::vector<proto::ClientNode> ns;
+    ASSERT_TRUE(q.node(&nh, &ns, &why)) << why;
+    const proto::ClientNode* mine = nullptr;
+    for (auto& n : ns)
+      if (n.client_id == me->client_id) mine = &n;
+    ASSERT_NE(mine, nullptr);
+    EXPECT_EQ(std::string(mine->gpu_id), std::string(31, 'B'));
+    r = d.offloadctl({"status", "--json", "--socket", d.socket()});
+    EXPECT_EQ(r.exit_code(), 0) << r.err;
+    EXPECT_NE(r.out.find("\"gpu_id\":\"" + std::string(31, 'B') + "\""), std::string::npos) << r.out;
     ::close(fd);
     ASSERT_TRUE(daemon_healthy(d));
   }
@@ -239,6 +290,23 @@ TEST(BadInputIntegration, OffloaddRejectsBadOptionsClearly) {
       {{"--segment", "a/b"}, 2, "--segment needs a name without '/'"},
       {{"--socket"}, 2, "--socket needs a path"},
       {{"--frobnicate"}, 2, "unknown option '--frobnicate'"},
+      {{"--node-link"}, 2, "--node-link needs H2D,D2H,BOTH in GB/s"},
+      {{"--node-link", "110"}, 2, "--node-link '110' is not valid: expected H2D,D2H,BOTH"},
+      {{"--node-link", "1,2"}, 2, "--node-link '1,2' is not valid"},
+      {{"--node-link", "1,2,3,4"}, 2, "--node-link '1,2,3,4' is not valid"},
+      {{"--node-link", "1,,3"}, 2, "--node-link '1,,3' is not valid"},
+      {{"--node-link", "1,2,3,"}, 2, "--node-link '1,2,3,' is not valid"},
+      {{"--node-link", "-1,2,3"}, 2, "--node-link '-1,2,3' is not valid"},
+      {{"--node-link", "0,2,3"}, 2, "--node-link '0,2,3' is not valid"},
+      {{"--node-link", "1,2,nan"}, 2, "--node-link '1,2,nan' is not valid"},
+      {{"--node-link", "1,2,inf"}, 2, "--node-link '1,2,inf' is not valid"},
+      {{"--node-link", "1e2,2,3"}, 2, "--node-link '1e2,2,3' is not valid"},
+      {{"--node-link", "1.,2,3"}, 2, "--node-link '1.,2,3' is not valid"},
+      {{"--node-link", "1.2.3,2,3"}, 2, "--node-link '1.2.3,2,3' is not valid"},
+      {{"--node-link", "110GB/s,2,3"}, 2, "--node-link '110GB/s,2,3' is not valid"},
+      {{"--node-link", "1, 2,3"}, 2, "--node-link '1, 2,3' is not valid"},
+      {{"--node-link", "100001,2,3"}, 2, "--node-link '100001,2,3' is not valid"},
+      {{"--node-link", "0.0000000001,2,3"}, 2, "--node-link '0.0000000001,2,3' is not valid"},
       {{"--socket", "/tmp/" + std::string(120, 's') + ".sock", "--segment", seg, "--pool-size", "64MiB",
         "--no-prefault"},
        1,

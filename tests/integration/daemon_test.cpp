@@ -429,5 +429,178 @@ TEST(DaemonIntegration, FairShareWithThreeClientsEachCanReachIt) {
   EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
 }
 
+// --- the node: which GPUs share the host link (protocol 1.1) --------------------------------
+
+struct NodeView {
+  proto::NodeHead head{};
+  std::vector<proto::ClientNode> clients;
+  const proto::ClientNode* by_pid(pid_t pid) const {
+    for (auto& c : clients)
+      if (c.pid == static_cast<uint32_t>(pid)) return &c;
+    return nullptr;
+  }
+};
+
+NodeView node_of(const Daemon& d) {
+  NodeView n;
+  DaemonClient c;
+  std::string why;
+  EXPECT_TRUE(c.connect(d.socket(), &why)) << why;
+  EXPECT_TRUE(c.node(&n.head, &n.clients, &why)) << why;
+  return n;
+}
+
+// connect + register a client whose Register names no GPU (as the shim's does).
+void start_registered(const Daemon& d, Proc* p, const std::string& command) {
+  std::string why;
+  ASSERT_TRUE(d.client(p, &why, command, -1)) << why;
+  uint32_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(attach(*p, &id, nullptr, false));
+}
+
+// "attach GPU GPU_ID RANK LOCAL_RANK LOCAL_WORLD [BUDGET]": the GPU count it was answered.
+uint32_t attach_gpu(Proc& c, const std::string& args, std::vector<std::string>* words = nullptr) {
+  std::vector<std::string> w;
+  std::string a = c.cmd("attach " + args);
+  w = split(a);
+  EXPECT_TRUE(w.size() == 6 && w[0] == "ok") << "attach " << args << ": '" << a << "'";
+  if (words) *words = w;
+  return w.size() == 6 && w[0] == "ok" ? static_cast<uint32_t>(std::stoul(w[1])) : 0;
+}
+
+TEST(NodeIntegration, TwoGpusCountTwoAndAKilledClientDropsOut) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  Proc a, b;
+  ASSERT_NO_FATAL_FAILURE(start_registered(d, &a, "rank-0"));
+  ASSERT_NO_FATAL_FAILURE(start_registered(d, &b, "rank-1"));
+  // Registered, not attached: no GPU counted yet, no rank known.
+  NodeView n = node_of(d);
+  EXPECT_EQ(n.head.gpus, 0u);
+  ASSERT_EQ(n.clients.size(), 2u);
+  for (auto& c : n.clients) {
+    EXPECT_EQ(c.rank, -1);
+    EXPECT_EQ(c.local_world, 0);
+    EXPECT_STREQ(c.gpu_id, "");
+  }
+  EXPECT_EQ(n.head.link.h2d_bps, 0u) << "no --node-link: not measured";
+
+  std::vector<std::string> w;
+  EXPECT_EQ(attach_gpu(a, "0 0000:1b:00.0 0 0 0 " + std::to_string(40 * MiB), &w), 1u);
+  EXPECT_EQ(w[2], std::to_string(128 * MiB)) << "the pool's fair share of two clients";
+  EXPECT_EQ(w[3] + w[4] + w[5], "000") << "link not measured";
+  EXPECT_EQ(attach_gpu(b, "1 0000:2c:00.0 1 1 0"), 2u);
+  EXPECT_EQ(attach_gpu(a, "0 0000:1b:00.0 0 0 0 " + std::to_string(40 * MiB)), 2u) << "asked again: both GPUs";
+
+  n = node_of(d);
+  EXPECT_EQ(n.head.gpus, 2u);
+  const proto::ClientNode* na = n.by_pid(a.pid());
+  const proto::ClientNode* nb = n.by_pid(b.pid());
+  ASSERT_TRUE(na && nb);
+  EXPECT_EQ(na->gpu, 0);
+  EXPECT_EQ(na->rank, 0);
+  EXPECT_EQ(na->local_rank, 0);
+  EXPECT_EQ(na->device_budget, 40 * MiB);
+  EXPECT_STREQ(na->gpu_id, "0000:1b:00.0");
+  EXPECT_EQ(nb->gpu, 1);
+  EXPECT_EQ(nb->rank, 1);
+  EXPECT_EQ(nb->local_rank, 1);
+  EXPECT_STREQ(nb->gpu_id, "0000:2c:00.0");
+  // Status shows the attached GPU (Register said -1).
+  StatusView s = status_of(d);
+  ASSERT_TRUE(s.by_pid(a.pid()) && s.by_pid(b.pid()));
+  EXPECT_EQ(s.by_pid(a.pid())->gpu, 0);
+  EXPECT_EQ(s.by_pid(b.pid())->gpu, 1);
+  EXPECT_NE(d.log().find("client " + std::to_string(na->client_id) + " (pid " + std::to_string(a.pid()) +
+                         "): rank 0 on GPU 0000:1b:00.0 (device 0), budget 40.0 MiB"),
+            std::string::npos)
+      << d.log();
+
+  // kill -9: the count follows at once.
+  pid_t bpid = b.pid();
+  ASSERT_EQ(::kill(bpid, SIGKILL), 0);
+  ASSERT_TRUE(poll_until([&] { return node_of(d).head.gpus == 1; }, 3000)) << d.log();
+  n = node_of(d);
+  EXPECT_EQ(n.by_pid(bpid), nullptr);
+  EXPECT_EQ(n.clients.size(), 1u);
+  b.kill_and_reap();
+  EXPECT_EQ(attach_gpu(a, "0 0000:1b:00.0 0 0 0"), 1u);
+  EXPECT_NE(d.log().find("GPUs sharing the host link: 1 now"), std::string::npos) << d.log();
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
+TEST(NodeIntegration, TheSameGpuTwiceCountsOnce) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  Proc a, b;
+  ASSERT_NO_FATAL_FAILURE(start_registered(d, &a, "share-a"));
+  ASSERT_NO_FATAL_FAILURE(start_registered(d, &b, "share-b"));
+  EXPECT_EQ(attach_gpu(a, "0 0000:1b:00.0 -1 -1 0"), 1u);
+  EXPECT_EQ(attach_gpu(b, "0 0000:1b:00.0 -1 -1 0"), 1u);
+  EXPECT_EQ(node_of(d).head.gpus, 1u);
+  // A second Attach replaces the first: b moves to another GPU.
+  EXPECT_EQ(attach_gpu(b, "1 0000:2c:00.0 -1 -1 0"), 2u);
+  NodeView n = node_of(d);
+  EXPECT_EQ(n.head.gpus, 2u);
+  ASSERT_NE(n.by_pid(b.pid()), nullptr);
+  EXPECT_STREQ(n.by_pid(b.pid())->gpu_id, "0000:2c:00.0");
+  EXPECT_EQ(n.by_pid(b.pid())->gpu, 1);
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
+TEST(NodeIntegration, LocalWorldIsALowerBoundAndGpusWithoutAnIdCountEach) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  Proc a, b;
+  ASSERT_NO_FATAL_FAILURE(start_registered(d, &a, "first-rank"));
+  // Rank 0 of a two-process job, before rank 1 attached: 2.
+  EXPECT_EQ(attach_gpu(a, "0 0000:1b:00.0 0 0 2"), 2u);
+  EXPECT_EQ(node_of(d).head.gpus, 2u);
+  // Rank 1 comes, on another GPU: still 2, no double count.
+  ASSERT_NO_FATAL_FAILURE(start_registered(d, &b, "second-rank"));
+  EXPECT_EQ(attach_gpu(b, "1 0000:2c:00.0 1 1 2"), 2u);
+  // Bad values are refused, and what the client said before stands.
+  const std::string bad = "refused " + std::to_string(static_cast<uint32_t>(proto::Status::BadRequest));
+  EXPECT_EQ(a.cmd("attach 0 0000:1b:00.0 0 0 -3"), bad);
+  EXPECT_EQ(a.cmd("attach 0 0000:1b:00.0 0 0 " + std::to_string(proto::kMaxLocalWorld + 1)), bad);
+  EXPECT_EQ(a.cmd("attach 0 0000:1b:00.0 -2 0 2"), bad);
+  NodeView n = node_of(d);
+  EXPECT_EQ(n.head.gpus, 2u);
+  ASSERT_NE(n.by_pid(a.pid()), nullptr);
+  EXPECT_EQ(n.by_pid(a.pid())->local_world, 2);
+  // Without the hint, and without ids: each unnamed GPU counts as one.
+  EXPECT_EQ(attach_gpu(a, "0 - -1 -1 0"), 2u);
+  EXPECT_EQ(attach_gpu(b, "0 - -1 -1 0"), 2u);
+  b.close_stdin();
+  ASSERT_TRUE(exited_with(b.wait(10000), 0));
+  ASSERT_TRUE(poll_until([&] { return node_of(d).head.gpus == 1; }, 3000));
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
+TEST(NodeIntegration, NodeLinkReachesTheAttachReplyAndTheNodeReply) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({"--node-link", "110.2,108.5,190"}, &why)) << why;
+  Proc a;
+  ASSERT_NO_FATAL_FAILURE(start_registered(d, &a, "linked"));
+  std::vector<std::string> w;
+  EXPECT_EQ(attach_gpu(a, "3 0000:9a:00.0 0 0 1", &w), 1u);
+  ASSERT_EQ(w.size(), 6u);
+  EXPECT_EQ(w[3], "110200000000");
+  EXPECT_EQ(w[4], "108500000000");
+  EXPECT_EQ(w[5], "190000000000");
+  NodeView n = node_of(d);
+  EXPECT_EQ(n.head.link.h2d_bps, 110200000000u);
+  EXPECT_EQ(n.head.link.d2h_bps, 108500000000u);
+  EXPECT_EQ(n.head.link.both_bps, 190000000000u);
+  EXPECT_EQ(n.head.gpus, 1u);
+  EXPECT_NE(d.log().find("host link 110.2 GB/s H2D, 108.5 GB/s D2H, 190.0 GB/s both ways"), std::string::npos)
+      << d.log();
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
 }  // namespace
 }  // namespace offload::it

@@ -18,6 +18,9 @@
 //   telemetry STEP STEP_NS MISSES RESIDENT EVICTED -> ok | err
 //   plan                            -> ok KIND | err MSG
 //   status                          -> ok USED POOL CLIENTS | err MSG
+//   attach GPU GPU_ID [RANK LOCAL_RANK LOCAL_WORLD [BUDGET]]   (GPU_ID "-": none)
+//                                   -> ok GPUS FAIR_SHARE H2D_BPS D2H_BPS BOTH_BPS | refused STATUS | err MSG
+//   node                            -> ok GPUS CLIENTS H2D_BPS D2H_BPS BOTH_BPS | err MSG
 //   stress ITERS SEED TAG           -> ok LEASES REFUSALS | bad MSG   (see stress())
 //   raw-register                    -> registered ID | error STATUS | closed | connect-failed ERRNO
 //   pid                             -> ok PID
@@ -293,6 +296,32 @@ std::string run(State& s, const std::string& line) {
     std::vector<proto::ClientStatus> cs;
     if (!s.client.status(&h, &cs, &why)) return "err " + one_line(why);
     return "ok " + std::to_string(h.used_bytes) + " " + std::to_string(h.pool_bytes) + " " + std::to_string(cs.size());
+  }
+  if (cmd == "attach") {
+    proto::Attach a{};
+    std::string id;
+    long gpu = -1, rank = -1, local_rank = -1, local_world = 0;
+    uint64_t budget = 0;
+    in >> gpu >> id >> rank >> local_rank >> local_world >> budget;
+    a.gpu = static_cast<int32_t>(gpu);
+    a.rank = static_cast<int32_t>(rank);
+    a.local_rank = static_cast<int32_t>(local_rank);
+    a.local_world = static_cast<int32_t>(local_world);
+    a.device_budget = budget;
+    std::snprintf(a.gpu_id, sizeof a.gpu_id, "%s", id == "-" ? "" : id.c_str());
+    auto r = s.client.attach(a, &why);
+    if (!r) return "err " + one_line(why);
+    if (r->status != 0) return "refused " + std::to_string(r->status);
+    return "ok " + std::to_string(r->gpus) + " " + std::to_string(r->fair_share) + " " +
+           std::to_string(r->link.h2d_bps) + " " + std::to_string(r->link.d2h_bps) + " " +
+           std::to_string(r->link.both_bps);
+  }
+  if (cmd == "node") {
+    proto::NodeHead h{};
+    std::vector<proto::ClientNode> cs;
+    if (!s.client.node(&h, &cs, &why)) return "err " + one_line(why);
+    return "ok " + std::to_string(h.gpus) + " " + std::to_string(cs.size()) + " " + std::to_string(h.link.h2d_bps) +
+           " " + std::to_string(h.link.d2h_bps) + " " + std::to_string(h.link.both_bps);
   }
   if (cmd == "stress") {
     long iters = 0;

@@ -1,12 +1,15 @@
 // The shim's side of offloadd (preload/host_pool.*), in-process against a real daemon: a
 // refusal is an answer the shim can act on (keep the data resident), a lease is memory it
-// can write, and after a daemon restart the shim re-attaches with its old id and leases.
+// can write, and after a daemon restart the shim re-attaches with its old id and leases
+// and tells the new daemon its GPU again. Against a stand-in daemon of protocol 1.0 (or
+// one that refuses Attach), attach() fails with a reason and the link carries on.
 #include <gtest/gtest.h>
 
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 
+#include "fake_daemon.h"
 #include "host_pool.h"
 #include "it_support.h"
 
@@ -102,6 +105,165 @@ TEST(ShimLinkIntegration, ReattachesWithItsLeasesAfterADaemonRestart) {
   r.link->release(*a);
   ASSERT_TRUE(r.d.status(&s, &why)) << why;
   EXPECT_EQ(s.head.used_bytes, 0u);
+}
+
+// The node as the daemon sees it, from a fresh connection.
+bool node_of(const Daemon& d, proto::NodeHead* head, std::vector<proto::ClientNode>* cs, std::string* why) {
+  DaemonClient c;
+  return c.connect(d.socket(), why) && c.node(head, cs, why);
+}
+
+const proto::ClientNode* mine(const std::vector<proto::ClientNode>& cs) {
+  for (auto& c : cs)
+    if (c.pid == static_cast<uint32_t>(getpid())) return &c;
+  return nullptr;
+}
+
+TEST(ShimLinkIntegration, AttachTellsTheGpuAndIsSentAgainAfterADaemonRestart) {
+  LinkRig r;
+  std::string why;
+  ASSERT_TRUE(r.d.start({"--node-link", "55.5,54,90.25"}, &why)) << why;
+  Settings s;
+  s.daemon = "connect";
+  setenv("XDG_RUNTIME_DIR", r.d.env().at("XDG_RUNTIME_DIR").c_str(), 1);
+  setenv("OFFLOAD_SOCKET", r.d.socket().c_str(), 1);
+  r.link = std::make_unique<DaemonLink>(s, "shim-attach-test");
+
+  AttachInfo info;
+  info.gpu = 2;
+  info.rank = 5;
+  info.local_rank = 1;
+  info.local_world = 2;
+  info.device_budget = 40 * kMiB;
+  info.gpu_id = "0000:3d:00.0";
+  // Before the link is up: remembered, and sent when it connects.
+  EXPECT_FALSE(r.link->attach(info, &why).has_value());
+  EXPECT_NE(why.find("not connected"), std::string::npos) << why;
+  EXPECT_FALSE(r.link->last_share().has_value());
+  ASSERT_TRUE(r.reconnect(&why)) << why;
+  auto share = r.link->last_share();
+  ASSERT_TRUE(share.has_value()) << "the attach was not sent on connecting";
+  EXPECT_EQ(share->gpus, 2u) << "local world 2: two GPUs, though one process attached so far";
+  EXPECT_EQ(share->fair_share, 256 * kMiB);
+  EXPECT_DOUBLE_EQ(share->h2d, 55.5);
+  EXPECT_DOUBLE_EQ(share->d2h, 54.0);
+  EXPECT_DOUBLE_EQ(share->both, 90.25);
+
+  proto::NodeHead head{};
+  std::vector<proto::ClientNode> cs;
+  ASSERT_TRUE(node_of(r.d, &head, &cs, &why)) << why;
+  ASSERT_NE(mine(cs), nullptr);
+  EXPECT_EQ(mine(cs)->gpu, 2);
+  EXPECT_EQ(mine(cs)->rank, 5);
+  EXPECT_EQ(mine(cs)->local_rank, 1);
+  EXPECT_EQ(mine(cs)->local_world, 2);
+  EXPECT_EQ(mine(cs)->device_budget, 40 * kMiB);
+  EXPECT_STREQ(mine(cs)->gpu_id, "0000:3d:00.0");
+  StatusView st;
+  ASSERT_TRUE(r.d.status(&st, &why)) << why;
+  ASSERT_NE(st.by_pid(getpid()), nullptr);
+  EXPECT_EQ(st.by_pid(getpid())->gpu, 2) << "status shows the attached GPU";
+
+  // Called again with other figures: replaced, and answered at once.
+  info.local_world = 0;
+  auto again = r.link->attach(info, &why);
+  ASSERT_TRUE(again.has_value()) << why;
+  EXPECT_EQ(again->gpus, 1u);
+  EXPECT_EQ(r.link->last_share()->gpus, 1u);
+
+  // A restarted daemon knows nothing of us until the link reconnects and attaches again.
+  kill(r.d.pid(), SIGKILL);
+  r.d.proc().kill_and_reap();
+  ASSERT_TRUE(r.d.start({"--node-link", "55.5,54,90.25"}, &why)) << why;
+  r.link->push(proto::Telemetry{});  // finds the hang-up
+  ASSERT_TRUE(r.reconnect(&why)) << why;
+  ASSERT_TRUE(node_of(r.d, &head, &cs, &why)) << why;
+  EXPECT_EQ(head.gpus, 1u);
+  ASSERT_NE(mine(cs), nullptr);
+  EXPECT_EQ(mine(cs)->rank, 5);
+  EXPECT_EQ(mine(cs)->local_world, 0);
+  EXPECT_STREQ(mine(cs)->gpu_id, "0000:3d:00.0");
+  ASSERT_TRUE(r.d.status(&st, &why)) << why;
+  ASSERT_NE(st.by_pid(getpid()), nullptr);
+  EXPECT_EQ(st.by_pid(getpid())->gpu, 2);
+}
+
+struct FakeRig {
+  TempDir dir;
+  FakeDaemon fake;
+  std::unique_ptr<DaemonLink> link;
+  int64_t now_ms = 0;
+
+  bool start(FakeDaemon::Mode mode, std::string* why) {
+    std::string xdg = dir.path() + "/xdg";
+    mkdir(xdg.c_str(), 0700);
+    if (!fake.start(dir.path() + "/fake.sock", mode, why)) return false;
+    setenv("XDG_RUNTIME_DIR", xdg.c_str(), 1);
+    setenv("OFFLOAD_SOCKET", fake.socket().c_str(), 1);
+    Settings s;
+    s.daemon = "connect";
+    link = std::make_unique<DaemonLink>(s, "shim-fake-test");
+    return reconnect(why);
+  }
+  bool reconnect(std::string* why) {
+    for (int i = 0; i < 50; ++i) {
+      if (link->poll(now_ms)) return true;
+      now_ms += 1000;
+      usleep(20000);
+    }
+    *why = "not connected: " + link->failure() + " / " + link->describe();
+    return false;
+  }
+};
+
+AttachInfo some_gpu() {
+  AttachInfo info;
+  info.gpu = 0;
+  info.rank = 0;
+  info.local_rank = 0;
+  info.local_world = 1;
+  info.gpu_id = "0000:1b:00.0";
+  return info;
+}
+
+TEST(ShimLinkIntegration, AnOlderDaemonIsNotSentAnAttachAndTheLinkCarriesOn) {
+  FakeRig r;
+  std::string why;
+  ASSERT_TRUE(r.start(FakeDaemon::Mode::Minor0, &why)) << why;
+  EXPECT_FALSE(r.link->attach(some_gpu(), &why).has_value());
+  EXPECT_NE(why.find("offloadd speaks protocol 1.0, which has no Attach"), std::string::npos) << why;
+  EXPECT_TRUE(r.link->connected()) << "an attach the daemon cannot take must not cost the connection";
+  auto e = r.link->lease(kMiB, &why);
+  ASSERT_TRUE(e.has_value()) << "the pool still works: " << why;
+  std::memset(e->host, 0x33, e->bytes);
+  r.link->release(*e);
+  // A reconnect (the daemon restarted) registers again and still sends no Attach.
+  r.fake.drop_all();
+  ASSERT_TRUE(poll_until(
+      [&] {
+        r.link->push(proto::Telemetry{});
+        return !r.link->connected();
+      },
+      5000));
+  ASSERT_TRUE(r.reconnect(&why)) << why;
+  EXPECT_TRUE(r.link->connected());
+  EXPECT_EQ(r.fake.count_of(proto::MsgType::Register), 2u);
+  EXPECT_EQ(r.fake.count_of(proto::MsgType::Attach), 0u) << "a 1.0 daemon would have closed the connection";
+  EXPECT_FALSE(r.link->last_share().has_value());
+  EXPECT_TRUE(r.link->lease(kMiB, &why).has_value()) << why;
+}
+
+TEST(ShimLinkIntegration, AnAttachAnsweredWithAnErrorLeavesTheLinkUp) {
+  FakeRig r;
+  std::string why;
+  ASSERT_TRUE(r.start(FakeDaemon::Mode::RefusesNode, &why)) << why;
+  EXPECT_FALSE(r.link->attach(some_gpu(), &why).has_value());
+  EXPECT_NE(why.find("attach refused by the fake"), std::string::npos) << why;
+  EXPECT_EQ(r.fake.count_of(proto::MsgType::Attach), 1u);
+  EXPECT_TRUE(r.link->connected());
+  auto e = r.link->lease(kMiB, &why);
+  ASSERT_TRUE(e.has_value()) << "the connection is still in step after the error: " << why;
+  r.link->release(*e);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <regex>
 
+#include "fake_daemon.h"
 #include "it_support.h"
 #include "json_mini.h"
 
@@ -138,8 +139,9 @@ TEST(StatusIntegration, OffloadctlAndMetricsShowALiveClient) {
   EXPECT_FALSE(find_line(body, "offload_pool_bytes " + std::to_string(256 * MiB), {}).empty()) << body;
   EXPECT_FALSE(find_line(body, "offload_pool_used_bytes " + std::to_string(10 * MiB), {}).empty()) << body;
   EXPECT_FALSE(find_line(body, "offload_clients 1", {}).empty()) << body;
+  EXPECT_FALSE(find_line(body, "offload_node_gpus 0", {}).empty()) << "registered, not attached: " << body;
   const std::string labels =
-      "{client=\"" + id + "\",pid=\"" + pid + "\",gpu=\"3\",command=\"it-client\"}";
+      "{client=\"" + id + "\",pid=\"" + pid + "\",gpu=\"3\",gpu_id=\"\",rank=\"\",command=\"it-client\"}";
   EXPECT_FALSE(find_line(body, "offload_client_leased_bytes" + labels + " " + std::to_string(10 * MiB), {}).empty())
       << body;
   EXPECT_FALSE(find_line(body, "offload_client_misses_total" + labels + " 2", {}).empty()) << body;
@@ -158,6 +160,145 @@ TEST(StatusIntegration, OffloadctlAndMetricsShowALiveClient) {
   EXPECT_NE(http_get(port, "/", &why).find("offload_pool_bytes"), std::string::npos);
   EXPECT_EQ(c.cmd("status").rfind("ok ", 0), 0u);
   EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
+// Two ranks of a job, attached on two GPUs, and a third process that never attached.
+TEST(StatusIntegration, OffloadctlAndMetricsShowRanksAndGpusOfAttachedClients) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({"--metrics-port", "0", "--node-link", "110.2,108.5,190"}, &why)) << why;
+  Proc r0, r1, other;
+  ASSERT_TRUE(d.client(&r0, &why, "train-r0", -1)) << why;
+  ASSERT_TRUE(d.client(&r1, &why, "train-r1", -1)) << why;
+  ASSERT_TRUE(d.client(&other, &why, "loner", 6)) << why;
+  for (Proc* p : {&r0, &r1, &other}) {
+    ASSERT_EQ(p->cmd("connect"), "ok");
+    ASSERT_EQ(p->cmd("register").rfind("ok ", 0), 0u);
+  }
+  ASSERT_EQ(r0.cmd("attach 0 0000:1b:00.0 0 0 2 " + std::to_string(40 * MiB)).rfind("ok 2 ", 0), 0u);
+  ASSERT_EQ(r1.cmd("attach 1 0000:2c:00.0 1 1 2 " + std::to_string(48 * MiB)).rfind("ok 2 ", 0), 0u);
+  const std::string p0 = std::to_string(r0.pid()), p1 = std::to_string(r1.pid()), po = std::to_string(other.pid());
+
+  RunResult r = d.offloadctl({"status", "--json", "--socket", d.socket()});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err << "\n" << r.out;
+  ASSERT_TRUE(j.has("node")) << r.out;
+  EXPECT_EQ(j["node"]["gpus"].text, "2");
+  EXPECT_EQ(j["node"]["link"]["h2d_gbps"].text, "110.2");
+  EXPECT_EQ(j["node"]["link"]["d2h_gbps"].text, "108.5");
+  EXPECT_EQ(j["node"]["link"]["both_gbps"].text, "190");
+  ASSERT_EQ(j["clients"].items.size(), 3u) << r.out;
+  std::map<std::string, const testing::Json*> by_pid;
+  for (auto& c : j["clients"].items) by_pid[c["pid"].text] = &c;
+  ASSERT_TRUE(by_pid.count(p0) && by_pid.count(p1) && by_pid.count(po)) << r.out;
+  const testing::Json& c0 = *by_pid[p0];
+  const testing::Json& c1 = *by_pid[p1];
+  const testing::Json& co = *by_pid[po];
+  EXPECT_EQ(c0["rank"].text, "0");
+  EXPECT_EQ(c0["local_rank"].text, "0");
+  EXPECT_EQ(c0["local_world"].text, "2");
+  EXPECT_EQ(c0["gpu_id"].text, "0000:1b:00.0");
+  EXPECT_EQ(c0["gpu"].text, "0") << "the attached GPU (Register said -1)";
+  EXPECT_EQ(c0["device_budget"].text, std::to_string(40 * MiB));
+  EXPECT_EQ(c1["rank"].text, "1");
+  EXPECT_EQ(c1["local_rank"].text, "1");
+  EXPECT_EQ(c1["gpu_id"].text, "0000:2c:00.0");
+  EXPECT_EQ(c1["gpu"].text, "1");
+  EXPECT_EQ(c1["device_budget"].text, std::to_string(48 * MiB));
+  EXPECT_EQ(co["rank"].text, "-1");
+  EXPECT_EQ(co["local_world"].text, "0");
+  EXPECT_EQ(co["gpu_id"].text, "");
+  EXPECT_EQ(co["gpu"].text, "6");
+  // The keys scripts already read are all still there.
+  for (const char* k : {"pid", "client_id", "command", "gpu", "connected", "leased_bytes", "fair_share_bytes",
+                        "resident_bytes", "evicted_bytes", "step", "step_ns", "exposed_stall_ns", "misses", "launches"})
+    EXPECT_TRUE(c0.has(k)) << k;
+  for (const char* k : {"version", "daemon_pid", "pool_bytes", "used_bytes", "free_bytes"}) EXPECT_TRUE(j.has(k)) << k;
+
+  r = d.offloadctl({"status", "--socket", d.socket()});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_NE(r.out.find("node: 2 GPUs share the host link; host link 110.2 GB/s H2D, 108.5 GB/s D2H, 190.0 GB/s "
+                       "both ways"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(find_line(r.out, "pid ", {"rank", "local", "gpu id"}), "") << r.out;
+  std::string row0 = find_line(r.out, p0 + " ", {"train-r0", " 0/2 ", "0000:1b:00.0"});
+  std::string row1 = find_line(r.out, p1 + " ", {"train-r1", " 1/2 ", "0000:2c:00.0"});
+  std::string rowo = find_line(r.out, po + " ", {"loner"});
+  EXPECT_FALSE(row0.empty()) << r.out;
+  EXPECT_FALSE(row1.empty()) << r.out;
+  ASSERT_FALSE(rowo.empty()) << r.out;
+  // rank, local and gpu id are the last three columns.
+  auto last3 = [](const std::string& row) {
+    auto w = split(row);
+    return w.size() >= 3 ? w[w.size() - 3] + " " + w[w.size() - 2] + " " + w[w.size() - 1] : std::string();
+  };
+  EXPECT_EQ(last3(row0), "0 0/2 0000:1b:00.0") << row0;
+  EXPECT_EQ(last3(row1), "1 1/2 0000:2c:00.0") << row1;
+  EXPECT_EQ(last3(rowo), "- - -") << rowo;
+
+  std::smatch m;
+  const std::regex port_re("metrics on 127\\.0\\.0\\.1:([0-9]+)");
+  std::string log = d.log();
+  ASSERT_TRUE(std::regex_search(log, m, port_re)) << log;
+  std::string resp = http_get(static_cast<uint16_t>(std::stoul(m[1].str())), "/metrics", &why);
+  EXPECT_FALSE(find_line(resp, "offload_node_gpus 2", {}).empty()) << resp;
+  EXPECT_FALSE(find_line(resp, "offload_client_leased_bytes{", {"pid=\"" + p1 + "\"", "gpu=\"1\"",
+                                                                "gpu_id=\"0000:2c:00.0\"", "rank=\"1\""})
+                   .empty())
+      << resp;
+  EXPECT_FALSE(find_line(resp, "offload_client_leased_bytes{", {"pid=\"" + po + "\"", "gpu_id=\"\"", "rank=\"\""})
+                   .empty())
+      << resp;
+
+  // A rank that goes away leaves the hint: still 2 (the job has two).
+  r1.kill_and_reap();
+  ASSERT_TRUE(poll_until(
+      [&] {
+        RunResult x = d.offloadctl({"status", "--json", "--socket", d.socket()});
+        return x.out.find("\"pid\":" + p1 + ",") == std::string::npos;
+      },
+      5000));
+  r = d.offloadctl({"status", "--json", "--socket", d.socket()});
+  j = testing::Json{};
+  ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err << "\n" << r.out;
+  EXPECT_EQ(j["node"]["gpus"].text, "2");
+  EXPECT_EQ(j["clients"].items.size(), 2u) << r.out;
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
+// offloadctl against a daemon of protocol 1.0 (no NodeQuery: it is not even sent, a 1.0
+// daemon would drop the connection) and one that refuses it: the status without the node.
+TEST(StatusIntegration, OffloadctlShowsAnOlderDaemonsStatusWithoutTheNode) {
+  for (auto mode : {FakeDaemon::Mode::Minor0, FakeDaemon::Mode::RefusesNode}) {
+    SCOPED_TRACE(mode == FakeDaemon::Mode::Minor0 ? "1.0" : "refuses NodeQuery");
+    TempDir dir;
+    ASSERT_TRUE(dir.ok());
+    FakeDaemon fake;
+    std::string why;
+    ASSERT_TRUE(fake.start(dir.path() + "/fake.sock", mode, &why)) << why;
+    std::map<std::string, std::string> env = {{"XDG_RUNTIME_DIR", dir.path()}, {"OFFLOAD_SOCKET", ""}};
+    RunResult r = run_program({OFFLOADCTL_BIN, "status", "--socket", fake.socket()}, env, dir.path());
+    EXPECT_EQ(r.exit_code(), 0) << r.err;
+    EXPECT_TRUE(r.err.empty()) << r.err;
+    EXPECT_NE(r.out.find("pool: 64.0 MiB"), std::string::npos) << r.out;
+    EXPECT_FALSE(find_line(r.out, "4242 ", {"fake-client"}).empty()) << r.out;
+    EXPECT_EQ(r.out.find("node:"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("gpu id"), std::string::npos) << r.out;
+    r = run_program({OFFLOADCTL_BIN, "status", "--json", "--socket", fake.socket()}, env, dir.path());
+    EXPECT_EQ(r.exit_code(), 0) << r.err;
+    testing::Json j;
+    std::string err;
+    ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err << "\n" << r.out;
+    EXPECT_FALSE(j.has("node")) << r.out;
+    ASSERT_EQ(j["clients"].items.size(), 1u);
+    EXPECT_FALSE(j["clients"].items[0].has("rank")) << r.out;
+    EXPECT_EQ(j["clients"].items[0]["gpu"].text, "5");
+    EXPECT_EQ(fake.count_of(proto::MsgType::StatusQuery), 2u);
+    EXPECT_EQ(fake.count_of(proto::MsgType::NodeQuery), mode == FakeDaemon::Mode::Minor0 ? 0u : 2u);
+  }
 }
 
 TEST(StatusIntegration, OffloadctlStopStopsTheDaemon) {

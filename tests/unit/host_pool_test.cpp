@@ -1,7 +1,10 @@
-// The shim's host pools without a daemon: the private fallback pool and pinning in chunks.
+// The shim's host pools without a daemon: the private fallback pool and pinning in chunks;
+// what the shim tells offloadd about its GPU and rank (attach_info_from_env).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -93,6 +96,80 @@ TEST(PrivatePool, AFailedPinLeavesItUnpinned) {
   PrivatePool pool(64ull << 20);
   EXPECT_FALSE(pool.pin([](void*, uint64_t) { return false; }));
   EXPECT_FALSE(pool.pinned());
+}
+
+using Env = std::map<std::string, std::string>;
+
+AttachInfo from(const Env& env) {
+  return attach_info_from_env(3, 40ull << 30, "0000:1b:00.0", [&](const char* k) -> const char* {
+    auto it = env.find(k);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(AttachInfoFromEnv, TorchrunsVariables) {
+  AttachInfo a = from({{"RANK", "5"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}, {"WORLD_SIZE", "8"}});
+  EXPECT_EQ(a.gpu, 3);
+  EXPECT_EQ(a.device_budget, 40ull << 30);
+  EXPECT_EQ(a.gpu_id, "0000:1b:00.0");
+  EXPECT_EQ(a.rank, 5);
+  EXPECT_EQ(a.local_rank, 1);
+  EXPECT_EQ(a.local_world, 4);
+  a = from({{"RANK", "0"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}});
+  EXPECT_EQ(a.rank, 0);
+  EXPECT_EQ(a.local_rank, 0);
+  EXPECT_EQ(a.local_world, 1);
+  a = from({{"LOCAL_WORLD_SIZE", std::to_string(proto::kMaxLocalWorld)}});
+  EXPECT_EQ(a.local_world, proto::kMaxLocalWorld);
+}
+
+TEST(AttachInfoFromEnv, UnsetMeansNone) {
+  AttachInfo a = from({});
+  EXPECT_EQ(a.rank, -1);
+  EXPECT_EQ(a.local_rank, -1);
+  EXPECT_EQ(a.local_world, 0);
+  EXPECT_EQ(a.gpu, 3) << "the caller's figures stay";
+  EXPECT_EQ(a.gpu_id, "0000:1b:00.0");
+}
+
+TEST(AttachInfoFromEnv, BadValuesCountAsUnsetAndNeverThrow) {
+  for (const std::string bad : {"", "-1", "abc", "1.5", " 2", "2 ", "+3", "0x10", "1e3", "99999999999",
+                                "2147483648", "18446744073709551617", "٣"}) {
+    SCOPED_TRACE("'" + bad + "'");
+    AttachInfo a;
+    ASSERT_NO_THROW(a = from({{"RANK", bad}, {"LOCAL_RANK", bad}, {"LOCAL_WORLD_SIZE", bad}}));
+    EXPECT_EQ(a.rank, -1);
+    EXPECT_EQ(a.local_rank, -1);
+    EXPECT_EQ(a.local_world, 0);
+  }
+  // A world of none, or of more than the protocol takes.
+  EXPECT_EQ(from({{"LOCAL_WORLD_SIZE", "0"}}).local_world, 0);
+  EXPECT_EQ(from({{"LOCAL_WORLD_SIZE", std::to_string(proto::kMaxLocalWorld + 1)}}).local_world, 0);
+  // The largest rank an int holds is still a rank.
+  EXPECT_EQ(from({{"RANK", "2147483647"}}).rank, 2147483647);
+  // One bad variable does not spoil the others.
+  AttachInfo a = from({{"RANK", "x"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "3"}});
+  EXPECT_EQ(a.rank, -1);
+  EXPECT_EQ(a.local_rank, 2);
+  EXPECT_EQ(a.local_world, 3);
+}
+
+TEST(AttachInfoFromEnv, ReadsTheProcessEnvironment) {
+  setenv("RANK", "7", 1);
+  setenv("LOCAL_RANK", "3", 1);
+  setenv("LOCAL_WORLD_SIZE", "8", 1);
+  AttachInfo a = attach_info_from_env(1, 0, "0000:2c:00.0");
+  unsetenv("RANK");
+  unsetenv("LOCAL_RANK");
+  unsetenv("LOCAL_WORLD_SIZE");
+  EXPECT_EQ(a.gpu, 1);
+  EXPECT_EQ(a.rank, 7);
+  EXPECT_EQ(a.local_rank, 3);
+  EXPECT_EQ(a.local_world, 8);
+  EXPECT_EQ(a.gpu_id, "0000:2c:00.0");
+  a = attach_info_from_env(1, 0, "");
+  EXPECT_EQ(a.rank, -1);
+  EXPECT_EQ(a.local_world, 0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <string>
@@ -70,6 +71,102 @@ TEST(Protocol, EveryMessageRoundTrips) {
   round_trip<MsgType::StatusQuery>(10);
   round_trip<MsgType::Shutdown>(11);
   round_trip<MsgType::Error>(0xFFFFFFFFFFFFFFFFull);
+  round_trip<MsgType::Attach>(12);
+  round_trip<MsgType::AttachReply>(13);
+  round_trip<MsgType::NodeQuery>(14);
+}
+
+// Minor 1 adds types and changes no payload of minor 0: the wire numbers and sizes are
+// pinned here as well as by the header's static_asserts.
+TEST(Protocol, MinorOneAddsTheNodeMessages) {
+  EXPECT_EQ(kMajor, 1);
+  EXPECT_EQ(kMinor, 1);
+  EXPECT_EQ(kMinorNode, 1);
+  EXPECT_EQ(static_cast<int>(MsgType::Attach), 14);
+  EXPECT_EQ(static_cast<int>(MsgType::AttachReply), 15);
+  EXPECT_EQ(static_cast<int>(MsgType::NodeQuery), 16);
+  EXPECT_EQ(static_cast<int>(MsgType::NodeReply), 17);
+  EXPECT_EQ(payload_size(14), 56u);
+  EXPECT_EQ(payload_size(15), 40u);
+  EXPECT_EQ(payload_size(16), 8u);
+  EXPECT_EQ(payload_size(17), 0u) << "variable";
+  EXPECT_EQ(offsetof(Attach, device_budget), 16u);
+  EXPECT_EQ(offsetof(Attach, gpu_id), 24u);
+  EXPECT_EQ(offsetof(AttachReply, link), 16u);
+  EXPECT_EQ(offsetof(NodeHead, link), 8u);
+  EXPECT_EQ(offsetof(ClientNode, device_budget), 24u);
+  EXPECT_EQ(offsetof(ClientNode, gpu_id), 32u);
+  // Minor 0's payloads are unchanged.
+  EXPECT_EQ(payload_size(static_cast<uint16_t>(MsgType::Register)), 96u);
+  EXPECT_EQ(payload_size(static_cast<uint16_t>(MsgType::Error)), 128u);
+  EXPECT_EQ(sizeof(ClientStatus), 152u);
+  EXPECT_EQ(sizeof(StatusHead), 32u);
+  // A frame of minor 0 is still taken.
+  FrameHeader h = make_header(MsgType::Lease, sizeof(Lease), 1);
+  h.minor = 0;
+  EXPECT_EQ(check_header(h), HeaderError::None);
+}
+
+TEST(Protocol, NodeReplyRoundTripsForAnyCount) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{kMaxClients}}) {
+    SCOPED_TRACE(n);
+    NodeHead head = sample<NodeHead>(9);
+    head.clients = 999;  // encode_node takes the count from the entries
+    std::vector<ClientNode> cs;
+    for (size_t i = 0; i < n; ++i) cs.push_back(sample<ClientNode>(static_cast<unsigned char>(i)));
+    auto frame = encode_node(78, head, cs);
+    FrameHeader h = header_of(frame);
+    std::string why;
+    ASSERT_EQ(check_header(h, &why), HeaderError::None) << why;
+    EXPECT_EQ(h.type, static_cast<uint16_t>(MsgType::NodeReply));
+    EXPECT_EQ(h.minor, kMinor);
+    EXPECT_EQ(h.length, sizeof(NodeHead) + n * sizeof(ClientNode));
+    NodeHead out{};
+    std::vector<ClientNode> outs(5);
+    ASSERT_TRUE(read_node(frame.data() + sizeof h, h.length, &out, &outs));
+    EXPECT_EQ(out.clients, n);
+    EXPECT_EQ(out.gpus, head.gpus);
+    EXPECT_EQ(std::memcmp(&out.link, &head.link, sizeof(NodeLink)), 0);
+    ASSERT_EQ(outs.size(), n);
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(std::memcmp(&outs[i], &cs[i], sizeof(ClientNode)), 0) << i;
+  }
+  // More entries than a frame may carry: the first kMaxClients go, and the count says so.
+  std::vector<ClientNode> many(kMaxClients + 5, sample<ClientNode>(1));
+  auto frame = encode_node(1, NodeHead{}, many);
+  FrameHeader h = header_of(frame);
+  ASSERT_EQ(check_header(h), HeaderError::None);
+  NodeHead out{};
+  std::vector<ClientNode> outs;
+  ASSERT_TRUE(read_node(frame.data() + sizeof h, h.length, &out, &outs));
+  EXPECT_EQ(outs.size(), kMaxClients);
+}
+
+TEST(Protocol, ReadNodeRejectsInconsistentCounts) {
+  const size_t head = sizeof(NodeHead), entry = sizeof(ClientNode);
+  auto payload = [&](uint32_t count, size_t entries) {
+    std::vector<unsigned char> v(head + entries * entry, 0);
+    NodeHead h{};
+    h.clients = count;
+    std::memcpy(v.data(), &h, sizeof h);
+    return v;
+  };
+  NodeHead h{};
+  std::vector<ClientNode> cs;
+  EXPECT_TRUE(read_node(payload(2, 2).data(), head + 2 * entry, &h, &cs));
+  EXPECT_EQ(cs.size(), 2u);
+  EXPECT_FALSE(read_node(payload(2, 1).data(), head + entry, &h, &cs));
+  EXPECT_FALSE(read_node(payload(0, 1).data(), head + entry, &h, &cs));
+  EXPECT_FALSE(read_node(payload(1, 0).data(), head, &h, &cs));
+  auto v = payload(1, 1);
+  EXPECT_FALSE(read_node(v.data(), head + entry - 1, &h, &cs));
+  EXPECT_FALSE(read_node(v.data(), head - 1, &h, &cs));
+  EXPECT_FALSE(read_node(v.data(), 0, &h, &cs));
+  auto big = payload(kMaxClients + 1, kMaxClients + 1);
+  EXPECT_FALSE(read_node(big.data(), big.size(), &h, &cs));
+  for (uint32_t count : {0xFFFFFFFFu, 0x80000000u, 0x04000001u}) {
+    auto w = payload(count, 1);
+    EXPECT_FALSE(read_node(w.data(), w.size(), &h, &cs)) << count;
+  }
 }
 
 TEST(Protocol, StatusReplyRoundTripsForAnyCount) {
@@ -117,6 +214,17 @@ TEST(Protocol, ReadPayloadTerminatesEveryString) {
   ASSERT_TRUE(read_status(st.data(), st.size(), &h, &cs));
   ASSERT_EQ(cs.size(), 1u);
   EXPECT_EQ(std::strlen(cs[0].command), sizeof cs[0].command - 1);
+  Attach a;
+  ASSERT_TRUE(read_payload(raw.data(), sizeof a, &a));
+  EXPECT_EQ(std::strlen(a.gpu_id), sizeof a.gpu_id - 1);
+  std::vector<unsigned char> nd(sizeof(NodeHead) + 2 * sizeof(ClientNode), 'x');
+  NodeHead nh{};
+  nh.clients = 2;
+  std::memcpy(nd.data(), &nh, sizeof nh);
+  std::vector<ClientNode> ns;
+  ASSERT_TRUE(read_node(nd.data(), nd.size(), &nh, &ns));
+  ASSERT_EQ(ns.size(), 2u);
+  for (auto& n : ns) EXPECT_EQ(std::strlen(n.gpu_id), sizeof n.gpu_id - 1);
 }
 
 FrameHeader good(MsgType t) { return make_header(t, static_cast<uint32_t>(payload_size(static_cast<uint16_t>(t))), 1); }
@@ -145,7 +253,7 @@ TEST(Protocol, CheckHeaderRejectsEachErrorClass) {
   h.minor = 0xFFFF;
   EXPECT_EQ(check_header(h), HeaderError::None);
 
-  for (uint16_t type : {uint16_t{0}, uint16_t{14}, uint16_t{100}, uint16_t{0xFFFF}}) {
+  for (uint16_t type : {uint16_t{0}, uint16_t{18}, uint16_t{100}, uint16_t{0xFFFF}}) {
     h = good(MsgType::Lease);
     h.type = type;
     why.clear();
@@ -154,8 +262,8 @@ TEST(Protocol, CheckHeaderRejectsEachErrorClass) {
   }
 
   // Every fixed-size type: exactly its size, nothing else.
-  for (uint16_t t = 1; t <= 13; ++t) {
-    if (t == static_cast<uint16_t>(MsgType::StatusReply)) continue;
+  for (uint16_t t = 1; t <= static_cast<uint16_t>(MsgType::NodeReply); ++t) {
+    if (t == static_cast<uint16_t>(MsgType::StatusReply) || t == static_cast<uint16_t>(MsgType::NodeReply)) continue;
     size_t n = payload_size(t);
     ASSERT_GT(n, 0u) << t;
     h = make_header(static_cast<MsgType>(t), static_cast<uint32_t>(n), 1);
@@ -181,6 +289,21 @@ TEST(Protocol, CheckHeaderRejectsEachErrorClass) {
     why.clear();
     EXPECT_EQ(check_header(h, &why), HeaderError::BadLength) << len;
     EXPECT_NE(why.find("status reply length"), std::string::npos) << why;
+  }
+
+  // NodeReply: the same rule with its own head and entries.
+  const uint64_t nhead = sizeof(NodeHead), nentry = sizeof(ClientNode);
+  h = make_header(MsgType::NodeReply, 0, 1);
+  for (uint64_t len : {nhead, nhead + nentry, nhead + kMaxClients * nentry}) {
+    h.length = static_cast<uint32_t>(len);
+    EXPECT_EQ(check_header(h), HeaderError::None) << len;
+  }
+  for (uint64_t len : {uint64_t{0}, nhead - 1, nhead + 1, nhead + nentry - 1, nhead + nentry + 1,
+                       nhead + (kMaxClients + 1) * nentry, uint64_t{0xFFFFFFFF}}) {
+    h.length = static_cast<uint32_t>(len);
+    why.clear();
+    EXPECT_EQ(check_header(h, &why), HeaderError::BadLength) << len;
+    EXPECT_NE(why.find("node reply length"), std::string::npos) << why;
   }
 }
 
@@ -238,6 +361,11 @@ std::vector<std::vector<unsigned char>> all_frames() {
   v.push_back(encode_status(12, sample<StatusHead>(12), {}));
   v.push_back(encode(MsgType::Shutdown, 13, sample<Shutdown>(13)));
   v.push_back(encode(MsgType::Error, 14, sample<Error>(14)));
+  v.push_back(encode(MsgType::Attach, 15, sample<Attach>(15)));
+  v.push_back(encode(MsgType::AttachReply, 16, sample<AttachReply>(16)));
+  v.push_back(encode(MsgType::NodeQuery, 17, sample<NodeQuery>(17)));
+  v.push_back(encode_node(18, sample<NodeHead>(18), {sample<ClientNode>(1), sample<ClientNode>(2)}));
+  v.push_back(encode_node(19, sample<NodeHead>(19), {}));
   return v;
 }
 
@@ -334,6 +462,7 @@ TEST(FrameReader, PoisonsOnABadHeader) {
   FrameReader r3;
   FrameHeader other = make_header(MsgType::Lease, sizeof(Lease), 1);
   other.major = 2;
+  other.minor = 0;
   r3.feed(&other, sizeof other);
   EXPECT_FALSE(r3.next(&h, &p));
   EXPECT_TRUE(r3.failed());
