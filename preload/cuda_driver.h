@@ -22,6 +22,7 @@ class CudaDriver final : public Driver {
   uint64_t vmm_granularity() override;
   uint64_t device_total_bytes() override;
   std::string gpu_id() override;
+  uint64_t pool_reserved_high() override;
   // The device of the first context seen (-1 until one is known); cached, as are its fixed
   // properties.
   int device();

@@ -173,6 +173,20 @@ void Runtime::plan_from(const StepTrace& t) {
   o.budget = settings_.budget_bytes(total);
   if (!o.budget) return say("the GPU's memory size is unknown: OFFLOAD_DEVICE_BUDGET as a fraction cannot apply");
   if (uint64_t g = driver_.vmm_granularity()) o.granularity = g;
+  // What the allocator holds for the step's live bytes, measured once before the first plan
+  // (the default pool's high-water mark against the step's peak), never below the model's.
+  // Under FSDP2 it held 1.33x (several streams; 7afa059), where the model's 1.15 had the
+  // plan think a budget was met that was not.
+  if (pool_overhead_ <= 0) {
+    pool_overhead_ = o.pool_overhead;
+    const uint64_t reserved = driver_.pool_reserved_high(), live = step_facts(t, o.min_bytes).peak;
+    if (reserved && live)
+      pool_overhead_ = std::clamp(static_cast<double>(reserved) / static_cast<double>(live), o.pool_overhead, 2.0);
+    if (pool_overhead_ > o.pool_overhead)
+      log().info("the allocator holds {:.2f}x the step's live bytes ({:.2f} GiB for {:.2f} GiB): planning with that",
+                 pool_overhead_, static_cast<double>(reserved) / (1 << 30), static_cast<double>(live) / (1 << 30));
+  }
+  o.pool_overhead = pool_overhead_;
   if (host_) {
     pool->release(*host_);
     host_.reset();
@@ -183,7 +197,13 @@ void Runtime::plan_from(const StepTrace& t) {
   PlannerOptions po;
   po.budget = o.budget;
   po.granularity = o.granularity;
+  po.pool_overhead = o.pool_overhead;
+  if (timed) {
+    share_ = node_share(o.budget);
+    po.link = share_link(LinkModel{}, NodeLinkSums{share_.h2d, share_.d2h, share_.both}, share_.gpus);
+  }
   po.link.scale = link_scale_;
+  planned_link_ = po.link;
   // Lateness is per launch position: it means nothing for a step of another shape.
   if (!planned_.tokens.empty() && planned_.tokens != last_tokens_) late_at_.clear();
   po.link.late_at = late_at_;
@@ -234,6 +254,23 @@ void Runtime::plan_from(const StepTrace& t) {
     return;
   }
   say("not offloading: the host pool has no room (OFFLOAD_HOST_POOL)");
+}
+
+NodeShare Runtime::node_share(uint64_t budget) {
+  if (private_pool_ || !link_.connected()) return NodeShare{};
+  std::string why;
+  std::optional<NodeShare> s = link_.attach(attach_info_from_env(driver_.device(), budget, driver_.gpu_id()), &why);
+  if (!s) {
+    if (why != share_note_) log().info("offloadd: {}; planning with this GPU's link alone", why);
+    share_note_ = why;
+    return NodeShare{};
+  }
+  if (s->gpus != share_.gpus && s->h2d > 0)
+    log().info("{} GPU(s) of this node share the host link ({:.1f} GB/s H2D, {:.1f} D2H, {:.1f} both ways, summed)",
+               s->gpus, s->h2d, s->d2h, s->both);
+  else if (s->gpus != share_.gpus)
+    log().info("{} GPU(s) of this node share the host link (its sums not measured: offloadd --node-link)", s->gpus);
+  return *s;
 }
 
 void Runtime::watch_plan(const StepTrace& t) {
@@ -435,7 +472,10 @@ std::string Runtime::executor_json() {
      << ",\"lower_bound_ns\":" << predicted_.lower_bound_ns << ",\"forward_ns\":" << predicted_.forward_ns
      << ",\"backward_ns\":" << predicted_.backward_ns << ",\"bytes_moved\":" << predicted_.bytes_out << ",\"hidden_bytes\":" << hidden_bytes_
      << ",\"hidden_peak\":" << hidden_peak_ << ",\"predicted_peak\":" << planned_.predicted_peak
-     << ",\"link_scale\":" << link_scale_ << ",\"revisions\":" << (watch_ ? watch_->revisions() : 0) << "}";
+     << ",\"link_scale\":" << link_scale_ << ",\"revisions\":" << (watch_ ? watch_->revisions() : 0)
+     << ",\"pool_overhead\":" << pool_overhead_ << ",\"link\":{\"gpus\":" << share_.gpus << ",\"h2d\":" << planned_link_.h2d << ",\"d2h\":" << planned_link_.d2h
+     << ",\"h2d_shared\":" << planned_link_.h2d_shared << ",\"d2h_shared\":" << planned_link_.d2h_shared << "}}"
+     << ",\"host_bytes\":" << (host_ ? host_->bytes : 0);
   const double ns = ns_per_tsc_cycle();
   os << ",\"gate_ns_mean\":"
      << (x.gate_calls ? static_cast<double>(x.gate_cycles - x.gate_wait_cycles) * ns / static_cast<double>(x.gate_calls) : 0.0)

@@ -84,6 +84,8 @@ class Runtime {
   // A step run under the planner's plan: revises the plan when steps keep running slower
   // than predicted (the link is slower than the model says).
   void watch_plan(const StepTrace& t);
+  // GPUs of this node sharing the host link (offloadd counts them; asked at each plan).
+  NodeShare node_share(uint64_t budget);
   std::string executor_json();
 
   Settings settings_;
@@ -101,6 +103,10 @@ class Runtime {
   Prediction predicted_;
   uint64_t hidden_bytes_ = 0, hidden_peak_ = 0;  // the largest offload the compute hides
   double link_scale_ = 1.0;              // the link as measured against the planner's model
+  NodeShare share_;                      // GPUs sharing the host link, from offloadd
+  std::string share_note_;               // why offloadd gave no share, said once
+  LinkModel planned_link_;               // the link the last plan was made for
+  double pool_overhead_ = 0;             // allocator bytes per live byte; 0 until measured
   std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
   std::vector<std::pair<int64_t, int64_t>> late_at_;  // per-boundary lateness measured so far
   CuptiTelemetry telemetry_;

@@ -59,6 +59,9 @@ class Driver {
   virtual uint64_t device_total_bytes() = 0;
   // A node-unique name of the device (its PCI bus id, "0000:1b:00.0"); "" if unknown.
   virtual std::string gpu_id() { return {}; }
+  // The high-water mark of memory reserved by the device's default stream-ordered pool (the
+  // one cudaMallocAsync draws from), bytes; 0 if unknown.
+  virtual uint64_t pool_reserved_high() { return 0; }
   // A reserved, unbacked virtual range of `bytes` (a multiple of the granularity); 0 on failure.
   virtual DevPtr reserve(uint64_t bytes) = 0;
   virtual void unreserve(DevPtr va, uint64_t bytes) = 0;

@@ -4,10 +4,11 @@
 # uncommitted changes), for scripts/gpu/run.sh on the GPU machine (carry [".carry"]).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_TESTS=OFF > /dev/null
-cmake --build "$root/build" -j"$(nproc)" --target offload offloadd offloadctl
+build=${BUILD_DIR:-$root/build-release}  # not build/: a test build may be running there
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_TESTS=OFF > /dev/null
+cmake --build "$build" -j"$(nproc)" --target offload offloadd offloadctl
 mkdir -p "$root/.carry/bin"
-for f in liboffload.so offloadd offloadctl; do strip -o "$root/.carry/bin/$f" "$root/build/$f"; done
+for f in liboffload.so offloadd offloadctl; do strip -o "$root/.carry/bin/$f" "$build/$f"; done
 commit=$(git -C "$root" rev-parse HEAD)
 [ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ] || commit="$commit+dirty"
 echo "$commit" > "$root/.carry/commit"

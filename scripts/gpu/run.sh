@@ -24,6 +24,7 @@
 #                                   reference run (budget 50% of plain's footprint; < 10 min)
 #   scripts/gpu/run.sh multigpu_smoke  several GPUs, small shapes: DDP and FSDP2 (checkpointed)
 #                                   reference, plain vs offload, one offloadd (< 4 min)
+#   scripts/gpu/run.sh multigpu_fsdp  only multigpu's FSDP2 pair ($MULTIGPU_NODE_LINK: --node-link)
 #   scripts/gpu/run.sh multigpu     several GPUs (all visible, or $MULTIGPU_N): the link with
 #                                   all GPUs copying at once; DDP reference at 75% and FSDP2
 #                                   reference (checkpointed) at 90%, plain vs offload under one
@@ -392,7 +393,7 @@ case $plan in
     sanitize sanitize_synccheck synccheck 4
     "$ctl" stop > /dev/null 2>&1
     ;;
-  multigpu_smoke | multigpu)
+  multigpu_smoke | multigpu | multigpu_fsdp)
     # Several GPUs of one node, one offloadd for all ranks (started here, OFFLOAD_DAEMON=connect).
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     ngpu=$(nvidia-smi -L | wc -l)
@@ -403,6 +404,9 @@ case $plan in
     small=(); node_link=()
     if [ "$plan" = multigpu_smoke ]; then
       small=(--small); d=(--deterministic --steps 4 --warmup 8 --mark-steps)
+    elif [ "$plan" = multigpu_fsdp ]; then
+      d=(--deterministic --steps 20 --warmup 8 --mark-steps)
+      [ -n "${MULTIGPU_NODE_LINK:-}" ] && node_link=(--node-link "$MULTIGPU_NODE_LINK")
     else
       d=(--deterministic --steps 20 --warmup 8 --mark-steps)
       python3 "$root/scripts/bench/link.py" --gpus "$n" > "$work/link_multi.json" 2> "$work/link_multi.log"
@@ -431,7 +435,7 @@ case $plan in
       tail -n 30 "$work/${name}_offload.status.txt"
       for r in $(seq 0 $((n - 1))); do check_pair "${name}_plain-rank$r" "${name}_offload-rank$r"; done
     }
-    pair ddp ddp reference 0.75
+    [ "$plan" = multigpu_fsdp ] || pair ddp ddp reference 0.75
     # FSDP2 with activation checkpointing: what stays is each block's input (64 MiB a block on
     # the reference shapes) and the sharded states; 90% of plain's footprint.
     pair fsdp fsdp reference 0.9 --mode ckpt
@@ -472,7 +476,7 @@ case $plan in
       cat "$work/multigpu.md"
     fi
     ;;
-  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final, executor_smoke, executor, executor_compiled, planner, sanitize_small, sanitize, multigpu_smoke, multigpu)" >&2; exit 2 ;;
+  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final, executor_smoke, executor, executor_compiled, planner, sanitize_small, sanitize, multigpu_smoke, multigpu, multigpu_fsdp)" >&2; exit 2 ;;
 esac
 
 for base in "$work"/*_det_a.json; do
