@@ -5,6 +5,9 @@
       [--compile] [--deterministic] [--route {1,2}] [--mark-steps] [--json-out FILE] [--small]
       [--dist {ddp,fsdp}]
 
+--workload lora --mode stream: the hand-written weight-streaming baseline (weight_stream.py;
+ring size from $WEIGHT_STREAM_RING, default 3), eager and on one GPU only.
+
 Route 1 (default): the caller sets PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (and
 LD_PRELOAD=liboffload.so for an offload run). Route 2: PyTorch's allocator is replaced by
 liboffload's CUDAPluggableAllocator pair, loaded from $OFFLOAD_LIB. An offload run also sets
@@ -40,8 +43,8 @@ def log(*a):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workload", required=True, choices=("reference", "convnet", "llama"))
-    p.add_argument("--mode", default="plain", choices=("plain", "ckpt", "save_on_cpu"))
+    p.add_argument("--workload", required=True, choices=("reference", "convnet", "llama", "lora"))
+    p.add_argument("--mode", default="plain", choices=("plain", "ckpt", "save_on_cpu", "stream"))
     p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before (default 3)")
     p.add_argument("--compile", action="store_true", help="torch.compile(model)")
@@ -60,6 +63,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.mode == "stream" and args.workload != "lora":
+        p.error("--mode stream (weight streaming) is only for --workload lora")
+    if args.mode == "stream" and (args.compile or args.dist):
+        p.error("--mode stream runs eager on one GPU (no --compile, no --dist)")
     return args
 
 
@@ -283,8 +290,13 @@ def main(argv=None):
         args.workload, args.mode, args.small, args.seed, data_seed=args.seed + 1000 * rank)
     if args.dist:
         model = shard_model(model, args.dist, device)
-    params = list(model.parameters())
+    # The parameters that train: all of them, except lora's frozen base (the gradient hash and
+    # the optimizer cover these only).
+    all_params = list(model.parameters())
+    params = [p for p in all_params if p.requires_grad]
     opt = make_optimizer(params)
+    stream = getattr(model, "weight_stream", None)
+    stream_info = stream.info() if stream is not None else None
     run_model = torch.compile(model) if args.compile else model
 
     backend = "pluggable:liboffload" if args.route == 2 else torch.cuda.get_allocator_backend()
@@ -304,7 +316,14 @@ def main(argv=None):
         log("--mark-steps: liboffload is not loaded, nothing to mark")
     log(f"workload={args.workload} mode={args.mode} compile={args.compile} deterministic={args.deterministic} "
         f"route={args.route} backend={backend} shim={'yes' if shim.loaded else 'no'} small={args.small} "
-        f"params={sum(p.numel() for p in params)}" + (f" dist={args.dist} rank={rank}/{world}" if args.dist else ""))
+        f"params={sum(p.numel() for p in all_params)} trainable={sum(p.numel() for p in params)}"
+        + (f" dist={args.dist} rank={rank}/{world}" if args.dist else ""))
+    if stream_info:
+        log(f"weight stream: {stream_info['blocks']} blocks, {stream_info['streamed_params']} streamed params, "
+            f"ring {stream_info['ring']} x {stream_info['slot_bytes'] / 2**30:.3f} GiB = "
+            f"{stream_info['ring_bytes'] / 2**30:.2f} GiB on the device, {stream_info['host_bytes'] / 2**30:.2f} GiB "
+            f"pinned on the host, {stream_info['copies_per_step']} copies = "
+            f"{stream_info['h2d_bytes_per_step'] / 2**30:.2f} GiB H2D a step")
 
     total = args.warmup + args.steps
     losses = torch.zeros(total, dtype=torch.float32, device="cuda")
@@ -414,6 +433,9 @@ def main(argv=None):
         "torch_version": torch.__version__,
         "gpu": torch.cuda.get_device_name(device),
         "dist": args.dist,
+        "params": sum(p.numel() for p in all_params),
+        "trainable_params": sum(p.numel() for p in params),
+        "weight_stream": stream_info,
         "rank": rank,
         "world_size": world,
         "shim": shim_stats,

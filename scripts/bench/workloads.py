@@ -6,17 +6,22 @@ Each builder returns (model, make_batch, loss_fn, make_optimizer):
   make_optimizer(params) -> torch.optim.Optimizer
 
 Modes: plain | ckpt (non-reentrant activation checkpointing per block / stage) |
-save_on_cpu (forward + loss under torch.autograd.graph.save_on_cpu(pin_memory=True)).
+save_on_cpu (forward + loss under torch.autograd.graph.save_on_cpu(pin_memory=True)) |
+stream (`lora` only: ckpt, the blocks' frozen weights streamed from pinned host memory through
+a ring of device slots; weight_stream.py, ring size from $WEIGHT_STREAM_RING, default 3).
 Weights are built from code with torch.manual_seed(seed); nothing is downloaded.
 """
+
+import math
+import os
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-WORKLOADS = ("reference", "convnet", "llama")
-MODES = ("plain", "ckpt", "save_on_cpu")
+WORKLOADS = ("reference", "convnet", "llama", "lora")
+MODES = ("plain", "ckpt", "save_on_cpu", "stream")
 DEVICE = "cuda"
 
 
@@ -34,17 +39,18 @@ def _batch_generator(seed):
 # --------------------------------------------------------------------------- reference
 
 class Block(nn.Module):
-    """Pre-LN transformer block: causal SDPA attention + 4x GELU MLP, residuals."""
+    """Pre-LN transformer block: causal SDPA attention + 4x GELU MLP, residuals.
+    `linear` builds the four projections (nn.Linear; LoRALinear for `lora`)."""
 
-    def __init__(self, d, heads, **dd):
+    def __init__(self, d, heads, linear=nn.Linear, **dd):
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(d, **dd)
-        self.qkv = nn.Linear(d, 3 * d, **dd)
-        self.proj = nn.Linear(d, d, **dd)
+        self.qkv = linear(d, 3 * d, **dd)
+        self.proj = linear(d, d, **dd)
         self.ln2 = nn.LayerNorm(d, **dd)
-        self.fc1 = nn.Linear(d, 4 * d, **dd)
-        self.fc2 = nn.Linear(4 * d, d, **dd)
+        self.fc1 = linear(d, 4 * d, **dd)
+        self.fc2 = linear(4 * d, d, **dd)
 
     def forward(self, x):
         b, t, d = x.shape
@@ -56,11 +62,11 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, vocab, d, heads, layers, ckpt=False, **dd):
+    def __init__(self, vocab, d, heads, layers, ckpt=False, linear=nn.Linear, **dd):
         super().__init__()
         self.ckpt = ckpt
         self.embed = nn.Embedding(vocab, d, **dd)
-        self.blocks = nn.ModuleList(Block(d, heads, **dd) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, linear=linear, **dd) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d, **dd)
         self.head = nn.Linear(d, vocab, bias=False, **dd)
 
@@ -181,9 +187,66 @@ def build_llama(mode, small, seed):
     return model, make_batch, loss_fn, make_optimizer
 
 
+# --------------------------------------------------------------------------- lora
+
+LORA_RANK, LORA_ALPHA = 16, 32
+
+
+class LoRALinear(nn.Module):
+    """A frozen base weight (no bias) plus a trainable rank-r adapter:
+    y = x W^T + (x A^T) B^T * (alpha / r); W as nn.Linear initialises it, A (r x in) as PEFT
+    does (both from the seeded RNG), B (out x r) zero."""
+
+    def __init__(self, d_in, d_out, rank=LORA_RANK, alpha=LORA_ALPHA, **dd):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in, **dd), requires_grad=False)
+        self.lora_a = nn.Parameter(torch.empty(rank, d_in, **dd))
+        self.lora_b = nn.Parameter(torch.zeros(d_out, rank, **dd))
+        self.scale = alpha / rank
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
+
+    def forward(self, x):
+        return F.linear(x, self.weight) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
+
+
+def build_lora(mode, small, seed):
+    """The reference architecture with every block Linear a LoRALinear (rank 16, alpha 32);
+    only the adapters train (embedding, LayerNorms, head and base weights frozen). Full shapes:
+    d=6144, 48 heads, 44 blocks, vocab 32000, 4 x 4096 tokens: 12 d^2 44 + 2 vocab d =
+    20,324,548,608 frozen bf16 weights (40.6 GB), 69,206,016 adapter parameters. `stream`
+    is `ckpt` with the blocks' base weights streamed by weight_stream.WeightStream."""
+    vocab, d, heads, layers, batch, seq = (8000, 512, 8, 4, 2, 256) if small else (32000, 6144, 48, 44, 4, 4096)
+    model = Transformer(vocab, d, heads, layers, ckpt=(mode in ("ckpt", "stream")), linear=LoRALinear,
+                        device=DEVICE, dtype=torch.bfloat16)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.endswith((".lora_a", ".lora_b")))
+    model.train()
+    if mode == "stream":
+        import weight_stream
+
+        ring = int(os.environ.get("WEIGHT_STREAM_RING", "3"))
+        model.weight_stream = weight_stream.WeightStream(model.blocks, ("qkv", "proj", "fc1", "fc2"), ring)
+    gen = _batch_generator(seed)
+
+    def make_batch(step):
+        tok = torch.randint(0, vocab, (batch, seq + 1), generator=gen(step), device=DEVICE)
+        return tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+
+    def loss_fn(m, inputs):
+        idx, tgt = inputs
+        logits = m(idx)
+        return F.cross_entropy(logits.view(-1, vocab), tgt.view(-1))
+
+    def make_optimizer(params):
+        return torch.optim.AdamW([p for p in params if p.requires_grad], lr=1e-4)
+
+    return model, make_batch, loss_fn, make_optimizer
+
+
 # --------------------------------------------------------------------------- entry point
 
-_BUILDERS = {"reference": build_reference, "convnet": build_convnet, "llama": build_llama}
+_BUILDERS = {"reference": build_reference, "convnet": build_convnet, "llama": build_llama, "lora": build_lora}
 
 
 def build(name, mode="plain", small=False, seed=0, data_seed=None):
@@ -193,6 +256,8 @@ def build(name, mode="plain", small=False, seed=0, data_seed=None):
         raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+    if mode == "stream" and name != "lora":
+        raise ValueError(f"mode 'stream' (weight streaming) is only for the lora workload, not {name!r}")
     torch.manual_seed(seed)
     model, make_batch, loss_fn, make_optimizer = _BUILDERS[name](mode, small, seed if data_seed is None else data_seed)
     if mode == "save_on_cpu":

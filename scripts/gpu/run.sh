@@ -31,6 +31,10 @@
 #                                   offloadd with the measured --node-link; DDP again planned
 #                                   without it; then a pool smaller than the ranks ask for (fair
 #                                   shares); multigpu_report.py -> multigpu.md (< 9 min)
+#   scripts/gpu/run.sh weights      weight streaming (lora: bf16 weights about twice a 20 GiB
+#                                   budget): resident ckpt (the reference), the hand-written
+#                                   streaming baseline (--mode stream, no shim), ckpt under the
+#                                   shim at OFFLOAD_DEVICE_BUDGET=20GiB; bitwise checks (< 9 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Offload runs (run kind o) take OFFLOAD_DEVICE_BUDGET from $budget, which budget_of sets from
@@ -476,7 +480,59 @@ case $plan in
       cat "$work/multigpu.md"
     fi
     ;;
-  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final, executor_smoke, executor, executor_compiled, planner, sanitize_small, sanitize, multigpu_smoke, multigpu, multigpu_fsdp)" >&2; exit 2 ;;
+  weights)
+    # Weight streaming (issue 5, item 2): the lora workload (frozen bf16 base of 40.6 GB,
+    # rank-16 adapters, 16384 tokens a step, checkpointed blocks). The resident run fits the
+    # H200 and is the reference, bitwise and for the step time; the hand-written baseline
+    # streams the blocks' weights through a ring of $WEIGHT_STREAM_RING slots (no shim); the
+    # shim runs the resident model at a 20 GiB budget (it cannot offload weights yet: this
+    # shows what happens today). The small shapes first: the bitwise claim in seconds.
+    restart_daemon
+    t_plan=$SECONDS
+    export WEIGHT_STREAM_RING=${WEIGHT_STREAM_RING:-3}
+    log "weight stream ring: $WEIGHT_STREAM_RING slots"
+    fails=0
+    s=(--workload lora --small --deterministic --steps 4 --warmup 4 --mark-steps)
+    run lora_small_ckpt 0 "${s[@]}" --mode ckpt
+    run lora_small_stream 0 "${s[@]}" --mode stream
+    check_pair lora_small_ckpt lora_small_stream || fails=$((fails + 1))
+    d=(--workload lora --deterministic --steps 6 --warmup 4 --mark-steps)
+    run lora_ckpt 0 "${d[@]}" --mode ckpt
+    run lora_stream 0 "${d[@]}" --mode stream
+    check_pair lora_ckpt lora_stream || fails=$((fails + 1))
+    budget=20GiB
+    limit=$(( ${WEIGHTS_PLAN_S:-520} - (SECONDS - t_plan) ))
+    if (( limit >= 60 )); then
+      log "shim run: at most $limit s"
+      launch="timeout -k 15 $limit python3" run lora_offload o "${d[@]}" --mode ckpt
+      check_pair lora_ckpt lora_offload || fails=$((fails + 1))
+    else
+      log "no time left for the shim run ($((SECONDS - t_plan)) s spent)"; fails=$((fails + 1))
+    fi
+    # Sizes, footprints against the budget, and step times against the resident run.
+    python3 - "$work" <<'PY'
+import json, os, sys
+def load(name):
+    path = os.path.join(sys.argv[1], name + ".json")
+    return json.load(open(path)) if os.path.exists(path) else None
+base = load("lora_ckpt")
+g = lambda v: f"{v / 2**30:.2f} GiB" if isinstance(v, (int, float)) else "n/a"
+for name in ("lora_small_ckpt", "lora_small_stream", "lora_ckpt", "lora_stream", "lora_offload"):
+    r = load(name)
+    if r is None:
+        print(f"[gpu] {name}: no result"); continue
+    ws = r.get("weight_stream") or {}
+    ref = load("lora_small_ckpt") if r["small"] else base
+    ratio = f"{r['ms_per_step'] / ref['ms_per_step']:.3f}x resident" if ref else "n/a"
+    print(f"[gpu] {name}: params {r.get('params')} trainable {r.get('trainable_params')}; "
+          f"{r['ms_per_step']:.1f} ms/step ({ratio}); footprint {g(r.get('footprint_peak_bytes'))} "
+          f"(20 GiB budget: {'within' if (r.get('footprint_peak_bytes') or 1 << 62) <= 20 << 30 else 'over'})"
+          + (f"; ring {ws['ring']} x {g(ws['slot_bytes'])}, {g(ws['h2d_bytes_per_step'])} H2D a step" if ws else ""))
+PY
+    "$ctl" stop > /dev/null 2>&1
+    log "weights: bitwise $([ $fails = 0 ] && echo PASS || echo "FAIL ($fails)") (plan took $((SECONDS - t_plan)) s)"
+    ;;
+  *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final, executor_smoke, executor, executor_compiled, planner, sanitize_small, sanitize, multigpu_smoke, multigpu, multigpu_fsdp, weights)" >&2; exit 2 ;;
 esac
 
 for base in "$work"/*_det_a.json; do
