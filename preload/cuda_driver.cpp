@@ -27,14 +27,18 @@ bool CudaDriver::ready() {
   return func_param_info_ != nullptr;
 }
 
+void CudaDriver::learn_context() {
+  if (ctx_.load(std::memory_order_relaxed)) return;
+  if (const EventApi* a = events()) {
+    void* c = nullptr;
+    if (a->get_ctx(&c) == CUDA_SUCCESS && c) ctx_.store(c, std::memory_order_relaxed);
+  }
+}
+
 int CudaDriver::param_layout(Func f, ParamInfo* out, int cap) {
   if (!ready()) return -1;
   // Called from a launch hook: the launching thread's context is the one to pin host memory in.
-  if (!ctx_.load(std::memory_order_relaxed))
-    if (const EventApi* a = events()) {
-      void* c = nullptr;
-      if (a->get_ctx(&c) == CUDA_SUCCESS && c) ctx_.store(c, std::memory_order_relaxed);
-    }
+  learn_context();
   // cuLaunchKernel accepts a CUkernel in place of a CUfunction: ask as one, then the other.
   // Past the last parameter the driver answers CUDA_ERROR_INVALID_VALUE; a handle of the
   // other kind gets a different error.

@@ -22,6 +22,9 @@ class CudaDriver final : public Driver {
   uint64_t vmm_granularity() override;
   uint64_t device_total_bytes() override;
   std::string gpu_id() override;
+  // Takes the calling thread's current context as ours if none is known yet (the first
+  // launch, or an allocation before any launch, tells it).
+  void learn_context();
   uint64_t pool_reserved_high() override;
   // The device of the first context seen (-1 until one is known); cached, as are its fixed
   // properties.

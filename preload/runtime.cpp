@@ -79,6 +79,11 @@ Runtime::Runtime(Settings s)
       assembler_(tracker_.funcs(), StepAssembler::Options{}),
       link_(settings_, command_line()) {
   if (offloading_) tracker_.set_gate(&executor_);
+  if (settings_.persistent_min) {
+    PersistentPool::Options po;
+    po.min_bytes = settings_.persistent_min;
+    persistent_ = std::make_unique<PersistentPool>(driver_, po);
+  }
   if (!settings_.trace_dir.empty() && mkdir(settings_.trace_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     log().error("OFFLOAD_TRACE={}: cannot create the directory ({}); traces are off",
                 settings_.trace_dir, strerror(errno));
@@ -420,6 +425,7 @@ std::string Runtime::stats_json_locked() {
      << ",\"functions\":" << tracker_.funcs().count() << "}"
      << ",\"hook_ns_mean\":" << c.hook_ns_mean()
      << ",\"executor\":" << executor_json()
+     << ",\"persistent\":" << persistent_json()
      << ",\"routes\":{";
   bool first = true;
   for (size_t i = 0; i < hooks::kHookCount; ++i) {
@@ -448,6 +454,17 @@ std::string Runtime::stats_json_locked() {
     first = false;
   }
   os << "]}";
+  return os.str();
+}
+
+std::string Runtime::persistent_json() const {
+  if (!persistent_) return "null";
+  const PersistentPool::Stats p = persistent_->stats();
+  std::ostringstream os;
+  os << "{\"min_bytes\":" << persistent_->min_bytes() << ",\"allocs\":" << p.allocs << ",\"reused\":" << p.reused
+     << ",\"cross_stream\":" << p.cross_stream << ",\"created\":" << p.created << ",\"released\":" << p.released
+     << ",\"refused\":" << p.refused << ",\"live_bytes\":" << p.live_bytes << ",\"cached_bytes\":" << p.cached_bytes
+     << ",\"peak_bytes\":" << p.peak_bytes << "}";
   return os.str();
 }
 

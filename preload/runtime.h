@@ -22,6 +22,7 @@
 #include "core/env.h"
 #include "core/event_log.h"
 #include "core/executor.h"
+#include "core/persistent_pool.h"
 #include "core/tracker.h"
 #include "cuda_driver.h"
 #include "cupti_telemetry.h"
@@ -40,14 +41,19 @@ class Runtime {
   // The allocation hooks' calls. place: serves a planned allocation from an arena (true, *p
   // set, tracked); track_alloc: tracks one the allocator served; release: tracks a free and
   // says whether it was an arena member's (then the allocator must not see it).
+  // A planned arena member, else a large allocation ours from birth (OFFLOAD_PERSISTENT_MIN),
+  // else false: the caller forwards it.
   bool place(uint64_t bytes, Stream s, void** p) {
-    if (!offloading_) return false;
     uint64_t tag = 0;
-    DevPtr a = executor_.place(bytes, s, tracker_.launches(), &tag);
+    DevPtr a = offloading_ ? executor_.place(bytes, s, tracker_.launches(), &tag) : 0;
+    if (!a && persistent_ && bytes >= persistent_->min_bytes()) {
+      driver_.learn_context();  // an allocation may come before any launch
+      a = persistent_->alloc(bytes, s);
+    }
     if (!a) return false;
     *p = reinterpret_cast<void*>(a);
     tracker_.on_alloc(a, bytes, s, tag);
-    executor_.note_live(tracker_.allocs().live_bytes());
+    if (offloading_) executor_.note_live(tracker_.allocs().live_bytes());
     return true;
   }
   void track_alloc(void* p, uint64_t bytes, Stream s) {
@@ -56,7 +62,8 @@ class Runtime {
   }
   bool release(void* p, Stream s) {
     tracker_.on_free(reinterpret_cast<DevPtr>(p), s);
-    return offloading_ && executor_.release(reinterpret_cast<DevPtr>(p), s);
+    if (offloading_ && executor_.release(reinterpret_cast<DevPtr>(p), s)) return true;
+    return persistent_ && persistent_->free(reinterpret_cast<DevPtr>(p), s);
   }
   void reset_peak() { executor_.reset_peak(); }
   // A pointer query (Triton checks its arguments): an evicted arena is mapped back first.
@@ -87,6 +94,7 @@ class Runtime {
   // GPUs of this node sharing the host link (offloadd counts them; asked at each plan).
   NodeShare node_share(uint64_t budget);
   std::string executor_json();
+  std::string persistent_json() const;  // "null" without OFFLOAD_PERSISTENT_MIN
 
   Settings settings_;
   CudaDriver driver_;
@@ -107,6 +115,7 @@ class Runtime {
   std::string share_note_;               // why offloadd gave no share, said once
   LinkModel planned_link_;               // the link the last plan was made for
   double pool_overhead_ = 0;             // allocator bytes per live byte; 0 until measured
+  std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
   std::vector<std::pair<int64_t, int64_t>> late_at_;  // per-boundary lateness measured so far
   CuptiTelemetry telemetry_;

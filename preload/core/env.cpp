@@ -92,6 +92,13 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
       else st.device_budget = *size;
     }
   }
+  if (const char* v = get("OFFLOAD_PERSISTENT_MIN"); v && *v) {
+    std::string s = v;
+    auto size = s == "off" ? std::optional<uint64_t>(0) : parse_size(s);
+    if (!size || (*size && *size < (2ull << 20)))
+      bad("OFFLOAD_PERSISTENT_MIN", v, "a size of at least 2MiB (e.g. 32MiB), or off (0)");
+    else st.persistent_min = *size;
+  }
   if (const char* v = get("OFFLOAD_PLANNER"); v && *v) {
     std::string s = v;
     if (s == "builtin") st.builtin_plan = true;

@@ -26,6 +26,9 @@ struct Settings {
   // OFFLOAD_PLANNER=auto|builtin: the GPU-time planner when the step has GPU times (auto), or
   // always the built-in plan (for comparisons).
   bool builtin_plan = false;
+  // OFFLOAD_PERSISTENT_MIN: allocations of at least this size are served from ranges of their
+  // own (core/persistent_pool.h), so that they can be moved out later; "off" or unset: none.
+  uint64_t persistent_min = 0;
   double device_budget_fraction = 0;
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // The budget in bytes on a device of `total` bytes (0: none).

@@ -402,10 +402,13 @@ def main(argv=None):
     # arenas held at their peak (PyTorch's counters still count evicted tensors; DESIGN.md).
     executor = (shim_stats or {}).get("executor")
     held_peak = executor.get("held_peak") if isinstance(executor, dict) else None
+    # Large allocations the shim serves itself (OFFLOAD_PERSISTENT_MIN) are not in the pool.
+    persistent = (shim_stats or {}).get("persistent")
+    persistent_peak = persistent.get("peak_bytes") if isinstance(persistent, dict) else None
     if peak_reserved is None:
         footprint = None
     else:
-        footprint = peak_reserved + (held_peak or 0)
+        footprint = peak_reserved + (held_peak or 0) + (persistent_peak or 0)
 
     result = {
         "workload": args.workload,

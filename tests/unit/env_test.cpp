@@ -252,5 +252,31 @@ TEST(Planner, OffloadPlannerChoosesTheBuiltInPlanOrSaysWhatIsAccepted) {
   }
 }
 
+TEST(Persistent, OffloadPersistentMinTakesASizeOrOff) {
+  {
+    Env env;
+    std::vector<std::string> errors;
+    EXPECT_EQ(read(env, &errors).persistent_min, 0u);
+    EXPECT_TRUE(errors.empty());
+  }
+  const std::pair<const char*, uint64_t> good[] = {{"32MiB", 32ull << 20}, {"2MiB", 2ull << 20}, {"1GiB", 1ull << 30}, {"off", 0}, {"0", 0}};
+  for (auto [v, want] : good) {
+    Env env;
+    env.vars["OFFLOAD_PERSISTENT_MIN"] = v;
+    std::vector<std::string> errors;
+    EXPECT_EQ(read(env, &errors).persistent_min, want) << v;
+    EXPECT_TRUE(errors.empty()) << v;
+  }
+  for (const char* v : {"1MiB", "lots", "-5MiB", "32 MiB", "on"}) {
+    Env env;
+    env.vars["OFFLOAD_PERSISTENT_MIN"] = v;
+    std::vector<std::string> errors;
+    EXPECT_EQ(read(env, &errors).persistent_min, 0u) << v;
+    ASSERT_EQ(errors.size(), 1u) << v;
+    EXPECT_NE(errors[0].find("OFFLOAD_PERSISTENT_MIN"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("at least 2MiB"), std::string::npos) << errors[0];
+  }
+}
+
 }  // namespace
 }  // namespace offload

@@ -1,0 +1,141 @@
+#include "core/persistent_pool.h"
+
+namespace offload {
+
+PersistentPool::PersistentPool(Driver& d, Options o) : d_(d), o_(o) {}
+
+PersistentPool::~PersistentPool() {
+  std::lock_guard lock(mu_);
+  for (auto& [size, b] : kept_) {
+    if (b.event) d_.event_sync(b.event);
+    give_back(b);
+  }
+  // Live blocks are the application's: it did not free them before we went away.
+  kept_.clear();
+}
+
+DevPtr PersistentPool::alloc(uint64_t bytes, Stream s) {
+  if (!o_.min_bytes || bytes < o_.min_bytes) return 0;
+  std::lock_guard lock(mu_);
+  if (!gran_) gran_ = d_.vmm_granularity();
+  if (!gran_) return 0;
+  const uint64_t size = (bytes + gran_ - 1) / gran_ * gran_;
+  // A kept block of the size; one without an event only on the stream that freed it.
+  auto [first, last] = kept_.equal_range(size);
+  auto it = first;
+  while (it != last && !it->second.event && it->second.freed_on != s) ++it;
+  if (it != last) {
+    Block b = it->second;
+    kept_.erase(it);
+    st_.cached_bytes -= b.bytes;
+    // cudaFreeAsync's order: the freeing stream's later work follows the free by itself;
+    // another stream waits for what was queued before it.
+    if (b.freed_on != s) {
+      d_.stream_wait(s, b.event);
+      ++st_.cross_stream;
+    }
+    if (b.event) d_.destroy_event(b.event);
+    b.event = 0;
+    live_[b.va] = b;
+    st_.live_bytes += b.bytes;
+    ++st_.allocs;
+    ++st_.reused;
+    note_peak();
+    return b.va;
+  }
+  DevPtr va = create(size);
+  if (!va && trim(0)) va = create(size);
+  if (!va) {
+    ++st_.refused;
+    return 0;
+  }
+  ++st_.allocs;
+  note_peak();
+  return va;
+}
+
+DevPtr PersistentPool::create(uint64_t size) {
+  DevPtr va = d_.reserve(size);
+  if (!va) return 0;
+  uint64_t h = d_.create_physical(size);
+  if (!h) {
+    d_.unreserve(va, size);
+    return 0;
+  }
+  if (!d_.map(va, size, h)) {
+    d_.release_physical(h);
+    d_.unreserve(va, size);
+    return 0;
+  }
+  live_[va] = Block{va, size, h, 0, 0};
+  st_.live_bytes += size;
+  ++st_.created;
+  return va;
+}
+
+bool PersistentPool::free(DevPtr p, Stream s) {
+  std::lock_guard lock(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end()) return false;
+  Block b = it->second;
+  live_.erase(it);
+  st_.live_bytes -= b.bytes;
+  b.event = d_.create_event();
+  if (b.event) d_.record_event(b.event, s);
+  b.freed_on = s;
+  b.seq = ++frees_;
+  kept_.emplace(b.bytes, b);
+  st_.cached_bytes += b.bytes;
+  if (st_.cached_bytes > o_.cache_bytes) trim(o_.cache_bytes);
+  return true;
+}
+
+void PersistentPool::give_back(Block& b) {
+  if (b.event) d_.destroy_event(b.event);
+  b.event = 0;
+  d_.unmap(b.va, b.bytes);
+  d_.release_physical(b.handle);
+  d_.unreserve(b.va, b.bytes);
+  ++st_.released;
+}
+
+uint64_t PersistentPool::trim(uint64_t target) {
+  // Oldest frees first: collect in free order across sizes.
+  std::multimap<uint64_t, std::multimap<uint64_t, Block>::iterator> by_age;
+  for (auto it = kept_.begin(); it != kept_.end(); ++it) by_age.emplace(it->second.seq, it);
+  uint64_t freed = 0;
+  for (auto& [age, it] : by_age) {
+    if (target && st_.cached_bytes <= target) break;
+    Block& b = it->second;
+    // Still in use on the GPU, or unknown (no event): kept.
+    if (!b.event || d_.event_query(b.event) != 1) continue;
+    st_.cached_bytes -= b.bytes;
+    freed += b.bytes;
+    give_back(b);
+    kept_.erase(it);
+  }
+  return freed;
+}
+
+void PersistentPool::note_peak() {
+  const uint64_t held = st_.live_bytes + st_.cached_bytes;
+  if (held > st_.peak_bytes) st_.peak_bytes = held;
+}
+
+bool PersistentPool::owns(DevPtr p) const {
+  std::lock_guard lock(mu_);
+  return live_.count(p) != 0;
+}
+
+uint64_t PersistentPool::block_bytes(DevPtr p) const {
+  std::lock_guard lock(mu_);
+  auto it = live_.find(p);
+  return it == live_.end() ? 0 : it->second.bytes;
+}
+
+PersistentPool::Stats PersistentPool::stats() const {
+  std::lock_guard lock(mu_);
+  return st_;
+}
+
+}  // namespace offload
