@@ -36,6 +36,23 @@ def _batch_generator(seed):
     return seeded
 
 
+def _next_token_io(vocab, batch, seq, seed):
+    """Batches of random tokens (inputs, and the next tokens as targets) and the
+    cross-entropy loss of a model's logits on them."""
+    gen = _batch_generator(seed)
+
+    def make_batch(step):
+        tok = torch.randint(0, vocab, (batch, seq + 1), generator=gen(step), device=DEVICE)
+        return tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+
+    def loss_fn(m, inputs):
+        idx, tgt = inputs
+        logits = m(idx)
+        return F.cross_entropy(logits.view(-1, vocab), tgt.view(-1))
+
+    return make_batch, loss_fn
+
+
 # --------------------------------------------------------------------------- reference
 
 class Block(nn.Module):
@@ -81,16 +98,7 @@ def build_reference(mode, small, seed):
     vocab, d, heads, layers, batch, seq = (8000, 512, 8, 2, 2, 256) if small else (32000, 2048, 16, 16, 8, 2048)
     model = Transformer(vocab, d, heads, layers, ckpt=(mode == "ckpt"), device=DEVICE, dtype=torch.bfloat16)
     model.train()
-    gen = _batch_generator(seed)
-
-    def make_batch(step):
-        tok = torch.randint(0, vocab, (batch, seq + 1), generator=gen(step), device=DEVICE)
-        return tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
-
-    def loss_fn(m, inputs):
-        idx, tgt = inputs
-        logits = m(idx)
-        return F.cross_entropy(logits.view(-1, vocab), tgt.view(-1))
+    make_batch, loss_fn = _next_token_io(vocab, batch, seq, seed)
 
     def make_optimizer(params):
         return torch.optim.AdamW(params, lr=1e-4)
@@ -227,16 +235,7 @@ def build_lora(mode, small, seed):
 
         ring = int(os.environ.get("WEIGHT_STREAM_RING", "3"))
         model.weight_stream = weight_stream.WeightStream(model.blocks, ("qkv", "proj", "fc1", "fc2"), ring)
-    gen = _batch_generator(seed)
-
-    def make_batch(step):
-        tok = torch.randint(0, vocab, (batch, seq + 1), generator=gen(step), device=DEVICE)
-        return tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
-
-    def loss_fn(m, inputs):
-        idx, tgt = inputs
-        logits = m(idx)
-        return F.cross_entropy(logits.view(-1, vocab), tgt.view(-1))
+    make_batch, loss_fn = _next_token_io(vocab, batch, seq, seed)
 
     def make_optimizer(params):
         return torch.optim.AdamW([p for p in params if p.requires_grad], lr=1e-4)
