@@ -45,8 +45,8 @@ std::string command_line() {
   std::string argv0 = s.substr(0, end0);
   std::string rest = end0 == std::string::npos ? "" : s.substr(end0);
   std::string out = argv0.substr(argv0.rfind('/') == std::string::npos ? 0 : argv0.rfind('/') + 1) + rest;
-  for (char& c : out)
-    if (c == '\0') c = ' ';
+  for (char& c : out)  // argument separators, and newlines or tabs inside an argument
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
   while (!out.empty() && out.back() == ' ') out.pop_back();
   return out;
 }
@@ -136,6 +136,15 @@ void Runtime::pump(bool no_wait) {
   if (!link_.usable() && !private_pool_) {
     private_pool_ = std::make_unique<PrivatePool>(settings_.host_pool_bytes);
     log().warn("no offloadd ({}): using a {}", link_.failure(), private_pool_->describe());
+  }
+  // A rank of a job (RANK or LOCAL_RANK set) says so as soon as it is connected, so that
+  // offloadctl shows every rank from the start; its GPU follows at its first plan.
+  if (!said_rank_ && link_.connected()) {
+    said_rank_ = true;
+    AttachInfo early = attach_info_from_env(-1, settings_.device_budget, "");
+    std::string why;
+    if ((early.rank >= 0 || early.local_rank >= 0) && !link_.attach(early, &why))
+      log().debug("offloadd: rank not announced ({})", why);
   }
   // Pin the pool once, as soon as a launch has shown which context to pin it in.
   HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;

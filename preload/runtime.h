@@ -116,6 +116,7 @@ class Runtime {
   LinkModel planned_link_;               // the link the last plan was made for
   double pool_overhead_ = 0;             // allocator bytes per live byte; 0 until measured
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
+  bool said_rank_ = false;               // the early Attach of a job's rank was tried
   std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
   std::vector<std::pair<int64_t, int64_t>> late_at_;  // per-boundary lateness measured so far
   CuptiTelemetry telemetry_;

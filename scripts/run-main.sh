@@ -60,3 +60,34 @@ print("shim:", json.loads(buf.value)["host_pool"])
 subprocess.run([sys.argv[1], "status"], check=True)
 subprocess.run([sys.argv[1], "stop"], check=True)
 PY
+
+echo; echo "== several GPUs, one offloadd: two ranks of a job and the node's host link"
+# As torchrun starts them (RANK, LOCAL_RANK, LOCAL_WORLD_SIZE); each announces its rank once
+# connected, and its GPU at its first plan (none here: no GPU). --node-link: the sums measured
+# on two H200s of one host (bench/results/multigpu.md).
+node_dir=$(mktemp -d)
+XDG_RUNTIME_DIR=$node_dir build/offloadd --pool-size 256MiB --no-prefault --node-link 102.68,107.58,137.69 \
+  > "$node_dir/offloadd.log" 2>&1 &
+for _ in $(seq 1 50); do XDG_RUNTIME_DIR=$node_dir "$ctl" status > /dev/null 2>&1 && break; sleep 0.1; done
+rank_pids=()
+for r in 0 1; do
+  XDG_RUNTIME_DIR=$node_dir OFFLOAD_DAEMON=connect OFFLOAD_TELEMETRY=off RANK=$r LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 \
+    LD_PRELOAD=$root/build/liboffload.so python3 -c '
+import ctypes, json, time
+shim = ctypes.CDLL(None)
+buf = ctypes.create_string_buffer(1 << 16)
+for _ in range(50):
+    shim.offload_stats_json(buf, len(buf))
+    if "offloadd at" in json.loads(buf.value)["host_pool"]:
+        break
+    time.sleep(0.1)
+time.sleep(3)' &
+  rank_pids+=($!)
+done
+for _ in $(seq 1 30); do  # both ranks connected and announced
+  [ "$(XDG_RUNTIME_DIR=$node_dir "$ctl" status --json | grep -o '"rank":[0-9]' | wc -l)" -ge 2 ] && break
+  sleep 0.1
+done
+XDG_RUNTIME_DIR=$node_dir "$ctl" status
+wait "${rank_pids[@]}"
+XDG_RUNTIME_DIR=$node_dir "$ctl" stop

@@ -95,6 +95,8 @@ void print_table(const proto::StatusHead& h, const std::vector<proto::ClientStat
   printf("\n");
   for (const proto::ClientStatus& c : cs) {
     std::string cmd = c.command;
+    for (char& ch : cmd)  // a command line may hold newlines or tabs (python3 -c '...'): one row each
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = ' ';
     if (!c.connected) cmd += " (not connected)";
     if (cmd.size() > 24) cmd = cmd.substr(0, 21) + "...";
     printf("%-8u %-24s %4d %11s %11s %11s %11s %9.1f %10.1f %7llu", c.pid, cmd.c_str(), c.gpu,

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 
 #include <regex>
+#include <sstream>
 
 #include "fake_daemon.h"
 #include "it_support.h"
@@ -299,6 +300,29 @@ TEST(StatusIntegration, OffloadctlShowsAnOlderDaemonsStatusWithoutTheNode) {
     EXPECT_EQ(fake.count_of(proto::MsgType::StatusQuery), 2u);
     EXPECT_EQ(fake.count_of(proto::MsgType::NodeQuery), mode == FakeDaemon::Mode::Minor0 ? 0u : 2u);
   }
+}
+
+// A command line may hold newlines and tabs (python3 -c '...'): the table keeps one row a client.
+TEST(StatusIntegration, ACommandWithNewlinesStaysOnOneRow) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({"--no-prefault", "--pool-size", "64MiB"}, &why)) << why;
+  Proc c;
+  ASSERT_TRUE(d.client(&c, &why, "py\nimport\tx", 3)) << why;
+  ASSERT_EQ(c.cmd("connect"), "ok");
+  ASSERT_EQ(split(c.cmd("register"))[0], "ok");
+  RunResult r = d.offloadctl({"status", "--socket", d.socket()});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  const std::string pid = std::to_string(c.pid());
+  size_t rows = 0;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(pid, 0) != 0) continue;
+    ++rows;
+    EXPECT_NE(line.find("py import x"), std::string::npos) << line;
+  }
+  EXPECT_EQ(rows, 1u) << r.out;
+  EXPECT_EQ(r.out.find("import\tx"), std::string::npos) << r.out;
 }
 
 TEST(StatusIntegration, OffloadctlStopStopsTheDaemon) {
