@@ -35,6 +35,9 @@ else
   echo; echo "== the planner on the recorded reference step, at 75% of its footprint"
   "$ctl" plan --trace bench/traces/reference.trace --budget 75% --html build/plan-reference-75.html
   echo "(picture: build/plan-reference-75.html)"
+  # What outlives the step there (weights, optimizer state), and how long each sits unused.
+  echo; echo "== what outlives the recorded reference step, and how long it sits unused"
+  "$ctl" plan --trace bench/traces/reference.trace --persistent | head -n 12
   # The executor on the same steps, running the planner's plans: evict and reload under the
   # budget the GPU runs used (bench/results/executor.md), sizes scaled down, every launch's
   # data checked.

@@ -14,6 +14,9 @@
 //                                   text, as JSON, and as a timeline page
 //   offloadctl plan --trace FILE --sweep [--segments N] [--json]
 //                                   the plan at budgets from 100% down to 30% of the footprint
+//   offloadctl plan --trace FILE --persistent
+//                                   what outlives the step (weights, optimizer state): how long
+//                                   each sits unused, and whether its copies would fit there
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -28,6 +31,7 @@ int cmd_trace_show(const std::string& path, bool check);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
              const std::string& html, bool json, bool sweep);
+int cmd_plan_persistent(const std::string& path);
 int cmd_status(const std::string& socket, bool json, double watch_s);
 int cmd_stop(const std::string& socket);
 
@@ -79,6 +83,10 @@ void usage(FILE* f) {
           "                         the plan at budgets of 100%%, 95%%, ... 30%% of that footprint, a row each\n"
           "                         (peak, moved, step against compute and its lower bound); it stops\n"
           "                         after two budgets in a row that no plan meets\n"
+          "  plan --trace FILE --persistent\n"
+          "                         what outlives the step (weights, kept gradients, optimizer state): how\n"
+          "                         long each sits unused in GPU time across the step boundary, and\n"
+          "                         whether a copy out and back would fit there\n"
           "  help                   this text\n");
 }
 
@@ -159,7 +167,7 @@ int main(int argc, char** argv) {
     std::string trace, html;
     uint64_t budget = 0;
     double fraction = 0;
-    bool arenas = false, json = false, sweep = false, budget_given = false;
+    bool arenas = false, json = false, sweep = false, budget_given = false, persistent = false;
     uint32_t segments = 0;
     for (size_t i = 1; i < a.size(); ++i) {
       if (a[i] == "--trace" && i + 1 < a.size()) {
@@ -179,6 +187,8 @@ int main(int argc, char** argv) {
         json = true;
       } else if (a[i] == "--sweep") {
         sweep = true;
+      } else if (a[i] == "--persistent") {
+        persistent = true;
       } else if (a[i] == "--html" && i + 1 < a.size()) {
         html = a[++i];
         if (html.empty()) {
@@ -212,6 +222,11 @@ int main(int argc, char** argv) {
                       "--arenas or --html\n");
       return 2;
     }
+    if (persistent && (budget_given || arenas || json || sweep || !html.empty() || segments)) {
+      fprintf(stderr, "offloadctl: --persistent prints one table of its own: it takes no other option\n");
+      return 2;
+    }
+    if (persistent) return cmd_plan_persistent(trace);
     return cmd_plan(trace, budget, fraction, arenas, segments, html, json, sweep);
   }
   std::string joined;

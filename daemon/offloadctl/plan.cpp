@@ -385,3 +385,42 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
   if (!html.empty()) printf("timeline: %s\n", html.c_str());
   return 0;
 }
+
+// --persistent: what outlives the step, and how long each allocation of it sits unused.
+int cmd_plan_persistent(const std::string& path) {
+  std::ifstream is(path);
+  if (!is) {
+    fprintf(stderr, "offloadctl: cannot open %s\n", path.c_str());
+    return 1;
+  }
+  StepTrace t;
+  std::string err;
+  if (!StepTrace::read(is, &t, &err)) {
+    fprintf(stderr, "offloadctl: %s: %s\n", path.c_str(), err.c_str());
+    return 1;
+  }
+  const LinkModel link;
+  const PersistentReport r = persistent_windows(t, link);
+  size_t hidden = 0;
+  for (const PersistentWindow& w : r.windows) hidden += w.hides;
+  printf("step %llu of %s: %.1f ms of GPU time\n", ull(t.step), path.c_str(), ms(r.step_ns));
+  printf("outliving the step (at least 2 MiB): %zu allocations, %.2f GiB (%.2f GiB never touched in the step)\n",
+         r.windows.size(), gib(r.bytes), gib(r.unused_bytes));
+  printf("idle long enough for a copy out and back (%.1f + %.1f GB/s), each alone: %.2f GiB in %zu allocations;\n"
+         "  their copies take %.1f ms of link time in all, against the step's %.1f ms\n",
+         link.d2h, link.h2d, gib(r.hidden_bytes), hidden, ms(r.link_busy_ns), ms(r.step_ns));
+  if (r.windows.empty()) return 0;
+  printf("\n  %8s %6s %9s %9s  %-5s  %s\n", "MiB", "uses", "idle ms", "copy ms", "fits", "idle between launches");
+  const size_t shown = std::min<size_t>(r.windows.size(), 12);
+  for (size_t i = 0; i < shown; ++i) {
+    const PersistentWindow& w = r.windows[i];
+    std::string where = w.uses == 0 ? "never used"
+                        : w.before <= w.after
+                            ? std::to_string(w.after) + " and the next step's " + std::to_string(w.before)
+                            : std::to_string(w.after) + " and " + std::to_string(w.before);
+    printf("  %8.0f %6zu %9.1f %9.1f  %-5s  %s\n", static_cast<double>(w.bytes) / (1 << 20), w.uses, ms(w.idle_ns),
+           ms(w.copy_ns), w.hides ? "yes" : "no", where.c_str());
+  }
+  if (shown < r.windows.size()) printf("  ... %zu more\n", r.windows.size() - shown);
+  return 0;
+}

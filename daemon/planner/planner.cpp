@@ -832,4 +832,49 @@ LinkModel share_link(LinkModel one, const NodeLinkSums& node, uint32_t gpus) {
   return one;
 }
 
+PersistentReport persistent_windows(const StepTrace& t, const LinkModel& link, uint64_t min_bytes) {
+  PersistentReport r;
+  const GpuTimeline g = gpu_timeline(t);
+  r.step_ns = g.total;
+  std::vector<std::vector<int64_t>> uses(t.allocs.size());
+  for (const TraceLaunch& l : t.launches)
+    for (uint32_t a : l.allocs)
+      if (a < uses.size()) uses[a].push_back(l.pos);
+  const double h2d = link.h2d * link.scale, d2h = link.d2h * link.scale;  // bytes per ns
+  for (const TraceAlloc& a : t.allocs) {
+    if (a.alloc_pos >= 0 || a.free_pos >= 0 || a.bytes < min_bytes) continue;
+    PersistentWindow w;
+    w.ordinal = a.ordinal;
+    w.bytes = a.bytes;
+    std::vector<int64_t>& u = uses[a.ordinal];
+    std::sort(u.begin(), u.end());
+    u.erase(std::unique(u.begin(), u.end()), u.end());
+    w.uses = u.size();
+    w.copy_ns = static_cast<int64_t>(static_cast<double>(a.bytes) / d2h + static_cast<double>(a.bytes) / h2d);
+    if (u.empty()) {
+      w.idle_ns = g.total;
+      r.unused_bytes += a.bytes;
+    } else {
+      auto end_of = [&](int64_t p) { return g.start[static_cast<size_t>(p)] + g.dur[static_cast<size_t>(p)]; };
+      // Across the boundary: after the last use, to the first use of the next step.
+      w.after = u.back(), w.before = u.front();
+      w.idle_ns = g.total - end_of(u.back()) + g.start[static_cast<size_t>(u.front())];
+      for (size_t i = 0; i + 1 < u.size(); ++i) {
+        const int64_t gap = g.start[static_cast<size_t>(u[i + 1])] - end_of(u[i]);
+        if (gap > w.idle_ns) w.idle_ns = gap, w.after = u[i], w.before = u[i + 1];
+      }
+    }
+    w.hides = w.copy_ns <= w.idle_ns;
+    r.bytes += a.bytes;
+    if (w.hides) {
+      r.hidden_bytes += a.bytes;
+      r.link_busy_ns += w.copy_ns;
+    }
+    r.windows.push_back(w);
+  }
+  std::stable_sort(r.windows.begin(), r.windows.end(),
+                   [](const PersistentWindow& x, const PersistentWindow& y) { return x.bytes > y.bytes; });
+  return r;
+}
+
 }  // namespace offload

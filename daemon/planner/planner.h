@@ -61,6 +61,31 @@ struct GpuTimeline {
 };
 GpuTimeline gpu_timeline(const StepTrace& t);
 
+// Allocations that outlive the step (weights, kept gradients, optimizer state): how long
+// each sits unused in GPU time, counting across the step boundary (from its last use in
+// this step to its first in the next), and whether the link could take it out and bring it
+// back inside that stretch. What weight and optimizer-state offload could hide; each one
+// judged alone, the link's other traffic not counted (`link_busy_ns` sums them).
+struct PersistentWindow {
+  uint32_t ordinal = 0;
+  uint64_t bytes = 0;
+  size_t uses = 0;        // launches touching it in the step
+  int64_t after = -1;     // the idle stretch starts after this launch (-1: never used)
+  int64_t before = -1;    // and ends before this one (<= after: in the next step)
+  int64_t idle_ns = 0;    // the longest idle stretch, GPU time
+  int64_t copy_ns = 0;    // out and back, each direction alone
+  bool hides = false;     // copy_ns <= idle_ns
+};
+struct PersistentReport {
+  std::vector<PersistentWindow> windows;  // at least min_bytes, the most bytes first
+  uint64_t bytes = 0;                     // of those
+  uint64_t hidden_bytes = 0;              // whose copies fit their idle stretch
+  uint64_t unused_bytes = 0;              // not touched in the step at all
+  int64_t link_busy_ns = 0;               // the hidden ones' copies, summed
+  int64_t step_ns = 0;
+};
+PersistentReport persistent_windows(const StepTrace& t, const LinkModel& link, uint64_t min_bytes = 2u << 20);
+
 // Layer boundaries: positions where a repetition of the forward's launch motif begins.
 struct Boundaries {
   uint32_t period = 0;                 // launches per repetition; 0: no period found

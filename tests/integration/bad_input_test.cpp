@@ -419,6 +419,9 @@ TEST(BadInputIntegration, OffloadctlRejectsBadCommandsClearly) {
       {{"plan", "--trace", none, "--sweep", "--budget", "50%"}, 2, "--sweep chooses its own budgets"},
       {{"plan", "--trace", none, "--sweep", "--html", none}, 2, "--sweep chooses its own budgets"},
       {{"plan", "--trace", none, "--arenas", "--sweep"}, 2, "--sweep chooses its own budgets"},
+      {{"plan", "--trace", none, "--persistent", "--budget", "50%"}, 2, "--persistent prints one table"},
+      {{"plan", "--trace", none, "--persistent", "--json"}, 2, "--persistent prints one table"},
+      {{"plan", "--trace", none, "--persistent"}, 1, "cannot open " + none},
   };
   for (const BadArgs& c : cases) {
     std::vector<std::string> argv = {OFFLOADCTL_BIN};

@@ -852,6 +852,88 @@ const StepTrace& recorded(const std::string& name) {
   return cache.emplace(name, std::move(t)).first->second;
 }
 
+// --- what outlives the step ----------------------------------------------------------------
+
+// Ten launches of 1 ms. A weight used at launches 1 and 8 sits idle 6 ms between them (2 ms
+// across the boundary); optimizer-like state used at launch 9 only sits idle 9 ms, too short
+// for 256 MiB out and back; one never used sits idle the whole step. A small one and one born
+// in the step are not counted.
+TEST(PersistentWindows, TheLongestIdleStretchCountsAcrossTheBoundary) {
+  constexpr uint64_t MiB = 1ull << 20;
+  StepTrace t;
+  for (uint32_t i = 0; i < 10; ++i) {
+    TraceLaunch l;
+    l.pos = i;
+    l.gpu_start_ns = int64_t{i} * 1'000'000;
+    l.gpu_ns = 1'000'000;
+    t.launches.push_back(l);
+  }
+  auto add = [&](uint64_t bytes, int64_t born, std::vector<uint32_t> used_at) {
+    TraceAlloc a;
+    a.ordinal = static_cast<uint32_t>(t.allocs.size());
+    a.bytes = bytes;
+    a.alloc_pos = born;
+    a.free_pos = born >= 0 ? 9 : -1;
+    for (uint32_t p : used_at) t.launches[p].allocs.push_back(a.ordinal);
+    t.allocs.push_back(a);
+  };
+  add(64 * MiB, -1, {1, 8});
+  add(256 * MiB, -1, {9});
+  add(8 * MiB, -1, {});
+  add(1 * MiB, -1, {3});
+  add(64 * MiB, 2, {2, 7});
+  const LinkModel link;
+  PersistentReport r = persistent_windows(t, link);
+  ASSERT_EQ(r.windows.size(), 3u);
+  EXPECT_EQ(r.step_ns, 10'000'000);
+  auto copy = [&](uint64_t b) {
+    return static_cast<int64_t>(static_cast<double>(b) / link.d2h + static_cast<double>(b) / link.h2d);
+  };
+  const PersistentWindow &opt = r.windows[0], &weight = r.windows[1], &unused = r.windows[2];
+  EXPECT_EQ(opt.bytes, 256 * MiB);
+  EXPECT_EQ(opt.idle_ns, 9'000'000);
+  EXPECT_EQ(opt.after, 9);
+  EXPECT_EQ(opt.before, 9);
+  EXPECT_EQ(opt.copy_ns, copy(256 * MiB));
+  EXPECT_FALSE(opt.hides);
+  EXPECT_EQ(weight.idle_ns, 6'000'000);
+  EXPECT_EQ(weight.after, 1);
+  EXPECT_EQ(weight.before, 8);
+  EXPECT_EQ(weight.uses, 2u);
+  EXPECT_TRUE(weight.hides);
+  EXPECT_EQ(unused.uses, 0u);
+  EXPECT_EQ(unused.idle_ns, 10'000'000);
+  EXPECT_TRUE(unused.hides);
+  EXPECT_EQ(r.bytes, 328 * MiB);
+  EXPECT_EQ(r.hidden_bytes, 72 * MiB);
+  EXPECT_EQ(r.unused_bytes, 8 * MiB);
+  EXPECT_EQ(r.link_busy_ns, copy(64 * MiB) + copy(8 * MiB));
+  // A slower link: the weight's copies no longer fit 6 ms.
+  LinkModel slow;
+  slow.scale = 0.1;
+  EXPECT_FALSE(persistent_windows(t, slow).windows[1].hides);
+}
+
+TEST(PersistentWindows, OnTheRecordedStepsEveryWindowLiesInsideTheStep) {
+  for (const char* name : {"reference", "convnet", "llama-compiled"}) {
+    SCOPED_TRACE(name);
+    const StepTrace& t = recorded(name);
+    PersistentReport r = persistent_windows(t, LinkModel{});
+    EXPECT_GT(r.bytes, 64ull << 20);  // weights and optimizer state at least
+    uint64_t sum = 0, hidden = 0;
+    for (const PersistentWindow& w : r.windows) {
+      EXPECT_GE(w.idle_ns, 0);
+      EXPECT_LE(w.idle_ns, r.step_ns);
+      EXPECT_EQ(w.hides, w.copy_ns <= w.idle_ns);
+      EXPECT_GE(w.bytes, 2ull << 20);
+      sum += w.bytes;
+      hidden += w.hides ? w.bytes : 0;
+    }
+    EXPECT_EQ(sum, r.bytes);
+    EXPECT_EQ(hidden, r.hidden_bytes);
+  }
+}
+
 PlannerOptions recorded_options(const std::string& name, uint64_t pct) {
   PlannerOptions o;
   o.budget = plain_footprint(recorded(name), o) / 100 * pct;
