@@ -37,7 +37,7 @@ else
   echo "(picture: build/plan-reference-75.html)"
   # What outlives the step there (weights, optimizer state), and how long each sits unused.
   echo; echo "== what outlives the recorded reference step, and how long it sits unused"
-  "$ctl" plan --trace bench/traces/reference.trace --persistent | head -n 12
+  "$ctl" plan --trace bench/traces/reference.trace --persistent
   # The executor on the same steps, running the planner's plans: evict and reload under the
   # budget the GPU runs used (bench/results/executor.md), sizes scaled down, every launch's
   # data checked.
