@@ -25,6 +25,10 @@
 #   scripts/gpu/run.sh multigpu_smoke  several GPUs, small shapes: DDP and FSDP2 (checkpointed)
 #                                   reference, plain vs offload, one offloadd (< 4 min)
 #   scripts/gpu/run.sh multigpu_fsdp  only multigpu's FSDP2 pair ($MULTIGPU_NODE_LINK: --node-link)
+#   scripts/gpu/run.sh persistent   OFFLOAD_PERSISTENT_MIN on the GPU: the reference workload
+#                                   (small, then full shapes) with large allocations served
+#                                   by the shim's own ranges, no budget, against plain:
+#                                   bitwise, ms/step and the pool's counters (< 3 min)
 #   scripts/gpu/run.sh multigpu     several GPUs (all visible, or $MULTIGPU_N): the link with
 #                                   all GPUs copying at once; DDP reference at 75% and FSDP2
 #                                   reference (checkpointed) at 90%, plain vs offload under one
@@ -531,6 +535,22 @@ for name in ("lora_small_ckpt", "lora_small_stream", "lora_ckpt", "lora_stream",
 PY
     "$ctl" stop > /dev/null 2>&1
     log "weights: bitwise $([ $fails = 0 ] && echo PASS || echo "FAIL ($fails)") (plan took $((SECONDS - t_plan)) s)"
+    ;;
+  persistent)
+    # PersistentPool on the GPU (38ce7fa; tested on the simulated driver only before): every
+    # allocation of at least $min bytes in a range of its own, kept by size and handed out
+    # again. No budget: nothing is evicted; the run must match plain bit for bit, and a warm
+    # step should make no driver call (reused ~ allocs after the first steps).
+    d=(--deterministic --steps 20 --warmup 8 --mark-steps)
+    for shape in small full; do
+      sz=(); min=32MiB
+      [ $shape = small ] && sz=(--small) && min=2MiB
+      run "persistent_${shape}_plain" 0 --workload reference "${sz[@]}" "${d[@]}"
+      OFFLOAD_PERSISTENT_MIN=$min run "persistent_${shape}" 1n --workload reference "${sz[@]}" "${d[@]}"
+      check_pair "persistent_${shape}_plain" "persistent_${shape}"
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("[gpu]   persistent pool:", json.dumps((r.get("shim") or {}).get("persistent")))' \
+        "$work/persistent_${shape}.json" 2>/dev/null || log "  no result"
+    done
     ;;
   *) echo "unknown plan '$plan' (smoke, reference, conv_llama, all_eager, compiled, cost, traces, final, executor_smoke, executor, executor_compiled, planner, sanitize_small, sanitize, multigpu_smoke, multigpu, multigpu_fsdp, weights)" >&2; exit 2 ;;
 esac
