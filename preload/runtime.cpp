@@ -189,8 +189,8 @@ void Runtime::plan_from(const StepTrace& t) {
   if (uint64_t g = driver_.vmm_granularity()) o.granularity = g;
   // What the allocator holds for the step's live bytes, measured once before the first plan
   // (the default pool's high-water mark against the step's peak), never below the model's.
-  // Under FSDP2 it held 1.33x (several streams; 7afa059), where the model's 1.15 had the
-  // plan think a budget was met that was not.
+  // Under FSDP2 it held 1.37-1.47x (several streams; f6f95dc), where the model's 1.15 had the
+  // plan think a budget was met that was not (7afa059).
   if (pool_overhead_ <= 0) {
     pool_overhead_ = o.pool_overhead;
     const uint64_t reserved = driver_.pool_reserved_high(), live = step_facts(t, o.min_bytes).peak;

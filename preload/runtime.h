@@ -38,11 +38,11 @@ class Runtime {
 
   Tracker& tracker() { return tracker_; }
 
-  // The allocation hooks' calls. place: serves a planned allocation from an arena (true, *p
-  // set, tracked); track_alloc: tracks one the allocator served; release: tracks a free and
-  // says whether it was an arena member's (then the allocator must not see it).
-  // A planned arena member, else a large allocation ours from birth (OFFLOAD_PERSISTENT_MIN),
-  // else false: the caller forwards it.
+  // The allocation hooks' calls. place: serves a planned allocation from an arena, else a
+  // large one from the persistent pool (OFFLOAD_PERSISTENT_MIN) (true, *p set, tracked), else
+  // false: the caller forwards it; track_alloc: tracks one the allocator served; release:
+  // tracks a free and says whether it was ours (an arena member or a persistent block)
+  // (then the allocator must not see it).
   bool place(uint64_t bytes, Stream s, void** p) {
     uint64_t tag = 0;
     DevPtr a = offloading_ ? executor_.place(bytes, s, tracker_.launches(), &tag) : 0;

@@ -13,6 +13,7 @@
 #include "core/plan.h"
 #include "planner/planner.h"
 #include "core/step_trace.h"
+#include "offloadctl/trace_file.h"
 
 using namespace offload;
 
@@ -313,17 +314,8 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
 // sweep: a row per budget from 100% to 30% of that footprint instead of one plan.
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
              const std::string& html, bool json, bool sweep_budgets) {
-  std::ifstream is(path);
-  if (!is) {
-    fprintf(stderr, "offloadctl: cannot open %s\n", path.c_str());
-    return 1;
-  }
   StepTrace t;
-  std::string err;
-  if (!StepTrace::read(is, &t, &err)) {
-    fprintf(stderr, "offloadctl: %s: %s\n", path.c_str(), err.c_str());
-    return 1;
-  }
+  if (!load_step_trace(path, &t)) return 1;
   PlannerOptions o;
   if (segments) o.fallback_segments = segments;
   // As plan_step computes PlannerResult::plain_footprint.
@@ -388,17 +380,8 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
 
 // --persistent: what outlives the step, and how long each allocation of it sits unused.
 int cmd_plan_persistent(const std::string& path) {
-  std::ifstream is(path);
-  if (!is) {
-    fprintf(stderr, "offloadctl: cannot open %s\n", path.c_str());
-    return 1;
-  }
   StepTrace t;
-  std::string err;
-  if (!StepTrace::read(is, &t, &err)) {
-    fprintf(stderr, "offloadctl: %s: %s\n", path.c_str(), err.c_str());
-    return 1;
-  }
+  if (!load_step_trace(path, &t)) return 1;
   const LinkModel link;
   const PersistentReport r = persistent_windows(t, link);
   size_t hidden = 0;

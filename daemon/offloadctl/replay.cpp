@@ -11,26 +11,27 @@
 #include "core/replay.h"
 #include "core/tracker.h"
 #include "core/step_trace.h"
+#include "offloadctl/trace_file.h"
 #include "planner/planner.h"
 
 namespace fs = std::filesystem;
 using namespace offload;
 
-namespace {
-
-bool load(const fs::path& p, StepTrace* t) {
-  std::ifstream is(p);
+bool offload::load_step_trace(const std::string& path, StepTrace* t) {
+  std::ifstream is(path);
   if (!is) {
-    fprintf(stderr, "offloadctl: cannot open %s\n", p.c_str());
+    fprintf(stderr, "offloadctl: cannot open %s\n", path.c_str());
     return false;
   }
   std::string err;
   if (!StepTrace::read(is, t, &err)) {
-    fprintf(stderr, "offloadctl: %s: %s\n", p.c_str(), err.c_str());
+    fprintf(stderr, "offloadctl: %s: %s\n", path.c_str(), err.c_str());
     return false;
   }
   return true;
 }
+
+namespace {
 
 double gib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); }
 
@@ -56,7 +57,7 @@ int cmd_trace_show(const std::string& path, bool check) {
   StepTrace last;
   for (const fs::path& f : files) {
     StepTrace t;
-    if (!load(f, &t)) return 1;
+    if (!load_step_trace(f, &t)) return 1;
     ActivationReport act = analyse_activations(t);
     size_t k = t.kernel_launches();
     char seen[32] = "-", busy[32] = "-", cupti[32] = "-";
@@ -221,7 +222,7 @@ int replay_offload(const StepTrace& rec, int repeats, double fraction, uint32_t 
 int cmd_replay(const std::string& path, int steps, double offload_fraction, uint32_t divisor) {
   const int repeats = steps ? steps : 6;
   StepTrace rec;
-  if (!load(path, &rec)) return 1;
+  if (!load_step_trace(path, &rec)) return 1;
   ActivationReport act = analyse_activations(rec);
   printf("recorded step %llu of %s: %zu launches (%zu kernels, %zu distinct), %zu allocations, "
          "%zu activations (%.2f GiB)\n",

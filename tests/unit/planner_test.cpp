@@ -583,7 +583,9 @@ TEST(PlannerSynthetic, ATighterBudgetMovesMoreBytes) {
   EXPECT_GT(moved(tight.plan), moved(loose.plan)) << "tight: " << tight.plan.describe() << "\nloose: " << loose.plan.describe();
 }
 
-TEST(PlannerSynthetic, ASlowerLinkCostsStepTime) {
+// On a layered step at 60% of its footprint, a plan made for `slower` (a slower link than the
+// default) predicts a longer step than one made for the default link.
+void expect_slower_link_costs_step_time(const LinkModel& slower) {
   SynthSpec s;
   s.fwd_layer_ns = 400'000;
   s.bwd_layer_ns = 800'000;
@@ -592,13 +594,19 @@ TEST(PlannerSynthetic, ASlowerLinkCostsStepTime) {
   o.budget = plain_footprint(x.trace, o) / 100 * 60;
   PlannerResult fast = plan_step(x.trace, o);
   check_plan(x.trace, o, fast);
-  o.link.scale = 0.2;
+  o.link = slower;
   PlannerResult slow = plan_step(x.trace, o);
   check_plan(x.trace, o, slow);
   ASSERT_FALSE(fast.plan.arenas.empty()) << fast.why;
   ASSERT_FALSE(slow.plan.arenas.empty()) << slow.why;
   EXPECT_GT(slow.prediction.step_ns, fast.prediction.step_ns)
       << "fast: " << fast.plan.describe() << "\nslow: " << slow.plan.describe();
+}
+
+TEST(PlannerSynthetic, ASlowerLinkCostsStepTime) {
+  LinkModel slower;
+  slower.scale = 0.2;
+  expect_slower_link_costs_step_time(slower);
 }
 
 // Two H200s of one node, measured by scripts/bench/link.py --gpus 2 (bench/results/multigpu.md):
@@ -632,20 +640,7 @@ TEST(PlannerLinkShare, EachGpuGetsItsShareOfTheNode) {
 }
 
 TEST(PlannerLinkShare, ASharedLinkNeverPredictsAFasterStep) {
-  SynthSpec s;
-  s.fwd_layer_ns = 400'000;
-  s.bwd_layer_ns = 800'000;
-  Synth x = synthetic(s);
-  PlannerOptions o;
-  o.budget = plain_footprint(x.trace, o) / 100 * 60;
-  PlannerResult alone = plan_step(x.trace, o);
-  o.link = share_link(o.link, NodeLinkSums{60, 60, 70}, 4);  // 15 GB/s a GPU each way
-  PlannerResult shared = plan_step(x.trace, o);
-  check_plan(x.trace, o, shared);
-  ASSERT_FALSE(alone.plan.arenas.empty()) << alone.why;
-  ASSERT_FALSE(shared.plan.arenas.empty()) << shared.why;
-  EXPECT_GT(shared.prediction.step_ns, alone.prediction.step_ns)
-      << "alone: " << alone.plan.describe() << "\nshared: " << shared.plan.describe();
+  expect_slower_link_costs_step_time(share_link(LinkModel{}, NodeLinkSums{60, 60, 70}, 4));  // 15 GB/s a GPU each way
 }
 
 TEST(PlannerSynthetic, TheLastForwardLayerStaysResident) {
