@@ -14,6 +14,8 @@ Executor::Executor(Driver& driver, Options o) : driver_(driver), opt_(o) {}
 Executor::~Executor() {
   std::lock_guard lock(mu_);
   teardown_locked();
+  poll_locked();
+  give_back_weights();  // those not resident stay ours: the process is going away
 }
 
 void Executor::teardown_locked() {
@@ -48,6 +50,8 @@ bool Executor::idle() {
   poll_locked();
   for (const Arena& a : arenas_)
     if (a.state != State::Empty) return false;
+  for (const Weight& w : weights_)
+    if (w.state != State::Resident && w.state != State::Empty) return false;
   return true;
 }
 
@@ -59,7 +63,12 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
       *why = "the previous plan's arenas still hold data";
       return false;
     }
-  if (plan.arenas.empty() || plan.step_launches == 0 || plan.handle_bytes == 0) {
+  for (const Weight& w : weights_)
+    if (w.state != State::Resident && w.state != State::Empty) {
+      *why = "the previous plan's weights are not all back";
+      return false;
+    }
+  if (plan.empty() || plan.step_launches == 0 || (!plan.arenas.empty() && plan.handle_bytes == 0)) {
     *why = "the plan moves nothing";
     return false;
   }
@@ -72,8 +81,8 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
   // Same geometry as before (the same plan again after a deviation): keep the addresses and
   // the handles, so the members land where they did.
   bool same = reservation_ && plan_.handle_bytes == plan.handle_bytes && arenas_.size() == plan.arenas.size();
-  if (!same) {
-    teardown_locked();
+  if (!same) teardown_locked();
+  if (!same && !plan.arenas.empty()) {
     reservation_bytes_ = plan.handle_bytes * plan.arenas.size();
     reservation_ = driver_.reserve(reservation_bytes_);
     if (!reservation_) {
@@ -100,6 +109,15 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
     }
   }
   plan_ = std::move(plan);
+  std::string weights_why;
+  if (!install_weights(&weights_why)) {
+    log().warn("weights stay resident: {}", weights_why);
+    plan_.windows.clear();
+    if (plan_.arenas.empty()) {
+      *why = "weights cannot be streamed: " + weights_why;
+      return false;
+    }
+  }
   actions_.clear();
   for (size_t i = 0; i < arenas_.size(); ++i) {
     Arena& a = arenas_[i];
@@ -108,18 +126,30 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
     a.host_offset = ap.host_offset;
     a.members.clear();
     a.filled_step = ~uint64_t{0};
-    actions_.push_back(Action{ap.evict_after + 1, static_cast<uint32_t>(i), true});
-    actions_.push_back(Action{ap.reload_at, static_cast<uint32_t>(i), false});
+    actions_.push_back(Action{ap.evict_after + 1, static_cast<uint32_t>(i), true, false});
+    actions_.push_back(Action{ap.reload_at, static_cast<uint32_t>(i), false, false});
+  }
+  const auto n = static_cast<int64_t>(plan_.step_launches);
+  for (size_t k = 0; k < plan_.windows.size(); ++k) {
+    const WeightWindow& w = plan_.windows[k];
+    // Evicted at the first launch after its last use; a use at the step's last launch is
+    // followed by the next step's first.
+    actions_.push_back(Action{(w.evict_after + 1) % n, static_cast<uint32_t>(k), true, true});
+    actions_.push_back(Action{w.reload_at, static_cast<uint32_t>(k), false, true});
   }
   for (const MemberPlan& m : plan_.members) arenas_[m.arena].members.push_back(Member{m.offset, m.bytes, false});
   for (Arena& a : arenas_)
     std::sort(a.members.begin(), a.members.end(), [](const Member& x, const Member& y) { return x.offset < y.offset; });
-  // By position; at one position evictions first, then reloads in backward order (held-back
-  // reloads are queued in this order).
+  // By position; at one position evictions first, then arenas' reloads in backward order
+  // (held-back reloads are queued in this order), then weights' by their next use.
+  auto until_use = [&](const Action& a) { return (plan_.windows[a.index].use - a.pos + n) % n; };
   std::stable_sort(actions_.begin(), actions_.end(), [&](const Action& x, const Action& y) {
     if (x.pos != y.pos) return x.pos < y.pos;
     if (x.evict != y.evict) return x.evict;
-    return !x.evict && reload_before(plan_.arenas[x.arena], x.arena, plan_.arenas[y.arena], y.arena);
+    if (x.evict) return false;
+    if (x.weight != y.weight) return !x.weight;
+    if (x.weight) return until_use(x) < until_use(y);
+    return reload_before(plan_.arenas[x.index], x.index, plan_.arenas[y.index], y.index);
   });
   // Handles of another size are of no use to this plan.
   for (size_t h = 0; h < handles_.size() && !same; ++h) give_handle(static_cast<int>(h));
@@ -216,6 +246,36 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
 }
 
 bool Executor::release(DevPtr p, Stream s) {
+  if (p >= weight_lo_.load(std::memory_order_relaxed) && p < weight_hi_.load(std::memory_order_relaxed)) {
+    std::lock_guard lock(mu_);
+    int i = weight_at(p);
+    if (i >= 0 && weights_[static_cast<size_t>(i)].va == p && weights_[static_cast<size_t>(i)].state != State::Empty) {
+      // The application frees a streamed weight: its backing goes back to the pool, which
+      // frees it in stream order on `s`; our copies on it are ordered before that.
+      Weight& w = weights_[static_cast<size_t>(i)];
+      if (w.state == State::Evicting) {
+        driver_.stream_wait(s, w.ev_d2h);
+        w.state = State::Resident;
+      } else if (w.state == State::Evicted) {
+        uint64_t h = weight_handle(w.size);  // its bytes are dead: mapped, not copied
+        if (!h || !driver_.map(w.va, w.size, h)) {
+          log().critical("cannot map a freed streamed weight of {} MiB back for the pool: aborting", w.size >> 20);
+          std::abort();
+        }
+        w.handle = h;
+        w.state = State::Resident;
+      }
+      if (w.h2d_pending) driver_.stream_wait(s, w.ev_h2d);
+      pool_->unlend(w.va, w.handle);
+      held_.fetch_sub(w.size);
+      weight_mapped_ -= w.size;
+      lent_live_.fetch_sub(w.used);
+      w.handle = 0;
+      w.state = State::Empty;
+      deviate("a streamed weight was freed");
+    }
+    return false;
+  }
   if (p < va_lo_.load(std::memory_order_relaxed) || p >= va_hi_.load(std::memory_order_relaxed)) return false;
   std::lock_guard lock(mu_);
   if (arenas_.empty() || p < reservation_ || p >= reservation_ + reservation_bytes_) return false;
@@ -248,6 +308,12 @@ bool Executor::release(DevPtr p, Stream s) {
 }
 
 void Executor::prepare_access(DevPtr p) {
+  if (p >= weight_lo_.load(std::memory_order_relaxed) && p < weight_hi_.load(std::memory_order_relaxed)) {
+    std::lock_guard lock(mu_);
+    int i = weight_at(p);
+    if (i >= 0) reload_weight(static_cast<uint32_t>(i), true);
+    return;
+  }
   if (p < va_lo_.load(std::memory_order_relaxed) || p >= va_hi_.load(std::memory_order_relaxed)) return;
   std::lock_guard lock(mu_);
   if (arenas_.empty() || p < reservation_ || p >= reservation_ + reservation_bytes_) return;
@@ -292,6 +358,7 @@ void Executor::note_live(uint64_t live_bytes) {
 
 void Executor::update_peak() {
   uint64_t live = last_live_.load(std::memory_order_relaxed), mem = member_live_.load(std::memory_order_relaxed);
+  mem += lent_live_.load(std::memory_order_relaxed);
   uint64_t dev = (live > mem ? live - mem : 0) + held_.load(std::memory_order_relaxed);
   uint64_t peak = device_peak_.load(std::memory_order_relaxed);
   while (dev > peak && !device_peak_.compare_exchange_weak(peak, dev, std::memory_order_relaxed)) {
@@ -343,14 +410,20 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
       }
       while (cursor_ < actions_.size() && actions_[cursor_].pos <= static_cast<int64_t>(pos)) {
         const Action& act = actions_[cursor_++];
-        if (act.evict) {
-          evict(act.arena);
+        if (act.weight) {
+          const uint32_t w = plan_.windows[act.index].weight;
+          if (act.evict) evict_weight(w);
+          else reload_weight(w, false);
           continue;
         }
-        State st = arenas_[act.arena].state;
+        if (act.evict) {
+          evict(act.index);
+          continue;
+        }
+        State st = arenas_[act.index].state;
         if (st != State::Evicted && st != State::Evicting) continue;
-        if (st == State::Evicted && !reload_may_start()) pending_reloads_.push_back(act.arena);
-        else reload(act.arena);
+        if (st == State::Evicted && !reload_may_start()) pending_reloads_.push_back(act.index);
+        else reload(act.index);
       }
     }
   }
@@ -358,6 +431,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
   if (kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated))) {
     ++st_.conservative;
     for (uint32_t i = 0; i < arenas_.size(); ++i) ensure_resident(i, s, true);
+    for (uint32_t i = 0; i < weights_.size(); ++i) ensure_weight(i, s, true);
   } else {
     for (size_t j = count; j-- > 0 && (acc[j] & kArenaIdBit);) {
       uint64_t i = arena_of(acc[j]);
@@ -370,6 +444,13 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
           if (table == acc[j])
             for (uint32_t i : targets)
               if (i < arenas_.size()) ensure_resident(i, s, true);
+    // Streamed weights are named by their ids (they come before the arenas' in the list).
+    if (!weight_ids_.empty()) {
+      const uint64_t lo = weight_ids_.front().first, hi = weight_ids_.back().first;
+      for (size_t j = 0; j < count && !(acc[j] & kArenaIdBit); ++j)
+        if (acc[j] >= lo && acc[j] <= hi)
+          if (int w = weight_of(acc[j]); w >= 0) ensure_weight(static_cast<uint32_t>(w), s, true);
+    }
   }
   if ((n & 15) == 0) poll_locked();
 }
@@ -437,7 +518,8 @@ void Executor::ensure_resident(uint32_t i, Stream s, bool demand) {
 
 // ---- moving bytes ------------------------------------------------------------------------
 
-void Executor::add_stream(Arena& a, Stream s) {
+template <class T>
+void Executor::add_stream(T& a, Stream s) {
   for (int i = 0; i < a.nstreams; ++i)
     if (a.streams[i] == s) return;
   if (a.nstreams == kMaxStreams) {
@@ -447,7 +529,8 @@ void Executor::add_stream(Arena& a, Stream s) {
   a.streams[a.nstreams++] = s;
 }
 
-bool Executor::copy(Arena& a, bool to_host, Stream s) {
+template <class T>
+bool Executor::copy(T& a, bool to_host, Stream s) {
   unsigned char* h = host_.ptr + a.host_offset;
   DevPtr d = a.va;
   for (uint64_t left = a.used; left > 0;) {
@@ -461,13 +544,15 @@ bool Executor::copy(Arena& a, bool to_host, Stream s) {
   return true;
 }
 
-bool Executor::record_all(Arena& a) {
+template <class T>
+bool Executor::record_all(T& a) {
   bool ok = true;
   for (int i = 0; i < a.nstreams; ++i) ok = driver_.record_event(a.events[i], a.streams[i]) && ok;
   return ok;
 }
 
-bool Executor::all_done(Arena& a) {
+template <class T>
+bool Executor::all_done(T& a) {
   for (int i = 0; i < a.nstreams; ++i)
     if (driver_.event_query(a.events[i]) == 0) return false;
   return true;
@@ -647,6 +732,30 @@ void Executor::poll_locked() {
     else a.in_busy = false;
   }
   busy_.resize(kept);
+  kept = 0;
+  for (size_t r = 0; r < weight_busy_.size(); ++r) {
+    const uint32_t i = weight_busy_[r];
+    Weight& w = weights_[i];
+    bool keep = false;
+    if (w.state == State::Evicting) {
+      if (driver_.event_query(w.ev_d2h) == 0) {
+        keep = true;
+      } else {
+        if (!driver_.unmap(w.va, w.size)) log().error("unmapping an evicted weight failed");
+        free_weight_handles_.emplace_back(w.size, w.handle);  // capacity reserved at install
+        w.handle = 0;
+        w.nstreams = 0;
+        w.state = State::Evicted;
+      }
+    } else if (w.h2d_pending && driver_.event_query(w.ev_h2d) == 0) {
+      keep = true;
+    } else {
+      w.h2d_pending = false;
+    }
+    if (keep) weight_busy_[kept++] = i;
+    else w.in_busy = false;
+  }
+  weight_busy_.resize(kept);
 }
 
 void Executor::finish_step() {
@@ -686,8 +795,255 @@ ExecutorStats Executor::stats() {
   s.gate_wait_cycles = gate_wait_cycles_;
   s.wait_cycles = wait_cycles_;
   s.held_bytes = held_.load();
+  s.weights = static_cast<uint64_t>(std::count_if(weights_.begin(), weights_.end(), [](const Weight& w) { return w.state != State::Empty; }));
   s.device_peak = device_peak_.load();
   return s;
+}
+
+// ---- streamed weights ----------------------------------------------------------------------
+
+bool Executor::install_weights(std::string* why) {
+  bool same = weights_.size() == plan_.weights.size();
+  for (size_t i = 0; same && i < weights_.size(); ++i)
+    same = weights_[i].va == plan_.weights[i].va && weights_[i].state != State::Empty;
+  if (!same) {
+    give_back_weights();
+    weights_.clear();
+  }
+  if (plan_.weights.empty()) return true;
+  if (!pool_) {
+    *why = "no pool of the shim's own serves large allocations (OFFLOAD_PERSISTENT_MIN)";
+    return false;
+  }
+  if (!same) {
+    weights_.resize(plan_.weights.size());
+    for (size_t i = 0; i < weights_.size(); ++i) {
+      const WeightPlan& wp = plan_.weights[i];
+      Weight& w = weights_[i];
+      w.state = State::Empty;
+      uint64_t h = 0, size = 0;
+      bool ok = wp.va && pool_->lend(wp.va, &h, &size);
+      if (ok && size < wp.bytes) {
+        pool_->unlend(wp.va, h);
+        ok = false;
+      }
+      if (ok) {
+        w.va = wp.va, w.used = wp.bytes, w.id = wp.id, w.handle = h, w.size = size;
+        w.state = State::Resident;
+        held_.fetch_add(size);
+        weight_mapped_ += size;
+        lent_live_.fetch_add(wp.bytes);
+        for (uint64_t& e : w.events) ok = ok && (e = driver_.create_event()) != 0;
+        ok = ok && (w.ev_d2h = driver_.create_event()) != 0 && (w.ev_h2d = driver_.create_event()) != 0;
+      }
+      if (!ok) {
+        give_back_weights();
+        weights_.clear();
+        *why = "weight " + std::to_string(wp.ordinal) +
+               " of the trace is not a block of the shim's pool, or the driver would not create events";
+        return false;
+      }
+    }
+    free_weight_handles_.reserve(weights_.size());
+    weight_busy_.reserve(weights_.size());
+  }
+  weight_ids_.clear();
+  weight_vas_.clear();
+  DevPtr lo = ~DevPtr{0}, hi = 0;
+  for (size_t i = 0; i < weights_.size(); ++i) {
+    weights_[i].host_offset = plan_.weights[i].host_offset;
+    weight_ids_.emplace_back(weights_[i].id, static_cast<uint32_t>(i));
+    weight_vas_.emplace_back(weights_[i].va, static_cast<uint32_t>(i));
+    lo = std::min(lo, weights_[i].va);
+    hi = std::max(hi, weights_[i].va + weights_[i].size);
+  }
+  std::sort(weight_ids_.begin(), weight_ids_.end());
+  std::sort(weight_vas_.begin(), weight_vas_.end());
+  weight_lo_.store(lo);
+  weight_hi_.store(hi);
+  st_.weight_mapped_peak = std::max(st_.weight_mapped_peak, weight_mapped_);
+  return true;
+}
+
+bool Executor::give_back_weights() {
+  bool all = true;
+  for (Weight& w : weights_) {
+    if (w.state == State::Empty) continue;
+    if (w.state == State::Evicting) w.state = State::Resident;  // still mapped: the copy out is let go
+    if (w.state != State::Resident && w.state != State::Reloading) {
+      all = false;
+      continue;
+    }
+    if (pool_) pool_->unlend(w.va, w.handle);
+    held_.fetch_sub(w.size);
+    weight_mapped_ -= w.size;
+    lent_live_.fetch_sub(w.used);
+    w.handle = 0;
+    w.state = State::Empty;
+  }
+  for (Weight& w : weights_) {
+    if (w.state != State::Empty) continue;
+    for (uint64_t& e : w.events)
+      if (e) driver_.destroy_event(std::exchange(e, 0));
+    if (w.ev_d2h) driver_.destroy_event(std::exchange(w.ev_d2h, 0));
+    if (w.ev_h2d) driver_.destroy_event(std::exchange(w.ev_h2d, 0));
+  }
+  for (auto& [size, h] : free_weight_handles_) {
+    driver_.release_physical(h);
+    held_.fetch_sub(size);
+    weight_mapped_ -= size;
+  }
+  free_weight_handles_.clear();
+  if (all) {
+    weight_busy_.clear();
+    for (Weight& w : weights_) w.in_busy = false;
+    weight_ids_.clear();
+    weight_vas_.clear();
+    weight_lo_.store(0);
+    weight_hi_.store(0);
+  }
+  return all;
+}
+
+int Executor::weight_of(uint64_t id) const {
+  auto it = std::lower_bound(weight_ids_.begin(), weight_ids_.end(), std::make_pair(id, uint32_t{0}));
+  return it != weight_ids_.end() && it->first == id ? static_cast<int>(it->second) : -1;
+}
+
+int Executor::weight_at(DevPtr p) const {
+  auto it = std::upper_bound(weight_vas_.begin(), weight_vas_.end(), std::make_pair(p, ~uint32_t{0}));
+  if (it == weight_vas_.begin()) return -1;
+  --it;
+  const Weight& w = weights_[it->second];
+  return w.state != State::Empty && p < w.va + w.size ? static_cast<int>(it->second) : -1;
+}
+
+void Executor::mark_weight_busy(uint32_t i) {
+  if (weights_[i].in_busy) return;
+  weights_[i].in_busy = true;
+  weight_busy_.push_back(i);
+}
+
+void Executor::evict_weight(uint32_t i) {
+  Weight& w = weights_[i];
+  if (w.state != State::Resident || w.overflow || !w.handle) return;
+  // After its last use before the idle stretch: the copy waits for every stream that touched it.
+  if (!record_all(w)) return;
+  if (opt_.fault != Options::Fault::SkipEvictWait)
+    for (int k = 0; k < w.nstreams; ++k) driver_.stream_wait(offload_stream_, w.events[k]);
+  if (!copy(w, true, offload_stream_) || !driver_.record_event(w.ev_d2h, offload_stream_)) {
+    add_stream(w, offload_stream_);
+    if (st_.copy_failures++ == 0) log().warn("an eviction copy was refused by the driver: the weight stays resident");
+    return;
+  }
+  w.nstreams = 0;
+  add_stream(w, offload_stream_);
+  w.h2d_pending = false;  // the copy out is ordered after it; a later use reloads again
+  w.state = State::Evicting;
+  mark_weight_busy(i);
+  ++st_.weight_evictions;
+  st_.weight_bytes_out += w.used;
+}
+
+uint64_t Executor::weight_handle(uint64_t size) {
+  const uint64_t bound = plan_.weight_bytes_mapped ? plan_.weight_bytes_mapped : ~uint64_t{0};
+  for (bool waited = false;; waited = true) {
+    poll_locked();
+    for (size_t k = 0; k < free_weight_handles_.size(); ++k)
+      if (free_weight_handles_[k].first == size) {
+        uint64_t h = free_weight_handles_[k].second;
+        free_weight_handles_.erase(free_weight_handles_.begin() + static_cast<ptrdiff_t>(k));
+        if (waited) ++st_.weight_waits;
+        return h;
+      }
+    if (weight_mapped_ + size <= bound) break;
+    if (!free_weight_handles_.empty()) {  // unmapped handles of other sizes make room first
+      driver_.release_physical(free_weight_handles_.front().second);
+      held_.fetch_sub(free_weight_handles_.front().first);
+      weight_mapped_ -= free_weight_handles_.front().first;
+      free_weight_handles_.erase(free_weight_handles_.begin());
+      continue;
+    }
+    const Weight* leaving = nullptr;
+    for (uint32_t j : weight_busy_)
+      if (weights_[j].state == State::Evicting) {
+        leaving = &weights_[j];
+        break;
+      }
+    if (!leaving) {
+      if (st_.weight_over_bound++ < 3)
+        log().info("a weight's reload at launch {} finds {} mapped (the plan's bound: {}) and none leaving",
+                   cur_pos_, gib_text(weight_mapped_), gib_text(bound));
+      break;
+    }
+    ++st_.weight_waits;
+    uint64_t t0 = __rdtsc();
+    driver_.event_sync(leaving->ev_d2h);
+    wait_cycles_ += __rdtsc() - t0;
+  }
+  uint64_t h = driver_.create_physical(size);
+  if (!h) return 0;
+  weight_mapped_ += size;
+  held_.fetch_add(size);
+  st_.weight_mapped_peak = std::max(st_.weight_mapped_peak, weight_mapped_);
+  st_.held_peak = std::max(st_.held_peak, held_.load());
+  update_peak();
+  return h;
+}
+
+bool Executor::reload_weight(uint32_t i, bool demand) {
+  Weight& w = weights_[i];
+  if (w.state == State::Evicting) {
+    w.state = State::Resident;  // the copy out has not finished: the bytes never left
+    ++st_.weight_abandoned;
+    return true;
+  }
+  if (w.state != State::Evicted) return false;
+  uint64_t h = weight_handle(w.size);
+  if (!h || !driver_.map(w.va, w.size, h) || !copy(w, false, prefetch_stream_) ||
+      !driver_.record_event(w.ev_h2d, prefetch_stream_)) {
+    log().critical("cannot reload an evicted weight of {} MiB (device memory or driver refused): aborting", w.size >> 20);
+    std::abort();
+  }
+  w.handle = h;
+  w.h2d_pending = true;
+  w.nstreams = 0;
+  w.overflow = false;
+  add_stream(w, prefetch_stream_);
+  w.state = State::Reloading;
+  mark_weight_busy(i);
+  ++st_.weight_reloads;
+  st_.weight_bytes_in += w.used;
+  if (demand) {
+    ++st_.misses;
+    ++st_.weight_misses;
+    ++step_misses_;
+    if (st_.weight_misses <= 8)
+      log().info("miss: weight {} ({} MiB) touched while evicted at launch {} of the step", i, w.used >> 20, cur_pos_);
+  }
+  return true;
+}
+
+void Executor::ensure_weight(uint32_t i, Stream s, bool demand) {
+  Weight& w = weights_[i];
+  switch (w.state) {
+    case State::Evicting:
+      w.state = State::Resident;  // the bytes are still on the device: keep them
+      ++st_.weight_abandoned;
+      break;
+    case State::Evicted:
+      if (!reload_weight(i, demand)) return;
+      [[fallthrough]];
+    case State::Reloading:
+      w.state = State::Resident;
+      break;
+    case State::Resident:
+      break;
+    default:
+      return;  // given back
+  }
+  if (w.h2d_pending && opt_.fault != Options::Fault::SkipReloadWait) driver_.stream_wait(s, w.ev_h2d);
+  add_stream(w, s);
 }
 
 }  // namespace offload

@@ -41,6 +41,7 @@
 #include "core/alloc_table.h"
 #include "core/driver.h"
 #include "core/event_log.h"
+#include "core/persistent_pool.h"
 #include "core/plan.h"
 
 namespace offload {
@@ -92,6 +93,12 @@ struct ExecutorStats {
   // Host time (TSC cycles): in before_launch, and of that waiting for the budget (our copies
   // or freed arenas); all waits for the budget, the allocation hook's included.
   uint64_t gate_calls = 0, gate_cycles = 0, gate_wait_cycles = 0, wait_cycles = 0;
+  // Weight streaming: weights whose backing we hold (lent by the PersistentPool), their
+  // evictions and reloads (planned and on demand), the bytes moved, the most of their bytes
+  // mapped at once, and reloads that first waited for an eviction to finish (the plan's bound).
+  uint64_t weights = 0, weight_evictions = 0, weight_reloads = 0, weight_misses = 0, weight_abandoned = 0;
+  uint64_t weight_bytes_out = 0, weight_bytes_in = 0, weight_mapped_peak = 0, weight_waits = 0;
+  uint64_t weight_over_bound = 0;  // reloads that found the bound full and nothing leaving
   std::vector<uint64_t> recent_misses;      // misses in each of the last finished active steps
   std::vector<uint64_t> recent_late;        // late reloads in each of them
   std::string plan;                         // the installed plan, described
@@ -108,6 +115,8 @@ class Executor final : public LaunchGate {
     Fault fault = Fault::None;
   };
   Executor(Driver& driver, Options o);
+  // Where streamed weights live (OFFLOAD_PERSISTENT_MIN); without it a plan's weights stay put.
+  void set_persistent(PersistentPool* pool) { pool_ = pool; }
   ~Executor() override;
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -129,7 +138,8 @@ class Executor final : public LaunchGate {
   // Hooks. place: an arena address for a planned allocation (and its tracker tag), or 0 to
   // let the allocator serve it. `next_launch`: the number the next launch will get.
   DevPtr place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t* tag);
-  // True if `p` is an arena member (then the allocator must not see the free).
+  // True if `p` is an arena member (then the allocator must not see the free). A streamed
+  // weight's backing goes back to the PersistentPool first (false: the pool frees it).
   bool release(DevPtr p, Stream s);
   void before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s,
                      const AllocId* acc, size_t n, uint8_t flags) override;
@@ -169,16 +179,45 @@ class Executor final : public LaunchGate {
     uint64_t host_offset = 0;
     bool in_busy = false;           // listed in busy_
   };
+  // A streamed weight: one PersistentPool block whose physical handle we hold while lent.
+  struct Weight {
+    DevPtr va = 0;
+    uint64_t used = 0;              // bytes copied out and back
+    uint64_t size = 0;              // mapped bytes (the block's)
+    uint64_t id = 0;                // the tracker's id for it
+    uint64_t handle = 0;            // mapped at va (0: none)
+    State state = State::Resident;  // Resident, Evicting, Evicted or Reloading (Empty: given back)
+    Stream streams[kMaxStreams]{};
+    uint64_t events[kMaxStreams]{};
+    int nstreams = 0;
+    bool overflow = false;
+    uint64_t ev_d2h = 0, ev_h2d = 0;
+    bool h2d_pending = false;
+    uint64_t host_offset = 0;
+    bool in_busy = false;
+  };
   struct Action {
     int64_t pos;
-    uint32_t arena;
+    uint32_t index;  // arena, or window for a weight
     bool evict;
+    bool weight;
   };
 
-  void add_stream(Arena& a, Stream s);
-  bool copy(Arena& a, bool to_host, Stream s);  // in pieces that respect the pinned chunks
-  bool record_all(Arena& a);        // one event per listed stream
-  bool all_done(Arena& a);
+  template <class T> void add_stream(T& a, Stream s);
+  template <class T> bool copy(T& a, bool to_host, Stream s);  // in pieces that respect the pinned chunks
+  template <class T> bool record_all(T& a);  // one event per listed stream
+  template <class T> bool all_done(T& a);
+  // Weights. install_weights: lends the plan's weights from the pool (keeping those lent
+  // already); give_back_weights: every resident one goes back (false if one is not resident).
+  bool install_weights(std::string* why);
+  bool give_back_weights();
+  int weight_of(uint64_t id) const;       // index in weights_ by tracker id, -1: none
+  int weight_at(DevPtr p) const;          // the weight whose range holds p, -1: none
+  void evict_weight(uint32_t i);
+  bool reload_weight(uint32_t i, bool demand);
+  void ensure_weight(uint32_t i, Stream s, bool demand);
+  uint64_t weight_handle(uint64_t size);  // a free handle of `size`, or a new one (0: none)
+  void mark_weight_busy(uint32_t i);
   int acquire_handle(bool for_reload);
   void give_handle(int h);
   void evict(uint32_t i);
@@ -228,7 +267,15 @@ class Executor final : public LaunchGate {
   // Pointer tables: allocation -> the arenas its pointers lead into (newest kept, bounded).
   std::vector<std::pair<AllocId, std::vector<uint32_t>>> tables_;
   static constexpr size_t kMaxTables = 256;
-  std::atomic<uint64_t> member_live_{0}, held_{0}, last_live_{0}, device_peak_{0};
+  PersistentPool* pool_ = nullptr;
+  std::vector<Weight> weights_;             // by plan weight index
+  std::vector<std::pair<uint64_t, uint32_t>> weight_ids_;  // (tracker id, index), sorted
+  std::vector<std::pair<DevPtr, uint32_t>> weight_vas_;    // (va, index), sorted
+  std::vector<std::pair<uint64_t, uint64_t>> free_weight_handles_;  // (size, handle), unmapped
+  std::vector<uint32_t> weight_busy_;       // weights with copies in flight
+  uint64_t weight_mapped_ = 0;              // lent weights' mapped bytes, free handles included
+  std::atomic<uint64_t> weight_lo_{0}, weight_hi_{0};  // their address range (for release / queries)
+  std::atomic<uint64_t> member_live_{0}, held_{0}, last_live_{0}, device_peak_{0}, lent_live_{0};
   ExecutorStats st_;
 };
 

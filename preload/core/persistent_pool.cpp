@@ -80,6 +80,12 @@ bool PersistentPool::free(DevPtr p, Stream s) {
   Block b = it->second;
   live_.erase(it);
   st_.live_bytes -= b.bytes;
+  if (!b.handle) {
+    // Lent and never given back (the executor gives a block back before its free): its
+    // range cannot be reused safely, so it is left reserved.
+    st_.lent_bytes -= b.bytes;
+    return true;
+  }
   b.event = d_.create_event();
   if (b.event) d_.record_event(b.event, s);
   b.freed_on = s;
@@ -118,8 +124,35 @@ uint64_t PersistentPool::trim(uint64_t target) {
 }
 
 void PersistentPool::note_peak() {
-  const uint64_t held = st_.live_bytes + st_.cached_bytes;
+  const uint64_t held = st_.live_bytes - st_.lent_bytes + st_.cached_bytes;
   if (held > st_.peak_bytes) st_.peak_bytes = held;
+}
+
+void PersistentPool::reset_peak() {
+  std::lock_guard lock(mu_);
+  st_.peak_bytes = 0;
+  note_peak();
+}
+
+bool PersistentPool::lend(DevPtr p, uint64_t* handle, uint64_t* bytes) {
+  std::lock_guard lock(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end() || !it->second.handle) return false;
+  *handle = it->second.handle;
+  *bytes = it->second.bytes;
+  it->second.handle = 0;
+  st_.lent_bytes += it->second.bytes;
+  return true;
+}
+
+bool PersistentPool::unlend(DevPtr p, uint64_t handle) {
+  std::lock_guard lock(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end() || it->second.handle || !handle) return false;
+  it->second.handle = handle;
+  st_.lent_bytes -= it->second.bytes;
+  note_peak();
+  return true;
 }
 
 bool PersistentPool::owns(DevPtr p) const {

@@ -39,7 +39,8 @@ class PersistentPool {
     uint64_t released = 0;      // blocks given back to the driver
     uint64_t refused = 0;       // allocations the device had no room for (forwarded)
     uint64_t live_bytes = 0, cached_bytes = 0;
-    uint64_t peak_bytes = 0;    // live + cached at their highest
+    uint64_t lent_bytes = 0;    // of live_bytes, those whose backing the executor holds
+    uint64_t peak_bytes = 0;    // physical bytes (live - lent + cached) at their highest
   };
 
   PersistentPool(Driver& d, Options o);
@@ -57,6 +58,14 @@ class PersistentPool {
   uint64_t block_bytes(DevPtr p) const;
   Stats stats() const;
   uint64_t min_bytes() const { return o_.min_bytes; }
+  void reset_peak();
+
+  // Weight streaming. lend: the executor takes the live block's physical handle (mapped at
+  // `p`); from then on it maps and unmaps the block's range itself, and the pool counts the
+  // block's bytes as lent, not held. False if `p` is not the start of a live block not lent
+  // already. unlend: the handle, mapped at `p` again, goes back to the pool.
+  bool lend(DevPtr p, uint64_t* handle, uint64_t* bytes);
+  bool unlend(DevPtr p, uint64_t handle);
 
  private:
   struct Block {

@@ -42,16 +42,27 @@ void Plan::index_members() {
 uint64_t Plan::host_bytes() const {
   uint64_t b = 0;
   for (const ArenaPlan& a : arenas) b = std::max(b, a.host_offset + a.used);
+  for (const WeightPlan& w : weights) b = std::max(b, w.host_offset + w.bytes);
   return b;
 }
 
 std::string Plan::describe() const {
   uint64_t moved = 0;
   for (const ArenaPlan& a : arenas) moved += a.used;
-  std::string s = std::to_string(arenas.size()) + " arenas offloaded (" + gib_text(moved) + " of " +
-                  gib_text(candidate_bytes) + " in " + std::to_string(candidates) + " activations), " +
-                  std::to_string(handles) + " handles of " + std::to_string(handle_bytes >> 20) +
-                  " MiB; peak " + gib_text(plain_peak) + " -> predicted " + gib_text(predicted_peak);
+  std::string s;
+  if (!arenas.empty() || weights.empty())
+    s = std::to_string(arenas.size()) + " arenas offloaded (" + gib_text(moved) + " of " + gib_text(candidate_bytes) +
+        " in " + std::to_string(candidates) + " activations), " + std::to_string(handles) + " handles of " +
+        std::to_string(handle_bytes >> 20) + " MiB; ";
+  if (!weights.empty()) {
+    uint64_t wb = 0, streamed = 0;
+    for (const WeightPlan& w : weights) wb += w.bytes;
+    for (const WeightWindow& w : windows) streamed += weights[w.weight].bytes;
+    s += std::to_string(weights.size()) + " weights streamed (" + gib_text(wb) + ", " + std::to_string(windows.size()) +
+         " windows moving " + gib_text(streamed) + " each way, at most " + gib_text(weight_bytes_mapped) +
+         " of them mapped at once); ";
+  }
+  s += "peak " + gib_text(plain_peak) + " -> predicted " + gib_text(predicted_peak);
   if (budget) s += std::string(" (budget ") + gib_text(budget) + (meets_budget ? ")" : ", NOT met)");
   if (predicted_step_ns > 0) {
     char m[128];
@@ -60,6 +71,27 @@ std::string Plan::describe() const {
     s += m;
   }
   return s;
+}
+
+void resolve_weights(Plan& p, const StepTrace& t) {
+  std::vector<uint32_t> index(p.weights.size(), ~uint32_t{0});
+  std::vector<WeightPlan> kept;
+  for (size_t i = 0; i < p.weights.size(); ++i) {
+    WeightPlan w = p.weights[i];
+    if (w.ordinal >= t.allocs.size() || !t.allocs[w.ordinal].base) continue;
+    w.va = t.allocs[w.ordinal].base;
+    w.id = t.allocs[w.ordinal].id;
+    index[i] = static_cast<uint32_t>(kept.size());
+    kept.push_back(w);
+  }
+  std::vector<WeightWindow> windows;
+  for (WeightWindow w : p.windows)
+    if (w.weight < index.size() && index[w.weight] != ~uint32_t{0}) {
+      w.weight = index[w.weight];
+      windows.push_back(w);
+    }
+  p.weights = std::move(kept);
+  p.windows = std::move(windows);
 }
 
 std::vector<int64_t> live_bytes(const StepTrace& t, const std::vector<char>* skip) {

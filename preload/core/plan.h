@@ -50,12 +50,37 @@ struct MemberPlan {
   uint64_t offset = 0;   // within the arena
 };
 
+// A block that outlives the step (a weight, optimizer state), served by the PersistentPool
+// (OFFLOAD_PERSISTENT_MIN), moved out in the idle stretches between its uses.
+struct WeightPlan {
+  uint32_t ordinal = 0;      // in the trace the plan was made from
+  uint64_t bytes = 0;        // copied out and back (the allocation's size)
+  uint64_t host_offset = 0;  // in the host extent, after the arenas'
+  DevPtr va = 0;             // filled in from the trace by the shim (TraceAlloc::base)
+  uint64_t id = 0;           // likewise (TraceAlloc::id): the id launches name it by
+};
+
+// One idle stretch of a weight: evicted at the first launch after `evict_after`, reloaded at
+// launch `reload_at`, used again at launch `use`. When use <= evict_after the stretch crosses
+// the step boundary: the reload and the use are in the next step (reload_at > evict_after:
+// still in this one).
+struct WeightWindow {
+  uint32_t weight = 0;       // index in Plan::weights
+  int64_t evict_after = -1, reload_at = -1, use = -1;
+  bool wraps() const { return use <= evict_after; }
+};
+
 struct Plan {
   uint64_t step_launches = 0;     // launches per step
   std::vector<uint64_t> tokens;   // launch_token per position
   std::vector<ArenaPlan> arenas;  // offloaded arenas, in birth order
   std::vector<MemberPlan> members;  // sorted by (pos, sub)
   std::vector<uint32_t> member_index;  // first member born before each position (size N+1)
+  std::vector<WeightPlan> weights;     // streamed weights (each its own physical handle)
+  std::vector<WeightWindow> windows;   // their idle stretches, by evict_after
+  // Streamed weights' bytes mapped at once, at most (the executor's bound: a reload past it
+  // waits for an eviction in flight to finish).
+  uint64_t weight_bytes_mapped = 0;
   uint32_t handles = 0;           // physical handles kept (the most arenas mapped at once)
   uint64_t handle_bytes = 0;      // size of each (= every arena's capacity)
 
@@ -69,6 +94,7 @@ struct Plan {
   int64_t predicted_step_ns = 0, compute_ns = 0, lower_bound_ns = 0;
   uint64_t candidates = 0, candidate_bytes = 0;
   uint64_t host_bytes() const;
+  bool empty() const { return arenas.empty() && windows.empty(); }
   // Sorts members by (pos, sub) and fills member_index (step_launches + 1 entries).
   void index_members();
   std::string describe() const;   // one line for the log
@@ -121,6 +147,10 @@ StepFacts step_facts(const StepTrace& t, uint64_t min_bytes);
 // member_align offsets, and its host range after the arenas before it.
 void add_arena(Plan& p, const StepTrace& t, const StepFacts& f, const std::vector<uint32_t>& members, uint64_t cap,
                int64_t reload_at, uint64_t member_align);
+
+// Fills the weights' addresses and ids from `t`, the trace the plan was made from in this
+// process; a weight the trace does not place (read from a file) is dropped with its windows.
+void resolve_weights(Plan& p, const StepTrace& t);
 
 // The plan for steps like `t`. An empty plan (no arenas) when nothing is worth moving:
 // `why` then says why.

@@ -20,6 +20,10 @@ struct TraceAlloc {
   Stream stream = 0;
   int64_t alloc_pos = -1;  // launch position it was born before; -1: before the step
   int64_t free_pos = -1;   // launch position it was freed before; -1: outlives the step
+  // Where it lives and the tracker's id for it, in the process that traced it (not written:
+  // a trace read from a file has 0).
+  DevPtr base = 0;
+  uint64_t id = 0;
 };
 
 struct TraceLaunch {

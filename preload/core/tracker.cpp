@@ -255,7 +255,7 @@ void StepAssembler::cut_at(size_t n, int64_t now_ns) {
   for (auto& [base, id] : born_before) {
     const Live& l = live_[id];
     ord[id] = static_cast<uint32_t>(t.allocs.size());
-    t.allocs.push_back(TraceAlloc{static_cast<uint32_t>(t.allocs.size()), l.bytes, l.stream, -1, -1});
+    t.allocs.push_back(TraceAlloc{static_cast<uint32_t>(t.allocs.size()), l.bytes, l.stream, -1, -1, base, id});
   }
   for (size_t i = 0; i < n; ++i) {
     const Event& e = pending_[i].e;
@@ -263,7 +263,7 @@ void StepAssembler::cut_at(size_t n, int64_t now_ns) {
     switch (e.kind) {
       case EventKind::Alloc:
         ord[e.a] = static_cast<uint32_t>(t.allocs.size());
-        t.allocs.push_back(TraceAlloc{static_cast<uint32_t>(t.allocs.size()), e.b, e.stream, pos, -1});
+        t.allocs.push_back(TraceAlloc{static_cast<uint32_t>(t.allocs.size()), e.b, e.stream, pos, -1, e.ptr, e.a});
         live_[e.a] = Live{e.b, e.stream, e.ptr};
         break;
       case EventKind::Free:
