@@ -83,6 +83,7 @@ Runtime::Runtime(Settings s)
     PersistentPool::Options po;
     po.min_bytes = settings_.persistent_min;
     persistent_ = std::make_unique<PersistentPool>(driver_, po);
+    executor_.set_persistent(persistent_.get());
   }
   if (!settings_.trace_dir.empty() && mkdir(settings_.trace_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     log().error("OFFLOAD_TRACE={}: cannot create the directory ({}); traces are off",
@@ -180,6 +181,9 @@ void Runtime::plan_from(const StepTrace& t) {
     if (note != plan_note_) log().info("{}", note);
     plan_note_ = note;
   };
+  // What outlives a step is born by now (the steps repeat): the pool of the shim's own keeps
+  // it, and what is born from here on comes from PyTorch's pool.
+  if (persistent_) persistent_->close();
   HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
   if (!private_pool_ && !link_.connected()) return say("no host pool yet: keeping data resident");
   uint64_t total = driver_.device_total_bytes();
@@ -212,6 +216,7 @@ void Runtime::plan_from(const StepTrace& t) {
   po.budget = o.budget;
   po.granularity = o.granularity;
   po.pool_overhead = o.pool_overhead;
+  if (persistent_) po.persistent_min = persistent_->min_bytes();
   if (timed) {
     share_ = node_share(o.budget);
     po.link = share_link(LinkModel{}, NodeLinkSums{share_.h2d, share_.d2h, share_.both}, share_.gpus);
@@ -242,8 +247,9 @@ void Runtime::plan_from(const StepTrace& t) {
       predicted_ = Prediction{};
       hidden_bytes_ = hidden_peak_ = 0;
     }
+    resolve_weights(plan, t);
     planned_ = plan;
-    if (plan.arenas.empty()) return say("not offloading: " + why);
+    if (plan.empty()) return say("not offloading: " + why);
     std::string refused;
     std::optional<Extent> ext = pool->lease(plan.host_bytes(), &refused);
     if (!ext) {
@@ -264,7 +270,7 @@ void Runtime::plan_from(const StepTrace& t) {
     host_ = ext;
     plan_note_.clear();
     log().info("plan: {}", desc);
-    if (!meets) log().warn("OFFLOAD_DEVICE_BUDGET cannot be met by moving activations alone; the rest stays resident");
+    if (!meets) log().warn("OFFLOAD_DEVICE_BUDGET cannot be met by what the plan can move; the rest stays resident");
     return;
   }
   say("not offloading: the host pool has no room (OFFLOAD_HOST_POOL)");
@@ -473,7 +479,7 @@ std::string Runtime::persistent_json() const {
   os << "{\"min_bytes\":" << persistent_->min_bytes() << ",\"allocs\":" << p.allocs << ",\"reused\":" << p.reused
      << ",\"cross_stream\":" << p.cross_stream << ",\"created\":" << p.created << ",\"released\":" << p.released
      << ",\"refused\":" << p.refused << ",\"live_bytes\":" << p.live_bytes << ",\"cached_bytes\":" << p.cached_bytes
-     << ",\"peak_bytes\":" << p.peak_bytes << "}";
+     << ",\"lent_bytes\":" << p.lent_bytes << ",\"peak_bytes\":" << p.peak_bytes << "}";
   return os.str();
 }
 
@@ -493,7 +499,13 @@ std::string Runtime::executor_json() {
      << ",\"handles_created\":" << x.handles_created << ",\"handles_released\":" << x.handles_released
      << ",\"over_budget\":" << x.over_budget << ",\"budget_waits\":" << x.budget_waits
      << ",\"held_bytes\":" << x.held_bytes << ",\"held_peak\":" << x.held_peak
-     << ",\"device_peak\":" << x.device_peak << ",\"planner\":{\"gpu_time\":" << (predicted_.step_ns > 0 ? "true" : "false")
+     << ",\"device_peak\":" << x.device_peak << ",\"weights\":{\"lent\":" << x.weights
+     << ",\"evictions\":" << x.weight_evictions << ",\"reloads\":" << x.weight_reloads
+     << ",\"misses\":" << x.weight_misses << ",\"abandoned\":" << x.weight_abandoned
+     << ",\"bytes_out\":" << x.weight_bytes_out << ",\"bytes_in\":" << x.weight_bytes_in
+     << ",\"mapped_peak\":" << x.weight_mapped_peak << ",\"bound\":" << planned_.weight_bytes_mapped
+     << ",\"waits\":" << x.weight_waits << ",\"over_bound\":" << x.weight_over_bound
+     << ",\"windows\":" << planned_.windows.size() << "},\"planner\":{\"gpu_time\":" << (predicted_.step_ns > 0 ? "true" : "false")
      << ",\"predicted_step_ns\":" << predicted_.step_ns << ",\"compute_ns\":" << predicted_.compute_ns
      << ",\"lower_bound_ns\":" << predicted_.lower_bound_ns << ",\"forward_ns\":" << predicted_.forward_ns
      << ",\"backward_ns\":" << predicted_.backward_ns << ",\"bytes_moved\":" << predicted_.bytes_out << ",\"hidden_bytes\":" << hidden_bytes_

@@ -65,7 +65,10 @@ class Runtime {
     if (offloading_ && executor_.release(reinterpret_cast<DevPtr>(p), s)) return true;
     return persistent_ && persistent_->free(reinterpret_cast<DevPtr>(p), s);
   }
-  void reset_peak() { executor_.reset_peak(); }
+  void reset_peak() {
+    executor_.reset_peak();
+    if (persistent_) persistent_->reset_peak();
+  }
   // A pointer query (Triton checks its arguments): an evicted arena is mapped back first.
   void prepare_access(DevPtr p) {
     if (offloading_) executor_.prepare_access(p);

@@ -17,6 +17,10 @@ PersistentPool::~PersistentPool() {
 DevPtr PersistentPool::alloc(uint64_t bytes, Stream s) {
   if (!o_.min_bytes || bytes < o_.min_bytes) return 0;
   std::lock_guard lock(mu_);
+  if (closed_) {
+    if (!kept_.empty()) trim(0);
+    return 0;
+  }
   if (!gran_) gran_ = d_.vmm_granularity();
   if (!gran_) return 0;
   const uint64_t size = (bytes + gran_ - 1) / gran_ * gran_;
@@ -92,8 +96,15 @@ bool PersistentPool::free(DevPtr p, Stream s) {
   b.seq = ++frees_;
   kept_.emplace(b.bytes, b);
   st_.cached_bytes += b.bytes;
-  if (st_.cached_bytes > o_.cache_bytes) trim(o_.cache_bytes);
+  if (closed_) trim(0);
+  else if (st_.cached_bytes > o_.cache_bytes) trim(o_.cache_bytes);
   return true;
+}
+
+void PersistentPool::close() {
+  std::lock_guard lock(mu_);
+  closed_ = true;
+  trim(0);
 }
 
 void PersistentPool::give_back(Block& b) {

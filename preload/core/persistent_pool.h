@@ -59,6 +59,11 @@ class PersistentPool {
   Stats stats() const;
   uint64_t min_bytes() const { return o_.min_bytes; }
   void reset_peak();
+  // No more allocations are served (alloc returns 0: the caller's allocator serves them); kept
+  // blocks are released once their frees complete. The shim closes the pool when it plans:
+  // what outlives a step (weights, optimizer state) is born by then, and what is born later
+  // lives within a step, where PyTorch's pool serves it without driver calls.
+  void close();
 
   // Weight streaming. lend: the executor takes the live block's physical handle (mapped at
   // `p`); from then on it maps and unmaps the block's range itself, and the pool counts the
@@ -90,6 +95,7 @@ class PersistentPool {
   std::unordered_map<DevPtr, Block> live_;
   std::multimap<uint64_t, Block> kept_;  // by size; equal sizes in the order they were freed
   uint64_t frees_ = 0;
+  bool closed_ = false;
   Stats st_;
 };
 

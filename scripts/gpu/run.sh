@@ -38,7 +38,9 @@
 #   scripts/gpu/run.sh weights      weight streaming (lora: bf16 weights about twice a 20 GiB
 #                                   budget): resident ckpt (the reference), the hand-written
 #                                   streaming baseline (--mode stream, no shim), ckpt under the
-#                                   shim at OFFLOAD_DEVICE_BUDGET=20GiB; bitwise checks (< 9 min)
+#                                   shim (OFFLOAD_PERSISTENT_MIN=64MiB) at 20 GiB and at 24 GiB
+#                                   (the baseline's footprint); small shapes first; bitwise
+#                                   checks (< 10 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Offload runs (run kind o) take OFFLOAD_DEVICE_BUDGET from $budget, which budget_of sets from
@@ -489,48 +491,62 @@ case $plan in
     # rank-16 adapters, 16384 tokens a step, checkpointed blocks). The resident run fits the
     # H200 and is the reference, bitwise and for the step time; the hand-written baseline
     # streams the blocks' weights through a ring of $WEIGHT_STREAM_RING slots (no shim); the
-    # shim runs the resident model at a 20 GiB budget (it cannot offload weights yet: this
-    # shows what happens today). The small shapes first: the bitwise claim in seconds.
+    # shim streams weights served by its own pool (OFFLOAD_PERSISTENT_MIN) under a budget of
+    # 20 GiB, and again at the baseline's own footprint ($WEIGHTS_MATCH_BUDGET). Small shapes
+    # first (the bitwise claim in seconds), then full shapes.
     restart_daemon
     t_plan=$SECONDS
     export WEIGHT_STREAM_RING=${WEIGHT_STREAM_RING:-3}
     log "weight stream ring: $WEIGHT_STREAM_RING slots"
     fails=0
-    s=(--workload lora --small --deterministic --steps 4 --warmup 4 --mark-steps)
+    s=(--workload lora --small --deterministic --steps 6 --warmup 6 --mark-steps)
     run lora_small_ckpt 0 "${s[@]}" --mode ckpt
     run lora_small_stream 0 "${s[@]}" --mode stream
     check_pair lora_small_ckpt lora_small_stream || fails=$((fails + 1))
-    d=(--workload lora --deterministic --steps 6 --warmup 4 --mark-steps)
+    # The small model's weights are 2 MiB blocks: streamed at half its footprint.
+    budget=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["footprint_peak_bytes"] * 0.5))' \
+      "$work/lora_small_ckpt.json" 2>/dev/null)
+    OFFLOAD_PERSISTENT_MIN=1MiB run lora_small_offload o "${s[@]}" --mode ckpt
+    check_pair lora_small_ckpt lora_small_offload || fails=$((fails + 1))
+    d=(--workload lora --deterministic --steps 6 --warmup 6 --mark-steps)
     run lora_ckpt 0 "${d[@]}" --mode ckpt
-    run lora_stream 0 "${d[@]}" --mode stream
-    check_pair lora_ckpt lora_stream || fails=$((fails + 1))
-    budget=20GiB
-    limit=$(( ${WEIGHTS_PLAN_S:-520} - (SECONDS - t_plan) ))
-    if (( limit >= 60 )); then
-      log "shim run: at most $limit s"
-      launch="timeout -k 15 $limit python3" run lora_offload o "${d[@]}" --mode ckpt
-      check_pair lora_ckpt lora_offload || fails=$((fails + 1))
-    else
-      log "no time left for the shim run ($((SECONDS - t_plan)) s spent)"; fails=$((fails + 1))
-    fi
+    [ "${WEIGHTS_SKIP_STREAM:-0}" = 1 ] || { run lora_stream 0 "${d[@]}" --mode stream; check_pair lora_ckpt lora_stream || fails=$((fails + 1)); }
+    for b in 20GiB ${WEIGHTS_MATCH_BUDGET:-24GiB}; do
+      budget=$b
+      limit=$(( ${WEIGHTS_PLAN_S:-540} - (SECONDS - t_plan) ))
+      if (( limit < 60 )); then
+        log "no time left for the shim run at $b ($((SECONDS - t_plan)) s spent)"; fails=$((fails + 1)); continue
+      fi
+      log "shim run at $b: at most $limit s"
+      OFFLOAD_PERSISTENT_MIN=64MiB launch="timeout -k 15 $limit python3" run "lora_offload_$b" o "${d[@]}" --mode ckpt
+      check_pair lora_ckpt "lora_offload_$b" || fails=$((fails + 1))
+      python3 -c 'import json,sys; x=(json.load(open(sys.argv[1])).get("shim") or {}).get("executor") or {}; print("[gpu]   executor:", json.dumps({k: x.get(k) for k in ("plan","installs","deviations","steps_active","misses","evictions","reloads","weights","planner")})[:1500])' \
+        "$work/lora_offload_$b.json" 2>/dev/null || log "  no result"
+    done
     # Sizes, footprints against the budget, and step times against the resident run.
     python3 - "$work" <<'PY'
-import json, os, sys
+import glob, json, os, sys
 def load(name):
     path = os.path.join(sys.argv[1], name + ".json")
     return json.load(open(path)) if os.path.exists(path) else None
-base = load("lora_ckpt")
 g = lambda v: f"{v / 2**30:.2f} GiB" if isinstance(v, (int, float)) else "n/a"
-for name in ("lora_small_ckpt", "lora_small_stream", "lora_ckpt", "lora_stream", "lora_offload"):
+names = ["lora_small_ckpt", "lora_small_stream", "lora_small_offload", "lora_ckpt", "lora_stream"]
+names += sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(sys.argv[1], "lora_offload_*.json")))
+for name in names:
     r = load(name)
     if r is None:
         print(f"[gpu] {name}: no result"); continue
     ws = r.get("weight_stream") or {}
-    ref = load("lora_small_ckpt") if r["small"] else base
+    ref = load("lora_small_ckpt") if r["small"] else load("lora_ckpt")
     ratio = f"{r['ms_per_step'] / ref['ms_per_step']:.3f}x resident" if ref else "n/a"
+    ex = ((r.get("shim") or {}).get("executor") or {})
+    pl = ex.get("planner") or {}
+    pred = pl.get("predicted_step_ns") or 0
+    gpu = [s.get("gpu_step_ns") for s in ((r.get("shim") or {}).get("recent_steps") or []) if (s.get("gpu_step_ns") or 0) > 0]
     print(f"[gpu] {name}: params {r.get('params')} trainable {r.get('trainable_params')}; "
-          f"{r['ms_per_step']:.1f} ms/step ({ratio}); footprint {g(r.get('footprint_peak_bytes'))} "
-          f"(20 GiB budget: {'within' if (r.get('footprint_peak_bytes') or 1 << 62) <= 20 << 30 else 'over'})"
+          f"{r['ms_per_step']:.1f} ms/step ({ratio}); footprint {g(r.get('footprint_peak_bytes'))}"
+          + (f"; budget {g(ex.get('budget'))}" if ex.get("budget") else "")
+          + (f"; predicted {pred / 1e6:.1f} ms/step" if pred else "")
           + (f"; ring {ws['ring']} x {g(ws['slot_bytes'])}, {g(ws['h2d_bytes_per_step'])} H2D a step" if ws else ""))
 PY
     "$ctl" stop > /dev/null 2>&1
