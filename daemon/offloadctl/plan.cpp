@@ -57,6 +57,12 @@ std::string json_string(const std::string& s) {
   return o + "\"";
 }
 
+uint64_t weight_bytes(const Plan& p) {
+  uint64_t b = 0;
+  for (const WeightPlan& w : p.weights) b += w.bytes;
+  return b;
+}
+
 // Whether the predicted footprint (without a plan: the plain one) meets the budget; none: met.
 bool meets(const PlannerResult& r, uint64_t budget) { return !budget || r.prediction.peak_bytes <= budget; }
 
@@ -67,12 +73,13 @@ void print_json(const std::string& path, const StepTrace& t, const PlannerResult
          "\"meets_budget\":%s,\"bytes_moved\":%llu,\"predicted_step_ns\":%lld,\"compute_ns\":%lld,\"forward_ns\":%lld,"
          "\"backward_ns\":%lld,\"lower_bound_ns\":%lld,\"hidden_bytes\":%llu,\"hidden_peak\":%llu,"
          "\"hidden_step_ns\":%lld,\"period\":%u,\"segments\":%zu,\"handles\":%u,\"handle_bytes\":%llu,"
-         "\"arenas\":%zu,\"why\":%s}\n",
+         "\"arenas\":%zu,\"weights\":%zu,\"weight_bytes\":%llu,\"windows\":%zu,\"weight_bytes_mapped\":%llu,\"why\":%s}\n",
          json_string(path).c_str(), ull(t.step), ull(budget), ull(r.plain_footprint), ull(pr.peak_bytes),
          meets(r, budget) ? "true" : "false", ull(pr.bytes_out), ll(pr.step_ns), ll(pr.compute_ns), ll(pr.forward_ns),
          ll(pr.backward_ns), ll(pr.lower_bound_ns), ull(r.hidden_bytes), ull(r.hidden_peak), ll(r.hidden_step_ns),
          r.boundaries.period, r.boundaries.starts.size(), p.handles, ull(p.handle_bytes), p.arenas.size(),
-         p.arenas.empty() ? json_string(r.why).c_str() : "null");
+         p.weights.size(), ull(weight_bytes(p)), p.windows.size(), ull(p.weight_bytes_mapped),
+         p.empty() ? json_string(r.why).c_str() : "null");
 }
 
 // --sweep: the step planned at 100%, 95%, ... 30% of its footprint without offload, one row
@@ -284,7 +291,7 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
   std::string head = "<table>\n";
   auto row = [&](const char* k, const std::string& v) { head += "<tr><th>" + std::string(k) + "</th><td>" + xml_escape(v) + "</td></tr>\n"; };
   row("trace", fmt("step %llu of ", ull(t.step)) + path + fmt(": %zu launches, %zu allocations", t.launches.size(), t.allocs.size()));
-  row("plan", p.arenas.empty() ? "none: " + r.why : p.describe());
+  row("plan", p.empty() ? "none: " + r.why : p.describe());
   row("budget", !budget ? "none" : fraction > 0 ? fmt("%.2f GiB (%g%% of the footprint without offload)", gib(budget), 100 * fraction)
                                                  : fmt("%.2f GiB", gib(budget)));
   row("footprint without offload", fmt("%.2f GiB", gib(r.plain_footprint)));
@@ -312,12 +319,14 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
 // budget: bytes, or 0 for none; fraction (> 0): the budget is that share of the step's
 // footprint without offload instead.
 // sweep: a row per budget from 100% to 30% of that footprint instead of one plan.
+// persistent_min (> 0): weights of at least that many bytes may be streamed instead.
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
-             const std::string& html, bool json, bool sweep_budgets) {
+             const std::string& html, bool json, bool sweep_budgets, uint64_t persistent_min) {
   StepTrace t;
   if (!load_step_trace(path, &t)) return 1;
   PlannerOptions o;
   if (segments) o.fallback_segments = segments;
+  o.persistent_min = persistent_min;
   // As plan_step computes PlannerResult::plain_footprint.
   const uint64_t plain = static_cast<uint64_t>(static_cast<double>(step_facts(t, o.min_bytes).peak) * o.pool_overhead);
   if (sweep_budgets) return sweep(path, t, o, plain, json);
@@ -350,8 +359,19 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
   if (r.hidden_bytes)
     printf("largest offload the compute hides: %.2f GiB in %u arenas, footprint %.2f GiB, step %.1f ms\n",
            gib(r.hidden_bytes), r.hidden_arenas, gib(r.hidden_peak), ms(r.hidden_step_ns));
-  if (p.arenas.empty()) {
+  if (p.empty()) {
     printf("no plan: %s\n", r.why.c_str());
+  } else if (p.arenas.empty()) {
+    printf("plan: %s\n", p.describe().c_str());
+    printf("  footprint without offload %8.2f GiB\n", gib(r.plain_footprint));
+    printf("  streamed weights       %8.2f GiB (%zu weights, %zu windows; at most %.2f GiB of them mapped at once)\n",
+           gib(weight_bytes(p)), p.weights.size(), p.windows.size(), gib(p.weight_bytes_mapped));
+    printf("  = predicted peak       %8.2f GiB%s\n", gib(p.predicted_peak),
+           budget ? (p.meets_budget ? "  (meets the budget)" : "  (does NOT meet the budget)") : "");
+    printf("  moved per step         %8.2f GiB out, %.2f GiB in\n", gib(pr.bytes_out), gib(pr.bytes_in));
+    printf("  step                   %8.1f ms predicted (compute %.1f ms; lower bound %.1f ms)\n", ms(pr.step_ns),
+           ms(pr.compute_ns), ms(pr.lower_bound_ns));
+    if (!p.meets_budget) printf("  %s\n", r.why.c_str());
   } else {
     printf("plan: %s\n", p.describe().c_str());
     printf("  footprint without offload %8.2f GiB\n", gib(r.plain_footprint));

@@ -757,7 +757,10 @@ double PlanWatch::observe(int64_t measured) {
   return std::clamp(static_cast<double>(predicted_) / static_cast<double>(measured), 0.5, 0.9);
 }
 
-PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
+namespace {
+
+// plan_step for activations alone.
+PlannerResult plan_activations(const StepTrace& t, const PlannerOptions& o) {
   PlannerResult r;
   const size_t n = t.launches.size();
   Plan& p = r.plan;
@@ -799,6 +802,21 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
     return all;
   }
   return strict;
+}
+
+}  // namespace
+
+PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
+  PlannerResult act = plan_activations(t, o);
+  if (!o.persistent_min || !o.budget || t.launches.empty() || act.prediction.peak_bytes <= o.budget) return act;
+  // Activations alone miss the budget: weights instead, when that does better. Plans moving
+  // both arenas and weights are not made yet (the footprint model would need the arenas'
+  // handles and the weights' absences at once, and the link shared between them).
+  PlannerResult wp = plan_weights(t, gpu_timeline(t), o);
+  if (!wp.plan.meets_budget && wp.plan.predicted_peak >= act.prediction.peak_bytes) return act;
+  wp.hidden_bytes = act.hidden_bytes, wp.hidden_peak = act.hidden_peak;
+  wp.hidden_step_ns = act.hidden_step_ns, wp.hidden_arenas = act.hidden_arenas;
+  return wp;
 }
 
 Plan plan_scaled(const StepTrace& t, const PlanOptions& po, uint32_t divisor, std::string* why) {

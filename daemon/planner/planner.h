@@ -108,6 +108,10 @@ struct PlannerOptions {
   uint32_t fallback_segments = 32;  // segments by bytes when no period is found
   // Exposed time the "hidden" offload may add, as a share of the step's compute.
   double hide_tolerance = 0.01;
+  // Allocations at least this big are the shim's own (OFFLOAD_PERSISTENT_MIN): those born
+  // before the step that outlive it (weights) may be streamed, and sit in exact blocks rather
+  // than in PyTorch's pool. 0: weights are never streamed.
+  uint64_t persistent_min = 0;
   LinkModel link;
 };
 
@@ -184,8 +188,25 @@ class PlanWatch {
   uint32_t max_, slow_ = 0, revisions_ = 0;
 };
 
+// Weight streaming: which idle stretches (WeightWindow) of the weights to copy out and back so
+// that the footprint meets o.budget. Candidates: allocations born before the step that outlive
+// it, of at least o.persistent_min bytes, used in the step; their windows lie between
+// consecutive uses and across the step boundary (never between adjacent launches). In GPU time,
+// at the link's shared rates, over three unrolled steps: copies out are one FIFO queue from the
+// end of the last use, copies back one queue as late as possible before the use (each step's
+// queues also hold the neighbouring steps' copies). Its reload is issued at the last launch
+// starting by the copy back's planned start; the weight is absent from the first launch
+// starting after its copy out ends until that launch. A window fits when that stretch holds a
+// launch at least (the copy out ends before the reload's launch starts). Footprint before each launch: (live -
+// persistent) * pool_overhead + persistent in whole granules - absent weights. Greedy: while
+// the peak is over the budget, the largest window (the longest idle on a tie) that covers the
+// peak joins if everything chosen still fits. The plan has no arenas (combined plans: not
+// yet); predicted_step_ns is the compute's (every chosen copy hides).
+PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o);
+
 // Plans steps like `t`. Without GPU times in the trace (CUPTI off), every launch counts as
-// the same length.
+// the same length. With o.persistent_min and a budget that activations alone miss, the weight
+// plan (plan_weights) instead when it meets the budget or lowers the peak further.
 PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o);
 
 // The planner where the built-in plan's options are at hand (the replay on the simulated

@@ -1,0 +1,319 @@
+// plan_weights (daemon/planner/weight_plan.cpp) on synthetic steps: L layers, each with one
+// weight born before the step that outlives it, used once in the forward (launch i) and once in
+// the backward (launch 2L-1-i). check_weights() re-derives what a weight plan promises with its
+// own walk over three steps (the middle one in steady state): the windows' positions, every
+// reload's copy done before its use, the footprint and the streamed bytes mapped at every launch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/plan.h"
+#include "core/step_trace.h"
+#include "planner/planner.h"
+
+namespace offload {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+struct LayerSpec {
+  int layers = 16;
+  std::vector<uint64_t> weight_bytes;  // per layer; empty: 64 MiB each
+  std::vector<int64_t> dur;            // per launch (2L); empty: 4 ms each
+  uint64_t act_bytes = 0;              // per layer, saved in the forward, freed in the backward
+  uint64_t small_persistent = 8 * kMiB;  // outlives the step, under persistent_min: pooled
+};
+
+StepTrace layer_trace(const LayerSpec& s) {
+  StepTrace t;
+  const int L = s.layers, n = 2 * L;
+  std::vector<uint32_t> w(static_cast<size_t>(L)), act(static_cast<size_t>(L), ~0u);
+  auto alloc = [&](uint64_t bytes, int64_t born, int64_t freed) {
+    TraceAlloc a;
+    a.ordinal = static_cast<uint32_t>(t.allocs.size());
+    a.bytes = bytes, a.alloc_pos = born, a.free_pos = freed;
+    a.base = 0x7000'0000'0000ull + uint64_t{a.ordinal} * (1ull << 32);
+    a.id = 1000 + a.ordinal;
+    t.allocs.push_back(a);
+    return a.ordinal;
+  };
+  const uint32_t small = alloc(s.small_persistent, -1, -1);
+  for (int i = 0; i < L; ++i)
+    w[static_cast<size_t>(i)] = alloc(s.weight_bytes.empty() ? 64 * kMiB : s.weight_bytes[static_cast<size_t>(i)], -1, -1);
+  if (s.act_bytes)
+    for (int i = 0; i < L; ++i) act[static_cast<size_t>(i)] = alloc(s.act_bytes, i, 2 * L - i);
+  int64_t clock = 0;
+  for (int p = 0; p < n; ++p) {
+    TraceLaunch l;
+    l.pos = static_cast<uint32_t>(p);
+    l.kernel = static_cast<uint32_t>(p < L ? 1 : 2);
+    l.gpu_start_ns = clock;
+    l.gpu_ns = s.dur.empty() ? 4'000'000 : s.dur[static_cast<size_t>(p)];
+    clock += l.gpu_ns;
+    const int layer = p < L ? p : 2 * L - 1 - p;
+    l.allocs = {w[static_cast<size_t>(layer)], small};
+    if (s.act_bytes) l.allocs.push_back(act[static_cast<size_t>(layer)]);
+    t.launches.push_back(l);
+  }
+  t.kernels = {{1, "forward"}, {2, "backward"}};
+  t.gpu_busy_ns = clock;
+  t.cupti_kernels = n;
+  return t;
+}
+
+PlannerOptions weight_options(uint64_t budget) {
+  PlannerOptions o;
+  o.budget = budget;
+  o.persistent_min = 16 * kMiB;
+  return o;
+}
+
+int64_t copy_ns(uint64_t bytes, double rate) {
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(static_cast<double>(bytes) / rate)));
+}
+
+// What the plan promises, walked independently over three steps (the middle one checked).
+void check_weights(const StepTrace& t, const PlannerOptions& o, const Plan& p) {
+  const int64_t n = static_cast<int64_t>(t.launches.size());
+  std::vector<int64_t> start(static_cast<size_t>(n));
+  for (int64_t q = 0; q < n; ++q) start[static_cast<size_t>(q)] = t.launches[static_cast<size_t>(q)].gpu_start_ns;
+  const TraceLaunch& last = t.launches.back();
+  const int64_t T = last.gpu_start_ns + last.gpu_ns;
+  auto at = [&](int64_t q) { return start[static_cast<size_t>(q % n)] + (q / n) * T; };
+  auto end_of = [&](int64_t q) { return q % n + 1 < n ? at(q + 1) : at(q) + last.gpu_ns; };
+  auto first_from = [&](int64_t x) {
+    int64_t q = 0;
+    while (q < 4 * n && at(q) < x) ++q;
+    return q;
+  };
+  ASSERT_EQ(p.step_launches, static_cast<uint64_t>(n));
+  EXPECT_TRUE(p.arenas.empty());
+  // Windows: sorted, inside their stretch, between uses of their weight.
+  struct W {
+    int64_t a, b, reload;  // unrolled: a in step 0, b and reload in step 0 or 1
+    uint64_t bytes;
+    uint32_t weight;
+  };
+  std::vector<W> ws;
+  for (size_t i = 0; i < p.windows.size(); ++i) {
+    const WeightWindow& x = p.windows[i];
+    SCOPED_TRACE("window " + std::to_string(i));
+    ASSERT_LT(x.weight, p.weights.size());
+    if (i) {
+      EXPECT_LE(p.windows[i - 1].evict_after, x.evict_after);
+    }
+    ASSERT_TRUE(x.evict_after >= 0 && x.evict_after < n && x.use >= 0 && x.use < n && x.reload_at >= 0 && x.reload_at < n);
+    if (!x.wraps()) {
+      EXPECT_LT(x.evict_after, x.reload_at);
+      EXPECT_LE(x.reload_at, x.use);
+      EXPECT_GT(x.use, x.evict_after + 1);
+    } else {
+      EXPECT_TRUE(x.reload_at > x.evict_after || x.reload_at <= x.use);
+      EXPECT_NE(x.use + n, x.evict_after + 1);
+    }
+    const int64_t b = x.use + (x.wraps() ? n : 0), r = x.reload_at + (x.reload_at <= x.evict_after ? n : 0);
+    EXPECT_LE(r, b);
+    const WeightPlan& wp = p.weights[x.weight];
+    const TraceAlloc& ta = t.allocs[wp.ordinal];
+    EXPECT_EQ(wp.bytes, ta.bytes);
+    EXPECT_EQ(wp.va, ta.base);
+    EXPECT_EQ(wp.id, ta.id);
+    EXPECT_TRUE(ta.alloc_pos < 0 && ta.free_pos < 0 && ta.bytes >= o.persistent_min);
+    // The weight is used at both ends and nowhere in between.
+    auto used = [&](int64_t q) {
+      const auto& al = t.launches[static_cast<size_t>(q % n)].allocs;
+      return std::find(al.begin(), al.end(), wp.ordinal) != al.end();
+    };
+    EXPECT_TRUE(used(x.evict_after));
+    EXPECT_TRUE(used(b));
+    for (int64_t q = x.evict_after + 1; q < b; ++q) EXPECT_FALSE(used(q)) << q;
+    ws.push_back(W{x.evict_after, b, r, wp.bytes, x.weight});
+  }
+  // Host ranges: 4 KiB aligned, disjoint.
+  for (size_t i = 0; i < p.weights.size(); ++i) {
+    EXPECT_EQ(p.weights[i].host_offset % 4096, 0u);
+    if (i) {
+      EXPECT_GE(p.weights[i].host_offset, p.weights[i - 1].host_offset + p.weights[i - 1].bytes);
+    }
+  }
+  // Copies out: FIFO from the end of the last use; steps 0..2.
+  const double d2h = o.link.d2h_shared * o.link.scale, h2d = o.link.h2d_shared * o.link.scale;
+  const size_t nw = ws.size();
+  std::vector<int64_t> out_end(nw * 3);
+  {
+    std::vector<std::pair<int64_t, size_t>> q;
+    for (int k = 0; k < 3; ++k)
+      for (size_t i = 0; i < nw; ++i) q.push_back({end_of(ws[i].a) + k * T, k * nw + i});
+    std::sort(q.begin(), q.end());
+    int64_t free_at = 0;
+    for (auto [ready, j] : q) free_at = out_end[j] = std::max(ready, free_at) + copy_ns(ws[j % nw].bytes, d2h);
+  }
+  // Copies back: FIFO from the start of launch reload_at (not before the copy out ended), in
+  // order of issue, the earlier use first among those issued at one launch.
+  {
+    std::vector<std::tuple<int64_t, int64_t, size_t>> q;
+    for (int k = 0; k < 3; ++k)
+      for (size_t i = 0; i < nw; ++i) q.push_back({at(ws[i].reload + k * n), ws[i].b + k * n, k * nw + i});
+    std::sort(q.begin(), q.end());
+    int64_t free_at = 0;
+    for (auto [issued, use, j] : q) {
+      EXPECT_GE(issued, out_end[j]) << "window " << j % nw << " reloaded before its copy out ends";
+      free_at = std::max({issued, free_at, out_end[j]}) + copy_ns(ws[j % nw].bytes, h2d);
+      if (j / nw == 1) {
+        EXPECT_LE(free_at, at(use)) << "reload of window " << j % nw << " late for its use " << use;
+      }
+    }
+  }
+  // The middle step, launch by launch: a weight is absent from the first launch starting after
+  // its copy out ends until reload_at.
+  uint64_t persistent = 0, persistent_rounded = 0, streamed = 0;
+  for (const TraceAlloc& a : t.allocs)
+    if (a.alloc_pos < 0 && a.free_pos < 0 && a.bytes >= o.persistent_min)
+      persistent += a.bytes, persistent_rounded += round_up(a.bytes, o.granularity);
+  for (const WeightPlan& wp : p.weights) streamed += wp.bytes;
+  uint64_t most = 0, most_mapped = 0;
+  for (int64_t q = n; q < 2 * n; ++q) {
+    int64_t live = 0;
+    for (const TraceAlloc& a : t.allocs) {
+      const bool born = a.alloc_pos < 0 || a.alloc_pos <= q - n, gone = a.free_pos >= 0 && a.free_pos <= q - n;
+      if (born && !gone) live += static_cast<int64_t>(a.bytes);
+    }
+    uint64_t absent = 0, absent_raw = 0;
+    std::vector<char> gone(p.weights.size(), 0);
+    for (int k = 0; k < 3; ++k)
+      for (size_t i = 0; i < nw; ++i)
+        if (first_from(out_end[k * nw + i]) <= q && q < ws[i].reload + k * n) {
+          EXPECT_FALSE(gone[ws[i].weight]) << "two windows of weight " << ws[i].weight << " overlap at " << q - n;
+          gone[ws[i].weight] = 1;
+          absent += round_up(ws[i].bytes, o.granularity), absent_raw += ws[i].bytes;
+        }
+    const double pooled = static_cast<double>(live - static_cast<int64_t>(persistent)) * o.pool_overhead;
+    const uint64_t foot = static_cast<uint64_t>(pooled) + persistent_rounded - absent;
+    most = std::max(most, foot);
+    most_mapped = std::max(most_mapped, streamed - absent_raw);
+  }
+  if (p.meets_budget) {
+    EXPECT_LE(most, p.budget);
+  }
+  EXPECT_NEAR(static_cast<double>(most), static_cast<double>(p.predicted_peak), 4096.0);
+  if (!p.windows.empty()) {
+    EXPECT_LE(most_mapped, p.weight_bytes_mapped);
+  }
+}
+
+TEST(WeightPlan, StreamsLayerWeightsUnderTheBudget) {
+  const StepTrace t = layer_trace(LayerSpec{});
+  const PlannerOptions o = weight_options(400 * kMiB);
+  const PlannerResult r = plan_weights(t, gpu_timeline(t), o);
+  const Plan& p = r.plan;
+  EXPECT_TRUE(p.meets_budget) << r.why << "; " << p.describe();
+  EXPECT_LE(p.predicted_peak, o.budget);
+  EXPECT_EQ(r.prediction.peak_bytes, p.predicted_peak);
+  EXPECT_FALSE(p.windows.empty());
+  EXPECT_GT(p.weight_bytes_mapped, 0u);
+  EXPECT_EQ(p.predicted_step_ns, p.compute_ns);
+  EXPECT_EQ(p.compute_ns, 128'000'000);
+  EXPECT_GE(p.lower_bound_ns, p.compute_ns);
+  EXPECT_GT(r.prediction.bytes_out, 0u);
+  EXPECT_EQ(r.prediction.bytes_in, r.prediction.bytes_out);
+  EXPECT_EQ(p.member_index.size(), p.step_launches + 1);
+  EXPECT_NE(p.describe().find("weights streamed"), std::string::npos) << p.describe();
+  EXPECT_GE(p.host_bytes(), p.weights.back().host_offset + p.weights.back().bytes);
+  bool wraps = false;
+  for (const WeightWindow& w : p.windows) wraps |= w.wraps();
+  EXPECT_TRUE(wraps) << "the first layers' weights idle across the boundary";
+  check_weights(t, o, p);
+}
+
+TEST(WeightPlan, ABudgetAboveTheFootprintMovesNothing) {
+  const StepTrace t = layer_trace(LayerSpec{});
+  const PlannerResult r = plan_weights(t, gpu_timeline(t), weight_options(4ull << 30));
+  EXPECT_TRUE(r.plan.windows.empty());
+  EXPECT_TRUE(r.plan.weights.empty());
+  EXPECT_TRUE(r.plan.meets_budget);
+  EXPECT_TRUE(r.plan.empty());
+  EXPECT_FALSE(r.why.empty());
+}
+
+TEST(WeightPlan, WithoutPersistentMinNoWeightStreams) {
+  const StepTrace t = layer_trace(LayerSpec{});
+  PlannerOptions o = weight_options(400 * kMiB);
+  o.persistent_min = 0;
+  const PlannerResult r = plan_weights(t, gpu_timeline(t), o);
+  EXPECT_TRUE(r.plan.weights.empty());
+  EXPECT_TRUE(r.plan.windows.empty());
+  EXPECT_FALSE(r.why.empty());
+  // And plan_step never streams one.
+  EXPECT_TRUE(plan_step(t, o).plan.weights.empty());
+}
+
+TEST(WeightPlan, WindowsTooShortForTheLinkAreRejected) {
+  const StepTrace t = layer_trace(LayerSpec{});
+  PlannerOptions o = weight_options(400 * kMiB);
+  o.link.scale = 1e-3;  // 64 MiB take over a second each way; the longest window is 120 ms
+  const PlannerResult r = plan_weights(t, gpu_timeline(t), o);
+  EXPECT_TRUE(r.plan.windows.empty());
+  EXPECT_FALSE(r.plan.meets_budget);
+  EXPECT_GT(r.plan.predicted_peak, o.budget);
+  EXPECT_NE(r.why.find("too short"), std::string::npos) << r.why;
+}
+
+TEST(WeightPlan, ABusyLinkStreamsOnlyWhatFits) {
+  // 2 ms launches: a copy out (1.8 ms) and back (1.4 ms) per launch in the forward and in the
+  // backward leave the link little slack; whatever the planner keeps must still hold.
+  LayerSpec s;
+  s.dur.assign(32, 2'000'000);
+  const StepTrace t = layer_trace(s);
+  const PlannerOptions o = weight_options(300 * kMiB);
+  const PlannerResult r = plan_weights(t, gpu_timeline(t), o);
+  check_weights(t, o, r.plan);
+}
+
+TEST(WeightPlan, RandomStepsKeepTheirPromises) {
+  std::mt19937_64 rng(7);
+  for (int c = 0; c < 40; ++c) {
+    LayerSpec s;
+    s.layers = 2 + static_cast<int>(rng() % 30);
+    for (int i = 0; i < s.layers; ++i) s.weight_bytes.push_back((8 + rng() % 120) * kMiB + (rng() % 2) * 12345);
+    for (int i = 0; i < 2 * s.layers; ++i) s.dur.push_back(200'000 + static_cast<int64_t>(rng() % 6'000'000));
+    s.act_bytes = (rng() % 3) * 4 * kMiB;
+    const StepTrace t = layer_trace(s);
+    uint64_t total = 0;
+    for (uint64_t b : s.weight_bytes) total += b;
+    const PlannerOptions o = weight_options(static_cast<uint64_t>(static_cast<double>(total) * (0.1 + 0.8 * (rng() % 100) / 100.0)));
+    SCOPED_TRACE("case " + std::to_string(c) + ": " + std::to_string(s.layers) + " layers, budget " +
+                 std::to_string(o.budget >> 20) + " MiB of " + std::to_string(total >> 20));
+    const PlannerResult r = plan_weights(t, gpu_timeline(t), o);
+    check_weights(t, o, r.plan);
+    if (!r.plan.meets_budget) {
+      EXPECT_FALSE(r.why.empty());
+    }
+  }
+}
+
+TEST(WeightPlan, PlanStepStreamsWeightsWhenActivationsCannotMeetTheBudget) {
+  LayerSpec s;
+  s.act_bytes = 1 * kMiB;  // 16 MiB of activations against 1 GiB of weights
+  const StepTrace t = layer_trace(s);
+  const PlannerOptions o = weight_options(400 * kMiB);
+  PlannerOptions activations_only = o;
+  activations_only.persistent_min = 0;
+  const PlannerResult a = plan_step(t, activations_only);
+  ASSERT_GT(a.prediction.peak_bytes, o.budget) << "activations alone must miss the budget";
+  const PlannerResult r = plan_step(t, o);
+  EXPECT_TRUE(r.plan.arenas.empty());
+  EXPECT_FALSE(r.plan.windows.empty());
+  EXPECT_TRUE(r.plan.meets_budget) << r.why;
+  EXPECT_LE(r.prediction.peak_bytes, o.budget);
+  check_weights(t, o, r.plan);
+  // A budget activations meet alone keeps the activation plan.
+  const PlannerResult easy = plan_step(t, weight_options(a.plain_footprint + kMiB));
+  EXPECT_TRUE(easy.plan.windows.empty());
+}
+
+}  // namespace
+}  // namespace offload
