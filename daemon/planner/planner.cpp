@@ -809,14 +809,23 @@ PlannerResult plan_activations(const StepTrace& t, const PlannerOptions& o) {
 PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
   PlannerResult act = plan_activations(t, o);
   if (!o.persistent_min || !o.budget || t.launches.empty() || act.prediction.peak_bytes <= o.budget) return act;
-  // Activations alone miss the budget: weights instead, when that does better. Plans moving
-  // both arenas and weights are not made yet (the footprint model would need the arenas'
-  // handles and the weights' absences at once, and the link shared between them).
-  PlannerResult wp = plan_weights(t, gpu_timeline(t), o);
-  if (!wp.plan.meets_budget && wp.plan.predicted_peak >= act.prediction.peak_bytes) return act;
-  wp.hidden_bytes = act.hidden_bytes, wp.hidden_peak = act.hidden_peak;
-  wp.hidden_step_ns = act.hidden_step_ns, wp.hidden_arenas = act.hidden_arenas;
-  return wp;
+  // Activations alone miss the budget: weights alone, when they meet it (they move nothing
+  // the backward waits for); else weights on top of the activation plan; else the lowest peak.
+  const GpuTimeline g = gpu_timeline(t);
+  auto with_hidden = [&](PlannerResult r) {
+    r.hidden_bytes = act.hidden_bytes, r.hidden_peak = act.hidden_peak;
+    r.hidden_step_ns = act.hidden_step_ns, r.hidden_arenas = act.hidden_arenas;
+    return r;
+  };
+  PlannerResult wp = plan_weights(t, g, o);
+  if (wp.plan.meets_budget) return with_hidden(std::move(wp));
+  if (!act.plan.arenas.empty()) {
+    PlannerResult both = plan_weights(t, g, o, &act);
+    if (both.plan.meets_budget || (!both.plan.windows.empty() && both.plan.predicted_peak < std::min(wp.plan.predicted_peak, act.prediction.peak_bytes)))
+      return with_hidden(std::move(both));
+  }
+  if (!wp.plan.windows.empty() && wp.plan.predicted_peak < act.prediction.peak_bytes) return with_hidden(std::move(wp));
+  return act;
 }
 
 Plan plan_scaled(const StepTrace& t, const PlanOptions& po, uint32_t divisor, std::string* why) {

@@ -201,12 +201,16 @@ class PlanWatch {
 // persistent) * pool_overhead + persistent in whole granules - absent weights. Greedy: while
 // the peak is over the budget, the largest window (the longest idle on a tie) that covers the
 // peak joins if everything chosen still fits. The plan has no arenas (combined plans: not
-// yet); predicted_step_ns is the compute's (every chosen copy hides).
-PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o);
+// yet); predicted_step_ns is the compute's (every chosen copy hides). With `arenas` (an
+// activation plan and its prediction), weights are added to it: the footprint starts from its
+// resident bytes and handles, and the step from its predicted time.
+PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o,
+                           const PlannerResult* arenas = nullptr);
 
 // Plans steps like `t`. Without GPU times in the trace (CUPTI off), every launch counts as
-// the same length. With o.persistent_min and a budget that activations alone miss, the weight
-// plan (plan_weights) instead when it meets the budget or lowers the peak further.
+// the same length. With o.persistent_min and a budget that activations alone miss: weights
+// alone (plan_weights) when they meet it, else the activation plan with weights added, else
+// whichever has the lowest peak.
 PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o);
 
 // The planner where the built-in plan's options are at hand (the replay on the simulated

@@ -147,23 +147,30 @@ std::vector<int64_t> prefix(const std::vector<int64_t>& diff, int64_t n) {
 
 }  // namespace
 
-PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o) {
+PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas) {
   PlannerResult r;
   const int64_t n = static_cast<int64_t>(t.launches.size());
   Plan& p = r.plan;
-  p.budget = o.budget;
-  p.step_launches = static_cast<uint64_t>(n);
-  p.tokens = step_tokens(t);
-  p.member_index.assign(static_cast<size_t>(n) + 1, 0);
-  r.prediction = simulate(t, g, p, o.link, o.pool_overhead);
+  if (arenas && (arenas->plan.arenas.empty() || arenas->prediction.resident.size() != static_cast<size_t>(n))) arenas = nullptr;
+  if (arenas) {
+    r = *arenas;  // the arenas' plan and prediction, weights added below
+  } else {
+    p.budget = o.budget;
+    p.step_launches = static_cast<uint64_t>(n);
+    p.tokens = step_tokens(t);
+    p.member_index.assign(static_cast<size_t>(n) + 1, 0);
+    r.prediction = simulate(t, g, p, o.link, o.pool_overhead);
+  }
   if (n == 0) {
     r.why = "the step has no launches";
     return r;
   }
   const StepFacts f = step_facts(t, o.min_bytes);
   p.plain_peak = p.resident_peak = f.peak;
-  p.candidates = f.candidates.size();
-  p.candidate_bytes = f.candidate_bytes;
+  if (!arenas) {
+    p.candidates = f.candidates.size();
+    p.candidate_bytes = f.candidate_bytes;
+  }
   r.plain_footprint = static_cast<uint64_t>(static_cast<double>(f.peak) * o.pool_overhead);
   const int64_t T = g.total;
 
@@ -184,11 +191,17 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
     us.erase(std::unique(us.begin(), us.end()), us.end());
     if (!us.empty()) cand.push_back(a.ordinal);
   }
-  const std::vector<int64_t> live = live_bytes(t, nullptr);
+  // With arenas, live bytes outside them (their members are in the handles, counted whole).
+  std::vector<int64_t> live = live_bytes(t, nullptr);
+  int64_t handles = 0;
+  if (arenas) {
+    for (int64_t q = 0; q < n; ++q) live[static_cast<size_t>(q)] = static_cast<int64_t>(arenas->prediction.resident[static_cast<size_t>(q)]);
+    handles = static_cast<int64_t>(uint64_t{arenas->plan.handles} * arenas->plan.handle_bytes);
+  }
   std::vector<int64_t> base(static_cast<size_t>(n));
   for (int64_t q = 0; q < n; ++q) {
     const double pooled = static_cast<double>(std::max<int64_t>(0, live[static_cast<size_t>(q)] - static_cast<int64_t>(persistent)));
-    base[static_cast<size_t>(q)] = static_cast<int64_t>(pooled * o.pool_overhead) + static_cast<int64_t>(persistent_rounded);
+    base[static_cast<size_t>(q)] = static_cast<int64_t>(pooled * o.pool_overhead) + static_cast<int64_t>(persistent_rounded) + handles;
   }
 
   // Candidate windows: between consecutive uses, and across the boundary (never between
@@ -326,12 +339,16 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
   // Every chosen copy fits its window in the schedule: the step runs at the compute's pace.
   Prediction& pr = r.prediction;
   pr.peak_bytes = peak;
-  pr.bytes_out = pr.bytes_in = moved;
-  pr.step_ns = T;
+  // With arenas, their copies and stalls as simulated (the link's share the weights take
+  // from them is not modelled: both plans assume the shared rates).
+  const uint64_t out = pr.bytes_out + (arenas ? moved : 0), in = pr.bytes_in + (arenas ? moved : 0);
+  pr.bytes_out = arenas ? out : moved;
+  pr.bytes_in = arenas ? in : moved;
+  pr.step_ns = arenas ? std::max(arenas->prediction.step_ns, T) : T;
   // The bound: the step cannot be shorter than its compute, nor than either direction's
   // bytes at that direction's rate alone.
-  pr.lower_bound_ns = std::max({T, moved ? link_ns(moved, o.link.d2h * o.link.scale) : 0,
-                                moved ? link_ns(moved, o.link.h2d * o.link.scale) : 0});
+  pr.lower_bound_ns = std::max({T, pr.bytes_out ? link_ns(pr.bytes_out, o.link.d2h * o.link.scale) : 0,
+                                pr.bytes_in ? link_ns(pr.bytes_in, o.link.h2d * o.link.scale) : 0});
   uint64_t resident_peak = 0;
   for (int64_t q = 0; q < n && q < static_cast<int64_t>(pr.resident.size()); ++q) {
     uint64_t& v = pr.resident[static_cast<size_t>(q)];

@@ -99,7 +99,9 @@ run() {
     1n) envs+=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD=$lib OFFLOAD_TELEMETRY=off) ;;
     2) envs+=(-u PYTORCH_CUDA_ALLOC_CONF LD_PRELOAD=$lib OFFLOAD_LIB=$lib OFFLOAD_TRACE=$work/trace_$name) ;;
     o) envs+=(-u OFFLOAD_TRACE PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD=$lib
-              OFFLOAD_HOST_POOL=$host_pool OFFLOAD_DEVICE_BUDGET=$budget OFFLOAD_LOG_LEVEL=info) ;;
+              OFFLOAD_HOST_POOL=$host_pool OFFLOAD_DEVICE_BUDGET=$budget OFFLOAD_LOG_LEVEL=info)
+       # $trace_offload=1: the offload run records its steps too (for offloadctl plan later).
+       [ "${trace_offload:-0}" = 1 ] && envs+=(OFFLOAD_TRACE=$work/trace_$name) ;;
   esac
   local extra=()
   [ "$shim" = 2 ] && extra+=(--route 2)
@@ -506,7 +508,7 @@ case $plan in
     # The small model's weights are 2 MiB blocks: streamed at half its footprint.
     budget=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["footprint_peak_bytes"] * 0.5))' \
       "$work/lora_small_ckpt.json" 2>/dev/null)
-    OFFLOAD_PERSISTENT_MIN=1MiB run lora_small_offload o "${s[@]}" --mode ckpt
+    OFFLOAD_PERSISTENT_MIN=1MiB trace_offload=1 run lora_small_offload o "${s[@]}" --mode ckpt
     check_pair lora_small_ckpt lora_small_offload || fails=$((fails + 1))
     d=(--workload lora --deterministic --steps 6 --warmup 6 --mark-steps)
     run lora_ckpt 0 "${d[@]}" --mode ckpt
@@ -518,7 +520,7 @@ case $plan in
         log "no time left for the shim run at $b ($((SECONDS - t_plan)) s spent)"; fails=$((fails + 1)); continue
       fi
       log "shim run at $b: at most $limit s"
-      OFFLOAD_PERSISTENT_MIN=64MiB launch="timeout -k 15 $limit python3" run "lora_offload_$b" o "${d[@]}" --mode ckpt
+      OFFLOAD_PERSISTENT_MIN=64MiB trace_offload=1 launch="timeout -k 15 $limit python3" run "lora_offload_$b" o "${d[@]}" --mode ckpt
       check_pair lora_ckpt "lora_offload_$b" || fails=$((fails + 1))
       python3 -c 'import json,sys; x=(json.load(open(sys.argv[1])).get("shim") or {}).get("executor") or {}; print("[gpu]   executor:", json.dumps({k: x.get(k) for k in ("plan","installs","deviations","steps_active","misses","evictions","reloads","weights","planner")})[:1500])' \
         "$work/lora_offload_$b.json" 2>/dev/null || log "  no result"

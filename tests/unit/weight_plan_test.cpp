@@ -315,5 +315,34 @@ TEST(WeightPlan, PlanStepStreamsWeightsWhenActivationsCannotMeetTheBudget) {
   EXPECT_TRUE(easy.plan.windows.empty());
 }
 
+TEST(WeightPlan, PlanStepAddsWeightsToActivationsWhenNeitherMeetsTheBudgetAlone) {
+  LayerSpec s;
+  s.act_bytes = 64 * kMiB;  // 1 GiB of activations beside 1 GiB of weights
+  const StepTrace t = layer_trace(s);
+  const PlannerOptions o = weight_options(900 * kMiB);
+  PlannerOptions activations_only = o;
+  activations_only.persistent_min = 0;
+  const PlannerResult a = plan_step(t, activations_only);
+  ASSERT_GT(a.prediction.peak_bytes, o.budget) << "activations alone must miss the budget";
+  const PlannerResult w = plan_weights(t, gpu_timeline(t), o);
+  ASSERT_FALSE(w.plan.meets_budget) << "weights alone must miss the budget";
+  const PlannerResult r = plan_step(t, o);
+  EXPECT_FALSE(r.plan.arenas.empty());
+  EXPECT_FALSE(r.plan.windows.empty());
+  EXPECT_TRUE(r.plan.meets_budget) << r.why << "; " << r.plan.describe();
+  EXPECT_LE(r.plan.predicted_peak, o.budget);
+  EXPECT_LT(r.plan.predicted_peak, std::min(a.prediction.peak_bytes, w.plan.predicted_peak));
+  // The weights' host bytes follow the arenas'; both directions count both kinds.
+  uint64_t arena_host = 0, arena_bytes = 0;
+  for (const ArenaPlan& ap : r.plan.arenas) arena_host = std::max(arena_host, ap.host_offset + ap.used), arena_bytes += ap.used;
+  for (const WeightPlan& wp : r.plan.weights) EXPECT_GE(wp.host_offset, arena_host);
+  EXPECT_GT(r.prediction.bytes_out, arena_bytes);
+  EXPECT_GE(r.plan.predicted_step_ns, a.prediction.step_ns > 0 ? std::min(a.prediction.step_ns, r.plan.compute_ns) : 0);
+  for (const WeightWindow& x : r.plan.windows) {
+    if (x.wraps()) EXPECT_TRUE(x.reload_at > x.evict_after || x.reload_at <= x.use);
+    else EXPECT_TRUE(x.evict_after < x.reload_at && x.reload_at <= x.use);
+  }
+}
+
 }  // namespace
 }  // namespace offload
