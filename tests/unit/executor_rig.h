@@ -17,6 +17,7 @@
 
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "core/executor.h"
+#include "core/persistent_pool.h"
 #include "core/plan.h"
 #include "core/sim_driver.h"
 #include "core/tracker.h"
@@ -57,11 +59,14 @@ struct Options {
   uint64_t granularity = 64 << 10;
   uint64_t host_chunk = 0, host_phase = 0;  // pinned-chunk layout of the host memory
   uint64_t physical_limit = 0;  // SimDriver::set_physical_limit (0: none)
+  // Allocations of at least this many bytes come from a PersistentPool, whose blocks the
+  // executor may stream (0: no pool, as without OFFLOAD_PERSISTENT_MIN).
+  uint64_t persistent_min = 0;
   Executor::Options exec{};
 };
 
 class Rig;
-// The worker's planner: the plan for steps like `t`, or one without arenas (none installed).
+// The worker's planner: the plan for steps like `t`, or an empty one (none installed).
 using Planner = std::function<Plan(const StepTrace& t, Rig& rig)>;
 
 class Rig {
@@ -72,6 +77,12 @@ class Rig {
     sim_.set_granularity(o.granularity);
     sim_.set_copy_delay(o.copy_delay);
     if (o.physical_limit) sim_.set_physical_limit(o.physical_limit);
+    if (o.persistent_min) {
+      PersistentPool::Options po;
+      po.min_bytes = o.persistent_min;
+      persistent_ = std::make_unique<PersistentPool>(sim_, po);
+      ex_.set_persistent(persistent_.get());
+    }
     if (o.offload) tr_.set_gate(&ex_);
     planner_ = [](const StepTrace& t, Rig& r) {
       PlanOptions po;
@@ -95,10 +106,12 @@ class Rig {
   }
 
   // cudaMallocAsync through the executor, as the allocator hook does; what the executor does
-  // not place comes from a caching pool, as PyTorch's does.
+  // not place comes from the PersistentPool (persistent_min and larger, if set), else from a
+  // caching pool, as PyTorch's does.
   DevPtr alloc(uint64_t bytes, Stream s) {
     uint64_t tag = 0;
     DevPtr p = o_.offload ? ex_.place(bytes, s, tr_.launches(), &tag) : 0;
+    if (!p && persistent_ && bytes >= o_.persistent_min) p = persistent_->alloc(bytes, s);
     if (!p) {
       if (auto it = pool_.find(bytes); it != pool_.end()) {
         p = it->second;
@@ -119,6 +132,7 @@ class Rig {
   void free(DevPtr p, Stream s) {
     tr_.on_free(p, s);
     if (o_.offload && ex_.release(p, s)) return;
+    if (persistent_ && persistent_->free(p, s)) return;
     auto it = pool_sizes_.find(p);
     ASSERT_NE(it, pool_sizes_.end()) << "free of an unknown pointer";
     uint64_t bytes = it->second;
@@ -175,6 +189,7 @@ class Rig {
   SimDriver& sim() { return sim_; }
   Executor& executor() { return ex_; }
   Tracker& tracker() { return tr_; }
+  PersistentPool* persistent() { return persistent_.get(); }
   uint64_t installs() const { return installs_; }
   // Installed and not abandoned, and its first step has begun or begins at launch `n`.
   bool plan_runs_at(uint64_t n) { return ex_.installed() && !ex_.deviated() && anchor_ <= n; }
@@ -204,7 +219,8 @@ class Rig {
       last_tokens_ = std::move(tokens);
       if (!o_.offload || !repeats || (ex_.installed() && !ex_.deviated()) || !ex_.idle()) continue;
       Plan p = planner_(t, *this);
-      if (p.arenas.empty()) continue;
+      resolve_weights(p, t);  // the weights' addresses and ids, from this process's trace
+      if (p.empty()) continue;
       // The executor is idle: nothing of the previous host memory is being copied.
       host_.assign(p.host_bytes() + o_.host_phase, 0);
       const uint64_t anchor = plan_anchor(t.first_launch, p.step_launches, tr_.launches());
@@ -223,6 +239,8 @@ class Rig {
   Tracker tr_;
   StepAssembler as_;
   std::vector<unsigned char> host_;
+  // Before the executor, which gives lent weights back to it when it goes.
+  std::unique_ptr<PersistentPool> persistent_;
   Executor ex_;
   std::mt19937_64 rng_;
   Planner planner_;

@@ -220,5 +220,95 @@ TEST(PersistentPool, RandomStreamsNeverSeeAnotherOwnersBytes) {
   EXPECT_EQ(sim.vmm_stats().misuses, 0u);
 }
 
+// ---- Lending a block's backing to the executor (weight streaming) ---------------------------
+
+// lend moves the physical handle out (still mapped at the block), counts the bytes as lent
+// (physical bytes the executor holds, not the pool: out of peak_bytes), and only once;
+// unlend puts it back.
+TEST(PersistentPool, LendMovesTheHandleOutAndUnlendPutsItBack) {
+  SimDriver sim;
+  PersistentPool pool(sim, opts(1 * kMiB));
+  DevPtr a = pool.alloc(2 * kMiB, kA), b = pool.alloc(3 * kMiB, kA);
+  ASSERT_TRUE(a && b);
+  const uint64_t abytes = pool.block_bytes(a), bbytes = pool.block_bytes(b);
+  EXPECT_EQ(pool.stats().peak_bytes, abytes + bbytes);
+  uint64_t h = 0, n = 0;
+  EXPECT_FALSE(pool.lend(a + 4096, &h, &n)) << "not the start of a block";
+  EXPECT_FALSE(pool.lend(0x1234, &h, &n));
+  ASSERT_TRUE(pool.lend(a, &h, &n));
+  EXPECT_NE(h, 0u);
+  EXPECT_EQ(n, abytes);
+  EXPECT_TRUE(sim.is_mapped(a)) << "lent as it is: mapped at the block";
+  EXPECT_TRUE(pool.owns(a)) << "still the application's live block";
+  auto st = pool.stats();
+  EXPECT_EQ(st.lent_bytes, abytes);
+  EXPECT_EQ(st.live_bytes, abytes + bbytes) << "lent bytes are still live";
+  uint64_t h2 = 0, n2 = 0;
+  EXPECT_FALSE(pool.lend(a, &h2, &n2)) << "a block is lent once";
+  EXPECT_EQ(pool.stats().lent_bytes, abytes);
+  // The peak counts the pool's physical bytes: lent ones are the executor's.
+  pool.reset_peak();
+  EXPECT_EQ(pool.stats().peak_bytes, bbytes);
+  DevPtr c = pool.alloc(1 * kMiB, kA);
+  ASSERT_NE(c, 0u);
+  EXPECT_EQ(pool.stats().peak_bytes, bbytes + pool.block_bytes(c));
+  // The executor moves the bytes out and back with its own mappings; the block is unchanged.
+  sim.launch(kA, [a] { std::memset(bytes_at(a), 0x3c, 2 * kMiB); });
+  sim.run_all();
+  ASSERT_TRUE(sim.unmap(a, abytes));
+  ASSERT_TRUE(sim.map(a, abytes, h));
+  EXPECT_FALSE(pool.unlend(a, 0)) << "no handle to give back";
+  EXPECT_FALSE(pool.unlend(b, h)) << "b was never lent";
+  ASSERT_TRUE(pool.unlend(a, h));
+  EXPECT_FALSE(pool.unlend(a, h)) << "given back already";
+  st = pool.stats();
+  EXPECT_EQ(st.lent_bytes, 0u);
+  EXPECT_EQ(st.peak_bytes, abytes + bbytes + pool.block_bytes(c)) << "unlend counts the bytes as the pool's again";
+  // Back to normal: freed, kept with its bytes, handed out again, lent again.
+  ASSERT_TRUE(pool.free(a, kA));
+  EXPECT_FALSE(pool.lend(a, &h2, &n2)) << "a kept block is nobody's to lend";
+  DevPtr a2 = pool.alloc(2 * kMiB, kA);
+  EXPECT_EQ(a2, a);
+  EXPECT_EQ(bytes_at(a2)[2 * kMiB - 1], 0x3c);
+  ASSERT_TRUE(pool.lend(a2, &h2, &n2));
+  EXPECT_EQ(h2, h);
+  ASSERT_TRUE(pool.unlend(a2, h2));
+  EXPECT_EQ(sim.vmm_stats().misuses, 0u);
+}
+
+// The application frees a block the executor still holds (it never gave it back): the free
+// is the pool's (true), the bytes leave live and lent, and the range is neither kept nor
+// given back to the driver: the executor's handle may still be mapped there or copying.
+TEST(PersistentPool, FreeingALentBlockLeavesItsRangeReserved) {
+  SimDriver sim;
+  PersistentPool pool(sim, opts(1 * kMiB));
+  DevPtr a = pool.alloc(2 * kMiB, kA), b = pool.alloc(2 * kMiB, kA);
+  ASSERT_TRUE(a && b);
+  const uint64_t bytes = pool.block_bytes(a);
+  uint64_t h = 0, n = 0;
+  ASSERT_TRUE(pool.lend(a, &h, &n));
+  ASSERT_TRUE(sim.unmap(a, bytes));  // the executor evicted it
+  ASSERT_TRUE(pool.free(a, kA));
+  EXPECT_FALSE(pool.owns(a));
+  auto st = pool.stats();
+  EXPECT_EQ(st.live_bytes, bytes) << "b only";
+  EXPECT_EQ(st.lent_bytes, 0u);
+  EXPECT_EQ(st.cached_bytes, 0u) << "a lent block is not kept for reuse";
+  EXPECT_EQ(st.released, 0u);
+  EXPECT_FALSE(pool.free(a, kA)) << "freed already";
+  EXPECT_FALSE(pool.unlend(a, h)) << "no longer a live block";
+  // Not reused: another block of the size is a new one.
+  DevPtr c = pool.alloc(2 * kMiB, kA);
+  ASSERT_NE(c, 0u);
+  EXPECT_NE(c, a);
+  // Still reserved: the executor's handle maps there again without breaking a rule.
+  const uint64_t misuses = sim.vmm_stats().misuses;
+  EXPECT_TRUE(sim.map(a, bytes, h));
+  EXPECT_EQ(sim.vmm_stats().misuses, misuses);
+  EXPECT_TRUE(sim.unmap(a, bytes));
+  sim.release_physical(h);
+  EXPECT_EQ(sim.vmm_stats().misuses, 0u);
+}
+
 }  // namespace
 }  // namespace offload
