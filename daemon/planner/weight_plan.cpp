@@ -328,10 +328,24 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
     p.windows.push_back(ww);
     moved += t.allocs[cand[x.weight]].bytes;
   }
-  // Mapped: from a reload's issue to the end of the copy out, by position.
-  uint64_t least_absent = ~uint64_t{0};
-  for (int64_t q = 0; q < n; ++q) least_absent = std::min<uint64_t>(least_absent, static_cast<uint64_t>(absent_raw[static_cast<size_t>(q)]));
-  p.weight_bytes_mapped = sel.empty() ? 0 : streamed_bytes - least_absent;
+  // Mapped: from a reload's issue to the end of the copy out, by position, in whole granules
+  // (the executor maps each weight's whole block).
+  {
+    std::vector<int64_t> d(static_cast<size_t>(n) + 1, 0);
+    uint64_t streamed_blocks = 0;
+    for (uint32_t c = 0; c < cand.size(); ++c)
+      if (streamed[c]) streamed_blocks += round_up(t.allocs[cand[c]].bytes, o.granularity);
+    for (size_t k = 0; k < sel.size(); ++k)
+      add_span(d, tm[k].span_from, tm[k].span_to, n,
+               static_cast<int64_t>(round_up(t.allocs[cand[w[sel[k]].weight]].bytes, o.granularity)));
+    const std::vector<int64_t> absent = prefix(d, n);
+    const int64_t least_absent = sel.empty() ? 0 : *std::min_element(absent.begin(), absent.end());
+    p.weight_bytes_mapped = sel.empty() ? 0 : streamed_blocks - static_cast<uint64_t>(least_absent);
+    p.weight_mapped_at.clear();
+    if (!sel.empty())
+      for (int64_t q = 0; q < n; ++q) p.weight_mapped_at.push_back(streamed_blocks - static_cast<uint64_t>(absent[static_cast<size_t>(q)]));
+  }
+  (void)streamed_bytes;
 
   const uint64_t peak = static_cast<uint64_t>(std::max<int64_t>(0, *std::max_element(foot.begin(), foot.end())));
   p.predicted_peak = peak;

@@ -742,7 +742,16 @@ void Executor::poll_locked() {
         keep = true;
       } else {
         if (!driver_.unmap(w.va, w.size)) log().error("unmapping an evicted weight failed");
-        free_weight_handles_.emplace_back(w.size, w.handle);  // capacity reserved at install
+        // Kept for the next reload of its size while the weights' mapped bytes, kept handles
+        // included, stay within the plan's bound; released otherwise (its memory is the point).
+        const uint64_t bound = weight_bound();
+        if (bound && weight_mapped_ <= bound) {
+          free_weight_handles_.emplace_back(w.size, w.handle);  // capacity reserved at install
+        } else {
+          driver_.release_physical(w.handle);
+          held_.fetch_sub(w.size);
+          weight_mapped_ -= w.size;
+        }
         w.handle = 0;
         w.nstreams = 0;
         w.state = State::Evicted;
@@ -945,8 +954,14 @@ void Executor::evict_weight(uint32_t i) {
   st_.weight_bytes_out += w.used;
 }
 
+uint64_t Executor::weight_bound() const {
+  if (active_ && cur_pos_ >= 0 && static_cast<size_t>(cur_pos_) < plan_.weight_mapped_at.size())
+    return plan_.weight_mapped_at[static_cast<size_t>(cur_pos_)];
+  return plan_.weight_bytes_mapped;
+}
+
 uint64_t Executor::weight_handle(uint64_t size) {
-  const uint64_t bound = plan_.weight_bytes_mapped ? plan_.weight_bytes_mapped : ~uint64_t{0};
+  const uint64_t bound = weight_bound() ? weight_bound() : ~uint64_t{0};
   for (bool waited = false;; waited = true) {
     poll_locked();
     for (size_t k = 0; k < free_weight_handles_.size(); ++k)

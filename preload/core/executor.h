@@ -217,6 +217,7 @@ class Executor final : public LaunchGate {
   bool reload_weight(uint32_t i, bool demand);
   void ensure_weight(uint32_t i, Stream s, bool demand);
   uint64_t weight_handle(uint64_t size);  // a free handle of `size`, or a new one (0: none)
+  uint64_t weight_bound() const;          // mapped bytes the plan allows now (0: no bound)
   void mark_weight_busy(uint32_t i);
   int acquire_handle(bool for_reload);
   void give_handle(int h);

@@ -78,9 +78,12 @@ struct Plan {
   std::vector<uint32_t> member_index;  // first member born before each position (size N+1)
   std::vector<WeightPlan> weights;     // streamed weights (each its own physical handle)
   std::vector<WeightWindow> windows;   // their idle stretches, by evict_after
-  // Streamed weights' bytes mapped at once, at most (the executor's bound: a reload past it
-  // waits for an eviction in flight to finish).
+  // Streamed weights' bytes mapped at once, at most, and before each launch (the executor's
+  // bound: a reload issued at launch p that would map more than weight_mapped_at[p] first
+  // waits for evictions in flight to finish, which keeps a host running ahead of the GPU from
+  // mapping weights before the plan frees room for them; empty: weight_bytes_mapped throughout).
   uint64_t weight_bytes_mapped = 0;
+  std::vector<uint64_t> weight_mapped_at;
   uint32_t handles = 0;           // physical handles kept (the most arenas mapped at once)
   uint64_t handle_bytes = 0;      // size of each (= every arena's capacity)
 

@@ -505,10 +505,11 @@ case $plan in
     run lora_small_ckpt 0 "${s[@]}" --mode ckpt
     run lora_small_stream 0 "${s[@]}" --mode stream
     check_pair lora_small_ckpt lora_small_stream || fails=$((fails + 1))
-    # The small model's weights are 2 MiB blocks: streamed at half its footprint.
+    # The small model's weights are 1.5-8 MiB (OFFLOAD_PERSISTENT_MIN's floor is 2 MiB):
+    # streamed at half its footprint.
     budget=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["footprint_peak_bytes"] * 0.5))' \
       "$work/lora_small_ckpt.json" 2>/dev/null)
-    OFFLOAD_PERSISTENT_MIN=1MiB trace_offload=1 run lora_small_offload o "${s[@]}" --mode ckpt
+    OFFLOAD_PERSISTENT_MIN=2MiB trace_offload=1 run lora_small_offload o "${s[@]}" --mode ckpt
     check_pair lora_small_ckpt lora_small_offload || fails=$((fails + 1))
     d=(--workload lora --deterministic --steps 6 --warmup 6 --mark-steps)
     run lora_ckpt 0 "${d[@]}" --mode ckpt
@@ -546,7 +547,8 @@ for name in names:
     pred = pl.get("predicted_step_ns") or 0
     gpu = [s.get("gpu_step_ns") for s in ((r.get("shim") or {}).get("recent_steps") or []) if (s.get("gpu_step_ns") or 0) > 0]
     print(f"[gpu] {name}: params {r.get('params')} trainable {r.get('trainable_params')}; "
-          f"{r['ms_per_step']:.1f} ms/step ({ratio}); footprint {g(r.get('footprint_peak_bytes'))}"
+          f"{r['ms_per_step']:.1f} ms/step ({ratio}); footprint {g(r.get('footprint_peak_bytes'))} "
+          f"(sampled in use {g(r.get('device_used_peak_bytes'))})"
           + (f"; budget {g(ex.get('budget'))}" if ex.get("budget") else "")
           + (f"; predicted {pred / 1e6:.1f} ms/step" if pred else "")
           + (f"; ring {ws['ring']} x {g(ws['slot_bytes'])}, {g(ws['h2d_bytes_per_step'])} H2D a step" if ws else ""))

@@ -163,6 +163,29 @@ TEST(PersistentPool, TheDestructorGivesKeptBlocksBack) {
   EXPECT_EQ(st.misuses, 0u);
 }
 
+// Closed when the shim plans: no more allocations served, kept blocks released once their frees
+// complete (live ones stay the application's).
+TEST(PersistentPool, AClosedPoolServesNothingAndReleasesKeptBlocks) {
+  SimDriver sim;
+  PersistentPool pool(sim, opts(1 * kMiB));
+  DevPtr live = pool.alloc(2 * kMiB, kA), kept = pool.alloc(4 * kMiB, kA);
+  ASSERT_TRUE(live && kept);
+  sim.launch(kA, [kept] { std::memset(bytes_at(kept), 1, 4 * kMiB); });
+  ASSERT_TRUE(pool.free(kept, kA));
+  pool.close();  // its free's work has not run: kept for now
+  EXPECT_EQ(pool.stats().cached_bytes, 4 * kMiB);
+  EXPECT_EQ(pool.alloc(4 * kMiB, kA), 0u) << "a closed pool serves nothing, even a kept size";
+  sim.run_all();
+  EXPECT_EQ(pool.alloc(8 * kMiB, kA), 0u);
+  EXPECT_EQ(pool.stats().cached_bytes, 0u) << "released once its free completed";
+  EXPECT_EQ(pool.block_bytes(live), 2 * kMiB);
+  ASSERT_TRUE(pool.free(live, kA));
+  sim.run_all();
+  pool.alloc(2 * kMiB, kA);  // nothing served; the completed free's block goes back
+  EXPECT_EQ(sim.vmm_stats().physical_bytes, 0u);
+  EXPECT_EQ(sim.vmm_stats().misuses, 0u);
+}
+
 // Random allocations and frees of a few sizes on three streams, the GPU running a random
 // amount of the queued work between calls. Each block is stamped on its owner's stream at
 // birth and checked there before its free: a reuse that did not wait for an earlier owner's

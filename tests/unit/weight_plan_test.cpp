@@ -195,6 +195,14 @@ void check_weights(const StepTrace& t, const PlannerOptions& o, const Plan& p) {
     const uint64_t foot = static_cast<uint64_t>(pooled) + persistent_rounded - absent;
     most = std::max(most, foot);
     most_mapped = std::max(most_mapped, streamed - absent_raw);
+    // The executor's bound before this launch covers the weights mapped here, in whole blocks.
+    if (!p.windows.empty()) {
+      ASSERT_EQ(p.weight_mapped_at.size(), static_cast<size_t>(n));
+      uint64_t blocks = 0;
+      for (const WeightPlan& wp : p.weights) blocks += round_up(wp.bytes, o.granularity);
+      EXPECT_EQ(p.weight_mapped_at[static_cast<size_t>(q - n)], blocks - absent) << "launch " << q - n;
+      EXPECT_LE(p.weight_mapped_at[static_cast<size_t>(q - n)], p.weight_bytes_mapped);
+    }
   }
   if (p.meets_budget) {
     EXPECT_LE(most, p.budget);

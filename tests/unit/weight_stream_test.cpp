@@ -457,17 +457,9 @@ TEST(WeightStream, ATightMappedBoundStillMatches) {
 
 // 4b. What the bound is for: past it, the executor waits for an eviction in flight before
 // it maps another weight. Every weight here is used by the optimizer and evicted after it, so
-// a bound of two weights must show waits, or the mapped bytes must stay near the bound.
-//
-// DISABLED (executor bug, see the report below): an evicted weight's physical handle is kept
-// in free_weight_handles_ (poll_locked, "capacity reserved at install") and weight_mapped_
-// still counts it, so a reload always finds a free handle of its own size (its own, at
-// least: the count of free handles of a size equals the evicted weights of that size) and
-// never reaches the bound's check: weight_waits and weight_over_bound stay 0, and
-// weight_mapped_peak is every weight's bytes from install on. Worse, no evicted weight ever
-// gives its physical memory back (only unmaps it): streaming saves no device memory. See
-// EvictedWeightsGiveTheirDeviceMemoryBack.
-TEST(WeightStream, DISABLED_ATightMappedBoundMakesReloadsWait) {
+// a bound of two weights must show waits (summed over the seeds), or the mapped bytes must
+// stay near the bound.
+TEST(WeightStream, ATightMappedBoundMakesReloadsWait) {
   QuietLog quiet;
   uint64_t waits = 0;
   for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
@@ -487,12 +479,9 @@ TEST(WeightStream, DISABLED_ATightMappedBoundMakesReloadsWait) {
 // 4c. The point of streaming: while weights are evicted, their device memory is free. The
 // loop samples the driver's physical bytes after every launch once a plan is installed
 // (only the weights' blocks are VMM memory here: no arenas, activations from the caching
-// pool); at the lowest point some weight must be out.
-//
-// DISABLED (executor bug): see DISABLED_ATightMappedBoundMakesReloadsWait. The evicted
-// weights' handles stay allocated (unmapped, not released), so the physical bytes never drop
-// below every weight's.
-TEST(WeightStream, DISABLED_EvictedWeightsGiveTheirDeviceMemoryBack) {
+// pool); at the lowest point some weight must be out. (An evicted weight's handle was once
+// kept unmapped for the next reload and never released: streaming then freed nothing.)
+TEST(WeightStream, EvictedWeightsGiveTheirDeviceMemoryBack) {
   QuietLog quiet;
   for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
