@@ -197,13 +197,13 @@ class PlanWatch {
 // queues also hold the neighbouring steps' copies). Its reload is issued at the last launch
 // starting by the copy back's planned start; the weight is absent from the first launch
 // starting after its copy out ends until that launch. A window fits when that stretch holds a
-// launch at least (the copy out ends before the reload's launch starts). Footprint before each launch: (live -
-// persistent) * pool_overhead + persistent in whole granules - absent weights. Greedy: while
-// the peak is over the budget, the largest window (the longest idle on a tie) that covers the
-// peak joins if everything chosen still fits. The plan has no arenas (combined plans: not
-// yet); predicted_step_ns is the compute's (every chosen copy hides). With `arenas` (an
-// activation plan and its prediction), weights are added to it: the footprint starts from its
-// resident bytes and handles, and the step from its predicted time.
+// launch at least (the copy out ends before the reload's launch starts). Footprint before each
+// launch: the peak of (live - persistent) * pool_overhead (PyTorch's pool keeps what it
+// reserved) + persistent in whole granules - absent weights. Greedy: while the peak is over the
+// budget, the largest window (the longest idle on a tie) that covers the peak joins if
+// everything chosen still fits; predicted_step_ns is the compute's (every chosen copy hides).
+// With `arenas` (an activation plan and its prediction), weights are added to it: the
+// footprint starts from its resident bytes and handles, and the step from its predicted time.
 PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o,
                            const PlannerResult* arenas = nullptr);
 

@@ -793,6 +793,7 @@ void Executor::reset_peak() {
   std::lock_guard lock(mu_);
   device_peak_.store(0);
   st_.held_peak = held_.load();
+  st_.weight_mapped_peak = weight_mapped_;
   update_peak();
 }
 
