@@ -38,6 +38,11 @@ else
   # What outlives the step there (weights, optimizer state), and how long each sits unused.
   echo; echo "== what outlives the recorded reference step, and how long it sits unused"
   "$ctl" plan --trace bench/traces/reference.trace --persistent
+  # Weight streaming on the recorded lora step (20.4 G frozen bf16 parameters, 37.9 GiB): the
+  # weights the shim's pool serves (OFFLOAD_PERSISTENT_MIN=64MiB) go out and back between their
+  # uses so that the step fits 20 GiB (bench/results/weights.md has the GPU run).
+  echo; echo "== weight streaming on the recorded lora step, at 20 GiB"
+  "$ctl" plan --trace bench/traces/lora.trace --budget 20GiB --persistent-min 64MiB
   # The executor on the same steps, running the planner's plans: evict and reload under the
   # budget the GPU runs used (bench/results/executor.md), sizes scaled down, every launch's
   # data checked.
