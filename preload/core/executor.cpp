@@ -253,11 +253,14 @@ bool Executor::release(DevPtr p, Stream s) {
       // The application frees a streamed weight: its backing goes back to the pool, which
       // frees it in stream order on `s`; our copies on it are ordered before that.
       Weight& w = weights_[static_cast<size_t>(i)];
+      if (w.state == State::Evicting && w.handed) settle_handed(w);
       if (w.state == State::Evicting) {
         driver_.stream_wait(s, w.ev_d2h);
         w.state = State::Resident;
       } else if (w.state == State::Evicted) {
-        uint64_t h = weight_handle(w.size);  // its bytes are dead: mapped, not copied
+        uint64_t after = 0;
+        uint64_t h = weight_handle(w.size, &after);  // its bytes are dead: mapped, not copied
+        if (after) driver_.stream_wait(s, after);     // (after the copy out of its last owner)
         if (!h || !driver_.map(w.va, w.size, h)) {
           log().critical("cannot map a freed streamed weight of {} MiB back for the pool: aborting", w.size >> 20);
           std::abort();
@@ -742,6 +745,14 @@ void Executor::poll_locked() {
         keep = true;
       } else {
         if (!driver_.unmap(w.va, w.size)) log().error("unmapping an evicted weight failed");
+        if (w.handed) {  // the handle is another weight's now
+          w.handed = false;
+          w.nstreams = 0;
+          w.state = State::Evicted;
+          if (keep) weight_busy_[kept++] = i;
+          else w.in_busy = false;
+          continue;
+        }
         // Kept for the next reload of its size while the weights' mapped bytes, kept handles
         // included, stay within the plan's bound; released otherwise (its memory is the point).
         const uint64_t bound = weight_bound();
@@ -879,6 +890,7 @@ bool Executor::give_back_weights() {
   bool all = true;
   for (Weight& w : weights_) {
     if (w.state == State::Empty) continue;
+    if (w.state == State::Evicting && w.handed) settle_handed(w);  // evicted: not given back
     if (w.state == State::Evicting) w.state = State::Resident;  // still mapped: the copy out is let go
     if (w.state != State::Resident && w.state != State::Reloading) {
       all = false;
@@ -961,15 +973,15 @@ uint64_t Executor::weight_bound() const {
   return plan_.weight_bytes_mapped;
 }
 
-uint64_t Executor::weight_handle(uint64_t size) {
+uint64_t Executor::weight_handle(uint64_t size, uint64_t* after) {
+  *after = 0;
   const uint64_t bound = weight_bound() ? weight_bound() : ~uint64_t{0};
-  for (bool waited = false;; waited = true) {
+  for (;;) {
     poll_locked();
     for (size_t k = 0; k < free_weight_handles_.size(); ++k)
       if (free_weight_handles_[k].first == size) {
         uint64_t h = free_weight_handles_[k].second;
         free_weight_handles_.erase(free_weight_handles_.begin() + static_cast<ptrdiff_t>(k));
-        if (waited) ++st_.weight_waits;
         return h;
       }
     if (weight_mapped_ + size <= bound) break;
@@ -979,6 +991,20 @@ uint64_t Executor::weight_handle(uint64_t size) {
       weight_mapped_ -= free_weight_handles_.front().first;
       free_weight_handles_.erase(free_weight_handles_.begin());
       continue;
+    }
+    // A weight of this size on its way out: its handle goes to this reload now, which waits
+    // for the copy out on the GPU instead of the host waiting for it (the host, far ahead of
+    // the GPU, would otherwise stall here, and the GPU behind it).
+    for (uint32_t j : weight_busy_) {
+      Weight& x = weights_[j];
+      if (x.state == State::Evicting && !x.handed && x.size == size && x.handle) {
+        const uint64_t h = x.handle;
+        x.handle = 0;
+        x.handed = true;
+        *after = x.ev_d2h;
+        ++st_.weight_handovers;
+        return h;
+      }
     }
     const Weight* leaving = nullptr;
     for (uint32_t j : weight_busy_)
@@ -1007,17 +1033,29 @@ uint64_t Executor::weight_handle(uint64_t size) {
   return h;
 }
 
+void Executor::settle_handed(Weight& w) {
+  uint64_t t0 = __rdtsc();
+  driver_.event_sync(w.ev_d2h);
+  wait_cycles_ += __rdtsc() - t0;
+  if (!driver_.unmap(w.va, w.size)) log().error("unmapping an evicted weight failed");
+  w.handed = false;
+  w.nstreams = 0;
+  w.state = State::Evicted;
+}
+
 bool Executor::reload_weight(uint32_t i, bool demand) {
   Weight& w = weights_[i];
+  if (w.state == State::Evicting && w.handed) settle_handed(w);  // its memory is another's now
   if (w.state == State::Evicting) {
     w.state = State::Resident;  // the copy out has not finished: the bytes never left
     ++st_.weight_abandoned;
     return true;
   }
   if (w.state != State::Evicted) return false;
-  uint64_t h = weight_handle(w.size);
-  if (!h || !driver_.map(w.va, w.size, h) || !copy(w, false, prefetch_stream_) ||
-      !driver_.record_event(w.ev_h2d, prefetch_stream_)) {
+  uint64_t after = 0;
+  uint64_t h = weight_handle(w.size, &after);
+  if (!h || !driver_.map(w.va, w.size, h) || (after && !driver_.stream_wait(prefetch_stream_, after)) ||
+      !copy(w, false, prefetch_stream_) || !driver_.record_event(w.ev_h2d, prefetch_stream_)) {
     log().critical("cannot reload an evicted weight of {} MiB (device memory or driver refused): aborting", w.size >> 20);
     std::abort();
   }
@@ -1044,9 +1082,12 @@ void Executor::ensure_weight(uint32_t i, Stream s, bool demand) {
   Weight& w = weights_[i];
   switch (w.state) {
     case State::Evicting:
-      w.state = State::Resident;  // the bytes are still on the device: keep them
-      ++st_.weight_abandoned;
-      break;
+      if (!w.handed) {
+        w.state = State::Resident;  // the bytes are still on the device: keep them
+        ++st_.weight_abandoned;
+        break;
+      }
+      [[fallthrough]];  // its memory is another weight's now: a reload
     case State::Evicted:
       if (!reload_weight(i, demand)) return;
       [[fallthrough]];

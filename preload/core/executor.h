@@ -99,6 +99,7 @@ struct ExecutorStats {
   uint64_t weights = 0, weight_evictions = 0, weight_reloads = 0, weight_misses = 0, weight_abandoned = 0;
   uint64_t weight_bytes_out = 0, weight_bytes_in = 0, weight_mapped_peak = 0, weight_waits = 0;
   uint64_t weight_over_bound = 0;  // reloads that found the bound full and nothing leaving
+  uint64_t weight_handovers = 0;   // reloads that took a leaving weight's handle, ordered on the GPU
   std::vector<uint64_t> recent_misses;      // misses in each of the last finished active steps
   std::vector<uint64_t> recent_late;        // late reloads in each of them
   std::string plan;                         // the installed plan, described
@@ -195,6 +196,9 @@ class Executor final : public LaunchGate {
     bool h2d_pending = false;
     uint64_t host_offset = 0;
     bool in_busy = false;
+    // Evicting, its handle given to a reload of the same size (which waits for this copy out on
+    // the GPU): its range is unmapped once the copy completes, the handle stays the other's.
+    bool handed = false;
   };
   struct Action {
     int64_t pos;
@@ -216,7 +220,10 @@ class Executor final : public LaunchGate {
   void evict_weight(uint32_t i);
   bool reload_weight(uint32_t i, bool demand);
   void ensure_weight(uint32_t i, Stream s, bool demand);
-  uint64_t weight_handle(uint64_t size);  // a free handle of `size`, or a new one (0: none)
+  // A free handle of `size`, a new one, or (*after: the event to wait for on the GPU before
+  // writing it) the handle of a weight of that size being copied out; 0: none.
+  uint64_t weight_handle(uint64_t size, uint64_t* after);
+  void settle_handed(Weight& w);  // a handed weight's copy out done and its range unmapped
   uint64_t weight_bound() const;          // mapped bytes the plan allows now (0: no bound)
   void mark_weight_busy(uint32_t i);
   int acquire_handle(bool for_reload);
