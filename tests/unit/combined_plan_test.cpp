@@ -24,13 +24,7 @@
 #include "executor_rig.h"
 #include "planner/planner.h"
 
-#if defined(__SANITIZE_THREAD__)
-#define OFFLOAD_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define OFFLOAD_TEST_TSAN 1
-#endif
-#endif
+#include "sanitizers.h"
 
 namespace offload {
 namespace {

@@ -30,14 +30,8 @@
 
 // The planner is single-threaded and pure: ThreadSanitizer has nothing to check in it, and
 // makes the heavy tests (thousands of simulated steps) slow. Those run plain and under ASan.
-#if defined(__SANITIZE_THREAD__)
-#define OFFLOAD_PLANNER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define OFFLOAD_PLANNER_TSAN 1
-#endif
-#endif
-#ifdef OFFLOAD_PLANNER_TSAN
+#include "sanitizers.h"
+#ifdef OFFLOAD_TEST_TSAN
 #define SKIP_UNDER_TSAN() GTEST_SKIP() << "single-threaded planner: run plain and under ASan"
 #else
 #define SKIP_UNDER_TSAN() (void)0

@@ -13,6 +13,7 @@
 #include "core/replay.h"
 #include "core/step_trace.h"
 #include "planner/planner.h"
+#include "sanitizers.h"
 
 namespace offload {
 namespace {
@@ -20,24 +21,10 @@ namespace {
 // Under the sanitizers, fewer bytes and steps: the time goes into the bytes copied and
 // mapped, which they instrument. (Past a divisor of 512 the 64-byte floor of the scaled sizes
 // starts to blur the activation threshold.) The plan is made after step 1 and runs from step 3.
-#if defined(__SANITIZE_THREAD__)
-#define OFFLOAD_REPLAY_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define OFFLOAD_REPLAY_TSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define OFFLOAD_REPLAY_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define OFFLOAD_REPLAY_ASAN 1
-#endif
-#endif
-#if defined(OFFLOAD_REPLAY_TSAN)
+#if defined(OFFLOAD_TEST_TSAN)
 constexpr uint32_t kDivisor = 512;
 constexpr int kRepeats = 6, kScheduleRepeats = 5;
-#elif defined(OFFLOAD_REPLAY_ASAN)
+#elif defined(OFFLOAD_TEST_ASAN)
 constexpr uint32_t kDivisor = 512;
 constexpr int kRepeats = 7, kScheduleRepeats = 6;
 #else

@@ -26,13 +26,7 @@
 #include "core/log.h"
 #include "executor_rig.h"
 
-#if defined(__SANITIZE_THREAD__)
-#define OFFLOAD_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define OFFLOAD_TEST_TSAN 1
-#endif
-#endif
+#include "sanitizers.h"
 
 namespace offload {
 namespace {
