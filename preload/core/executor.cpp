@@ -269,12 +269,7 @@ bool Executor::release(DevPtr p, Stream s) {
         w.state = State::Resident;
       }
       if (w.h2d_pending) driver_.stream_wait(s, w.ev_h2d);
-      pool_->unlend(w.va, w.handle);
-      held_.fetch_sub(w.size);
-      weight_mapped_ -= w.size;
-      lent_live_.fetch_sub(w.used);
-      w.handle = 0;
-      w.state = State::Empty;
+      lend_back(w);
       deviate("a streamed weight was freed");
     }
     return false;
@@ -745,24 +740,13 @@ void Executor::poll_locked() {
         keep = true;
       } else {
         if (!driver_.unmap(w.va, w.size)) log().error("unmapping an evicted weight failed");
-        if (w.handed) {  // the handle is another weight's now
-          w.handed = false;
-          w.nstreams = 0;
-          w.state = State::Evicted;
-          if (keep) weight_busy_[kept++] = i;
-          else w.in_busy = false;
-          continue;
-        }
         // Kept for the next reload of its size while the weights' mapped bytes, kept handles
         // included, stay within the plan's bound; released otherwise (its memory is the point).
+        // A handed weight has none left: the handle is another weight's now.
         const uint64_t bound = weight_bound();
-        if (bound && weight_mapped_ <= bound) {
-          free_weight_handles_.emplace_back(w.size, w.handle);  // capacity reserved at install
-        } else {
-          driver_.release_physical(w.handle);
-          held_.fetch_sub(w.size);
-          weight_mapped_ -= w.size;
-        }
+        if (w.handed) w.handed = false;
+        else if (bound && weight_mapped_ <= bound) free_weight_handles_.emplace_back(w.size, w.handle);  // capacity reserved at install
+        else drop_weight_handle(w.size, w.handle);
         w.handle = 0;
         w.nstreams = 0;
         w.state = State::Evicted;
@@ -896,12 +880,7 @@ bool Executor::give_back_weights() {
       all = false;
       continue;
     }
-    if (pool_) pool_->unlend(w.va, w.handle);
-    held_.fetch_sub(w.size);
-    weight_mapped_ -= w.size;
-    lent_live_.fetch_sub(w.used);
-    w.handle = 0;
-    w.state = State::Empty;
+    lend_back(w);
   }
   for (Weight& w : weights_) {
     if (w.state != State::Empty) continue;
@@ -910,11 +889,7 @@ bool Executor::give_back_weights() {
     if (w.ev_d2h) driver_.destroy_event(std::exchange(w.ev_d2h, 0));
     if (w.ev_h2d) driver_.destroy_event(std::exchange(w.ev_h2d, 0));
   }
-  for (auto& [size, h] : free_weight_handles_) {
-    driver_.release_physical(h);
-    held_.fetch_sub(size);
-    weight_mapped_ -= size;
-  }
+  for (auto& [size, h] : free_weight_handles_) drop_weight_handle(size, h);
   free_weight_handles_.clear();
   if (all) {
     weight_busy_.clear();
@@ -944,6 +919,21 @@ void Executor::mark_weight_busy(uint32_t i) {
   if (weights_[i].in_busy) return;
   weights_[i].in_busy = true;
   weight_busy_.push_back(i);
+}
+
+void Executor::lend_back(Weight& w) {
+  if (pool_) pool_->unlend(w.va, w.handle);
+  held_.fetch_sub(w.size);
+  weight_mapped_ -= w.size;
+  lent_live_.fetch_sub(w.used);
+  w.handle = 0;
+  w.state = State::Empty;
+}
+
+void Executor::drop_weight_handle(uint64_t size, uint64_t handle) {
+  driver_.release_physical(handle);
+  held_.fetch_sub(size);
+  weight_mapped_ -= size;
 }
 
 void Executor::evict_weight(uint32_t i) {
@@ -986,9 +976,7 @@ uint64_t Executor::weight_handle(uint64_t size, uint64_t* after) {
       }
     if (weight_mapped_ + size <= bound) break;
     if (!free_weight_handles_.empty()) {  // unmapped handles of other sizes make room first
-      driver_.release_physical(free_weight_handles_.front().second);
-      held_.fetch_sub(free_weight_handles_.front().first);
-      weight_mapped_ -= free_weight_handles_.front().first;
+      drop_weight_handle(free_weight_handles_.front().first, free_weight_handles_.front().second);
       free_weight_handles_.erase(free_weight_handles_.begin());
       continue;
     }

@@ -224,6 +224,8 @@ class Executor final : public LaunchGate {
   // writing it) the handle of a weight of that size being copied out; 0: none.
   uint64_t weight_handle(uint64_t size, uint64_t* after);
   void settle_handed(Weight& w);  // a handed weight's copy out done and its range unmapped
+  void lend_back(Weight& w);      // its mapped handle back to the pool: the weight is Empty
+  void drop_weight_handle(uint64_t size, uint64_t handle);  // an unmapped handle released
   uint64_t weight_bound() const;          // mapped bytes the plan allows now (0: no bound)
   void mark_weight_busy(uint32_t i);
   int acquire_handle(bool for_reload);

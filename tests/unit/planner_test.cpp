@@ -30,6 +30,7 @@
 
 // The planner is single-threaded and pure: ThreadSanitizer has nothing to check in it, and
 // makes the heavy tests (thousands of simulated steps) slow. Those run plain and under ASan.
+#include "expected_file.h"
 #include "sanitizers.h"
 #ifdef OFFLOAD_TEST_TSAN
 #define SKIP_UNDER_TSAN() GTEST_SKIP() << "single-threaded planner: run plain and under ASan"
@@ -966,20 +967,8 @@ TEST_P(PlannerRecorded, MatchesTheExpectedPlan) {
   SKIP_UNDER_TSAN();
   const auto [name, pct] = GetParam();
   const std::string path = std::string(OFFLOAD_PLANS_DIR) + "/" + name + "-" + std::to_string(pct) + ".plan";
-  const std::string got = serialize(recorded_plan(name, pct).plan);
-  const char* update = std::getenv("OFFLOAD_UPDATE_EXPECTED");
-  if (update && std::string(update) == "1") {
-    std::ofstream os(path, std::ios::trunc);
-    os << got;
-    ASSERT_TRUE(os.good()) << "cannot write " << path;
-    GTEST_SKIP() << "rewrote " << path << " (OFFLOAD_UPDATE_EXPECTED=1): nothing compared";
-  }
-  std::ifstream is(path);
-  ASSERT_TRUE(is) << "no expected plan " << path << "; write it with OFFLOAD_UPDATE_EXPECTED=1";
-  std::stringstream want;
-  want << is.rdbuf();
-  EXPECT_EQ(want.str(), got) << "the plan for " << name << " at " << pct
-                             << "% changed; if that is intended, rerun with OFFLOAD_UPDATE_EXPECTED=1 and check the diff";
+  expect_file_matches(path, serialize(recorded_plan(name, pct).plan),
+                      "the plan for " + std::string(name) + " at " + std::to_string(pct) + "%");
 }
 
 INSTANTIATE_TEST_SUITE_P(Planner, PlannerRecorded,

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <random>
@@ -16,6 +15,7 @@
 
 #include "core/plan.h"
 #include "core/step_trace.h"
+#include "expected_file.h"
 #include "planner/planner.h"
 
 namespace offload {
@@ -398,19 +398,8 @@ TEST(WeightPlan, RecordedLoraStepStreamsUnderTwentyGiB) {
     else EXPECT_TRUE(x.evict_after < x.reload_at && x.reload_at <= x.use);
   }
   EXPECT_EQ(*std::max_element(p.weight_mapped_at.begin(), p.weight_mapped_at.end()), p.weight_bytes_mapped);
-  const std::string path = std::string(OFFLOAD_PLANS_DIR) + "/lora-20GiB-weights.plan", got = serialize_weights(p);
-  const char* update = std::getenv("OFFLOAD_UPDATE_EXPECTED");
-  if (update && std::string(update) == "1") {
-    std::ofstream os(path, std::ios::trunc);
-    os << got;
-    ASSERT_TRUE(os.good()) << "cannot write " << path;
-    GTEST_SKIP() << "rewrote " << path << " (OFFLOAD_UPDATE_EXPECTED=1): nothing compared";
-  }
-  std::ifstream want_is(path);
-  ASSERT_TRUE(want_is) << "no expected plan " << path << "; write it with OFFLOAD_UPDATE_EXPECTED=1";
-  std::stringstream want;
-  want << want_is.rdbuf();
-  EXPECT_EQ(want.str(), got) << "the lora weight plan changed; if that is intended, rerun with OFFLOAD_UPDATE_EXPECTED=1";
+  expect_file_matches(std::string(OFFLOAD_PLANS_DIR) + "/lora-20GiB-weights.plan", serialize_weights(p),
+                      "the lora weight plan");
 }
 
 }  // namespace
