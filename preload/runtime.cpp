@@ -498,6 +498,7 @@ std::string Runtime::executor_json() {
      << ",\"bytes_out\":" << x.bytes_out << ",\"bytes_in\":" << x.bytes_in
      << ",\"handles_created\":" << x.handles_created << ",\"handles_released\":" << x.handles_released
      << ",\"over_budget\":" << x.over_budget << ",\"budget_waits\":" << x.budget_waits
+     << ",\"handovers\":" << x.handovers
      << ",\"held_bytes\":" << x.held_bytes << ",\"held_peak\":" << x.held_peak
      << ",\"device_peak\":" << x.device_peak << ",\"weights\":{\"lent\":" << x.weights
      << ",\"evictions\":" << x.weight_evictions << ",\"reloads\":" << x.weight_reloads

@@ -202,12 +202,21 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
     return 0;
   }
   if (a.state == State::Draining) {
-    // Freed last step, its last work perhaps still queued: wait for it and keep the mapping.
+    // Freed last step, its last work perhaps still queued: the new member's stream waits for
+    // that work (or, without hand-overs, the host does) and the mapping is kept. A handed
+    // arena's memory is another's now: it settles, and takes a handle below.
     poll_locked();
-    if (a.state == State::Draining && !a.overflow) {
-      uint64_t t0 = __rdtsc();
-      for (int i = 0; i < a.nstreams; ++i) driver_.event_sync(a.events[i]);
-      wait_cycles_ += __rdtsc() - t0;
+    if (a.state == State::Draining && a.handed) {
+      settle_handed(a);
+    } else if (a.state == State::Draining && !a.overflow) {
+      if (opt_.hand_over) {
+        for (int i = 0; i < a.nstreams; ++i) driver_.stream_wait(s, a.events[i]);
+        if (a.h2d_pending) driver_.stream_wait(s, a.ev_h2d);
+      } else {
+        uint64_t t0 = __rdtsc();
+        for (int i = 0; i < a.nstreams; ++i) driver_.event_sync(a.events[i]);
+        wait_cycles_ += __rdtsc() - t0;
+      }
       a.state = State::Resident;
       a.nstreams = 0;
       a.h2d_pending = false;
@@ -215,7 +224,7 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
     }
   }
   if (a.state == State::Empty) {
-    int h = acquire_handle(false);
+    int h = acquire_handle(false, s);
     if (h < 0) {
       ++st_.no_handle;
       return 0;
@@ -235,7 +244,6 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
       log().info("arena {} busy at launch {} of the step: {}", mp->arena, pos, describe_handles());
     return 0;
   }
-  (void)s;
   a.filled_step = alloc_step;
   member->live = true;
   ++a.live;
@@ -319,7 +327,7 @@ void Executor::prepare_access(DevPtr p) {
   Arena& a = arenas_[i];
   if (a.live == 0 || (a.state != State::Evicted && a.state != State::Evicting)) return;
   bool late = take_pending(i);
-  bool moved = a.state == State::Evicted;
+  bool moved = a.state == State::Evicted || a.handed;  // a handed arena's bytes are leaving
   reload(i);
   if (!moved) return;  // the copy out was abandoned: the bytes never left
   // A query just before the launch the reload is planned for (Triton asks before it
@@ -455,9 +463,37 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
 
 bool Executor::reload_may_start() const {
   if (reloads_in_flight() >= reload_cap()) return false;
-  // A handle free now, or one the plan allows us to create: a planned reload never waits for
-  // one (the host would stall) nor creates one over the plan's count. It waits in the queue.
-  return !free_handles_.empty() || live_handles() < plan_.handles;
+  // A handle free now, one the plan allows us to create, or one to take over on the GPU: a
+  // planned reload never waits for one on the host (the host would stall) nor creates one
+  // over the plan's count. It waits in the queue.
+  return !free_handles_.empty() || live_handles() < plan_.handles || (opt_.hand_over && donor() >= 0);
+}
+
+int Executor::donor() const {
+  for (uint32_t i : busy_) {  // oldest first: the first to finish
+    const Arena& b = arenas_[i];
+    if ((b.state == State::Evicting || b.state == State::Draining) && !b.overflow && !b.handed && b.handle >= 0)
+      return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void Executor::settle_handed(Arena& a) {
+  uint64_t t0 = __rdtsc();
+  if (a.state == State::Evicting) {
+    driver_.event_sync(a.ev_d2h);
+  } else {
+    for (int k = 0; k < a.nstreams; ++k) driver_.event_sync(a.events[k]);
+    if (a.h2d_pending) driver_.event_sync(a.ev_h2d);
+  }
+  wait_cycles_ += __rdtsc() - t0;
+  ++st_.budget_waits;
+  if (!driver_.unmap(a.va, plan_.handle_bytes)) log().error("unmapping a handed arena failed");
+  a.state = a.state == State::Evicting && a.live ? State::Evicted : State::Empty;
+  a.handle = -1;
+  a.handed = false;
+  a.nstreams = 0;
+  a.h2d_pending = false;
 }
 
 size_t Executor::live_handles() const {
@@ -494,10 +530,15 @@ void Executor::ensure_resident(uint32_t i, Stream s, bool demand) {
     case State::Evicting:
       // Every member freed: nothing to keep (a stale word that looks like a pointer).
       if (a.live == 0) return;
-      // The bytes are still on the device: keep them, let the copy finish unused.
-      a.state = State::Resident;
-      ++st_.evictions_abandoned;
-      break;
+      if (!a.handed) {
+        // The bytes are still on the device: keep them, let the copy finish unused.
+        a.state = State::Resident;
+        ++st_.evictions_abandoned;
+        break;
+      }
+      // Its memory is another arena's now: the copy out must finish, then it comes back.
+      settle_handed(a);
+      [[fallthrough]];
     case State::Evicted: {
       bool late = take_pending(i);
       if (!reload(i)) return;
@@ -579,13 +620,14 @@ void Executor::evict(uint32_t i) {
 
 bool Executor::reload(uint32_t i) {
   Arena& a = arenas_[i];
+  if (a.state == State::Evicting && a.handed) settle_handed(a);  // its memory is another's
   if (a.state == State::Evicting) {
     a.state = State::Resident;  // the copy out has not finished: the bytes never left
     ++st_.evictions_abandoned;
     return true;
   }
   if (a.state != State::Evicted) return false;
-  int h = acquire_handle(true);
+  int h = acquire_handle(true, prefetch_stream_);
   if (h < 0 || !driver_.map(a.va, plan_.handle_bytes, handles_[static_cast<size_t>(h)]) ||
       !copy(a, false, prefetch_stream_) ||
       !driver_.record_event(a.ev_h2d, prefetch_stream_)) {
@@ -607,7 +649,7 @@ bool Executor::reload(uint32_t i) {
   return true;
 }
 
-int Executor::acquire_handle(bool for_reload) {
+int Executor::acquire_handle(bool for_reload, Stream s) {
   poll_locked();
   auto create = [&]() -> int {
     uint64_t h = driver_.create_physical(plan_.handle_bytes);
@@ -630,17 +672,24 @@ int Executor::acquire_handle(bool for_reload) {
     if (live_handles() < plan_.handles) {
       if (int h = create(); h >= 0) return h;
     }
-    // Every handle is in use: wait for the oldest arena whose memory is on its way out.
-    int wait_for = -1;
-    for (uint32_t i : busy_) {
-      const Arena& b = arenas_[i];
-      if ((b.state == State::Evicting || b.state == State::Draining) && !b.overflow) {
-        wait_for = static_cast<int>(i);
-        break;
-      }
-    }
+    // Every handle is in use: the oldest arena whose memory is on its way out hands its handle
+    // over, `s` waiting for its last work, or the host waits for that work.
+    const int wait_for = donor();
     if (wait_for < 0) break;
     Arena& b = arenas_[static_cast<size_t>(wait_for)];
+    if (opt_.hand_over) {
+      if (opt_.fault != Options::Fault::SkipHandoverWait) {
+        if (b.state == State::Evicting) {
+          driver_.stream_wait(s, b.ev_d2h);
+        } else {
+          for (int k = 0; k < b.nstreams; ++k) driver_.stream_wait(s, b.events[k]);
+          if (b.h2d_pending) driver_.stream_wait(s, b.ev_h2d);
+        }
+      }
+      b.handed = true;
+      ++st_.handovers;
+      return b.handle;
+    }
     ++st_.budget_waits;
     uint64_t t0 = __rdtsc();
     if (b.state == State::Evicting) driver_.event_sync(b.ev_d2h);
@@ -661,8 +710,8 @@ std::string Executor::describe_handles() const {
   for (size_t i = 0; i < arenas_.size(); ++i)
     if (arenas_[i].handle >= 0)
       s += (s.empty() ? "" : ", ") + std::string("arena ") + std::to_string(i) + " " +
-           names[static_cast<int>(arenas_[i].state)] + " live " + std::to_string(arenas_[i].live) + "/" +
-           std::to_string(arenas_[i].members.size());
+           names[static_cast<int>(arenas_[i].state)] + (arenas_[i].handed ? " (handed over)" : "") + " live " +
+           std::to_string(arenas_[i].live) + "/" + std::to_string(arenas_[i].members.size());
   return s;
 }
 
@@ -704,7 +753,8 @@ void Executor::poll_locked() {
           break;
         }
         if (!driver_.unmap(a.va, plan_.handle_bytes)) log().error("unmapping an evicted arena failed");
-        give_handle(a.handle);
+        if (a.handed) a.handed = false;  // the handle is another arena's now
+        else give_handle(a.handle);
         a.handle = -1;
         a.nstreams = 0;
         a.state = a.live ? State::Evicted : State::Empty;
@@ -715,7 +765,8 @@ void Executor::poll_locked() {
           break;
         }
         if (!driver_.unmap(a.va, plan_.handle_bytes)) log().error("unmapping a freed arena failed");
-        give_handle(a.handle);
+        if (a.handed) a.handed = false;
+        else give_handle(a.handle);
         a.handle = -1;
         a.nstreams = 0;
         a.h2d_pending = false;

@@ -16,6 +16,13 @@
 // stream and every launch touching the arena before that copy is known complete waits on
 // its event (cuStreamWaitEvent), on the launching stream, before it is launched.
 //
+// Hand-overs. When every handle the plan allows is mapped, a reload (or a placement) takes
+// the handle of the oldest arena whose memory is on its way out (its copy out, or a freed
+// arena's last work, still queued): the taker's stream waits for that work on the GPU, and the
+// old owner's range stays mapped until it completes, then is unmapped. The host never blocks
+// for a handle then. An old owner touched again before its copy out completes cannot keep its
+// bytes as an abandoned eviction does: the host waits for the copy and it is reloaded.
+//
 // Safety net. Every launch's touched allocations reach before_launch: a touched arena that
 // is evicted is reloaded there and then (a demand reload, counted as a miss); one being
 // evicted keeps its memory (the eviction is abandoned). A launch we cannot see into (graph
@@ -27,7 +34,8 @@
 // Threading: place/release/before_launch come from hooks on any thread; poll and install
 // from the worker. One mutex guards the state; it is held only around driver calls that do
 // not re-enter the shim (copies, events, map/unmap), and the only blocking call made under
-// it is waiting for one of our own copies or a freed arena's last work (device budget).
+// it is waiting for one of our own copies or a freed arena's last work (device budget:
+// without hand-overs, or an arena whose handle was handed over and is touched again).
 // With no plan installed every entry point returns after one atomic load.
 #pragma once
 
@@ -88,6 +96,9 @@ struct ExecutorStats {
   uint64_t bytes_out = 0, bytes_in = 0;
   uint64_t handles_created = 0, handles_released = 0, over_budget = 0;
   uint64_t budget_waits = 0;
+  // Arena handles taken from an arena on its way out (copy out or last work still queued),
+  // the taker ordered after it on the GPU instead of the host waiting (Options::hand_over).
+  uint64_t handovers = 0;
   uint64_t held_bytes = 0, held_peak = 0;   // physical bytes we hold
   uint64_t device_peak = 0;                 // live allocation bytes outside arenas + held
   // Host time (TSC cycles): in before_launch, and of that waiting for the budget (our copies
@@ -112,8 +123,12 @@ class Executor final : public LaunchGate {
     // already bounds the bytes a reload may bring in).
     uint32_t max_reloads_in_flight = 0;
     // Test-only: drops a wait, for the tests that prove a missing wait is caught.
-    enum class Fault : uint8_t { None, SkipReloadWait, SkipEvictWait };
+    enum class Fault : uint8_t { None, SkipReloadWait, SkipEvictWait, SkipHandoverWait };
     Fault fault = Fault::None;
+    // Every handle held: a reload or a placement takes the handle of an arena on its way out
+    // and its first use waits for that arena's last work on the GPU (true), or the host waits
+    // for that work to finish first (false: the behaviour before hand-overs, kept for tests).
+    bool hand_over = true;
   };
   Executor(Driver& driver, Options o);
   // Where streamed weights live (OFFLOAD_PERSISTENT_MIN); without it a plan's weights stay put.
@@ -179,6 +194,10 @@ class Executor final : public LaunchGate {
     bool h2d_pending = false;       // reload copy not yet seen complete
     uint64_t host_offset = 0;
     bool in_busy = false;           // listed in busy_
+    // Evicting or Draining, its handle given to another arena (which waits for this one's
+    // last work on the GPU): still mapped here until that work completes, then unmapped; the
+    // handle is the other arena's.
+    bool handed = false;
   };
   // A streamed weight: one PersistentPool block whose physical handle we hold while lent.
   struct Weight {
@@ -228,7 +247,12 @@ class Executor final : public LaunchGate {
   void drop_weight_handle(uint64_t size, uint64_t handle);  // an unmapped handle released
   uint64_t weight_bound() const;          // mapped bytes the plan allows now (0: no bound)
   void mark_weight_busy(uint32_t i);
-  int acquire_handle(bool for_reload);
+  // A handle for a reload (for_reload) or a placement whose memory is first used on `s`: a
+  // free one, a new one within the plan's count, else (Options::hand_over) that of the oldest
+  // arena on its way out, with `s` made to wait for that arena's last work; -1: none.
+  int acquire_handle(bool for_reload, Stream s);
+  int donor() const;              // the arena whose handle a hand-over would take, -1: none
+  void settle_handed(Arena& a);   // a handed arena's last work waited for and its range unmapped
   void give_handle(int h);
   void evict(uint32_t i);
   bool reload(uint32_t i);

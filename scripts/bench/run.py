@@ -197,7 +197,7 @@ def executor_summary(stats):
             f"evictions {x.get('evictions')} (abandoned {x.get('evictions_abandoned')}) reloads {x.get('reloads')}; "
             f"per active step {out:.2f} GiB out (D2H) + {inn:.2f} GiB in (H2D); held_peak {(x.get('held_peak') or 0) / 2**30:.2f} GiB "
             f"device_peak {(x.get('device_peak') or 0) / 2**30:.2f} GiB budget {(x.get('budget') or 0) / 2**30:.2f} GiB "
-            f"over_budget {x.get('over_budget')} budget_waits {x.get('budget_waits')}")
+            f"over_budget {x.get('over_budget')} budget_waits {x.get('budget_waits')} handovers {x.get('handovers')}")
 
 
 # --------------------------------------------------------------------------- main

@@ -595,11 +595,11 @@ struct Case {
   std::string describe() const {
     char s[256];
     snprintf(s, sizeof s, "%s plan, copy delay %s, gpu ops %u..%u, queue %zu, host sync %.2f, granularity %llu, "
-             "chunk %llu phase %llu, reload cap %u%s",
+             "chunk %llu phase %llu, reload cap %u%s%s",
              name(kind), rig.copy_delay ? "on" : "off", rig.gpu_ops_min, rig.gpu_ops_max, rig.max_queued, rig.host_sync,
              static_cast<unsigned long long>(rig.granularity), static_cast<unsigned long long>(rig.host_chunk),
              static_cast<unsigned long long>(rig.host_phase), rig.exec.max_reloads_in_flight,
-             rig.physical_limit ? ", device full" : "");
+             rig.physical_limit ? ", device full" : "", rig.exec.hand_over ? "" : ", host waits (no hand-overs)");
     return s;
   }
 };
@@ -638,6 +638,8 @@ Case make_case(uint64_t seed, PlanKind kind) {
   // the allocator. (A limit between one handle and the plan's count would be unfair: a
   // reload that finds no memory aborts, by design.)
   if (kind != PlanKind::Built && uni(0, 9) == 0) c.rig.physical_limit = 1;
+  // One case in four waits on the host for a handle instead of taking one over on the GPU.
+  c.rig.exec.hand_over = uni(0, 3) != 0;
   return c;
 }
 
@@ -670,7 +672,8 @@ struct QuietLog {
 
 struct Totals {
   uint64_t runs = 0, installed = 0, moved = 0, evictions = 0, reloads = 0, misses = 0, deviations = 0,
-           odd_runs = 0, steps = 0, late = 0, abandoned = 0, conservative = 0, over_budget = 0, no_handle = 0;
+           odd_runs = 0, steps = 0, late = 0, abandoned = 0, conservative = 0, over_budget = 0, no_handle = 0,
+           handovers = 0, host_waits = 0;
 };
 
 TEST(ExecutorRandom, RandomProgramsAndPlansMatchThePlainRun) {
@@ -709,6 +712,11 @@ TEST(ExecutorRandom, RandomProgramsAndPlansMatchThePlainRun) {
       t.over_budget += s.over_budget;
       t.no_handle += s.no_handle;
       t.deviations += s.deviations;
+      t.handovers += s.handovers;
+      t.host_waits += s.budget_waits;
+      if (!c.rig.exec.hand_over) {
+        EXPECT_EQ(s.handovers, 0u);
+      }
       // A plan whose positions are right never misses in a step that follows it (launches
       // the rig cannot see into make everything resident, and a deviation reloads on demand).
       if (kind != PlanKind::Wrong && !prog.conservative && prog.odd == Odd::None) {
@@ -735,7 +743,8 @@ TEST(ExecutorRandom, RandomProgramsAndPlansMatchThePlainRun) {
     std::cout << name(static_cast<PlanKind>(k)) << ": " << t.runs << " runs, " << t.installed << " installed, "
               << t.moved << " moved bytes; evictions " << t.evictions << " reloads " << t.reloads << " misses "
               << t.misses << " late " << t.late << " abandoned " << t.abandoned << " conservative " << t.conservative
-              << " over budget " << t.over_budget << " no handle " << t.no_handle << " deviations " << t.deviations
+              << " over budget " << t.over_budget << " no handle " << t.no_handle << " hand-overs " << t.handovers
+              << " host waits " << t.host_waits << " deviations " << t.deviations
               << " (" << t.odd_runs << " runs with an odd step under a plan)\n";
   }
   std::cout << steps << " steps offloaded and " << plain_steps << " without, in " << secs << " s\n";
@@ -753,6 +762,9 @@ TEST(ExecutorRandom, RandomProgramsAndPlansMatchThePlainRun) {
     EXPECT_GE(t.reloads, 2 * t.runs);
   }
   EXPECT_GT(wrong_misses, 0u);  // a wrong plan costs misses (and only misses)
+  // Both ways of waiting for a handle ran: on the GPU (hand-overs) and on the host.
+  EXPECT_GT(built.handovers + sound.handovers + wrong.handovers, 0u);
+  EXPECT_GT(built.host_waits + sound.host_waits + wrong.host_waits, 0u);
   EXPECT_GT(built.odd_runs + sound.odd_runs + wrong.odd_runs, 0u);
 }
 
@@ -838,7 +850,10 @@ void expect_fault_caught(Executor::Options::Fault fault, bool copy_delay) {
     caught += v != Verdict::Same;
     verdicts += " " + std::to_string(fc.seed) + ": " + name(v) + ";";
   }
-  std::cout << (fault == Executor::Options::Fault::SkipReloadWait ? "no reload wait" : "no evict wait") << ", "
+  const char* what = fault == Executor::Options::Fault::SkipReloadWait  ? "no reload wait"
+                     : fault == Executor::Options::Fault::SkipEvictWait ? "no evict wait"
+                                                                        : "no hand-over wait";
+  std::cout << what << ", "
             << moved << " cases moving bytes without the fault:" << verdicts << "\n";
   EXPECT_GT(moved, 0);
   // Each seed here noticed it when this test was written; a few may stop as the planner
@@ -856,6 +871,13 @@ TEST(ExecutorFault, MissingReloadWaitIsCaught) {
 // schedule it copies out stale bytes, or the arena is unmapped under a queued kernel.
 TEST(ExecutorFault, MissingEvictWaitIsCaught) {
   expect_fault_caught(Executor::Options::Fault::SkipEvictWait, false);
+}
+
+// A reload or placement that takes the handle of an arena on its way out without waiting for
+// that arena's copy out or last work: the copy out reads what the taker wrote, or the taker's
+// bytes are overwritten by work still queued on the old owner.
+TEST(ExecutorFault, MissingHandoverWaitIsCaught) {
+  expect_fault_caught(Executor::Options::Fault::SkipHandoverWait, false);
 }
 
 }  // namespace
