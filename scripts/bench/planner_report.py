@@ -241,6 +241,8 @@ def main(argv=None):
               f"{gib(p.get('predicted_peak'))} GiB, link scale {p.get('link_scale')}, revisions {p.get('revisions')}; "
               f"executor: installs {x.get('installs')}, deviations {x.get('deviations')}, steps active "
               f"{x.get('steps_active')}, misses {x.get('misses')}, late {x.get('late_reloads')}, "
+              f"hand-overs {x.get('handovers')}, host waits {x.get('budget_waits')} "
+              f"({ms(x.get('budget_wait_ms') or 0)} ms), gate {ms((x.get('gate_ns_mean') or 0) / 1e3)} us/launch, "
               f"out {gib(x.get('bytes_out'))} GiB in all")
 
     print(f"\n**{'FAIL' if fails else 'PASS'}**: {len(fails)} correctness failures, "
