@@ -394,6 +394,15 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
              ms(at.evict_start), ms(at.evict_end), ms(at.reload_start), ms(at.reload_end), ms(at.stall));
     }
   }
+  if (arenas && !p.windows.empty()) {
+    printf("\n  window  weight    MiB  evict-after reload-at    use\n");
+    for (size_t k = 0; k < p.windows.size(); ++k) {
+      const WeightWindow& w = p.windows[k];
+      printf("  %6zu  %6u %6.0f  %11lld %9lld %6lld%s\n", k, w.weight,
+             static_cast<double>(p.weights[w.weight].bytes) / (1 << 20), ll(w.evict_after), ll(w.reload_at), ll(w.use),
+             w.wraps() ? "  (next step)" : "");
+    }
+  }
   if (!html.empty()) printf("timeline: %s\n", html.c_str());
   return 0;
 }
