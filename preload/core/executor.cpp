@@ -158,7 +158,6 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
   active_ = false;
   cursor_ = 0;
   pending_reloads_.clear();
-  pending_weights_.clear();
   tables_.clear();  // arena numbers of another plan
   step_misses_ = step_late_ = 0;
   sub_launch_ = ~uint64_t{0};
@@ -268,8 +267,7 @@ bool Executor::release(DevPtr p, Stream s) {
         w.state = State::Resident;
       } else if (w.state == State::Evicted) {
         uint64_t after = 0;
-        bool deferred = false;
-        uint64_t h = weight_handle(w.size, &after, true, &deferred);  // its bytes are dead: mapped, not copied
+        uint64_t h = weight_handle(w.size, &after);  // its bytes are dead: mapped, not copied
         if (after) driver_.stream_wait(s, after);     // (after the copy out of its last owner)
         if (!h || !driver_.map(w.va, w.size, h)) {
           log().critical("cannot map a freed streamed weight of {} MiB back for the pool: aborting", w.size >> 20);
@@ -433,7 +431,6 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
         if (st == State::Evicted && !reload_may_start()) pending_reloads_.push_back(act.index);
         else reload(act.index);
       }
-      retry_pending_weights();
     }
   }
   // What the launch touches must be resident and current before it is queued.
@@ -804,7 +801,6 @@ void Executor::poll_locked() {
         w.handle = 0;
         w.nstreams = 0;
         w.state = State::Evicted;
-        ++weight_changes_;
       }
     } else if (w.h2d_pending && driver_.event_query(w.ev_h2d) == 0) {
       keep = true;
@@ -832,7 +828,6 @@ void Executor::deviate(const char* why) {
   }
   active_ = false;
   pending_reloads_.clear();
-  pending_weights_.clear();
 }
 
 void Executor::retire(const char* why) {
@@ -907,8 +902,6 @@ bool Executor::install_weights(std::string* why) {
     }
     free_weight_handles_.reserve(weights_.size());
     weight_busy_.reserve(weights_.size());
-    pending_weights_.reserve(weights_.size());
-    retrying_.reserve(weights_.size());
   }
   weight_ids_.clear();
   weight_vas_.clear();
@@ -1011,7 +1004,6 @@ void Executor::evict_weight(uint32_t i) {
   w.h2d_pending = false;  // the copy out is ordered after it; a later use reloads again
   w.state = State::Evicting;
   mark_weight_busy(i);
-  ++weight_changes_;
   ++st_.weight_evictions;
   st_.weight_bytes_out += w.used;
 }
@@ -1022,9 +1014,8 @@ uint64_t Executor::weight_bound() const {
   return plan_.weight_bytes_mapped;
 }
 
-uint64_t Executor::weight_handle(uint64_t size, uint64_t* after, bool may_wait, bool* deferred) {
+uint64_t Executor::weight_handle(uint64_t size, uint64_t* after) {
   *after = 0;
-  *deferred = false;
   const uint64_t bound = weight_bound() ? weight_bound() : ~uint64_t{0};
   for (;;) {
     poll_locked();
@@ -1060,10 +1051,6 @@ uint64_t Executor::weight_handle(uint64_t size, uint64_t* after, bool may_wait, 
         leaving = &weights_[j];
         break;
       }
-    if (leaving && !may_wait) {
-      *deferred = true;
-      return 0;
-    }
     if (!leaving) {
       if (st_.weight_over_bound++ < 3)
         log().info("a weight's reload at launch {} finds {} mapped (the plan's bound: {}) and none leaving",
@@ -1095,22 +1082,8 @@ void Executor::settle_handed(Weight& w) {
   w.state = State::Evicted;
 }
 
-void Executor::retry_pending_weights() {
-  if (pending_weights_.empty()) return;
-  poll_locked();
-  const uint64_t bound = weight_bound();
-  if (weight_changes_ == retry_mark_ && bound == retry_bound_) return;  // no room made since
-  retry_mark_ = weight_changes_;
-  retry_bound_ = bound;
-  retrying_.swap(pending_weights_);  // both reserved at install: no allocation on the hook path
-  for (uint32_t i : retrying_)
-    if (weights_[i].state == State::Evicted) reload_weight(i, false);  // put off again if still no room
-  retrying_.clear();
-}
-
 bool Executor::reload_weight(uint32_t i, bool demand) {
   Weight& w = weights_[i];
-  const bool was_retried = !demand && std::find(retrying_.begin(), retrying_.end(), i) != retrying_.end();
   if (w.state == State::Evicting && w.handed) settle_handed(w);  // its memory is another's now
   if (w.state == State::Evicting) {
     w.state = State::Resident;  // the copy out has not finished: the bytes never left
@@ -1118,20 +1091,8 @@ bool Executor::reload_weight(uint32_t i, bool demand) {
     return true;
   }
   if (w.state != State::Evicted) return false;
-  bool was_pending = false;
-  if (auto p = std::find(pending_weights_.begin(), pending_weights_.end(), i); p != pending_weights_.end()) {
-    if (!demand) return false;  // retry_pending_weights() takes it in its turn
-    pending_weights_.erase(p);
-    was_pending = true;
-  }
   uint64_t after = 0;
-  bool deferred = false;
-  uint64_t h = weight_handle(w.size, &after, demand, &deferred);
-  if (deferred) {
-    pending_weights_.push_back(i);  // capacity reserved at install
-    if (!was_retried) ++st_.weight_deferred;
-    return false;
-  }
+  uint64_t h = weight_handle(w.size, &after);
   if (!h || !driver_.map(w.va, w.size, h) || (after && !driver_.stream_wait(prefetch_stream_, after)) ||
       !copy(w, false, prefetch_stream_) || !driver_.record_event(w.ev_h2d, prefetch_stream_)) {
     log().critical("cannot reload an evicted weight of {} MiB (device memory or driver refused): aborting", w.size >> 20);
@@ -1146,9 +1107,7 @@ bool Executor::reload_weight(uint32_t i, bool demand) {
   mark_weight_busy(i);
   ++st_.weight_reloads;
   st_.weight_bytes_in += w.used;
-  if (demand && was_pending) {
-    ++st_.weight_late;  // planned, put off, and its use came first
-  } else if (demand) {
+  if (demand) {
     ++st_.misses;
     ++st_.weight_misses;
     ++step_misses_;

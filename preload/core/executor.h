@@ -22,10 +22,6 @@
 // old owner's range stays mapped until it completes, then is unmapped. The host never blocks
 // for a handle then. An old owner touched again before its copy out completes cannot keep its
 // bytes as an abandoned eviction does: the host waits for the copy and it is reloaded.
-// Streamed weights hand over alike, between weights of one size. A planned weight reload
-// past the plan's bound with none of its size leaving is put off, not waited for: retried at
-// each launch once a copy out has completed, and made at its use (host waiting) if that
-// comes first.
 //
 // Safety net. Every launch's touched allocations reach before_launch: a touched arena that
 // is evicted is reloaded there and then (a demand reload, counted as a miss); one being
@@ -115,9 +111,6 @@ struct ExecutorStats {
   uint64_t weight_bytes_out = 0, weight_bytes_in = 0, weight_mapped_peak = 0, weight_waits = 0;
   uint64_t weight_over_bound = 0;  // reloads that found the bound full and nothing leaving
   uint64_t weight_handovers = 0;   // reloads that took a leaving weight's handle, ordered on the GPU
-  // Planned reloads put off because only a host wait for a copy out would have made room
-  // (retried as copies complete), and of those, reloads made at the weight's use instead.
-  uint64_t weight_deferred = 0, weight_late = 0;
   std::vector<uint64_t> recent_misses;      // misses in each of the last finished active steps
   std::vector<uint64_t> recent_late;        // late reloads in each of them
   std::string plan;                         // the installed plan, described
@@ -244,16 +237,11 @@ class Executor final : public LaunchGate {
   int weight_of(uint64_t id) const;       // index in weights_ by tracker id, -1: none
   int weight_at(DevPtr p) const;          // the weight whose range holds p, -1: none
   void evict_weight(uint32_t i);
-  // demand: a use needs it now (the host may wait for room); a planned reload that would have
-  // to wait is put off instead (pending_weights_, false).
   bool reload_weight(uint32_t i, bool demand);
-  void retry_pending_weights();
   void ensure_weight(uint32_t i, Stream s, bool demand);
   // A free handle of `size`, a new one, or (*after: the event to wait for on the GPU before
-  // writing it) the handle of a weight of that size being copied out; 0: none. Past the bound
-  // with nothing of its size leaving, the host waits for a copy out if may_wait, else 0 with
-  // *deferred set.
-  uint64_t weight_handle(uint64_t size, uint64_t* after, bool may_wait, bool* deferred);
+  // writing it) the handle of a weight of that size being copied out; 0: none.
+  uint64_t weight_handle(uint64_t size, uint64_t* after);
   void settle_handed(Weight& w);  // a handed weight's copy out done and its range unmapped
   void lend_back(Weight& w);      // its mapped handle back to the pool: the weight is Empty
   void drop_weight_handle(uint64_t size, uint64_t handle);  // an unmapped handle released
@@ -319,10 +307,6 @@ class Executor final : public LaunchGate {
   std::vector<std::pair<DevPtr, uint32_t>> weight_vas_;    // (va, index), sorted
   std::vector<std::pair<uint64_t, uint64_t>> free_weight_handles_;  // (size, handle), unmapped
   std::vector<uint32_t> weight_busy_;       // weights with copies in flight
-  std::vector<uint32_t> pending_weights_;   // planned reloads put off, oldest first
-  std::vector<uint32_t> retrying_;          // scratch for retry_pending_weights (reserved)
-  uint64_t weight_changes_ = 0;             // copies out begun or seen complete
-  uint64_t retry_mark_ = ~uint64_t{0}, retry_bound_ = 0;  // what the last retry saw
   uint64_t weight_mapped_ = 0;              // lent weights' mapped bytes, free handles included
   std::atomic<uint64_t> weight_lo_{0}, weight_hi_{0};  // their address range (for release / queries)
   std::atomic<uint64_t> member_live_{0}, held_{0}, last_live_{0}, device_peak_{0}, lent_live_{0};
