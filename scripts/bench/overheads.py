@@ -143,7 +143,16 @@ def main():
         print(f"[overheads] {tag}: gemm {g:.4f} ms, add {e:.4f} ms", file=sys.stderr, flush=True)
         return g, e
 
-    base_g, base_e = both("alone")
+    # The GEMM chain's time drifts by a few percent over a run (clocks under sustained load):
+    # each setting is compared with a run alone measured just before it.
+    alone_runs = []
+
+    def alone():
+        g, e = both(f"alone_{len(alone_runs)}")
+        alone_runs.append((g, e))
+        return g, e
+
+    base_g, base_e = alone()
 
     # Sync commands, once per kernel.
     side = torch.cuda.Stream()
@@ -157,8 +166,10 @@ def main():
     def record_main(i):
         evs[i % 8].record()
 
+    base_g, base_e = alone()
     g, e = both("wait_per_kernel", wait_side)
     res["wait_us"] = {"gemm": round((g - base_g) * 1e3, 2), "add": round((e - base_e) * 1e3, 2)}
+    base_g, base_e = alone()
     g, e = both("record_per_kernel", record_main)
     res["record_us"] = {"gemm": round((g - base_g) * 1e3, 2), "add": round((e - base_e) * 1e3, 2)}
 
@@ -166,6 +177,7 @@ def main():
     churn = Churn(256 << 20, dev)
     for rate in (0, 100):
         tag = "vmm_free" if rate == 0 else f"vmm_{rate}_per_s"
+        base_g, base_e = alone()
         churn.start(rate)
         t0 = time.perf_counter()
         g = min(chain(gemm, n_gemm) for _ in range(3))
@@ -185,6 +197,7 @@ def main():
     dbuf_in = torch.empty(128 << 20, device="cuda", dtype=torch.bfloat16)
     s_in, s_out = torch.cuda.Stream(), torch.cuda.Stream()
     for tag, ways in (("dma_h2d", ("in",)), ("dma_both", ("in", "out"))):
+        base_g, base_e = alone()
         stop = threading.Event()
         moved = [0]
 
@@ -211,6 +224,8 @@ def main():
         res[tag] = {"gemm_ms": round(g, 5), "add_ms": round(e, 5),
                     "gemm_slowdown_pct": round((g / base_g - 1) * 100, 3), "add_slowdown_pct": round((e / base_e - 1) * 100, 3)}
         print(f"[overheads] {tag}: gemm {g:.4f} ms, add {e:.4f} ms", file=sys.stderr, flush=True)
+    gs = [g for g, _ in alone_runs]
+    res["alone_gemm_spread_pct"] = round((max(gs) / min(gs) - 1) * 100, 3)
     print(json.dumps(res))
 
 
