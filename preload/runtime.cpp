@@ -505,7 +505,8 @@ std::string Runtime::executor_json() {
      << ",\"misses\":" << x.weight_misses << ",\"abandoned\":" << x.weight_abandoned
      << ",\"bytes_out\":" << x.weight_bytes_out << ",\"bytes_in\":" << x.weight_bytes_in
      << ",\"mapped_peak\":" << x.weight_mapped_peak << ",\"bound\":" << planned_.weight_bytes_mapped
-     << ",\"waits\":" << x.weight_waits << ",\"handovers\":" << x.weight_handovers << ",\"over_bound\":" << x.weight_over_bound
+     << ",\"waits\":" << x.weight_waits << ",\"handovers\":" << x.weight_handovers << ",\"read_only\":" << x.weight_read_only
+     << ",\"clean_evictions\":" << x.weight_clean_evictions << ",\"over_bound\":" << x.weight_over_bound
      << ",\"windows\":" << planned_.windows.size() << "},\"planner\":{\"gpu_time\":" << (predicted_.step_ns > 0 ? "true" : "false")
      << ",\"predicted_step_ns\":" << predicted_.step_ns << ",\"compute_ns\":" << predicted_.compute_ns
      << ",\"lower_bound_ns\":" << predicted_.lower_bound_ns << ",\"forward_ns\":" << predicted_.forward_ns
@@ -558,6 +559,16 @@ __attribute__((visibility("default"))) void offload_mark_step(void) {
   try {
     if (offload::Runtime* rt = offload::runtime()) rt->tracker().mark_step();
   } catch (...) {
+  }
+}
+
+__attribute__((visibility("default"))) int offload_mark_read_only(const void* ptr, size_t bytes) {
+  try {
+    if (!ptr || !bytes) return -1;
+    if (offload::Runtime* rt = offload::runtime()) rt->mark_read_only(reinterpret_cast<offload::DevPtr>(ptr), bytes);
+    return 0;
+  } catch (...) {
+    return -1;
   }
 }
 

@@ -61,6 +61,9 @@ class Runtime {
     if (offloading_) executor_.note_live(tracker_.allocs().live_bytes());
   }
   bool release(void* p, Stream s) {
+    // A range marked read-only is no longer the application's word once freed.
+    if (executor_.any_read_only())
+      if (auto e = tracker_.allocs().find(reinterpret_cast<DevPtr>(p))) executor_.forget_read_only(e->base, e->size);
     tracker_.on_free(reinterpret_cast<DevPtr>(p), s);
     if (offloading_ && executor_.release(reinterpret_cast<DevPtr>(p), s)) return true;
     return persistent_ && persistent_->free(reinterpret_cast<DevPtr>(p), s);
@@ -74,6 +77,7 @@ class Runtime {
     if (offloading_) executor_.prepare_access(p);
   }
   CuptiTelemetry& telemetry() { return telemetry_; }
+  void mark_read_only(DevPtr p, uint64_t bytes) { executor_.mark_read_only(p, bytes); }
 
   // Drains, joins GPU times and finishes every step that can be: those whose GPU times are
   // in, or all that are cut if `no_wait` (a caller who synchronised the GPU).

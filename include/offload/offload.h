@@ -22,6 +22,13 @@ void offload_free(void* ptr, size_t size, int device, void* stream);
  * and every later step boundary comes from this call. */
 void offload_mark_step(void);
 
+/* The caller's word that the device bytes [ptr, ptr+bytes) are not written from this call on,
+ * while that memory lives: a frozen parameter (requires_grad=False). A streamed weight inside such a range is
+ * copied to the host once, and later evictions only unmap it. If the bytes are written all the
+ * same, later reloads bring back the old bytes: mark only what nothing writes. The mark ends
+ * when the allocation holding the range is freed. Returns 0, or -1 for a null or empty range. */
+int offload_mark_read_only(const void* ptr, size_t bytes);
+
 /* Starts a new high-water mark of the device footprint the executor reports
  * ("executor.device_peak" in the stats: live allocations outside arenas plus the physical
  * memory arenas hold). For benchmarks that measure the steady state after warm-up. */

@@ -801,6 +801,7 @@ void Executor::poll_locked() {
         w.handle = 0;
         w.nstreams = 0;
         w.state = State::Evicted;
+        if (w.read_only) w.host_current = true;  // copied out now, or current already
       }
     } else if (w.h2d_pending && driver_.event_query(w.ev_h2d) == 0) {
       keep = true;
@@ -847,6 +848,8 @@ ExecutorStats Executor::stats() {
   std::lock_guard lock(mu_);
   ExecutorStats s = st_;
   s.gate_calls = gate_calls_;
+  s.weight_read_only = static_cast<uint64_t>(
+      std::count_if(weights_.begin(), weights_.end(), [](const Weight& w) { return w.read_only; }));
   s.gate_cycles = gate_cycles_;
   s.gate_wait_cycles = gate_wait_cycles_;
   s.wait_cycles = wait_cycles_;
@@ -908,6 +911,9 @@ bool Executor::install_weights(std::string* why) {
   DevPtr lo = ~DevPtr{0}, hi = 0;
   for (size_t i = 0; i < weights_.size(); ++i) {
     weights_[i].host_offset = plan_.weights[i].host_offset;
+    // This plan's host memory holds nothing of it yet.
+    weights_[i].host_current = false;
+    weights_[i].read_only = marked_read_only(weights_[i].va, weights_[i].va + weights_[i].used);
     weight_ids_.emplace_back(weights_[i].id, static_cast<uint32_t>(i));
     weight_vas_.emplace_back(weights_[i].va, static_cast<uint32_t>(i));
     lo = std::min(lo, weights_[i].va);
@@ -991,10 +997,13 @@ void Executor::evict_weight(uint32_t i) {
   Weight& w = weights_[i];
   if (w.state != State::Resident || w.overflow || !w.handle) return;
   // After its last use before the idle stretch: the copy waits for every stream that touched it.
+  // A read-only weight whose host copy is current copies nothing: ev_d2h then marks its last
+  // use, and everything that waits for a copy out waits for that.
+  const bool clean = w.read_only && w.host_current;
   if (!record_all(w)) return;
   if (opt_.fault != Options::Fault::SkipEvictWait)
     for (int k = 0; k < w.nstreams; ++k) driver_.stream_wait(offload_stream_, w.events[k]);
-  if (!copy(w, true, offload_stream_) || !driver_.record_event(w.ev_d2h, offload_stream_)) {
+  if ((!clean && !copy(w, true, offload_stream_)) || !driver_.record_event(w.ev_d2h, offload_stream_)) {
     add_stream(w, offload_stream_);
     if (st_.copy_failures++ == 0) log().warn("an eviction copy was refused by the driver: the weight stays resident");
     return;
@@ -1005,7 +1014,32 @@ void Executor::evict_weight(uint32_t i) {
   w.state = State::Evicting;
   mark_weight_busy(i);
   ++st_.weight_evictions;
-  st_.weight_bytes_out += w.used;
+  if (clean) ++st_.weight_clean_evictions;
+  else st_.weight_bytes_out += w.used;
+}
+
+bool Executor::marked_read_only(DevPtr lo, DevPtr hi) const {
+  for (const auto& [a, b] : read_only_)
+    if (a <= lo && hi <= b) return true;
+  return false;
+}
+
+void Executor::mark_read_only(DevPtr p, uint64_t bytes) {
+  if (!bytes) return;
+  std::lock_guard lock(mu_);
+  read_only_.emplace_back(p, p + bytes);
+  any_read_only_.store(true, std::memory_order_relaxed);
+  for (Weight& w : weights_)
+    if (w.state != State::Empty && marked_read_only(w.va, w.va + w.used)) w.read_only = true;
+}
+
+void Executor::forget_read_only(DevPtr p, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  const DevPtr lo = p, hi = p + bytes;
+  std::erase_if(read_only_, [&](const auto& r) { return r.first < hi && lo < r.second; });
+  any_read_only_.store(!read_only_.empty(), std::memory_order_relaxed);
+  for (Weight& w : weights_)
+    if (w.va < hi && lo < w.va + w.size) w.read_only = w.host_current = false;
 }
 
 uint64_t Executor::weight_bound() const {
@@ -1080,6 +1114,7 @@ void Executor::settle_handed(Weight& w) {
   w.handed = false;
   w.nstreams = 0;
   w.state = State::Evicted;
+  if (w.read_only) w.host_current = true;
 }
 
 bool Executor::reload_weight(uint32_t i, bool demand) {

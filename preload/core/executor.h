@@ -111,6 +111,9 @@ struct ExecutorStats {
   uint64_t weight_bytes_out = 0, weight_bytes_in = 0, weight_mapped_peak = 0, weight_waits = 0;
   uint64_t weight_over_bound = 0;  // reloads that found the bound full and nothing leaving
   uint64_t weight_handovers = 0;   // reloads that took a leaving weight's handle, ordered on the GPU
+  // Weights the application marked read-only (offload_mark_read_only), and their evictions
+  // that copied nothing (the host copy was current).
+  uint64_t weight_read_only = 0, weight_clean_evictions = 0;
   std::vector<uint64_t> recent_misses;      // misses in each of the last finished active steps
   std::vector<uint64_t> recent_late;        // late reloads in each of them
   std::string plan;                         // the installed plan, described
@@ -165,6 +168,12 @@ class Executor final : public LaunchGate {
   void prepare_access(DevPtr p);
   // After every allocation: the tracker's live bytes, for the device-footprint peak.
   void note_live(uint64_t live_bytes);
+  // The application's word that [p, p+bytes) is not written from now on while it lives (a
+  // frozen parameter): a streamed weight inside such a range is copied out once, and later evictions
+  // only unmap it. forget_read_only: the range (or part of it) was freed; the word goes with it.
+  void mark_read_only(DevPtr p, uint64_t bytes);
+  void forget_read_only(DevPtr p, uint64_t bytes);
+  bool any_read_only() const { return any_read_only_.load(std::memory_order_relaxed); }
 
   // Worker (hooks call it too): finishes evictions and drains whose copies have completed.
   void poll();
@@ -218,6 +227,9 @@ class Executor final : public LaunchGate {
     // Evicting, its handle given to a reload of the same size (which waits for this copy out on
     // the GPU): its range is unmapped once the copy completes, the handle stays the other's.
     bool handed = false;
+    // Marked read-only by the application; host_current: the host copy holds its bytes (a copy
+    // out of it has completed under this plan), so an eviction need not copy.
+    bool read_only = false, host_current = false;
   };
   struct Action {
     int64_t pos;
@@ -307,6 +319,9 @@ class Executor final : public LaunchGate {
   std::vector<std::pair<DevPtr, uint32_t>> weight_vas_;    // (va, index), sorted
   std::vector<std::pair<uint64_t, uint64_t>> free_weight_handles_;  // (size, handle), unmapped
   std::vector<uint32_t> weight_busy_;       // weights with copies in flight
+  std::vector<std::pair<DevPtr, DevPtr>> read_only_;  // [lo, hi) the application marked
+  std::atomic<bool> any_read_only_{false};
+  bool marked_read_only(DevPtr lo, DevPtr hi) const;  // inside one marked range
   uint64_t weight_mapped_ = 0;              // lent weights' mapped bytes, free handles included
   std::atomic<uint64_t> weight_lo_{0}, weight_hi_{0};  // their address range (for release / queries)
   std::atomic<uint64_t> member_live_{0}, held_{0}, last_live_{0}, device_peak_{0}, lent_live_{0};

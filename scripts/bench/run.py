@@ -54,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--route", type=int, default=1, choices=(1, 2),
                    help="1: backend from PYTORCH_CUDA_ALLOC_CONF; 2: CUDAPluggableAllocator from $OFFLOAD_LIB")
     p.add_argument("--mark-steps", action="store_true", help="call offload_mark_step() after each step")
+    p.add_argument("--mark-frozen", action="store_true",
+                   help="call offload_mark_read_only() for every parameter that does not require grad")
     p.add_argument("--profile", action="store_true",
                    help="run the timed steps under torch.profiler (CPU+CUDA): another CUPTI client")
     p.add_argument("--json-out", metavar="FILE", help="also write the result JSON here")
@@ -140,15 +142,18 @@ class Shim:
         handles = [ctypes.CDLL(None)]  # global scope: the main program and LD_PRELOAD libraries
         if route == 2:
             handles.append(ctypes.CDLL(lib_path))  # already dlopen'ed by torch: same handle
-        self.mark_step_fn = self.stats_fn = self.reset_peak_fn = None
+        self.mark_step_fn = self.stats_fn = self.reset_peak_fn = self.read_only_fn = None
         for h in handles:
             self.mark_step_fn = self.mark_step_fn or getattr(h, "offload_mark_step", None)
+            self.read_only_fn = self.read_only_fn or getattr(h, "offload_mark_read_only", None)
             self.stats_fn = self.stats_fn or getattr(h, "offload_stats_json", None)
             self.reset_peak_fn = self.reset_peak_fn or getattr(h, "offload_reset_peak", None)
         if self.mark_step_fn:
             self.mark_step_fn.argtypes, self.mark_step_fn.restype = [], None
         if self.reset_peak_fn:
             self.reset_peak_fn.argtypes, self.reset_peak_fn.restype = [], None
+        if self.read_only_fn:
+            self.read_only_fn.argtypes, self.read_only_fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
         if self.stats_fn:
             self.stats_fn.argtypes, self.stats_fn.restype = [ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
 
@@ -318,6 +323,16 @@ def main(argv=None):
     shim = Shim(args.route, lib_path)
     if args.mark_steps and not shim.loaded:
         log("--mark-steps: liboffload is not loaded, nothing to mark")
+    if args.mark_frozen:
+        frozen = [p for p in all_params if not p.requires_grad and p.is_cuda]
+        if not shim.read_only_fn:
+            log("--mark-frozen: liboffload is not loaded, nothing to mark")
+        else:
+            for p in frozen:
+                if shim.read_only_fn(p.data_ptr(), p.numel() * p.element_size()) != 0:
+                    raise RuntimeError("offload_mark_read_only refused a parameter")
+            log(f"--mark-frozen: {len(frozen)} frozen parameters marked read-only, "
+                f"{sum(p.numel() * p.element_size() for p in frozen) / 2**30:.2f} GiB")
     log(f"workload={args.workload} mode={args.mode} compile={args.compile} deterministic={args.deterministic} "
         f"route={args.route} backend={backend} shim={'yes' if shim.loaded else 'no'} small={args.small} "
         f"params={sum(p.numel() for p in all_params)} trainable={sum(p.numel() for p in params)}"
@@ -440,6 +455,7 @@ def main(argv=None):
         "workload": args.workload,
         "mode": args.mode,
         "compile": args.compile,
+        "mark_frozen": args.mark_frozen,
         "deterministic": args.deterministic,
         "route": args.route,
         "small": args.small,

@@ -41,7 +41,8 @@
 #                                   allocator), ckpt under the shim (OFFLOAD_PERSISTENT_MIN=64MiB)
 #                                   at 20 GiB and at 24 GiB; small shapes first; bitwise
 #                                   checks (< 10 min)
-#   scripts/gpu/run.sh weights_20   the baseline and the shim at 20 GiB, back to back (< 5 min)
+#   scripts/gpu/run.sh weights_20   the baseline and the shim at 20 GiB, back to back, then the
+#                                   shim with the frozen base marked read-only (< 7 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Offload runs (run kind o) take OFFLOAD_DEVICE_BUDGET from $budget, which budget_of sets from
@@ -506,8 +507,14 @@ case $plan in
     budget=20GiB
     OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB o "${d[@]}" --mode ckpt
     check_pair "$ref" lora_offload_20GiB
-    for n in lora_ckpt lora_stream_native lora_offload_20GiB; do
-      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB, sampled", round((r.get("device_used_peak_bytes") or 0) / 2**30, 2), "GiB")' "$work/$n.json" "$n" 2>/dev/null
+    # The frozen base marked read-only (offload_mark_read_only): copied out once, not after
+    # every use. WEIGHTS_20_FROZEN=0 leaves it out.
+    if [ "${WEIGHTS_20_FROZEN:-1}" = 1 ]; then
+      OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen o "${d[@]}" --mode ckpt --mark-frozen
+      check_pair "$ref" lora_offload_20GiB_frozen
+    fi
+    for n in lora_ckpt lora_stream_native lora_offload_20GiB lora_offload_20GiB_frozen; do
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); w=((r.get("shim") or {}).get("executor") or {}).get("weights"); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB, sampled", round((r.get("device_used_peak_bytes") or 0) / 2**30, 2), "GiB", "weights:", json.dumps(w) if w else "")' "$work/$n.json" "$n" 2>/dev/null
     done
     ;;
   weights)

@@ -729,6 +729,15 @@ TEST_F(Hooks, StatsJsonIsValidAndAgreesWithTheTracker) {
   EXPECT_EQ(offload_stats_json(nullptr, 0), -1);
 }
 
+// offload_mark_read_only: a null or empty range is refused (-1); a range is taken (0).
+TEST_F(Hooks, MarkReadOnlyTakesARangeAndRefusesAnEmptyOne) {
+  ASSERT_NE(rt(), nullptr);
+  EXPECT_EQ(offload_mark_read_only(nullptr, 4096), -1);
+  int word = 0;
+  EXPECT_EQ(offload_mark_read_only(&word, 0), -1);
+  EXPECT_EQ(offload_mark_read_only(reinterpret_cast<void*>(0x7f0000000000), 1 << 20), 0);
+}
+
 TEST_F(Hooks, MarkStepTurnsAutomaticDetectionOff) {
   ASSERT_NE(rt(), nullptr);
   cuLaunchKernel(reinterpret_cast<CUfunction>(0x5a5e0), 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);

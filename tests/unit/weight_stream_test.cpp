@@ -74,6 +74,9 @@ struct Config {
   int bound_weights = -1;
   // After the steps, one more forward, then every weight is freed (test of release()).
   bool free_weights_mid_step = false;
+  // Even layers' weights are frozen: the optimizer leaves them alone. mark_frozen: and the
+  // program says so (Executor::mark_read_only) once they are filled.
+  bool frozen_even = false, mark_frozen = false;
   Executor::Options exec{};
 };
 
@@ -195,6 +198,7 @@ class WeightLoop {
       r_.kernel(fill_, kCompute, {w, n}, [=] {
         for (uint64_t i = 0; i < n / 8; ++i) words(w)[i] = mix((uint64_t{l} << 40) + i + 1);
       });
+      if (c_.offload && c_.frozen_even && c_.mark_frozen && frozen(l)) r_.executor().mark_read_only(w, n);
       o.weight_bytes += n;
       o.largest_weight = std::max(o.largest_weight, n);
     }
@@ -243,6 +247,7 @@ class WeightLoop {
 
  private:
   uint64_t weight_bytes(uint32_t l) const { return (2 + l % 2) * 128 * kKiB; }
+  bool frozen(uint32_t l) const { return c_.frozen_even && l % 2 == 0; }
   uint64_t act_bytes(uint32_t l) const { return 32 * kKiB * (1 + (l * 7 + c_.seed) % 3); }
 
   // A launch of a step; once a plan is in, the driver's physical bytes after it are sampled.
@@ -298,13 +303,18 @@ class WeightLoop {
     }
     if (bs != kCompute) r_.join(bs, kCompute);
     std::vector<uint64_t> args{g, L};
-    for (DevPtr w : w_) args.push_back(w);
-    std::vector<DevPtr> ws = w_;
-    std::vector<uint64_t> wns;
-    for (uint32_t l = 0; l < L; ++l) wns.push_back(weight_bytes(l) / 8);
+    std::vector<DevPtr> ws;
+    std::vector<uint64_t> wns, ls;
+    for (uint32_t l = 0; l < L; ++l) {
+      args.push_back(frozen(l) ? 0 : w_[l]);  // a frozen weight is not the optimizer's
+      if (frozen(l)) continue;
+      ws.push_back(w_[l]);
+      wns.push_back(weight_bytes(l) / 8);
+      ls.push_back(l);
+    }
     launch(opt_, kCompute, std::move(args), [=] {
-      for (uint32_t l = 0; l < L; ++l)
-        for (uint64_t i = 0; i < wns[l]; ++i) words(ws[l])[i] = mix(words(ws[l])[i] + words(g)[l] + i);
+      for (size_t k = 0; k < ws.size(); ++k)
+        for (uint64_t i = 0; i < wns[k]; ++i) words(ws[k])[i] = mix(words(ws[k])[i] + words(g)[ls[k]] + i);
     });
     // Two launches after the optimizer that touch no weight: a weight's stretch across the
     // step boundary starts inside the step (its reload may come in the same step or the next).
@@ -433,6 +443,53 @@ TEST(WeightStream, AWeightTouchedBeforeItsPlannedReloadIsAMissNotWrongBytes) {
 
 // 4. A plan that allows two weights' bytes mapped at once (the optimizer alone needs all of
 // them): the same bytes; a reload past the bound waits for a weight leaving.
+// 4a'. Frozen weights marked read-only (offload_mark_read_only): each is copied out once under
+// a plan, later evictions copy nothing, and the bytes still match the plain run. Against the
+// same program unmarked, fewer bytes leave the device; the trainable (odd) weights still copy.
+TEST(WeightStream, ReadOnlyWeightsAreCopiedOutOnce) {
+  QuietLog quiet;
+  uint64_t clean = 0, marked_out = 0, unmarked_out = 0;
+  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Config c = sound_config(seed);
+    c.frozen_even = true;
+    const Outcome plain = run_plain(c);
+    const Outcome unmarked = run(c);
+    c.mark_frozen = true;
+    const Outcome marked = run(c);
+    expect_same(unmarked, plain);
+    expect_same(marked, plain);
+    EXPECT_EQ(marked.stats.weight_misses, 0u);
+    EXPECT_EQ(unmarked.stats.weight_clean_evictions, 0u);
+    EXPECT_EQ(unmarked.stats.weight_read_only, 0u);
+    EXPECT_EQ(marked.stats.weight_read_only, c.layers / 2);  // every frozen weight is streamed here
+    EXPECT_LE(marked.stats.weight_bytes_out, unmarked.stats.weight_bytes_out);
+    clean += marked.stats.weight_clean_evictions;
+    marked_out += marked.stats.weight_bytes_out;
+    unmarked_out += unmarked.stats.weight_bytes_out;
+    std::cout << "seed " << seed << ": read-only " << marked.stats.weight_read_only << ", clean evictions "
+              << marked.stats.weight_clean_evictions << " of " << marked.stats.weight_evictions << "; out "
+              << marked.stats.weight_bytes_out / kKiB << " KiB against " << unmarked.stats.weight_bytes_out / kKiB
+              << " KiB unmarked\n";
+  }
+  EXPECT_GT(clean, 0u);
+  EXPECT_LT(marked_out, unmarked_out);
+}
+
+// 4a''. A mark ends with its range: the free hook forgets every mark the freed allocation
+// overlaps (a weight under it copies out again), and no other.
+TEST(WeightStream, AMarkEndsWithItsRange) {
+  SimDriver sim;
+  Executor ex(sim, Executor::Options{});
+  ex.mark_read_only(0x10000, 0x1000);
+  EXPECT_TRUE(ex.any_read_only());
+  ex.forget_read_only(0x10800, 0x10);  // a piece of it freed: the whole mark goes
+  EXPECT_FALSE(ex.any_read_only());
+  ex.mark_read_only(0x10000, 0x1000);
+  ex.forget_read_only(0x20000, 0x1000);  // elsewhere: the mark stays
+  EXPECT_TRUE(ex.any_read_only());
+}
+
 TEST(WeightStream, ATightMappedBoundStillMatches) {
   QuietLog quiet;
   for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
