@@ -78,6 +78,7 @@ class Runtime {
   }
   CuptiTelemetry& telemetry() { return telemetry_; }
   void mark_read_only(DevPtr p, uint64_t bytes) { executor_.mark_read_only(p, bytes); }
+  bool read_only(DevPtr p, uint64_t bytes) { return executor_.read_only(p, bytes); }
 
   // Drains, joins GPU times and finishes every step that can be: those whose GPU times are
   // in, or all that are cut if `no_wait` (a caller who synchronised the GPU).

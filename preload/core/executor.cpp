@@ -1033,6 +1033,11 @@ void Executor::mark_read_only(DevPtr p, uint64_t bytes) {
     if (w.state != State::Empty && marked_read_only(w.va, w.va + w.used)) w.read_only = true;
 }
 
+bool Executor::read_only(DevPtr p, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  return marked_read_only(p, p + bytes);
+}
+
 void Executor::forget_read_only(DevPtr p, uint64_t bytes) {
   std::lock_guard lock(mu_);
   const DevPtr lo = p, hi = p + bytes;

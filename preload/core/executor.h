@@ -174,6 +174,7 @@ class Executor final : public LaunchGate {
   void mark_read_only(DevPtr p, uint64_t bytes);
   void forget_read_only(DevPtr p, uint64_t bytes);
   bool any_read_only() const { return any_read_only_.load(std::memory_order_relaxed); }
+  bool read_only(DevPtr p, uint64_t bytes);  // [p, p+bytes) inside one marked range
 
   // Worker (hooks call it too): finishes evictions and drains whose copies have completed.
   void poll();

@@ -729,6 +729,29 @@ TEST_F(Hooks, StatsJsonIsValidAndAgreesWithTheTracker) {
   EXPECT_EQ(offload_stats_json(nullptr, 0), -1);
 }
 
+// A mark on an allocation ends when the application frees it (the free hook forgets it), so
+// that memory reused for something written is never taken for read-only.
+TEST_F(Hooks, FreeingAMarkedAllocationEndsTheMark) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  auto s = reinterpret_cast<cudaStream_t>(0x99);
+  void* p = nullptr;
+  void* q = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, 8192, s), cudaSuccess);
+  ASSERT_EQ(cudaMallocAsync(&q, 8192, s), cudaSuccess);
+  const DevPtr a = reinterpret_cast<DevPtr>(p), b = reinterpret_cast<DevPtr>(q);
+  ASSERT_EQ(offload_mark_read_only(p, 8192), 0);
+  ASSERT_EQ(offload_mark_read_only(q, 8192), 0);
+  EXPECT_TRUE(r->read_only(a, 8192));
+  EXPECT_TRUE(r->read_only(b + 4096, 4096));
+  ASSERT_EQ(cudaFreeAsync(p, s), cudaSuccess);
+  EXPECT_FALSE(r->read_only(a, 8192)) << "freed: the mark is gone";
+  EXPECT_FALSE(r->read_only(a, 1));
+  EXPECT_TRUE(r->read_only(b, 8192)) << "another allocation's mark stays";
+  ASSERT_EQ(cudaFreeAsync(q, s), cudaSuccess);
+  EXPECT_FALSE(r->read_only(b, 8192));
+}
+
 // offload_mark_read_only: a null or empty range is refused (-1); a range is taken (0).
 TEST_F(Hooks, MarkReadOnlyTakesARangeAndRefusesAnEmptyOne) {
   ASSERT_NE(rt(), nullptr);
