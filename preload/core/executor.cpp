@@ -209,14 +209,8 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
     if (a.state == State::Draining && a.handed) {
       settle_handed(a);
     } else if (a.state == State::Draining && !a.overflow) {
-      if (opt_.hand_over) {
-        for (int i = 0; i < a.nstreams; ++i) driver_.stream_wait(s, a.events[i]);
-        if (a.h2d_pending) driver_.stream_wait(s, a.ev_h2d);
-      } else {
-        uint64_t t0 = __rdtsc();
-        for (int i = 0; i < a.nstreams; ++i) driver_.event_sync(a.events[i]);
-        wait_cycles_ += __rdtsc() - t0;
-      }
+      if (opt_.hand_over) gpu_wait_leaving(a, s);
+      else host_wait_leaving(a);
       a.state = State::Resident;
       a.nstreams = 0;
       a.h2d_pending = false;
@@ -479,21 +473,39 @@ int Executor::donor() const {
 }
 
 void Executor::settle_handed(Arena& a) {
-  uint64_t t0 = __rdtsc();
-  if (a.state == State::Evicting) {
-    driver_.event_sync(a.ev_d2h);
+  host_wait_leaving(a);
+  ++st_.budget_waits;
+  a.state = a.state == State::Evicting && a.live ? State::Evicted : State::Empty;
+  unmap_arena(a, "a handed");
+  a.h2d_pending = false;
+}
+
+void Executor::gpu_wait_leaving(const Arena& b, Stream s) {
+  if (b.state == State::Evicting) {
+    driver_.stream_wait(s, b.ev_d2h);
+    return;
+  }
+  for (int k = 0; k < b.nstreams; ++k) driver_.stream_wait(s, b.events[k]);
+  if (b.h2d_pending) driver_.stream_wait(s, b.ev_h2d);
+}
+
+void Executor::host_wait_leaving(const Arena& b) {
+  const uint64_t t0 = __rdtsc();
+  if (b.state == State::Evicting) {
+    driver_.event_sync(b.ev_d2h);
   } else {
-    for (int k = 0; k < a.nstreams; ++k) driver_.event_sync(a.events[k]);
-    if (a.h2d_pending) driver_.event_sync(a.ev_h2d);
+    for (int k = 0; k < b.nstreams; ++k) driver_.event_sync(b.events[k]);
+    if (b.h2d_pending) driver_.event_sync(b.ev_h2d);
   }
   wait_cycles_ += __rdtsc() - t0;
-  ++st_.budget_waits;
-  if (!driver_.unmap(a.va, plan_.handle_bytes)) log().error("unmapping a handed arena failed");
-  a.state = a.state == State::Evicting && a.live ? State::Evicted : State::Empty;
-  a.handle = -1;
+}
+
+void Executor::unmap_arena(Arena& a, const char* what) {
+  if (!driver_.unmap(a.va, plan_.handle_bytes)) log().error("unmapping {} arena failed", what);
+  if (!a.handed) give_handle(a.handle);  // a handed one's handle is another arena's now
   a.handed = false;
+  a.handle = -1;
   a.nstreams = 0;
-  a.h2d_pending = false;
 }
 
 size_t Executor::live_handles() const {
@@ -678,24 +690,13 @@ int Executor::acquire_handle(bool for_reload, Stream s) {
     if (wait_for < 0) break;
     Arena& b = arenas_[static_cast<size_t>(wait_for)];
     if (opt_.hand_over) {
-      if (opt_.fault != Options::Fault::SkipHandoverWait) {
-        if (b.state == State::Evicting) {
-          driver_.stream_wait(s, b.ev_d2h);
-        } else {
-          for (int k = 0; k < b.nstreams; ++k) driver_.stream_wait(s, b.events[k]);
-          if (b.h2d_pending) driver_.stream_wait(s, b.ev_h2d);
-        }
-      }
+      if (opt_.fault != Options::Fault::SkipHandoverWait) gpu_wait_leaving(b, s);
       b.handed = true;
       ++st_.handovers;
       return b.handle;
     }
     ++st_.budget_waits;
-    uint64_t t0 = __rdtsc();
-    if (b.state == State::Evicting) driver_.event_sync(b.ev_d2h);
-    else
-      for (int k = 0; k < b.nstreams; ++k) driver_.event_sync(b.events[k]);
-    wait_cycles_ += __rdtsc() - t0;
+    host_wait_leaving(b);
     poll_locked();
   }
   if (!for_reload) return -1;  // the allocator serves it instead
@@ -752,11 +753,7 @@ void Executor::poll_locked() {
           keep = true;
           break;
         }
-        if (!driver_.unmap(a.va, plan_.handle_bytes)) log().error("unmapping an evicted arena failed");
-        if (a.handed) a.handed = false;  // the handle is another arena's now
-        else give_handle(a.handle);
-        a.handle = -1;
-        a.nstreams = 0;
+        unmap_arena(a, "an evicted");
         a.state = a.live ? State::Evicted : State::Empty;
         break;
       case State::Draining:
@@ -764,11 +761,7 @@ void Executor::poll_locked() {
           keep = !a.overflow;
           break;
         }
-        if (!driver_.unmap(a.va, plan_.handle_bytes)) log().error("unmapping a freed arena failed");
-        if (a.handed) a.handed = false;
-        else give_handle(a.handle);
-        a.handle = -1;
-        a.nstreams = 0;
+        unmap_arena(a, "a freed");
         a.h2d_pending = false;
         a.state = State::Empty;
         break;
@@ -1028,7 +1021,7 @@ void Executor::mark_read_only(DevPtr p, uint64_t bytes) {
   if (!bytes) return;
   std::lock_guard lock(mu_);
   read_only_.emplace_back(p, p + bytes);
-  any_read_only_.store(true, std::memory_order_relaxed);
+  note_read_only_span();
   for (Weight& w : weights_)
     if (w.state != State::Empty && marked_read_only(w.va, w.va + w.used)) w.read_only = true;
 }
@@ -1038,11 +1031,21 @@ bool Executor::read_only(DevPtr p, uint64_t bytes) {
   return marked_read_only(p, p + bytes);
 }
 
-void Executor::forget_read_only(DevPtr p, uint64_t bytes) {
-  std::lock_guard lock(mu_);
-  const DevPtr lo = p, hi = p + bytes;
-  std::erase_if(read_only_, [&](const auto& r) { return r.first < hi && lo < r.second; });
+void Executor::note_read_only_span() {
+  DevPtr lo = ~DevPtr{0}, hi = 0;
+  for (const auto& [a, b] : read_only_) lo = std::min(lo, a), hi = std::max(hi, b);
+  read_only_lo_.store(lo, std::memory_order_relaxed);
+  read_only_hi_.store(hi, std::memory_order_relaxed);
   any_read_only_.store(!read_only_.empty(), std::memory_order_relaxed);
+}
+
+void Executor::forget_read_only(DevPtr p, uint64_t bytes) {
+  const DevPtr lo = p, hi = p + bytes;
+  // Most frees are of activations, nowhere near a mark: no lock for them (the allocation hook).
+  if (hi <= read_only_lo_.load(std::memory_order_relaxed) || read_only_hi_.load(std::memory_order_relaxed) <= lo) return;
+  std::lock_guard lock(mu_);
+  std::erase_if(read_only_, [&](const auto& r) { return r.first < hi && lo < r.second; });
+  note_read_only_span();
   for (Weight& w : weights_)
     if (w.va < hi && lo < w.va + w.size) w.read_only = w.host_current = false;
 }

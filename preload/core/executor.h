@@ -266,6 +266,12 @@ class Executor final : public LaunchGate {
   int acquire_handle(bool for_reload, Stream s);
   int donor() const;              // the arena whose handle a hand-over would take, -1: none
   void settle_handed(Arena& a);   // a handed arena's last work waited for and its range unmapped
+  // What must finish before another may use the memory of arena `b` on its way out: its copy
+  // out (Evicting), else the last work on it (Draining). Waited for on stream `s`, or on the host.
+  void gpu_wait_leaving(const Arena& b, Stream s);
+  void host_wait_leaving(const Arena& b);
+  // Unmaps its range (nothing queued uses it); its handle goes back unless it was handed over.
+  void unmap_arena(Arena& a, const char* what);
   void give_handle(int h);
   void evict(uint32_t i);
   bool reload(uint32_t i);
@@ -322,7 +328,9 @@ class Executor final : public LaunchGate {
   std::vector<uint32_t> weight_busy_;       // weights with copies in flight
   std::vector<std::pair<DevPtr, DevPtr>> read_only_;  // [lo, hi) the application marked
   std::atomic<bool> any_read_only_{false};
+  std::atomic<DevPtr> read_only_lo_{0}, read_only_hi_{0};  // the marks' span: a free outside it skips the lock
   bool marked_read_only(DevPtr lo, DevPtr hi) const;  // inside one marked range
+  void note_read_only_span();  // any_read_only_ and the span, after read_only_ changed
   uint64_t weight_mapped_ = 0;              // lent weights' mapped bytes, free handles included
   std::atomic<uint64_t> weight_lo_{0}, weight_hi_{0};  // their address range (for release / queries)
   std::atomic<uint64_t> member_live_{0}, held_{0}, last_live_{0}, device_peak_{0}, lent_live_{0};
