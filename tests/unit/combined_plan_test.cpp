@@ -103,18 +103,7 @@ PlannerOptions planner_options(uint64_t budget, uint64_t granularity) {
   return o;
 }
 
-rig::Options rig_options(const Config& c) {
-  rig::Options o;
-  o.seed = c.seed;
-  o.offload = c.offload;
-  o.copy_delay = c.copy_delay;
-  o.gpu_ops_min = c.gpu_ops_min;
-  o.gpu_ops_max = c.gpu_ops_max;
-  o.max_queued = c.max_queued;
-  o.host_sync = c.host_sync;
-  o.persistent_min = kPersistentMin;
-  return o;
-}
+rig::Options rig_options(const Config& c) { return rig::schedule_options(c, kPersistentMin); }
 
 // L weights of 512 KiB (filled by a kernel before the first step). A step: the input, a
 // forward where layer l reads all of weight l and the activation before it into activation l

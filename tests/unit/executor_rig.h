@@ -65,6 +65,23 @@ struct Options {
   Executor::Options exec{};
 };
 
+// A test's configuration as rig options: the simulated GPU's schedule (its seed, offload,
+// copy_delay, gpu_ops_min/max, max_queued and host_sync fields) and a PersistentPool for
+// allocations of at least `persistent_min`.
+template <class Config>
+Options schedule_options(const Config& c, uint64_t persistent_min) {
+  Options o;
+  o.seed = c.seed;
+  o.offload = c.offload;
+  o.copy_delay = c.copy_delay;
+  o.gpu_ops_min = c.gpu_ops_min;
+  o.gpu_ops_max = c.gpu_ops_max;
+  o.max_queued = c.max_queued;
+  o.host_sync = c.host_sync;
+  o.persistent_min = persistent_min;
+  return o;
+}
+
 class Rig;
 // The worker's planner: the plan for steps like `t`, or an empty one (none installed).
 using Planner = std::function<Plan(const StepTrace& t, Rig& rig)>;

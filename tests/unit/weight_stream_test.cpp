@@ -149,15 +149,7 @@ Plan weight_plan(const StepTrace& t, const Config& c, uint64_t install) {
 }
 
 rig::Options rig_options(const Config& c) {
-  rig::Options o;
-  o.seed = c.seed;
-  o.offload = c.offload;
-  o.copy_delay = c.copy_delay;
-  o.gpu_ops_min = c.gpu_ops_min;
-  o.gpu_ops_max = c.gpu_ops_max;
-  o.max_queued = c.max_queued;
-  o.host_sync = c.host_sync;
-  o.persistent_min = kPersistentMin;
+  rig::Options o = rig::schedule_options(c, kPersistentMin);
   o.exec = c.exec;
   return o;
 }
