@@ -260,14 +260,7 @@ bool Executor::release(DevPtr p, Stream s) {
         driver_.stream_wait(s, w.ev_d2h);
         w.state = State::Resident;
       } else if (w.state == State::Evicted) {
-        uint64_t after = 0;
-        uint64_t h = weight_handle(w.size, &after);  // its bytes are dead: mapped, not copied
-        if (after) driver_.stream_wait(s, after);     // (after the copy out of its last owner)
-        if (!h || !driver_.map(w.va, w.size, h)) {
-          log().critical("cannot map a freed streamed weight of {} MiB back for the pool: aborting", w.size >> 20);
-          std::abort();
-        }
-        w.handle = h;
+        remap_weight(w, s, "a freed streamed weight (for the pool)");  // its bytes are dead: mapped, not copied
         w.state = State::Resident;
       }
       if (w.h2d_pending) driver_.stream_wait(s, w.ev_h2d);
@@ -783,18 +776,7 @@ void Executor::poll_locked() {
       if (driver_.event_query(w.ev_d2h) == 0) {
         keep = true;
       } else {
-        if (!driver_.unmap(w.va, w.size)) log().error("unmapping an evicted weight failed");
-        // Kept for the next reload of its size while the weights' mapped bytes, kept handles
-        // included, stay within the plan's bound; released otherwise (its memory is the point).
-        // A handed weight has none left: the handle is another weight's now.
-        const uint64_t bound = weight_bound();
-        if (w.handed) w.handed = false;
-        else if (bound && weight_mapped_ <= bound) free_weight_handles_.emplace_back(w.size, w.handle);  // capacity reserved at install
-        else drop_weight_handle(w.size, w.handle);
-        w.handle = 0;
-        w.nstreams = 0;
-        w.state = State::Evicted;
-        if (w.read_only) w.host_current = true;  // copied out now, or current already
+        unmap_evicted(w);
       }
     } else if (w.h2d_pending && driver_.event_query(w.ev_h2d) == 0) {
       keep = true;
@@ -873,14 +855,15 @@ bool Executor::install_weights(std::string* why) {
       const WeightPlan& wp = plan_.weights[i];
       Weight& w = weights_[i];
       w.state = State::Empty;
-      uint64_t h = 0, size = 0;
-      bool ok = wp.va && pool_->lend(wp.va, &h, &size);
+      Backing b;
+      uint64_t size = 0;
+      bool ok = wp.va && pool_->lend(wp.va, &b, &size);
       if (ok && size < wp.bytes) {
-        pool_->unlend(wp.va, h);
+        pool_->unlend(wp.va, std::move(b));
         ok = false;
       }
       if (ok) {
-        w.va = wp.va, w.used = wp.bytes, w.id = wp.id, w.handle = h, w.size = size;
+        w.va = wp.va, w.used = wp.bytes, w.id = wp.id, w.backing = std::move(b), w.size = size;
         w.state = State::Resident;
         held_.fetch_add(size);
         weight_mapped_ += size;
@@ -972,15 +955,30 @@ void Executor::mark_weight_busy(uint32_t i) {
 }
 
 void Executor::lend_back(Weight& w) {
-  if (pool_) pool_->unlend(w.va, w.handle);
-  held_.fetch_sub(w.size);
-  weight_mapped_ -= w.size;
+  for (const Piece& p : w.backing) unmap_donor_of(p.handle);
+  const uint64_t bytes = physical_bytes(w.backing);
+  if (pool_) pool_->unlend(w.va, std::move(w.backing));
+  held_.fetch_sub(bytes);
+  weight_mapped_ -= bytes;
   lent_live_.fetch_sub(w.used);
-  w.handle = 0;
+  w.backing.clear();
   w.state = State::Empty;
 }
 
+void Executor::unmap_donor_of(uint64_t handle) {
+  for (uint32_t j : weight_busy_) {
+    Weight& x = weights_[j];
+    if (x.state != State::Evicting || !x.handed) continue;
+    for (const Piece& p : x.backing)
+      if (p.given && p.handle == handle) {
+        settle_handed(x);
+        return;
+      }
+  }
+}
+
 void Executor::drop_weight_handle(uint64_t size, uint64_t handle) {
+  unmap_donor_of(handle);
   driver_.release_physical(handle);
   held_.fetch_sub(size);
   weight_mapped_ -= size;
@@ -988,7 +986,7 @@ void Executor::drop_weight_handle(uint64_t size, uint64_t handle) {
 
 void Executor::evict_weight(uint32_t i) {
   Weight& w = weights_[i];
-  if (w.state != State::Resident || w.overflow || !w.handle) return;
+  if (w.state != State::Resident || w.overflow || w.backing.empty()) return;
   // After its last use before the idle stretch: the copy waits for every stream that touched it.
   // A read-only weight whose host copy is current copies nothing: ev_d2h then marks its last
   // use, and everything that waits for a copy out waits for that.
@@ -1056,36 +1054,43 @@ uint64_t Executor::weight_bound() const {
   return plan_.weight_bytes_mapped;
 }
 
-uint64_t Executor::weight_handle(uint64_t size, uint64_t* after) {
-  *after = 0;
+bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>* after) {
+  out->clear();
+  after->clear();
   const uint64_t bound = weight_bound() ? weight_bound() : ~uint64_t{0};
   for (;;) {
     poll_locked();
     for (size_t k = 0; k < free_weight_handles_.size(); ++k)
       if (free_weight_handles_[k].first == size) {
-        uint64_t h = free_weight_handles_[k].second;
+        out->push_back(Piece{free_weight_handles_[k].second, size, size});
         free_weight_handles_.erase(free_weight_handles_.begin() + static_cast<ptrdiff_t>(k));
-        return h;
+        return true;
       }
     if (weight_mapped_ + size <= bound) break;
+    // Memory of weights on their way out goes to this reload now, which waits for their copies
+    // out on the GPU instead of the host waiting for them (the host, far ahead of the GPU,
+    // would otherwise stall here, and the GPU behind it). Best a weight of the same size
+    // whose memory is one handle: this one is then one handle too.
+    for (uint32_t j : weight_busy_) {
+      Weight& x = weights_[j];
+      if (x.state == State::Evicting && x.backing.size() == 1 && !x.backing[0].given && x.backing[0].bytes == size) {
+        x.backing[0].given = true;
+        out->push_back(Piece{x.backing[0].handle, size, size});
+        x.handed = true;
+        after->push_back(x.ev_d2h);
+        ++st_.weight_handovers;
+        return true;
+      }
+    }
+    if (opt_.split_weights && gather_pieces(size, bound, out, after)) {
+      if (!after->empty()) ++st_.weight_handovers;
+      ++st_.weight_split;
+      return true;
+    }
     if (!free_weight_handles_.empty()) {  // unmapped handles of other sizes make room first
       drop_weight_handle(free_weight_handles_.front().first, free_weight_handles_.front().second);
       free_weight_handles_.erase(free_weight_handles_.begin());
       continue;
-    }
-    // A weight of this size on its way out: its handle goes to this reload now, which waits
-    // for the copy out on the GPU instead of the host waiting for it (the host, far ahead of
-    // the GPU, would otherwise stall here, and the GPU behind it).
-    for (uint32_t j : weight_busy_) {
-      Weight& x = weights_[j];
-      if (x.state == State::Evicting && !x.handed && x.size == size && x.handle) {
-        const uint64_t h = x.handle;
-        x.handle = 0;
-        x.handed = true;
-        *after = x.ev_d2h;
-        ++st_.weight_handovers;
-        return h;
-      }
     }
     const Weight* leaving = nullptr;
     for (uint32_t j : weight_busy_)
@@ -1104,7 +1109,89 @@ uint64_t Executor::weight_handle(uint64_t size, uint64_t* after) {
     driver_.event_sync(leaving->ev_d2h);
     wait_cycles_ += __rdtsc() - t0;
   }
-  uint64_t h = driver_.create_physical(size);
+  const uint64_t h = new_weight_handle(size);
+  if (!h) return false;
+  out->push_back(Piece{h, size, size});
+  return true;
+}
+
+bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after) {
+  // Candidates: kept handles (weight -1) and the handles of weights on their way out.
+  struct Cand {
+    uint64_t bytes;
+    int weight;    // -1: kept
+    size_t index;  // in free_weight_handles_, or the weight's piece
+  };
+  std::vector<Cand> cands;
+  uint64_t total = weight_mapped_ < bound ? bound - weight_mapped_ : 0;
+  const uint64_t room = total;
+  for (size_t k = 0; k < free_weight_handles_.size(); ++k) {
+    cands.push_back(Cand{free_weight_handles_[k].first, -1, k});
+    total += free_weight_handles_[k].first;
+  }
+  for (uint32_t j : weight_busy_) {
+    const Weight& x = weights_[j];
+    if (x.state != State::Evicting) continue;
+    for (size_t p = 0; p < x.backing.size(); ++p)
+      if (!x.backing[p].given) {
+        cands.push_back(Cand{x.backing[p].bytes, static_cast<int>(j), p});
+        total += x.backing[p].bytes;
+      }
+  }
+  if (total < size) return false;
+  // Greedy, so that few pieces map it and little of a handle is left unused: a candidate of
+  // exactly what is missing; else a new handle for it within the room; else the smallest
+  // larger candidate (part of it used); else the largest candidate, and go on. Chosen first,
+  // taken once the new handle (if any) exists: a refusal leaves everything as it was.
+  std::vector<std::pair<size_t, uint64_t>> chosen;  // (candidate, bytes of it mapped)
+  std::vector<bool> taken(cands.size(), false);
+  uint64_t need = size, fresh = 0;
+  while (need) {
+    size_t exact = cands.size(), larger = cands.size(), largest = cands.size();
+    for (size_t c = 0; c < cands.size(); ++c) {
+      if (taken[c]) continue;
+      const uint64_t b = cands[c].bytes;
+      if (b == need && exact == cands.size()) exact = c;
+      if (b > need && (larger == cands.size() || b < cands[larger].bytes)) larger = c;
+      if (b < need && (largest == cands.size() || b > cands[largest].bytes)) largest = c;
+    }
+    size_t c = exact;
+    if (c == cands.size() && need <= room) {
+      fresh = need;
+      break;
+    }
+    if (c == cands.size()) c = larger;
+    if (c == cands.size()) c = largest;
+    if (c == cands.size()) return false;  // cannot happen: the candidates and the room add up to `size`
+    const uint64_t len = std::min(need, cands[c].bytes);
+    taken[c] = true;
+    chosen.emplace_back(c, len);
+    need -= len;
+  }
+  const uint64_t h = fresh ? new_weight_handle(fresh) : 0;
+  if (fresh && !h) return false;
+  for (const auto& [c, len] : chosen) {
+    const Cand& k = cands[c];
+    if (k.weight < 0) {
+      out->push_back(Piece{free_weight_handles_[k.index].second, k.bytes, len});
+      continue;
+    }
+    Weight& x = weights_[static_cast<size_t>(k.weight)];
+    x.backing[k.index].given = true;
+    x.handed = true;
+    out->push_back(Piece{x.backing[k.index].handle, k.bytes, len});
+    if (std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
+  }
+  if (fresh) out->push_back(Piece{h, fresh, fresh});
+  // Kept handles taken leave the list (highest index first).
+  for (size_t c = cands.size(); c-- > 0;)
+    if (taken[c] && cands[c].weight < 0)
+      free_weight_handles_.erase(free_weight_handles_.begin() + static_cast<ptrdiff_t>(cands[c].index));
+  return true;
+}
+
+uint64_t Executor::new_weight_handle(uint64_t size) {
+  const uint64_t h = driver_.create_physical(size);
   if (!h) return 0;
   weight_mapped_ += size;
   held_.fetch_add(size);
@@ -1114,34 +1201,59 @@ uint64_t Executor::weight_handle(uint64_t size, uint64_t* after) {
   return h;
 }
 
+void Executor::remap_weight(Weight& w, Stream s, const char* what) {
+  std::vector<uint64_t> after;
+  if (!weight_backing(w.size, &w.backing, &after) || !map_backing(driver_, w.va, w.backing)) {
+    log().critical("cannot map {} of {} MiB (device memory or driver refused): aborting", what, w.size >> 20);
+    std::abort();
+  }
+  if (opt_.fault == Options::Fault::SkipHandoverWait) return;
+  for (uint64_t e : after)
+    if (!driver_.stream_wait(s, e)) {
+      log().critical("cannot order {} of {} MiB after the memory's last owner: aborting", what, w.size >> 20);
+      std::abort();
+    }
+}
+
+void Executor::unmap_evicted(Weight& w) {
+  if (!unmap_backing(driver_, w.va, w.backing)) log().error("unmapping an evicted weight failed");
+  // Kept for later reloads while the weights' mapped bytes, kept handles included, stay within
+  // the plan's bound; released otherwise (their memory is the point). Handles given away are
+  // other weights' now.
+  const uint64_t bound = weight_bound();
+  for (const Piece& p : w.backing) {
+    if (p.given) continue;
+    if (bound && weight_mapped_ <= bound) free_weight_handles_.emplace_back(p.bytes, p.handle);  // capacity reserved at install
+    else drop_weight_handle(p.bytes, p.handle);
+  }
+  w.backing.clear();
+  w.handed = false;
+  w.nstreams = 0;
+  w.state = State::Evicted;
+  if (w.read_only) w.host_current = true;  // copied out now, or current already
+}
+
 void Executor::settle_handed(Weight& w) {
   uint64_t t0 = __rdtsc();
   driver_.event_sync(w.ev_d2h);
   wait_cycles_ += __rdtsc() - t0;
-  if (!driver_.unmap(w.va, w.size)) log().error("unmapping an evicted weight failed");
-  w.handed = false;
-  w.nstreams = 0;
-  w.state = State::Evicted;
-  if (w.read_only) w.host_current = true;
+  unmap_evicted(w);
 }
 
 bool Executor::reload_weight(uint32_t i, bool demand) {
   Weight& w = weights_[i];
-  if (w.state == State::Evicting && w.handed) settle_handed(w);  // its memory is another's now
+  if (w.state == State::Evicting && w.handed) settle_handed(w);  // some of its memory is another's now
   if (w.state == State::Evicting) {
     w.state = State::Resident;  // the copy out has not finished: the bytes never left
     ++st_.weight_abandoned;
     return true;
   }
   if (w.state != State::Evicted) return false;
-  uint64_t after = 0;
-  uint64_t h = weight_handle(w.size, &after);
-  if (!h || !driver_.map(w.va, w.size, h) || (after && !driver_.stream_wait(prefetch_stream_, after)) ||
-      !copy(w, false, prefetch_stream_) || !driver_.record_event(w.ev_h2d, prefetch_stream_)) {
-    log().critical("cannot reload an evicted weight of {} MiB (device memory or driver refused): aborting", w.size >> 20);
+  remap_weight(w, prefetch_stream_, "an evicted weight's reload");
+  if (!copy(w, false, prefetch_stream_) || !driver_.record_event(w.ev_h2d, prefetch_stream_)) {
+    log().critical("cannot reload an evicted weight of {} MiB (the driver refused the copy): aborting", w.size >> 20);
     std::abort();
   }
-  w.handle = h;
   w.h2d_pending = true;
   w.nstreams = 0;
   w.overflow = false;

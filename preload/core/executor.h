@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "core/alloc_table.h"
+#include "core/backing.h"
 #include "core/driver.h"
 #include "core/event_log.h"
 #include "core/persistent_pool.h"
@@ -110,7 +111,8 @@ struct ExecutorStats {
   uint64_t weights = 0, weight_evictions = 0, weight_reloads = 0, weight_misses = 0, weight_abandoned = 0;
   uint64_t weight_bytes_out = 0, weight_bytes_in = 0, weight_mapped_peak = 0, weight_waits = 0;
   uint64_t weight_over_bound = 0;  // reloads that found the bound full and nothing leaving
-  uint64_t weight_handovers = 0;   // reloads that took a leaving weight's handle, ordered on the GPU
+  uint64_t weight_handovers = 0;   // reloads that took leaving weights' handles, ordered on the GPU
+  uint64_t weight_split = 0;       // reloads mapped on several handles, or on part of a larger one
   // Weights the application marked read-only (offload_mark_read_only), and their evictions
   // that copied nothing (the host copy was current).
   uint64_t weight_read_only = 0, weight_clean_evictions = 0;
@@ -125,13 +127,19 @@ class Executor final : public LaunchGate {
     // Reload copies queued and not yet complete, at most (0: the plan's handle count, which
     // already bounds the bytes a reload may bring in).
     uint32_t max_reloads_in_flight = 0;
-    // Test-only: drops a wait, for the tests that prove a missing wait is caught.
+    // Test-only: drops a wait, for the tests that prove a missing wait is caught
+    // (SkipHandoverWait: an arena's or a weight's wait for its memory's last owner).
     enum class Fault : uint8_t { None, SkipReloadWait, SkipEvictWait, SkipHandoverWait };
     Fault fault = Fault::None;
     // Every handle held: a reload or a placement takes the handle of an arena on its way out
     // and its first use waits for that arena's last work on the GPU (true), or the host waits
     // for that work to finish first (false: the behaviour before hand-overs, kept for tests).
     bool hand_over = true;
+    // A weight's reload past the plan's bound with no weight of its size leaving takes pieces:
+    // kept handles and leaving weights' handles of any size, the GPU waiting for their copies
+    // out (true); or the host waits for a copy out to end first (false: the behaviour before,
+    // kept for tests and comparisons).
+    bool split_weights = true;
   };
   Executor(Driver& driver, Options o);
   // Where streamed weights live (OFFLOAD_PERSISTENT_MIN); without it a plan's weights stay put.
@@ -209,13 +217,13 @@ class Executor final : public LaunchGate {
     // handle is the other arena's.
     bool handed = false;
   };
-  // A streamed weight: one PersistentPool block whose physical handle we hold while lent.
+  // A streamed weight: one PersistentPool block whose backing we hold while lent.
   struct Weight {
     DevPtr va = 0;
     uint64_t used = 0;              // bytes copied out and back
     uint64_t size = 0;              // mapped bytes (the block's)
     uint64_t id = 0;                // the tracker's id for it
-    uint64_t handle = 0;            // mapped at va (0: none)
+    Backing backing;                // mapped at va (empty: none)
     State state = State::Resident;  // Resident, Evicting, Evicted or Reloading (Empty: given back)
     Stream streams[kMaxStreams]{};
     uint64_t events[kMaxStreams]{};
@@ -225,8 +233,8 @@ class Executor final : public LaunchGate {
     bool h2d_pending = false;
     uint64_t host_offset = 0;
     bool in_busy = false;
-    // Evicting, its handle given to a reload of the same size (which waits for this copy out on
-    // the GPU): its range is unmapped once the copy completes, the handle stays the other's.
+    // Evicting, some of its handles given to reloads (which wait for this copy out on the GPU):
+    // its range is unmapped once the copy completes; the given handles stay the others'.
     bool handed = false;
     // Marked read-only by the application; host_current: the host copy holds its bytes (a copy
     // out of it has completed under this plan), so an eviction need not copy.
@@ -252,12 +260,29 @@ class Executor final : public LaunchGate {
   void evict_weight(uint32_t i);
   bool reload_weight(uint32_t i, bool demand);
   void ensure_weight(uint32_t i, Stream s, bool demand);
-  // A free handle of `size`, a new one, or (*after: the event to wait for on the GPU before
-  // writing it) the handle of a weight of that size being copied out; 0: none.
-  uint64_t weight_handle(uint64_t size, uint64_t* after);
+  // Memory for a weight of `size` about to be mapped, within the plan's bound where it can be:
+  // a kept handle of the size, a new one, a leaving weight's handle of the size, or pieces
+  // (kept handles and leaving weights' handles of any size, and a new one for the rest). The
+  // GPU must wait for the events in *after (those weights' copies out) before writing it. The
+  // host waits only when nothing at all is leaving. False: the device refused a new handle.
+  bool weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>* after);
+  // Pieces for weight_backing from kept handles, leaving weights and room under `bound`; false
+  // (nothing taken) when they do not add up to `size`.
+  bool gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after);
+  uint64_t new_weight_handle(uint64_t size);  // counted as mapped; 0: refused
+  // An evicted weight backed again and mapped (weight_backing), `s` waiting for the copies out
+  // of the weights its memory came from; aborts when the device refuses (`what` says whose).
+  void remap_weight(Weight& w, Stream s, const char* what);
+  // The range of a weight whose copy out completed unmapped; the handles not given away kept
+  // for later reloads while within the plan's bound, released otherwise.
+  void unmap_evicted(Weight& w);
   void settle_handed(Weight& w);  // a handed weight's copy out done and its range unmapped
-  void lend_back(Weight& w);      // its mapped handle back to the pool: the weight is Empty
+  void lend_back(Weight& w);      // its backing back to the pool: the weight is Empty
   void drop_weight_handle(uint64_t size, uint64_t handle);  // an unmapped handle released
+  // A handle about to leave our hands (released, or back to the pool) may still be mapped at
+  // the weight it was taken from: that weight's copy out has ended (the taker waited for it on
+  // the GPU) but was not seen yet. Its range is unmapped first (settle_handed).
+  void unmap_donor_of(uint64_t handle);
   uint64_t weight_bound() const;          // mapped bytes the plan allows now (0: no bound)
   void mark_weight_busy(uint32_t i);
   // A handle for a reload (for_reload) or a placement whose memory is first used on `s`: a
@@ -324,7 +349,7 @@ class Executor final : public LaunchGate {
   std::vector<Weight> weights_;             // by plan weight index
   std::vector<std::pair<uint64_t, uint32_t>> weight_ids_;  // (tracker id, index), sorted
   std::vector<std::pair<DevPtr, uint32_t>> weight_vas_;    // (va, index), sorted
-  std::vector<std::pair<uint64_t, uint64_t>> free_weight_handles_;  // (size, handle), unmapped
+  std::vector<std::pair<uint64_t, uint64_t>> free_weight_handles_;  // (size, handle), unmapped, oldest first
   std::vector<uint32_t> weight_busy_;       // weights with copies in flight
   std::vector<std::pair<DevPtr, DevPtr>> read_only_;  // [lo, hi) the application marked
   std::atomic<bool> any_read_only_{false};

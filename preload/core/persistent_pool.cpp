@@ -71,7 +71,7 @@ DevPtr PersistentPool::create(uint64_t size) {
     d_.unreserve(va, size);
     return 0;
   }
-  live_[va] = Block{va, size, h, 0, 0};
+  live_[va] = Block{va, size, Backing{Piece{h, size, size}}, 0, 0};
   st_.live_bytes += size;
   ++st_.created;
   return va;
@@ -84,7 +84,7 @@ bool PersistentPool::free(DevPtr p, Stream s) {
   Block b = it->second;
   live_.erase(it);
   st_.live_bytes -= b.bytes;
-  if (!b.handle) {
+  if (b.backing.empty()) {
     // Lent and never given back (the executor gives a block back before its free): its
     // range cannot be reused safely, so it is left reserved.
     st_.lent_bytes -= b.bytes;
@@ -110,8 +110,8 @@ void PersistentPool::close() {
 void PersistentPool::give_back(Block& b) {
   if (b.event) d_.destroy_event(b.event);
   b.event = 0;
-  d_.unmap(b.va, b.bytes);
-  d_.release_physical(b.handle);
+  unmap_backing(d_, b.va, b.backing);
+  release_backing(d_, b.backing);
   d_.unreserve(b.va, b.bytes);
   ++st_.released;
 }
@@ -145,22 +145,22 @@ void PersistentPool::reset_peak() {
   note_peak();
 }
 
-bool PersistentPool::lend(DevPtr p, uint64_t* handle, uint64_t* bytes) {
+bool PersistentPool::lend(DevPtr p, Backing* backing, uint64_t* bytes) {
   std::lock_guard lock(mu_);
   auto it = live_.find(p);
-  if (it == live_.end() || !it->second.handle) return false;
-  *handle = it->second.handle;
+  if (it == live_.end() || it->second.backing.empty()) return false;
+  *backing = std::move(it->second.backing);
+  it->second.backing.clear();
   *bytes = it->second.bytes;
-  it->second.handle = 0;
   st_.lent_bytes += it->second.bytes;
   return true;
 }
 
-bool PersistentPool::unlend(DevPtr p, uint64_t handle) {
+bool PersistentPool::unlend(DevPtr p, Backing backing) {
   std::lock_guard lock(mu_);
   auto it = live_.find(p);
-  if (it == live_.end() || it->second.handle || !handle) return false;
-  it->second.handle = handle;
+  if (it == live_.end() || !it->second.backing.empty() || backing.empty()) return false;
+  it->second.backing = std::move(backing);
   st_.lent_bytes -= it->second.bytes;
   note_peak();
   return true;

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/backing.h"
 #include "core/driver.h"
 
 namespace offload {
@@ -65,18 +66,20 @@ class PersistentPool {
   // lives within a step, where PyTorch's pool serves it without driver calls.
   void close();
 
-  // Weight streaming. lend: the executor takes the live block's physical handle (mapped at
-  // `p`); from then on it maps and unmaps the block's range itself, and the pool counts the
-  // block's bytes as lent, not held. False if `p` is not the start of a live block not lent
-  // already. unlend: the handle, mapped at `p` again, goes back to the pool.
-  bool lend(DevPtr p, uint64_t* handle, uint64_t* bytes);
-  bool unlend(DevPtr p, uint64_t handle);
+  // Weight streaming. lend: the executor takes the live block's backing (mapped at `p`); from
+  // then on it maps and unmaps the block's range itself, and the pool counts the block's bytes
+  // as lent, not held. False if `p` is not the start of a live block not lent already.
+  // unlend: a backing of the block's size, mapped at `p` again, goes back to the pool (not
+  // necessarily the one lent: a streamed weight comes back on whatever handles it was last
+  // reloaded into).
+  bool lend(DevPtr p, Backing* backing, uint64_t* bytes);
+  bool unlend(DevPtr p, Backing backing);
 
  private:
   struct Block {
     DevPtr va = 0;
     uint64_t bytes = 0;    // rounded to the granularity
-    uint64_t handle = 0;
+    Backing backing;       // empty: lent
     uint64_t event = 0;    // recorded on `freed_on` at the free (0: none could be made)
     Stream freed_on = 0;
     uint64_t seq = 0;      // order of the frees

@@ -245,28 +245,31 @@ TEST(PersistentPool, RandomStreamsNeverSeeAnotherOwnersBytes) {
 
 // ---- Lending a block's backing to the executor (weight streaming) ---------------------------
 
-// lend moves the physical handle out (still mapped at the block), counts the bytes as lent
-// (physical bytes the executor holds, not the pool: out of peak_bytes), and only once;
-// unlend puts it back.
-TEST(PersistentPool, LendMovesTheHandleOutAndUnlendPutsItBack) {
+// lend moves the backing out (still mapped at the block), counts the bytes as lent (physical
+// bytes the executor holds, not the pool: out of peak_bytes), and only once; unlend puts a
+// backing back.
+TEST(PersistentPool, LendMovesTheBackingOutAndUnlendPutsItBack) {
   SimDriver sim;
   PersistentPool pool(sim, opts(1 * kMiB));
   DevPtr a = pool.alloc(2 * kMiB, kA), b = pool.alloc(3 * kMiB, kA);
   ASSERT_TRUE(a && b);
   const uint64_t abytes = pool.block_bytes(a), bbytes = pool.block_bytes(b);
   EXPECT_EQ(pool.stats().peak_bytes, abytes + bbytes);
-  uint64_t h = 0, n = 0;
+  Backing h, h2;
+  uint64_t n = 0, n2 = 0;
   EXPECT_FALSE(pool.lend(a + 4096, &h, &n)) << "not the start of a block";
   EXPECT_FALSE(pool.lend(0x1234, &h, &n));
   ASSERT_TRUE(pool.lend(a, &h, &n));
-  EXPECT_NE(h, 0u);
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_NE(h[0].handle, 0u);
+  EXPECT_EQ(h[0].len, abytes);
+  EXPECT_EQ(physical_bytes(h), abytes);
   EXPECT_EQ(n, abytes);
   EXPECT_TRUE(sim.is_mapped(a)) << "lent as it is: mapped at the block";
   EXPECT_TRUE(pool.owns(a)) << "still the application's live block";
   auto st = pool.stats();
   EXPECT_EQ(st.lent_bytes, abytes);
   EXPECT_EQ(st.live_bytes, abytes + bbytes) << "lent bytes are still live";
-  uint64_t h2 = 0, n2 = 0;
   EXPECT_FALSE(pool.lend(a, &h2, &n2)) << "a block is lent once";
   EXPECT_EQ(pool.stats().lent_bytes, abytes);
   // The peak counts the pool's physical bytes: lent ones are the executor's.
@@ -278,9 +281,9 @@ TEST(PersistentPool, LendMovesTheHandleOutAndUnlendPutsItBack) {
   // The executor moves the bytes out and back with its own mappings; the block is unchanged.
   sim.launch(kA, [a] { std::memset(bytes_at(a), 0x3c, 2 * kMiB); });
   sim.run_all();
-  ASSERT_TRUE(sim.unmap(a, abytes));
-  ASSERT_TRUE(sim.map(a, abytes, h));
-  EXPECT_FALSE(pool.unlend(a, 0)) << "no handle to give back";
+  ASSERT_TRUE(unmap_backing(sim, a, h));
+  ASSERT_TRUE(map_backing(sim, a, h));
+  EXPECT_FALSE(pool.unlend(a, {})) << "no backing to give back";
   EXPECT_FALSE(pool.unlend(b, h)) << "b was never lent";
   ASSERT_TRUE(pool.unlend(a, h));
   EXPECT_FALSE(pool.unlend(a, h)) << "given back already";
@@ -294,9 +297,46 @@ TEST(PersistentPool, LendMovesTheHandleOutAndUnlendPutsItBack) {
   EXPECT_EQ(a2, a);
   EXPECT_EQ(bytes_at(a2)[2 * kMiB - 1], 0x3c);
   ASSERT_TRUE(pool.lend(a2, &h2, &n2));
-  EXPECT_EQ(h2, h);
+  EXPECT_EQ(h2[0].handle, h[0].handle);
   ASSERT_TRUE(pool.unlend(a2, h2));
   EXPECT_EQ(sim.vmm_stats().misuses, 0u);
+}
+
+// A streamed weight comes back on the handles it was last reloaded into: two pieces, one of
+// them mapped from the start of a larger handle. The pool keeps and reuses such a block like
+// any other, and gives it back to the driver piece by piece (each mapping unmapped exactly,
+// each handle released, nothing left over).
+TEST(PersistentPool, ABlockComesBackOnPiecesAndIsGivenBackPieceByPiece) {
+  SimDriver sim;
+  const uint64_t g = sim.vmm_granularity();
+  PersistentPool pool(sim, opts(1));
+  DevPtr a = pool.alloc(3 * g, kA);
+  ASSERT_NE(a, 0u);
+  Backing lent;
+  uint64_t n = 0;
+  ASSERT_TRUE(pool.lend(a, &lent, &n));
+  ASSERT_EQ(n, 3 * g);
+  ASSERT_TRUE(unmap_backing(sim, a, lent));
+  release_backing(sim, lent);
+  const uint64_t h1 = sim.create_physical(g), h2 = sim.create_physical(4 * g);
+  ASSERT_TRUE(h1 && h2);
+  const Backing pieces{Piece{h1, g, g}, Piece{h2, 4 * g, 2 * g}};
+  ASSERT_TRUE(map_backing(sim, a, pieces));
+  sim.launch(kA, [a, g] { std::memset(bytes_at(a), 0x5d, 3 * g); });
+  sim.run_all();
+  ASSERT_TRUE(pool.unlend(a, pieces));
+  ASSERT_TRUE(pool.free(a, kA));
+  DevPtr again = pool.alloc(3 * g, kA);
+  ASSERT_EQ(again, a) << "kept and reused";
+  EXPECT_EQ(bytes_at(a)[0], 0x5d);
+  EXPECT_EQ(bytes_at(a)[3 * g - 1], 0x5d);
+  ASSERT_TRUE(pool.free(a, kA));
+  sim.run_all();  // the free completes: the kept block may go
+  pool.close();
+  auto vs = sim.vmm_stats();
+  EXPECT_EQ(vs.misuses, 0u);
+  EXPECT_EQ(vs.mapped_bytes, 0u);
+  EXPECT_EQ(vs.physical_bytes, 0u) << "both handles released, the larger one whole";
 }
 
 // The application frees a block the executor still holds (it never gave it back): the free
@@ -308,9 +348,10 @@ TEST(PersistentPool, FreeingALentBlockLeavesItsRangeReserved) {
   DevPtr a = pool.alloc(2 * kMiB, kA), b = pool.alloc(2 * kMiB, kA);
   ASSERT_TRUE(a && b);
   const uint64_t bytes = pool.block_bytes(a);
-  uint64_t h = 0, n = 0;
+  Backing h;
+  uint64_t n = 0;
   ASSERT_TRUE(pool.lend(a, &h, &n));
-  ASSERT_TRUE(sim.unmap(a, bytes));  // the executor evicted it
+  ASSERT_TRUE(unmap_backing(sim, a, h));  // the executor evicted it
   ASSERT_TRUE(pool.free(a, kA));
   EXPECT_FALSE(pool.owns(a));
   auto st = pool.stats();
@@ -326,10 +367,10 @@ TEST(PersistentPool, FreeingALentBlockLeavesItsRangeReserved) {
   EXPECT_NE(c, a);
   // Still reserved: the executor's handle maps there again without breaking a rule.
   const uint64_t misuses = sim.vmm_stats().misuses;
-  EXPECT_TRUE(sim.map(a, bytes, h));
+  EXPECT_TRUE(map_backing(sim, a, h));
   EXPECT_EQ(sim.vmm_stats().misuses, misuses);
-  EXPECT_TRUE(sim.unmap(a, bytes));
-  sim.release_physical(h);
+  EXPECT_TRUE(unmap_backing(sim, a, h));
+  release_backing(sim, h);
   EXPECT_EQ(sim.vmm_stats().misuses, 0u);
 }
 
