@@ -3,9 +3,9 @@
 //
 // A streamed weight is born on one handle of its own size (the PersistentPool's block). Once
 // it streams, a reload takes memory where it finds it: a kept handle, a new one, or the
-// handles of weights on their way out, whatever their sizes. A piece maps `len` bytes of the
-// start of its handle; the handle may be larger (the rest is unused and counted as held).
-// Lengths, offsets and handle sizes are multiples of the granularity.
+// handles of weights on their way out, whatever their sizes. A piece maps its handle whole:
+// the driver maps no part of one (CUDA_ERROR_NOT_SUPPORTED on the H200; the simulated driver
+// refuses it too). Offsets and sizes are multiples of the granularity.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +17,7 @@ namespace offload {
 
 struct Piece {
   uint64_t handle = 0;
-  uint64_t bytes = 0;   // the handle's size
-  uint64_t len = 0;     // bytes of it mapped here
+  uint64_t bytes = 0;   // the handle's size, all of it mapped here
   bool given = false;   // the handle is another range's now (still mapped here until unmapped)
 };
 using Backing = std::vector<Piece>;

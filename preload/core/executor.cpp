@@ -1062,7 +1062,7 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
     poll_locked();
     for (size_t k = 0; k < free_weight_handles_.size(); ++k)
       if (free_weight_handles_[k].first == size) {
-        out->push_back(Piece{free_weight_handles_[k].second, size, size});
+        out->push_back(Piece{free_weight_handles_[k].second, size});
         free_weight_handles_.erase(free_weight_handles_.begin() + static_cast<ptrdiff_t>(k));
         return true;
       }
@@ -1075,7 +1075,7 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
       Weight& x = weights_[j];
       if (x.state == State::Evicting && x.backing.size() == 1 && !x.backing[0].given && x.backing[0].bytes == size) {
         x.backing[0].given = true;
-        out->push_back(Piece{x.backing[0].handle, size, size});
+        out->push_back(Piece{x.backing[0].handle, size});
         x.handed = true;
         after->push_back(x.ev_d2h);
         ++st_.weight_handovers;
@@ -1111,7 +1111,7 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
   }
   const uint64_t h = new_weight_handle(size);
   if (!h) return false;
-  out->push_back(Piece{h, size, size});
+  out->push_back(Piece{h, size});
   return true;
 }
 
@@ -1125,7 +1125,10 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
   std::vector<Cand> cands;
   uint64_t total = weight_mapped_ < bound ? bound - weight_mapped_ : 0;
   const uint64_t room = total;
+  // The driver maps a handle whole or not at all (CUDA_ERROR_NOT_SUPPORTED for a part of one,
+  // scripts/gpu/vmm_probe.cpp on the H200): only handles no larger than the weight are pieces.
   for (size_t k = 0; k < free_weight_handles_.size(); ++k) {
+    if (free_weight_handles_[k].first > size) continue;
     cands.push_back(Cand{free_weight_handles_[k].first, -1, k});
     total += free_weight_handles_[k].first;
   }
@@ -1133,26 +1136,25 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
     const Weight& x = weights_[j];
     if (x.state != State::Evicting) continue;
     for (size_t p = 0; p < x.backing.size(); ++p)
-      if (!x.backing[p].given) {
+      if (!x.backing[p].given && x.backing[p].bytes <= size) {
         cands.push_back(Cand{x.backing[p].bytes, static_cast<int>(j), p});
         total += x.backing[p].bytes;
       }
   }
   if (total < size) return false;
-  // Greedy, so that few pieces map it and little of a handle is left unused: a candidate of
-  // exactly what is missing; else a new handle for it within the room; else the smallest
-  // larger candidate (part of it used); else the largest candidate, and go on. Chosen first,
-  // taken once the new handle (if any) exists: a refusal leaves everything as it was.
-  std::vector<std::pair<size_t, uint64_t>> chosen;  // (candidate, bytes of it mapped)
+  // Greedy, so that few pieces map it: a candidate of exactly what is missing; else a new
+  // handle for it within the room; else the largest candidate smaller than that, and go on.
+  // Chosen first, taken once the new handle (if any) exists: when the pieces cannot add up to
+  // the size exactly, or the device refuses the new handle, everything stays as it was.
+  std::vector<size_t> chosen;
   std::vector<bool> taken(cands.size(), false);
   uint64_t need = size, fresh = 0;
   while (need) {
-    size_t exact = cands.size(), larger = cands.size(), largest = cands.size();
+    size_t exact = cands.size(), largest = cands.size();
     for (size_t c = 0; c < cands.size(); ++c) {
       if (taken[c]) continue;
       const uint64_t b = cands[c].bytes;
       if (b == need && exact == cands.size()) exact = c;
-      if (b > need && (larger == cands.size() || b < cands[larger].bytes)) larger = c;
       if (b < need && (largest == cands.size() || b > cands[largest].bytes)) largest = c;
     }
     size_t c = exact;
@@ -1160,29 +1162,27 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
       fresh = need;
       break;
     }
-    if (c == cands.size()) c = larger;
     if (c == cands.size()) c = largest;
-    if (c == cands.size()) return false;  // cannot happen: the candidates and the room add up to `size`
-    const uint64_t len = std::min(need, cands[c].bytes);
+    if (c == cands.size()) return false;
     taken[c] = true;
-    chosen.emplace_back(c, len);
-    need -= len;
+    chosen.push_back(c);
+    need -= cands[c].bytes;
   }
   const uint64_t h = fresh ? new_weight_handle(fresh) : 0;
   if (fresh && !h) return false;
-  for (const auto& [c, len] : chosen) {
+  for (size_t c : chosen) {
     const Cand& k = cands[c];
     if (k.weight < 0) {
-      out->push_back(Piece{free_weight_handles_[k.index].second, k.bytes, len});
+      out->push_back(Piece{free_weight_handles_[k.index].second, k.bytes});
       continue;
     }
     Weight& x = weights_[static_cast<size_t>(k.weight)];
     x.backing[k.index].given = true;
     x.handed = true;
-    out->push_back(Piece{x.backing[k.index].handle, k.bytes, len});
+    out->push_back(Piece{x.backing[k.index].handle, k.bytes});
     if (std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
   }
-  if (fresh) out->push_back(Piece{h, fresh, fresh});
+  if (fresh) out->push_back(Piece{h, fresh});
   // Kept handles taken leave the list (highest index first).
   for (size_t c = cands.size(); c-- > 0;)
     if (taken[c] && cands[c].weight < 0)

@@ -71,7 +71,7 @@ DevPtr PersistentPool::create(uint64_t size) {
     d_.unreserve(va, size);
     return 0;
   }
-  live_[va] = Block{va, size, Backing{Piece{h, size, size}}, 0, 0};
+  live_[va] = Block{va, size, Backing{Piece{h, size}}, 0, 0};
   st_.live_bytes += size;
   ++st_.created;
   return va;

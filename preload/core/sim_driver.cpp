@@ -245,7 +245,7 @@ bool SimDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
   const uint64_t g = granularity_;
   auto ph = physical_.find(handle);
   bool ok = g != 0 && bytes != 0 && va % g == 0 && bytes % g == 0 && ph != physical_.end() &&
-            bytes <= ph->second.bytes;
+            bytes == ph->second.bytes;
   if (ok) {  // inside one reservation
     auto r = reservations_.upper_bound(va);
     ok = r != reservations_.begin() && (--r, va >= r->first && va + bytes <= r->first + r->second);

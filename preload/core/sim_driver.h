@@ -11,8 +11,8 @@
 //     handle at two addresses shows the same bytes, and unmap() puts PROT_NONE back. A
 //     kernel touching an evicted range segfaults; one reading a range that was mapped but
 //     never reloaded reads 0xA5 garbage. Misuses (mapping outside a reservation, over a
-//     mapping, past the handle, misaligned; unmapping what is not mapped exactly; releasing
-//     a handle still mapped) fail and are counted.
+//     mapping, part of a handle (the H200 refuses that too), misaligned; unmapping what is
+//     not mapped exactly; releasing a handle still mapped) fail and are counted.
 //   - A GPU that runs later. Every stream (any value, 0 and 2 included, all independent:
 //     no legacy-stream implicit synchronisation) is a FIFO of ops — kernels (launch()),
 //     copies, event records and waits — that runs only when a test calls step(), run_all()
