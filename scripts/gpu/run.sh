@@ -43,6 +43,8 @@
 #                                   checks (< 10 min)
 #   scripts/gpu/run.sh weights_20   the baseline and the shim at 20 GiB, back to back, then the
 #                                   shim with the frozen base marked read-only (< 7 min)
+#   scripts/gpu/run.sh weights_20_telemetry  resident, the baseline, and the marked shim at 20 GiB
+#                                   with and without CUPTI (< 6 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Offload runs (run kind o) take OFFLOAD_DEVICE_BUDGET from $budget, which budget_of sets from
@@ -515,6 +517,23 @@ case $plan in
     fi
     for n in lora_ckpt lora_stream_native lora_offload_20GiB lora_offload_20GiB_frozen; do
       python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); w=((r.get("shim") or {}).get("executor") or {}).get("weights"); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB, sampled", round((r.get("device_used_peak_bytes") or 0) / 2**30, 2), "GiB", "weights:", json.dumps(w) if w else "")' "$work/$n.json" "$n" 2>/dev/null
+    done
+    ;;
+  weights_20_telemetry)
+    # What CUPTI's activity records cost the shim: resident, the baseline, and the shim with the
+    # frozen base marked at 20 GiB, with and without CUPTI (then planned on host-timed launches).
+    restart_daemon
+    d=(--workload lora --deterministic --steps 6 --warmup 6 --mark-steps)
+    run lora_ckpt 0 "${d[@]}" --mode ckpt
+    run lora_stream_native 0e "${d[@]}" --mode stream
+    check_pair lora_ckpt lora_stream_native
+    budget=20GiB
+    OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen o "${d[@]}" --mode ckpt --mark-frozen
+    check_pair lora_ckpt lora_offload_20GiB_frozen
+    OFFLOAD_TELEMETRY=off OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen_nocupti o "${d[@]}" --mode ckpt --mark-frozen
+    check_pair lora_ckpt lora_offload_20GiB_frozen_nocupti
+    for n in lora_ckpt lora_stream_native lora_offload_20GiB_frozen lora_offload_20GiB_frozen_nocupti; do
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB")' "$work/$n.json" "$n" 2>/dev/null
     done
     ;;
   weights)
