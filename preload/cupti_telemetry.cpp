@@ -79,6 +79,7 @@ bool CuptiTelemetry::start() {
   flush_all_ = reinterpret_cast<int (*)(uint32_t)>(sym("cuptiActivityFlushAll"));
   get_next_ = reinterpret_cast<int (*)(uint8_t*, size_t, void**)>(sym("cuptiActivityGetNextRecord"));
   disable_ = reinterpret_cast<int (*)(int)>(sym("cuptiActivityDisable"));
+  enable_ = enable;
   if (!enable || !reg || !flush_all_ || !get_next_) {
     state_ = "off: libcupti lacks the activity API we need";
     return false;
@@ -159,12 +160,45 @@ void CuptiTelemetry::yield_to_other_client() {
   // Synchronously, before the other client enables its own kinds: ours off, so that it
   // owns CUPTI as if we were not there (measured before this existed: torch.profiler saw
   // no CUDA events at all while we held the activity buffers).
-  for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
-    if (disable_) disable_(kind);
+  {
+    std::lock_guard sw(switch_mu_);  // a resume() under way finishes first, then sees the flag
+    for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
+      if (disable_) disable_(kind);
+  }
   taken_over_ = true;
   std::lock_guard lock(mu_);
   state_ = "yielded: another CUPTI client (e.g. torch.profiler) registered for activity records";
   log().warn("GPU-time telemetry: {}", state_);
+}
+
+bool CuptiTelemetry::pause() {
+  std::lock_guard sw(switch_mu_);
+  if (!active() || yielded_.load() || paused_.load() || !disable_) return false;
+  for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
+    disable_(kind);
+  paused_.store(true);
+  std::lock_guard lock(mu_);
+  state_ = "paused: the plan runs (OFFLOAD_TELEMETRY=sampled)";
+  return true;
+}
+
+bool CuptiTelemetry::resume() {
+  std::lock_guard sw(switch_mu_);
+  if (!active() || yielded_.load() || !paused_.load() || !enable_) return false;
+  for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
+    if (int r = enable_(kind); r != CUPTI_SUCCESS) {
+      log().warn("GPU-time telemetry: cuptiActivityEnable({}) failed with {} on resuming: staying paused", kind, r);
+      for (int k : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
+        disable_(k);
+      return false;
+    }
+  std::lock_guard lock(mu_);
+  silent_collects_ = 0;
+  last_buffers_ = buffers_;
+  last_launches_ = launches_.load(std::memory_order_relaxed);
+  state_ = "cupti";
+  paused_.store(false);
+  return true;
 }
 
 void CuptiTelemetry::collect(std::vector<GpuRecord>* out, bool force) {
@@ -177,9 +211,12 @@ void CuptiTelemetry::collect(std::vector<GpuRecord>* out, bool force) {
   std::lock_guard lock(mu_);
   out->insert(out->end(), raw_.begin(), raw_.end());
   raw_.clear();
-  // Takeover: launches keep coming but no buffer has completed for a long while.
+  // Takeover: launches keep coming but no buffer has completed for a long while (not while
+  // we paused our records ourselves).
   uint64_t launches = launches_.load(std::memory_order_relaxed);
-  if (buffers_ == last_buffers_ && launches != last_launches_) {
+  if (paused_.load()) {
+    silent_collects_ = 0;
+  } else if (buffers_ == last_buffers_ && launches != last_launches_) {
     if (++silent_collects_ >= kSilentCollectsForTakeover && !taken_over_) {
       taken_over_ = true;
       state_ = "taken over: another CUPTI client (e.g. torch.profiler) owns the activity buffers; "

@@ -35,7 +35,14 @@ class CuptiTelemetry final : public Telemetry {
   bool start();  // loads CUPTI and enables activity records; false: see state()
   bool active() const { return active_.load(std::memory_order_acquire); }
   // Records are flowing to us: started, and no other client has taken the buffers.
-  bool flowing() const { return active() && !taken_over_.load(std::memory_order_relaxed); }
+  bool flowing() const {
+    return active() && !taken_over_.load(std::memory_order_relaxed) && !paused_.load(std::memory_order_relaxed);
+  }
+  // OFFLOAD_TELEMETRY=sampled: our activity kinds off and on again (records stop and resume;
+  // the runtime times steps with events meanwhile). False: not started, yielded, or already so.
+  bool pause();
+  bool resume();
+  bool paused() const { return paused_.load(std::memory_order_relaxed); }
   // Another CUPTI client registers for activity records (our interposed
   // cuptiActivityRegisterCallbacks saw it): turn ours off so that it works as if alone.
   void yield_to_other_client();
@@ -67,12 +74,15 @@ class CuptiTelemetry final : public Telemetry {
   int silent_collects_ = 0;
   std::atomic<bool> taken_over_{false};
   std::atomic<bool> yielded_{false};
+  std::atomic<bool> paused_{false};
+  std::mutex switch_mu_;  // our kinds switched off or on by one thread at a time
 
   // Resolved CUPTI entry points.
   void* lib_ = nullptr;
   int (*flush_all_)(uint32_t) = nullptr;
   int (*get_next_)(uint8_t*, size_t, void**) = nullptr;
   int (*disable_)(int) = nullptr;
+  int (*enable_)(int) = nullptr;
 };
 
 }  // namespace offload

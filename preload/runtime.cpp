@@ -166,7 +166,28 @@ void Runtime::pump(bool no_wait) {
     if (offloading_) plan_from(t);
   }
   if (offloading_) executor_.poll();
+  sample_telemetry();
   time_steps_with_markers();
+}
+
+void Runtime::sample_telemetry() {
+  if (!settings_.telemetry_sampled || !telemetry_started_ || !telemetry_.active()) return;
+  const bool running = offloading_ && executor_.installed() && !executor_.deviated();
+  switch (sampler_.next(assembler_.steps_cut(), running, telemetry_.paused())) {
+    case TelemetrySampler::Action::Pause:
+      // time_steps_with_markers() sees the records stop: steps are timed with events meanwhile.
+      if (telemetry_.pause()) log().debug("GPU-time telemetry paused at step {}: the plan runs", assembler_.steps_cut());
+      break;
+    case TelemetrySampler::Action::Resume:
+      if (telemetry_.resume()) {
+        assembler_.gpu_times_from(log_.appended() + 1);
+        resumed_at_launch_ = tracker_.launches();
+        log().debug("GPU-time telemetry resumed at step {}", assembler_.steps_cut());
+      }
+      break;
+    case TelemetrySampler::Action::None:
+      break;
+  }
 }
 
 void Runtime::plan_from(const StepTrace& t) {
@@ -212,6 +233,9 @@ void Runtime::plan_from(const StepTrace& t) {
   // The planner when the step's kernels have GPU times (CUPTI, or none taken over); else the
   // built-in plan, which needs none.
   const bool timed = !settings_.builtin_plan && gpu_timeline(t).measured >= 0.5;
+  // Sampled telemetry resumes when no plan runs: a step cut while tracing was paused is not
+  // planned from (the built-in plan would move less); the next traced one is.
+  if (!timed && settings_.telemetry_sampled && (telemetry_.paused() || t.first_launch < resumed_at_launch_)) return;
   PlannerOptions po;
   po.budget = o.budget;
   po.granularity = o.granularity;
@@ -336,7 +360,7 @@ void Runtime::time_steps_with_markers() {
   if (tracker_.counters().kernels.load() == 0) return;  // nothing runs on a GPU here yet
   bool want = telemetry_started_ ? !telemetry_.flowing() : !settings_.telemetry;
   if (want && telemetry_started_ && !event_timing_) assembler_.telemetry_lost();
-  if (want && !event_timing_)
+  if (want && !event_timing_ && !telemetry_.paused())  // a pause is said at debug level (sample_telemetry)
     log().info("GPU-time telemetry: {}; timing steps with CUDA events at step boundaries instead",
                settings_.telemetry ? telemetry_.state() : std::string("off (OFFLOAD_TELEMETRY=off)"));
   event_timing_ = want;

@@ -25,6 +25,7 @@
 #include "core/persistent_pool.h"
 #include "core/tracker.h"
 #include "cuda_driver.h"
+#include "core/telemetry_sampler.h"
 #include "cupti_telemetry.h"
 #include "host_pool.h"
 #include "planner/planner.h"
@@ -128,6 +129,9 @@ class Runtime {
   std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
   std::vector<std::pair<int64_t, int64_t>> late_at_;  // per-boundary lateness measured so far
   CuptiTelemetry telemetry_;
+  TelemetrySampler sampler_;  // OFFLOAD_TELEMETRY=sampled: when CUPTI traces
+  void sample_telemetry();
+  uint64_t resumed_at_launch_ = 0;  // tracing last resumed before this launch
   std::mutex pump_mu_;  // one pump at a time (worker or a stats query)
   StepAssembler assembler_;
   std::deque<StepSummary> summaries_;  // under pump_mu_

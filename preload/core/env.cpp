@@ -48,8 +48,9 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
   if (const char* v = get("OFFLOAD_TELEMETRY"); v && *v) {
     std::string s = v;
     if (s == "cupti") st.telemetry = true;
+    else if (s == "sampled") st.telemetry = st.telemetry_sampled = true;
     else if (s == "off") st.telemetry = false;
-    else bad("OFFLOAD_TELEMETRY", v, "'cupti' or 'off'");
+    else bad("OFFLOAD_TELEMETRY", v, "'cupti', 'sampled' or 'off'");
   }
   if (const char* v = get("OFFLOAD_CUPTI_LIB"); v && *v) st.cupti_lib = v;
   if (const char* v = get("OFFLOAD_LOG_LEVEL"); v && *v) {

@@ -13,7 +13,8 @@ namespace offload {
 struct Settings {
   std::string trace_dir;         // OFFLOAD_TRACE: write per-step traces here ("" = off)
   uint32_t trace_steps = 12;     // OFFLOAD_TRACE_STEPS: how many steps to write
-  bool telemetry = true;         // OFFLOAD_TELEMETRY=cupti|off
+  bool telemetry = true;         // OFFLOAD_TELEMETRY=cupti|sampled|off
+  bool telemetry_sampled = false;  // OFFLOAD_TELEMETRY=sampled: traced only while needed (TelemetrySampler)
   std::string cupti_lib;         // OFFLOAD_CUPTI_LIB: path of libcupti.so ("" = search)
   std::string log_level = "info";// OFFLOAD_LOG_LEVEL=debug|info|warn|error|off
   bool enabled = true;           // OFFLOAD_DISABLE=1: forward everything, track nothing

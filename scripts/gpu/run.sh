@@ -45,6 +45,8 @@
 #                                   shim with the frozen base marked read-only (< 7 min)
 #   scripts/gpu/run.sh weights_20_telemetry  resident, the baseline, and the marked shim at 20 GiB
 #                                   with and without CUPTI (< 6 min)
+#   scripts/gpu/run.sh weights_20_sampled  the same with OFFLOAD_TELEMETRY=sampled in place of
+#                                   CUPTI off (< 7 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Offload runs (run kind o) take OFFLOAD_DEVICE_BUDGET from $budget, which budget_of sets from
@@ -517,6 +519,24 @@ case $plan in
     fi
     for n in lora_ckpt lora_stream_native lora_offload_20GiB lora_offload_20GiB_frozen; do
       python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); w=((r.get("shim") or {}).get("executor") or {}).get("weights"); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB, sampled", round((r.get("device_used_peak_bytes") or 0) / 2**30, 2), "GiB", "weights:", json.dumps(w) if w else "")' "$work/$n.json" "$n" 2>/dev/null
+    done
+    ;;
+  weights_20_sampled)
+    # CUPTI on every step against OFFLOAD_TELEMETRY=sampled (traced while planning and in
+    # stretches of 4 steps every 64 once the plan runs): resident, the baseline, and the shim
+    # with the frozen base marked at 20 GiB both ways (< 7 min).
+    restart_daemon
+    d=(--workload lora --deterministic --steps 6 --warmup 6 --mark-steps)
+    run lora_ckpt 0 "${d[@]}" --mode ckpt
+    run lora_stream_native 0e "${d[@]}" --mode stream
+    check_pair lora_ckpt lora_stream_native
+    budget=20GiB
+    OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen o "${d[@]}" --mode ckpt --mark-frozen
+    check_pair lora_ckpt lora_offload_20GiB_frozen
+    OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen_sampled o "${d[@]}" --mode ckpt --mark-frozen
+    check_pair lora_ckpt lora_offload_20GiB_frozen_sampled
+    for n in lora_ckpt lora_stream_native lora_offload_20GiB_frozen lora_offload_20GiB_frozen_sampled; do
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB, telemetry", (r.get("shim") or {}).get("telemetry"))' "$work/$n.json" "$n" 2>/dev/null
     done
     ;;
   weights_20_telemetry)

@@ -131,6 +131,10 @@ TEST(ReadSettings, AcceptedSpellings) {
     return s;
   };
   EXPECT_TRUE(one("OFFLOAD_TELEMETRY", "cupti").telemetry);
+  EXPECT_FALSE(one("OFFLOAD_TELEMETRY", "cupti").telemetry_sampled);
+  EXPECT_TRUE(one("OFFLOAD_TELEMETRY", "sampled").telemetry);
+  EXPECT_TRUE(one("OFFLOAD_TELEMETRY", "sampled").telemetry_sampled);
+  EXPECT_FALSE(one("OFFLOAD_TELEMETRY", "off").telemetry_sampled);
   for (const char* l : {"debug", "info", "warn", "error", "off"}) EXPECT_EQ(one("OFFLOAD_LOG_LEVEL", l).log_level, l);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "true").enabled);
   EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").enabled);
