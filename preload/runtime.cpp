@@ -176,13 +176,13 @@ void Runtime::sample_telemetry() {
   switch (sampler_.next(assembler_.steps_cut(), running, telemetry_.paused())) {
     case TelemetrySampler::Action::Pause:
       // time_steps_with_markers() sees the records stop: steps are timed with events meanwhile.
-      if (telemetry_.pause()) log().debug("GPU-time telemetry paused at step {}: the plan runs", assembler_.steps_cut());
+      if (telemetry_.pause()) log().info("GPU-time telemetry paused at step {}: the plan runs", assembler_.steps_cut());
       break;
     case TelemetrySampler::Action::Resume:
       if (telemetry_.resume()) {
         assembler_.gpu_times_from(log_.appended() + 1);
         resumed_at_launch_ = tracker_.launches();
-        log().debug("GPU-time telemetry resumed at step {}", assembler_.steps_cut());
+        log().info("GPU-time telemetry resumed at step {}", assembler_.steps_cut());
       }
       break;
     case TelemetrySampler::Action::None:
@@ -360,7 +360,7 @@ void Runtime::time_steps_with_markers() {
   if (tracker_.counters().kernels.load() == 0) return;  // nothing runs on a GPU here yet
   bool want = telemetry_started_ ? !telemetry_.flowing() : !settings_.telemetry;
   if (want && telemetry_started_ && !event_timing_) assembler_.telemetry_lost();
-  if (want && !event_timing_ && !telemetry_.paused())  // a pause is said at debug level (sample_telemetry)
+  if (want && !event_timing_ && !telemetry_.paused())  // a pause is said by sample_telemetry
     log().info("GPU-time telemetry: {}; timing steps with CUDA events at step boundaries instead",
                settings_.telemetry ? telemetry_.state() : std::string("off (OFFLOAD_TELEMETRY=off)"));
   event_timing_ = want;

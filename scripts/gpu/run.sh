@@ -539,6 +539,16 @@ case $plan in
       python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB, telemetry", (r.get("shim") or {}).get("telemetry"))' "$work/$n.json" "$n" 2>/dev/null
     done
     ;;
+  sampled_smoke)
+    # OFFLOAD_TELEMETRY=sampled on the marked shim at 20 GiB alone (< 2 min): the pause and
+    # resume on real CUPTI; the losses and gradients against every earlier lora run's
+    # (48a74e16ac9335ee...), not a timing comparison.
+    restart_daemon
+    budget=20GiB
+    OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen_sampled o \
+      --workload lora --deterministic --steps 6 --warmup 6 --mark-steps --mode ckpt --mark-frozen
+    grep -E "telemetry|plan:|deviat" "$work/lora_offload_20GiB_frozen_sampled.log" | grep -v "^\[bench\] step" | head -n 20
+    ;;
   weights_20_telemetry)
     # What CUPTI's activity records cost the shim: resident, the baseline, and the shim with the
     # frozen base marked at 20 GiB, with and without CUPTI (then planned on host-timed launches).
