@@ -136,7 +136,7 @@ class Executor final : public LaunchGate {
     // for that work to finish first (false: the behaviour before hand-overs, kept for tests).
     bool hand_over = true;
     // A weight's reload past the plan's bound with no weight of its size leaving takes pieces:
-    // kept handles and leaving weights' handles of any size, the GPU waiting for their copies
+    // whole kept handles and leaving weights' handles of other sizes, the GPU waiting for their copies
     // out (true); or the host waits for a copy out to end first (false: the behaviour before,
     // kept for tests and comparisons).
     bool split_weights = true;
@@ -262,7 +262,8 @@ class Executor final : public LaunchGate {
   void ensure_weight(uint32_t i, Stream s, bool demand);
   // Memory for a weight of `size` about to be mapped, within the plan's bound where it can be:
   // a kept handle of the size, a new one, a leaving weight's handle of the size, or pieces
-  // (kept handles and leaving weights' handles of any size, and a new one for the rest). The
+  // (whole kept handles and leaving weights' handles no larger than the weight, adding up to
+  // its size, perhaps with a new one for the rest within the bound). The
   // GPU must wait for the events in *after (those weights' copies out) before writing it. The
   // host waits only when nothing at all is leaving. False: the device refused a new handle.
   bool weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>* after);

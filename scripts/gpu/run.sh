@@ -47,6 +47,8 @@
 #                                   with and without CUPTI (< 6 min)
 #   scripts/gpu/run.sh weights_20_sampled  the same with OFFLOAD_TELEMETRY=sampled in place of
 #                                   CUPTI off (< 7 min)
+#   scripts/gpu/run.sh sampled_smoke  the marked shim alone with OFFLOAD_TELEMETRY=sampled: the
+#                                   pause and resume on real CUPTI, bitwise (< 2 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
 #
 # Offload runs (run kind o) take OFFLOAD_DEVICE_BUDGET from $budget, which budget_of sets from
@@ -521,10 +523,12 @@ case $plan in
       python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); w=((r.get("shim") or {}).get("executor") or {}).get("weights"); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB, sampled", round((r.get("device_used_peak_bytes") or 0) / 2**30, 2), "GiB", "weights:", json.dumps(w) if w else "")' "$work/$n.json" "$n" 2>/dev/null
     done
     ;;
-  weights_20_sampled)
-    # CUPTI on every step against OFFLOAD_TELEMETRY=sampled (traced while planning and in
-    # stretches of 4 steps every 64 once the plan runs): resident, the baseline, and the shim
-    # with the frozen base marked at 20 GiB both ways (< 7 min).
+  weights_20_sampled | weights_20_telemetry)
+    # What CUPTI's activity records cost the shim: resident, the baseline, and the shim with the
+    # frozen base marked at 20 GiB with CUPTI on every step, then with OFFLOAD_TELEMETRY=sampled
+    # (weights_20_sampled: traced while planning and 4 steps in every 64 once the plan runs) or
+    # off (weights_20_telemetry: then no weight plan at all). Under 7 min.
+    if [ "$plan" = weights_20_sampled ]; then mode=sampled; else mode=off; fi
     restart_daemon
     d=(--workload lora --deterministic --steps 6 --warmup 6 --mark-steps)
     run lora_ckpt 0 "${d[@]}" --mode ckpt
@@ -533,9 +537,9 @@ case $plan in
     budget=20GiB
     OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen o "${d[@]}" --mode ckpt --mark-frozen
     check_pair lora_ckpt lora_offload_20GiB_frozen
-    OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen_sampled o "${d[@]}" --mode ckpt --mark-frozen
-    check_pair lora_ckpt lora_offload_20GiB_frozen_sampled
-    for n in lora_ckpt lora_stream_native lora_offload_20GiB_frozen lora_offload_20GiB_frozen_sampled; do
+    OFFLOAD_TELEMETRY=$mode OFFLOAD_PERSISTENT_MIN=64MiB run "lora_offload_20GiB_frozen_$mode" o "${d[@]}" --mode ckpt --mark-frozen
+    check_pair lora_ckpt "lora_offload_20GiB_frozen_$mode"
+    for n in lora_ckpt lora_stream_native lora_offload_20GiB_frozen "lora_offload_20GiB_frozen_$mode"; do
       python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB, telemetry", (r.get("shim") or {}).get("telemetry"))' "$work/$n.json" "$n" 2>/dev/null
     done
     ;;
@@ -548,23 +552,6 @@ case $plan in
     OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen_sampled o \
       --workload lora --deterministic --steps 6 --warmup 6 --mark-steps --mode ckpt --mark-frozen
     grep -E "telemetry|plan:|deviat" "$work/lora_offload_20GiB_frozen_sampled.log" | grep -v "^\[bench\] step" | head -n 20
-    ;;
-  weights_20_telemetry)
-    # What CUPTI's activity records cost the shim: resident, the baseline, and the shim with the
-    # frozen base marked at 20 GiB, with and without CUPTI (then planned on host-timed launches).
-    restart_daemon
-    d=(--workload lora --deterministic --steps 6 --warmup 6 --mark-steps)
-    run lora_ckpt 0 "${d[@]}" --mode ckpt
-    run lora_stream_native 0e "${d[@]}" --mode stream
-    check_pair lora_ckpt lora_stream_native
-    budget=20GiB
-    OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen o "${d[@]}" --mode ckpt --mark-frozen
-    check_pair lora_ckpt lora_offload_20GiB_frozen
-    OFFLOAD_TELEMETRY=off OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen_nocupti o "${d[@]}" --mode ckpt --mark-frozen
-    check_pair lora_ckpt lora_offload_20GiB_frozen_nocupti
-    for n in lora_ckpt lora_stream_native lora_offload_20GiB_frozen lora_offload_20GiB_frozen_nocupti; do
-      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB")' "$work/$n.json" "$n" 2>/dev/null
-    done
     ;;
   weights)
     # Weight streaming (issue 5, item 2): the lora workload (frozen bf16 base of 40.6 GB,
