@@ -1234,6 +1234,7 @@ void Executor::unmap_evicted(Weight& w) {
 }
 
 void Executor::settle_handed(Weight& w) {
+  if (driver_.event_query(w.ev_d2h) == 0) ++st_.weight_settles;  // a wait, not only late news
   uint64_t t0 = __rdtsc();
   driver_.event_sync(w.ev_d2h);
   wait_cycles_ += __rdtsc() - t0;

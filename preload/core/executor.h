@@ -112,7 +112,10 @@ struct ExecutorStats {
   uint64_t weight_bytes_out = 0, weight_bytes_in = 0, weight_mapped_peak = 0, weight_waits = 0;
   uint64_t weight_over_bound = 0;  // reloads that found the bound full and nothing leaving
   uint64_t weight_handovers = 0;   // reloads that took leaving weights' handles, ordered on the GPU
-  uint64_t weight_split = 0;       // reloads mapped on several handles, or on part of a larger one
+  uint64_t weight_split = 0;       // reloads mapped on several handles
+  // Weights touched again while their memory was another's and their last use not yet seen
+  // complete: the host waited for that use (settle_handed) before mapping them again.
+  uint64_t weight_settles = 0;
   // Weights the application marked read-only (offload_mark_read_only), and their evictions
   // that copied nothing (the host copy was current).
   uint64_t weight_read_only = 0, weight_clean_evictions = 0;

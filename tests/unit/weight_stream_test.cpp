@@ -340,7 +340,7 @@ std::string describe(const Outcome& o) {
          std::to_string(s.weight_evictions) + " reloads " + std::to_string(s.weight_reloads) + " misses " +
          std::to_string(s.weight_misses) + " abandoned " + std::to_string(s.weight_abandoned) + " waits " +
          std::to_string(s.weight_waits) + " handovers " + std::to_string(s.weight_handovers) + " split " +
-         std::to_string(s.weight_split) + " over_bound " +
+         std::to_string(s.weight_split) + " settles " + std::to_string(s.weight_settles) + " over_bound " +
          std::to_string(s.weight_over_bound) + " mapped_peak " +
          std::to_string(s.weight_mapped_peak >> 10) + " KiB of " + std::to_string(o.weight_bytes >> 10) +
          " KiB; deviations " + std::to_string(s.deviations) + " steps_active " + std::to_string(s.steps_active) +
@@ -508,7 +508,7 @@ TEST(WeightStream, ATightMappedBoundStillMatches) {
 // stay near the bound.
 TEST(WeightStream, ATightMappedBoundMakesReloadsWait) {
   QuietLog quiet;
-  uint64_t waits = 0, handovers = 0;
+  uint64_t waits = 0, handovers = 0, settles = 0;
   for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Config c = sound_config(seed);
@@ -518,6 +518,7 @@ TEST(WeightStream, ATightMappedBoundMakesReloadsWait) {
     expect_same(off, plain);
     waits += off.stats.weight_waits;
     handovers += off.stats.weight_handovers;
+    settles += off.stats.weight_settles;
     EXPECT_TRUE(off.stats.weight_waits + off.stats.weight_handovers > 0 ||
                 off.stats.weight_mapped_peak <= off.bound + off.largest_weight)
         << describe(off);
@@ -526,6 +527,9 @@ TEST(WeightStream, ATightMappedBoundMakesReloadsWait) {
   // A reload that finds a weight of its size on its way out takes that weight's memory and
   // waits for its copy out on the GPU (the bytes still match: expect_same above).
   EXPECT_GT(handovers, 0u);
+  // And a weight touched again before its last use is seen complete, its memory another's
+  // by then, makes the host wait for that use (settles, counted only when it does wait).
+  EXPECT_GT(settles, 0u);
 }
 
 // 4b'. Weights of two sizes (256 and 512 KiB) under a bound of three of the largest: a reload
