@@ -643,6 +643,12 @@ Verdict run_in_child(const Config& c, const Outcome& plain) {
 
 // Each seed runs with the fault off first (it must match), then with it on, in a child.
 void expect_fault_caught(Executor::Options::Fault fault, bool copy_delay, int bound_weights = -1) {
+#if defined(OFFLOAD_TEST_TSAN)
+  // Whether the comparison notices a dropped wait is the test's sensitivity, not a question of
+  // threads; each seed forks a child. The plain and AddressSanitizer builds run them (70 s of
+  // the ThreadSanitizer run saved).
+  GTEST_SKIP() << "fault injection runs in the plain and ASan builds";
+#endif
   QuietLog quiet;
   int caught = 0;
   uint64_t reloads = 0;
