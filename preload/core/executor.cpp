@@ -1116,20 +1116,17 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
 }
 
 bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after) {
-  // Candidates: kept handles (weight -1) and the handles of weights on their way out.
-  struct Cand {
-    uint64_t bytes;
-    int weight;    // -1: kept
-    size_t index;  // in free_weight_handles_, or the weight's piece
-  };
-  std::vector<Cand> cands;
+  // Candidates: kept handles (weight -1) and the handles of weights on their way out. The
+  // scratch vectors keep their capacity: after the first few, no allocation on the hook path.
+  std::vector<PieceCand>& cands = scratch_cands_;
+  cands.clear();
   uint64_t total = weight_mapped_ < bound ? bound - weight_mapped_ : 0;
   const uint64_t room = total;
   // The driver maps a handle whole or not at all (CUDA_ERROR_NOT_SUPPORTED for a part of one,
   // scripts/gpu/vmm_probe.cpp on the H200): only handles no larger than the weight are pieces.
   for (size_t k = 0; k < free_weight_handles_.size(); ++k) {
     if (free_weight_handles_[k].first > size) continue;
-    cands.push_back(Cand{free_weight_handles_[k].first, -1, k});
+    cands.push_back(PieceCand{free_weight_handles_[k].first, -1, k});
     total += free_weight_handles_[k].first;
   }
   for (uint32_t j : weight_busy_) {
@@ -1137,7 +1134,7 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
     if (x.state != State::Evicting) continue;
     for (size_t p = 0; p < x.backing.size(); ++p)
       if (!x.backing[p].given && x.backing[p].bytes <= size) {
-        cands.push_back(Cand{x.backing[p].bytes, static_cast<int>(j), p});
+        cands.push_back(PieceCand{x.backing[p].bytes, static_cast<int>(j), p});
         total += x.backing[p].bytes;
       }
   }
@@ -1146,8 +1143,10 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
   // handle for it within the room; else the largest candidate smaller than that, and go on.
   // Chosen first, taken once the new handle (if any) exists: when the pieces cannot add up to
   // the size exactly, or the device refuses the new handle, everything stays as it was.
-  std::vector<size_t> chosen;
-  std::vector<bool> taken(cands.size(), false);
+  std::vector<size_t>& chosen = scratch_chosen_;
+  chosen.clear();
+  std::vector<bool>& taken = scratch_taken_;
+  taken.assign(cands.size(), false);
   uint64_t need = size, fresh = 0;
   while (need) {
     size_t exact = cands.size(), largest = cands.size();
@@ -1171,7 +1170,7 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
   const uint64_t h = fresh ? new_weight_handle(fresh) : 0;
   if (fresh && !h) return false;
   for (size_t c : chosen) {
-    const Cand& k = cands[c];
+    const PieceCand& k = cands[c];
     if (k.weight < 0) {
       out->push_back(Piece{free_weight_handles_[k.index].second, k.bytes});
       continue;
@@ -1202,7 +1201,7 @@ uint64_t Executor::new_weight_handle(uint64_t size) {
 }
 
 void Executor::remap_weight(Weight& w, Stream s, const char* what) {
-  std::vector<uint64_t> after;
+  std::vector<uint64_t>& after = scratch_after_;
   if (!weight_backing(w.size, &w.backing, &after) || !map_backing(driver_, w.va, w.backing)) {
     log().critical("cannot map {} of {} MiB (device memory or driver refused): aborting", what, w.size >> 20);
     std::abort();

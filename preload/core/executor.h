@@ -355,6 +355,15 @@ class Executor final : public LaunchGate {
   std::vector<std::pair<DevPtr, uint32_t>> weight_vas_;    // (va, index), sorted
   std::vector<std::pair<uint64_t, uint64_t>> free_weight_handles_;  // (size, handle), unmapped, oldest first
   std::vector<uint32_t> weight_busy_;       // weights with copies in flight
+  struct PieceCand {                        // gather_pieces' candidates
+    uint64_t bytes;
+    int weight;    // -1: a kept handle
+    size_t index;  // in free_weight_handles_, or the weight's piece
+  };
+  std::vector<PieceCand> scratch_cands_;
+  std::vector<size_t> scratch_chosen_;
+  std::vector<bool> scratch_taken_;
+  std::vector<uint64_t> scratch_after_;
   std::vector<std::pair<DevPtr, DevPtr>> read_only_;  // [lo, hi) the application marked
   std::atomic<bool> any_read_only_{false};
   std::atomic<DevPtr> read_only_lo_{0}, read_only_hi_{0};  // the marks' span: a free outside it skips the lock
