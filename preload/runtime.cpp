@@ -173,7 +173,7 @@ void Runtime::pump(bool no_wait) {
 void Runtime::sample_telemetry() {
   if (!settings_.telemetry_sampled || !telemetry_started_ || !telemetry_.active()) return;
   const bool running = offloading_ && executor_.installed() && !executor_.deviated();
-  switch (sampler_.next(assembler_.steps_cut(), running, telemetry_.paused())) {
+  switch (sampler_.next(assembler_.steps_cut(), running, telemetry_.paused(), executor_.misses())) {
     case TelemetrySampler::Action::Pause:
       // time_steps_with_markers() sees the records stop: steps are timed with events meanwhile.
       if (telemetry_.pause()) log().info("GPU-time telemetry paused at step {}: the plan runs", assembler_.steps_cut());

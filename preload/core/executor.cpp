@@ -721,6 +721,11 @@ void Executor::give_handle(int h) {
   free_handles_.push_back(h);
 }
 
+uint64_t Executor::misses() {
+  std::lock_guard lock(mu_);
+  return st_.misses + st_.late_reloads;
+}
+
 void Executor::poll() {
   if (!installed_.load(std::memory_order_acquire)) return;
   std::lock_guard lock(mu_);

@@ -159,6 +159,7 @@ class Executor final : public LaunchGate {
   bool installed() const { return installed_.load(std::memory_order_acquire); }
   // True once the installed plan was turned off by a deviation (the worker re-plans).
   bool deviated() const { return deviated_.load(std::memory_order_relaxed); }
+  uint64_t misses();  // launches that found what they touch not resident, and late reloads
   // True when no arena holds members or physical memory (a new plan can go in).
   bool idle();
   // Worker: turns the plan off as a deviation would (demand mode until the arenas drain), so

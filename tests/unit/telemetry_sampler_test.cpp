@@ -18,11 +18,12 @@ struct Drive {
   bool paused = false;
   uint64_t steps = 0;
   int pauses = 0, resumes = 0;
+  uint64_t misses = 0;
   std::string run(uint64_t n, bool plan_running) {
     std::string out;
     for (uint64_t i = 0; i < n; ++i) {
       ++steps;
-      switch (s.next(steps, plan_running, paused)) {
+      switch (s.next(steps, plan_running, paused, misses)) {
         case Action::Pause:
           EXPECT_FALSE(paused) << "paused twice";
           paused = true;
@@ -63,6 +64,23 @@ TEST(TelemetrySampler, ResumesAtOnceWhenThePlanStopsRunning) {
   EXPECT_EQ(d.resumes, 1);
   // Planned again: a full `watch` stretch before the next pause.
   EXPECT_EQ(d.run(4, true), "TT..");
+}
+
+// A miss while paused: traced again at once, for a full stretch (the watch sees the slow
+// steps); a miss while traced lengthens the stretch.
+TEST(TelemetrySampler, AMissEndsAPauseAndStartsAStretch) {
+  Drive d{TelemetrySampler({.watch = 3, .rest = 50})};
+  d.run(2, false);
+  EXPECT_EQ(d.run(5, true), "TTT..");
+  d.misses = 1;
+  EXPECT_EQ(d.run(5, true), "TTT..") << "resumed at the miss, paused after a stretch";
+  EXPECT_EQ(d.resumes, 1);
+  EXPECT_EQ(d.run(1, true), ".") << "the same count again is no news";
+  d.run(48, true);
+  ASSERT_FALSE(d.paused) << "the rest is over";
+  EXPECT_EQ(d.run(1, true), "T");
+  d.misses = 3;
+  EXPECT_EQ(d.run(4, true), "TTT.") << "a miss while traced starts the stretch again";
 }
 
 TEST(TelemetrySampler, NothingToDoWithoutAPlanAndNotPaused) {
