@@ -241,6 +241,11 @@ void Runtime::plan_from(const StepTrace& t) {
   po.granularity = o.granularity;
   po.pool_overhead = o.pool_overhead;
   if (persistent_) po.persistent_min = persistent_->min_bytes();
+  // Weights the application marked read-only cost the plan no copy out (ordinals ascending).
+  if (po.persistent_min && executor_.any_read_only())
+    for (const TraceAlloc& a : t.allocs)
+      if (a.base && a.alloc_pos < 0 && a.free_pos < 0 && a.bytes >= po.persistent_min && executor_.read_only(a.base, a.bytes))
+        po.read_only.push_back(a.ordinal);
   if (timed) {
     share_ = node_share(o.budget);
     po.link = share_link(LinkModel{}, NodeLinkSums{share_.h2d, share_.d2h, share_.both}, share_.gpus);

@@ -112,6 +112,10 @@ struct PlannerOptions {
   // before the step that outlive it (weights) may be streamed, and sit in exact blocks rather
   // than in PyTorch's pool. 0: weights are never streamed.
   uint64_t persistent_min = 0;
+  // Trace ordinals (sorted) of allocations the application marked read-only
+  // (offload_mark_read_only): the executor copies such a weight out once, and later evictions
+  // copy nothing, so its windows cost no copy out (their end is its last use, in the FIFO).
+  std::vector<uint32_t> read_only;
   LinkModel link;
 };
 

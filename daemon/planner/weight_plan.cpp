@@ -223,7 +223,8 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
       x.weight = c, x.a = from, x.b = to, x.wrap = wrap;
       x.ready = g.start[static_cast<size_t>(from)] + g.dur[static_cast<size_t>(from)];
       x.use = g.start[static_cast<size_t>(to)] + (wrap ? T : 0);
-      x.d2h_ns = link_ns(a.bytes, d2h);
+      // Read-only: copied out once, in a step before the plan's steady state; nothing after.
+      x.d2h_ns = std::binary_search(o.read_only.begin(), o.read_only.end(), a.ordinal) ? 0 : link_ns(a.bytes, d2h);
       x.h2d_ns = link_ns(a.bytes, h2d);
       w.push_back(x);
     };
@@ -323,7 +324,7 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
     host += a.bytes;
     streamed_bytes += a.bytes;
   }
-  uint64_t moved = 0;
+  uint64_t moved = 0, moved_out = 0;
   for (uint32_t k : order) {
     const Window& x = w[sel[k]];
     WeightWindow ww;
@@ -333,6 +334,7 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
     ww.use = x.b;
     p.windows.push_back(ww);
     moved += t.allocs[cand[x.weight]].bytes;
+    if (x.d2h_ns) moved_out += t.allocs[cand[x.weight]].bytes;
   }
   // Mapped: from a reload's issue to the end of the copy out, by position, in whole granules
   // (the executor maps each weight's whole block).
@@ -361,8 +363,8 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
   pr.peak_bytes = peak;
   // With arenas, their copies and stalls as simulated (the link's share the weights take
   // from them is not modelled: both plans assume the shared rates).
-  const uint64_t out = pr.bytes_out + (arenas ? moved : 0), in = pr.bytes_in + (arenas ? moved : 0);
-  pr.bytes_out = arenas ? out : moved;
+  const uint64_t out = pr.bytes_out + (arenas ? moved_out : 0), in = pr.bytes_in + (arenas ? moved : 0);
+  pr.bytes_out = arenas ? out : moved_out;
   pr.bytes_in = arenas ? in : moved;
   pr.step_ns = arenas ? std::max(arenas->prediction.step_ns, T) : T;
   // The bound: the step cannot be shorter than its compute, nor than either direction's
