@@ -22,6 +22,9 @@ CuptiTelemetry* g_instance = nullptr;  // CUPTI's buffer callbacks carry no user
 std::atomic<bool> g_other_client{false};
 constexpr size_t kBufferBytes = 256u << 10;  // ~1000 kernel records
 constexpr int kSilentCollectsForTakeover = 100;  // ~2 s of polls with launches, no records
+// The activity kinds we enable, and switch off and on again (yield, pause, resume).
+constexpr int kOurKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                             CUPTI_ACTIVITY_KIND_MEMSET};
 
 // Directory of a loaded library whose name contains `needle` ("" if none).
 std::string loaded_dir(const char* needle) {
@@ -93,8 +96,7 @@ bool CuptiTelemetry::start() {
     state_ = "off: cuptiActivityRegisterCallbacks failed (another CUPTI client?)";
     return false;
   }
-  for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                   CUPTI_ACTIVITY_KIND_MEMSET}) {
+  for (int kind : kOurKinds) {
     if (int r = enable(kind); r != CUPTI_SUCCESS) {
       state_ = "off: cuptiActivityEnable(" + std::to_string(kind) + ") failed with " + std::to_string(r);
       return false;
@@ -162,7 +164,7 @@ void CuptiTelemetry::yield_to_other_client() {
   // no CUDA events at all while we held the activity buffers).
   {
     std::lock_guard sw(switch_mu_);  // a resume() under way finishes first, then sees the flag
-    for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
+    for (int kind : kOurKinds)
       if (disable_) disable_(kind);
   }
   taken_over_ = true;
@@ -174,7 +176,7 @@ void CuptiTelemetry::yield_to_other_client() {
 bool CuptiTelemetry::pause() {
   std::lock_guard sw(switch_mu_);
   if (!active() || yielded_.load() || paused_.load() || !disable_) return false;
-  for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
+  for (int kind : kOurKinds)
     disable_(kind);
   paused_.store(true);
   std::lock_guard lock(mu_);
@@ -185,10 +187,10 @@ bool CuptiTelemetry::pause() {
 bool CuptiTelemetry::resume() {
   std::lock_guard sw(switch_mu_);
   if (!active() || yielded_.load() || !paused_.load() || !enable_) return false;
-  for (int kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
+  for (int kind : kOurKinds)
     if (int r = enable_(kind); r != CUPTI_SUCCESS) {
       log().warn("GPU-time telemetry: cuptiActivityEnable({}) failed with {} on resuming: staying paused", kind, r);
-      for (int k : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
+      for (int k : kOurKinds)
         disable_(k);
       return false;
     }
