@@ -255,7 +255,7 @@ bool Executor::release(DevPtr p, Stream s) {
       // The application frees a streamed weight: its backing goes back to the pool, which
       // frees it in stream order on `s`; our copies on it are ordered before that.
       Weight& w = weights_[static_cast<size_t>(i)];
-      if (w.state == State::Evicting && w.handed) settle_handed(w);
+      if (w.state == State::Evicting && w.handed()) settle_handed(w);
       if (w.state == State::Evicting) {
         driver_.stream_wait(s, w.ev_d2h);
         w.state = State::Resident;
@@ -912,7 +912,7 @@ bool Executor::give_back_weights() {
   bool all = true;
   for (Weight& w : weights_) {
     if (w.state == State::Empty) continue;
-    if (w.state == State::Evicting && w.handed) settle_handed(w);  // evicted: not given back
+    if (w.state == State::Evicting && w.handed()) settle_handed(w);  // evicted: not given back
     if (w.state == State::Evicting) w.state = State::Resident;  // still mapped: the copy out is let go
     if (w.state != State::Resident && w.state != State::Reloading) {
       all = false;
@@ -973,7 +973,7 @@ void Executor::lend_back(Weight& w) {
 void Executor::unmap_donor_of(uint64_t handle) {
   for (uint32_t j : weight_busy_) {
     Weight& x = weights_[j];
-    if (x.state != State::Evicting || !x.handed) continue;
+    if (x.state != State::Evicting || !x.handed()) continue;
     for (const Piece& p : x.backing)
       if (p.given && p.handle == handle) {
         settle_handed(x);
@@ -1081,7 +1081,6 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
       if (x.state == State::Evicting && x.backing.size() == 1 && !x.backing[0].given && x.backing[0].bytes == size) {
         x.backing[0].given = true;
         out->push_back(Piece{x.backing[0].handle, size});
-        x.handed = true;
         after->push_back(x.ev_d2h);
         ++st_.weight_handovers;
         return true;
@@ -1182,7 +1181,6 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
     }
     Weight& x = weights_[static_cast<size_t>(k.weight)];
     x.backing[k.index].given = true;
-    x.handed = true;
     out->push_back(Piece{x.backing[k.index].handle, k.bytes});
     if (std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
   }
@@ -1231,7 +1229,6 @@ void Executor::unmap_evicted(Weight& w) {
     else drop_weight_handle(p.bytes, p.handle);
   }
   w.backing.clear();
-  w.handed = false;
   w.nstreams = 0;
   w.state = State::Evicted;
   if (w.read_only) w.host_current = true;  // copied out now, or current already
@@ -1247,7 +1244,7 @@ void Executor::settle_handed(Weight& w) {
 
 bool Executor::reload_weight(uint32_t i, bool demand) {
   Weight& w = weights_[i];
-  if (w.state == State::Evicting && w.handed) settle_handed(w);  // some of its memory is another's now
+  if (w.state == State::Evicting && w.handed()) settle_handed(w);  // some of its memory is another's now
   if (w.state == State::Evicting) {
     w.state = State::Resident;  // the copy out has not finished: the bytes never left
     ++st_.weight_abandoned;
@@ -1281,7 +1278,7 @@ void Executor::ensure_weight(uint32_t i, Stream s, bool demand) {
   Weight& w = weights_[i];
   switch (w.state) {
     case State::Evicting:
-      if (!w.handed) {
+      if (!w.handed()) {
         w.state = State::Resident;  // the bytes are still on the device: keep them
         ++st_.weight_abandoned;
         break;

@@ -239,7 +239,11 @@ class Executor final : public LaunchGate {
     bool in_busy = false;
     // Evicting, some of its handles given to reloads (which wait for this copy out on the GPU):
     // its range is unmapped once the copy completes; the given handles stay the others'.
-    bool handed = false;
+    bool handed() const {
+      for (const Piece& p : backing)
+        if (p.given) return true;
+      return false;
+    }
     // Marked read-only by the application; host_current: the host copy holds its bytes (a copy
     // out of it has completed under this plan), so an eviction need not copy.
     bool read_only = false, host_current = false;
