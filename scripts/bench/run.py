@@ -409,7 +409,12 @@ def main(argv=None):
     t0 = time.perf_counter()
     paused = 0.0
     grad_hash = None
+    # Per-step GPU times: an event on the current stream where each timed step starts, no host
+    # wait. The last step holds the untimed gradient hash, so step_ms has steps - 1 entries.
+    starts = []
     for i in range(args.warmup, total):
+        starts.append(torch.cuda.Event(enable_timing=True))
+        starts[-1].record()
         forward_backward(i)
         if i == total - 1:
             # Final gradients: after the last backward, before its optimizer step; not timed.
@@ -420,6 +425,7 @@ def main(argv=None):
         finish_step()
     torch.cuda.synchronize()
     ms_per_step = (time.perf_counter() - t0 - paused) * 1000.0 / args.steps
+    step_ms = [a.elapsed_time(b) for a, b in zip(starts, starts[1:])]
     stop_sampling.set()
     sampler.join()
     if profiler is not None:
@@ -463,6 +469,7 @@ def main(argv=None):
         "warmup": args.warmup,
         "steps": args.steps,
         "ms_per_step": ms_per_step,
+        "step_ms": step_ms,
         "peak_reserved_high_bytes": peak_reserved,
         "footprint_peak_bytes": footprint,
         "offload_budget": os.environ.get("OFFLOAD_DEVICE_BUDGET") or None,

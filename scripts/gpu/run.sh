@@ -47,6 +47,8 @@
 #                                   with and without CUPTI (< 6 min)
 #   scripts/gpu/run.sh weights_20_sampled  the same with OFFLOAD_TELEMETRY=sampled in place of
 #                                   CUPTI off (< 7 min)
+#   scripts/gpu/run.sh weights_ab   the baseline and the marked shim (OFFLOAD_TELEMETRY=sampled)
+#                                   at 20 GiB, two runs each, alternated; ab_report.py (< 8 min)
 #   scripts/gpu/run.sh sampled_smoke  the marked shim alone with OFFLOAD_TELEMETRY=sampled: the
 #                                   pause and resume on real CUPTI, bitwise (< 2 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
@@ -542,6 +544,24 @@ case $plan in
     for n in lora_ckpt lora_stream_native lora_offload_20GiB_frozen "lora_offload_20GiB_frozen_$mode"; do
       python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("[gpu]", sys.argv[2], round(r["ms_per_step"], 1), "ms/step, footprint", round(r["footprint_peak_bytes"] / 2**30, 2), "GiB, telemetry", (r.get("shim") or {}).get("telemetry"))' "$work/$n.json" "$n" 2>/dev/null
     done
+    ;;
+  weights_ab)
+    # The hand-written baseline against the shim (frozen base marked, OFFLOAD_TELEMETRY=sampled)
+    # at 20 GiB, alternately B S S B so that a drift over the call falls on both arms alike; 12
+    # timed steps each, per-step GPU times from events; ab_report.py pools them per arm (< 8 min).
+    restart_daemon
+    d=(--workload lora --deterministic --steps 12 --warmup 6 --mark-steps)
+    budget=20GiB
+    for n in stream_1 shim_1 shim_2 stream_2; do
+      case $n in
+        stream_*) run "lora_ab_$n" 0e "${d[@]}" --mode stream ;;
+        shim_*) OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=64MiB run "lora_ab_$n" o "${d[@]}" --mode ckpt --mark-frozen ;;
+      esac
+    done
+    for n in shim_1 shim_2 stream_2; do check_pair lora_ab_stream_1 "lora_ab_$n"; done
+    python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab.md" \
+      --a "baseline=$work/lora_ab_stream_1.json,$work/lora_ab_stream_2.json" \
+      --b "shim=$work/lora_ab_shim_1.json,$work/lora_ab_shim_2.json"
     ;;
   sampled_smoke)
     # OFFLOAD_TELEMETRY=sampled on the marked shim at 20 GiB alone (< 2 min): the pause and

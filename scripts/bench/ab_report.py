@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Two arms run alternately on one GPU (A B B A ...): per-run and per-arm step times.
+
+    ab_report.py --a NAME=a1.json,a2.json --b NAME=b1.json,b2.json [--md out.md]
+
+Each run's JSON (scripts/bench/run.py --json-out) holds ms_per_step (host wall time over the timed
+steps) and step_ms (GPU time between the starts of consecutive timed steps, from events). The arm
+comparison pools the step_ms of its runs: mean difference B - A with a 95% interval (Welch), so
+that a difference smaller than the steps' spread is reported as such and not as a win.
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+
+
+def arm(spec):
+    name, _, files = spec.partition("=")
+    runs = []
+    for f in files.split(","):
+        with open(f) as fh:
+            r = json.load(fh)
+        runs.append((f, r))
+    return name, runs
+
+
+def welch(a, b):
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    va, vb = statistics.variance(a), statistics.variance(b)
+    se = math.sqrt(va / len(a) + vb / len(b))
+    # Welch-Satterthwaite degrees of freedom, then the two-sided 97.5% t quantile (table for small
+    # df, normal beyond).
+    df = se**4 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1)) if se else 1e9
+    table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+             10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 25: 2.06, 30: 2.04}
+    q = 1.96
+    for k in sorted(table):
+        if df <= k:
+            q = table[k]
+            break
+    return mb - ma, q * se, df
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--a", required=True, help="NAME=run1.json,run2.json,...")
+    p.add_argument("--b", required=True, help="NAME=run1.json,run2.json,...")
+    p.add_argument("--md", help="also write the table here (markdown)")
+    args = p.parse_args()
+    arms = [arm(args.a), arm(args.b)]
+    lines = ["| arm | run | ms/step (wall) | step_ms median | mean | min | max | n | bitwise |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    ref = arms[0][1][0][1]
+    pooled = {}
+    for name, runs in arms:
+        pooled[name] = []
+        for f, r in runs:
+            s = r.get("step_ms") or []
+            if len(s) < 2:
+                sys.exit(f"{f}: no step_ms (needs scripts/bench/run.py with per-step events and --steps >= 3)")
+            pooled[name] += s
+            same = r["losses_hex"] == ref["losses_hex"] and r["grad_sha256"] == ref["grad_sha256"]
+            lines.append(f"| {name} | {f.rsplit('/', 1)[-1]} | {r['ms_per_step']:.1f} | {statistics.median(s):.1f} | "
+                         f"{statistics.fmean(s):.1f} | {min(s):.1f} | {max(s):.1f} | {len(s)} | {'yes' if same else 'NO'} |")
+    (na, a), (nb, b) = list(pooled.items())
+    d, half, df = welch(a, b)
+    wall = lambda runs: statistics.fmean(r["ms_per_step"] for _, r in runs)
+    verdict = ("faster than" if d + half < 0 else "slower than" if d - half > 0 else "not distinguishable from")
+    summary = (f"{nb} - {na}: {d:+.1f} ms a step on the GPU (95% interval {d - half:+.1f} to {d + half:+.1f}, "
+               f"{len(a)} and {len(b)} steps, Welch df {df:.0f}): {nb} is {verdict} {na}. "
+               f"Wall-clock means: {na} {wall(arms[0][1]):.1f}, {nb} {wall(arms[1][1]):.1f} ms/step.")
+    out = "\n".join(lines + ["", summary])
+    print(out)
+    if args.md:
+        with open(args.md, "w") as fh:
+            fh.write(out + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
