@@ -180,6 +180,7 @@ struct ExecApi {
   decltype(&cuEventDestroy_v2) event_destroy;
   decltype(&cuEventRecord) event_record;
   decltype(&cuStreamWaitEvent) stream_wait;
+  decltype(&cuStreamQuery) stream_query;
   decltype(&cuEventQuery) event_query;
   decltype(&cuEventSynchronize) event_sync;
   decltype(&cuMemcpyDtoHAsync_v2) dtoh;
@@ -220,6 +221,7 @@ const ExecApi* exec_api() {
     sym(api.event_destroy, "cuEventDestroy_v2");
     sym(api.event_record, "cuEventRecord");
     sym(api.stream_wait, "cuStreamWaitEvent");
+    sym(api.stream_query, "cuStreamQuery");
     sym(api.event_query, "cuEventQuery");
     sym(api.event_sync, "cuEventSynchronize");
     sym(api.dtoh, "cuMemcpyDtoHAsync_v2");
@@ -427,6 +429,14 @@ int CudaDriver::event_query(uint64_t e) {
   CtxScope scope(a, context());
   if (!scope || !e) return -1;
   CUresult r = a->event_query(as_event(e));
+  return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -1;
+}
+
+int CudaDriver::stream_query(Stream s) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  if (!scope || !a->stream_query) return -1;
+  CUresult r = a->stream_query(as_stream(s));
   return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -1;
 }
 

@@ -552,7 +552,13 @@ std::string Runtime::executor_json() {
   for (size_t i = 0; i < x.recent_misses.size(); ++i) os << (i ? "," : "") << x.recent_misses[i];
   os << "],\"recent_late\":[";
   for (size_t i = 0; i < x.recent_late.size(); ++i) os << (i ? "," : "") << x.recent_late[i];
-  os << "]}";
+  // [position, microseconds, kind, drained] of the last active step's longest host waits.
+  os << "],\"last_step_waits\":{\"count\":" << x.last_step_wait_count << ",\"drained\":" << x.last_step_drained << ",\"longest\":[";
+  for (size_t i = 0; i < x.last_step_waits.size(); ++i) {
+    const auto& w = x.last_step_waits[i];
+    os << (i ? "," : "") << "[" << w.pos << "," << static_cast<double>(w.cycles) * ns / 1e3 << ",\"" << w.kind << "\"," << w.drained << "]";
+  }
+  os << "]}}";
   return os.str();
 }
 

@@ -87,6 +87,8 @@ class Driver {
   virtual int event_query(uint64_t e) = 0;
   // Blocks the calling thread until the last capture has completed.
   virtual bool event_sync(uint64_t e) = 0;
+  // 1: everything queued on `s` has completed; 0: not yet; -1: unknown (diagnostics only).
+  virtual int stream_query(Stream) { return -1; }
   // Asynchronous copies on `s` (host memory pinned for full speed).
   virtual bool copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) = 0;
   virtual bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) = 0;

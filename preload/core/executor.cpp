@@ -160,6 +160,9 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
   pending_reloads_.clear();
   tables_.clear();  // arena numbers of another plan
   step_misses_ = step_late_ = 0;
+  step_waits_.clear();
+  step_waits_.reserve(16);
+  step_wait_count_ = step_drained_ = 0;
   sub_launch_ = ~uint64_t{0};
   deviated_.store(false);
   va_lo_.store(reservation_);
@@ -376,6 +379,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
   if (n >= anchor_) {
     const uint64_t pos = (n - anchor_) % plan_.step_launches;
     cur_pos_ = static_cast<int64_t>(pos);
+    cur_stream_ = s;
     if (pos == 0) {
       if (active_) finish_step();
       active_ = !deviated_.load(std::memory_order_relaxed);
@@ -490,7 +494,25 @@ void Executor::host_wait_leaving(const Arena& b) {
     for (int k = 0; k < b.nstreams; ++k) driver_.event_sync(b.events[k]);
     if (b.h2d_pending) driver_.event_sync(b.ev_h2d);
   }
-  wait_cycles_ += __rdtsc() - t0;
+  note_wait('a', __rdtsc() - t0);
+}
+
+void Executor::note_wait(char kind, uint64_t cycles) {
+  wait_cycles_ += cycles;
+  if (!active_) return;
+  ++step_wait_count_;
+  // Whether the launch's stream ran dry meanwhile: then the GPU idles until the host launches.
+  const int drained = driver_.stream_query(cur_stream_);
+  if (drained == 1) ++step_drained_;
+  ExecutorStats::HostWait w{cur_pos_, cycles, kind, drained};
+  constexpr size_t kKeep = 16;
+  if (step_waits_.size() < kKeep) {
+    step_waits_.push_back(w);
+    return;
+  }
+  auto least = std::min_element(step_waits_.begin(), step_waits_.end(),
+                                [](const auto& x, const auto& y) { return x.cycles < y.cycles; });
+  if (least->cycles < cycles) *least = w;
 }
 
 void Executor::unmap_arena(Arena& a, const char* what) {
@@ -795,6 +817,13 @@ void Executor::poll_locked() {
 }
 
 void Executor::finish_step() {
+  st_.last_step_waits.assign(step_waits_.begin(), step_waits_.end());
+  std::sort(st_.last_step_waits.begin(), st_.last_step_waits.end(),
+            [](const auto& x, const auto& y) { return x.cycles > y.cycles; });
+  st_.last_step_wait_count = step_wait_count_;
+  st_.last_step_drained = step_drained_;
+  step_waits_.clear();
+  step_wait_count_ = step_drained_ = 0;
   st_.recent_misses.push_back(step_misses_);
   st_.recent_late.push_back(step_late_);
   if (st_.recent_misses.size() > 16) st_.recent_misses.erase(st_.recent_misses.begin());
@@ -1111,7 +1140,7 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
     ++st_.weight_waits;
     uint64_t t0 = __rdtsc();
     driver_.event_sync(leaving->ev_d2h);
-    wait_cycles_ += __rdtsc() - t0;
+    note_wait('w', __rdtsc() - t0);
   }
   const uint64_t h = new_weight_handle(size);
   if (!h) return false;
@@ -1235,10 +1264,12 @@ void Executor::unmap_evicted(Weight& w) {
 }
 
 void Executor::settle_handed(Weight& w) {
-  if (driver_.event_query(w.ev_d2h) == 0) ++st_.weight_settles;  // a wait, not only late news
+  const bool waits = driver_.event_query(w.ev_d2h) == 0;  // a wait, not only late news
+  if (waits) ++st_.weight_settles;
   uint64_t t0 = __rdtsc();
   driver_.event_sync(w.ev_d2h);
-  wait_cycles_ += __rdtsc() - t0;
+  if (waits) note_wait('s', __rdtsc() - t0);
+  else wait_cycles_ += __rdtsc() - t0;
   unmap_evicted(w);
 }
 

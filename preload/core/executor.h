@@ -119,6 +119,19 @@ struct ExecutorStats {
   // Weights the application marked read-only (offload_mark_read_only), and their evictions
   // that copied nothing (the host copy was current).
   uint64_t weight_read_only = 0, weight_clean_evictions = 0;
+  // The host's waits in the last finished active step, longest first (at most 16): the launch
+  // position it waited at, for how long, what for ('w' a weight's reload for a leaving weight's
+  // copy, 's' a weight settling its last use, 'a' an arena), and whether the stream of that
+  // launch had nothing left queued when the wait ended (1; 0 work queued; -1 unknown): such a
+  // wait leaves the GPU idle until the host launches again.
+  struct HostWait {
+    int64_t pos = -1;
+    uint64_t cycles = 0;
+    char kind = '?';
+    int drained = -1;
+  };
+  std::vector<HostWait> last_step_waits;
+  uint64_t last_step_wait_count = 0, last_step_drained = 0;
   std::vector<uint64_t> recent_misses;      // misses in each of the last finished active steps
   std::vector<uint64_t> recent_late;        // late reloads in each of them
   std::string plan;                         // the installed plan, described
@@ -344,6 +357,10 @@ class Executor final : public LaunchGate {
   uint32_t sub_ = 0;
   uint64_t step_misses_ = 0, step_late_ = 0;
   int64_t cur_pos_ = -1;  // position of the launch being gated
+  Stream cur_stream_ = 0;  // its stream
+  std::vector<ExecutorStats::HostWait> step_waits_;  // this step's (capacity kept: no allocation)
+  uint64_t step_wait_count_ = 0, step_drained_ = 0;
+  void note_wait(char kind, uint64_t cycles);
   uint64_t gate_calls_ = 0, gate_cycles_ = 0, gate_wait_cycles_ = 0, wait_cycles_ = 0;  // under mu_
   Stream offload_stream_ = 0, prefetch_stream_ = 0;
   DevPtr reservation_ = 0;

@@ -354,6 +354,12 @@ int SimDriver::event_query(uint64_t e) {
   return it->second->done(it->second->enqueued) ? 1 : 0;
 }
 
+int SimDriver::stream_query(Stream s) {
+  std::lock_guard lock(mu_);
+  auto it = queues_.find(s);
+  return it == queues_.end() || (it->second.ops.empty() && !it->second.running) ? 1 : 0;
+}
+
 bool SimDriver::event_sync(uint64_t e) {
   std::shared_ptr<EventState> ev;
   uint64_t gen;

@@ -113,6 +113,7 @@ class SimDriver final : public Driver {
   bool record_event(uint64_t e, Stream s) override;
   bool stream_wait(Stream s, uint64_t e) override;
   int event_query(uint64_t e) override;
+  int stream_query(Stream s) override;  // 1 when `s` has nothing queued or running
   // Runs queued ops (in a fixed order) until the event's last capture completes. Aborts
   // with a message if it never can (a deadlock of waits).
   bool event_sync(uint64_t e) override;

@@ -49,6 +49,8 @@
 #                                   CUPTI off (< 7 min)
 #   scripts/gpu/run.sh weights_ab   the baseline and the marked shim (OFFLOAD_TELEMETRY=sampled)
 #                                   at 20 GiB, two runs each, alternated; ab_report.py (< 8 min)
+#   scripts/gpu/run.sh weights_diag  the baseline observed by the shim and the marked shim at 20 GiB,
+#                                   both traced with GPU times; gaps.py per step (< 5 min)
 #   scripts/gpu/run.sh sampled_smoke  the marked shim alone with OFFLOAD_TELEMETRY=sampled: the
 #                                   pause and resume on real CUPTI, bitwise (< 2 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
@@ -562,6 +564,21 @@ case $plan in
     python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab.md" \
       --a "baseline=$work/lora_ab_stream_1.json,$work/lora_ab_stream_2.json" \
       --b "shim=$work/lora_ab_shim_1.json,$work/lora_ab_shim_2.json"
+    ;;
+  weights_diag)
+    # Where the shim's step goes against the baseline's, kernel by kernel (< 5 min): the baseline
+    # observed by the shim (route 1, no budget: traced, CUPTI GPU times, nothing moved; under
+    # cudaMallocAsync) and the marked shim at 20 GiB with CUPTI on every step, both traced
+    # (OFFLOAD_TRACE, every step). scripts/bench/gaps.py reads the two.
+    restart_daemon
+    d=(--workload lora --deterministic --steps 6 --warmup 6 --mark-steps)
+    run lora_stream_obs 1 "${d[@]}" --mode stream
+    budget=20GiB
+    OFFLOAD_TRACE_STEPS=12 OFFLOAD_PERSISTENT_MIN=64MiB trace_offload=1 run lora_diag_shim o "${d[@]}" --mode ckpt --mark-frozen
+    check_pair lora_stream_obs lora_diag_shim
+    python3 "$root/scripts/bench/gaps.py" "$work/trace_lora_stream_obs" "$work/trace_lora_diag_shim" | tee "$work/gaps.txt"
+    python3 -c 'import json,sys; x=json.load(open(sys.argv[1]))["shim"]["executor"]; print("[gpu] host waits, last active step:", json.dumps(x.get("last_step_waits")), "weights:", json.dumps(x.get("weights")))' "$work/lora_diag_shim.json"
+    rm -f "$work"/trace_*/*.json.gz 2>/dev/null
     ;;
   sampled_smoke)
     # OFFLOAD_TELEMETRY=sampled on the marked shim at 20 GiB alone (< 2 min): the pause and

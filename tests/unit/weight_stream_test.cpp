@@ -508,7 +508,7 @@ TEST(WeightStream, ATightMappedBoundStillMatches) {
 // stay near the bound.
 TEST(WeightStream, ATightMappedBoundMakesReloadsWait) {
   QuietLog quiet;
-  uint64_t waits = 0, handovers = 0, settles = 0;
+  uint64_t waits = 0, handovers = 0, settles = 0, listed = 0;
   for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Config c = sound_config(seed);
@@ -519,11 +519,27 @@ TEST(WeightStream, ATightMappedBoundMakesReloadsWait) {
     waits += off.stats.weight_waits;
     handovers += off.stats.weight_handovers;
     settles += off.stats.weight_settles;
+    // The last active step's longest waits, as the stats report them: where, what for, and
+    // whether the launch's stream had run dry (the simulated driver knows: 0 or 1).
+    const auto& last = off.stats.last_step_waits;
+    EXPECT_LE(last.size(), 16u);
+    EXPECT_LE(last.size(), off.stats.last_step_wait_count);
+    EXPECT_LE(off.stats.last_step_drained, off.stats.last_step_wait_count);
+    for (size_t k = 0; k < last.size(); ++k) {
+      EXPECT_GE(last[k].pos, 0);
+      EXPECT_TRUE(last[k].kind == 'w' || last[k].kind == 's' || last[k].kind == 'a') << last[k].kind;
+      EXPECT_TRUE(last[k].drained == 0 || last[k].drained == 1);
+      if (k) {
+        EXPECT_GE(last[k - 1].cycles, last[k].cycles);
+      }
+    }
+    listed += last.size();
     EXPECT_TRUE(off.stats.weight_waits + off.stats.weight_handovers > 0 ||
                 off.stats.weight_mapped_peak <= off.bound + off.largest_weight)
         << describe(off);
   }
   EXPECT_GT(waits, 0u);
+  EXPECT_GT(listed, 0u);
   // A reload that finds a weight of its size on its way out takes that weight's memory and
   // waits for its copy out on the GPU (the bytes still match: expect_same above).
   EXPECT_GT(handovers, 0u);

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Where a step's GPU time goes, from OFFLOAD_TRACE step traces (CUPTI times).
+
+    gaps.py TRACE_DIR [TRACE_DIR ...]
+
+Per step: the span from the first kernel's start to the last one's end, the busy time (the union
+of kernel intervals), the idle gaps in between and the largest of them (with the launch after
+it). Then, per directory, the kernels' summed GPU time by kind (GEMMs, attention, the rest)
+averaged over its steps, and the kernels whose time changed most between the first directory
+and each other one (by name, summed per step: the two runs may launch different sequences).
+"""
+import collections
+import os
+import statistics
+import sys
+
+
+def read(path):
+    kernels, launches, head = {}, [], {}
+    with open(path) as f:
+        for line in f:
+            w = line.split()
+            if not w:
+                continue
+            if w[0] == "step":
+                head = dict(zip(w[0::2], w[1::2]))
+            elif w[0] == "kernel":
+                kernels[int(w[1])] = w[2] if len(w) > 2 else "?"
+            elif w[0] == "launch":
+                pos, kind, kid, start, ns = int(w[1]), w[2], int(w[3]), int(w[5]), int(w[6])
+                if start >= 0 and ns >= 0:
+                    launches.append((start, start + ns, pos, kind, kid))
+    return int(head.get("step", -1)), kernels, sorted(launches)
+
+
+def kind_of(name):
+    n = name.lower()
+    if "nvjet" in n or "gemm" in n or "cutlass" in n or "sm90_xmma" in n:
+        return "gemm"
+    if "flash" in n or "fmha" in n or "attention" in n:
+        return "attention"
+    return "other"
+
+
+def step_facts(path):
+    step, kernels, ls = read(path)
+    if not ls:
+        return None
+    busy, gaps, end = 0, [], ls[0][0]
+    for s, e, pos, kind, kid in ls:
+        if s > end:
+            gaps.append((s - end, pos, kernels.get(kid, kind)))
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    by_kind, by_name = collections.Counter(), collections.Counter()
+    for s, e, pos, kind, kid in ls:
+        name = kernels.get(kid, kind)
+        by_kind[kind_of(name) if kind == "K" else "copy/memset"] += e - s
+        by_name[name] += e - s
+    return {"step": step, "span": end - ls[0][0], "busy": busy, "gaps": gaps, "by_kind": by_kind, "by_name": by_name}
+
+
+def main():
+    dirs = sys.argv[1:]
+    if not dirs:
+        sys.exit(__doc__)
+    runs = []
+    for d in dirs:
+        files = sorted(f for f in os.listdir(d) if f.endswith(".trace"))
+        steps = [x for x in (step_facts(os.path.join(d, f)) for f in files) if x]
+        runs.append((d, steps))
+        print(f"== {d}: {len(steps)} steps with GPU times")
+        print(f"{'step':>5} {'span ms':>10} {'busy ms':>10} {'gaps ms':>8} {'gaps':>5}  largest gaps (ms @ launch)")
+        for x in steps:
+            g = sorted(x["gaps"], reverse=True)
+            top = ", ".join(f"{ns / 1e6:.2f}@{pos}" for ns, pos, _ in g[:4])
+            print(f"{x['step']:>5} {x['span'] / 1e6:>10.1f} {x['busy'] / 1e6:>10.1f} "
+                  f"{sum(n for n, _, _ in g) / 1e6:>8.2f} {len(g):>5}  {top}")
+    print("\nmean GPU time per step by kind (ms), steps 2 and later of each run:")
+    kinds = sorted({k for _, steps in runs for x in steps for k in x["by_kind"]})
+    print(f"{'run':<40} " + " ".join(f"{k:>12}" for k in kinds))
+    means = []
+    for d, steps in runs:
+        use = [x for x in steps if x["step"] >= 2] or steps
+        means.append({k: statistics.fmean(x["by_kind"][k] for x in use) / 1e6 for k in kinds})
+        name_mean = collections.Counter()
+        for x in use:
+            for n, v in x["by_name"].items():
+                name_mean[n] += v / len(use) / 1e6
+        runs[runs.index((d, steps))] = (d, steps, name_mean)
+        print(f"{os.path.basename(d.rstrip('/')):<40} " + " ".join(f"{means[-1][k]:>12.1f}" for k in kinds))
+    base = runs[0][2]
+    for d, _, names in runs[1:]:
+        diff = sorted(((names[n] - base[n], n) for n in set(names) | set(base)), key=lambda t: -abs(t[0]))
+        print(f"\nlargest per-kernel changes, {os.path.basename(d.rstrip('/'))} - {os.path.basename(runs[0][0].rstrip('/'))} (ms a step):")
+        for v, n in diff[:12]:
+            print(f"  {v:+8.2f}  {base[n]:9.1f} -> {names[n]:9.1f}  {n[:110]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
