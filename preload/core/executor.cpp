@@ -3,6 +3,7 @@
 #include <x86intrin.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cstdlib>
 
 #include "core/log.h"
@@ -913,9 +914,20 @@ bool Executor::install_weights(std::string* why) {
         return false;
       }
     }
-    free_weight_handles_.reserve(weights_.size());
     weight_busy_.reserve(weights_.size());
   }
+  // One unit for all the weights' new memory (Options::unit_weights): their sizes' largest
+  // common divisor, if no weight needs more than 16 of it (the driver maps each piece).
+  // lora's blocks: 216, 72, 288 and 288 MiB, a unit of 72 MiB.
+  weight_unit_ = 0;
+  uint64_t most = 0, total = 0;
+  for (const Weight& w : weights_) {
+    weight_unit_ = std::gcd(weight_unit_, w.size);
+    most = std::max(most, w.size);
+    total += w.size;
+  }
+  if (!opt_.unit_weights || !weight_unit_ || most / weight_unit_ > 16) weight_unit_ = 0;
+  free_weight_handles_.reserve(weight_unit_ ? total / weight_unit_ : weights_.size());
   weight_ids_.clear();
   weight_vas_.clear();
   DevPtr lo = ~DevPtr{0}, hi = 0;
@@ -1092,6 +1104,7 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
   out->clear();
   after->clear();
   const uint64_t bound = weight_bound() ? weight_bound() : ~uint64_t{0};
+  if (weight_unit_ && size % weight_unit_ == 0) return unit_backing(size, bound, out, after);
   for (;;) {
     poll_locked();
     for (size_t k = 0; k < free_weight_handles_.size(); ++k)
@@ -1218,6 +1231,78 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
   for (size_t c = cands.size(); c-- > 0;)
     if (taken[c] && cands[c].weight < 0)
       free_weight_handles_.erase(free_weight_handles_.begin() + static_cast<ptrdiff_t>(cands[c].index));
+  return true;
+}
+
+bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after) {
+  const uint64_t unit = weight_unit_;
+  uint64_t need = size;
+  auto fresh = [&] {
+    const uint64_t h = new_weight_handle(unit);
+    if (h) {
+      out->push_back(Piece{h, unit});
+      need -= unit;
+    }
+    return h != 0;
+  };
+  for (;;) {
+    poll_locked();
+    // Kept units, oldest first. Kept handles of other sizes (a weight's first memory, lent
+    // whole) are of no use to a unit and would hold the room that units need: released.
+    auto units = std::stable_partition(free_weight_handles_.begin(), free_weight_handles_.end(),
+                                       [&](const auto& f) { return f.first == unit; });
+    for (auto it = units; it != free_weight_handles_.end(); ++it) drop_weight_handle(it->first, it->second);
+    free_weight_handles_.erase(units, free_weight_handles_.end());
+    size_t k = 0;
+    for (; k < free_weight_handles_.size() && need; ++k) {
+      out->push_back(Piece{free_weight_handles_[k].second, unit});
+      need -= unit;
+    }
+    free_weight_handles_.erase(free_weight_handles_.begin(), free_weight_handles_.begin() + static_cast<ptrdiff_t>(k));
+    while (need && weight_mapped_ + unit <= bound)
+      if (!fresh()) return false;
+    // Leaving weights' pieces, the earliest evicted first: the GPU waits for their copies out.
+    for (uint32_t j : weight_busy_) {
+      if (!need) break;
+      Weight& x = weights_[j];
+      if (x.state != State::Evicting) continue;
+      bool took = false;
+      for (Piece& p : x.backing) {
+        if (!need) break;
+        if (p.given || p.bytes > need) continue;
+        p.given = true;
+        out->push_back(Piece{p.handle, p.bytes});
+        need -= p.bytes;
+        took = true;
+      }
+      if (took && std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
+    }
+    if (!need) break;
+    // Short still: a leaving weight with memory not given away (a handle larger than what is
+    // missing) frees it when its copy out ends. The host waits for the first such one.
+    const Weight* leaving = nullptr;
+    for (uint32_t j : weight_busy_) {
+      const Weight& x = weights_[j];
+      if (x.state != State::Evicting) continue;
+      for (const Piece& p : x.backing)
+        if (!p.given) leaving = &x;
+      if (leaving) break;
+    }
+    if (!leaving) {
+      if (st_.weight_over_bound++ < 3)
+        log().info("a weight's reload at launch {} finds {} mapped (the plan's bound: {}) and none leaving",
+                   cur_pos_, gib_text(weight_mapped_), gib_text(bound));
+      while (need)  // over the bound: nothing else frees memory
+        if (!fresh()) return false;
+      break;
+    }
+    ++st_.weight_waits;
+    uint64_t t0 = __rdtsc();
+    driver_.event_sync(leaving->ev_d2h);
+    note_wait('w', __rdtsc() - t0);
+  }
+  if (!after->empty()) ++st_.weight_handovers;
+  if (out->size() > 1) ++st_.weight_split;
   return true;
 }
 

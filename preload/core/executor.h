@@ -156,6 +156,11 @@ class Executor final : public LaunchGate {
     // out (true); or the host waits for a copy out to end first (false: the behaviour before,
     // kept for tests and comparisons).
     bool split_weights = true;
+    // Weights' memory in handles of one unit (the largest common divisor of the streamed
+    // weights' sizes, when a weight is at most 16 of them): every leaving weight's memory then
+    // fits every reload, which takes it with the GPU waiting instead of the host (true); or a
+    // handle per weight, of its size (false: the behaviour before, kept for comparisons).
+    bool unit_weights = true;
   };
   Executor(Driver& driver, Options o);
   // Where streamed weights live (OFFLOAD_PERSISTENT_MIN); without it a plan's weights stay put.
@@ -292,6 +297,10 @@ class Executor final : public LaunchGate {
   // (nothing taken) when they do not add up to `size`.
   bool gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after);
   uint64_t new_weight_handle(uint64_t size);  // counted as mapped; 0: refused
+  // weight_backing when the weights' memory is in units (weight_unit_ != 0): kept units, new
+  // ones within the bound, leaving weights' pieces (the GPU waits for them), and the host
+  // waits only when nothing at all is leaving.
+  bool unit_backing(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after);
   // An evicted weight backed again and mapped (weight_backing), `s` waiting for the copies out
   // of the weights its memory came from; aborts when the device refuses (`what` says whose).
   void remap_weight(Weight& w, Stream s, const char* what);
@@ -376,6 +385,7 @@ class Executor final : public LaunchGate {
   std::vector<std::pair<uint64_t, uint32_t>> weight_ids_;  // (tracker id, index), sorted
   std::vector<std::pair<DevPtr, uint32_t>> weight_vas_;    // (va, index), sorted
   std::vector<std::pair<uint64_t, uint64_t>> free_weight_handles_;  // (size, handle), unmapped, oldest first
+  uint64_t weight_unit_ = 0;  // Options::unit_weights: the handle size of new weight memory; 0: none
   std::vector<uint32_t> weight_busy_;       // weights with copies in flight
   struct PieceCand {                        // gather_pieces' candidates
     uint64_t bytes;

@@ -552,7 +552,7 @@ case $plan in
     # at 20 GiB, alternately B S S B so that a drift over the call falls on both arms alike; 12
     # timed steps each, per-step GPU times from events; ab_report.py pools them per arm (< 8 min).
     restart_daemon
-    d=(--workload lora --deterministic --steps 12 --warmup 6 --mark-steps)
+    d=(--workload lora --deterministic --steps ${WEIGHTS_AB_STEPS:-12} --warmup 6 --mark-steps)
     budget=20GiB
     for n in stream_1 shim_1 shim_2 stream_2; do
       case $n in
@@ -561,6 +561,9 @@ case $plan in
       esac
     done
     for n in shim_1 shim_2 stream_2; do check_pair lora_ab_stream_1 "lora_ab_$n"; done
+    for n in shim_1 shim_2; do
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; print("[gpu]", sys.argv[2], "footprint", round(r["footprint_peak_bytes"] / 2**30, 3), "GiB; host waits, last active step:", json.dumps(x.get("last_step_waits")), "weights:", json.dumps(x.get("weights")))' "$work/lora_ab_$n.json" "$n"
+    done
     python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab.md" \
       --a "baseline=$work/lora_ab_stream_1.json,$work/lora_ab_stream_2.json" \
       --b "shim=$work/lora_ab_shim_1.json,$work/lora_ab_shim_2.json"
