@@ -916,18 +916,18 @@ bool Executor::install_weights(std::string* why) {
     }
     weight_busy_.reserve(weights_.size());
   }
-  // One unit for all the weights' new memory (Options::unit_weights): their sizes' largest
-  // common divisor, if no weight needs more than 16 of it (the driver maps each piece).
-  // lora's blocks: 216, 72, 288 and 288 MiB, a unit of 72 MiB.
-  weight_unit_ = 0;
-  uint64_t most = 0, total = 0;
+  // One unit for the weights' new memory (Options::unit_weights, weight_unit): on lora 72 MiB
+  // for the blocks' 216 and 288 MiB weights; the embedding and head (376 MiB) keep handles of
+  // their own size. (At e8abf1d the unit was the common divisor of every size, 8 MiB there,
+  // and with 47 pieces to a weight it was refused: the H200 run had no units.)
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
   for (const Weight& w : weights_) {
-    weight_unit_ = std::gcd(weight_unit_, w.size);
-    most = std::max(most, w.size);
+    sizes.push_back(w.size);
     total += w.size;
   }
-  if (!opt_.unit_weights || !weight_unit_ || most / weight_unit_ > 16) weight_unit_ = 0;
-  free_weight_handles_.reserve(weight_unit_ ? total / weight_unit_ : weights_.size());
+  weight_unit_ = opt_.unit_weights ? weight_unit(sizes, opt_.unit_max_pieces) : 0;
+  free_weight_handles_.reserve(weight_unit_ ? total / weight_unit_ + weights_.size() : weights_.size());
   weight_ids_.clear();
   weight_vas_.clear();
   DevPtr lo = ~DevPtr{0}, hi = 0;
@@ -1247,18 +1247,16 @@ bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::ve
   };
   for (;;) {
     poll_locked();
-    // Kept units, oldest first. Kept handles of other sizes (a weight's first memory, lent
-    // whole) are of no use to a unit and would hold the room that units need: released.
-    auto units = std::stable_partition(free_weight_handles_.begin(), free_weight_handles_.end(),
-                                       [&](const auto& f) { return f.first == unit; });
-    for (auto it = units; it != free_weight_handles_.end(); ++it) drop_weight_handle(it->first, it->second);
-    free_weight_handles_.erase(units, free_weight_handles_.end());
-    size_t k = 0;
-    for (; k < free_weight_handles_.size() && need; ++k) {
+    // Kept units, oldest first.
+    for (size_t k = 0; k < free_weight_handles_.size() && need;) {
+      if (free_weight_handles_[k].first != unit) {
+        ++k;
+        continue;
+      }
       out->push_back(Piece{free_weight_handles_[k].second, unit});
       need -= unit;
+      free_weight_handles_.erase(free_weight_handles_.begin() + static_cast<ptrdiff_t>(k));
     }
-    free_weight_handles_.erase(free_weight_handles_.begin(), free_weight_handles_.begin() + static_cast<ptrdiff_t>(k));
     while (need && weight_mapped_ + unit <= bound)
       if (!fresh()) return false;
     // Leaving weights' pieces, the earliest evicted first: the GPU waits for their copies out.
@@ -1269,7 +1267,7 @@ bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::ve
       bool took = false;
       for (Piece& p : x.backing) {
         if (!need) break;
-        if (p.given || p.bytes > need) continue;
+        if (p.given || p.bytes > need || p.bytes % unit) continue;  // what is missing stays whole units
         p.given = true;
         out->push_back(Piece{p.handle, p.bytes});
         need -= p.bytes;
@@ -1278,6 +1276,13 @@ bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::ve
       if (took && std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
     }
     if (!need) break;
+    // Kept handles of other sizes (a weight outside the unit, or a weight's first memory, lent
+    // whole) hold room that units need: one released, and look again.
+    if (!free_weight_handles_.empty()) {
+      drop_weight_handle(free_weight_handles_.front().first, free_weight_handles_.front().second);
+      free_weight_handles_.erase(free_weight_handles_.begin());
+      continue;
+    }
     // Short still: a leaving weight with memory not given away (a handle larger than what is
     // missing) frees it when its copy out ends. The host waits for the first such one.
     const Weight* leaving = nullptr;

@@ -161,6 +161,7 @@ class Executor final : public LaunchGate {
     // fits every reload, which takes it with the GPU waiting instead of the host (true); or a
     // handle per weight, of its size (false: the behaviour before, kept for comparisons).
     bool unit_weights = true;
+    uint64_t unit_max_pieces = 16;  // weight_unit's: a weight needing more keeps its own size
   };
   Executor(Driver& driver, Options o);
   // Where streamed weights live (OFFLOAD_PERSISTENT_MIN); without it a plan's weights stay put.

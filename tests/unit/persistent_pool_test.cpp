@@ -375,3 +375,33 @@ TEST(PersistentPool, FreeingALentBlockLeavesItsRangeReserved) {
 
 }  // namespace
 }  // namespace offload
+
+namespace offload {
+namespace {
+
+// weight_unit (core/backing.h): the handle size streamed weights' new memory comes in.
+TEST(WeightUnit, LoraBlocksShareAUnitAndTheEmbeddingKeepsItsOwn) {
+  std::vector<uint64_t> lora;
+  for (int b = 0; b < 44; ++b)
+    for (uint64_t mib : {216, 288, 288}) lora.push_back(mib * kMiB);  // qkv, fc1, fc2 (proj resident)
+  lora.push_back(376 * kMiB);  // embedding and head, rounded to the 2 MiB granularity
+  lora.push_back(376 * kMiB);
+  EXPECT_EQ(weight_unit(lora), 72 * kMiB);
+  // Every size in: their common divisor is 8 MiB, 47 pieces for the 376 MiB ones. That unit was
+  // refused outright at e8abf1d, and the H200 run had no units at all.
+  EXPECT_EQ(weight_unit(lora, 64), 8 * kMiB);
+}
+
+TEST(WeightUnit, SizesThatWouldNeedTooManyPiecesAreLeftOut) {
+  EXPECT_EQ(weight_unit({}), 0u);
+  EXPECT_EQ(weight_unit({256 * kMiB}), 256 * kMiB);  // one size: a handle per weight, as before
+  EXPECT_EQ(weight_unit({2 * kMiB, 2 * kMiB, 64 * kMiB, 64 * kMiB, 64 * kMiB}), 64 * kMiB);  // the 2 MiB ones apart
+  EXPECT_EQ(weight_unit({256 * kMiB, 384 * kMiB}), 128 * kMiB);
+  // Most bytes first: the 96 MiB sizes decide, the 100 MiB one would bring it to 4 MiB.
+  const uint64_t u = weight_unit({96 * kMiB, 96 * kMiB, 96 * kMiB, 100 * kMiB});
+  EXPECT_EQ(u, 96 * kMiB);
+  EXPECT_NE(100 * kMiB % u, 0u);  // that weight keeps a handle of its own size
+}
+
+}  // namespace
+}  // namespace offload
