@@ -1104,7 +1104,10 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
   out->clear();
   after->clear();
   const uint64_t bound = weight_bound() ? weight_bound() : ~uint64_t{0};
-  if (weight_unit_ && size % weight_unit_ == 0) return unit_backing(size, bound, out, after);
+  // In units (Options::unit_weights), a weight no larger than unit_max_pieces of them, and at
+  // least one; others as before, a handle of their own size or pieces of whole handles.
+  if (weight_unit_ && size >= weight_unit_ && size / weight_unit_ <= opt_.unit_max_pieces)
+    return unit_backing(size, bound, out, after);
   for (;;) {
     poll_locked();
     for (size_t k = 0; k < free_weight_handles_.size(); ++k)
@@ -1236,7 +1239,11 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
 
 bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after) {
   const uint64_t unit = weight_unit_;
-  uint64_t need = size;
+  // A size that is no multiple of the unit ends in a tail of its own (lora's embedding: 376 MiB,
+  // five units of 72 and 16 MiB), mapped after the units; kept tails of that size serve it.
+  const uint64_t tail_bytes = size % unit;
+  uint64_t need = size - tail_bytes, tail = 0;
+  bool need_tail = tail_bytes != 0;
   auto fresh = [&] {
     const uint64_t h = new_weight_handle(unit);
     if (h) {
@@ -1245,21 +1252,32 @@ bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::ve
     }
     return h != 0;
   };
+  auto fresh_tail = [&] {
+    tail = new_weight_handle(tail_bytes);
+    need_tail = tail == 0;
+    return tail != 0;
+  };
   for (;;) {
     poll_locked();
-    // Kept units, oldest first.
-    for (size_t k = 0; k < free_weight_handles_.size() && need;) {
-      if (free_weight_handles_[k].first != unit) {
+    // Kept units, oldest first, and a kept tail of the size.
+    for (size_t k = 0; k < free_weight_handles_.size() && (need || need_tail);) {
+      const uint64_t bytes = free_weight_handles_[k].first;
+      if (bytes == unit && need) {
+        out->push_back(Piece{free_weight_handles_[k].second, unit});
+        need -= unit;
+      } else if (bytes == tail_bytes && need_tail) {
+        tail = free_weight_handles_[k].second;
+        need_tail = false;
+      } else {
         ++k;
         continue;
       }
-      out->push_back(Piece{free_weight_handles_[k].second, unit});
-      need -= unit;
       free_weight_handles_.erase(free_weight_handles_.begin() + static_cast<ptrdiff_t>(k));
     }
     while (need && weight_mapped_ + unit <= bound)
       if (!fresh()) return false;
-    // Leaving weights' pieces, the earliest evicted first: the GPU waits for their copies out.
+    if (need_tail && weight_mapped_ + tail_bytes <= bound && !fresh_tail()) return false;
+    // Leaving weights' units, the earliest evicted first: the GPU waits for their copies out.
     for (uint32_t j : weight_busy_) {
       if (!need) break;
       Weight& x = weights_[j];
@@ -1275,16 +1293,16 @@ bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::ve
       }
       if (took && std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
     }
-    if (!need) break;
-    // Kept handles of other sizes (a weight outside the unit, or a weight's first memory, lent
-    // whole) hold room that units need: one released, and look again.
+    if (!need && !need_tail) break;
+    // Kept handles of other sizes (a tail of another size, or a weight's first memory, lent
+    // whole) hold room that is missing: one released, and look again.
     if (!free_weight_handles_.empty()) {
       drop_weight_handle(free_weight_handles_.front().first, free_weight_handles_.front().second);
       free_weight_handles_.erase(free_weight_handles_.begin());
       continue;
     }
-    // Short still: a leaving weight with memory not given away (a handle larger than what is
-    // missing) frees it when its copy out ends. The host waits for the first such one.
+    // Short still: a leaving weight with memory not given away (a tail, or a handle larger than
+    // what is missing) frees room when its copy out ends. The host waits for the first such one.
     const Weight* leaving = nullptr;
     for (uint32_t j : weight_busy_) {
       const Weight& x = weights_[j];
@@ -1299,6 +1317,7 @@ bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::ve
                    cur_pos_, gib_text(weight_mapped_), gib_text(bound));
       while (need)  // over the bound: nothing else frees memory
         if (!fresh()) return false;
+      if (need_tail && !fresh_tail()) return false;
       break;
     }
     ++st_.weight_waits;
@@ -1306,6 +1325,7 @@ bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::ve
     driver_.event_sync(leaving->ev_d2h);
     note_wait('w', __rdtsc() - t0);
   }
+  if (tail) out->push_back(Piece{tail, tail_bytes});
   if (!after->empty()) ++st_.weight_handovers;
   if (out->size() > 1) ++st_.weight_split;
   return true;

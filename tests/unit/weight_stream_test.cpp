@@ -620,13 +620,15 @@ TEST(WeightStream, UnitPiecesLetEveryLeavingWeightServeEveryReload) {
 }
 
 // 4b'''. One weight outside the unit, as lora's embedding is (376 MiB beside 216 and 288 MiB
-// blocks): here 320 KiB beside 256 and 384 KiB, at most 4 pieces a weight, so the unit is
-// 128 KiB and the 320 KiB weight keeps handles of its own size (the path without units). At
-// e8abf1d one such size turned units off altogether. Both kinds stream and reload side by
-// side, take each other's leaving memory where it fits, and the bytes match.
-TEST(WeightStream, AWeightOutsideTheUnitStreamsBesideTheOthers) {
+// blocks: five units of 72 MiB and a 16 MiB tail): here 320 KiB beside 256 and 384 KiB, at most
+// 4 pieces a weight, so the unit is 128 KiB and the 320 KiB weight reloads on two units and a
+// 64 KiB tail of its own. At e8abf1d one such size turned units off altogether; on the H200
+// the embedding's reload at launch 6518, needing a 376 MiB handle, made the host wait for ten
+// leaving weights one after another. The bytes match; the host waits less than with a handle
+// per weight.
+TEST(WeightStream, AWeightOutsideTheUnitReloadsOnUnitsAndATail) {
   QuietLog quiet;
-  uint64_t waits = 0, split = 0, reloads = 0;
+  uint64_t waits = 0, waits_whole = 0, split = 0, reloads = 0;
   for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Config c = sound_config(seed);
@@ -635,17 +637,22 @@ TEST(WeightStream, AWeightOutsideTheUnitStreamsBesideTheOthers) {
     c.exec.unit_max_pieces = 4;
     const Outcome plain = run_plain(c);
     const Outcome off = run(c);
+    c.exec.unit_weights = false;
+    const Outcome whole = run(c);
     expect_same(off, plain);
+    expect_same(whole, plain);
     EXPECT_EQ(off.stats.weight_misses, 0u);
-    EXPECT_GT(off.stats.weight_reloads, 0u);
     waits += off.stats.weight_waits;
+    waits_whole += whole.stats.weight_waits;
     split += off.stats.weight_split;
     reloads += off.stats.weight_reloads;
-    std::cout << "seed " << seed << ": " << describe(off) << "\n";
+    std::cout << "seed " << seed << ": host waits " << off.stats.weight_waits << " against " << whole.stats.weight_waits
+              << " without units; " << describe(off) << "\n";
   }
-  // The 384 KiB weights reload on three units: split reloads, and the host rarely waits.
-  EXPECT_GT(split, 0u);
-  EXPECT_LT(waits, reloads / 4);
+  // Reloads on several handles, most of them (a plan streaming only some of the weights may
+  // pick another unit), and the host waits less.
+  EXPECT_GT(split, reloads / 2);
+  EXPECT_LT(waits, waits_whole);
 }
 
 // 4c. The point of streaming: while weights are evicted, their device memory is free. The
