@@ -323,18 +323,23 @@ std::string CudaDriver::gpu_id() {
   return buf;
 }
 
-uint64_t CudaDriver::pool_reserved_high() {
-  int dev = device();
+namespace {
+uint64_t default_pool_attribute(int dev, CUmemPool_attribute what) {
   void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
   if (dev < 0 || !h) return 0;
   auto get_pool = reinterpret_cast<decltype(&cuDeviceGetDefaultMemPool)>(hooks::real_dlsym(h, "cuDeviceGetDefaultMemPool"));
   auto get_attr = reinterpret_cast<decltype(&cuMemPoolGetAttribute)>(hooks::real_dlsym(h, "cuMemPoolGetAttribute"));
   CUmemoryPool pool = nullptr;
-  cuuint64_t high = 0;
-  if (!get_pool || !get_attr || get_pool(&pool, dev) != CUDA_SUCCESS ||
-      get_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &high) != CUDA_SUCCESS)
-    return 0;
-  return high;
+  cuuint64_t v = 0;
+  if (!get_pool || !get_attr || get_pool(&pool, dev) != CUDA_SUCCESS || get_attr(pool, what, &v) != CUDA_SUCCESS) return 0;
+  return v;
+}
+}  // namespace
+
+uint64_t CudaDriver::pool_reserved_high() { return default_pool_attribute(device(), CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH); }
+
+uint64_t CudaDriver::pool_reserved_current() {
+  return default_pool_attribute(device(), CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
 }
 
 DevPtr CudaDriver::reserve(uint64_t bytes) {

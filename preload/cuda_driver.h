@@ -26,6 +26,7 @@ class CudaDriver final : public Driver {
   // launch, or an allocation before any launch, tells it).
   void learn_context();
   uint64_t pool_reserved_high() override;
+  uint64_t pool_reserved_current() override;
   int stream_query(Stream s) override;
   // The device of the first context seen (-1 until one is known); cached, as are its fixed
   // properties.

@@ -197,6 +197,7 @@ void Runtime::plan_from(const StepTrace& t) {
   // Plan from a step that repeats the one before it (the first steps build optimizer state),
   // when no plan runs or the running one was abandoned, and once its arenas have drained.
   if (executor_.installed() && !executor_.deviated()) watch_plan(t);
+  if (executor_.installed() && !executor_.deviated()) watch_pool(t);
   if (!repeats || (executor_.installed() && !executor_.deviated()) || !executor_.idle()) return;
   auto say = [&](const std::string& note) {
     if (note != plan_note_) log().info("{}", note);
@@ -320,6 +321,31 @@ NodeShare Runtime::node_share(uint64_t budget) {
   else if (s->gpus != share_.gpus)
     log().info("{} GPU(s) of this node share the host link (its sums not measured: offloadd --node-link)", s->gpus);
   return *s;
+}
+
+void Runtime::watch_pool(const StepTrace& t) {
+  // Weight plans only: there the pool holds the step's live bytes less the shim's own (as the
+  // weight planner counts them); under arenas it holds what the prediction leaves resident.
+  if (!planned_.arenas.empty() || planned_.weights.empty() || !persistent_) return;
+  const uint64_t reserved = driver_.pool_reserved_current();
+  if (!reserved) return;
+  const uint64_t min = persistent_->min_bytes();
+  uint64_t persistent = 0;
+  for (const TraceAlloc& a : t.allocs)
+    if (min && a.alloc_pos < 0 && a.free_pos < 0 && a.bytes >= min) persistent += a.bytes;
+  int64_t pooled = 0;
+  for (int64_t v : live_bytes(t, nullptr)) pooled = std::max(pooled, v - static_cast<int64_t>(persistent));
+  if (pooled <= 0) return;
+  const uint64_t budget = settings_.budget_bytes(driver_.device_total_bytes());
+  const double f = pool_watch_.observe(reserved, static_cast<uint64_t>(pooled), pool_overhead_, planned_.predicted_peak, budget);
+  if (f <= 0) return;
+  log().warn("plan revised: the allocator holds {:.2f} GiB for the step's {:.2f} GiB ({:.3f}x) where the plan counted "
+             "{:.3f}x, which takes its {:.2f} GiB past the budget of {:.2f} GiB: planning again with {:.3f}x",
+             static_cast<double>(reserved) / (1 << 30), static_cast<double>(pooled) / (1 << 30),
+             static_cast<double>(reserved) / static_cast<double>(pooled), pool_overhead_,
+             static_cast<double>(planned_.predicted_peak) / (1 << 30), static_cast<double>(budget) / (1 << 30), f);
+  pool_overhead_ = f;
+  executor_.retire("revising the plan");
 }
 
 void Runtime::watch_plan(const StepTrace& t) {
@@ -541,7 +567,7 @@ std::string Runtime::executor_json() {
      << ",\"lower_bound_ns\":" << predicted_.lower_bound_ns << ",\"forward_ns\":" << predicted_.forward_ns
      << ",\"backward_ns\":" << predicted_.backward_ns << ",\"bytes_moved\":" << predicted_.bytes_out << ",\"hidden_bytes\":" << hidden_bytes_
      << ",\"hidden_peak\":" << hidden_peak_ << ",\"predicted_peak\":" << planned_.predicted_peak
-     << ",\"link_scale\":" << link_scale_ << ",\"revisions\":" << (watch_ ? watch_->revisions() : 0)
+     << ",\"link_scale\":" << link_scale_ << ",\"revisions\":" << (watch_ ? watch_->revisions() : 0) << ",\"pool_revisions\":" << pool_watch_.revisions()
      << ",\"pool_overhead\":" << pool_overhead_ << ",\"link\":{\"gpus\":" << share_.gpus << ",\"h2d\":" << planned_link_.h2d << ",\"d2h\":" << planned_link_.d2h
      << ",\"h2d_shared\":" << planned_link_.h2d_shared << ",\"d2h_shared\":" << planned_link_.d2h_shared << "}}"
      << ",\"host_bytes\":" << (host_ ? host_->bytes : 0);

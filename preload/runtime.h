@@ -100,6 +100,7 @@ class Runtime {
   // A step run under the planner's plan: revises the plan when steps keep running slower
   // than predicted (the link is slower than the model says).
   void watch_plan(const StepTrace& t);
+  void watch_pool(const StepTrace& t);  // PoolWatch: the allocator's hold under a weight plan
   // GPUs of this node sharing the host link (offloadd counts them; asked at each plan).
   NodeShare node_share(uint64_t budget);
   std::string executor_json();
@@ -127,6 +128,7 @@ class Runtime {
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   bool said_rank_ = false;               // the early Attach of a job's rank was tried
   std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
+  PoolWatch pool_watch_;                 // and the allocator's hold against the plan's
   std::vector<std::pair<int64_t, int64_t>> late_at_;  // per-boundary lateness measured so far
   CuptiTelemetry telemetry_;
   TelemetrySampler sampler_;  // OFFLOAD_TELEMETRY=sampled: when CUPTI traces

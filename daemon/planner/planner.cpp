@@ -747,6 +747,16 @@ std::vector<std::pair<int64_t, int64_t>> measured_lateness(const Plan& plan, con
   return out;
 }
 
+double PoolWatch::observe(uint64_t reserved, uint64_t live, double planned, uint64_t predicted_peak, uint64_t budget) {
+  if (!reserved || !live || !budget || planned <= 0 || revisions_ >= max_) return 0;
+  const double held = static_cast<double>(reserved) / static_cast<double>(live);
+  if (held <= planned * 1.002) return 0;
+  const double grown = static_cast<double>(predicted_peak) + (held - planned) * static_cast<double>(live);
+  if (grown <= static_cast<double>(budget)) return 0;
+  ++revisions_;
+  return std::min(held * 1.002, 2.0);
+}
+
 double PlanWatch::observe(int64_t measured) {
   if (predicted_ <= 0 || measured <= 0) return 0;
   const int64_t slack = std::max<int64_t>(1'000'000, predicted_ / 10);

@@ -192,6 +192,26 @@ class PlanWatch {
   uint32_t max_, slow_ = 0, revisions_ = 0;
 };
 
+// Adaptation, memory: the plan counts what the allocator holds for the live bytes outside the
+// shim's own memory as pool_overhead times them, measured once before the first plan. Under the
+// plan the pool can hold more (lora at 20 GiB, 940d844: 15.25 GiB for 13.21 GiB live, 1.155x
+// against the 1.15x planned, and the footprint 20.05 GiB). A step under the plan whose pool
+// holds more than planned by over 0.2%, so much more that the plan's predicted peak grown by the
+// difference passes the budget, revises the plan with the measured factor and 0.2% to spare, at
+// most `max_revisions` times. A pool that holds less keeps the plan (a smaller footprint).
+class PoolWatch {
+ public:
+  explicit PoolWatch(uint32_t max_revisions = 2) : max_(max_revisions) {}
+  // The pool's reserved bytes at a step's end, the step's peak of live bytes (StepFacts::peak),
+  // the factor and predicted peak the running plan was made with, and the budget. Returns the
+  // factor to plan with again, or 0 to keep the plan.
+  double observe(uint64_t reserved, uint64_t live, double planned, uint64_t predicted_peak, uint64_t budget);
+  uint32_t revisions() const { return revisions_; }
+
+ private:
+  uint32_t max_, revisions_ = 0;
+};
+
 // Weight streaming: which idle stretches (WeightWindow) of the weights to copy out and back so
 // that the footprint meets o.budget. Candidates: allocations born before the step that outlive
 // it, of at least o.persistent_min bytes, used in the step; their windows lie between

@@ -62,6 +62,9 @@ class Driver {
   // The high-water mark of memory reserved by the device's default stream-ordered pool (the
   // one cudaMallocAsync draws from), bytes; 0 if unknown.
   virtual uint64_t pool_reserved_high() { return 0; }
+  // What that pool reserves now (PyTorch keeps what it reserved: about the high mark since the
+  // last trim); 0 when unknown.
+  virtual uint64_t pool_reserved_current() { return 0; }
   // A reserved, unbacked virtual range of `bytes` (a multiple of the granularity); 0 on failure.
   virtual DevPtr reserve(uint64_t bytes) = 0;
   virtual void unreserve(DevPtr va, uint64_t bytes) = 0;

@@ -154,5 +154,40 @@ TEST(PlanFeedback, LateReloadsCostTimeAndTheNextPlanAccountsForThem) {
   EXPECT_EQ(simulate(t, g, after.plan, fed, o.pool_overhead).step_ns, after.prediction.step_ns);
 }
 
+// PoolWatch, on the figures of the lora run that passed its 20 GiB budget (940d844, shim_1): the
+// pool reserved 15.25 GiB for a step whose live bytes peaked at 13.207 GiB (1.1547x), the plan
+// counted 1.15x and predicted 19.98 GiB.
+constexpr uint64_t kGiB = 1ull << 30;
+const uint64_t kLive = static_cast<uint64_t>(13.207 * kGiB), kPredicted = static_cast<uint64_t>(19.98 * kGiB);
+
+TEST(PoolWatch, APoolHoldingMoreThanPlannedPastTheBudgetRevisesThePlan) {
+  PoolWatch w;
+  const double f = w.observe(static_cast<uint64_t>(15.25 * kGiB), kLive, 1.15, kPredicted, 20 * kGiB);
+  EXPECT_NEAR(f, 15.25 / 13.207 * 1.002, 1e-3);
+  EXPECT_GT(f, 1.15);
+  EXPECT_EQ(w.revisions(), 1u);
+}
+
+TEST(PoolWatch, APoolWithinThePlansFactorOrUnderTheBudgetKeepsIt) {
+  PoolWatch w;
+  // The other runs: 14.94-15.13 GiB for the same live bytes (1.131-1.146x): under what was planned.
+  EXPECT_EQ(w.observe(static_cast<uint64_t>(15.13 * kGiB), kLive, 1.15, kPredicted, 20 * kGiB), 0.0);
+  // 0.1% over the factor: noise, kept.
+  EXPECT_EQ(w.observe(static_cast<uint64_t>(1.1511 * kLive), kLive, 1.15, kPredicted, 20 * kGiB), 0.0);
+  // Over the factor, but the predicted peak grown by it still meets the budget: kept.
+  EXPECT_EQ(w.observe(static_cast<uint64_t>(15.25 * kGiB), kLive, 1.15, 19 * kGiB, 20 * kGiB), 0.0);
+  // Nothing measured (no pool, or the simulated driver): kept.
+  EXPECT_EQ(w.observe(0, kLive, 1.15, kPredicted, 20 * kGiB), 0.0);
+  EXPECT_EQ(w.revisions(), 0u);
+}
+
+TEST(PoolWatch, RevisesAtMostTwiceAndNeverPastTwice) {
+  PoolWatch w;
+  EXPECT_GT(w.observe(static_cast<uint64_t>(1.3 * kLive), kLive, 1.15, kPredicted, 20 * kGiB), 0.0);
+  EXPECT_DOUBLE_EQ(w.observe(static_cast<uint64_t>(3.0 * kLive), kLive, 1.3, kPredicted, 20 * kGiB), 2.0);
+  EXPECT_EQ(w.observe(static_cast<uint64_t>(3.0 * kLive), kLive, 2.0, kPredicted, 20 * kGiB), 0.0);
+  EXPECT_EQ(w.revisions(), 2u);
+}
+
 }  // namespace
 }  // namespace offload
