@@ -21,4 +21,7 @@ scripts/run-fuzz.sh "${FUZZ_SECONDS:-30}"
 echo "== the main job's no-GPU path (replay of the recorded traces)"
 for t in bench/traces/*.trace; do build-test-plain/offloadctl replay "$t" > /dev/null; done
 build-test-plain/offloadctl trace check bench/traces > /dev/null
+echo "== the benchmark scripts: they compile, and ab_report.py's verdicts on made-up runs"
+python3 -m py_compile scripts/bench/*.py
+python3 tests/scripts/ab_report_test.py
 echo "all tests passed"
