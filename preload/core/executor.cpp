@@ -410,7 +410,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
         const Action& act = actions_[cursor_++];
         if (act.weight) {
           const uint32_t w = plan_.windows[act.index].weight;
-          if (act.evict) evict_weight(w, plan_.windows[act.index].reload_at);
+          if (act.evict) evict_weight(w);
           else reload_weight(w, false);
           continue;
         }
@@ -1030,11 +1030,9 @@ void Executor::drop_weight_handle(uint64_t size, uint64_t handle) {
   weight_mapped_ -= size;
 }
 
-void Executor::evict_weight(uint32_t i, int64_t reload_at) {
+void Executor::evict_weight(uint32_t i) {
   Weight& w = weights_[i];
   if (w.state != State::Resident || w.overflow || w.backing.empty()) return;
-  w.evicted_at = cur_pos_;
-  w.reload_at = reload_at;
   // After its last use before the idle stretch: the copy waits for every stream that touched it.
   // A read-only weight whose host copy is current copies nothing: ev_d2h then marks its last
   // use, and everything that waits for a copy out waits for that.
@@ -1280,38 +1278,20 @@ bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::ve
       if (!fresh()) return false;
     if (need_tail && weight_mapped_ + tail_bytes <= bound && !fresh_tail()) return false;
     // Leaving weights' units, the earliest evicted first: the GPU waits for their copies out.
-    // Safe donors first (Options::safe_donors_first): those whose idle stretch is longer than
-    // the host's lead, the span from the earliest eviction still leaving to this launch. A
-    // shorter one is reloaded before its last use has run, and with its memory given away the
-    // host then waits for that use (lora, e8abf1d: 613 ms at the forward's end, for windows of
-    // ~190 launches with the host some 1500 ahead). Units trade the host's waits for such
-    // settles: on the simulated driver 7 waits and 87 settles against 146 and 29 without units.
-    const int64_t steps = static_cast<int64_t>(plan_.step_launches);
-    auto ahead = [&](int64_t from, int64_t to) {
-      return steps > 0 && from >= 0 && to >= 0 ? ((to - from) % steps + steps) % steps : int64_t{0};
-    };
-    int64_t lead = 0;
-    if (opt_.safe_donors_first)
-      for (uint32_t j : weight_busy_)
-        if (weights_[j].state == State::Evicting) lead = std::max(lead, ahead(weights_[j].evicted_at, cur_pos_));
-    for (int pass = 0; pass < 2 && need; ++pass) {
-      for (uint32_t j : weight_busy_) {
+    for (uint32_t j : weight_busy_) {
+      if (!need) break;
+      Weight& x = weights_[j];
+      if (x.state != State::Evicting) continue;
+      bool took = false;
+      for (Piece& p : x.backing) {
         if (!need) break;
-        Weight& x = weights_[j];
-        if (x.state != State::Evicting) continue;
-        const bool safe = !opt_.safe_donors_first || x.reload_at < 0 || ahead(x.evicted_at, x.reload_at) > lead;
-        if (safe != (pass == 0)) continue;
-        bool took = false;
-        for (Piece& p : x.backing) {
-          if (!need) break;
-          if (p.given || p.bytes > need || p.bytes % unit) continue;  // what is missing stays whole units
-          p.given = true;
-          out->push_back(Piece{p.handle, p.bytes});
-          need -= p.bytes;
-          took = true;
-        }
-        if (took && std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
+        if (p.given || p.bytes > need || p.bytes % unit) continue;  // what is missing stays whole units
+        p.given = true;
+        out->push_back(Piece{p.handle, p.bytes});
+        need -= p.bytes;
+        took = true;
       }
+      if (took && std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
     }
     if (!need && !need_tail) break;
     // Kept handles of other sizes (a tail of another size, or a weight's first memory, lent

@@ -162,11 +162,6 @@ class Executor final : public LaunchGate {
     // handle per weight, of its size (false: the behaviour before, kept for comparisons).
     bool unit_weights = true;
     uint64_t unit_max_pieces = 16;  // weight_unit's: a weight needing more keeps its own size
-    // A reload in units takes leaving weights' memory first from those whose idle stretch is
-    // longer than the host's lead on the GPU (true). A shorter one is reloaded before its last
-    // use has run; with its memory given away, the host then waits for that use (a settle).
-    // False: the earliest evicted first, whatever their stretch.
-    bool safe_donors_first = true;
   };
   Executor(Driver& driver, Options o);
   // Where streamed weights live (OFFLOAD_PERSISTENT_MIN); without it a plan's weights stay put.
@@ -271,8 +266,6 @@ class Executor final : public LaunchGate {
     // Marked read-only by the application; host_current: the host copy holds its bytes (a copy
     // out of it has completed under this plan), so an eviction need not copy.
     bool read_only = false, host_current = false;
-    // The launch positions of its last eviction and of the reload its window plans (-1: none).
-    int64_t evicted_at = -1, reload_at = -1;
   };
   struct Action {
     int64_t pos;
@@ -291,7 +284,7 @@ class Executor final : public LaunchGate {
   bool give_back_weights();
   int weight_of(uint64_t id) const;       // index in weights_ by tracker id, -1: none
   int weight_at(DevPtr p) const;          // the weight whose range holds p, -1: none
-  void evict_weight(uint32_t i, int64_t reload_at = -1);
+  void evict_weight(uint32_t i);
   bool reload_weight(uint32_t i, bool demand);
   void ensure_weight(uint32_t i, Stream s, bool demand);
   // Memory for a weight of `size` about to be mapped, within the plan's bound where it can be:

@@ -655,46 +655,6 @@ TEST(WeightStream, AWeightOutsideTheUnitReloadsOnUnitsAndATail) {
   EXPECT_LT(waits, waits_whole);
 }
 
-// 4b''''. Units trade the host's waits for settles (a weight reloaded before its last use has
-// run, its memory given away: the host waits for that use): with units off, 146 waits and 29
-// settles over these eight seeds; on, 7 and 87. Taking leaving weights' memory first from those
-// whose idle stretch outlasts the host's lead (Options::safe_donors_first) settles less, and
-// waits no more, with the GPU behind the host by up to 2, 64 and 256 queued operations. The
-// simulated GPU never runs the 1500 launches behind that lora's did on the H200, so the gain
-// here is small; the bytes match both ways.
-TEST(WeightStream, SafeDonorsFirstSettleLessUnderALeadingHost) {
-#if defined(OFFLOAD_TEST_TSAN)
-  // 96 single-threaded runs of the simulated driver (10 s in a debug build): nothing for
-  // ThreadSanitizer to see. The plain and AddressSanitizer builds run it.
-  GTEST_SKIP() << "single-threaded simulation; run in the plain and ASan builds";
-#endif
-  QuietLog quiet;
-  uint64_t settles_safe = 0, settles_any = 0, waits_safe = 0, waits_any = 0;
-  for (int lead = 0; lead < 3; ++lead) {
-    for (uint64_t seed = 1; seed <= 8; ++seed) {
-      SCOPED_TRACE("lead " + std::to_string(lead) + ", seed " + std::to_string(seed));
-      Config c = sound_config(seed);
-      c.bound_weights = 3;
-      if (lead == 1) c.gpu_ops_min = 0, c.gpu_ops_max = 2, c.max_queued = 64;
-      if (lead == 2) c.gpu_ops_min = 0, c.gpu_ops_max = 1, c.max_queued = 256;
-      const Outcome plain = run_plain(c);
-      const Outcome safe = run(c);
-      c.exec.safe_donors_first = false;
-      const Outcome any = run(c);
-      expect_same(safe, plain);
-      expect_same(any, plain);
-      settles_safe += safe.stats.weight_settles;
-      settles_any += any.stats.weight_settles;
-      waits_safe += safe.stats.weight_waits;
-      waits_any += any.stats.weight_waits;
-    }
-  }
-  std::cout << "settles " << settles_safe << " against " << settles_any << "; host waits " << waits_safe << " against "
-            << waits_any << "\n";
-  EXPECT_LT(settles_safe, settles_any);
-  EXPECT_LE(waits_safe, waits_any);
-}
-
 // 4c. The point of streaming: while weights are evicted, their device memory is free. The
 // loop samples the driver's physical bytes after every launch once a plan is installed
 // (only the weights' blocks are VMM memory here: no arenas, activations from the caching
