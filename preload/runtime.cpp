@@ -196,8 +196,10 @@ void Runtime::plan_from(const StepTrace& t) {
   last_tokens_ = std::move(tokens);
   // Plan from a step that repeats the one before it (the first steps build optimizer state),
   // when no plan runs or the running one was abandoned, and once its arenas have drained.
-  if (executor_.installed() && !executor_.deviated()) watch_plan(t);
-  if (executor_.installed() && !executor_.deviated()) watch_pool(t);
+  if (executor_.installed() && !executor_.deviated()) {
+    watch_plan(t);
+    if (!executor_.deviated()) watch_pool(t);  // unless watch_plan revised it already
+  }
   if (!repeats || (executor_.installed() && !executor_.deviated()) || !executor_.idle()) return;
   auto say = [&](const std::string& note) {
     if (note != plan_note_) log().info("{}", note);
@@ -245,7 +247,7 @@ void Runtime::plan_from(const StepTrace& t) {
   // Weights the application marked read-only cost the plan no copy out (ordinals ascending).
   if (po.persistent_min && executor_.any_read_only())
     for (const TraceAlloc& a : t.allocs)
-      if (a.base && a.alloc_pos < 0 && a.free_pos < 0 && a.bytes >= po.persistent_min && executor_.read_only(a.base, a.bytes))
+      if (a.base && a.persistent(po.persistent_min) && executor_.read_only(a.base, a.bytes))
         po.read_only.push_back(a.ordinal);
   if (timed) {
     share_ = node_share(o.budget);
@@ -332,9 +334,8 @@ void Runtime::watch_pool(const StepTrace& t) {
   const uint64_t min = persistent_->min_bytes();
   uint64_t persistent = 0;
   for (const TraceAlloc& a : t.allocs)
-    if (min && a.alloc_pos < 0 && a.free_pos < 0 && a.bytes >= min) persistent += a.bytes;
-  int64_t pooled = 0;
-  for (int64_t v : live_bytes(t, nullptr)) pooled = std::max(pooled, v - static_cast<int64_t>(persistent));
+    if (min && a.persistent(min)) persistent += a.bytes;
+  const int64_t pooled = pooled_peak(live_bytes(t, nullptr), persistent);  // as the plan counted it
   if (pooled <= 0) return;
   const uint64_t budget = settings_.budget_bytes(driver_.device_total_bytes());
   const double f = pool_watch_.observe(reserved, static_cast<uint64_t>(pooled), pool_overhead_, planned_.predicted_peak, budget);

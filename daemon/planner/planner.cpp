@@ -747,6 +747,12 @@ std::vector<std::pair<int64_t, int64_t>> measured_lateness(const Plan& plan, con
   return out;
 }
 
+int64_t pooled_peak(const std::vector<int64_t>& live, uint64_t persistent) {
+  int64_t most = 0;
+  for (int64_t v : live) most = std::max(most, v - static_cast<int64_t>(persistent));
+  return most;
+}
+
 double PoolWatch::observe(uint64_t reserved, uint64_t live, double planned, uint64_t predicted_peak, uint64_t budget) {
   if (!reserved || !live || !budget || planned <= 0 || revisions_ >= max_) return 0;
   const double held = static_cast<double>(reserved) / static_cast<double>(live);
@@ -879,7 +885,7 @@ PersistentReport persistent_windows(const StepTrace& t, const LinkModel& link, u
       if (a < uses.size()) uses[a].push_back(l.pos);
   const double h2d = link.h2d * link.scale, d2h = link.d2h * link.scale;  // bytes per ns
   for (const TraceAlloc& a : t.allocs) {
-    if (a.alloc_pos >= 0 || a.free_pos >= 0 || a.bytes < min_bytes) continue;
+    if (!a.persistent(min_bytes)) continue;
     PersistentWindow w;
     w.ordinal = a.ordinal;
     w.bytes = a.bytes;

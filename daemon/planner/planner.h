@@ -192,6 +192,11 @@ class PlanWatch {
   uint32_t max_, slow_ = 0, revisions_ = 0;
 };
 
+// What PyTorch's pool holds for at most in a step, as plan_weights counts it: the peak over the
+// launches of the live bytes (`live`, before each) less the persistent ones, which sit in the
+// shim's own ranges. The pool keeps what it reserved (its release threshold is the maximum).
+int64_t pooled_peak(const std::vector<int64_t>& live, uint64_t persistent);
+
 // Adaptation, memory: the plan counts what the allocator holds for the live bytes outside the
 // shim's own memory as pool_overhead times them, measured once before the first plan. Under the
 // plan the pool can hold more (lora at 20 GiB, 940d844: 15.25 GiB for 13.21 GiB live, 1.155x

@@ -183,7 +183,7 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
     for (uint32_t a : l.allocs)
       if (a < uses.size()) uses[a].push_back(l.pos);
   for (const TraceAlloc& a : t.allocs) {
-    if (!o.persistent_min || a.alloc_pos >= 0 || a.free_pos >= 0 || a.bytes < o.persistent_min) continue;
+    if (!o.persistent_min || !a.persistent(o.persistent_min)) continue;
     persistent += a.bytes;
     persistent_rounded += round_up(a.bytes, o.granularity);
     std::vector<int64_t>& us = uses[a.ordinal];
@@ -203,10 +203,8 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
   // go. (Measured on the H200 at e7cb4c3: planned per launch, the lora step's pool held its
   // 15.5 GiB peak while the streamed weights were mapped at theirs, 29.95 GiB in use against
   // 19.90 predicted.)
-  int64_t pooled_peak = 0;
-  for (int64_t q = 0; q < n; ++q)
-    pooled_peak = std::max(pooled_peak, live[static_cast<size_t>(q)] - static_cast<int64_t>(persistent));
-  const int64_t base_bytes = static_cast<int64_t>(static_cast<double>(pooled_peak) * o.pool_overhead) +
+  const int64_t pooled = pooled_peak(live, persistent);
+  const int64_t base_bytes = static_cast<int64_t>(static_cast<double>(pooled) * o.pool_overhead) +
                              static_cast<int64_t>(persistent_rounded) + handles;
   std::vector<int64_t> base(static_cast<size_t>(n), base_bytes);
 

@@ -162,7 +162,7 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
   tables_.clear();  // arena numbers of another plan
   step_misses_ = step_late_ = 0;
   step_waits_.clear();
-  step_waits_.reserve(16);
+  step_waits_.reserve(kWaitsKept);
   step_wait_count_ = step_drained_ = 0;
   sub_launch_ = ~uint64_t{0};
   deviated_.store(false);
@@ -506,8 +506,7 @@ void Executor::note_wait(char kind, uint64_t cycles) {
   const int drained = driver_.stream_query(cur_stream_);
   if (drained == 1) ++step_drained_;
   ExecutorStats::HostWait w{cur_pos_, cycles, kind, drained};
-  constexpr size_t kKeep = 16;
-  if (step_waits_.size() < kKeep) {
+  if (step_waits_.size() < kWaitsKept) {
     step_waits_.push_back(w);
     return;
   }
@@ -1124,9 +1123,7 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
     for (uint32_t j : weight_busy_) {
       Weight& x = weights_[j];
       if (x.state == State::Evicting && x.backing.size() == 1 && !x.backing[0].given && x.backing[0].bytes == size) {
-        x.backing[0].given = true;
-        out->push_back(Piece{x.backing[0].handle, size});
-        after->push_back(x.ev_d2h);
+        take_piece(x, x.backing[0], out, after);
         ++st_.weight_handovers;
         return true;
       }
@@ -1136,11 +1133,7 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
       ++st_.weight_split;
       return true;
     }
-    if (!free_weight_handles_.empty()) {  // unmapped handles of other sizes make room first
-      drop_weight_handle(free_weight_handles_.front().first, free_weight_handles_.front().second);
-      free_weight_handles_.erase(free_weight_handles_.begin());
-      continue;
-    }
+    if (drop_oldest_kept()) continue;  // unmapped handles of other sizes make room first
     const Weight* leaving = nullptr;
     for (uint32_t j : weight_busy_)
       if (weights_[j].state == State::Evicting) {
@@ -1148,15 +1141,10 @@ bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>
         break;
       }
     if (!leaving) {
-      if (st_.weight_over_bound++ < 3)
-        log().info("a weight's reload at launch {} finds {} mapped (the plan's bound: {}) and none leaving",
-                   cur_pos_, gib_text(weight_mapped_), gib_text(bound));
+      over_bound(bound);
       break;
     }
-    ++st_.weight_waits;
-    uint64_t t0 = __rdtsc();
-    driver_.event_sync(leaving->ev_d2h);
-    note_wait('w', __rdtsc() - t0);
+    wait_leaving(*leaving);
   }
   const uint64_t h = new_weight_handle(size);
   if (!h) return false;
@@ -1225,9 +1213,7 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
       continue;
     }
     Weight& x = weights_[static_cast<size_t>(k.weight)];
-    x.backing[k.index].given = true;
-    out->push_back(Piece{x.backing[k.index].handle, k.bytes});
-    if (std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
+    take_piece(x, x.backing[k.index], out, after);
   }
   if (fresh) out->push_back(Piece{h, fresh});
   // Kept handles taken leave the list (highest index first).
@@ -1282,25 +1268,17 @@ bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::ve
       if (!need) break;
       Weight& x = weights_[j];
       if (x.state != State::Evicting) continue;
-      bool took = false;
       for (Piece& p : x.backing) {
         if (!need) break;
         if (p.given || p.bytes > need || p.bytes % unit) continue;  // what is missing stays whole units
-        p.given = true;
-        out->push_back(Piece{p.handle, p.bytes});
+        take_piece(x, p, out, after);
         need -= p.bytes;
-        took = true;
       }
-      if (took && std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
     }
     if (!need && !need_tail) break;
     // Kept handles of other sizes (a tail of another size, or a weight's first memory, lent
     // whole) hold room that is missing: one released, and look again.
-    if (!free_weight_handles_.empty()) {
-      drop_weight_handle(free_weight_handles_.front().first, free_weight_handles_.front().second);
-      free_weight_handles_.erase(free_weight_handles_.begin());
-      continue;
-    }
+    if (drop_oldest_kept()) continue;
     // Short still: a leaving weight with memory not given away (a tail, or a handle larger than
     // what is missing) frees room when its copy out ends. The host waits for the first such one.
     const Weight* leaving = nullptr;
@@ -1312,23 +1290,44 @@ bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::ve
       if (leaving) break;
     }
     if (!leaving) {
-      if (st_.weight_over_bound++ < 3)
-        log().info("a weight's reload at launch {} finds {} mapped (the plan's bound: {}) and none leaving",
-                   cur_pos_, gib_text(weight_mapped_), gib_text(bound));
+      over_bound(bound);
       while (need)  // over the bound: nothing else frees memory
         if (!fresh()) return false;
       if (need_tail && !fresh_tail()) return false;
       break;
     }
-    ++st_.weight_waits;
-    uint64_t t0 = __rdtsc();
-    driver_.event_sync(leaving->ev_d2h);
-    note_wait('w', __rdtsc() - t0);
+    wait_leaving(*leaving);
   }
   if (tail) out->push_back(Piece{tail, tail_bytes});
   if (!after->empty()) ++st_.weight_handovers;
   if (out->size() > 1) ++st_.weight_split;
   return true;
+}
+
+void Executor::take_piece(Weight& x, Piece& p, Backing* out, std::vector<uint64_t>* after) {
+  p.given = true;
+  out->push_back(Piece{p.handle, p.bytes});
+  if (std::find(after->begin(), after->end(), x.ev_d2h) == after->end()) after->push_back(x.ev_d2h);
+}
+
+bool Executor::drop_oldest_kept() {
+  if (free_weight_handles_.empty()) return false;
+  drop_weight_handle(free_weight_handles_.front().first, free_weight_handles_.front().second);
+  free_weight_handles_.erase(free_weight_handles_.begin());
+  return true;
+}
+
+void Executor::over_bound(uint64_t bound) {
+  if (st_.weight_over_bound++ < 3)
+    log().info("a weight's reload at launch {} finds {} mapped (the plan's bound: {}) and none leaving", cur_pos_,
+               gib_text(weight_mapped_), gib_text(bound));
+}
+
+void Executor::wait_leaving(const Weight& w) {
+  ++st_.weight_waits;
+  const uint64_t t0 = __rdtsc();
+  driver_.event_sync(w.ev_d2h);
+  note_wait('w', __rdtsc() - t0);
 }
 
 uint64_t Executor::new_weight_handle(uint64_t size) {

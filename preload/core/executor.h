@@ -298,6 +298,15 @@ class Executor final : public LaunchGate {
   // (nothing taken) when they do not add up to `size`.
   bool gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after);
   uint64_t new_weight_handle(uint64_t size);  // counted as mapped; 0: refused
+  // Shared by weight_backing, gather_pieces and unit_backing. take_piece: a leaving weight's
+  // piece given to the memory gathered in *out, the GPU to wait for its copy out (*after, once
+  // per weight). drop_oldest_kept: the oldest kept handle released (false: none kept).
+  // over_bound: says (three times at most) that a reload maps past the plan's bound.
+  // wait_leaving: the host waits for a leaving weight's copy out (a weight wait).
+  void take_piece(Weight& x, Piece& p, Backing* out, std::vector<uint64_t>* after);
+  bool drop_oldest_kept();
+  void over_bound(uint64_t bound);
+  void wait_leaving(const Weight& w);
   // weight_backing when the weights' memory is in units (weight_unit_ != 0): kept units, new
   // ones within the bound, leaving weights' pieces (the GPU waits for them), and the host
   // waits only when nothing at all is leaving.
@@ -368,6 +377,7 @@ class Executor final : public LaunchGate {
   uint64_t step_misses_ = 0, step_late_ = 0;
   int64_t cur_pos_ = -1;  // position of the launch being gated
   Stream cur_stream_ = 0;  // its stream
+  static constexpr size_t kWaitsKept = 16;           // ExecutorStats::last_step_waits, at most
   std::vector<ExecutorStats::HostWait> step_waits_;  // this step's (capacity kept: no allocation)
   uint64_t step_wait_count_ = 0, step_drained_ = 0;
   void note_wait(char kind, uint64_t cycles);

@@ -24,6 +24,9 @@ struct TraceAlloc {
   // a trace read from a file has 0).
   DevPtr base = 0;
   uint64_t id = 0;
+  // Born before the step and outliving it, at least `min_bytes`: a weight, or optimizer state
+  // (what OFFLOAD_PERSISTENT_MIN serves from the shim's own ranges).
+  bool persistent(uint64_t min_bytes) const { return alloc_pos < 0 && free_pos < 0 && bytes >= min_bytes; }
 };
 
 struct TraceLaunch {

@@ -80,22 +80,21 @@ def main():
     print("\nmean GPU time per step by kind (ms), steps 2 and later of each run:")
     kinds = sorted({k for _, steps in runs for x in steps for k in x["by_kind"]})
     print(f"{'run':<40} " + " ".join(f"{k:>12}" for k in kinds))
-    means = []
+    names = []  # per run: mean GPU time a step by kernel name (ms)
     for d, steps in runs:
         use = [x for x in steps if x["step"] >= 2] or steps
-        means.append({k: statistics.fmean(x["by_kind"][k] for x in use) / 1e6 for k in kinds})
-        name_mean = collections.Counter()
+        by_kind = {k: statistics.fmean(x["by_kind"][k] for x in use) / 1e6 for k in kinds}
+        names.append(collections.Counter())
         for x in use:
             for n, v in x["by_name"].items():
-                name_mean[n] += v / len(use) / 1e6
-        runs[runs.index((d, steps))] = (d, steps, name_mean)
-        print(f"{os.path.basename(d.rstrip('/')):<40} " + " ".join(f"{means[-1][k]:>12.1f}" for k in kinds))
-    base = runs[0][2]
-    for d, _, names in runs[1:]:
-        diff = sorted(((names[n] - base[n], n) for n in set(names) | set(base)), key=lambda t: -abs(t[0]))
+                names[-1][n] += v / len(use) / 1e6
+        print(f"{os.path.basename(d.rstrip('/')):<40} " + " ".join(f"{by_kind[k]:>12.1f}" for k in kinds))
+    base = names[0]
+    for (d, _), these in zip(runs[1:], names[1:]):
+        diff = sorted(((these[n] - base[n], n) for n in set(these) | set(base)), key=lambda t: -abs(t[0]))
         print(f"\nlargest per-kernel changes, {os.path.basename(d.rstrip('/'))} - {os.path.basename(runs[0][0].rstrip('/'))} (ms a step):")
         for v, n in diff[:12]:
-            print(f"  {v:+8.2f}  {base[n]:9.1f} -> {names[n]:9.1f}  {n[:110]}")
+            print(f"  {v:+8.2f}  {base[n]:9.1f} -> {these[n]:9.1f}  {n[:110]}")
     return 0
 
 

@@ -182,7 +182,7 @@ void check_weights(const StepTrace& t, const PlannerOptions& o, const Plan& p) {
   // its copy out ends until reload_at.
   uint64_t persistent = 0, persistent_rounded = 0, streamed = 0;
   for (const TraceAlloc& a : t.allocs)
-    if (a.alloc_pos < 0 && a.free_pos < 0 && a.bytes >= o.persistent_min)
+    if (a.persistent(o.persistent_min))
       persistent += a.bytes, persistent_rounded += round_up(a.bytes, o.granularity);
   for (const WeightPlan& wp : p.weights) streamed += wp.bytes;
   uint64_t most = 0, most_mapped = 0;
@@ -308,7 +308,7 @@ TEST(WeightPlan, ReadOnlyWeightsCostNoCopyOut) {
   const PlannerResult before = plan_weights(t, gpu_timeline(t), o);
   check_weights(t, o, before.plan);
   for (const TraceAlloc& a : t.allocs)
-    if (a.alloc_pos < 0 && a.free_pos < 0 && a.bytes >= o.persistent_min) o.read_only.push_back(a.ordinal);
+    if (a.persistent(o.persistent_min)) o.read_only.push_back(a.ordinal);
   ASSERT_FALSE(o.read_only.empty());
   const PlannerResult r = plan_weights(t, gpu_timeline(t), o);
   check_weights(t, o, r.plan);
