@@ -56,4 +56,8 @@ uint64_t weight_unit(const std::vector<uint64_t>& sizes, uint64_t max_pieces) {
   return unit;
 }
 
+bool in_units(uint64_t size, uint64_t unit, uint64_t max_pieces) {
+  return unit && size >= unit && size / unit <= max_pieces;
+}
+
 }  // namespace offload

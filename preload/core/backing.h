@@ -39,5 +39,7 @@ void release_backing(Driver& d, const Backing& b);
 // (88 of them), 216 MiB (44) and the embedding and head of 376 MiB: 72 MiB, the 376 MiB ones
 // apart (with them in, 8 MiB, 47 pieces). 0 for no sizes.
 uint64_t weight_unit(const std::vector<uint64_t>& sizes, uint64_t max_pieces = 16);
+// Whether a weight of `size` reloads in units of `unit`: at least one, at most `max_pieces`.
+bool in_units(uint64_t size, uint64_t unit, uint64_t max_pieces = 16);
 
 }  // namespace offload

@@ -890,14 +890,15 @@ bool Executor::install_weights(std::string* why) {
       Weight& w = weights_[i];
       w.state = State::Empty;
       Backing b;
-      uint64_t size = 0;
-      bool ok = wp.va && pool_->lend(wp.va, &b, &size);
+      uint64_t size = 0, room = 0;
+      bool ok = wp.va && pool_->lend(wp.va, &b, &size, &room);
       if (ok && size < wp.bytes) {
         pool_->unlend(wp.va, std::move(b));
         ok = false;
       }
       if (ok) {
         w.va = wp.va, w.used = wp.bytes, w.id = wp.id, w.backing = std::move(b), w.size = size;
+        w.room = std::max(room, size);
         w.state = State::Resident;
         held_.fetch_add(size);
         weight_mapped_ += size;
@@ -1099,14 +1100,13 @@ uint64_t Executor::weight_bound() const {
   return plan_.weight_bytes_mapped;
 }
 
-bool Executor::weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>* after) {
+bool Executor::weight_backing(uint64_t size, uint64_t room, Backing* out, std::vector<uint64_t>* after) {
   out->clear();
   after->clear();
   const uint64_t bound = weight_bound() ? weight_bound() : ~uint64_t{0};
   // In units (Options::unit_weights), a weight no larger than unit_max_pieces of them, and at
   // least one; others as before, a handle of their own size or pieces of whole handles.
-  if (weight_unit_ && size >= weight_unit_ && size / weight_unit_ <= opt_.unit_max_pieces)
-    return unit_backing(size, bound, out, after);
+  if (in_units(size, weight_unit_, opt_.unit_max_pieces)) return unit_backing(size, room, bound, out, after);
   for (;;) {
     poll_locked();
     for (size_t k = 0; k < free_weight_handles_.size(); ++k)
@@ -1223,12 +1223,16 @@ bool Executor::gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::v
   return true;
 }
 
-bool Executor::unit_backing(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after) {
+bool Executor::unit_backing(uint64_t size, uint64_t room, uint64_t bound, Backing* out, std::vector<uint64_t>* after) {
   const uint64_t unit = weight_unit_;
-  // A size that is no multiple of the unit ends in a tail of its own (lora's embedding: 376 MiB,
-  // five units of 72 and 16 MiB), mapped after the units; kept tails of that size serve it.
-  const uint64_t tail_bytes = size % unit;
-  uint64_t need = size - tail_bytes, tail = 0;
+  // A size that is no multiple of the unit maps whole units past its end when its range has
+  // room (the pool reserves it: lora's embedding, 376 MiB, on six units of 72). Else it ends
+  // in a tail of its own (five units and 16 MiB), mapped after the units; kept tails of that
+  // size serve it, and only they or new memory do: without room, at 34bf707, the embedding's
+  // reload made the host wait 648 ms, its whole lead, every step.
+  const uint64_t whole = (size + unit - 1) / unit * unit;
+  const uint64_t tail_bytes = room >= whole ? 0 : size % unit;
+  uint64_t need = room >= whole ? whole : size - tail_bytes, tail = 0;
   bool need_tail = tail_bytes != 0;
   auto fresh = [&] {
     const uint64_t h = new_weight_handle(unit);
@@ -1343,7 +1347,7 @@ uint64_t Executor::new_weight_handle(uint64_t size) {
 
 void Executor::remap_weight(Weight& w, Stream s, const char* what) {
   std::vector<uint64_t>& after = scratch_after_;
-  if (!weight_backing(w.size, &w.backing, &after) || !map_backing(driver_, w.va, w.backing)) {
+  if (!weight_backing(w.size, w.room, &w.backing, &after) || !map_backing(driver_, w.va, w.backing)) {
     log().critical("cannot map {} of {} MiB (device memory or driver refused): aborting", what, w.size >> 20);
     std::abort();
   }

@@ -245,6 +245,7 @@ class Executor final : public LaunchGate {
     DevPtr va = 0;
     uint64_t used = 0;              // bytes copied out and back
     uint64_t size = 0;              // mapped bytes (the block's)
+    uint64_t room = 0;              // the range reserved at va (the pool's: past size, room for units)
     uint64_t id = 0;                // the tracker's id for it
     Backing backing;                // mapped at va (empty: none)
     State state = State::Resident;  // Resident, Evicting, Evicted or Reloading (Empty: given back)
@@ -293,7 +294,7 @@ class Executor final : public LaunchGate {
   // its size, perhaps with a new one for the rest within the bound). The
   // GPU must wait for the events in *after (those weights' copies out) before writing it. The
   // host waits only when nothing at all is leaving. False: the device refused a new handle.
-  bool weight_backing(uint64_t size, Backing* out, std::vector<uint64_t>* after);
+  bool weight_backing(uint64_t size, uint64_t room, Backing* out, std::vector<uint64_t>* after);
   // Pieces for weight_backing from kept handles, leaving weights and room under `bound`; false
   // (nothing taken) when they do not add up to `size`.
   bool gather_pieces(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after);
@@ -310,7 +311,7 @@ class Executor final : public LaunchGate {
   // weight_backing when the weights' memory is in units (weight_unit_ != 0): kept units, new
   // ones within the bound, leaving weights' pieces (the GPU waits for them), and the host
   // waits only when nothing at all is leaving.
-  bool unit_backing(uint64_t size, uint64_t bound, Backing* out, std::vector<uint64_t>* after);
+  bool unit_backing(uint64_t size, uint64_t room, uint64_t bound, Backing* out, std::vector<uint64_t>* after);
   // An evicted weight backed again and mapped (weight_backing), `s` waiting for the copies out
   // of the weights its memory came from; aborts when the device refuses (`what` says whose).
   void remap_weight(Weight& w, Stream s, const char* what);

@@ -1,5 +1,7 @@
 #include "core/persistent_pool.h"
 
+#include <algorithm>
+
 namespace offload {
 
 PersistentPool::PersistentPool(Driver& d, Options o) : d_(d), o_(o) {}
@@ -59,19 +61,20 @@ DevPtr PersistentPool::alloc(uint64_t bytes, Stream s) {
 }
 
 DevPtr PersistentPool::create(uint64_t size) {
-  DevPtr va = d_.reserve(size);
+  const uint64_t room = std::max<uint64_t>(o_.room, 1) * size;
+  DevPtr va = d_.reserve(room);
   if (!va) return 0;
   uint64_t h = d_.create_physical(size);
   if (!h) {
-    d_.unreserve(va, size);
+    d_.unreserve(va, room);
     return 0;
   }
   if (!d_.map(va, size, h)) {
     d_.release_physical(h);
-    d_.unreserve(va, size);
+    d_.unreserve(va, room);
     return 0;
   }
-  live_[va] = Block{va, size, Backing{Piece{h, size}}, 0, 0};
+  live_[va] = Block{va, size, room, Backing{Piece{h, size}}, 0, 0};
   st_.live_bytes += size;
   ++st_.created;
   return va;
@@ -112,7 +115,7 @@ void PersistentPool::give_back(Block& b) {
   b.event = 0;
   unmap_backing(d_, b.va, b.backing);
   release_backing(d_, b.backing);
-  d_.unreserve(b.va, b.bytes);
+  d_.unreserve(b.va, b.room);
   ++st_.released;
 }
 
@@ -145,13 +148,14 @@ void PersistentPool::reset_peak() {
   note_peak();
 }
 
-bool PersistentPool::lend(DevPtr p, Backing* backing, uint64_t* bytes) {
+bool PersistentPool::lend(DevPtr p, Backing* backing, uint64_t* bytes, uint64_t* room) {
   std::lock_guard lock(mu_);
   auto it = live_.find(p);
   if (it == live_.end() || it->second.backing.empty()) return false;
   *backing = std::move(it->second.backing);
   it->second.backing.clear();
   *bytes = it->second.bytes;
+  if (room) *room = it->second.room;
   st_.lent_bytes += it->second.bytes;
   return true;
 }

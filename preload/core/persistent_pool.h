@@ -31,6 +31,12 @@ class PersistentPool {
   struct Options {
     uint64_t min_bytes = 0;              // smaller allocations are not ours; 0: none are
     uint64_t cache_bytes = 4ull << 30;   // freed bytes kept for reuse beyond which they are released
+    // Each block's range is reserved at this many times its size (lend's *room): a weight that
+    // is no multiple of the executor's unit reloads on whole units mapped past its end (lora's
+    // 376 MiB embedding on six units of 72 MiB) instead of a handle of its own remainder, which
+    // no leaving weight has. Address space costs nothing here; the memory mapped is counted by
+    // its handles. 1: no room past a block's end.
+    uint64_t room = 2;
   };
   struct Stats {
     uint64_t allocs = 0;        // served
@@ -71,14 +77,15 @@ class PersistentPool {
   // as lent, not held. False if `p` is not the start of a live block not lent already.
   // unlend: a backing of the block's size, mapped at `p` again, goes back to the pool (not
   // necessarily the one lent: a streamed weight comes back on whatever handles it was last
-  // reloaded into).
-  bool lend(DevPtr p, Backing* backing, uint64_t* bytes);
+  // reloaded into; it may map past the block's end, within *room: Options::room).
+  bool lend(DevPtr p, Backing* backing, uint64_t* bytes, uint64_t* room = nullptr);
   bool unlend(DevPtr p, Backing backing);
 
  private:
   struct Block {
     DevPtr va = 0;
     uint64_t bytes = 0;    // rounded to the granularity
+    uint64_t room = 0;     // the range reserved at va: Options::room times bytes
     Backing backing;       // empty: lent
     uint64_t event = 0;    // recorded on `freed_on` at the free (0: none could be made)
     Stream freed_on = 0;

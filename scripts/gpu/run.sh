@@ -51,6 +51,8 @@
 #                                   at 20 GiB, two runs each, alternated; ab_report.py (< 8 min)
 #   scripts/gpu/run.sh weights_diag  the baseline observed by the shim and the marked shim at 20 GiB,
 #                                   both traced with GPU times; gaps.py per step (< 5 min)
+#   scripts/gpu/run.sh sync_cost    scripts/bench/sync_cost.py: the GPU time of a cross-stream wait and
+#                                   of the driver's map/unmap while kernels run (< 1 min)
 #   scripts/gpu/run.sh sampled_smoke  the marked shim alone with OFFLOAD_TELEMETRY=sampled: the
 #                                   pause and resume on real CUPTI, bitwise (< 2 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
@@ -584,6 +586,9 @@ case $plan in
     python3 "$root/scripts/bench/gaps.py" $(ls -d "$work"/trace_lora_stream_obs 2>/dev/null) "$work/trace_lora_diag_shim" | tee "$work/gaps.txt"
     python3 -c 'import json,sys; x=json.load(open(sys.argv[1]))["shim"]["executor"]; print("[gpu] host waits, last active step:", json.dumps(x.get("last_step_waits")), "weights:", json.dumps(x.get("weights")))' "$work/lora_diag_shim.json"
     rm -f "$work"/trace_*/*.chrome.json  # the step files keep the times; the tarball stays small
+    ;;
+  sync_cost)
+    python3 "$root/scripts/bench/sync_cost.py" --json "$work/sync_cost.json" 2>&1 | tee "$work/sync_cost.log"
     ;;
   sampled_smoke)
     # OFFLOAD_TELEMETRY=sampled on the marked shim at 20 GiB alone (< 2 min): the pause and

@@ -62,6 +62,7 @@ struct Options {
   // Allocations of at least this many bytes come from a PersistentPool, whose blocks the
   // executor may stream (0: no pool, as without OFFLOAD_PERSISTENT_MIN).
   uint64_t persistent_min = 0;
+  uint64_t pool_room = PersistentPool::Options{}.room;
   Executor::Options exec{};
 };
 
@@ -97,6 +98,7 @@ class Rig {
     if (o.persistent_min) {
       PersistentPool::Options po;
       po.min_bytes = o.persistent_min;
+      po.room = o.pool_room;
       persistent_ = std::make_unique<PersistentPool>(sim_, po);
       ex_.set_persistent(persistent_.get());
     }

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""What the shim's weight streaming costs the GPU per operation, apart from the model.
+
+    sync_cost.py [--launches N] [--json FILE]
+
+A chain of kernels on one stream (a bf16 GEMM and a small elementwise kernel, in turn: lora's
+step is big GEMMs between small kernels), timed with events, the host far ahead. Each variant
+adds one thing the executor does per streamed weight and compares the chain's GPU time:
+
+- `wait_done`: the chain waits, every 8th launch, on an event of a side stream that completed
+  long before (the executor's wait for a reload that has landed: one per window on lora).
+- `wait_copy`: the same, the event recorded after a 72 MiB host-to-device copy on the side
+  stream issued 8 launches before the wait: a reload issued too late for its use, the GPU
+  waiting for the copy (a check that the measurement sees a stall).
+- `vmm_churn`: a host thread maps, grants access to and unmaps a 72 MiB handle (lora's unit)
+  in a range of its own, as the executor does per piece, while the chain runs: whether the
+  driver's page-table updates slow the kernels.
+
+Per variant: the chain's median time against the plain chain's, run alternately (--repeat
+times each), and the cost per operation. The chain queues behind a sleeping kernel, so the
+host is ahead of the GPU as in a training step. Runs on a GPU with PyTorch; libcuda through ctypes.
+"""
+import argparse
+import ctypes
+import json
+import statistics
+import threading
+import time
+
+import torch
+
+
+def chain(n, a, b, c, side=None, every=0, mode="", copy_src=None, copy_dst=None):
+    s = torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = []
+    if mode == "wait_done":
+        with torch.cuda.stream(side):
+            e = torch.cuda.Event()
+            e.record(side)
+        torch.cuda.synchronize()  # landed long before
+    # The host far ahead, as in a training step: the chain queues behind a sleeping kernel.
+    torch.cuda._sleep(int(2e8))
+    start.record(s)
+    waits = 0
+    for i in range(n):
+        if every and i % every == 0 and i:
+            if mode == "wait_done":
+                s.wait_event(e)
+                waits += 1
+            elif mode == "wait_copy":
+                s.wait_event(events.pop(0))
+                waits += 1
+        if mode == "wait_copy" and every and i % every == 0:
+            with torch.cuda.stream(side):
+                copy_dst.copy_(copy_src, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(side)
+                events.append(ev)
+        if i % 2 == 0:
+            torch.mm(a, b, out=c)
+        else:
+            c.add_(1.0)
+    end.record(s)
+    torch.cuda.synchronize()
+    return start.elapsed_time(end), waits
+
+
+class Vmm:
+    """cuMemCreate / cuMemAddressReserve / cuMemMap / cuMemSetAccess / cuMemUnmap via ctypes."""
+
+    class Location(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+    class AllocFlags(ctypes.Structure):
+        _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                    ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+    class Prop(ctypes.Structure):
+        pass
+
+    class Access(ctypes.Structure):
+        pass
+
+    Prop._fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Location),
+                     ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", AllocFlags)]
+    Access._fields_ = [("location", Location), ("flags", ctypes.c_int)]
+
+    def __init__(self, device, size):
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        self.size = size
+        self.prop = Vmm.Prop()
+        self.prop.type = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
+        self.prop.location.type = 1  # CU_MEM_LOCATION_TYPE_DEVICE
+        self.prop.location.id = device
+        self.access = Vmm.Access()
+        self.access.location.type = 1
+        self.access.location.id = device
+        self.access.flags = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self.handle = ctypes.c_ulonglong()
+        self.check(self.cu.cuMemCreate(ctypes.byref(self.handle), ctypes.c_size_t(size), ctypes.byref(self.prop),
+                                       ctypes.c_ulonglong(0)), "cuMemCreate")
+        self.va = ctypes.c_ulonglong()
+        self.check(self.cu.cuMemAddressReserve(ctypes.byref(self.va), ctypes.c_size_t(size), ctypes.c_size_t(0),
+                                               ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "cuMemAddressReserve")
+
+    @staticmethod
+    def check(rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what}: CUresult {rc}")
+
+    def cycle(self):
+        self.check(self.cu.cuMemMap(self.va, ctypes.c_size_t(self.size), ctypes.c_size_t(0), self.handle,
+                                    ctypes.c_ulonglong(0)), "cuMemMap")
+        self.check(self.cu.cuMemSetAccess(self.va, ctypes.c_size_t(self.size), ctypes.byref(self.access),
+                                          ctypes.c_size_t(1)), "cuMemSetAccess")
+        self.check(self.cu.cuMemUnmap(self.va, ctypes.c_size_t(self.size)), "cuMemUnmap")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launches", type=int, default=4000)
+    ap.add_argument("--size", type=int, default=2048, help="GEMM side (bf16)")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.cuda.init()
+    dev = torch.cuda.current_device()
+    n = args.launches
+    a = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(args.size, args.size, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    unit = 72 << 20
+    src = torch.empty(unit, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(unit, dtype=torch.uint8, device="cuda")
+    vmm = Vmm(dev, unit)
+    for _ in range(2):
+        chain(n // 4, a, b, c)  # warm
+
+    def churn_run(rate):
+        stop = threading.Event()
+        cycles = [0]
+
+        def body():
+            period = 1.0 / rate
+            nxt = time.perf_counter()
+            while not stop.is_set():
+                vmm.cycle()
+                cycles[0] += 1
+                nxt += period
+                d = nxt - time.perf_counter()
+                if d > 0:
+                    time.sleep(d)
+
+        th = threading.Thread(target=body)
+        th.start()
+        ms, _ = chain(n, a, b, c)
+        stop.set()
+        th.join()
+        return ms, cycles[0]
+
+    variants = {
+        "wait_done": lambda: chain(n, a, b, c, side, 8, "wait_done"),
+        "wait_copy": lambda: chain(n, a, b, c, side, 8, "wait_copy", src, dst),
+        "vmm_churn_250": lambda: churn_run(250),
+        "vmm_churn_1000": lambda: churn_run(1000),
+    }
+    # The host's own cost of one map, access and unmap, apart from any GPU work.
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        vmm.cycle()
+    host_us = (time.perf_counter() - t0) / 200 * 1e6
+    out = {"launches": n, "gemm": args.size, "vmm_cycle_host_us": round(host_us, 1), "variants": {}}
+    print(f"[sync_cost] {n} launches (GEMM {args.size}^2 bf16 and an add, in turn); map+access+unmap of "
+          f"72 MiB on the host: {host_us:.1f} us")
+    for name, fn in variants.items():
+        plain, with_ = [], []
+        ops = 0
+        for _ in range(args.repeat):
+            plain.append(chain(n, a, b, c)[0])
+            ms, k = fn()
+            with_.append(ms)
+            ops = k
+        d = statistics.median(with_) - statistics.median(plain)
+        per = d * 1000.0 / ops if ops else float("nan")
+        out["variants"][name] = {"plain_ms": plain, "ms": with_, "ops": ops, "us_per_op": round(per, 2)}
+        print(f"[sync_cost] {name}: plain median {statistics.median(plain):.2f} ms (runs {', '.join(f'{x:.2f}' for x in plain)}), "
+              f"with {statistics.median(with_):.2f} ms ({', '.join(f'{x:.2f}' for x in with_)}); {ops} ops: "
+              f"{per:+.2f} us of GPU time each")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
