@@ -12,6 +12,8 @@ adds one thing the executor does per streamed weight and compares the chain's GP
 - `wait_copy`: the same, the event recorded after a 72 MiB host-to-device copy on the side
   stream issued 8 launches before the wait: a reload issued too late for its use, the GPU
   waiting for the copy (a check that the measurement sees a stall).
+- `wait_copy_landed`: copies of 2 MiB (the link keeps up), each waited for 16 waits (128
+  launches) after its issue, when it has landed: a reload issued well ahead of its use.
 - `vmm_churn`: a host thread maps, grants access to and unmaps a 72 MiB handle (lora's unit)
   in a range of its own, as the executor does per piece, while the chain runs: whether the
   driver's page-table updates slow the kernels.
@@ -30,7 +32,7 @@ import time
 import torch
 
 
-def chain(n, a, b, c, side=None, every=0, mode="", copy_src=None, copy_dst=None):
+def chain(n, a, b, c, side=None, every=0, mode="", copy_src=None, copy_dst=None, ahead=16):
     s = torch.cuda.current_stream()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     events = []
@@ -48,10 +50,10 @@ def chain(n, a, b, c, side=None, every=0, mode="", copy_src=None, copy_dst=None)
             if mode == "wait_done":
                 s.wait_event(e)
                 waits += 1
-            elif mode == "wait_copy":
+            elif mode == "wait_copy" or (mode == "wait_copy_landed" and len(events) > ahead):
                 s.wait_event(events.pop(0))
                 waits += 1
-        if mode == "wait_copy" and every and i % every == 0:
+        if mode in ("wait_copy", "wait_copy_landed") and every and i % every == 0:
             with torch.cuda.stream(side):
                 copy_dst.copy_(copy_src, non_blocking=True)
                 ev = torch.cuda.Event()
@@ -163,6 +165,8 @@ def main():
     variants = {
         "wait_done": lambda: chain(n, a, b, c, side, 8, "wait_done"),
         "wait_copy": lambda: chain(n, a, b, c, side, 8, "wait_copy", src, dst),
+        # 2 MiB copies: the link keeps up with one every 8 launches, so each has landed when waited for.
+        "wait_copy_landed": lambda: chain(n, a, b, c, side, 8, "wait_copy_landed", src[: 2 << 20], dst[: 2 << 20]),
         "vmm_churn_250": lambda: churn_run(250),
         "vmm_churn_1000": lambda: churn_run(1000),
     }
