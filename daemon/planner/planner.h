@@ -116,14 +116,6 @@ struct PlannerOptions {
   // (offload_mark_read_only): the executor copies such a weight out once, and later evictions
   // copy nothing, so its windows cost no copy out (their end is its last use, in the FIFO).
   std::vector<uint32_t> read_only;
-  // A streamed weight's copy back is planned to land before its use by this share of the
-  // copy's own time. Planned to land at the use itself, on the H200 at eb8d019 the kernel that
-  // first read a reloaded weight started 15-20 µs later than before the plan, at nearly every
-  // window (traced, `gaps_at.py`), while a wait on a copy that has landed costs nothing
-  // measurable (`sync_cost.py`): the copies landed just after their use was reached. On lora
-  // at 20 GiB, half a copy (about 3 ms for 288 MiB) moves most reloads one or more launches
-  // earlier, at the same peak and bound.
-  double reload_margin = 0.5;
   LinkModel link;
 };
 

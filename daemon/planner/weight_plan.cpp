@@ -69,7 +69,7 @@ struct Timing {
 
 // The step's queues with the windows `sel` streamed; false when a window's copy back would
 // have to start before its copy out ends, or a direction needs more than the step.
-bool schedule(const Unrolled& u, const std::vector<Window>& w, const std::vector<uint32_t>& sel, double margin,
+bool schedule(const Unrolled& u, const std::vector<Window>& w, const std::vector<uint32_t>& sel,
               std::vector<Timing>& tm) {
   const int64_t T = u.g.total;
   tm.assign(sel.size(), Timing{});
@@ -93,13 +93,10 @@ bool schedule(const Unrolled& u, const std::vector<Window>& w, const std::vector
     free_at = e;
     if (j.k == 0) tm[j.i].d2h_start = s, tm[j.i].d2h_end = e;
   }
-  // Copies back: this step's and the two after, as late as possible from the latest use, each
-  // landing `margin` of its own time before its use.
+  // Copies back: this step's and the two after, as late as possible from the latest use.
   jobs.clear();
-  for (uint32_t i = 0; i < sel.size(); ++i) {
-    const int64_t early = static_cast<int64_t>(margin * static_cast<double>(w[sel[i]].h2d_ns));
-    for (int k = 0; k <= 2; ++k) jobs.push_back(Job{w[sel[i]].use - early + k * T, i, k});
-  }
+  for (uint32_t i = 0; i < sel.size(); ++i)
+    for (int k = 0; k <= 2; ++k) jobs.push_back(Job{w[sel[i]].use + k * T, i, k});
   std::sort(jobs.begin(), jobs.end(), [](const Job& x, const Job& y) { return x.t != y.t ? x.t > y.t : x.i > y.i; });
   int64_t busy_from = std::numeric_limits<int64_t>::max();
   for (const Job& j : jobs) {
@@ -149,27 +146,9 @@ std::vector<int64_t> prefix(const std::vector<int64_t>& diff, int64_t n) {
   return v;
 }
 
-PlannerResult plan_at(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas,
-                      double margin);
-
 }  // namespace
 
-// With the copies back landing early (PlannerOptions::reload_margin) where the link has room
-// for that; where it has not, as before: a plan that meets the budget only with copies
-// landing at their uses is that plan, not none.
 PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas) {
-  PlannerResult r = plan_at(t, g, o, arenas, o.reload_margin);
-  if (o.reload_margin > 0 && !r.plan.meets_budget) {
-    PlannerResult late = plan_at(t, g, o, arenas, 0.0);
-    if (late.plan.meets_budget || late.plan.predicted_peak < r.plan.predicted_peak) return late;
-  }
-  return r;
-}
-
-namespace {
-
-PlannerResult plan_at(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas,
-                      double margin) {
   PlannerResult r;
   const int64_t n = static_cast<int64_t>(t.launches.size());
   Plan& p = r.plan;
@@ -273,7 +252,7 @@ PlannerResult plan_at(const StepTrace& t, const GpuTimeline& g, const PlannerOpt
   size_t too_short = 0;
   for (uint32_t i = 0; i < w.size(); ++i) {
     std::vector<Timing> one;
-    schedule(u, w, {i}, margin, one);
+    schedule(u, w, {i}, one);
     alone[i] = one[0];
     too_short += !alone[i].feasible;
   }
@@ -321,7 +300,7 @@ PlannerResult plan_at(const StepTrace& t, const GpuTimeline& g, const PlannerOpt
     // peak.
     std::vector<Timing> next;
     std::vector<int64_t> next_foot(foot.size()), next_raw;
-    bool keep = schedule(u, w, sel, margin, next) && covers(next.back(), peak, n);
+    bool keep = schedule(u, w, sel, next) && covers(next.back(), peak, n);
     if (keep) {
       fold(next, next_foot, next_raw);
       keep = *std::max_element(next_foot.begin(), next_foot.end()) <= foot[static_cast<size_t>(peak)];
@@ -430,7 +409,5 @@ PlannerResult plan_at(const StepTrace& t, const GpuTimeline& g, const PlannerOpt
   }
   return r;
 }
-
-}  // namespace
 
 }  // namespace offload
