@@ -21,7 +21,8 @@ scripts/run-fuzz.sh "${FUZZ_SECONDS:-30}"
 echo "== the main job's no-GPU path (replay of the recorded traces)"
 for t in bench/traces/*.trace; do build-test-plain/offloadctl replay "$t" > /dev/null; done
 build-test-plain/offloadctl trace check bench/traces > /dev/null
-echo "== the benchmark scripts: they compile, and ab_report.py's verdicts on made-up runs"
+echo "== the benchmark scripts: they compile; ab_report.py's verdicts and gaps_at.py's sums on made-up input"
 python3 -m py_compile scripts/bench/*.py
 python3 tests/scripts/ab_report_test.py
+python3 tests/scripts/gaps_at_test.py > /dev/null
 echo "all tests passed"

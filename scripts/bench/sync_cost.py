@@ -14,6 +14,10 @@ adds one thing the executor does per streamed weight and compares the chain's GP
   waiting for the copy (a check that the measurement sees a stall).
 - `wait_copy_landed`: copies of 2 MiB (the link keeps up), each waited for 16 waits (128
   launches) after its issue, when it has landed: a reload issued well ahead of its use.
+- `copy_only`: 72 MiB host-to-device copies on the side stream every 128 launches, no wait:
+  whether a copy itself (its start, the link busy) costs the kernels anything;
+  `copy_wait_landed` the same, each waited for two copies later; `copy_only_registered` from
+  shared memory registered with the driver, as the shim's host pool is, instead of pinned.
 - `vmm_churn`: a host thread maps, grants access to and unmaps a 72 MiB handle (lora's unit)
   in a range of its own, as the executor does per piece, while the chain runs: whether the
   driver's page-table updates slow the kernels.
@@ -25,6 +29,7 @@ host is ahead of the GPU as in a training step. Runs on a GPU with PyTorch; libc
 import argparse
 import ctypes
 import json
+import mmap
 import statistics
 import threading
 import time
@@ -53,6 +58,15 @@ def chain(n, a, b, c, side=None, every=0, mode="", copy_src=None, copy_dst=None,
             elif mode == "wait_copy" or (mode == "wait_copy_landed" and len(events) > ahead):
                 s.wait_event(events.pop(0))
                 waits += 1
+        if mode in ("copy_only", "copy_wait_landed") and i % every == 0 and i:
+            if mode == "copy_wait_landed" and len(events) > 2:
+                s.wait_event(events.pop(0))
+            with torch.cuda.stream(side):
+                copy_dst.copy_(copy_src, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(side)
+                events.append(ev)
+            waits += 1
         if mode in ("wait_copy", "wait_copy_landed") and every and i % every == 0:
             with torch.cuda.stream(side):
                 copy_dst.copy_(copy_src, non_blocking=True)
@@ -60,7 +74,7 @@ def chain(n, a, b, c, side=None, every=0, mode="", copy_src=None, copy_dst=None,
                 ev.record(side)
                 events.append(ev)
         if i % 2 == 0:
-            torch.mm(a, b, out=c)
+            torch.mm(a, b[(i // 2) % len(b)] if isinstance(b, list) else b, out=c)
         else:
             c.add_(1.0)
     end.record(s)
@@ -124,19 +138,34 @@ def main():
     ap.add_argument("--launches", type=int, default=4000)
     ap.add_argument("--size", type=int, default=2048, help="GEMM side (bf16)")
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--big", action="store_true", help="lora's shapes: d=6144, 24 weights of 72 MiB in turn")
+    ap.add_argument("--only", help="comma-separated variants to run")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.cuda.init()
     dev = torch.cuda.current_device()
     n = args.launches
-    a = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty(args.size, args.size, device="cuda", dtype=torch.bfloat16)
+    if args.big:
+        # lora's shapes: 2048 tokens of d=6144 against 24 weights of 72 MiB in turn, 1.7 GiB
+        # touched over and over, as a step touches gigabytes (the TLBs' reach matters).
+        a = torch.randn(2048, 6144, device="cuda", dtype=torch.bfloat16)
+        b = [torch.randn(6144, 6144, device="cuda", dtype=torch.bfloat16) for _ in range(24)]
+        c = torch.empty(2048, 6144, device="cuda", dtype=torch.bfloat16)
+    else:
+        a = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
+        c = torch.empty(args.size, args.size, device="cuda", dtype=torch.bfloat16)
     side = torch.cuda.Stream()
     unit = 72 << 20
     src = torch.empty(unit, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(unit, dtype=torch.uint8, device="cuda")
     vmm = Vmm(dev, unit)
+    # Host memory as the shim's pool has it: shared memory registered with the driver
+    # (cudaHostRegister), not allocated pinned.
+    shm = mmap.mmap(-1, unit, flags=mmap.MAP_SHARED)
+    reg = torch.frombuffer(shm, dtype=torch.uint8)
+    rc = torch.cuda.cudart().cudaHostRegister(reg.data_ptr(), unit, 0)
+    registered = int(rc) == 0
     for _ in range(2):
         chain(n // 4, a, b, c)  # warm
 
@@ -167,18 +196,27 @@ def main():
         "wait_copy": lambda: chain(n, a, b, c, side, 8, "wait_copy", src, dst),
         # 2 MiB copies: the link keeps up with one every 8 launches, so each has landed when waited for.
         "wait_copy_landed": lambda: chain(n, a, b, c, side, 8, "wait_copy_landed", src[: 2 << 20], dst[: 2 << 20]),
+        # 72 MiB copies every 128 launches (the link busy about 80% of the time), no waits; and
+        # the same, each waited for two copies later: whether a copy itself costs the kernels.
+        "copy_only": lambda: chain(n, a, b, c, side, 128, "copy_only", src, dst),
+        "copy_wait_landed": lambda: chain(n, a, b, c, side, 128, "copy_wait_landed", src, dst),
         "vmm_churn_250": lambda: churn_run(250),
         "vmm_churn_1000": lambda: churn_run(1000),
     }
+    if registered:
+        variants["copy_only_registered"] = lambda: chain(n, a, b, c, side, 128, "copy_only", reg, dst)
     # The host's own cost of one map, access and unmap, apart from any GPU work.
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(200):
         vmm.cycle()
     host_us = (time.perf_counter() - t0) / 200 * 1e6
-    out = {"launches": n, "gemm": args.size, "vmm_cycle_host_us": round(host_us, 1), "variants": {}}
-    print(f"[sync_cost] {n} launches (GEMM {args.size}^2 bf16 and an add, in turn); map+access+unmap of "
+    out = {"launches": n, "gemm": "big" if args.big else args.size, "vmm_cycle_host_us": round(host_us, 1), "variants": {}}
+    shape = "2048x6144 against 24 weights of 6144^2" if args.big else f"{args.size}^2"
+    print(f"[sync_cost] {n} launches (GEMM {shape} bf16 and an add, in turn); map+access+unmap of "
           f"72 MiB on the host: {host_us:.1f} us")
+    if args.only:
+        variants = {k: v for k, v in variants.items() if k in args.only.split(",")}
     for name, fn in variants.items():
         plain, with_ = [], []
         ops = 0

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Where a plan's extra idle time sits, launch by launch (OFFLOAD_TRACE step files, CUPTI times).
+
+    gaps_at.py TRACE_DIR --before 2,3 --under 7,8,9,10 [--plan FILE]
+
+The idle gap before each launch (its start minus the latest end of every launch before it) and
+each launch's GPU time, averaged over the steps before the plan and over the steps under it;
+then, per 500 launches, how much more idle and kernel time there is under the plan; the
+positions whose gap grew most; and how the growth splits by size (under 5 µs, 5-50 µs,
+more). With --plan (a weight plan as `offloadctl plan` writes it, such as
+tests/data/plans/lora-20GiB-weights.plan), which of the 5-50 µs positions are a window's use or
+reload: the launch first reading a reloaded weight, or the one its reload is issued at.
+"""
+import argparse
+import collections
+import os
+
+
+def read(path):
+    launches = []
+    with open(path) as f:
+        for line in f:
+            w = line.split()
+            if w and w[0] == "launch":
+                pos, start, ns = int(w[1]), int(w[5]), int(w[6])
+                if start >= 0 and ns >= 0:
+                    launches.append((start, start + ns, pos))
+    launches.sort()
+    gaps, dur, end = {}, {}, None
+    for s, e, pos in launches:
+        if end is not None and s > end:
+            gaps[pos] = gaps.get(pos, 0) + (s - end)
+        end = e if end is None else max(end, e)
+        dur[pos] = dur.get(pos, 0) + (e - s)
+    return gaps, dur
+
+
+def mean(maps):
+    keys = set().union(*maps)
+    return {k: sum(m.get(k, 0) for m in maps) / len(maps) for k in keys}
+
+
+def steps(trace_dir, which):
+    out = [read(os.path.join(trace_dir, f"step-{int(i):06d}.trace")) for i in which.split(",")]
+    return mean([g for g, _ in out]), mean([d for _, d in out])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace_dir")
+    ap.add_argument("--before", required=True, help="steps before the plan, e.g. 2,3")
+    ap.add_argument("--under", required=True, help="steps under the plan, e.g. 7,8,9,10")
+    ap.add_argument("--plan", help="a weight plan file: windows' use and reload_at positions")
+    ap.add_argument("--bucket", type=int, default=500)
+    args = ap.parse_args()
+    g0, k0 = steps(args.trace_dir, args.before)
+    g1, k1 = steps(args.trace_dir, args.under)
+    n = max(max(g0, default=0), max(g1, default=0), max(k0, default=0), max(k1, default=0)) + 1
+    print(f"{'launches':>11}  {'gaps before':>11} {'under':>9} {'more':>8}   {'kernels before':>14} {'under':>9} {'more':>8}  (ms)")
+    for b in range(0, n, args.bucket):
+        def total(m):
+            return sum(v for k, v in m.items() if b <= k < b + args.bucket) / 1e6
+        a, c, x, y = total(g0), total(g1), total(k0), total(k1)
+        print(f"{b:5d}-{b + args.bucket - 1:<5d}  {a:11.2f} {c:9.2f} {c - a:+8.2f}   {x:14.2f} {y:9.2f} {y - x:+8.2f}")
+    print(f"all: gaps {sum(g0.values()) / 1e6:.2f} -> {sum(g1.values()) / 1e6:.2f} ms, "
+          f"kernels {sum(k0.values()) / 1e6:.2f} -> {sum(k1.values()) / 1e6:.2f} ms")
+    d = [g1.get(k, 0) - g0.get(k, 0) for k in range(n)]
+    top = sorted(range(n), key=lambda k: -d[k])[:12]
+    print("largest gap increases (us @ launch):", ", ".join(f"{d[k] / 1e3:.1f}@{k}" for k in top))
+    small = sum(x for x in d if 0 < x < 5000) / 1e6
+    mid_pos = [k for k in range(n) if 5000 <= d[k] < 50000]
+    mid = sum(d[k] for k in mid_pos) / 1e6
+    big = sum(x for x in d if x >= 50000) / 1e6
+    less = sum(x for x in d if x < 0) / 1e6
+    print(f"growth: {small:.2f} ms at positions up under 5 us, {mid:.2f} ms at {len(mid_pos)} positions up 5-50 us, "
+          f"{big:.2f} ms at positions up more; {less:.2f} ms at positions down")
+    if args.plan:
+        uses, reloads = set(), set()
+        with open(args.plan) as f:
+            for line in f:
+                if line.startswith("window"):
+                    kv = dict(x.split("=") for x in line.split()[1:])
+                    uses.add(int(kv["use"]))
+                    reloads.add(int(kv["reload_at"]))
+        for name, where in (("a window's use", uses), ("a reload's issue", reloads)):
+            hit = [k for k in mid_pos if k in where]
+            print(f"  of the 5-50 us positions, {len(hit)} are {name} ({len(where)} in the plan): "
+                  f"{sum(d[k] for k in hit) / 1e6:.2f} ms")
+        either = [k for k in mid_pos if k in uses or k in reloads]
+        print(f"  either: {len(either)}, {sum(d[k] for k in either) / 1e6:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""scripts/bench/gaps_at.py on made-up step traces: 20 launches of 100 us, 2 us apart before
+the plan; under it, 18 us more before launches 5 and 12 (a window's use and a reload's issue in
+the made-up plan), 1 us more before every other, and launch 7 10 us longer. The report must
+find exactly that. Exit 1 otherwise."""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+script = os.path.join(root, "scripts", "bench", "gaps_at.py")
+
+
+def step(path, extra_gap, extra_dur):
+    t = 0
+    with open(path, "w") as f:
+        f.write("offload-trace 1.0\nstep 0 launches 20\n")
+        for pos in range(20):
+            if pos:
+                t += 2000 + extra_gap.get(pos, 0)
+            ns = 100000 + extra_dur.get(pos, 0)
+            f.write(f"launch {pos} K 0 x {t} {ns}\n")
+            t += ns
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    for i in (0, 1):
+        step(os.path.join(tmp, f"step-{i:06d}.trace"), {}, {})
+    more = {pos: 1000 for pos in range(1, 20)}
+    more.update({5: 18000, 12: 18000})
+    for i in (2, 3):
+        step(os.path.join(tmp, f"step-{i:06d}.trace"), more, {7: 10000})
+    plan = os.path.join(tmp, "x.plan")
+    with open(plan, "w") as f:
+        f.write("plan budget=1\nwindow weight=0 evict_after=2 reload_at=12 use=5\n")
+    out = subprocess.run([sys.executable, script, tmp, "--before", "0,1", "--under", "2,3", "--plan", plan,
+                          "--bucket", "10"], check=True, capture_output=True, text=True).stdout
+
+failures = []
+def expect(pattern, what):
+    if not re.search(pattern, out):
+        failures.append(f"{what}: no match for {pattern!r}")
+
+# 17 launches 1 us later (0.017 ms), two 18 us later (0.036 ms): 0.038 -> 0.091 ms of gaps.
+expect(r"all: gaps 0\.04 -> 0\.09 ms, kernels 2\.00 -> 2\.01 ms", "totals")
+expect(r"growth: 0\.02 ms at positions up under 5 us, 0\.04 ms at 2 positions up 5-50 us", "split by size")
+expect(r"largest gap increases \(us @ launch\): 18\.0@(5|12), 18\.0@(5|12)", "largest")
+expect(r"1 are a window's use \(1 in the plan\)", "use")
+expect(r"1 are a reload's issue \(1 in the plan\)", "reload")
+print(out)
+for f in failures:
+    print("FAIL", f)
+sys.exit(1 if failures else 0)
