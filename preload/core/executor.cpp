@@ -918,8 +918,9 @@ bool Executor::install_weights(std::string* why) {
   }
   // One unit for the weights' new memory (Options::unit_weights, weight_unit): on lora 72 MiB,
   // for the blocks' 216 and 288 MiB weights; the embedding and head (376 MiB) reload on six
-  // units mapped past their end (unit_backing). (At e8abf1d the unit was the common divisor of every size, 8 MiB
-  // there, and with 47 pieces to a weight it was refused: the H200 run had no units.)
+  // units mapped past their end (unit_backing). (At e8abf1d the unit was the common divisor
+  // of every size, 8 MiB there, and with 47 pieces to a weight it was refused: the H200 run
+  // had no units.)
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
   for (const Weight& w : weights_) {
