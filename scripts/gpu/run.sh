@@ -48,11 +48,14 @@
 #   scripts/gpu/run.sh weights_20_sampled  the same with OFFLOAD_TELEMETRY=sampled in place of
 #                                   CUPTI off (< 7 min)
 #   scripts/gpu/run.sh weights_ab   the baseline and the marked shim (OFFLOAD_TELEMETRY=sampled)
-#                                   at 20 GiB, two runs each, alternated; ab_report.py (< 8 min)
+#                                   at 20 GiB, two runs each, alternated; ab_report.py (< 8 min);
+#                                   WEIGHTS_AB_ARMS="floor_1 shim_1 shim_2 floor_2" against the
+#                                   shim's own floor instead (resident, observed, CUPTI off)
 #   scripts/gpu/run.sh weights_diag  the baseline observed by the shim and the marked shim at 20 GiB,
 #                                   both traced with GPU times; gaps.py per step (< 5 min)
-#   scripts/gpu/run.sh sync_cost    scripts/bench/sync_cost.py: the GPU time of a cross-stream wait and
-#                                   of the driver's map/unmap while kernels run (< 1 min)
+#   scripts/gpu/run.sh sync_cost    scripts/bench/sync_cost.py: the GPU time of a cross-stream wait,
+#                                   a copy and the driver's map/unmap while kernels run (< 1 min)
+#   scripts/gpu/run.sh sync_cost_shim  the same under the shim, CUPTI on and off (< 2 min)
 #   scripts/gpu/run.sh sampled_smoke  the marked shim alone with OFFLOAD_TELEMETRY=sampled: the
 #                                   pause and resume on real CUPTI, bitwise (< 2 min)
 # Several plans may be given; each leaves $OUT/results-<plan>.tgz.
@@ -553,22 +556,39 @@ case $plan in
     # The hand-written baseline against the shim (frozen base marked, OFFLOAD_TELEMETRY=sampled)
     # at 20 GiB, alternately B S S B so that a drift over the call falls on both arms alike; 12
     # timed steps each, per-step GPU times from events; ab_report.py pools them per arm (< 8 min).
+    # WEIGHTS_AB_ARMS picks the runs in order (default "stream_1 shim_1 shim_2 stream_2"):
+    # stream_N the baseline, shim_N the shim streaming, floor_N the shim's own floor (the same
+    # model resident, 53 GiB, the shim only observing with CUPTI off: route 1n). Each arm with
+    # two runs is reported against the baseline, and the shim against its floor.
     restart_daemon
     d=(--workload lora --deterministic --steps ${WEIGHTS_AB_STEPS:-12} --warmup 6 --mark-steps)
     budget=20GiB
-    for n in stream_1 shim_1 shim_2 stream_2; do
+    read -ra arms <<< "${WEIGHTS_AB_ARMS:-stream_1 shim_1 shim_2 stream_2}"
+    for n in "${arms[@]}"; do
       case $n in
         stream_*) run "lora_ab_$n" 0e "${d[@]}" --mode stream ;;
         shim_*) OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=64MiB run "lora_ab_$n" o "${d[@]}" --mode ckpt --mark-frozen ;;
+        floor_*) run "lora_ab_$n" 1n "${d[@]}" --mode ckpt --mark-frozen ;;
+        *) log "weights_ab: unknown arm $n (stream_N, shim_N, floor_N)" ;;
       esac
     done
-    for n in shim_1 shim_2 stream_2; do check_pair lora_ab_stream_1 "lora_ab_$n"; done
-    for n in shim_1 shim_2; do
-      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; print("[gpu]", sys.argv[2], "footprint", round(r["footprint_peak_bytes"] / 2**30, 3), "GiB; host waits, last active step:", json.dumps(x.get("last_step_waits")), "weights:", json.dumps(x.get("weights")))' "$work/lora_ab_$n.json" "$n"
+    first=lora_ab_${arms[0]}
+    for n in "${arms[@]:1}"; do check_pair "$first" "lora_ab_$n"; done
+    for n in "${arms[@]}"; do
+      case $n in
+        shim_*) python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; print("[gpu]", sys.argv[2], "footprint", round(r["footprint_peak_bytes"] / 2**30, 3), "GiB; host waits, last active step:", json.dumps(x.get("last_step_waits")), "weights:", json.dumps(x.get("weights")))' "$work/lora_ab_$n.json" "$n" ;;
+      esac
     done
-    python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab.md" \
-      --a "baseline=$work/lora_ab_stream_1.json,$work/lora_ab_stream_2.json" \
-      --b "shim=$work/lora_ab_shim_1.json,$work/lora_ab_shim_2.json"
+    # runs_of ARM: the arm's result files, comma-separated ("" unless it has two or more)
+    runs_of() {
+      local f=() n
+      for n in "${arms[@]}"; do [[ $n == "$1"_* ]] && [ -f "$work/lora_ab_$n.json" ] && f+=("$work/lora_ab_$n.json"); done
+      [ ${#f[@]} -ge 2 ] && (IFS=,; echo "${f[*]}")
+    }
+    base=$(runs_of stream) shim=$(runs_of shim) floor=$(runs_of floor)
+    [ -n "$base" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab.md" --a "baseline=$base" --b "shim=$shim"
+    [ -n "$base" ] && [ -n "$floor" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_floor.md" --a "baseline=$base" --b "floor=$floor"
+    [ -n "$floor" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_plan.md" --a "floor=$floor" --b "shim=$shim"
     ;;
   weights_diag)
     # Where the shim's step goes against the baseline's, kernel by kernel (< 5 min): the baseline
@@ -589,6 +609,17 @@ case $plan in
     ;;
   sync_cost)
     python3 "$root/scripts/bench/sync_cost.py" --json "$work/sync_cost.json" 2>&1 | tee "$work/sync_cost.log"
+    ;;
+  sync_cost_shim)
+    # The same under the shim (route 1, observing), with CUPTI tracing kernels and copies and
+    # then with it off: whether the tracing itself costs the GPU the 15-20 µs a reload that the
+    # weights_diag traces show (< 2 min).
+    for tm in cupti off; do
+      log "sync_cost under the shim, OFFLOAD_TELEMETRY=$tm"
+      env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD="$lib" OFFLOAD_TELEMETRY=$tm \
+        python3 "$root/scripts/bench/sync_cost.py" --only wait_done,copy_only,copy_wait_landed,vmm_churn_1000 \
+        --json "$work/sync_cost_shim_$tm.json" 2>&1 | grep -E "^\[sync_cost\]|rror" | tee "$work/sync_cost_shim_$tm.log"
+    done
     ;;
   sampled_smoke)
     # OFFLOAD_TELEMETRY=sampled on the marked shim at 20 GiB alone (< 2 min): the pause and
