@@ -1231,9 +1231,10 @@ bool Executor::unit_backing(uint64_t size, uint64_t room, uint64_t bound, Backin
   // in a tail of its own (five units and 16 MiB), mapped after the units; kept tails of that
   // size serve it, and only they or new memory do: without room, at 34bf707, the embedding's
   // reload made the host wait 648 ms, its whole lead, every step.
-  const uint64_t whole = (size + unit - 1) / unit * unit;
-  const uint64_t tail_bytes = room >= whole ? 0 : size % unit;
-  uint64_t need = room >= whole ? whole : size - tail_bytes, tail = 0;
+  const uint64_t whole = round_up(size, unit);
+  const bool past_end = room >= whole;
+  const uint64_t tail_bytes = past_end ? 0 : size % unit;
+  uint64_t need = past_end ? whole : size - tail_bytes, tail = 0;
   bool need_tail = tail_bytes != 0;
   auto fresh = [&] {
     const uint64_t h = new_weight_handle(unit);

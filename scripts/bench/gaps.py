@@ -43,7 +43,11 @@ def kind_of(name):
 
 
 def step_facts(path):
-    step, kernels, ls = read(path)
+    return facts_of(*read(path))
+
+
+def facts_of(step, kernels, ls):
+    """A step's span, busy time, idle gaps (ns, launch after, kernel) and time by kind and name."""
     if not ls:
         return None
     busy, gaps, end = 0, [], ls[0][0]

@@ -12,27 +12,21 @@ tests/data/plans/lora-20GiB-weights.plan), which of the 5-50 µs positions are a
 reload: the launch first reading a reloaded weight, or the one its reload is issued at.
 """
 import argparse
-import collections
 import os
+
+import gaps  # the trace reader and the gap definition (scripts/bench/gaps.py)
 
 
 def read(path):
-    launches = []
-    with open(path) as f:
-        for line in f:
-            w = line.split()
-            if w and w[0] == "launch":
-                pos, start, ns = int(w[1]), int(w[5]), int(w[6])
-                if start >= 0 and ns >= 0:
-                    launches.append((start, start + ns, pos))
-    launches.sort()
-    gaps, dur, end = {}, {}, None
-    for s, e, pos in launches:
-        if end is not None and s > end:
-            gaps[pos] = gaps.get(pos, 0) + (s - end)
-        end = e if end is None else max(end, e)
+    """Per launch position: the idle gap before it and its GPU time (ns), as gaps.py counts them."""
+    step, kernels, ls = gaps.read(path)
+    facts = gaps.facts_of(step, kernels, ls) or {"gaps": []}
+    idle, dur = {}, {}
+    for ns, pos, _ in facts["gaps"]:
+        idle[pos] = idle.get(pos, 0) + ns
+    for s, e, pos, _, _ in ls:
         dur[pos] = dur.get(pos, 0) + (e - s)
-    return gaps, dur
+    return idle, dur
 
 
 def mean(maps):

@@ -193,7 +193,7 @@ void check_weights(const StepTrace& t, const PlannerOptions& o, const Plan& p) {
   const uint64_t unit = weight_unit(sizes);
   auto block = [&](uint64_t bytes) {
     const uint64_t g = round_up(bytes, o.granularity);
-    return unit && g >= unit && g / unit <= 16 ? round_up(g, unit) : g;
+    return in_units(g, unit) ? round_up(g, unit) : g;
   };
   uint64_t persistent = 0, persistent_rounded = 0, streamed = 0;
   for (const TraceAlloc& a : t.allocs)
