@@ -567,7 +567,10 @@ case $plan in
     for n in "${arms[@]}"; do
       case $n in
         stream_*) run "lora_ab_$n" 0e "${d[@]}" --mode stream ;;
-        shim_*) OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=64MiB run "lora_ab_$n" o "${d[@]}" --mode ckpt --mark-frozen ;;
+        # A floor run before it has started offloadd with the default pool (4 GiB): the shim
+        # starts its own, of $host_pool.
+        shim_*) restart_daemon
+                OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=64MiB run "lora_ab_$n" o "${d[@]}" --mode ckpt --mark-frozen ;;
         floor_*) run "lora_ab_$n" 1n "${d[@]}" --mode ckpt --mark-frozen ;;
         *) log "weights_ab: unknown arm $n (stream_N, shim_N, floor_N)" ;;
       esac
