@@ -48,6 +48,16 @@ std::string loaded_dir(const char* needle) {
 
 }  // namespace
 
+// cuptiGetTimestamp, once start() found it: the clock of the activity records.
+std::atomic<int (*)(uint64_t*)> g_get_timestamp{nullptr};
+uint64_t cupti_now() {
+  uint64_t t = 0;
+  if (auto f = g_get_timestamp.load(std::memory_order_relaxed)) f(&t);
+  return t;
+}
+
+uint64_t (*CuptiTelemetry::clock() const)() { return g_get_timestamp.load() ? &cupti_now : nullptr; }
+
 CuptiTelemetry::CuptiTelemetry(std::string lib_hint, const std::atomic<uint64_t>& launches)
     : lib_hint_(std::move(lib_hint)), launches_(launches) {
   g_instance = this;
@@ -102,6 +112,7 @@ bool CuptiTelemetry::start() {
       return false;
     }
   }
+  g_get_timestamp.store(reinterpret_cast<int (*)(uint64_t*)>(sym("cuptiGetTimestamp")));
   state_ = "cupti";
   active_.store(true, std::memory_order_release);
   return true;

@@ -50,6 +50,8 @@ class CuptiTelemetry final : public Telemetry {
   // (so ours never starts) and makes the live telemetry, if any, step aside.
   static void note_other_client();
   bool yielded() const { return yielded_.load(); }
+  // Now, on the time base of the activity records (cuptiGetTimestamp); null until started.
+  uint64_t (*clock() const)();
   static bool is_our_callback(const void* request_fn);
 
   void collect(std::vector<GpuRecord>* out, bool force) override;

@@ -202,6 +202,15 @@ bool DaemonLink::connect_and_register(std::string* why) {
   fd_.store(client_.connection().fd(), std::memory_order_release);
   log().info("offloadd: client {} of a {}-byte pool (fair share {} bytes){}", client_id_, rep->pool_bytes,
              rep->fair_share, reattached ? ", re-attached" : "");
+  if (settings_.host_pool_set && rep->pool_bytes < settings_.host_pool_bytes && !pool_short_) {
+    // The running daemon was started with a smaller pool (by a process without
+    // OFFLOAD_HOST_POOL, or with another value): ours sizes nothing.
+    pool_short_ = true;
+    log().warn("offloadd's pool is {} bytes, less than OFFLOAD_HOST_POOL={} asks for: it was started "
+               "earlier with that size. To have the larger pool, stop it (`offloadctl stop`) while no "
+               "process uses it; the next process starts one of OFFLOAD_HOST_POOL",
+               rep->pool_bytes, settings_.host_pool_bytes);
+  }
   if (attach_info_) {
     // A restarted daemon knows nothing of our GPU: tell it again. Failing that is no reason
     // to give up the connection (the pool works without it).

@@ -91,6 +91,9 @@ class DaemonLink final : public HostPool {
   bool poll(int64_t now_ms);
   void push(const proto::Telemetry& t);
   bool connected() const { return client_.connected(); }
+  // The running daemon's pool is smaller than OFFLOAD_HOST_POOL asked for (it was started
+  // earlier with another size); said once, as a warning, when first seen.
+  bool pool_short() const { return pool_short_; }
   // False once the link has given up (daemon off, not startable): use a PrivatePool.
   bool usable() const { return usable_; }
   const std::string& failure() const { return failure_; }
@@ -131,6 +134,7 @@ class DaemonLink final : public HostPool {
   std::optional<AttachInfo> attach_info_;  // sent again on every reconnect
   std::optional<NodeShare> share_;
   bool said_no_attach_ = false;            // logged once that the daemon has no Attach
+  bool pool_short_ = false;                // the daemon's pool is smaller than OFFLOAD_HOST_POOL asked (logged once)
   mutable std::mutex mu_;  // one request at a time on the connection
   std::atomic<int> fd_{-1};  // the connection's descriptor, for the fork handler
 };

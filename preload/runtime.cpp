@@ -129,6 +129,10 @@ void Runtime::pump(bool no_wait) {
     if (telemetry_.start()) {
       assembler_.gpu_times_from(log_.appended() + 1);
       log().info("GPU-time telemetry: CUPTI activity records on");
+      if (settings_.trace_lead) {
+        if (auto clock = telemetry_.clock()) tracker_.set_lead_clock(clock);
+        else log().warn("OFFLOAD_TRACE_LEAD: this CUPTI has no cuptiGetTimestamp; traces go without leads");
+      }
     }
     else log().warn("GPU-time telemetry: {}", telemetry_.state());
   }

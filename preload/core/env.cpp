@@ -45,6 +45,11 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     if (*end || n < 1 || n > 100000) bad("OFFLOAD_TRACE_STEPS", v, "a step count from 1 to 100000");
     else st.trace_steps = static_cast<uint32_t>(n);
   }
+  if (const char* v = get("OFFLOAD_TRACE_LEAD"); v && *v) {
+    std::string s = v;
+    if (s == "1" || s == "true") st.trace_lead = true;
+    else if (s != "0" && s != "false") bad("OFFLOAD_TRACE_LEAD", v, "0, 1, true or false");
+  }
   if (const char* v = get("OFFLOAD_TELEMETRY"); v && *v) {
     std::string s = v;
     if (s == "cupti") st.telemetry = true;
@@ -73,7 +78,10 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
   if (const char* v = get("OFFLOAD_HOST_POOL"); v && *v) {
     auto size = parse_size(v);
     if (!size || *size < (64ull << 20)) bad("OFFLOAD_HOST_POOL", v, "a size of at least 64MiB, e.g. 32GiB");
-    else st.host_pool_bytes = *size;
+    else {
+      st.host_pool_bytes = *size;
+      st.host_pool_set = true;
+    }
   }
   if (const char* v = get("OFFLOAD_DEVICE_BUDGET"); v && *v) {
     std::string s = v;

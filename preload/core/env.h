@@ -13,6 +13,7 @@ namespace offload {
 struct Settings {
   std::string trace_dir;         // OFFLOAD_TRACE: write per-step traces here ("" = off)
   uint32_t trace_steps = 12;     // OFFLOAD_TRACE_STEPS: how many steps to write
+  bool trace_lead = false;       // OFFLOAD_TRACE_LEAD=1: each kernel's lead in the traces
   bool telemetry = true;         // OFFLOAD_TELEMETRY=cupti|sampled|off
   bool telemetry_sampled = false;  // OFFLOAD_TELEMETRY=sampled: traced only while needed (TelemetrySampler)
   std::string cupti_lib;         // OFFLOAD_CUPTI_LIB: path of libcupti.so ("" = search)
@@ -21,6 +22,7 @@ struct Settings {
   std::string daemon = "auto";   // OFFLOAD_DAEMON=auto|connect|off
   std::string daemon_bin;        // OFFLOAD_DAEMON_BIN: offloadd to start ("" = search)
   uint64_t host_pool_bytes = 4ull << 30;  // OFFLOAD_HOST_POOL: pool of a started daemon / private pool
+  bool host_pool_set = false;             // OFFLOAD_HOST_POOL was given
   // OFFLOAD_DEVICE_BUDGET: the device memory the step may use. Bytes ("40GiB"), or a fraction
   // of the GPU's memory ("0.5", "50%"). Unset: observe only, move nothing.
   uint64_t device_budget = 0;

@@ -44,6 +44,7 @@ struct Event {
   uint64_t access_begin = 0;
   uint32_t access_count = 0;
   uint32_t access_room = 0;  // reserved in the access ring (>= access_count)
+  uint64_t host_ns = 0;      // kernels, with a lead clock set: when the hook forwarded it (0: not taken)
 };
 
 class EventLog {

@@ -70,6 +70,7 @@ void StepTrace::write(std::ostream& os) const {
     os << "launch " << l.pos << ' ' << kind_char(l.kind) << ' ' << l.kernel << ' ' << std::hex
        << l.stream << std::dec << ' ' << l.gpu_start_ns << ' ' << l.gpu_ns << ' ' << l.allocs.size();
     for (uint32_t o : l.allocs) os << ' ' << o;
+    if (l.lead_ns) os << " lead " << *l.lead_ns;
     os << '\n';
   }
   os << "end\n";
@@ -146,6 +147,11 @@ bool StepTrace::read(std::istream& is, StepTrace* out, std::string* error) {
       l.allocs.resize(n);
       for (auto& o : l.allocs)
         if (!(ss >> o) || o >= n_allocs) return fail(ln, "bad allocation ordinal in launch");
+      if (std::string more; ss >> more) {
+        int64_t lead = 0;
+        if (more != "lead" || !(ss >> lead) || (ss >> more)) return fail(ln, "malformed launch line (after its allocations: 'lead <ns>' or nothing)");
+        l.lead_ns = lead;
+      }
       out->launches.push_back(std::move(l));
     } else {
       return fail(ln, "unknown record '" + tag + "'");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ struct TraceLaunch {
   int64_t gpu_start_ns = -1;  // from the step's first GPU start; -1: not measured
   int64_t gpu_ns = -1;
   std::vector<uint32_t> allocs;  // ordinals touched
+  // OFFLOAD_TRACE_LEAD: its GPU start less the moment the host forwarded it. Small: the GPU
+  // had nothing else queued and waited for the host; large: the launch waited in the queue.
+  std::optional<int64_t> lead_ns;
+  uint64_t host_ns = 0;  // when it was forwarded, on the GPU records' clock (not written)
 };
 
 struct StepTrace {

@@ -142,6 +142,7 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
   if (extra && extra_buffer(extra, &buf, &len)) n = table_.scan(buf, len / 8, acc, n, kMaxAccesses);
   if (n == kMaxAccesses) e.flags |= kAccessesTruncated;
   gate(no, e.kind, e.func, s, acc, n, e.flags);
+  if (Clock clock = lead_clock_.load(std::memory_order_relaxed)) e.host_ns = clock();
   return publish(e, acc, static_cast<uint32_t>(n));
 }
 
@@ -277,6 +278,7 @@ void StepAssembler::cut_at(size_t n, int64_t now_ns) {
         l.pos = static_cast<uint32_t>(pos);
         l.kind = e.kind;
         l.stream = e.stream;
+        l.host_ns = e.host_ns;
         if (e.kind == EventKind::Kernel) {
           l.kernel = e.func;
           if (!t.kernels.count(e.func)) t.kernels[e.func] = funcs_.name(e.func);
@@ -366,6 +368,8 @@ void StepAssembler::finish(Cut& c) {
     if (!timed(records_[j])) continue;
     t.launches[pos].gpu_start_ns = static_cast<int64_t>(records_[j].start_ns) - t0;
     t.launches[pos].gpu_ns = static_cast<int64_t>(records_[j].end_ns - records_[j].start_ns);
+    if (uint64_t h = t.launches[pos].host_ns)
+      t.launches[pos].lead_ns = static_cast<int64_t>(records_[j].start_ns) - static_cast<int64_t>(h);
   }
   if (consumed) aligned_corr_ = records_[consumed - 1].corr;
   records_.erase(records_.begin(), records_.begin() + static_cast<ptrdiff_t>(consumed));

@@ -74,6 +74,10 @@ class Tracker {
 
   // The executor, told of every launch (with what it touches) before it is forwarded.
   void set_gate(LaunchGate* g) { gate_.store(g, std::memory_order_release); }
+  // OFFLOAD_TRACE_LEAD: a clock on the GPU records' time base (CUPTI's), read as each kernel is
+  // forwarded, so that a trace can say how long before its start the host handed it over.
+  using Clock = uint64_t (*)();
+  void set_lead_clock(Clock c) { lead_clock_.store(c, std::memory_order_release); }
 
   const AllocTable& allocs() const { return table_; }
   FuncRegistry& funcs() { return funcs_; }
@@ -101,6 +105,7 @@ class Tracker {
   EventLog& log_;
   std::atomic<AllocId> next_id_{1};
   std::atomic<LaunchGate*> gate_{nullptr};
+  std::atomic<Clock> lead_clock_{nullptr};
   TrackerCounters counters_;
 };
 

@@ -8,6 +8,7 @@
 //   alloc <ordinal> <bytes> <stream> <alloc_pos> <free_pos>    (alloc_pos -1: born before the
 //                                                              step; free_pos -1: outlives it)
 //   launch <pos> <kind> <kernel-id> <stream> <gpu_start_ns> <gpu_ns> <n> <alloc-ordinal>...
+//          [lead <ns>]                                          (1.1; OFFLOAD_TRACE_LEAD=1)
 //   end
 //
 // Positions count launch-like events (kernels, copies, memsets, graph launches) from 0 at
@@ -16,7 +17,9 @@
 // (sorted by address). <kind> is one of: K kernel, C copy, M memset, G graph launch.
 // Streams are the process's own handle values, printed in hex; 0 is the legacy stream.
 // GPU times come from CUPTI; gpu_start_ns counts from the step's first kernel start;
-// -1 means not measured. A kernel name is the rest of its line.
+// -1 means not measured. A kernel name is the rest of its line. A kernel's lead (from 1.1) is
+// its GPU start less the moment the shim forwarded it to the driver, both on CUPTI's clock:
+// how long it waited queued. Near zero, the GPU had run out of work and waited for the host.
 //
 // Readers reject another major version; a reader of minor m reads files of minor <= m.
 #pragma once
@@ -26,5 +29,5 @@
 namespace offload::trace_format {
 inline constexpr const char* kMagic = "offload-trace";
 inline constexpr uint32_t kMajor = 1;
-inline constexpr uint32_t kMinor = 0;
+inline constexpr uint32_t kMinor = 1;
 }  // namespace offload::trace_format

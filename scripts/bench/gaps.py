@@ -33,6 +33,18 @@ def read(path):
     return int(head.get("step", -1)), kernels, sorted(launches)
 
 
+def leads(path):
+    """Per launch position, its lead (ns) where the trace has one (OFFLOAD_TRACE_LEAD=1): its GPU
+    start less the moment the shim forwarded it."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            w = line.split()
+            if w and w[0] == "launch" and "lead" in w[8:]:
+                out[int(w[1])] = int(w[w.index("lead", 8) + 1])
+    return out
+
+
 def kind_of(name):
     n = name.lower()
     if "nvjet" in n or "gemm" in n or "cutlass" in n or "sm90_xmma" in n:

@@ -10,6 +10,11 @@ positions whose gap grew most; and how the growth splits by size (under 5 µs, 5
 more). With --plan (a weight plan as `offloadctl plan` writes it, such as
 tests/data/plans/lora-20GiB-weights.plan), which of the 5-50 µs positions are a window's use or
 reload: the launch first reading a reloaded weight, or the one its reload is issued at.
+
+Traces with leads (OFFLOAD_TRACE_LEAD=1) also sort the gaps of 5 µs or more by the lead of the
+launch after them: under --host-bound (30 µs), the host handed the launch over only as the GPU
+went idle, so the GPU waited for the host; otherwise the launch sat queued behind something
+else (an event wait on another stream, another stream's work).
 """
 import argparse
 import os
@@ -29,6 +34,39 @@ def read(path):
     return idle, dur
 
 
+def by_lead(path, bound_ns):
+    """A step's gaps of 5 us or more, by the lead of the launch after them: (host-bound count, ns),
+    (queued count, ns), (no lead count, ns), and the leads of all its launches."""
+    step, kernels, ls = gaps.read(path)
+    facts = gaps.facts_of(step, kernels, ls) or {"gaps": []}
+    lead = gaps.leads(path)
+    out = {"host": [0, 0], "queued": [0, 0], "none": [0, 0]}
+    for ns, pos, _ in facts["gaps"]:
+        if ns < 5000:
+            continue
+        k = "none" if pos not in lead else "host" if lead[pos] < bound_ns else "queued"
+        out[k][0] += 1
+        out[k][1] += ns
+    return out, sorted(lead.values())
+
+
+def lead_report(trace_dir, label, which, bound_ns):
+    rows = [by_lead(os.path.join(trace_dir, f"step-{int(i):06d}.trace"), bound_ns) for i in which.split(",")]
+    if not any(r[1] for r in rows):
+        return
+    n = len(rows)
+    parts = []
+    for k, name in (("host", "host-bound"), ("queued", "queued"), ("none", "no lead")):
+        c = sum(r[0][k][0] for r in rows) / n
+        ms = sum(r[0][k][1] for r in rows) / n / 1e6
+        parts.append(f"{name} {c:.0f} ({ms:.2f} ms)")
+    all_leads = sorted(x for r in rows for x in r[1])
+    q = lambda p: all_leads[min(len(all_leads) - 1, int(p * len(all_leads)))] / 1e3
+    print(f"{label}: gaps of 5 us or more a step, by the lead of the launch after them (host-bound under "
+          f"{bound_ns / 1e3:.0f} us): " + ", ".join(parts) +
+          f"; leads of all launches: min {all_leads[0] / 1e3:.1f}, 1% {q(0.01):.1f}, median {q(0.5):.0f} us")
+
+
 def mean(maps):
     keys = set().union(*maps)
     return {k: sum(m.get(k, 0) for m in maps) / len(maps) for k in keys}
@@ -46,6 +84,7 @@ def main():
     ap.add_argument("--under", required=True, help="steps under the plan, e.g. 7,8,9,10")
     ap.add_argument("--plan", help="a weight plan file: windows' use and reload_at positions")
     ap.add_argument("--bucket", type=int, default=500)
+    ap.add_argument("--host-bound", type=float, default=30.0, help="us: a lead under this is the GPU waiting for the host")
     args = ap.parse_args()
     g0, k0 = steps(args.trace_dir, args.before)
     g1, k1 = steps(args.trace_dir, args.under)
@@ -82,6 +121,9 @@ def main():
                   f"{sum(d[k] for k in hit) / 1e6:.2f} ms")
         either = [k for k in mid_pos if k in uses or k in reloads]
         print(f"  either: {len(either)}, {sum(d[k] for k in either) / 1e6:.2f} ms")
+    bound = args.host_bound * 1000
+    lead_report(args.trace_dir, "before", args.before, bound)
+    lead_report(args.trace_dir, "under", args.under, bound)
 
 
 if __name__ == "__main__":

@@ -601,10 +601,12 @@ case $plan in
     restart_daemon
     d=(--workload lora --deterministic --steps 6 --warmup 6 --mark-steps)
     # WEIGHTS_DIAG_OBS=0 leaves the observed baseline out.
-    [ "${WEIGHTS_DIAG_OBS:-1}" = 1 ] && run lora_stream_obs 1 "${d[@]}" --mode stream
+    [ "${WEIGHTS_DIAG_OBS:-1}" = 1 ] && OFFLOAD_TRACE_LEAD=1 run lora_stream_obs 1 "${d[@]}" --mode stream
     restart_daemon  # the observed run started one with the default pool
     budget=20GiB
-    OFFLOAD_TRACE_STEPS=12 OFFLOAD_PERSISTENT_MIN=64MiB trace_offload=1 run lora_diag_shim o "${d[@]}" --mode ckpt --mark-frozen
+    # Each kernel's lead too (OFFLOAD_TRACE_LEAD): gaps_at.py tells the GPU waiting for the host
+    # from a launch queued behind a wait.
+    OFFLOAD_TRACE_LEAD=1 OFFLOAD_TRACE_STEPS=12 OFFLOAD_PERSISTENT_MIN=64MiB trace_offload=1 run lora_diag_shim o "${d[@]}" --mode ckpt --mark-frozen
     [ -f "$work/lora_stream_obs.json" ] && check_pair lora_stream_obs lora_diag_shim
     python3 "$root/scripts/bench/gaps.py" $(ls -d "$work"/trace_lora_stream_obs 2>/dev/null) "$work/trace_lora_diag_shim" | tee "$work/gaps.txt"
     python3 -c 'import json,sys; x=json.load(open(sys.argv[1]))["shim"]["executor"]; print("[gpu] host waits, last active step:", json.dumps(x.get("last_step_waits")), "weights:", json.dumps(x.get("weights")))' "$work/lora_diag_shim.json"

@@ -23,10 +23,9 @@ struct LinkRig {
   std::unique_ptr<DaemonLink> link;
   int64_t now_ms = 0;
 
-  bool connect(std::string* why) {
+  bool connect(std::string* why, Settings s = {}) {
     setenv("XDG_RUNTIME_DIR", d.env().at("XDG_RUNTIME_DIR").c_str(), 1);
     setenv("OFFLOAD_SOCKET", d.socket().c_str(), 1);
-    Settings s;
     s.daemon = "connect";  // never start one: the test owns the daemon
     link = std::make_unique<DaemonLink>(s, "shim-link-test");
     return reconnect(why);
@@ -65,6 +64,23 @@ TEST(ShimLinkIntegration, RefusalsAreAnswersAndLeasesAreWritable) {
   r.link->release(*a);
   auto b = r.link->lease(200 * kMiB, &why);
   EXPECT_TRUE(b.has_value()) << "room again after the release: " << why;
+}
+
+// A daemon started earlier with a smaller pool than this process's OFFLOAD_HOST_POOL asks for
+// serves it all the same, and the shim says so (once), naming the way to the larger pool.
+TEST(ShimLinkIntegration, ADaemonWithASmallerPoolThanAskedForIsSaid) {
+  for (bool asked : {true, false}) {
+    SCOPED_TRACE(asked ? "OFFLOAD_HOST_POOL=1GiB" : "OFFLOAD_HOST_POOL unset");
+    LinkRig r;
+    std::string why;
+    ASSERT_TRUE(r.d.start({}, &why)) << why;  // a 256 MiB pool
+    Settings s;
+    s.host_pool_bytes = 1ull << 30;
+    s.host_pool_set = asked;
+    ASSERT_TRUE(r.connect(&why, s)) << why;
+    EXPECT_EQ(r.link->pool_short(), asked);
+    EXPECT_TRUE(r.link->lease(100 * kMiB, &why).has_value()) << "the smaller pool still serves: " << why;
+  }
 }
 
 TEST(ShimLinkIntegration, ConnectModeWithoutADaemonGivesUpWithAReason) {

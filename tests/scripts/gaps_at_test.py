@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """scripts/bench/gaps_at.py on made-up step traces: 20 launches of 100 us, 2 us apart before
 the plan; under it, 18 us more before launches 5 and 12 (a window's use and a reload's issue in
-the made-up plan), 1 us more before every other, and launch 7 10 us longer. The report must
-find exactly that. Exit 1 otherwise."""
+the made-up plan), 1 us more before every other, and launch 7 10 us longer. The steps under the
+plan have leads (OFFLOAD_TRACE_LEAD): launch 5 was handed over 8 us before it started (the GPU
+waited for the host), launch 12 400 us before (it sat queued), every other 1 ms before. The
+report must find exactly that. Exit 1 otherwise."""
 import os
 import re
 import subprocess
@@ -13,7 +15,7 @@ root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 script = os.path.join(root, "scripts", "bench", "gaps_at.py")
 
 
-def step(path, extra_gap, extra_dur):
+def step(path, extra_gap, extra_dur, lead=None):
     t = 0
     with open(path, "w") as f:
         f.write("offload-trace 1.0\nstep 0 launches 20\n")
@@ -21,7 +23,8 @@ def step(path, extra_gap, extra_dur):
             if pos:
                 t += 2000 + extra_gap.get(pos, 0)
             ns = 100000 + extra_dur.get(pos, 0)
-            f.write(f"launch {pos} K 0 x {t} {ns}\n")
+            tail = f" 0 lead {lead.get(pos, 1000000)}" if lead is not None else ""
+            f.write(f"launch {pos} K 0 x {t} {ns}{tail}\n")
             t += ns
 
 
@@ -31,7 +34,7 @@ with tempfile.TemporaryDirectory() as tmp:
     more = {pos: 1000 for pos in range(1, 20)}
     more.update({5: 18000, 12: 18000})
     for i in (2, 3):
-        step(os.path.join(tmp, f"step-{i:06d}.trace"), more, {7: 10000})
+        step(os.path.join(tmp, f"step-{i:06d}.trace"), more, {7: 10000}, {5: 8000, 12: 400000})
     plan = os.path.join(tmp, "x.plan")
     with open(plan, "w") as f:
         f.write("plan budget=1\nwindow weight=0 evict_after=2 reload_at=12 use=5\n")
@@ -49,6 +52,11 @@ expect(r"growth: 0\.02 ms at positions up under 5 us, 0\.04 ms at 2 positions up
 expect(r"largest gap increases \(us @ launch\): 18\.0@(5|12), 18\.0@(5|12)", "largest")
 expect(r"1 are a window's use \(1 in the plan\)", "use")
 expect(r"1 are a reload's issue \(1 in the plan\)", "reload")
+expect(r"under: gaps of 5 us or more a step, by the lead of the launch after them \(host-bound under 30 us\): "
+       r"host-bound 1 \(0\.02 ms\), queued 1 \(0\.02 ms\), no lead 0 \(0\.00 ms\); "
+       r"leads of all launches: min 8\.0, 1% 8\.0, median 1000 us", "by lead")
+if re.search(r"^before:", out, re.M):
+    failures.append("the steps before the plan have no leads: no line for them")
 print(out)
 for f in failures:
     print("FAIL", f)

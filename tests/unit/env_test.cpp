@@ -141,13 +141,21 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_TRUE(one("OFFLOAD_DISABLE", "false").enabled);
   EXPECT_EQ(one("OFFLOAD_TRACE_STEPS", "1").trace_steps, 1u);
   EXPECT_EQ(one("OFFLOAD_TRACE_STEPS", "100000").trace_steps, 100000u);
+  EXPECT_TRUE(one("OFFLOAD_TRACE_LEAD", "1").trace_lead);
+  EXPECT_TRUE(one("OFFLOAD_TRACE_LEAD", "true").trace_lead);
+  EXPECT_FALSE(one("OFFLOAD_TRACE_LEAD", "0").trace_lead);
+  EXPECT_FALSE(one("OFFLOAD_TRACE_LEAD", "false").trace_lead);
+  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").trace_lead) << "off unless asked";
+  EXPECT_TRUE(one("OFFLOAD_HOST_POOL", "48GiB").host_pool_set);
+  EXPECT_EQ(one("OFFLOAD_HOST_POOL", "48GiB").host_pool_bytes, 48ull << 30);
+  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").host_pool_set) << "the default is not asked for";
 }
 
 TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
   const std::vector<std::pair<const char*, const char*>> bad = {
       {"OFFLOAD_TRACE_STEPS", "0"},      {"OFFLOAD_TRACE_STEPS", "-3"},   {"OFFLOAD_TRACE_STEPS", "100001"},
       {"OFFLOAD_TRACE_STEPS", "many"},   {"OFFLOAD_TRACE_STEPS", "5x"},   {"OFFLOAD_TRACE_STEPS", "99999999999999999999"},
-      {"OFFLOAD_TELEMETRY", "on"},       {"OFFLOAD_TELEMETRY", "CUPTI"},  {"OFFLOAD_LOG_LEVEL", "verbose"},
+      {"OFFLOAD_TELEMETRY", "on"},       {"OFFLOAD_TELEMETRY", "CUPTI"},  {"OFFLOAD_TRACE_LEAD", "yes"},  {"OFFLOAD_LOG_LEVEL", "verbose"},
       {"OFFLOAD_LOG_LEVEL", "trace"},    {"OFFLOAD_DISABLE", "yes"},      {"OFFLOAD_DISABLE", "2"},
   };
   for (auto [var, val] : bad) {

@@ -30,12 +30,12 @@ StepTrace sample() {
       {2, 123456789012ull, 0x7f00deadbeef, 0, 3},
       {3, 1, 0x7f00deadbeef, 2, -1},
   };
-  TraceLaunch l0{0, EventKind::Copy, 0, 0x2, 0, 1500, {0, 2}};
-  TraceLaunch l1{1, EventKind::Kernel, 7, 0x7f00deadbeef, 1700, 12345, {2, 1, 0}};
-  TraceLaunch l2{2, EventKind::Memset, 0, 0, -1, -1, {3}};
-  TraceLaunch l3{3, EventKind::Graph, 0, 0x2, 20000, 999, {}};
-  TraceLaunch l4{4, EventKind::Kernel, 0, 0, 30000, 1, {3, 0}};
-  TraceLaunch l5{5, EventKind::Kernel, 9, 0x2, -1, -1, {}};
+  TraceLaunch l0{0, EventKind::Copy, 0, 0x2, 0, 1500, {0, 2}, std::nullopt, 0};
+  TraceLaunch l1{1, EventKind::Kernel, 7, 0x7f00deadbeef, 1700, 12345, {2, 1, 0}, 250, 0};
+  TraceLaunch l2{2, EventKind::Memset, 0, 0, -1, -1, {3}, std::nullopt, 0};
+  TraceLaunch l3{3, EventKind::Graph, 0, 0x2, 20000, 999, {}, std::nullopt, 0};
+  TraceLaunch l4{4, EventKind::Kernel, 0, 0, 30000, 1, {3, 0}, std::nullopt, 0};
+  TraceLaunch l5{5, EventKind::Kernel, 9, 0x2, -1, -1, {}, std::nullopt, 0};
   t.launches = {l0, l1, l2, l3, l4, l5};
   t.gpu_busy_ns = 14846;
   t.cupti_kernels = 3;
@@ -67,6 +67,7 @@ void expect_equal(const StepTrace& a, const StepTrace& b) {
     EXPECT_EQ(x.gpu_start_ns, y.gpu_start_ns);
     EXPECT_EQ(x.gpu_ns, y.gpu_ns);
     EXPECT_EQ(x.allocs, y.allocs);
+    EXPECT_EQ(x.lead_ns, y.lead_ns);
   }
 }
 
@@ -152,6 +153,20 @@ TEST(TraceIo, RejectsAnotherMajorVersionNamingIt) {
   EXPECT_NE(err.find(std::to_string(trace_format::kMajor) + ".x"), std::string::npos)
       << "names the version it reads: " << err;
   EXPECT_NE(err.find("not supported"), std::string::npos) << err;
+}
+
+TEST(TraceIo, ALeadIsWrittenOnlyWhereMeasuredAndMayBeNegative) {
+  StepTrace t = sample();
+  std::string s = text(t);
+  EXPECT_NE(s.find("launch 1 K 7 7f00deadbeef 1700 12345 3 2 1 0 lead 250\n"), std::string::npos) << s;
+  EXPECT_EQ(s.find(" lead ", s.find("launch 2 ")), std::string::npos) << "no other launch has one";
+  // A host clock a little ahead of the GPU's reads as a negative lead; it is kept as it is.
+  t.launches[1].lead_ns = -40;
+  StepTrace out;
+  std::string err;
+  ASSERT_TRUE(read_text(text(t), &out, &err)) << err;
+  EXPECT_EQ(out.launches[1].lead_ns, -40);
+  EXPECT_FALSE(out.launches[0].lead_ns.has_value());
 }
 
 TEST(TraceIo, AcceptsAnOlderMinorOfTheSameMajor) {
@@ -254,6 +269,11 @@ TEST(TraceIo, RejectsMalformedRecords) {
   EXPECT_FALSE(read_text(with(launch1, "launch 1 K 7 0 0 0 2 1"), &out, &err)) << "fewer ordinals than n";
   EXPECT_FALSE(read_text(with(find_line(v, "alloc 2 "), "alloc 2 lots 0 0 3"), &out, &err));
   EXPECT_FALSE(read_text(with(1, "step 42 launches 6"), &out, &err)) << "short step line";
+  EXPECT_FALSE(read_text(with(launch1, "launch 1 K 7 0 0 0 0 lead"), &out, &err)) << "lead without ns";
+  EXPECT_FALSE(read_text(with(launch1, "launch 1 K 7 0 0 0 0 lead x"), &out, &err)) << "lead not a number";
+  EXPECT_FALSE(read_text(with(launch1, "launch 1 K 7 0 0 0 0 lead 5 6"), &out, &err)) << "more after the lead";
+  EXPECT_FALSE(read_text(with(launch1, "launch 1 K 7 0 0 0 1 0 0"), &out, &err)) << "more ordinals than n";
+  EXPECT_NE(err.find("after its allocations"), std::string::npos) << err;
   EXPECT_FALSE(read_text(with(launch1, "lunch 1 K 7 0 0 0 0"), &out, &err));
   EXPECT_NE(err.find("unknown record"), std::string::npos) << err;
   // A header asking for absurd counts is refused before anything is reserved.
@@ -316,7 +336,7 @@ TEST(ChromeJson, OneCompleteEventPerTimedLaunch) {
 TEST(ChromeJson, NamesAreEscaped) {
   StepTrace t;
   t.kernels[1] = "void k<\"quoted\", C:\\path>(int)";
-  t.launches.push_back(TraceLaunch{0, EventKind::Kernel, 1, 0, 0, 10, {}});
+  t.launches.push_back(TraceLaunch{0, EventKind::Kernel, 1, 0, 0, 10, {}, std::nullopt, 0});
   Json j = chrome(t);
   auto xs = x_events(j);
   ASSERT_EQ(xs.size(), 1u);
@@ -335,8 +355,8 @@ TEST(ChromeJson, UntimedStepIsStillValidJson) {
 TEST(ChromeJson, TimestampsKeepNanosecondResolutionLateInAStep) {
   StepTrace t;
   t.kernels[1] = "k";
-  t.launches.push_back(TraceLaunch{0, EventKind::Kernel, 1, 0, 0, 2500, {}});
-  t.launches.push_back(TraceLaunch{1, EventKind::Kernel, 1, 0, 1'234'567'891, 4'321, {}});
+  t.launches.push_back(TraceLaunch{0, EventKind::Kernel, 1, 0, 0, 2500, {}, std::nullopt, 0});
+  t.launches.push_back(TraceLaunch{1, EventKind::Kernel, 1, 0, 1'234'567'891, 4'321, {}, std::nullopt, 0});
   Json j = chrome(t);
   auto xs = x_events(j);
   ASSERT_EQ(xs.size(), 2u);
@@ -376,7 +396,7 @@ StepTrace activation_step() {
   std::vector<std::vector<uint32_t>> touches = {
       {0}, {0, 1, 2, 3, 5}, {4, 6, 9, 0}, {0}, {7}, {9}, {1, 4, 8}, {8, 0}};
   for (uint32_t p = 0; p < touches.size(); ++p)
-    t.launches.push_back(TraceLaunch{p, EventKind::Kernel, 0, 0, -1, -1, touches[p]});
+    t.launches.push_back(TraceLaunch{p, EventKind::Kernel, 0, 0, -1, -1, touches[p], std::nullopt, 0});
   return t;
 }
 

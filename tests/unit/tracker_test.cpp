@@ -725,6 +725,45 @@ TEST(StepAssembler, RepeatedKernelsAlignInOrderAndAMissingRecordLeavesOneLaunchU
   EXPECT_EQ(t.gpu_busy_ns, 10 + 30 + 50);
 }
 
+// OFFLOAD_TRACE_LEAD: the tracker reads the lead clock as it forwards each kernel, and a
+// kernel's lead is its record's start less that reading.
+uint64_t g_fake_now = 0;
+uint64_t fake_clock() { return g_fake_now += 100; }
+
+TEST(StepAssembler, AKernelsLeadIsItsGpuStartLessWhenTheHostForwardedIt) {
+  Rig r;
+  r.as.gpu_times_from(1);
+  const Func k = r.drv.add_kernel("gemm", {{0, 8}});
+  DevPtr p = kVa;
+  r.tr.on_alloc(p, 4096, 0);
+  launch(r.tr, k, 0, p);  // before the clock is set: no lead
+  g_fake_now = 1000;
+  r.tr.set_lead_clock(&fake_clock);
+  launch(r.tr, k, 0, p);  // forwarded at 1100
+  launch(r.tr, k, 0, p);  // forwarded at 1200
+  r.tr.on_copy(p, 0, 64, 0);  // copies get no lead: only kernels have records we align
+  r.tr.mark_step();
+  r.drain();
+  std::vector<GpuRecord> recs = {kernel_record("gemm", 1, 500, 900), kernel_record("gemm", 2, 5100, 5200),
+                                 kernel_record("gemm", 3, 1210, 1300)};
+  r.as.add_gpu_records(recs);
+  r.pump(true);
+  ASSERT_EQ(r.steps.size(), 1u);
+  const StepTrace& t = r.steps[0];
+  EXPECT_FALSE(t.launches[0].lead_ns.has_value());
+  EXPECT_EQ(t.launches[1].lead_ns, 5100 - 1100) << "queued behind other work";
+  EXPECT_EQ(t.launches[2].lead_ns, 1210 - 1200) << "the GPU waited for the host";
+  EXPECT_FALSE(t.launches[3].lead_ns.has_value());
+  // And the leads survive the trace file.
+  std::stringstream ss;
+  t.write(ss);
+  StepTrace back;
+  std::string err;
+  ASSERT_TRUE(StepTrace::read(ss, &back, &err)) << err;
+  EXPECT_EQ(back.launches[1].lead_ns, 4000);
+  EXPECT_EQ(back.launches[2].lead_ns, 10);
+}
+
 TEST(StepAssembler, AStepWaitsForItsRecordsThenAMoment) {
   StepAssembler::Options o;
   o.telemetry_wait_ns = 1'000'000;
@@ -894,7 +933,7 @@ StepTrace recorded_step() {
   t.allocs.push_back({9, M, 0, 7, -1});          // gradient
   uint32_t pos = 0;
   auto add = [&](EventKind kind, uint32_t kernel, std::vector<uint32_t> allocs) {
-    t.launches.push_back(TraceLaunch{pos++, kind, kernel, 0, -1, -1, std::move(allocs)});
+    t.launches.push_back(TraceLaunch{pos++, kind, kernel, 0, -1, -1, std::move(allocs), std::nullopt, 0});
   };
   add(EventKind::Copy, 0, {2});
   add(EventKind::Kernel, 0, {0, 2, 3});
