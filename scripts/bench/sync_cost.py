@@ -21,6 +21,13 @@ adds one thing the executor does per streamed weight and compares the chain's GP
 - `vmm_churn`: a host thread maps, grants access to and unmaps a 72 MiB handle (lora's unit)
   in a range of its own, as the executor does per piece, while the chain runs: whether the
   driver's page-table updates slow the kernels.
+- `vmm_first_use`: every 16th GEMM reads its weight from a range mapped (and granted access)
+  just before the chain, never touched by the GPU before: what a reloaded weight's first use
+  costs for its fresh mapping alone. Alias ranges of one 72 MiB handle.
+- `vmm_use_remap`: the same, and a host thread, as each such GEMM completes (its event), unmaps
+  its range and maps it again, as the executor unmaps a leaving weight right after its last
+  use and maps the memory elsewhere: the unmap of a range the GPU has just read, beside the
+  running chain. Its cost per range less `vmm_first_use`'s is the unmap and map of a used range.
 
 Per variant: the chain's median time against the plain chain's, run alternately (--repeat
 times each), and the cost per operation. The chain queues behind a sleeping kernel, so the
@@ -133,6 +140,77 @@ class Vmm:
         self.check(self.cu.cuMemUnmap(self.va, ctypes.c_size_t(self.size)), "cuMemUnmap")
 
 
+class Aliases:
+    """`count` address ranges of their own, each mapped to the same physical handle on demand."""
+
+    def __init__(self, vmm, count):
+        self.vmm, self.count = vmm, count
+        self.vas = []
+        for _ in range(count):
+            va = ctypes.c_ulonglong()
+            vmm.check(vmm.cu.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(vmm.size), ctypes.c_size_t(0),
+                                                 ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "cuMemAddressReserve")
+            self.vas.append(va)
+
+    def map(self, i):
+        v = self.vmm
+        v.check(v.cu.cuMemMap(self.vas[i], ctypes.c_size_t(v.size), ctypes.c_size_t(0), v.handle,
+                              ctypes.c_ulonglong(0)), "cuMemMap")
+        v.check(v.cu.cuMemSetAccess(self.vas[i], ctypes.c_size_t(v.size), ctypes.byref(v.access),
+                                    ctypes.c_size_t(1)), "cuMemSetAccess")
+
+    def unmap(self, i):
+        self.vmm.check(self.vmm.cu.cuMemUnmap(self.vas[i], ctypes.c_size_t(self.vmm.size)), "cuMemUnmap")
+
+    def tensor(self, i, shape):
+        class Iface:  # a bf16 view of the range, as float16 (same width) for the interface
+            __cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<f2", "data": (self.vas[i].value, False),
+                                        "version": 3}
+        return torch.as_tensor(Iface(), device="cuda").view(torch.bfloat16)
+
+
+def fresh_chain(n, a, b, c, al, every, remap):
+    """The chain with every `every`-th GEMM reading a freshly mapped alias range instead of its
+    weight; with `remap`, each such range unmapped and mapped again as soon as its GEMM is done."""
+    bw = b if isinstance(b, list) else [b]
+    k = (n // 2 + every - 1) // every
+    for i in range(k):
+        al.map(i)
+    torch.cuda.synchronize()
+    fresh = [al.tensor(i, bw[0].shape) for i in range(k)]
+    s = torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(2e8))
+    start.record(s)
+    done = []
+    for i in range(n):
+        if i % 2 == 0:
+            j = i // 2
+            torch.mm(a, fresh[j // every] if j % every == 0 else bw[j % len(bw)], out=c)
+            if remap and j % every == 0:
+                e = torch.cuda.Event()
+                e.record(s)
+                done.append((j // every, e))
+        else:
+            c.add_(1.0)
+    end.record(s)
+
+    def body():
+        for idx, e in done:
+            e.synchronize()
+            al.unmap(idx)
+            al.map(idx)
+
+    th = threading.Thread(target=body)
+    th.start()
+    th.join()
+    torch.cuda.synchronize()
+    del fresh
+    for i in range(k):
+        al.unmap(i)
+    return start.elapsed_time(end), k
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launches", type=int, default=4000)
@@ -160,6 +238,7 @@ def main():
     src = torch.empty(unit, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(unit, dtype=torch.uint8, device="cuda")
     vmm = Vmm(dev, unit)
+    aliases = Aliases(vmm, (n // 2 + 15) // 16)
     # Host memory as the shim's pool has it: shared memory registered with the driver
     # (cudaHostRegister), not allocated pinned.
     shm = mmap.mmap(-1, unit, flags=mmap.MAP_SHARED)
@@ -202,6 +281,8 @@ def main():
         "copy_wait_landed": lambda: chain(n, a, b, c, side, 128, "copy_wait_landed", src, dst),
         "vmm_churn_250": lambda: churn_run(250),
         "vmm_churn_1000": lambda: churn_run(1000),
+        "vmm_first_use": lambda: fresh_chain(n, a, b, c, aliases, 16, False),
+        "vmm_use_remap": lambda: fresh_chain(n, a, b, c, aliases, 16, True),
     }
     if registered:
         variants["copy_only_registered"] = lambda: chain(n, a, b, c, side, 128, "copy_only", reg, dst)
@@ -231,6 +312,13 @@ def main():
         print(f"[sync_cost] {name}: plain median {statistics.median(plain):.2f} ms (runs {', '.join(f'{x:.2f}' for x in plain)}), "
               f"with {statistics.median(with_):.2f} ms ({', '.join(f'{x:.2f}' for x in with_)}); {ops} ops: "
               f"{per:+.2f} us of GPU time each")
+    v = out["variants"]
+    if "vmm_first_use" in v and "vmm_use_remap" in v:
+        d = statistics.median(v["vmm_use_remap"]["ms"]) - statistics.median(v["vmm_first_use"]["ms"])
+        per = d * 1000.0 / v["vmm_use_remap"]["ops"]
+        v["remap_of_used"] = {"us_per_op": round(per, 2)}
+        print(f"[sync_cost] remap_of_used (vmm_use_remap less vmm_first_use): {per:+.2f} us of GPU time per "
+              f"unmap and map of a range just read")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

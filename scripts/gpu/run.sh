@@ -55,6 +55,8 @@
 #                                   both traced with GPU times; gaps.py per step (< 5 min)
 #   scripts/gpu/run.sh sync_cost    scripts/bench/sync_cost.py: the GPU time of a cross-stream wait,
 #                                   a copy and the driver's map/unmap while kernels run (< 1 min)
+#   scripts/gpu/run.sh vmm_use       a fresh mapping's first use, and the unmap of a range just
+#                                   read, on the GPU (< 2 min)
 #   scripts/gpu/run.sh sync_cost_shim  the same under the shim, CUPTI on and off (< 2 min)
 #   scripts/gpu/run.sh sampled_smoke  the marked shim alone with OFFLOAD_TELEMETRY=sampled: the
 #                                   pause and resume on real CUPTI, bitwise (< 2 min)
@@ -614,6 +616,16 @@ case $plan in
     ;;
   sync_cost)
     python3 "$root/scripts/bench/sync_cost.py" --json "$work/sync_cost.json" 2>&1 | tee "$work/sync_cost.log"
+    ;;
+  vmm_use)
+    # The GPU's cost of a fresh mapping's first use and of unmapping a range just read
+    # (sync_cost.py's vmm_first_use, vmm_use_remap; vmm_churn_1000 beside them), at the small
+    # and at lora's shapes (< 2 min).
+    for big in "" --big; do
+      log "sync_cost vmm variants ${big:-small}"
+      python3 "$root/scripts/bench/sync_cost.py" $big --only vmm_churn_1000,vmm_first_use,vmm_use_remap \
+        --json "$work/vmm_use${big:+_big}.json" 2>&1 | grep -E "^\[sync_cost\]|rror" | tee "$work/vmm_use${big:+_big}.log"
+    done
     ;;
   sync_cost_shim)
     # The same under the shim (route 1, observing), with CUPTI tracing kernels and copies and
