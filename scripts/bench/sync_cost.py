@@ -21,6 +21,13 @@ adds one thing the executor does per streamed weight and compares the chain's GP
 - `vmm_churn`: a host thread maps, grants access to and unmaps a 72 MiB handle (lora's unit)
   in a range of its own, as the executor does per piece, while the chain runs: whether the
   driver's page-table updates slow the kernels.
+- `record`: an event recorded on the chain's stream every 16 launches (the executor's record of a
+  leaving weight's last use); `record_side_wait` the same, a side stream waiting for each.
+- `pipeline`: the executor's whole chain per window, every 32 launches: an event on the chain's
+  stream (the leaving weight's last use), a second stream waiting for it and recording its own
+  (the eviction), a third waiting for that, copying 2 MiB and recording (the reload), and the
+  chain waiting for that 16 launches later (the use). As the executor orders a reload after the
+  memory's last owner.
 - `vmm_first_use`: every 16th GEMM reads its weight from a range mapped (and granted access)
   just before the chain, never touched by the GPU before: what a reloaded weight's first use
   costs for its fresh mapping alone. Alias ranges of one 72 MiB handle.
@@ -169,6 +176,42 @@ class Aliases:
         return torch.as_tensor(Iface(), device="cuda").view(torch.bfloat16)
 
 
+def event_chain(n, a, b, c, mode, side, third, copy_src, copy_dst):
+    """The chain with the executor's events: see `record`, `record_side_wait` and `pipeline`."""
+    s = torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(2e8))
+    start.record(s)
+    ops, pending = 0, []
+    for i in range(n):
+        every = 32 if mode == "pipeline" else 16
+        if i and i % every == 0:
+            last = torch.cuda.Event()
+            last.record(s)
+            ops += 1
+            if mode == "record_side_wait":
+                side.wait_event(last)
+            elif mode == "pipeline":
+                side.wait_event(last)
+                gone = torch.cuda.Event()
+                gone.record(side)
+                third.wait_event(gone)
+                with torch.cuda.stream(third):
+                    copy_dst.copy_(copy_src, non_blocking=True)
+                landed = torch.cuda.Event()
+                landed.record(third)
+                pending.append((i + 16, landed))
+        while pending and pending[0][0] <= i:
+            s.wait_event(pending.pop(0)[1])
+        if i % 2 == 0:
+            torch.mm(a, b[(i // 2) % len(b)] if isinstance(b, list) else b, out=c)
+        else:
+            c.add_(1.0)
+    end.record(s)
+    torch.cuda.synchronize()
+    return start.elapsed_time(end), ops
+
+
 def fresh_chain(n, a, b, c, al, every, remap):
     """The chain with every `every`-th GEMM reading a freshly mapped alias range instead of its
     weight; with `remap`, each such range unmapped and mapped again as soon as its GEMM is done."""
@@ -233,10 +276,11 @@ def main():
         a = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(args.size, args.size, device="cuda", dtype=torch.bfloat16)
-    side = torch.cuda.Stream()
+    side, third = torch.cuda.Stream(), torch.cuda.Stream()
     unit = 72 << 20
     src = torch.empty(unit, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(unit, dtype=torch.uint8, device="cuda")
+    src2, dst2 = src[: 2 << 20], dst[: 2 << 20]
     vmm = Vmm(dev, unit)
     aliases = Aliases(vmm, (n // 2 + 15) // 16)
     # Host memory as the shim's pool has it: shared memory registered with the driver
@@ -281,6 +325,9 @@ def main():
         "copy_wait_landed": lambda: chain(n, a, b, c, side, 128, "copy_wait_landed", src, dst),
         "vmm_churn_250": lambda: churn_run(250),
         "vmm_churn_1000": lambda: churn_run(1000),
+        "record": lambda: event_chain(n, a, b, c, "record", side, third, src2, dst2),
+        "record_side_wait": lambda: event_chain(n, a, b, c, "record_side_wait", side, third, src2, dst2),
+        "pipeline": lambda: event_chain(n, a, b, c, "pipeline", side, third, src2, dst2),
         "vmm_first_use": lambda: fresh_chain(n, a, b, c, aliases, 16, False),
         "vmm_use_remap": lambda: fresh_chain(n, a, b, c, aliases, 16, True),
     }

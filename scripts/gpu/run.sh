@@ -55,6 +55,8 @@
 #                                   both traced with GPU times; gaps.py per step (< 5 min)
 #   scripts/gpu/run.sh sync_cost    scripts/bench/sync_cost.py: the GPU time of a cross-stream wait,
 #                                   a copy and the driver's map/unmap while kernels run (< 1 min)
+#   scripts/gpu/run.sh sync_events   the executor's event records and cross-stream waits, alone
+#                                   and chained as per window (< 2 min)
 #   scripts/gpu/run.sh vmm_use       a fresh mapping's first use, and the unmap of a range just
 #                                   read, on the GPU (< 2 min)
 #   scripts/gpu/run.sh sync_cost_shim  the same under the shim, CUPTI on and off (< 2 min)
@@ -616,6 +618,15 @@ case $plan in
     ;;
   sync_cost)
     python3 "$root/scripts/bench/sync_cost.py" --json "$work/sync_cost.json" 2>&1 | tee "$work/sync_cost.log"
+    ;;
+  sync_events)
+    # The executor's event records and cross-stream waits (sync_cost.py's record,
+    # record_side_wait, pipeline; copy_wait_landed beside them), at both shapes (< 2 min).
+    for big in "" --big; do
+      log "sync_cost event variants ${big:-small}"
+      python3 "$root/scripts/bench/sync_cost.py" $big --only copy_wait_landed,record,record_side_wait,pipeline \
+        --json "$work/sync_events${big:+_big}.json" 2>&1 | grep -E "^\[sync_cost\]|rror" | tee "$work/sync_events${big:+_big}.log"
+    done
     ;;
   vmm_use)
     # The GPU's cost of a fresh mapping's first use and of unmapping a range just read
