@@ -46,8 +46,6 @@ std::string loaded_dir(const char* needle) {
   return ctx.dir;
 }
 
-}  // namespace
-
 // cuptiGetTimestamp, once start() found it: the clock of the activity records.
 std::atomic<int (*)(uint64_t*)> g_get_timestamp{nullptr};
 uint64_t cupti_now() {
@@ -55,6 +53,8 @@ uint64_t cupti_now() {
   if (auto f = g_get_timestamp.load(std::memory_order_relaxed)) f(&t);
   return t;
 }
+
+}  // namespace
 
 uint64_t (*CuptiTelemetry::clock() const)() { return g_get_timestamp.load() ? &cupti_now : nullptr; }
 

@@ -138,10 +138,10 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
     actions_.push_back(Action{(w.evict_after + 1) % n, static_cast<uint32_t>(k), true, true});
     actions_.push_back(Action{w.reload_at, static_cast<uint32_t>(k), false, true});
     // The stream's wait for the reload goes before the launch before the use, where the reload
-    // was issued earlier still: a wait queued right before a GEMM held the GEMM back some 9 us
-    // on the H200 (lora's step, in CUPTI traces with leads), and the launch before a use is
-    // mostly a memset or an elementwise kernel. The use itself waits only if its stream is
-    // another one.
+    // was issued earlier still. On the H200 at lora's shapes a wait costs the GPU some µs
+    // wherever it is queued: 8.9 us right before the use (a GEMM), 6.5 us before the launch
+    // before it (a memset there; CUPTI traces with leads, bench/results/weights.md). The use
+    // itself waits only if its stream is another one.
     if ((w.use - w.reload_at + n) % n >= 2)
       actions_.push_back(Action{(w.use - 1 + n) % n, static_cast<uint32_t>(k), false, true, true});
   }
