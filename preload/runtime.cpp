@@ -565,7 +565,7 @@ std::string Runtime::executor_json() {
      << ",\"misses\":" << x.weight_misses << ",\"abandoned\":" << x.weight_abandoned
      << ",\"bytes_out\":" << x.weight_bytes_out << ",\"bytes_in\":" << x.weight_bytes_in
      << ",\"mapped_peak\":" << x.weight_mapped_peak << ",\"bound\":" << planned_.weight_bytes_mapped
-     << ",\"waits\":" << x.weight_waits << ",\"handovers\":" << x.weight_handovers << ",\"split\":" << x.weight_split << ",\"settles\":" << x.weight_settles << ",\"early_waits\":" << x.weight_early_waits << ",\"read_only\":" << x.weight_read_only
+     << ",\"waits\":" << x.weight_waits << ",\"handovers\":" << x.weight_handovers << ",\"split\":" << x.weight_split << ",\"settles\":" << x.weight_settles << ",\"read_only\":" << x.weight_read_only
      << ",\"clean_evictions\":" << x.weight_clean_evictions << ",\"over_bound\":" << x.weight_over_bound
      << ",\"windows\":" << planned_.windows.size() << "},\"planner\":{\"gpu_time\":" << (predicted_.step_ns > 0 ? "true" : "false")
      << ",\"predicted_step_ns\":" << predicted_.step_ns << ",\"compute_ns\":" << predicted_.compute_ns

@@ -137,13 +137,6 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
     // followed by the next step's first.
     actions_.push_back(Action{(w.evict_after + 1) % n, static_cast<uint32_t>(k), true, true});
     actions_.push_back(Action{w.reload_at, static_cast<uint32_t>(k), false, true});
-    // The stream's wait for the reload goes before the launch before the use, where the reload
-    // was issued earlier still. On the H200 at lora's shapes a wait costs the GPU some µs
-    // wherever it is queued: 8.9 us right before the use (a GEMM), 6.5 us before the launch
-    // before it (a memset there; CUPTI traces with leads, bench/results/weights.md). The use
-    // itself waits only if its stream is another one.
-    if ((w.use - w.reload_at + n) % n >= 2)
-      actions_.push_back(Action{(w.use - 1 + n) % n, static_cast<uint32_t>(k), false, true, true});
   }
   for (const MemberPlan& m : plan_.members) arenas_[m.arena].members.push_back(Member{m.offset, m.bytes, false});
   for (Arena& a : arenas_)
@@ -155,8 +148,6 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
     if (x.pos != y.pos) return x.pos < y.pos;
     if (x.evict != y.evict) return x.evict;
     if (x.evict) return false;
-    if (x.wait != y.wait) return y.wait;  // early waits after the reloads
-    if (x.wait) return false;
     if (x.weight != y.weight) return !x.weight;
     if (x.weight) return until_use(x) < until_use(y);
     return reload_before(plan_.arenas[x.index], x.index, plan_.arenas[y.index], y.index);
@@ -419,8 +410,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
         const Action& act = actions_[cursor_++];
         if (act.weight) {
           const uint32_t w = plan_.windows[act.index].weight;
-          if (act.wait) wait_early(w, s);
-          else if (act.evict) evict_weight(w);
+          if (act.evict) evict_weight(w);
           else reload_weight(w, false);
           continue;
         }
@@ -1413,7 +1403,6 @@ bool Executor::reload_weight(uint32_t i, bool demand) {
     std::abort();
   }
   w.h2d_pending = true;
-  w.waited = 0;
   w.nstreams = 0;
   w.overflow = false;
   add_stream(w, prefetch_stream_);
@@ -1429,15 +1418,6 @@ bool Executor::reload_weight(uint32_t i, bool demand) {
       log().info("miss: weight {} ({} MiB) touched while evicted at launch {} of the step", i, w.used >> 20, cur_pos_);
   }
   return true;
-}
-
-void Executor::wait_early(uint32_t i, Stream s) {
-  Weight& w = weights_[i];
-  if (w.state != State::Reloading || !w.h2d_pending || opt_.fault == Options::Fault::SkipReloadWait) return;
-  const Stream on = opt_.fault == Options::Fault::EarlyWaitElsewhere ? offload_stream_ : s;
-  if (!driver_.stream_wait(on, w.ev_h2d)) return;  // the use waits for itself
-  w.waited = s;
-  ++st_.weight_early_waits;
 }
 
 void Executor::ensure_weight(uint32_t i, Stream s, bool demand) {
@@ -1461,7 +1441,7 @@ void Executor::ensure_weight(uint32_t i, Stream s, bool demand) {
     default:
       return;  // given back
   }
-  if (w.h2d_pending && w.waited != s && opt_.fault != Options::Fault::SkipReloadWait) driver_.stream_wait(s, w.ev_h2d);
+  if (w.h2d_pending && opt_.fault != Options::Fault::SkipReloadWait) driver_.stream_wait(s, w.ev_h2d);
   add_stream(w, s);
 }
 

@@ -116,7 +116,6 @@ struct ExecutorStats {
   // Weights touched again while their memory was another's and their last use not yet seen
   // complete: the host waited for that use (settle_handed) before mapping them again.
   uint64_t weight_settles = 0;
-  uint64_t weight_early_waits = 0;  // reloads waited for at the launch before the use
   // Weights the application marked read-only (offload_mark_read_only), and their evictions
   // that copied nothing (the host copy was current).
   uint64_t weight_read_only = 0, weight_clean_evictions = 0;
@@ -146,9 +145,7 @@ class Executor final : public LaunchGate {
     uint32_t max_reloads_in_flight = 0;
     // Test-only: drops a wait, for the tests that prove a missing wait is caught
     // (SkipHandoverWait: an arena's or a weight's wait for its memory's last owner).
-    // EarlyWaitElsewhere: a weight's early wait (the launch before its use) goes on another
-    // stream than that launch's, while the use still counts on it and does not wait.
-    enum class Fault : uint8_t { None, SkipReloadWait, SkipEvictWait, SkipHandoverWait, EarlyWaitElsewhere };
+    enum class Fault : uint8_t { None, SkipReloadWait, SkipEvictWait, SkipHandoverWait };
     Fault fault = Fault::None;
     // Every handle held: a reload or a placement takes the handle of an arena on its way out
     // and its first use waits for that arena's last work on the GPU (true), or the host waits
@@ -258,7 +255,6 @@ class Executor final : public LaunchGate {
     bool overflow = false;
     uint64_t ev_d2h = 0, ev_h2d = 0;
     bool h2d_pending = false;
-    Stream waited = 0;  // a stream already ordered after the pending reload (an early wait), if any
     uint64_t host_offset = 0;
     bool in_busy = false;
     // Evicting, some of its handles given to reloads (which wait for this copy out on the GPU):
@@ -277,9 +273,6 @@ class Executor final : public LaunchGate {
     uint32_t index;  // arena, or window for a weight
     bool evict;
     bool weight;
-    // A weight's early wait: the launch before its use waits for its reload, so that nothing
-    // comes between that launch and the use (see install).
-    bool wait = false;
   };
 
   template <class T> void add_stream(T& a, Stream s);
@@ -295,7 +288,6 @@ class Executor final : public LaunchGate {
   void evict_weight(uint32_t i);
   bool reload_weight(uint32_t i, bool demand);
   void ensure_weight(uint32_t i, Stream s, bool demand);
-  void wait_early(uint32_t i, Stream s);  // orders `s` after weight i's reload (an Action's wait)
   // Memory for a weight of `size` about to be mapped, within the plan's bound where it can be:
   // a kept handle of the size, a new one, a leaving weight's handle of the size, or pieces
   // (whole kept handles and leaving weights' handles no larger than the weight, adding up to

@@ -47,10 +47,11 @@ def leads(path):
 
 def kind_of(name):
     n = name.lower()
-    if "nvjet" in n or "gemm" in n or "cutlass" in n or "sm90_xmma" in n:
-        return "gemm"
+    # Attention first: flash kernels' names carry cutlass types.
     if "flash" in n or "fmha" in n or "attention" in n:
         return "attention"
+    if "nvjet" in n or "gemm" in n or "cutlass" in n or "sm90_xmma" in n:
+        return "gemm"
     return "other"
 
 

@@ -2,6 +2,7 @@
 """Where a plan's extra idle time sits, launch by launch (OFFLOAD_TRACE step files, CUPTI times).
 
     gaps_at.py TRACE_DIR --before 2,3 --under 7,8,9,10 [--plan FILE]
+               [--baseline DIR --baseline-steps 2,3,4]
 
 The idle gap before each launch (its start minus the latest end of every launch before it) and
 each launch's GPU time, averaged over the steps before the plan and over the steps under it;
@@ -9,7 +10,14 @@ then, per 500 launches, how much more idle and kernel time there is under the pl
 positions whose gap grew most; and how the growth splits by size (under 5 µs, 5-50 µs,
 more). With --plan (a weight plan as `offloadctl plan` writes it, such as
 tests/data/plans/lora-20GiB-weights.plan), which of the 5-50 µs positions are a window's use or
-reload: the launch first reading a reloaded weight, or the one its reload is issued at.
+reload: the launch first reading a reloaded weight, or the one its reload is issued at; and how
+much the uses' idle gap and GPU time grew each, against the other launches by kind (GEMMs,
+attention, the rest).
+
+With --baseline (another run's traces with the same kernels in the same order, such as the
+hand-written baseline observed by the shim), the steps under the plan against that run's, kernel
+by kernel (the k-th kernel of a step against the k-th): how much more gap and GPU time each
+kernel has, the plan's uses (with --plan) apart from the rest.
 
 Traces with leads (OFFLOAD_TRACE_LEAD=1) also sort the gaps of 5 µs or more by the lead of the
 launch after them: under --host-bound (30 µs), the host handed the launch over only as the GPU
@@ -72,6 +80,49 @@ def mean(maps):
     return {k: sum(m.get(k, 0) for m in maps) / len(maps) for k in keys}
 
 
+def kernel_rows(path):
+    """A step's kernels in launch order: (position, name, idle gap before it, GPU time), in ns."""
+    step, kernels, ls = gaps.read(path)
+    facts = gaps.facts_of(step, kernels, ls) or {"gaps": []}
+    idle = {}
+    for ns, pos, _ in facts["gaps"]:
+        idle[pos] = idle.get(pos, 0) + ns
+    return [(pos, kernels.get(kid, "?"), idle.get(pos, 0), e - s)
+            for s, e, pos, kind, kid in sorted(ls, key=lambda x: x[2]) if kind == "K"]
+
+
+def kernel_means(trace_dir, which):
+    """kernel_rows averaged over the steps `which` (positions and names from the first)."""
+    rows = [kernel_rows(os.path.join(trace_dir, f"step-{int(i):06d}.trace")) for i in which.split(",")]
+    n = min(len(r) for r in rows)
+    return [(rows[0][k][0], rows[0][k][1], sum(r[k][2] for r in rows) / len(rows), sum(r[k][3] for r in rows) / len(rows))
+            for k in range(n)]
+
+
+def against_baseline(trace_dir, under, base_dir, base_steps, uses):
+    ours, theirs = kernel_means(trace_dir, under), kernel_means(base_dir, base_steps)
+    n = min(len(ours), len(theirs))
+    differ = sum(1 for k in range(n) if ours[k][1] != theirs[k][1])
+    print(f"against {base_dir} (steps {base_steps}), kernel by kernel: {n} kernels, {differ} with another name")
+    if differ or len(ours) != len(theirs):
+        print("  the kernel sequences differ: no comparison")
+        return
+    for label, pick in (("the plan's uses", lambda pos: pos in uses), ("the rest", lambda pos: pos not in uses)):
+        ks = [k for k in range(n) if pick(ours[k][0])]
+        if not ks:
+            continue
+        dg = sum(ours[k][2] - theirs[k][2] for k in ks)
+        dk = sum(ours[k][3] - theirs[k][3] for k in ks)
+        print(f"  {label}: {len(ks)} kernels, {(dg + dk) / len(ks) / 1e3:+.2f} us each ({(dg + dk) / 1e6:+.2f} ms: "
+              f"gap {dg / 1e6:+.2f}, GPU time {dk / 1e6:+.2f})")
+
+
+def kinds(path):
+    """Per launch position with a GPU time: gemm, attention or other (gaps.kind_of)."""
+    _, kernels, ls = gaps.read(path)
+    return {pos: gaps.kind_of(kernels.get(kid, kind)) if kind == "K" else "copy/memset" for _, _, pos, kind, kid in ls}
+
+
 def steps(trace_dir, which):
     out = [read(os.path.join(trace_dir, f"step-{int(i):06d}.trace")) for i in which.split(",")]
     return mean([g for g, _ in out]), mean([d for _, d in out])
@@ -84,6 +135,8 @@ def main():
     ap.add_argument("--under", required=True, help="steps under the plan, e.g. 7,8,9,10")
     ap.add_argument("--plan", help="a weight plan file: windows' use and reload_at positions")
     ap.add_argument("--bucket", type=int, default=500)
+    ap.add_argument("--baseline", help="another run's trace directory, the same kernels in the same order")
+    ap.add_argument("--baseline-steps", help="its steps to average, e.g. 2,3,4")
     ap.add_argument("--host-bound", type=float, default=30.0, help="us: a lead under this is the GPU waiting for the host")
     args = ap.parse_args()
     g0, k0 = steps(args.trace_dir, args.before)
@@ -107,8 +160,8 @@ def main():
     less = sum(x for x in d if x < 0) / 1e6
     print(f"growth: {small:.2f} ms at positions up under 5 us, {mid:.2f} ms at {len(mid_pos)} positions up 5-50 us, "
           f"{big:.2f} ms at positions up more; {less:.2f} ms at positions down")
+    uses, reloads = set(), set()
     if args.plan:
-        uses, reloads = set(), set()
         with open(args.plan) as f:
             for line in f:
                 if line.startswith("window"):
@@ -121,6 +174,24 @@ def main():
                   f"{sum(d[k] for k in hit) / 1e6:.2f} ms")
         either = [k for k in mid_pos if k in uses or k in reloads]
         print(f"  either: {len(either)}, {sum(d[k] for k in either) / 1e6:.2f} ms")
+        # Each use, and every other launch by kind: how much its gap and its GPU time grew.
+        kind = kinds(os.path.join(args.trace_dir, f"step-{int(args.under.split(',')[0]):06d}.trace"))
+        groups = {}
+        for k in range(n):
+            if k not in kind:
+                continue
+            groups.setdefault("uses" if k in uses else kind[k], []).append(k)
+        for name in ("uses", "gemm", "attention", "other"):
+            ks = groups.get(name, [])
+            if not ks:
+                continue
+            dg = [g1.get(k, 0) - g0.get(k, 0) for k in ks]
+            dk = [k1.get(k, 0) - k0.get(k, 0) for k in ks]
+            print(f"  {name if name == 'uses' else 'other ' + name + 's' if name != 'other' else 'the rest'}: "
+                  f"{len(ks)} launches, gap {sum(dg) / len(ks) / 1e3:+.2f} us each ({sum(dg) / 1e6:+.2f} ms), "
+                  f"GPU time {sum(dk) / len(ks) / 1e3:+.2f} us each ({sum(dk) / 1e6:+.2f} ms)")
+    if args.baseline:
+        against_baseline(args.trace_dir, args.under, args.baseline, args.baseline_steps or args.before, uses)
     bound = args.host_bound * 1000
     lead_report(args.trace_dir, "before", args.before, bound)
     lead_report(args.trace_dir, "under", args.under, bound)

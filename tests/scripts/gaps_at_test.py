@@ -39,7 +39,8 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(plan, "w") as f:
         f.write("plan budget=1\nwindow weight=0 evict_after=2 reload_at=12 use=5\n")
     out = subprocess.run([sys.executable, script, tmp, "--before", "0,1", "--under", "2,3", "--plan", plan,
-                          "--bucket", "10"], check=True, capture_output=True, text=True).stdout
+                          "--bucket", "10", "--baseline", tmp, "--baseline-steps", "0,1"],
+                         check=True, capture_output=True, text=True).stdout
 
 failures = []
 def expect(pattern, what):
@@ -55,6 +56,14 @@ expect(r"1 are a reload's issue \(1 in the plan\)", "reload")
 expect(r"under: gaps of 5 us or more a step, by the lead of the launch after them \(host-bound under 30 us\): "
        r"host-bound 1 \(0\.02 ms\), queued 1 \(0\.02 ms\), no lead 0 \(0\.00 ms\); "
        r"leads of all launches: min 8\.0, 1% 8\.0, median 1000 us", "by lead")
+# Per use and by kind: the use (launch 5) 18 us more gap; the other 19 launches 35 us more gap
+# (1 us at 17 of them, 18 at launch 12) and 10 us more GPU time (launch 7).
+expect(r"uses: 1 launches, gap \+18\.00 us each \(\+0\.02 ms\), GPU time \+0\.00 us each", "the use")
+expect(r"the rest: 19 launches, gap \+1\.84 us each .*GPU time \+0\.53 us each", "the rest by kind")
+# Against the steps before the plan as the baseline, kernel by kernel: the same figures.
+expect(r"kernel by kernel: 20 kernels, 0 with another name", "aligned")
+expect(r"the plan's uses: 1 kernels, \+18\.00 us each \(\+0\.02 ms: gap \+0\.02, GPU time \+0\.00\)", "use vs baseline")
+expect(r"the rest: 19 kernels, \+2\.37 us each \(\+0\.04 ms: gap \+0\.0[34], GPU time \+0\.01\)", "rest vs baseline")
 if re.search(r"^before:", out, re.M):
     failures.append("the steps before the plan have no leads: no line for them")
 print(out)

@@ -56,8 +56,6 @@ enum class Windows : uint8_t {
   Late,   // a window that ends inside the step says its use (and reload) is one launch later
           // than the real use: the launch touches the weight before the plan reloads it
   AtUse,  // at the use itself: the longest a weight stays out, its consumer right behind the copy
-  NearUse,  // two launches before the use where the window allows: the executor's early wait,
-            // at the launch before the use, finds the copy still running
 };
 
 struct Config {
@@ -142,7 +140,6 @@ Plan weight_plan(const StepTrace& t, const Config& c, uint64_t install) {
         for (int64_t q = 0; q <= use; ++q) at.push_back(q);
       }
       win.reload_at = c.windows == Windows::AtUse ? use : at[rng() % at.size()];
-      if (c.windows == Windows::NearUse) win.reload_at = at[at.size() >= 3 ? at.size() - 3 : 0];  // use - 2
       if (c.windows == Windows::Late && use > after && use + 1 < n) win.use = win.reload_at = use + 1;
       p.windows.push_back(win);
     };
@@ -399,7 +396,6 @@ TEST(WeightStream, StreamedRunMatchesThePlainRunByteForByte) {
     EXPECT_EQ(off.stats.deviations, 0u);
     EXPECT_EQ(off.stats.weights, c.layers);
     EXPECT_EQ(off.pool.lent_bytes, off.weight_bytes) << "every weight is lent to the executor";
-    EXPECT_GT(off.stats.weight_early_waits, 0u) << "reloads issued two launches or more before their use";
     std::cout << "seed " << seed << ": " << describe(off) << "\n";
   }
 }
@@ -750,8 +746,7 @@ Verdict run_in_child(const Config& c, const Outcome& plain) {
 }
 
 // Each seed runs with the fault off first (it must match), then with it on, in a child.
-void expect_fault_caught(Executor::Options::Fault fault, bool copy_delay, int bound_weights = -1,
-                         Windows windows = Windows::AtUse) {
+void expect_fault_caught(Executor::Options::Fault fault, bool copy_delay, int bound_weights = -1) {
 #if defined(OFFLOAD_TEST_TSAN)
   // Whether the comparison notices a dropped wait is the test's sensitivity, not a question of
   // threads; each seed forks a child. The plain and AddressSanitizer builds run them (70 s of
@@ -773,23 +768,20 @@ void expect_fault_caught(Executor::Options::Fault fault, bool copy_delay, int bo
     c.gpu_ops_max = 2;
     c.max_queued = 32;
     c.host_sync = 0;
-    c.windows = windows;
+    c.windows = Windows::AtUse;
     c.bound_weights = bound_weights;
     const Outcome plain = run_plain(c);
     const Outcome clean = run(c);
     expect_same(clean, plain);
-    reloads += fault == Executor::Options::Fault::SkipHandoverWait     ? clean.stats.weight_handovers
-               : fault == Executor::Options::Fault::EarlyWaitElsewhere ? clean.stats.weight_early_waits
-                                                                         : clean.stats.weight_reloads;
+    reloads += fault == Executor::Options::Fault::SkipHandoverWait ? clean.stats.weight_handovers : clean.stats.weight_reloads;
     c.exec.fault = fault;
     Verdict v = run_in_child(c, plain);
     caught += v != Verdict::Same;
     verdicts += " " + std::to_string(seed) + ": " + name(v) + ";";
   }
-  std::cout << (fault == Executor::Options::Fault::SkipReloadWait       ? "no reload wait"
-                : fault == Executor::Options::Fault::SkipEvictWait      ? "no evict wait"
-                : fault == Executor::Options::Fault::EarlyWaitElsewhere ? "early wait on another stream"
-                                                                         : "no hand-over wait")
+  std::cout << (fault == Executor::Options::Fault::SkipReloadWait  ? "no reload wait"
+                : fault == Executor::Options::Fault::SkipEvictWait ? "no evict wait"
+                                                                    : "no hand-over wait")
             << ":" << verdicts << "\n";
   EXPECT_GT(reloads, 0u) << "no weight moved (or took another's memory) without the fault";
   EXPECT_GE(caught, 2) << "the missing wait went unnoticed:" << verdicts;
@@ -799,13 +791,6 @@ void expect_fault_caught(Executor::Options::Fault fault, bool copy_delay, int bo
 // delayed it reads what the handle held before (another weight's bytes, or garbage).
 TEST(WeightStreamFault, MissingReloadWaitIsCaught) {
   expect_fault_caught(Executor::Options::Fault::SkipReloadWait, true);
-}
-
-// A reload waited for early (at the launch before its use) on a stream other than that launch's,
-// the use trusting it: the use reads the weight while the copy in may still be running. Shows
-// that the comparison sees whether the early wait is what orders the use.
-TEST(WeightStreamFault, AnEarlyWaitOnTheWrongStreamIsCaught) {
-  expect_fault_caught(Executor::Options::Fault::EarlyWaitElsewhere, true, -1, Windows::NearUse);
 }
 
 // A copy out that does not wait for the weight's last use (the optimizer's write): it copies
