@@ -31,6 +31,9 @@ adds one thing the executor does per streamed weight and compares the chain's GP
 - `vmm_first_use`: every 16th GEMM reads its weight from a range mapped (and granted access)
   just before the chain, never touched by the GPU before: what a reloaded weight's first use
   costs for its fresh mapping alone. Alias ranges of one 72 MiB handle.
+- `vmm_mapped_once`: the same reads from ranges mapped once before every run and never
+  remapped (read in the run before): `vmm_first_use` less this is a new mapping's cost to its
+  first reader. `--fresh-every` sets how often (16 GEMMs; 4 resolves ~10 µs at `--big`).
 - `vmm_use_remap`: the same, and a host thread, as each such GEMM completes (its event), unmaps
   its range and maps it again, as the executor unmaps a leaving weight right after its last
   use and maps the memory elsewhere: the unmap of a range the GPU has just read, beside the
@@ -212,13 +215,15 @@ def event_chain(n, a, b, c, mode, side, third, copy_src, copy_dst):
     return start.elapsed_time(end), ops
 
 
-def fresh_chain(n, a, b, c, al, every, remap):
+def fresh_chain(n, a, b, c, al, every, remap, kept=False):
     """The chain with every `every`-th GEMM reading a freshly mapped alias range instead of its
-    weight; with `remap`, each such range unmapped and mapped again as soon as its GEMM is done."""
+    weight; with `remap`, each such range unmapped and mapped again as soon as its GEMM is done;
+    `kept`: the ranges were mapped once, before every run (read in each run, never remapped)."""
     bw = b if isinstance(b, list) else [b]
     k = (n // 2 + every - 1) // every
-    for i in range(k):
-        al.map(i)
+    if not kept:
+        for i in range(k):
+            al.map(i)
     torch.cuda.synchronize()
     fresh = [al.tensor(i, bw[0].shape) for i in range(k)]
     s = torch.cuda.current_stream()
@@ -249,8 +254,9 @@ def fresh_chain(n, a, b, c, al, every, remap):
     th.join()
     torch.cuda.synchronize()
     del fresh
-    for i in range(k):
-        al.unmap(i)
+    if not kept:
+        for i in range(k):
+            al.unmap(i)
     return start.elapsed_time(end), k
 
 
@@ -259,6 +265,7 @@ def main():
     ap.add_argument("--launches", type=int, default=4000)
     ap.add_argument("--size", type=int, default=2048, help="GEMM side (bf16)")
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--fresh-every", type=int, default=16, help="vmm_* variants: every how many GEMMs read an alias range")
     ap.add_argument("--big", action="store_true", help="lora's shapes: d=6144, 24 weights of 72 MiB in turn")
     ap.add_argument("--only", help="comma-separated variants to run")
     ap.add_argument("--json")
@@ -282,7 +289,9 @@ def main():
     dst = torch.empty(unit, dtype=torch.uint8, device="cuda")
     src2, dst2 = src[: 2 << 20], dst[: 2 << 20]
     vmm = Vmm(dev, unit)
-    aliases = Aliases(vmm, (n // 2 + 15) // 16)
+    every = args.fresh_every
+    aliases = Aliases(vmm, (n // 2 + every - 1) // every)
+    kept = None  # mapped once, on first use of the variant
     # Host memory as the shim's pool has it: shared memory registered with the driver
     # (cudaHostRegister), not allocated pinned.
     shm = mmap.mmap(-1, unit, flags=mmap.MAP_SHARED)
@@ -291,6 +300,14 @@ def main():
     registered = int(rc) == 0
     for _ in range(2):
         chain(n // 4, a, b, c)  # warm
+
+    def mapped_once():
+        nonlocal kept
+        if kept is None:
+            kept = Aliases(vmm, aliases.count)
+            for i in range(kept.count):
+                kept.map(i)
+        return kept
 
     def churn_run(rate):
         stop = threading.Event()
@@ -328,8 +345,9 @@ def main():
         "record": lambda: event_chain(n, a, b, c, "record", side, third, src2, dst2),
         "record_side_wait": lambda: event_chain(n, a, b, c, "record_side_wait", side, third, src2, dst2),
         "pipeline": lambda: event_chain(n, a, b, c, "pipeline", side, third, src2, dst2),
-        "vmm_first_use": lambda: fresh_chain(n, a, b, c, aliases, 16, False),
-        "vmm_use_remap": lambda: fresh_chain(n, a, b, c, aliases, 16, True),
+        "vmm_first_use": lambda: fresh_chain(n, a, b, c, aliases, every, False),
+        "vmm_use_remap": lambda: fresh_chain(n, a, b, c, aliases, every, True),
+        "vmm_mapped_once": lambda: fresh_chain(n, a, b, c, mapped_once(), every, False, kept=True),
     }
     if registered:
         variants["copy_only_registered"] = lambda: chain(n, a, b, c, side, 128, "copy_only", reg, dst)
@@ -360,6 +378,12 @@ def main():
               f"with {statistics.median(with_):.2f} ms ({', '.join(f'{x:.2f}' for x in with_)}); {ops} ops: "
               f"{per:+.2f} us of GPU time each")
     v = out["variants"]
+    if "vmm_first_use" in v and "vmm_mapped_once" in v:
+        d = statistics.median(v["vmm_first_use"]["ms"]) - statistics.median(v["vmm_mapped_once"]["ms"])
+        per = d * 1000.0 / v["vmm_first_use"]["ops"]
+        v["new_mapping"] = {"us_per_op": round(per, 2)}
+        print(f"[sync_cost] new_mapping (vmm_first_use less vmm_mapped_once): {per:+.2f} us of GPU time per "
+              f"first read of a range mapped just before, against one mapped once and read before")
     if "vmm_first_use" in v and "vmm_use_remap" in v:
         d = statistics.median(v["vmm_use_remap"]["ms"]) - statistics.median(v["vmm_first_use"]["ms"])
         per = d * 1000.0 / v["vmm_use_remap"]["ops"]

@@ -629,14 +629,16 @@ case $plan in
     done
     ;;
   vmm_use)
-    # The GPU's cost of a fresh mapping's first use and of unmapping a range just read
-    # (sync_cost.py's vmm_first_use, vmm_use_remap; vmm_churn_1000 beside them), at the small
-    # and at lora's shapes (< 2 min).
-    for big in "" --big; do
-      log "sync_cost vmm variants ${big:-small}"
-      python3 "$root/scripts/bench/sync_cost.py" $big --only vmm_churn_1000,vmm_first_use,vmm_use_remap \
-        --json "$work/vmm_use${big:+_big}.json" 2>&1 | grep -E "^\[sync_cost\]|rror" | tee "$work/vmm_use${big:+_big}.log"
-    done
+    # The GPU's cost of a new mapping to its first reader (sync_cost.py's vmm_first_use against
+    # vmm_mapped_once) and of unmapping a range just read (vmm_use_remap), at the small shapes
+    # and at lora's, there every 4th GEMM and 9 repeats so that ~10 us a read resolves (< 2 min).
+    log "sync_cost vmm variants small"
+    python3 "$root/scripts/bench/sync_cost.py" --only vmm_first_use,vmm_mapped_once,vmm_use_remap \
+      --json "$work/vmm_use.json" 2>&1 | grep -E "^\[sync_cost\]|rror" | tee "$work/vmm_use.log"
+    log "sync_cost vmm variants big"
+    python3 "$root/scripts/bench/sync_cost.py" --big --fresh-every 4 --repeat 9 \
+      --only vmm_first_use,vmm_mapped_once,vmm_use_remap \
+      --json "$work/vmm_use_big.json" 2>&1 | grep -E "^\[sync_cost\]|rror" | tee "$work/vmm_use_big.log"
     ;;
   sync_cost_shim)
     # The same under the shim (route 1, observing), with CUPTI tracing kernels and copies and
