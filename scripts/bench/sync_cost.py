@@ -54,6 +54,14 @@ import time
 import torch
 
 
+def kernel(i, a, b, c):
+    """The chain's launch i: a GEMM against the next weight (even i), else an add."""
+    if i % 2 == 0:
+        torch.mm(a, b[(i // 2) % len(b)] if isinstance(b, list) else b, out=c)
+    else:
+        c.add_(1.0)
+
+
 def chain(n, a, b, c, side=None, every=0, mode="", copy_src=None, copy_dst=None, ahead=16):
     s = torch.cuda.current_stream()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -90,10 +98,7 @@ def chain(n, a, b, c, side=None, every=0, mode="", copy_src=None, copy_dst=None,
                 ev = torch.cuda.Event()
                 ev.record(side)
                 events.append(ev)
-        if i % 2 == 0:
-            torch.mm(a, b[(i // 2) % len(b)] if isinstance(b, list) else b, out=c)
-        else:
-            c.add_(1.0)
+        kernel(i, a, b, c)
     end.record(s)
     torch.cuda.synchronize()
     return start.elapsed_time(end), waits
@@ -206,10 +211,7 @@ def event_chain(n, a, b, c, mode, side, third, copy_src, copy_dst):
                 pending.append((i + 16, landed))
         while pending and pending[0][0] <= i:
             s.wait_event(pending.pop(0)[1])
-        if i % 2 == 0:
-            torch.mm(a, b[(i // 2) % len(b)] if isinstance(b, list) else b, out=c)
-        else:
-            c.add_(1.0)
+        kernel(i, a, b, c)
     end.record(s)
     torch.cuda.synchronize()
     return start.elapsed_time(end), ops
