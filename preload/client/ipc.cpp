@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -50,7 +51,13 @@ bool send_all(int fd, const void* p, size_t n, int stall_ms) {
   return true;
 }
 
-std::string default_segment_name() { return "offload-pool-" + std::to_string(getuid()); }
+std::string default_segment_name(const std::string& socket) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : socket) h = (h ^ c) * 1099511628211ull;
+  char tail[9];
+  std::snprintf(tail, sizeof tail, "%08x", static_cast<uint32_t>(h ^ (h >> 32)));
+  return "offload-pool-" + std::to_string(getuid()) + "-" + tail;
+}
 
 bool default_paths(Paths* out, std::string* why) {
   const char* xdg = getenv("XDG_RUNTIME_DIR");
@@ -58,7 +65,7 @@ bool default_paths(Paths* out, std::string* why) {
   if (!ensure_private_dir(out->dir, why)) return false;
   const char* sock = getenv("OFFLOAD_SOCKET");
   out->socket = (sock && *sock) ? sock : out->dir + "/offloadd.sock";
-  out->segment = default_segment_name();
+  out->segment = default_segment_name(out->socket);
   return true;
 }
 

@@ -23,8 +23,10 @@ struct Paths {
 };
 bool default_paths(Paths* out, std::string* why);
 
-// The POSIX shared-memory name of the user's pool.
-std::string default_segment_name();
+// The POSIX shared-memory name of the pool of the daemon serving `socket`: one per user and
+// socket ("offload-pool-<uid>-<hash of the socket path>"). A daemon restarted on the same
+// socket adopts its predecessor's segment; daemons on two sockets never share one.
+std::string default_segment_name(const std::string& socket);
 
 // Sends all `n` bytes on a stream socket, retrying on EINTR and, for a non-blocking one,
 // waiting up to `stall_ms` for room each time it is full. False if the peer is gone.

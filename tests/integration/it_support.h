@@ -459,7 +459,8 @@ class Daemon {
       return false;
     }
     Proc::Options o;
-    o.argv = {OFFLOADD_BIN, "--socket", socket_, "--segment", segment_, "--log-level", "info"};
+    o.argv = {OFFLOADD_BIN, "--socket", socket_, "--log-level", "info"};
+    if (pass_segment_) o.argv.insert(o.argv.end(), {"--segment", segment_});
     bool has_size = false;
     for (auto& e : extra) has_size |= e == "--pool-size";
     if (!has_size) o.argv.insert(o.argv.end(), {"--pool-size", "256MiB", "--no-prefault"});
@@ -495,6 +496,13 @@ class Daemon {
   // SIGTERM, and its exit status (0 expected: a sanitizer report makes it non-zero).
   std::optional<int> stop() { return proc_.kill_and_wait(SIGTERM); }
 
+  // Start without --segment: offloadd names its pool itself, from the socket (what the
+  // destructor removes is that name).
+  void use_default_segment() {
+    pass_segment_ = false;
+    segment_ = default_segment_name(socket_);
+  }
+
   Proc& proc() { return proc_; }
   pid_t pid() const { return proc_.pid(); }
   const std::string& socket() const { return socket_; }
@@ -525,6 +533,7 @@ class Daemon {
  private:
   TempDir dir_;
   std::string socket_, segment_, xdg_;
+  bool pass_segment_ = true;
   Proc proc_;
 };
 

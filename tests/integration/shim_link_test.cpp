@@ -83,6 +83,26 @@ TEST(ShimLinkIntegration, ADaemonWithASmallerPoolThanAskedForIsSaid) {
   }
 }
 
+// Two daemons of one user on two sockets, each naming its pool itself: they get a segment each.
+// (With one name per user, the second adopted the first's segment, and the first, stopping
+// with no leases, removed it: the second's clients could not open their pool.)
+TEST(ShimLinkIntegration, DaemonsOnTwoSocketsKeepAPoolEach) {
+  LinkRig a, b;
+  a.d.use_default_segment();
+  b.d.use_default_segment();
+  EXPECT_NE(a.d.segment(), b.d.segment());
+  EXPECT_EQ(a.d.segment(), default_segment_name(a.d.socket())) << "the same socket, the same name: a restart adopts it";
+  std::string why;
+  ASSERT_TRUE(a.d.start({}, &why)) << why;
+  ASSERT_TRUE(b.d.start({}, &why)) << why;
+  ASSERT_EQ(a.d.stop(), 0) << a.d.log();
+  ASSERT_TRUE(b.connect(&why)) << why;
+  auto lease = b.link->lease(100 * kMiB, &why);
+  ASSERT_TRUE(lease.has_value()) << why;
+  std::memset(lease->host, 0x3c, lease->bytes);
+  EXPECT_EQ(lease->host[lease->bytes - 1], 0x3c);
+}
+
 TEST(ShimLinkIntegration, ConnectModeWithoutADaemonGivesUpWithAReason) {
   LinkRig r;  // no daemon started
   std::string why;
