@@ -635,7 +635,12 @@ TEST(WeightStream, UnitPiecesLetEveryLeavingWeightServeEveryReload) {
 TEST(WeightStream, AWeightOutsideTheUnitReloadsOnWholeUnitsPastItsEnd) {
   QuietLog quiet;
   uint64_t waits = 0, waits_tail = 0, waits_whole = 0, split = 0, reloads = 0;
-  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+  // Host waits depend on where the ranges land (the same seed counts alike with address
+  // randomization off, not from run to run with it on): one seed's counts vary, from 0 to 9
+  // with a tail. Eight seeds in every build, so that the sums compare the three ways and not
+  // the layout (three seeds under ThreadSanitizer once summed 4 and 4).
+  constexpr uint64_t kUnitSeeds = 8;
+  for (uint64_t seed = 1; seed <= kUnitSeeds; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Config c = sound_config(seed);
     c.bound_weights = 3;
