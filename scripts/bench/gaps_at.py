@@ -17,7 +17,7 @@ attention, the rest).
 With --baseline (another run's traces with the same kernels in the same order, such as the
 hand-written baseline observed by the shim), the steps under the plan against that run's, kernel
 by kernel (the k-th kernel of a step against the k-th): how much more gap and GPU time each
-kernel has, the plan's uses (with --plan) apart from the rest.
+kernel has: the plan's uses (with --plan), then the other kernels by kind.
 
 Traces with leads (OFFLOAD_TRACE_LEAD=1) also sort the gaps of 5 µs or more by the lead of the
 launch after them: under --host-bound (30 µs), the host handed the launch over only as the GPU
@@ -107,12 +107,15 @@ def against_baseline(trace_dir, under, base_dir, base_steps, uses):
     if differ or len(ours) != len(theirs):
         print("  the kernel sequences differ: no comparison")
         return
-    for label, pick in (("the plan's uses", lambda pos: pos in uses), ("the rest", lambda pos: pos not in uses)):
-        ks = [k for k in range(n) if pick(ours[k][0])]
+    def group(k):
+        return "the plan's uses" if ours[k][0] in uses else "other " + gaps.kind_of(ours[k][1])
+    for label in ("the plan's uses", "other gemm", "other attention", "other other"):
+        ks = [k for k in range(n) if group(k) == label]
         if not ks:
             continue
         dg = sum(ours[k][2] - theirs[k][2] for k in ks)
         dk = sum(ours[k][3] - theirs[k][3] for k in ks)
+        label = {"other gemm": "other GEMMs", "other attention": "attention", "other other": "the rest"}.get(label, label)
         print(f"  {label}: {len(ks)} kernels, {(dg + dk) / len(ks) / 1e3:+.2f} us each ({(dg + dk) / 1e6:+.2f} ms: "
               f"gap {dg / 1e6:+.2f}, GPU time {dk / 1e6:+.2f})")
 
