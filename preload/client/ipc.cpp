@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/telemetry.h"  // name_hash
+
 namespace offload {
 namespace {
 
@@ -52,8 +54,7 @@ bool send_all(int fd, const void* p, size_t n, int stall_ms) {
 }
 
 std::string default_segment_name(const std::string& socket) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : socket) h = (h ^ c) * 1099511628211ull;
+  const uint64_t h = name_hash(socket.c_str());
   char tail[9];
   std::snprintf(tail, sizeof tail, "%08x", static_cast<uint32_t>(h ^ (h >> 32)));
   return "offload-pool-" + std::to_string(getuid()) + "-" + tail;

@@ -30,13 +30,21 @@ import os
 import gaps  # the trace reader and the gap definition (scripts/bench/gaps.py)
 
 
-def read(path):
-    """Per launch position: the idle gap before it and its GPU time (ns), as gaps.py counts them."""
+def idle_of(path):
+    """A step's kernel names, its timed launches (gaps.read) and, per launch position, the idle
+    gap before it (ns), as gaps.py counts it."""
     step, kernels, ls = gaps.read(path)
     facts = gaps.facts_of(step, kernels, ls) or {"gaps": []}
-    idle, dur = {}, {}
+    idle = {}
     for ns, pos, _ in facts["gaps"]:
         idle[pos] = idle.get(pos, 0) + ns
+    return kernels, ls, idle
+
+
+def read(path):
+    """Per launch position: the idle gap before it and its GPU time (ns)."""
+    _, ls, idle = idle_of(path)
+    dur = {}
     for s, e, pos, _, _ in ls:
         dur[pos] = dur.get(pos, 0) + (e - s)
     return idle, dur
@@ -45,11 +53,10 @@ def read(path):
 def by_lead(path, bound_ns):
     """A step's gaps of 5 us or more, by the lead of the launch after them: (host-bound count, ns),
     (queued count, ns), (no lead count, ns), and the leads of all its launches."""
-    step, kernels, ls = gaps.read(path)
-    facts = gaps.facts_of(step, kernels, ls) or {"gaps": []}
+    _, _, idle = idle_of(path)
     lead = gaps.leads(path)
     out = {"host": [0, 0], "queued": [0, 0], "none": [0, 0]}
-    for ns, pos, _ in facts["gaps"]:
+    for pos, ns in idle.items():
         if ns < 5000:
             continue
         k = "none" if pos not in lead else "host" if lead[pos] < bound_ns else "queued"
@@ -82,11 +89,7 @@ def mean(maps):
 
 def kernel_rows(path):
     """A step's kernels in launch order: (position, name, idle gap before it, GPU time), in ns."""
-    step, kernels, ls = gaps.read(path)
-    facts = gaps.facts_of(step, kernels, ls) or {"gaps": []}
-    idle = {}
-    for ns, pos, _ in facts["gaps"]:
-        idle[pos] = idle.get(pos, 0) + ns
+    kernels, ls, idle = idle_of(path)
     return [(pos, kernels.get(kid, "?"), idle.get(pos, 0), e - s)
             for s, e, pos, kind, kid in sorted(ls, key=lambda x: x[2]) if kind == "K"]
 

@@ -380,18 +380,19 @@ def main():
               f"with {statistics.median(with_):.2f} ms ({', '.join(f'{x:.2f}' for x in with_)}); {ops} ops: "
               f"{per:+.2f} us of GPU time each")
     v = out["variants"]
-    if "vmm_first_use" in v and "vmm_mapped_once" in v:
-        d = statistics.median(v["vmm_first_use"]["ms"]) - statistics.median(v["vmm_mapped_once"]["ms"])
-        per = d * 1000.0 / v["vmm_first_use"]["ops"]
-        v["new_mapping"] = {"us_per_op": round(per, 2)}
-        print(f"[sync_cost] new_mapping (vmm_first_use less vmm_mapped_once): {per:+.2f} us of GPU time per "
-              f"first read of a range mapped just before, against one mapped once and read before")
-    if "vmm_first_use" in v and "vmm_use_remap" in v:
-        d = statistics.median(v["vmm_use_remap"]["ms"]) - statistics.median(v["vmm_first_use"]["ms"])
-        per = d * 1000.0 / v["vmm_use_remap"]["ops"]
-        v["remap_of_used"] = {"us_per_op": round(per, 2)}
-        print(f"[sync_cost] remap_of_used (vmm_use_remap less vmm_first_use): {per:+.2f} us of GPU time per "
-              f"unmap and map of a range just read")
+
+    def difference(name, more, less, what):
+        """One variant against another instead of the plain chain, per operation of `more`."""
+        if more not in v or less not in v:
+            return
+        d = statistics.median(v[more]["ms"]) - statistics.median(v[less]["ms"])
+        per = d * 1000.0 / v[more]["ops"]
+        v[name] = {"us_per_op": round(per, 2)}
+        print(f"[sync_cost] {name} ({more} less {less}): {per:+.2f} us of GPU time per {what}")
+
+    difference("new_mapping", "vmm_first_use", "vmm_mapped_once",
+               "first read of a range mapped just before, against one mapped once and read before")
+    difference("remap_of_used", "vmm_use_remap", "vmm_first_use", "unmap and map of a range just read")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

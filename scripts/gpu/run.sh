@@ -199,6 +199,17 @@ start_daemon() {
   log "offloadd did not come up"; cat "$work/offloadd.log"; return 1
 }
 
+# sync_cost_to NAME [VAR=value ...] -- ARGS: sync_cost.py ARGS (with those variables set for it
+# alone), its results in $work/NAME.json and its result lines in $work/NAME.log.
+sync_cost_to() {
+  local name=$1 vars=()
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
+  shift
+  env "${vars[@]}" python3 "$root/scripts/bench/sync_cost.py" "$@" --json "$work/$name.json" 2>&1 |
+    grep -E "^\[sync_cost\]|rror" | tee "$work/$name.log"
+}
+
 case $plan in
   smoke)
     run ref_small_r1 1 --workload reference --small --steps 8 --warmup 2
@@ -624,8 +635,7 @@ case $plan in
     # record_side_wait, pipeline; copy_wait_landed beside them), at both shapes (< 2 min).
     for big in "" --big; do
       log "sync_cost event variants ${big:-small}"
-      python3 "$root/scripts/bench/sync_cost.py" $big --only copy_wait_landed,record,record_side_wait,pipeline \
-        --json "$work/sync_events${big:+_big}.json" 2>&1 | grep -E "^\[sync_cost\]|rror" | tee "$work/sync_events${big:+_big}.log"
+      sync_cost_to "sync_events${big:+_big}" -- $big --only copy_wait_landed,record,record_side_wait,pipeline
     done
     ;;
   vmm_use)
@@ -633,12 +643,9 @@ case $plan in
     # vmm_mapped_once) and of unmapping a range just read (vmm_use_remap), at the small shapes
     # and at lora's, there every 4th GEMM and 9 repeats so that ~10 us a read resolves (< 2 min).
     log "sync_cost vmm variants small"
-    python3 "$root/scripts/bench/sync_cost.py" --only vmm_first_use,vmm_mapped_once,vmm_use_remap \
-      --json "$work/vmm_use.json" 2>&1 | grep -E "^\[sync_cost\]|rror" | tee "$work/vmm_use.log"
+    sync_cost_to vmm_use -- --only vmm_first_use,vmm_mapped_once,vmm_use_remap
     log "sync_cost vmm variants big"
-    python3 "$root/scripts/bench/sync_cost.py" --big --fresh-every 4 --repeat 9 \
-      --only vmm_first_use,vmm_mapped_once,vmm_use_remap \
-      --json "$work/vmm_use_big.json" 2>&1 | grep -E "^\[sync_cost\]|rror" | tee "$work/vmm_use_big.log"
+    sync_cost_to vmm_use_big -- --big --fresh-every 4 --repeat 9 --only vmm_first_use,vmm_mapped_once,vmm_use_remap
     ;;
   sync_cost_shim)
     # The same under the shim (route 1, observing), with CUPTI tracing kernels and copies and
@@ -646,9 +653,8 @@ case $plan in
     # weights_diag traces show (< 2 min).
     for tm in cupti off; do
       log "sync_cost under the shim, OFFLOAD_TELEMETRY=$tm"
-      env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD="$lib" OFFLOAD_TELEMETRY=$tm \
-        python3 "$root/scripts/bench/sync_cost.py" --only wait_done,copy_only,copy_wait_landed,vmm_churn_1000 \
-        --json "$work/sync_cost_shim_$tm.json" 2>&1 | grep -E "^\[sync_cost\]|rror" | tee "$work/sync_cost_shim_$tm.log"
+      sync_cost_to "sync_cost_shim_$tm" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync LD_PRELOAD="$lib" \
+        OFFLOAD_TELEMETRY=$tm -- --only wait_done,copy_only,copy_wait_landed,vmm_churn_1000
     done
     ;;
   sampled_smoke)
