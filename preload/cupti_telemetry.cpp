@@ -145,7 +145,7 @@ void CuptiTelemetry::on_buffer(uint8_t* buf, size_t valid) {
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(rec);
-        g = GpuRecord{EventKind::Copy, 0, m->correlationId, m->start, m->end};
+        g = GpuRecord{EventKind::Copy, 0, m->correlationId, m->start, m->end, m->bytes, m->copyKind};
         ++n_copy_;
         break;
       }

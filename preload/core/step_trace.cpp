@@ -42,10 +42,31 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
+// A transfer's direction as the file names it; kinds other than these three read back as 0.
+const char* direction_name(uint8_t kind) {
+  switch (kind) {
+    case 1: return "h2d";
+    case 2: return "d2h";
+    case 8: return "d2d";
+    default: return "other";
+  }
+}
+bool direction_from(const std::string& s, uint8_t* kind) {
+  if (s == "h2d") *kind = 1;
+  else if (s == "d2h") *kind = 2;
+  else if (s == "d2d") *kind = 8;
+  else if (s == "other") *kind = 0;
+  else return false;
+  return true;
+}
+constexpr size_t kMaxTransfers = size_t{1} << 22;
+
 // Nanoseconds as microseconds with all three decimals (the trace-event unit is us).
+// A transfer may start before the step's first kernel: negative values keep one sign.
 std::string micros(int64_t ns) {
   char b[32];
-  snprintf(b, sizeof b, "%lld.%03lld", static_cast<long long>(ns / 1000), static_cast<long long>(ns % 1000));
+  const unsigned long long a = ns < 0 ? 0ull - static_cast<unsigned long long>(ns) : static_cast<unsigned long long>(ns);
+  snprintf(b, sizeof b, "%s%llu.%03llu", ns < 0 ? "-" : "", a / 1000, a % 1000);
   return b;
 }
 
@@ -73,6 +94,8 @@ void StepTrace::write(std::ostream& os) const {
     if (l.lead_ns) os << " lead " << *l.lead_ns;
     os << '\n';
   }
+  for (const TraceTransfer& x : transfers)
+    os << "transfer " << x.gpu_start_ns << ' ' << x.gpu_ns << ' ' << x.bytes << ' ' << direction_name(x.copy_kind) << '\n';
   os << "end\n";
 }
 
@@ -153,6 +176,14 @@ bool StepTrace::read(std::istream& is, StepTrace* out, std::string* error) {
         l.lead_ns = lead;
       }
       out->launches.push_back(std::move(l));
+    } else if (tag == "transfer") {
+      TraceTransfer x;
+      std::string dir, more;
+      if (!(ss >> x.gpu_start_ns >> x.gpu_ns >> x.bytes >> dir) || (ss >> more) || x.gpu_ns < 0 ||
+          !direction_from(dir, &x.copy_kind))
+        return fail(ln, "malformed transfer line (transfer <start_ns> <ns> <bytes> h2d|d2h|d2d|other)");
+      if (out->transfers.size() >= kMaxTransfers) return fail(ln, "implausibly many transfer lines");
+      out->transfers.push_back(x);
     } else {
       return fail(ln, "unknown record '" + tag + "'");
     }
@@ -182,6 +213,9 @@ void StepTrace::write_chrome_json(std::ostream& os) const {
        << ",\"dur\":" << micros(l.gpu_ns) << ",\"args\":{\"pos\":" << l.pos
        << ",\"allocs\":" << l.allocs.size() << "}}";
   }
+  for (const TraceTransfer& x : transfers)
+    os << ",\n{\"ph\":\"X\",\"pid\":0,\"tid\":\"copies " << direction_name(x.copy_kind) << "\",\"name\":\"copy\",\"ts\":"
+       << micros(x.gpu_start_ns) << ",\"dur\":" << micros(x.gpu_ns) << ",\"args\":{\"bytes\":" << x.bytes << "}}";
   os << "\n]}\n";
 }
 

@@ -44,12 +44,23 @@ struct TraceLaunch {
   uint64_t host_ns = 0;  // when it was forwarded, on the GPU records' clock (not written)
 };
 
+// A copy the GPU ran during the step, whoever issued it (the application's, the shim's own
+// reloads and evictions): CUPTI's memcpy records, with OFFLOAD_TRACE and telemetry on. From
+// them a reader sees when the link was busy beside each kernel.
+struct TraceTransfer {
+  int64_t gpu_start_ns = 0;  // from the step's first kernel start (negative: before it)
+  int64_t gpu_ns = 0;
+  uint64_t bytes = 0;
+  uint8_t copy_kind = 0;     // GpuRecord::copy_kind: 1 host to device, 2 device to host, ...
+};
+
 struct StepTrace {
   uint64_t step = 0;
   uint64_t first_launch = 0;  // the process's launch number of position 0 (not written)
   std::map<uint32_t, std::string> kernels;  // kernel id -> name
   std::vector<TraceAlloc> allocs;           // by ordinal
   std::vector<TraceLaunch> launches;        // by position
+  std::vector<TraceTransfer> transfers;     // by start (1.2)
   int64_t gpu_busy_ns = -1;                 // union of kernel intervals; -1: not measured
   int64_t cupti_kernels = -1;               // CUPTI kernel records in the step; -1: none
 

@@ -20,6 +20,10 @@ struct GpuRecord {
   uint64_t name_hash = 0;  // kernels: name_hash() of the kernel's (mangled) name
   uint64_t corr = 0;       // the driver's correlation id (API call order)
   uint64_t start_ns = 0, end_ns = 0;
+  // Copies: the bytes moved and which way (CUPTI's memcpy kind; 1 host to device, 2 device to
+  // host, 8 device to device, others as CUPTI numbers them).
+  uint64_t bytes = 0;
+  uint8_t copy_kind = 0;
 };
 
 // FNV-1a, the hash both sides use for kernel names.

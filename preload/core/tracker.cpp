@@ -307,13 +307,19 @@ void StepAssembler::cut_at(size_t n, int64_t now_ns) {
 }
 
 void StepAssembler::add_gpu_records(std::vector<GpuRecord>& recs) {
-  for (const GpuRecord& r : recs)
+  for (const GpuRecord& r : recs) {
+    if (r.kind == EventKind::Copy && r.start_ns != 0 && r.end_ns >= r.start_ns) {
+      if (copies_.size() >= kMaxCopies)  // no timed step has taken them: keep the newest half
+        copies_.erase(copies_.begin(), copies_.begin() + static_cast<ptrdiff_t>(kMaxCopies / 2));
+      copies_.push_back(r);
+    }
     if (r.kind == EventKind::Kernel && r.corr > aligned_corr_) {
       records_.push_back(r);
       // Only records of kernels we have launched count towards "all our records are in":
       // records of launches we never saw (graph nodes) must not end the wait early.
       if (known_names_.count(r.name_hash)) ++records_in_;
     }
+  }
   recs.clear();
 }
 
@@ -326,6 +332,7 @@ void StepAssembler::telemetry_lost() {
   gpu_from_seq_ = ~uint64_t{0};
   for (Cut& c : cuts_) c.timed = false;
   records_.clear();
+  copies_.clear();
 }
 
 uint64_t StepAssembler::name_hash_of(uint32_t func) {
@@ -392,6 +399,27 @@ void StepAssembler::finish(Cut& c) {
   }
   if (open) busy += static_cast<int64_t>(cur_e - cur_s);
   t.gpu_busy_ns = busy;
+  take_transfers(t, static_cast<uint64_t>(t0), cur_e);  // cur_e: the last kernel end
+}
+
+void StepAssembler::take_transfers(StepTrace& t, uint64_t t0, uint64_t end) {
+  // The step's transfers: copies that start before its last kernel ends and after the last
+  // timed step's did (before this step's first kernel when there was none).
+  const uint64_t from = transfers_from_ ? transfers_from_ : t0;
+  size_t kept = 0;
+  for (const GpuRecord& r : copies_) {
+    if (r.start_ns >= end) {
+      copies_[kept++] = r;
+      continue;
+    }
+    if (r.start_ns < from) continue;  // too late for its own step
+    t.transfers.push_back(TraceTransfer{static_cast<int64_t>(r.start_ns) - static_cast<int64_t>(t0),
+                                        static_cast<int64_t>(r.end_ns - r.start_ns), r.bytes, r.copy_kind});
+  }
+  copies_.resize(kept);
+  std::sort(t.transfers.begin(), t.transfers.end(),
+            [](const TraceTransfer& a, const TraceTransfer& b) { return a.gpu_start_ns < b.gpu_start_ns; });
+  transfers_from_ = end;
 }
 
 std::vector<StepTrace> StepAssembler::take_ready(int64_t now_ns, bool final, bool no_wait) {

@@ -163,6 +163,7 @@ class StepAssembler {
   };
   void cut_at(size_t n_events, int64_t now_ns);
   void finish(Cut& c);
+  void take_transfers(StepTrace& t, uint64_t t0, uint64_t end);  // finish's: the step's copies
 
   const FuncRegistry& funcs_;
   Options opt_;
@@ -182,6 +183,11 @@ class StepAssembler {
   std::vector<GpuRecord> records_;   // kernel records not yet aligned
   uint64_t records_in_ = 0;          // kernel records received
   uint64_t aligned_corr_ = 0;        // records up to here belong to finished steps
+  // Copy records not yet given to a step (by arrival; at most kMaxCopies kept), and the end of
+  // the last timed step's kernels: a copy that starts before it came too late for its step.
+  std::vector<GpuRecord> copies_;
+  static constexpr size_t kMaxCopies = size_t{1} << 18;
+  uint64_t transfers_from_ = 0;
   uint64_t timed_kernels_ = 0;       // our kernel launches since telemetry started
   uint64_t gpu_from_seq_ = ~uint64_t{0};
 };

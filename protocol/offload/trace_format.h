@@ -9,6 +9,7 @@
 //                                                              step; free_pos -1: outlives it)
 //   launch <pos> <kind> <kernel-id> <stream> <gpu_start_ns> <gpu_ns> <n> <alloc-ordinal>...
 //          [lead <ns>]                                          (1.1; OFFLOAD_TRACE_LEAD=1)
+//   transfer <gpu_start_ns> <gpu_ns> <bytes> <direction>        (1.2; zero or more, by start)
 //   end
 //
 // Positions count launch-like events (kernels, copies, memsets, graph launches) from 0 at
@@ -21,6 +22,12 @@
 // its GPU start less the moment the shim forwarded it to the driver, both on CUPTI's clock:
 // how long it waited queued. Near zero, the GPU had run out of work and waited for the host.
 //
+// A transfer (from 1.2) is a copy the GPU ran in the step's span, whoever issued it: the
+// application's copies and the shim's own reloads and evictions alike, with CUPTI on. It
+// belongs to the step whose last kernel ends after it starts; its start counts from the step's
+// first kernel start and may be negative (a copy in the gap before it). <direction> is h2d,
+// d2h, d2d or other.
+//
 // Readers reject another major version; a reader of minor m reads files of minor <= m.
 #pragma once
 
@@ -29,5 +36,5 @@
 namespace offload::trace_format {
 inline constexpr const char* kMagic = "offload-trace";
 inline constexpr uint32_t kMajor = 1;
-inline constexpr uint32_t kMinor = 1;
+inline constexpr uint32_t kMinor = 2;
 }  // namespace offload::trace_format

@@ -45,6 +45,42 @@ def leads(path):
     return out
 
 
+def transfers(path):
+    """A step's transfers (trace format 1.2: every copy the GPU ran in the step's span, the shim's
+    own included): (start, end, bytes, direction) in ns from the step's first kernel start."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            w = line.split()
+            if w and w[0] == "transfer":
+                s, ns = int(w[1]), int(w[2])
+                out.append((s, s + ns, int(w[3]), w[4]))
+    return sorted(out)
+
+
+def union(intervals):
+    """Sorted, merged [start, end) intervals."""
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def overlap(s, e, merged, i=0):
+    """ns of [s, e) under the merged intervals, looking from index i; and the index to look from
+    for a later interval (callers walking kernels in start order)."""
+    while i < len(merged) and merged[i][1] <= s:
+        i += 1
+    n, j = 0, i
+    while j < len(merged) and merged[j][0] < e:
+        n += min(e, merged[j][1]) - max(s, merged[j][0])
+        j += 1
+    return n, i
+
+
 def kind_of(name):
     n = name.lower()
     # Attention first: flash kernels' names carry cutlass types.

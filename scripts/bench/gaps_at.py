@@ -19,6 +19,12 @@ hand-written baseline observed by the shim), the steps under the plan against th
 by kernel (the k-th kernel of a step against the k-th): how much more gap and GPU time each
 kernel has: the plan's uses (with --plan), then the other kernels by kind.
 
+Traces with transfers (format 1.2: the copies the GPU ran, the shim's reloads among them) also
+get the link's side, for the steps under the plan and the baseline's: per step the copies each
+way, their bytes, the link's busy time and rate; the share of each kind of kernel's time that
+ran beside a host-to-device copy; and, for the kernels that ran both ways often enough, how much
+longer a kernel runs beside a copy (90% of its time or more) than clear of one (10% or less).
+
 Traces with leads (OFFLOAD_TRACE_LEAD=1) also sort the gaps of 5 µs or more by the lead of the
 launch after them: under --host-bound (30 µs), the host handed the launch over only as the GPU
 went idle, so the GPU waited for the host; otherwise the launch sat queued behind something
@@ -123,6 +129,60 @@ def against_baseline(trace_dir, under, base_dir, base_steps, uses):
               f"gap {dg / 1e6:+.2f}, GPU time {dk / 1e6:+.2f})")
 
 
+def link_of(path, uses):
+    """A step's transfers by direction (count, bytes, busy ns, summed copy ns), and per kernel:
+    (group, name, GPU ns, ns beside a host-to-device copy)."""
+    _, kernels, ls = gaps.read(path)
+    xs = gaps.transfers(path)
+    by_dir = {}
+    for d in sorted({x[3] for x in xs}):
+        mine = [x for x in xs if x[3] == d]
+        busy = sum(e - s for s, e in gaps.union((x[0], x[1]) for x in mine))
+        by_dir[d] = (len(mine), sum(x[2] for x in mine), busy, sum(x[1] - x[0] for x in mine))
+    h2d = gaps.union((x[0], x[1]) for x in xs if x[3] == "h2d")
+    rows, i = [], 0
+    for s, e, pos, kind, kid in ls:  # in start order
+        if kind != "K":
+            continue
+        name = kernels.get(kid, "?")
+        n, i = gaps.overlap(s, e, h2d, i)
+        group = "the plan's uses" if pos in uses else {"gemm": "other GEMMs", "attention": "attention"}.get(gaps.kind_of(name), "the rest")
+        rows.append((group, name, e - s, n))
+    return by_dir, rows
+
+
+def link_report(trace_dir, which, label, uses):
+    steps = [link_of(os.path.join(trace_dir, f"step-{int(i):06d}.trace"), uses) for i in which.split(",")]
+    if not any(d for d, _ in steps):
+        return
+    n = len(steps)
+    print(f"{label}: the link, a step (mean of {n}):")
+    for d in sorted({k for x, _ in steps for k in x}):
+        c, b, busy, summed = (sum(x.get(d, (0, 0, 0, 0))[k] for x, _ in steps) / n for k in range(4))
+        rate = b / summed if summed else 0
+        print(f"  {d}: {c:.0f} copies, {b / 2**30:.2f} GiB, link busy {busy / 1e6:.1f} ms, {rate:.1f} GB/s a copy")
+    rows = [r for _, rs in steps for r in rs]
+    for group in ("the plan's uses", "other GEMMs", "attention", "the rest"):
+        g = [r for r in rows if r[0] == group]
+        if g:
+            print(f"  {group}: {len(g) / n:.0f} kernels a step, {sum(r[3] for r in g) / max(1, sum(r[2] for r in g)):.1%} "
+                  f"of their time beside a host-to-device copy")
+    # The same kernel beside a copy and clear of one: how much longer it runs.
+    by_name = {}
+    for _, name, ns, under in rows:
+        by_name.setdefault(name, []).append((ns, under / ns if ns else 0))
+    found = []
+    for name, xs in by_name.items():
+        over = [ns for ns, f in xs if f >= 0.9]
+        clear = [ns for ns, f in xs if f <= 0.1]
+        if len(over) >= 10 and len(clear) >= 10:
+            mo, mc = sum(over) / len(over), sum(clear) / len(clear)
+            found.append((sum(ns for ns, _ in xs), name, len(over), len(clear), mo, mc))
+    for total, name, no, nc, mo, mc in sorted(found, reverse=True)[:8]:
+        print(f"  beside a copy / clear: {no} / {nc} runs, {mo / 1e3:.1f} / {mc / 1e3:.1f} us, "
+              f"{(mo - mc) / 1e3:+.2f} us ({(mo - mc) / mc:+.2%}): {name[:60]}")
+
+
 def kinds(path):
     """Per launch position with a GPU time: gemm, attention or other (gaps.kind_of)."""
     _, kernels, ls = gaps.read(path)
@@ -198,6 +258,13 @@ def main():
                   f"GPU time {sum(dk) / len(ks) / 1e3:+.2f} us each ({sum(dk) / 1e6:+.2f} ms)")
     if args.baseline:
         against_baseline(args.trace_dir, args.under, args.baseline, args.baseline_steps or args.before, uses)
+    link_report(args.trace_dir, args.under, "under", uses)
+    if args.baseline:
+        # The baseline's kernels at the uses' places (the k-th kernel against the k-th).
+        ours = [r[0] for r in kernel_rows(os.path.join(args.trace_dir, f"step-{int(args.under.split(',')[0]):06d}.trace"))]
+        theirs = [r[0] for r in kernel_rows(os.path.join(args.baseline, f"step-{int((args.baseline_steps or args.before).split(',')[0]):06d}.trace"))]
+        at_uses = {theirs[k] for k in range(min(len(ours), len(theirs))) if ours[k] in uses}
+        link_report(args.baseline, args.baseline_steps or args.before, "baseline (at the uses: the kernels in their places)", at_uses)
     bound = args.host_bound * 1000
     lead_report(args.trace_dir, "before", args.before, bound)
     lead_report(args.trace_dir, "under", args.under, bound)

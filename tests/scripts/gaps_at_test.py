@@ -15,17 +15,22 @@ root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 script = os.path.join(root, "scripts", "bench", "gaps_at.py")
 
 
-def step(path, extra_gap, extra_dur, lead=None):
+def step(path, extra_gap, extra_dur, lead=None, beside=()):
+    """`beside`: launches with a host-to-device copy of 100 kB running exactly as long as they do."""
     t = 0
     with open(path, "w") as f:
-        f.write("offload-trace 1.0\nstep 0 launches 20\n")
+        f.write("offload-trace 1.2\nstep 0 launches 20\n")
+        copies = []
         for pos in range(20):
             if pos:
                 t += 2000 + extra_gap.get(pos, 0)
             ns = 100000 + extra_dur.get(pos, 0)
             tail = f" 0 lead {lead.get(pos, 1000000)}" if lead is not None else ""
             f.write(f"launch {pos} K 0 x {t} {ns}{tail}\n")
+            if pos in beside:
+                copies.append(f"transfer {t} {ns} 100000 h2d\n")
             t += ns
+        f.writelines(copies)
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -34,7 +39,7 @@ with tempfile.TemporaryDirectory() as tmp:
     more = {pos: 1000 for pos in range(1, 20)}
     more.update({5: 18000, 12: 18000})
     for i in (2, 3):
-        step(os.path.join(tmp, f"step-{i:06d}.trace"), more, {7: 10000}, {5: 8000, 12: 400000})
+        step(os.path.join(tmp, f"step-{i:06d}.trace"), more, {7: 10000}, {5: 8000, 12: 400000}, range(7, 13))
     plan = os.path.join(tmp, "x.plan")
     with open(plan, "w") as f:
         f.write("plan budget=1\nwindow weight=0 evict_after=2 reload_at=12 use=5\n")
@@ -64,6 +69,14 @@ expect(r"the rest: 19 launches, gap \+1\.84 us each .*GPU time \+0\.53 us each",
 expect(r"kernel by kernel: 20 kernels, 0 with another name", "aligned")
 expect(r"the plan's uses: 1 kernels, \+18\.00 us each \(\+0\.02 ms: gap \+0\.02, GPU time \+0\.00\)", "use vs baseline")
 expect(r"the rest: 19 kernels, \+2\.37 us each \(\+0\.04 ms: gap \+0\.0[34], GPU time \+0\.01\)", "rest vs baseline")
+# The link under the plan: six copies a step beside launches 7-12 (launch 7's 110 us long), so
+# 610 us of the 19 other kernels' 1910 us; beside a copy 101.67 us a kernel, clear 100.
+expect(r"under: the link, a step \(mean of 2\):\n  h2d: 6 copies, 0\.00 GiB, link busy 0\.6 ms, 1\.0 GB/s a copy", "link")
+expect(r"  the plan's uses: 1 kernels a step, 0\.0% of their time beside", "uses beside")
+expect(r"  the rest: 19 kernels a step, 31\.9% of their time beside", "rest beside")
+expect(r"beside a copy / clear: 12 / 28 runs, 101\.7 / 100\.0 us, \+1\.67 us \(\+1\.67%\)", "beside vs clear")
+if re.search(r"^baseline", out, re.M):
+    failures.append("the baseline steps have no transfers: no link lines for them")
 if re.search(r"^before:", out, re.M):
     failures.append("the steps before the plan have no leads: no line for them")
 print(out)

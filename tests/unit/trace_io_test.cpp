@@ -169,6 +169,45 @@ TEST(TraceIo, ALeadIsWrittenOnlyWhereMeasuredAndMayBeNegative) {
   EXPECT_FALSE(out.launches[0].lead_ns.has_value());
 }
 
+// Format 1.2: the copies the GPU ran in the step (the shim's own among them), by start, with
+// their bytes and direction; a copy in the gap before the first kernel starts below zero.
+TEST(TraceIo, TransfersRoundTripWithTheirBytesAndDirection) {
+  StepTrace t = sample();
+  t.transfers = {{-300, 200, 4096, 1}, {100, 5000, 75497472, 1}, {200, 10, 64, 2}, {300, 1, 1, 8}, {400, 2, 3, 0}};
+  const std::string s = text(t);
+  EXPECT_NE(s.find("transfer -300 200 4096 h2d\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("transfer 200 10 64 d2h\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("transfer 300 1 1 d2d\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("transfer 400 2 3 other\n"), std::string::npos) << s;
+  StepTrace out;
+  std::string err;
+  ASSERT_TRUE(read_text(s, &out, &err)) << err;
+  expect_equal(t, out);
+  ASSERT_EQ(out.transfers.size(), t.transfers.size());
+  for (size_t i = 0; i < t.transfers.size(); ++i) {
+    SCOPED_TRACE("transfer " + std::to_string(i));
+    EXPECT_EQ(out.transfers[i].gpu_start_ns, t.transfers[i].gpu_start_ns);
+    EXPECT_EQ(out.transfers[i].gpu_ns, t.transfers[i].gpu_ns);
+    EXPECT_EQ(out.transfers[i].bytes, t.transfers[i].bytes);
+    EXPECT_EQ(out.transfers[i].copy_kind, t.transfers[i].copy_kind);
+  }
+  // A kind the file has no word for (CUPTI's peer copy, 10) is written as other.
+  t.transfers = {{0, 1, 1, 10}};
+  ASSERT_TRUE(read_text(text(t), &out, &err)) << err;
+  ASSERT_EQ(out.transfers.size(), 1u);
+  EXPECT_EQ(out.transfers[0].copy_kind, 0);
+  // Malformed transfer lines are refused, each with the same clear word.
+  auto v = lines(text(t));
+  size_t at = find_line(v, "transfer ");
+  for (const char* bad : {"transfer 1 2 3", "transfer 1 2 3 sideways", "transfer 1 -2 3 h2d", "transfer 1 2 3 h2d 9",
+                          "transfer x 2 3 h2d"}) {
+    auto w = v;
+    w[at] = bad;
+    EXPECT_FALSE(read_text(join(w), &out, &err)) << bad;
+    EXPECT_NE(err.find("malformed transfer line"), std::string::npos) << bad << ": " << err;
+  }
+}
+
 TEST(TraceIo, AcceptsAnOlderMinorOfTheSameMajor) {
   auto v = lines(text(sample()));
   v[0] = std::string(trace_format::kMagic) + " " + std::to_string(trace_format::kMajor) + ".0";
@@ -362,6 +401,20 @@ TEST(ChromeJson, TimestampsKeepNanosecondResolutionLateInAStep) {
   ASSERT_EQ(xs.size(), 2u);
   EXPECT_NEAR((*xs[1])["ts"].num, 1234567.891, 0.0005) << "ts written as " << (*xs[1])["ts"].text;
   EXPECT_NEAR((*xs[1])["dur"].num, 4.321, 0.0005);
+}
+
+TEST(ChromeJson, TransfersGetATrackPerDirectionAndKeepTheSignOfAnEarlyStart) {
+  StepTrace t;
+  t.transfers = {{-1500, 2000, 4096, 1}, {7, 3, 64, 2}};
+  Json j = chrome(t);
+  auto xs = x_events(j);
+  ASSERT_EQ(xs.size(), 2u);
+  EXPECT_EQ((*xs[0])["tid"].text, "copies h2d");
+  EXPECT_DOUBLE_EQ((*xs[0])["ts"].num, -1.5) << "written as " << (*xs[0])["ts"].text;
+  EXPECT_DOUBLE_EQ((*xs[0])["dur"].num, 2.0);
+  EXPECT_EQ((*xs[0])["args"]["bytes"].num, 4096);
+  EXPECT_EQ((*xs[1])["tid"].text, "copies d2h");
+  EXPECT_DOUBLE_EQ((*xs[1])["ts"].num, 0.007);
 }
 
 // --- analyse_activations -----------------------------------------------------------------

@@ -650,7 +650,7 @@ struct GpuRig {
         kernel_record("k0", 10, 1000, 1500),
         unseen_record(11, 1600, 1700),  // between k0 and k1: step 0's
         kernel_record("k1", 12, 1650, 2000),
-        {EventKind::Copy, 0, 13, 2100, 2200},  // not a kernel record: ignored
+        {EventKind::Copy, 0, 13, 2100, 2200},  // not aligned to launches: a transfer of step 1's span
         unseen_record(14, 2300, 2400),  // after step 0's last seen launch: goes with k2
         kernel_record("k2", 15, 5000, 5100),
         unseen_record(16, 5200, 5300),
@@ -693,6 +693,53 @@ TEST(StepAssembler, GpuRecordsAreAlignedToLaunchesByNameInCallOrder) {
   EXPECT_EQ(t2.gpu_busy_ns, 150);
   EXPECT_EQ(t2.launches[0].gpu_start_ns, 9000 - 5200);
   EXPECT_EQ(t2.launches[0].gpu_ns, 50);
+}
+
+// Copy records (the application's and the shim's own, which no launch of ours matches) become
+// the transfers of the step whose last kernel ends after they start, counted from its first
+// kernel start; one starting before the last timed step's end came too late and is dropped.
+TEST(StepAssembler, CopiesBecomeTheTransfersOfTheStepTheyStartIn) {
+  GpuRig g;
+  g.r.as.gpu_times_from(1);
+  g.run_steps();
+  g.r.drain();
+  auto recs = GpuRig::records();
+  recs.push_back({EventKind::Copy, 0, 30, 1200, 1900, 1 << 20, 1});  // beside k0 and k1: step 0
+  recs.push_back({EventKind::Copy, 0, 31, 5050, 6000, 4096, 2});     // beside k2: step 1
+  recs.push_back({EventKind::Copy, 0, 32, 0, 0, 8, 1});              // no times: not a transfer
+  recs.push_back({EventKind::Copy, 0, 33, 8000, 8100, 64, 8});       // before step 2's kernel
+  g.r.as.add_gpu_records(recs);
+  g.r.pump(true);
+  ASSERT_EQ(g.r.steps.size(), 3u);
+  const auto& x0 = g.r.steps[0].transfers;
+  ASSERT_EQ(x0.size(), 1u);
+  EXPECT_EQ(x0[0].gpu_start_ns, 200) << "from step 0's first kernel start, 1000";
+  EXPECT_EQ(x0[0].gpu_ns, 700);
+  EXPECT_EQ(x0[0].bytes, 1u << 20);
+  EXPECT_EQ(x0[0].copy_kind, 1);
+  const auto& x1 = g.r.steps[1].transfers;
+  ASSERT_EQ(x1.size(), 2u) << "the copy at 2100 in the gap after step 0's last kernel, and the one beside k2";
+  EXPECT_EQ(x1[0].gpu_start_ns, 2100 - 2300) << "before step 1's first kernel (the unseen one at 2300)";
+  EXPECT_EQ(x1[1].gpu_start_ns, 5050 - 2300);
+  EXPECT_EQ(x1[1].copy_kind, 2);
+  const auto& x2 = g.r.steps[2].transfers;
+  ASSERT_EQ(x2.size(), 1u);
+  EXPECT_EQ(x2[0].gpu_start_ns, 8000 - 5200);
+  EXPECT_EQ(x2[0].copy_kind, 8);
+
+  // A record that arrives after its step was finished is not given to a later one.
+  std::vector<GpuRecord> late = {{EventKind::Copy, 0, 34, 1300, 1400, 64, 1}};
+  g.r.as.add_gpu_records(late);
+  const Func k = g.r.drv.add_kernel("k3", {{0, 8}});
+  const uint64_t seq = launch(g.r.tr, k, 0, kVa);
+  (void)seq;
+  g.r.tr.mark_step();
+  g.r.drain();
+  std::vector<GpuRecord> more = {kernel_record("k3", 40, 20000, 20100)};
+  g.r.as.add_gpu_records(more);
+  g.r.pump(true);
+  ASSERT_EQ(g.r.steps.size(), 4u);
+  EXPECT_TRUE(g.r.steps[3].transfers.empty()) << "the copy at 1300 belonged to step 0";
 }
 
 TEST(StepAssembler, RepeatedKernelsAlignInOrderAndAMissingRecordLeavesOneLaunchUntimed) {
