@@ -574,8 +574,10 @@ case $plan in
     # WEIGHTS_AB_ARMS picks the runs in order (default "stream_1 shim_1 shim_2 stream_2"):
     # stream_N the baseline, shim_N the shim streaming, floor_N the shim's own floor (the same
     # model resident, 53 GiB, the shim only observing with CUPTI off: route 1n), obs_N the
-    # baseline under the shim observing (route 1n). Each arm with two runs is reported against
-    # the baseline, the shim against its floor and against the observed baseline.
+    # baseline under the shim observing (route 1n), cma_N the baseline under cudaMallocAsync
+    # without the shim. Each arm with two runs is reported against the baseline, the shim
+    # against its floor and against the observed baseline, the observed against cma_N.
+    # An 8-step run takes 70-105 s: five or six fit one call.
     restart_daemon
     d=(--workload lora --deterministic --steps ${WEIGHTS_AB_STEPS:-12} --warmup 6 --mark-steps)
     budget=20GiB
@@ -592,7 +594,10 @@ case $plan in
         # off. Against stream_N, what those surroundings cost it; against shim_N, the two ways
         # of streaming in the same surroundings.
         obs_*) run "lora_ab_$n" 1n "${d[@]}" --mode stream ;;
-        *) log "weights_ab: unknown arm $n (stream_N, shim_N, floor_N, obs_N)" ;;
+        # The baseline under cudaMallocAsync alone, no shim: between stream_N and obs_N, what
+        # the allocator costs apart from the shim's observing.
+        cma_*) run "lora_ab_$n" 0 "${d[@]}" --mode stream ;;
+        *) log "weights_ab: unknown arm $n (stream_N, shim_N, floor_N, obs_N, cma_N)" ;;
       esac
     done
     first=lora_ab_${arms[0]}
@@ -608,12 +613,14 @@ case $plan in
       for n in "${arms[@]}"; do [[ $n == "$1"_* ]] && [ -f "$work/lora_ab_$n.json" ] && f+=("$work/lora_ab_$n.json"); done
       [ ${#f[@]} -ge 2 ] && (IFS=,; echo "${f[*]}")
     }
-    base=$(runs_of stream) shim=$(runs_of shim) floor=$(runs_of floor) obs=$(runs_of obs)
+    base=$(runs_of stream) shim=$(runs_of shim) floor=$(runs_of floor) obs=$(runs_of obs) cma=$(runs_of cma)
     [ -n "$base" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab.md" --a "baseline=$base" --b "shim=$shim"
     [ -n "$base" ] && [ -n "$floor" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_floor.md" --a "baseline=$base" --b "floor=$floor"
     [ -n "$floor" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_plan.md" --a "floor=$floor" --b "shim=$shim"
     [ -n "$base" ] && [ -n "$obs" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_obs.md" --a "baseline=$base" --b "observed=$obs"
     [ -n "$obs" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_obs_shim.md" --a "observed=$obs" --b "shim=$shim"
+    [ -n "$base" ] && [ -n "$cma" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_cma.md" --a "baseline=$base" --b "cudaMallocAsync=$cma"
+    [ -n "$cma" ] && [ -n "$obs" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_cma_obs.md" --a "cudaMallocAsync=$cma" --b "observed=$obs"
     ;;
   weights_diag)
     # Where the shim's step goes against the baseline's, kernel by kernel (< 5 min): the baseline
