@@ -39,6 +39,12 @@ adds one thing the executor does per streamed weight and compares the chain's GP
   use and maps the memory elsewhere: the unmap of a range the GPU has just read, beside the
   running chain. Its cost per range less `vmm_first_use`'s is the unmap and map of a used range.
 
+- `pool_ops`: before each launch, a stream-ordered allocation from the device's memory pool
+  (cuMemAllocAsync, 2, 48 or 192 MiB in turn) and the free of the one made two launches before
+  (cuMemFreeAsync), both on the chain's stream, the pool keeping what it reserved: what PyTorch's
+  `backend:cudaMallocAsync` does around every kernel (lora: about 0.9 allocations and 0.9 frees
+  a launch), which the shim needs and its native allocator does not. Per pair.
+
 Per variant: the chain's median time against the plain chain's, run alternately (--repeat
 times each), and the cost per operation. The chain queues behind a sleeping kernel, so the
 host is ahead of the GPU as in a training step. Runs on a GPU with PyTorch; libcuda through ctypes.
@@ -262,6 +268,49 @@ def fresh_chain(n, a, b, c, al, every, remap, kept=False):
     return start.elapsed_time(end), k
 
 
+class PoolOps:
+    """cuMemAllocAsync / cuMemFreeAsync on the device's default memory pool, which keeps what it
+    reserved (release threshold at its maximum, as PyTorch sets it for its cudaMallocAsync backend)."""
+
+    def __init__(self, device):
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        dev, pool = ctypes.c_int(), ctypes.c_void_p()
+        Vmm.check(self.cu.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(device)), "cuDeviceGet")
+        Vmm.check(self.cu.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev), "cuDeviceGetDefaultMemPool")
+        keep = ctypes.c_uint64(2**64 - 1)
+        Vmm.check(self.cu.cuMemPoolSetAttribute(pool, ctypes.c_int(4), ctypes.byref(keep)),  # RELEASE_THRESHOLD
+                  "cuMemPoolSetAttribute")
+
+    def alloc(self, size, stream):
+        p = ctypes.c_ulonglong()
+        Vmm.check(self.cu.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(size), ctypes.c_void_p(stream)), "cuMemAllocAsync")
+        return p
+
+    def free(self, p, stream):
+        Vmm.check(self.cu.cuMemFreeAsync(p, ctypes.c_void_p(stream)), "cuMemFreeAsync")
+
+
+def pool_chain(n, a, b, c, ops):
+    """The chain with a stream-ordered allocation before each launch and the free of the one
+    made two launches before (PoolOps)."""
+    s = torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    sizes = (2 << 20, 48 << 20, 192 << 20)
+    live = []
+    torch.cuda._sleep(int(2e8))
+    start.record(s)
+    for i in range(n):
+        live.append(ops.alloc(sizes[i % 3], s.cuda_stream))
+        if len(live) > 2:
+            ops.free(live.pop(0), s.cuda_stream)
+        kernel(i, a, b, c)
+    end.record(s)
+    for p in live:
+        ops.free(p, s.cuda_stream)
+    torch.cuda.synchronize()
+    return start.elapsed_time(end), n
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launches", type=int, default=4000)
@@ -311,6 +360,15 @@ def main():
                 kept.map(i)
         return kept
 
+    pool = None
+
+    def pool_ops():
+        nonlocal pool
+        if pool is None:
+            pool = PoolOps(dev)
+            pool_chain(n // 4, a, b, c, pool)  # the pool reserves its memory once, not in a timed run
+        return pool
+
     def churn_run(rate):
         stop = threading.Event()
         cycles = [0]
@@ -350,6 +408,7 @@ def main():
         "vmm_first_use": lambda: fresh_chain(n, a, b, c, aliases, every, False),
         "vmm_use_remap": lambda: fresh_chain(n, a, b, c, aliases, every, True),
         "vmm_mapped_once": lambda: fresh_chain(n, a, b, c, mapped_once(), every, False, kept=True),
+        "pool_ops": lambda: pool_chain(n, a, b, c, pool_ops()),
     }
     if registered:
         variants["copy_only_registered"] = lambda: chain(n, a, b, c, side, 128, "copy_only", reg, dst)

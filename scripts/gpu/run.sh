@@ -59,6 +59,8 @@
 #                                   and chained as per window (< 2 min)
 #   scripts/gpu/run.sh vmm_use       a fresh mapping's first use, and the unmap of a range just
 #                                   read, on the GPU (< 2 min)
+#   scripts/gpu/run.sh pool_ops      stream-ordered allocations and frees around every launch, as
+#                                   PyTorch's cudaMallocAsync backend makes them (< 1 min)
 #   scripts/gpu/run.sh sync_cost_shim  the same under the shim, CUPTI on and off (< 2 min)
 #   scripts/gpu/run.sh sampled_smoke  the marked shim alone with OFFLOAD_TELEMETRY=sampled: the
 #                                   pause and resume on real CUPTI, bitwise (< 2 min)
@@ -660,6 +662,15 @@ case $plan in
     sync_cost_to vmm_use -- --only vmm_first_use,vmm_mapped_once,vmm_use_remap
     log "sync_cost vmm variants big"
     sync_cost_to vmm_use_big -- --big --fresh-every 4 --repeat 9 --only vmm_first_use,vmm_mapped_once,vmm_use_remap
+    ;;
+  pool_ops)
+    # What cudaMallocAsync's stream-ordered allocations and frees cost the GPU around every
+    # launch (sync_cost.py's pool_ops), at both shapes (< 1 min): the baseline under that
+    # backend ran 5-10 ms a step slower than under the native allocator (weights_ab cma_N).
+    for big in "" --big; do
+      log "sync_cost pool_ops ${big:-small}"
+      sync_cost_to "pool_ops${big:+_big}" -- $big --repeat 9 --only pool_ops
+    done
     ;;
   sync_cost_shim)
     # The same under the shim (route 1, observing), with CUPTI tracing kernels and copies and
