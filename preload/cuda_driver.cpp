@@ -181,6 +181,7 @@ struct ExecApi {
   decltype(&cuEventRecord) event_record;
   decltype(&cuStreamWaitEvent) stream_wait;
   decltype(&cuStreamQuery) stream_query;
+  decltype(&cuStreamIsCapturing) is_capturing;
   decltype(&cuEventQuery) event_query;
   decltype(&cuEventSynchronize) event_sync;
   decltype(&cuMemcpyDtoHAsync_v2) dtoh;
@@ -222,6 +223,7 @@ const ExecApi* exec_api() {
     sym(api.event_record, "cuEventRecord");
     sym(api.stream_wait, "cuStreamWaitEvent");
     sym(api.stream_query, "cuStreamQuery");
+    sym(api.is_capturing, "cuStreamIsCapturing");
     sym(api.event_query, "cuEventQuery");
     sym(api.event_sync, "cuEventSynchronize");
     sym(api.dtoh, "cuMemcpyDtoHAsync_v2");
@@ -443,6 +445,15 @@ int CudaDriver::stream_query(Stream s) {
   if (!scope || !a->stream_query) return -1;
   CUresult r = a->stream_query(as_stream(s));
   return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -1;
+}
+
+int CudaDriver::stream_capturing(Stream s) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  if (!scope || !a->is_capturing) return -1;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (a->is_capturing(as_stream(s), &st) != CUDA_SUCCESS) return -1;  // e.g. legacy stream in a global capture
+  return st == CU_STREAM_CAPTURE_STATUS_NONE ? 0 : 1;
 }
 
 bool CudaDriver::event_sync(uint64_t e) {

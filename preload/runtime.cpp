@@ -78,6 +78,8 @@ Runtime::Runtime(Settings s)
       telemetry_(settings_.cupti_lib, tracker_.counters().kernels),
       assembler_(tracker_.funcs(), StepAssembler::Options{}),
       link_(settings_, command_line()) {
+  // A stream whose capture state the driver cannot tell is never served from the cache.
+  cache_.set_max(settings_.block_cache);
   if (offloading_) tracker_.set_gate(&executor_);
   if (settings_.persistent_min) {
     PersistentPool::Options po;
@@ -501,6 +503,7 @@ std::string Runtime::stats_json_locked() {
      << ",\"hook_ns_mean\":" << c.hook_ns_mean()
      << ",\"executor\":" << executor_json()
      << ",\"persistent\":" << persistent_json()
+     << ",\"block_cache\":" << block_cache_json()
      << ",\"routes\":{";
   bool first = true;
   for (size_t i = 0; i < hooks::kHookCount; ++i) {
@@ -540,6 +543,16 @@ std::string Runtime::persistent_json() const {
      << ",\"cross_stream\":" << p.cross_stream << ",\"created\":" << p.created << ",\"released\":" << p.released
      << ",\"refused\":" << p.refused << ",\"live_bytes\":" << p.live_bytes << ",\"cached_bytes\":" << p.cached_bytes
      << ",\"lent_bytes\":" << p.lent_bytes << ",\"peak_bytes\":" << p.peak_bytes << "}";
+  return os.str();
+}
+
+std::string Runtime::block_cache_json() const {
+  const BlockCache::Stats b = cache_.stats();
+  std::ostringstream os;
+  os << "{\"max_bytes\":" << settings_.block_cache << ",\"hits\":" << b.hits << ",\"misses\":" << b.misses
+     << ",\"kept\":" << b.kept << ",\"forwarded\":" << b.forwarded << ",\"captured\":" << b.captured
+     << ",\"drains\":" << b.drains << ",\"drained_blocks\":" << b.drained_blocks
+     << ",\"kept_bytes\":" << b.kept_bytes << ",\"kept_peak\":" << b.kept_peak << "}";
   return os.str();
 }
 

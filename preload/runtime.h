@@ -22,6 +22,7 @@
 #include "core/env.h"
 #include "core/event_log.h"
 #include "core/executor.h"
+#include "core/block_cache.h"
 #include "core/persistent_pool.h"
 #include "core/tracker.h"
 #include "cuda_driver.h"
@@ -62,13 +63,42 @@ class Runtime {
     if (offloading_) executor_.note_live(tracker_.allocs().live_bytes());
   }
   bool release(void* p, Stream s) {
-    // A range marked read-only is no longer the application's word once freed.
-    if (executor_.any_read_only())
-      if (auto e = tracker_.allocs().find(reinterpret_cast<DevPtr>(p))) executor_.forget_read_only(e->base, e->size);
-    tracker_.on_free(reinterpret_cast<DevPtr>(p), s);
-    if (offloading_ && executor_.release(reinterpret_cast<DevPtr>(p), s)) return true;
-    return persistent_ && persistent_->free(reinterpret_cast<DevPtr>(p), s);
+    const DevPtr d = reinterpret_cast<DevPtr>(p);
+    uint64_t size = 0;  // the block's, for the cache
+    const bool cache = cache_.enabled();
+    if (cache || executor_.any_read_only())
+      if (auto e = tracker_.allocs().find(d)) {
+        // A range marked read-only is no longer the application's word once freed.
+        if (executor_.any_read_only()) executor_.forget_read_only(e->base, e->size);
+        if (e->base == d) size = e->size;
+      }
+    tracker_.on_free(d, s);
+    if (offloading_ && executor_.release(d, s)) return true;
+    if (persistent_ && persistent_->free(d, s)) return true;
+    return cache_.keep(d, size, s, cache ? capturing(s) : -1);
   }
+  // OFFLOAD_BLOCK_CACHE (core/block_cache.h), for allocations neither the executor nor the
+  // persistent pool took. cached: a kept block of the size freed on `s` (true, *p set,
+  // tracked). forwarded: the allocator served `p` (marked if a graph capture made it).
+  // drain_cache: every kept block, for the caller to free through the allocator (the device
+  // was full).
+  bool cached(uint64_t bytes, Stream s, void** p) {
+    if (!cache_.enabled()) return false;
+    DevPtr a = cache_.take(bytes, s, capturing(s));
+    if (!a) return false;
+    *p = reinterpret_cast<void*>(a);
+    track_alloc(*p, bytes, s);
+    return true;
+  }
+  void forwarded(void* p, Stream s) {
+    if (cache_.enabled()) cache_.note_forwarded(reinterpret_cast<DevPtr>(p), s, capturing(s));
+  }
+  std::vector<std::pair<DevPtr, Stream>> drain_cache() {
+    return cache_.enabled() || cache_.stats().kept_bytes ? cache_.drain() : std::vector<std::pair<DevPtr, Stream>>{};
+  }
+  BlockCache& block_cache() { return cache_; }
+  // Tests: where the capture state of a stream comes from (the driver's by default).
+  void set_capture_probe(int (*probe)(Stream)) { capture_probe_ = probe; }
   void reset_peak() {
     executor_.reset_peak();
     if (persistent_) persistent_->reset_peak();
@@ -126,6 +156,10 @@ class Runtime {
   LinkModel planned_link_;               // the link the last plan was made for
   double pool_overhead_ = 0;             // allocator bytes per live byte; 0 until measured
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
+  BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
+  int (*capture_probe_)(Stream) = nullptr;
+  int capturing(Stream s) { return capture_probe_ ? capture_probe_(s) : driver_.stream_capturing(s); }
+  std::string block_cache_json() const;
   bool said_rank_ = false;               // the early Attach of a job's rank was tried
   std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
   PoolWatch pool_watch_;                 // and the allocator's hold against the plan's

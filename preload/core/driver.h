@@ -92,6 +92,8 @@ class Driver {
   virtual bool event_sync(uint64_t e) = 0;
   // 1: everything queued on `s` has completed; 0: not yet; -1: unknown (diagnostics only).
   virtual int stream_query(Stream) { return -1; }
+  // 1: `s` is capturing a graph (or its capture was invalidated); 0: not; -1: cannot tell.
+  virtual int stream_capturing(Stream) { return -1; }
   // Asynchronous copies on `s` (host memory pinned for full speed).
   virtual bool copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) = 0;
   virtual bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) = 0;

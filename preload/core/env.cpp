@@ -108,6 +108,12 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
       bad("OFFLOAD_PERSISTENT_MIN", v, "a size of at least 2MiB (e.g. 32MiB), or off (0)");
     else st.persistent_min = *size;
   }
+  if (const char* v = get("OFFLOAD_BLOCK_CACHE"); v && *v) {
+    std::string s = v;
+    auto size = s == "off" ? std::optional<uint64_t>(0) : parse_size(s);
+    if (!size) bad("OFFLOAD_BLOCK_CACHE", v, "a size (e.g. 8GiB: freed blocks kept at most), or off (0)");
+    else st.block_cache = *size;
+  }
   if (const char* v = get("OFFLOAD_PLANNER"); v && *v) {
     std::string s = v;
     if (s == "builtin") st.builtin_plan = true;

@@ -32,6 +32,9 @@ struct Settings {
   // OFFLOAD_PERSISTENT_MIN: allocations of at least this size are served from ranges of their
   // own (core/persistent_pool.h), so that they can be moved out later; "off" or unset: none.
   uint64_t persistent_min = 0;
+  // OFFLOAD_BLOCK_CACHE: freed blocks kept, by size, for the next allocation of that size on the
+  // stream that freed them (core/block_cache.h), at most this many bytes; 0 / "off": none.
+  uint64_t block_cache = 0;
   double device_budget_fraction = 0;
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // The budget in bytes on a device of `total` bytes (0: none).

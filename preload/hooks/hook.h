@@ -64,6 +64,34 @@ inline auto allocate(void** p, uint64_t bytes, Stream s, Call&& call) {
   return result;
 }
 
+// allocate_cached<Id>(p, bytes, stream, call, forward_kept): as allocate, with a block the
+// BlockCache kept (OFFLOAD_BLOCK_CACHE) tried before the allocator. When the allocator fails
+// and the cache holds blocks, forward_kept(blocks) frees them through the allocator and clears
+// the failure from the runtime's last error (the caller sees only the second answer), and the
+// allocator is asked once more.
+template <HookId Id, class Sig, class Call, class ForwardKept>
+inline auto allocate_cached(void** p, uint64_t bytes, Stream s, Call&& call, ForwardKept&& forward_kept) {
+  Sig fn = real_as<Id, Sig>();
+  HookGuard guard;
+  Runtime* rt = guard.outermost() ? runtime() : nullptr;
+  using R = decltype(call(fn));
+  if (rt && rt->place(bytes, s, p)) return R{};
+  if (rt && rt->cached(bytes, s, p)) return R{};
+  R result = call(fn);
+  if (rt && result != R{}) {
+    auto kept = rt->drain_cache();
+    if (!kept.empty()) {
+      forward_kept(kept);
+      result = call(fn);
+    }
+  }
+  if (rt && result == R{}) {
+    rt->track_alloc(*p, bytes, s);
+    rt->forwarded(*p, s);
+  }
+  return result;
+}
+
 // release<Id>(p, stream, call): an arena member's free stays with the executor; any other
 // is forwarded. The tracker sees it either way.
 template <HookId Id, class Sig, class Call>

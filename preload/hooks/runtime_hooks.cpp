@@ -6,6 +6,11 @@
 #undef cuGetProcAddress
 #include <cuda_runtime_api.h>
 
+#include <dlfcn.h>
+
+#include <utility>
+#include <vector>
+
 #include "hooks/hook.h"
 #include "offload/offload.h"
 
@@ -16,12 +21,22 @@ using namespace offload::hooks;
 
 namespace {
 inline DevPtr dptr(const void* p) { return reinterpret_cast<DevPtr>(p); }
+
+// The device was full with blocks kept by the BlockCache: their frees go to the allocator, and
+// the failure that found it full is taken off the runtime's last error.
+void forward_kept(const std::vector<std::pair<DevPtr, Stream>>& kept) {
+  auto free_async = real_as<HookId::cudaFreeAsync, decltype(&::cudaFreeAsync)>();
+  for (auto [q, qs] : kept)
+    if (free_async) free_async(reinterpret_cast<void*>(q), reinterpret_cast<cudaStream_t>(qs));
+  static auto get_last = reinterpret_cast<decltype(&::cudaGetLastError)>(real_dlsym(RTLD_NEXT, "cudaGetLastError"));
+  if (get_last) (void)get_last();
+}
 }  // namespace
 
 #define MALLOC_ASYNC(NAME, PTSZ)                                                                    \
   OFFLOAD_EXPORT cudaError_t NAME(void** p, size_t n, cudaStream_t s) {                             \
-    return allocate<HookId::NAME, decltype(&::cudaMallocAsync)>(                                    \
-        p, n, stream_id(s, PTSZ), [&](auto real) { return real(p, n, s); });                        \
+    return allocate_cached<HookId::NAME, decltype(&::cudaMallocAsync)>(                             \
+        p, n, stream_id(s, PTSZ), [&](auto real) { return real(p, n, s); }, forward_kept);          \
   }
 MALLOC_ASYNC(cudaMallocAsync, false)
 MALLOC_ASYNC(cudaMallocAsync_ptsz, true)
@@ -48,8 +63,8 @@ FREE_ASYNC(cudaFreeAsync_ptsz, true)
 OFFLOAD_EXPORT void* offload_malloc(size_t size, int, void* stream) {
   void* p = nullptr;
   auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t r = allocate<HookId::cudaMallocAsync, decltype(&::cudaMallocAsync)>(
-      &p, size, dptr(stream), [&](auto real) { return real(&p, size, s); });
+  cudaError_t r = allocate_cached<HookId::cudaMallocAsync, decltype(&::cudaMallocAsync)>(
+      &p, size, dptr(stream), [&](auto real) { return real(&p, size, s); }, forward_kept);
   return r == cudaSuccess ? p : nullptr;
 }
 

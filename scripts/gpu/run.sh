@@ -577,8 +577,9 @@ case $plan in
     # stream_N the baseline, shim_N the shim streaming, floor_N the shim's own floor (the same
     # model resident, 53 GiB, the shim only observing with CUPTI off: route 1n), obs_N the
     # baseline under the shim observing (route 1n), cma_N the baseline under cudaMallocAsync
-    # without the shim. Each arm with two runs is reported against the baseline, the shim
-    # against its floor and against the observed baseline, the observed against cma_N.
+    # without the shim, shimc_N the shim with OFFLOAD_BLOCK_CACHE. Each arm with two runs is
+    # reported against the baseline, the shim against its floor, the observed baseline and
+    # shimc_N, the observed against cma_N.
     # An 8-step run takes 70-105 s: five or six fit one call.
     restart_daemon
     d=(--workload lora --deterministic --steps ${WEIGHTS_AB_STEPS:-12} --warmup 6 --mark-steps)
@@ -599,14 +600,19 @@ case $plan in
         # The baseline under cudaMallocAsync alone, no shim: between stream_N and obs_N, what
         # the allocator costs apart from the shim's observing.
         cma_*) run "lora_ab_$n" 0 "${d[@]}" --mode stream ;;
-        *) log "weights_ab: unknown arm $n (stream_N, shim_N, floor_N, obs_N, cma_N)" ;;
+        # The shim with OFFLOAD_BLOCK_CACHE (freed blocks reused on their stream without a
+        # stream operation), $WEIGHTS_BLOCK_CACHE at most (default 2GiB).
+        shimc_*) restart_daemon
+                 OFFLOAD_BLOCK_CACHE=${WEIGHTS_BLOCK_CACHE:-2GiB} OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=64MiB \
+                   run "lora_ab_$n" o "${d[@]}" --mode ckpt --mark-frozen ;;
+        *) log "weights_ab: unknown arm $n (stream_N, shim_N, floor_N, obs_N, cma_N, shimc_N)" ;;
       esac
     done
     first=lora_ab_${arms[0]}
     for n in "${arms[@]:1}"; do check_pair "$first" "lora_ab_$n"; done
     for n in "${arms[@]}"; do
       case $n in
-        shim_*) python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; print("[gpu]", sys.argv[2], "footprint", round(r["footprint_peak_bytes"] / 2**30, 3), "GiB; host waits, last active step:", json.dumps(x.get("last_step_waits")), "weights:", json.dumps(x.get("weights")))' "$work/lora_ab_$n.json" "$n" ;;
+        shim_*|shimc_*) python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; print("[gpu]", sys.argv[2], "footprint", round(r["footprint_peak_bytes"] / 2**30, 3), "GiB; host waits, last active step:", json.dumps(x.get("last_step_waits")), "weights:", json.dumps(x.get("weights")), "block cache:", json.dumps(r["shim"].get("block_cache")))' "$work/lora_ab_$n.json" "$n" ;;
       esac
     done
     # runs_of ARM: the arm's result files, comma-separated ("" unless it has two or more)
@@ -615,7 +621,7 @@ case $plan in
       for n in "${arms[@]}"; do [[ $n == "$1"_* ]] && [ -f "$work/lora_ab_$n.json" ] && f+=("$work/lora_ab_$n.json"); done
       [ ${#f[@]} -ge 2 ] && (IFS=,; echo "${f[*]}")
     }
-    base=$(runs_of stream) shim=$(runs_of shim) floor=$(runs_of floor) obs=$(runs_of obs) cma=$(runs_of cma)
+    base=$(runs_of stream) shim=$(runs_of shim) floor=$(runs_of floor) obs=$(runs_of obs) cma=$(runs_of cma) shimc=$(runs_of shimc)
     [ -n "$base" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab.md" --a "baseline=$base" --b "shim=$shim"
     [ -n "$base" ] && [ -n "$floor" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_floor.md" --a "baseline=$base" --b "floor=$floor"
     [ -n "$floor" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_plan.md" --a "floor=$floor" --b "shim=$shim"
@@ -623,6 +629,8 @@ case $plan in
     [ -n "$obs" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_obs_shim.md" --a "observed=$obs" --b "shim=$shim"
     [ -n "$base" ] && [ -n "$cma" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_cma.md" --a "baseline=$base" --b "cudaMallocAsync=$cma"
     [ -n "$cma" ] && [ -n "$obs" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_cma_obs.md" --a "cudaMallocAsync=$cma" --b "observed=$obs"
+    [ -n "$base" ] && [ -n "$shimc" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_shimc.md" --a "baseline=$base" --b "shim_cache=$shimc"
+    [ -n "$shim" ] && [ -n "$shimc" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_cache.md" --a "shim=$shim" --b "shim_cache=$shimc"
     ;;
   weights_diag)
     # Where the shim's step goes against the baseline's, kernel by kernel (< 5 min): the baseline

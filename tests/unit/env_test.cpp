@@ -290,5 +290,31 @@ TEST(Persistent, OffloadPersistentMinTakesASizeOrOff) {
   }
 }
 
+TEST(Settings, BlockCacheTakesASizeOrOffAndRejectsTheRestByName) {
+  {
+    Env env;
+    std::vector<std::string> errors;
+    EXPECT_EQ(read(env, &errors).block_cache, 0u) << "off unless asked for";
+    EXPECT_TRUE(errors.empty());
+  }
+  const std::pair<const char*, uint64_t> good[] = {{"8GiB", 8ull << 30}, {"512MiB", 512ull << 20}, {"off", 0}, {"0", 0}};
+  for (auto [v, want] : good) {
+    Env env;
+    env.vars["OFFLOAD_BLOCK_CACHE"] = v;
+    std::vector<std::string> errors;
+    EXPECT_EQ(read(env, &errors).block_cache, want) << v;
+    EXPECT_TRUE(errors.empty()) << v;
+  }
+  for (const char* v : {"lots", "-5MiB", "on", "8 GiB"}) {
+    Env env;
+    env.vars["OFFLOAD_BLOCK_CACHE"] = v;
+    std::vector<std::string> errors;
+    EXPECT_EQ(read(env, &errors).block_cache, 0u) << v;
+    ASSERT_EQ(errors.size(), 1u) << v;
+    EXPECT_NE(errors[0].find("OFFLOAD_BLOCK_CACHE"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find(v), std::string::npos) << "names the value: " << errors[0];
+  }
+}
+
 }  // namespace
 }  // namespace offload

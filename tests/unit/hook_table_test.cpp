@@ -97,11 +97,16 @@ struct MallocCall {
 std::vector<MallocCall> g_mallocs;
 std::vector<std::pair<void*, cudaStream_t>> g_frees;
 cudaError_t g_malloc_result = cudaSuccess;
+int g_malloc_full = 0;  // the next this many calls find the device full
 
 cudaError_t fake_malloc(void** p, size_t n, cudaStream_t s) {
   std::lock_guard lock(g_fake_mu);
   g_mallocs.push_back({n, s});
   if (g_malloc_result != cudaSuccess) return g_malloc_result;
+  if (g_malloc_full > 0) {
+    --g_malloc_full;
+    return cudaErrorMemoryAllocation;
+  }
   *p = std::aligned_alloc(256, (n + 255) / 256 * 256);
   return cudaSuccess;
 }
@@ -215,6 +220,7 @@ class Hooks : public ::testing::Test {
     g_frees.clear();
     g_queries.clear();
     g_malloc_result = cudaSuccess;
+    g_malloc_full = 0;
     g_inside_launch = nullptr;
   }
 };
@@ -658,6 +664,111 @@ TEST_F(Hooks, AFailedMallocIsNotTracked) {
   EXPECT_EQ(c.allocs.load(), allocs);
   EXPECT_EQ(r->tracker().allocs().size(), live);
   EXPECT_FALSE(r->tracker().allocs().find(0x1234).has_value());
+}
+
+// OFFLOAD_BLOCK_CACHE end to end: a freed block goes back to the next allocation of its size
+// on its stream without reaching the allocator; another stream, a capture, or a full device
+// go to the allocator (the full device after the kept blocks were freed there).
+int g_capture_state = 0;
+int capture_probe(Stream) { return g_capture_state; }
+
+struct CacheOn {
+  Runtime* r;
+  explicit CacheOn(Runtime* rt) : r(rt) {
+    g_capture_state = 0;
+    r->set_capture_probe(&capture_probe);
+    r->block_cache().set_max(1 << 20);
+  }
+  ~CacheOn() {
+    r->block_cache().set_max(0);
+    for (auto [q, qs] : r->drain_cache()) cudaFreeAsync(reinterpret_cast<void*>(q), reinterpret_cast<cudaStream_t>(qs));
+    r->set_capture_probe(nullptr);
+  }
+};
+
+TEST_F(Hooks, AFreedBlockServesTheNextAllocationOfItsSizeOnItsStreamWithoutTheAllocator) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  CacheOn on(r);
+  const AllocTable& table = r->tracker().allocs();
+  TrackerCounters& c = r->tracker().counters();
+  auto s = reinterpret_cast<cudaStream_t>(0x77), other = reinterpret_cast<cudaStream_t>(0x78);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, 4096, s), cudaSuccess);
+  ASSERT_EQ(g_mallocs.size(), 1u);
+  const uint64_t frees = c.frees.load(), allocs = c.allocs.load();
+  ASSERT_EQ(cudaFreeAsync(p, s), cudaSuccess);
+  EXPECT_TRUE(g_frees.empty()) << "kept, not freed";
+  EXPECT_EQ(c.frees.load(), frees + 1) << "the tracker sees the free";
+  EXPECT_FALSE(table.find(reinterpret_cast<DevPtr>(p)).has_value());
+
+  void* q = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&q, 4096, s), cudaSuccess);
+  EXPECT_EQ(q, p) << "the kept block";
+  EXPECT_EQ(g_mallocs.size(), 1u) << "the allocator was not asked";
+  EXPECT_EQ(c.allocs.load(), allocs + 1) << "the tracker sees the allocation";
+  EXPECT_TRUE(table.find(reinterpret_cast<DevPtr>(q) + 4095).has_value());
+
+  // Freed again and asked for on another stream, or in another size: the allocator serves.
+  ASSERT_EQ(cudaFreeAsync(q, s), cudaSuccess);
+  void* x = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&x, 4096, other), cudaSuccess);
+  EXPECT_NE(x, p);
+  void* y = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&y, 8192, s), cudaSuccess);
+  EXPECT_NE(y, p);
+  EXPECT_EQ(g_mallocs.size(), 3u);
+  ASSERT_EQ(cudaFreeAsync(x, other), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(y, s), cudaSuccess);
+  EXPECT_EQ(r->block_cache().stats().kept_bytes, 4096u + 4096u + 8192u);
+  EXPECT_NE(r->stats_json().find("\"block_cache\":{\"max_bytes\":"), std::string::npos);
+}
+
+TEST_F(Hooks, UnderACaptureTheAllocatorServesAndItsMemoryIsNeverKept) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  CacheOn on(r);
+  auto s = reinterpret_cast<cudaStream_t>(0x79);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, 4096, s), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(p, s), cudaSuccess);  // kept
+  g_capture_state = 1;
+  void* g = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&g, 4096, s), cudaSuccess);
+  EXPECT_NE(g, p) << "a capture gets the allocator's (graph) memory, not a kept block";
+  EXPECT_EQ(g_mallocs.size(), 2u);
+  g_capture_state = 0;
+  ASSERT_EQ(cudaFreeAsync(g, s), cudaSuccess);
+  ASSERT_EQ(g_frees.size(), 1u) << "memory made under a capture is freed by the allocator";
+  EXPECT_EQ(g_frees[0].first, g);
+}
+
+TEST_F(Hooks, AFullDeviceGetsTheKeptBlocksBackThenTheAllocatorIsAskedAgain) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  CacheOn on(r);
+  auto s = reinterpret_cast<cudaStream_t>(0x7a), t = reinterpret_cast<cudaStream_t>(0x7b);
+  void *a = nullptr, *b = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&a, 4096, s), cudaSuccess);
+  ASSERT_EQ(cudaMallocAsync(&b, 2048, t), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(a, s), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(b, t), cudaSuccess);
+  ASSERT_TRUE(g_frees.empty());
+  g_malloc_full = 1;
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, 1 << 16, s), cudaSuccess) << "the second answer, after the kept blocks went back";
+  EXPECT_EQ(g_mallocs.size(), 4u) << "two before, the full one, the retry";
+  ASSERT_EQ(g_frees.size(), 2u);
+  std::map<void*, cudaStream_t> freed(g_frees.begin(), g_frees.end());
+  EXPECT_EQ(freed[a], s) << "each on the stream that freed it";
+  EXPECT_EQ(freed[b], t);
+  EXPECT_EQ(r->block_cache().stats().kept_bytes, 0u);
+  EXPECT_TRUE(r->tracker().allocs().find(reinterpret_cast<DevPtr>(p)).has_value());
+  // Still full with nothing kept: the failure is the caller's, untracked.
+  g_malloc_full = 1;
+  void* q = nullptr;
+  EXPECT_EQ(cudaMallocAsync(&q, 1 << 16, s), cudaErrorMemoryAllocation);
+  ASSERT_EQ(cudaFreeAsync(p, s), cudaSuccess);
 }
 
 // Hooks on several threads while the shim's worker drains and a stats query pumps too.
