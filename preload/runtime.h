@@ -98,7 +98,7 @@ class Runtime {
   }
   BlockCache& block_cache() { return cache_; }
   // Tests: where the capture state of a stream comes from (the driver's by default).
-  void set_capture_probe(int (*probe)(Stream)) { capture_probe_ = probe; }
+  void set_capture_probe(int (*probe)(Stream)) { capture_probe_.store(probe, std::memory_order_relaxed); }
   void reset_peak() {
     executor_.reset_peak();
     if (persistent_) persistent_->reset_peak();
@@ -157,8 +157,11 @@ class Runtime {
   double pool_overhead_ = 0;             // allocator bytes per live byte; 0 until measured
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
-  int (*capture_probe_)(Stream) = nullptr;
-  int capturing(Stream s) { return capture_probe_ ? capture_probe_(s) : driver_.stream_capturing(s); }
+  std::atomic<int (*)(Stream)> capture_probe_{nullptr};
+  int capturing(Stream s) {
+    auto probe = capture_probe_.load(std::memory_order_relaxed);
+    return probe ? probe(s) : driver_.stream_capturing(s);
+  }
   std::string block_cache_json() const;
   bool said_rank_ = false;               // the early Attach of a job's rank was tried
   std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs

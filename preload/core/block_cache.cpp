@@ -5,7 +5,7 @@
 namespace offload {
 
 DevPtr BlockCache::take(uint64_t bytes, Stream s, int capturing) {
-  if (!enabled() || capturing != 0) return 0;
+  if (!enabled() || capturing != 0 || s == kPerThreadStream) return 0;
   std::lock_guard lock(mu_);
   auto it = kept_.find(Key{s, bytes});
   if (it == kept_.end() || it->second.empty()) {
@@ -32,7 +32,7 @@ bool BlockCache::keep(DevPtr p, uint64_t bytes, Stream s, int capturing) {
   std::lock_guard lock(mu_);
   const bool captured = captured_.erase(p) != 0;
   if (captured) captured_n_.store(captured_.size(), std::memory_order_relaxed);
-  if (captured || capturing != 0 || bytes == 0 || st_.kept_bytes + bytes > max_.load(std::memory_order_relaxed)) {
+  if (captured || s == kPerThreadStream || capturing != 0 || bytes == 0 || st_.kept_bytes + bytes > max_.load(std::memory_order_relaxed)) {
     ++st_.forwarded;
     return false;
   }

@@ -9,7 +9,8 @@
 // that allocation's work after every use the free was ordered after (the freeing stream's
 // later work follows the free), which is cudaFreeAsync's own rule for reuse on that stream.
 // Only the freeing stream reuses a block: another stream would need an event, which is the
-// cost this saves. A training step repeats its sizes, so once warm most allocations hit.
+// cost this saves. Not the per-thread default stream: its handle names another stream on each
+// thread. A training step repeats its sizes, so once warm most allocations hit.
 //
 // Never for memory a graph capture made or will replay: an allocation made while its stream
 // was capturing (or when that could not be told) is marked and its free forwarded, and nothing

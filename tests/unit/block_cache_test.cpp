@@ -48,6 +48,14 @@ TEST(BlockCache, AnotherStreamOrAnotherSizeIsNotServed) {
   EXPECT_EQ(c.take(4096, kA, kNotCapturing), 0x1000u) << "still there for its own stream and size";
 }
 
+TEST(BlockCache, ThePerThreadDefaultStreamIsNeverServedItsHandleNamesAStreamPerThread) {
+  BlockCache c(1 << 20);
+  EXPECT_FALSE(c.keep(0x1000, 4096, kPerThreadStream, kNotCapturing));
+  EXPECT_EQ(c.take(4096, kPerThreadStream, kNotCapturing), 0u);
+  EXPECT_TRUE(c.keep(0x1000, 4096, 0, kNotCapturing)) << "the legacy stream is one stream for every thread";
+  EXPECT_EQ(c.take(4096, 0, kNotCapturing), 0x1000u);
+}
+
 TEST(BlockCache, NothingIsTakenOrKeptWhileAStreamCapturesOrWhenThatCannotBeTold) {
   BlockCache c(1 << 20);
   EXPECT_FALSE(c.keep(0x1000, 4096, kA, kCapturing));
