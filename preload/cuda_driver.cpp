@@ -456,6 +456,13 @@ int CudaDriver::stream_capturing(Stream s) {
   return st == CU_STREAM_CAPTURE_STATUS_NONE ? 0 : 1;
 }
 
+uint64_t CudaDriver::current_context() {
+  const ExecApi* a = exec_api();
+  CUcontext c = nullptr;
+  if (!a || a->get_ctx(&c) != CUDA_SUCCESS) return 0;
+  return reinterpret_cast<uint64_t>(c);
+}
+
 bool CudaDriver::event_sync(uint64_t e) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());

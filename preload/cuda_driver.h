@@ -29,6 +29,7 @@ class CudaDriver final : public Driver {
   uint64_t pool_reserved_current() override;
   int stream_query(Stream s) override;
   int stream_capturing(Stream s) override;
+  uint64_t current_context() override;
   // The device of the first context seen (-1 until one is known); cached, as are its fixed
   // properties.
   int device();

@@ -75,7 +75,7 @@ class Runtime {
     tracker_.on_free(d, s);
     if (offloading_ && executor_.release(d, s)) return true;
     if (persistent_ && persistent_->free(d, s)) return true;
-    return cache_.keep(d, size, s, cache ? capturing(s) : -1);
+    return cache_.keep(d, size, cache ? context() : 0, s, cache ? capturing(s) : -1);
   }
   // OFFLOAD_BLOCK_CACHE (core/block_cache.h), for allocations neither the executor nor the
   // persistent pool took. cached: a kept block of the size freed on `s` (true, *p set,
@@ -84,7 +84,7 @@ class Runtime {
   // was full).
   bool cached(uint64_t bytes, Stream s, void** p) {
     if (!cache_.enabled()) return false;
-    DevPtr a = cache_.take(bytes, s, capturing(s));
+    DevPtr a = cache_.take(bytes, context(), s, capturing(s));
     if (!a) return false;
     *p = reinterpret_cast<void*>(a);
     track_alloc(*p, bytes, s);
@@ -93,12 +93,16 @@ class Runtime {
   void forwarded(void* p, Stream s) {
     if (cache_.enabled()) cache_.note_forwarded(reinterpret_cast<DevPtr>(p), s, capturing(s));
   }
-  std::vector<std::pair<DevPtr, Stream>> drain_cache() {
-    return cache_.enabled() || cache_.stats().kept_bytes ? cache_.drain() : std::vector<std::pair<DevPtr, Stream>>{};
+  std::vector<std::pair<DevPtr, Stream>> drain_cache() {  // the calling thread's device's blocks
+    return cache_.enabled() || cache_.stats().kept_bytes ? cache_.drain(context()) : std::vector<std::pair<DevPtr, Stream>>{};
   }
   BlockCache& block_cache() { return cache_; }
-  // Tests: where the capture state of a stream comes from (the driver's by default).
-  void set_capture_probe(int (*probe)(Stream)) { capture_probe_.store(probe, std::memory_order_relaxed); }
+  // Tests: where a stream's capture state and the thread's context come from (the driver's
+  // by default).
+  void set_cache_probes(int (*capture)(Stream), uint64_t (*ctx)()) {
+    capture_probe_.store(capture, std::memory_order_relaxed);
+    context_probe_.store(ctx, std::memory_order_relaxed);
+  }
   void reset_peak() {
     executor_.reset_peak();
     if (persistent_) persistent_->reset_peak();
@@ -158,9 +162,14 @@ class Runtime {
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
   std::atomic<int (*)(Stream)> capture_probe_{nullptr};
+  std::atomic<uint64_t (*)()> context_probe_{nullptr};
   int capturing(Stream s) {
     auto probe = capture_probe_.load(std::memory_order_relaxed);
     return probe ? probe(s) : driver_.stream_capturing(s);
+  }
+  uint64_t context() {
+    auto probe = context_probe_.load(std::memory_order_relaxed);
+    return probe ? probe() : driver_.current_context();
   }
   std::string block_cache_json() const;
   bool said_rank_ = false;               // the early Attach of a job's rank was tried

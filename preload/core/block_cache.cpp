@@ -4,10 +4,10 @@
 
 namespace offload {
 
-DevPtr BlockCache::take(uint64_t bytes, Stream s, int capturing) {
-  if (!enabled() || capturing != 0 || s == kPerThreadStream) return 0;
+DevPtr BlockCache::take(uint64_t bytes, uint64_t ctx, Stream s, int capturing) {
+  if (!enabled() || capturing != 0 || s == kPerThreadStream || ctx == 0) return 0;
   std::lock_guard lock(mu_);
-  auto it = kept_.find(Key{s, bytes});
+  auto it = kept_.find(Key{ctx, s, bytes});
   if (it == kept_.end() || it->second.empty()) {
     ++st_.misses;
     return 0;
@@ -27,29 +27,34 @@ void BlockCache::note_forwarded(DevPtr p, Stream, int capturing) {
   ++st_.captured;
 }
 
-bool BlockCache::keep(DevPtr p, uint64_t bytes, Stream s, int capturing) {
+bool BlockCache::keep(DevPtr p, uint64_t bytes, uint64_t ctx, Stream s, int capturing) {
   if (!enabled() && captured_n_.load(std::memory_order_relaxed) == 0) return false;
   std::lock_guard lock(mu_);
   const bool captured = captured_.erase(p) != 0;
   if (captured) captured_n_.store(captured_.size(), std::memory_order_relaxed);
-  if (captured || s == kPerThreadStream || capturing != 0 || bytes == 0 || st_.kept_bytes + bytes > max_.load(std::memory_order_relaxed)) {
+  if (captured || s == kPerThreadStream || ctx == 0 || capturing != 0 || bytes == 0 || st_.kept_bytes + bytes > max_.load(std::memory_order_relaxed)) {
     ++st_.forwarded;
     return false;
   }
-  kept_[Key{s, bytes}].push_back(p);
+  kept_[Key{ctx, s, bytes}].push_back(p);
   st_.kept_bytes += bytes;
   st_.kept_peak = std::max(st_.kept_peak, st_.kept_bytes);
   ++st_.kept;
   return true;
 }
 
-std::vector<std::pair<DevPtr, Stream>> BlockCache::drain() {
+std::vector<std::pair<DevPtr, Stream>> BlockCache::drain(uint64_t ctx) {
   std::vector<std::pair<DevPtr, Stream>> out;
   std::lock_guard lock(mu_);
-  for (auto& [k, v] : kept_)
-    for (DevPtr p : v) out.emplace_back(p, k.s);
-  kept_.clear();
-  st_.kept_bytes = 0;
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    if (it->first.ctx != ctx) {
+      ++it;
+      continue;
+    }
+    for (DevPtr p : it->second) out.emplace_back(p, it->first.s);
+    st_.kept_bytes -= it->first.bytes * it->second.size();
+    it = kept_.erase(it);
+  }
   ++st_.drains;
   st_.drained_blocks += out.size();
   return out;

@@ -53,27 +53,31 @@ class BlockCache {
   // A new bound (0: off; kept blocks stay until drained).
   void set_max(uint64_t bytes) { max_.store(bytes, std::memory_order_relaxed); }
 
-  // A kept block of exactly `bytes` freed on `s`, now the caller's; 0: none (forward it).
-  // `capturing`: the stream's capture state (1 capturing, 0 not, -1 unknown).
-  DevPtr take(uint64_t bytes, Stream s, int capturing);
+  // A kept block of exactly `bytes` freed on `s` in context `ctx`, now the caller's; 0: none
+  // (forward it). `capturing`: the stream's capture state (1 capturing, 0 not, -1 unknown).
+  // Blocks are kept per context, the device's: the legacy stream's handle is the same on each.
+  // A context of 0 (unknown) is never served.
+  DevPtr take(uint64_t bytes, uint64_t ctx, Stream s, int capturing);
   // The caller's allocator served `p` on `s`: made while capturing (or unknown), it is marked
   // so that its free is forwarded.
   void note_forwarded(DevPtr p, Stream s, int capturing);
-  // True: the free of `p` (`bytes`) on `s` is kept here and must not be forwarded.
-  bool keep(DevPtr p, uint64_t bytes, Stream s, int capturing);
-  // Every kept block, emptied from the cache, with its freeing stream: the caller forwards
-  // their frees (the device is full, or the shim is closing).
-  std::vector<std::pair<DevPtr, Stream>> drain();
+  // True: the free of `p` (`bytes`) on `s` in context `ctx` is kept here and must not be
+  // forwarded.
+  bool keep(DevPtr p, uint64_t bytes, uint64_t ctx, Stream s, int capturing);
+  // Every block kept in context `ctx`, emptied from the cache, with its freeing stream: the
+  // caller forwards their frees (the device is full).
+  std::vector<std::pair<DevPtr, Stream>> drain(uint64_t ctx);
   Stats stats() const;
 
  private:
   struct Key {
+    uint64_t ctx;
     Stream s;
     uint64_t bytes;
-    bool operator==(const Key& o) const { return s == o.s && bytes == o.bytes; }
+    bool operator==(const Key& o) const { return ctx == o.ctx && s == o.s && bytes == o.bytes; }
   };
   struct KeyHash {
-    size_t operator()(const Key& k) const { return std::hash<uint64_t>()(k.bytes * 31 + k.s); }
+    size_t operator()(const Key& k) const { return std::hash<uint64_t>()((k.bytes * 31 + k.s) * 31 + k.ctx); }
   };
   std::atomic<uint64_t> max_;
   mutable std::mutex mu_;

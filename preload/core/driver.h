@@ -94,6 +94,8 @@ class Driver {
   virtual int stream_query(Stream) { return -1; }
   // 1: `s` is capturing a graph (or its capture was invalidated); 0: not; -1: cannot tell.
   virtual int stream_capturing(Stream) { return -1; }
+  // The calling thread's current context (a device's), as a number; 0: none or cannot tell.
+  virtual uint64_t current_context() { return 0; }
   // Asynchronous copies on `s` (host memory pinned for full speed).
   virtual bool copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) = 0;
   virtual bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) = 0;

@@ -671,18 +671,19 @@ TEST_F(Hooks, AFailedMallocIsNotTracked) {
 // go to the allocator (the full device after the kept blocks were freed there).
 int g_capture_state = 0;
 int capture_probe(Stream) { return g_capture_state; }
+uint64_t context_probe() { return 0xc0; }  // one device
 
 struct CacheOn {
   Runtime* r;
   explicit CacheOn(Runtime* rt) : r(rt) {
     g_capture_state = 0;
-    r->set_capture_probe(&capture_probe);
+    r->set_cache_probes(&capture_probe, &context_probe);
     r->block_cache().set_max(1 << 20);
   }
   ~CacheOn() {
     r->block_cache().set_max(0);
     for (auto [q, qs] : r->drain_cache()) cudaFreeAsync(reinterpret_cast<void*>(q), reinterpret_cast<cudaStream_t>(qs));
-    r->set_capture_probe(nullptr);
+    r->set_cache_probes(nullptr, nullptr);
   }
 };
 
