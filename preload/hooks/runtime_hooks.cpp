@@ -6,8 +6,6 @@
 #undef cuGetProcAddress
 #include <cuda_runtime_api.h>
 
-#include <dlfcn.h>
-
 #include <utility>
 #include <vector>
 
@@ -28,7 +26,9 @@ void forward_kept(const std::vector<std::pair<DevPtr, Stream>>& kept) {
   auto free_async = real_as<HookId::cudaFreeAsync, decltype(&::cudaFreeAsync)>();
   for (auto [q, qs] : kept)
     if (free_async) free_async(reinterpret_cast<void*>(q), reinterpret_cast<cudaStream_t>(qs));
-  static auto get_last = reinterpret_cast<decltype(&::cudaGetLastError)>(real_dlsym(RTLD_NEXT, "cudaGetLastError"));
+  // Found as the real entry points are: in whichever library defines it, loaded locally or not.
+  static auto get_last = reinterpret_cast<decltype(&::cudaGetLastError)>(
+      find_loaded("cudaGetLastError", reinterpret_cast<const void*>(&forward_kept)));
   if (get_last) (void)get_last();
 }
 }  // namespace

@@ -755,9 +755,13 @@ TEST_F(Hooks, AFullDeviceGetsTheKeptBlocksBackThenTheAllocatorIsAskedAgain) {
   ASSERT_EQ(cudaFreeAsync(a, s), cudaSuccess);
   ASSERT_EQ(cudaFreeAsync(b, t), cudaSuccess);
   ASSERT_TRUE(g_frees.empty());
+  auto last_error_calls = reinterpret_cast<int (*)()>(fake_lib_sym("offload_fake_last_error_calls"));
+  ASSERT_NE(last_error_calls, nullptr);
+  const int cleared = last_error_calls();
   g_malloc_full = 1;
   void* p = nullptr;
   ASSERT_EQ(cudaMallocAsync(&p, 1 << 16, s), cudaSuccess) << "the second answer, after the kept blocks went back";
+  EXPECT_EQ(last_error_calls(), cleared + 1) << "the first failure taken off the runtime's last error";
   EXPECT_EQ(g_mallocs.size(), 4u) << "two before, the full one, the retry";
   ASSERT_EQ(g_frees.size(), 2u);
   std::map<void*, cudaStream_t> freed(g_frees.begin(), g_frees.end());
