@@ -81,8 +81,12 @@ fi
 plan=${1:-smoke}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$root/out}
-work=$OUT/work
-mkdir -p "$work"
+# The runs' files gather outside $OUT (the device machine returns at most 8 files from it) and
+# $OUT/results-<plan>.tgz is rewritten after every run, so that a call stopped at its limit
+# still returns what its finished runs wrote.
+work=${RUN_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/offload-run-$plan.XXXXXX")}
+mkdir -p "$OUT" "$work"
+pack() { tar czf "$OUT/results-$plan.tgz" -C "$work" . 2>/dev/null; }
 bin=${OFFLOAD_BIN:-$root/.carry/bin}
 lib=$bin/liboffload.so
 ctl=$bin/offloadctl
@@ -147,6 +151,7 @@ run() {
     "$ctl" trace check "$work/trace_$name" > "$work/$name.check" 2>&1
     log "  trace check rc=$?"; tail -n 14 "$work/$name.check"
   fi
+  pack
 }
 
 # budget_of PLAIN_NAME FRACTION: sets $budget to FRACTION of the plain run's footprint_peak_bytes
@@ -798,5 +803,5 @@ for base in "$work"/*_det_a.json; do
   python3 "$root/scripts/bench/compare.py" --baseline "$base" "$work/${prefix}"_*.json >> "$work/compare.md" 2>&1
 done
 [ -f "$work/compare.md" ] && cat "$work/compare.md"
-tar czf "$OUT/results-$plan.tgz" -C "$work" . && rm -rf "$work"
+pack && rm -rf "$work"
 log "done: $OUT/results-$plan.tgz"
