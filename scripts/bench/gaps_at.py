@@ -22,8 +22,10 @@ kernel has: the plan's uses (with --plan), then the other kernels by kind.
 Traces with transfers (format 1.2: the copies the GPU ran, the shim's reloads among them) also
 get the link's side, for the steps under the plan and the baseline's: per step the copies each
 way, their bytes, the link's busy time and rate; the share of each kind of kernel's time that
-ran beside a host-to-device copy; and, for the kernels that ran both ways often enough, how much
-longer a kernel runs beside a copy (90% of its time or more) than clear of one (10% or less).
+ran beside a host-to-device copy; with --plan, how long before each use the last copy before it
+had ended (a reload landed at the latest then); and, for the kernels that ran both ways often
+enough, how much longer a kernel runs beside a copy (90% of its time or more) than clear of one
+(10% or less).
 
 Traces with leads (OFFLOAD_TRACE_LEAD=1) also sort the gaps of 5 µs or more by the lead of the
 launch after them: under --host-bound (30 µs), the host handed the launch over only as the GPU
@@ -31,6 +33,7 @@ went idle, so the GPU waited for the host; otherwise the launch sat queued behin
 else (an event wait on another stream, another stream's work).
 """
 import argparse
+import bisect
 import os
 
 import gaps  # the trace reader and the gap definition (scripts/bench/gaps.py)
@@ -129,6 +132,20 @@ def against_baseline(trace_dir, under, base_dir, base_steps, uses):
               f"gap {dg / 1e6:+.2f}, GPU time {dk / 1e6:+.2f})")
 
 
+def slack_of(path, uses):
+    """Per use: its start less the end of the last host-to-device copy that ended before it
+    (ns): how long before its first reader a reload had landed, at the latest."""
+    _, _, ls = gaps.read(path)
+    ends = sorted(x[1] for x in gaps.transfers(path) if x[3] == "h2d")
+    out = []
+    for s, _, pos, _, _ in ls:
+        if pos in uses:
+            i = bisect.bisect_right(ends, s)
+            if i:
+                out.append(s - ends[i - 1])
+    return out
+
+
 def link_of(path, uses):
     """A step's transfers by direction (count, bytes, busy ns, summed copy ns), and per kernel:
     (group, name, GPU ns, ns beside a host-to-device copy)."""
@@ -167,6 +184,12 @@ def link_report(trace_dir, which, label, uses):
         if g:
             print(f"  {group}: {len(g) / n:.0f} kernels a step, {sum(r[3] for r in g) / max(1, sum(r[2] for r in g)):.1%} "
                   f"of their time beside a host-to-device copy")
+    if uses:
+        sl = sorted(x for i in which.split(",") for x in slack_of(os.path.join(trace_dir, f"step-{int(i):06d}.trace"), uses))
+        if sl:
+            early = sum(1 for x in sl if x >= 1_000_000)
+            print(f"  the last copy before each use ended {sl[0] / 1e3:.1f} us before it at the least, "
+                  f"{sl[len(sl) // 2] / 1e3:.0f} us at the median; {early} of {len(sl)} 1 ms or more before")
     # The same kernel beside a copy and clear of one: how much longer it runs.
     by_name = {}
     for _, name, ns, under in rows:

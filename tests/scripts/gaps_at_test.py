@@ -43,6 +43,12 @@ with tempfile.TemporaryDirectory() as tmp:
     plan = os.path.join(tmp, "x.plan")
     with open(plan, "w") as f:
         f.write("plan budget=1\nwindow weight=0 evict_after=2 reload_at=12 use=5\n")
+    # How long before a use the last copy before it ended: launch 13 starts 3 us after launch
+    # 12 and its copy end; nothing is copied before launch 5.
+    sys.path.insert(0, os.path.dirname(script))
+    import gaps_at  # noqa: E402
+    slack_13 = gaps_at.slack_of(os.path.join(tmp, "step-000002.trace"), {13})
+    slack_5 = gaps_at.slack_of(os.path.join(tmp, "step-000002.trace"), {5})
     out = subprocess.run([sys.executable, script, tmp, "--before", "0,1", "--under", "2,3", "--plan", plan,
                           "--bucket", "10", "--baseline", tmp, "--baseline-steps", "0,1"],
                          check=True, capture_output=True, text=True).stdout
@@ -75,6 +81,8 @@ expect(r"under: the link, a step \(mean of 2\):\n  h2d: 6 copies, 0\.00 GiB, lin
 expect(r"  the plan's uses: 1 kernels a step, 0\.0% of their time beside", "uses beside")
 expect(r"  the rest: 19 kernels a step, 31\.9% of their time beside", "rest beside")
 expect(r"beside a copy / clear: 12 / 28 runs, 101\.7 / 100\.0 us, \+1\.67 us \(\+1\.67%\)", "beside vs clear")
+if slack_13 != [3000] or slack_5 != []:
+    failures.append(f"slack_of: {slack_13} and {slack_5}, want [3000] and []")
 if re.search(r"^baseline", out, re.M):
     failures.append("the baseline steps have no transfers: no link lines for them")
 if re.search(r"^before:", out, re.M):
