@@ -69,7 +69,8 @@ class PersistentPool {
   // No more allocations are served (alloc returns 0: the caller's allocator serves them); kept
   // blocks are released once their frees complete. The shim closes the pool when it plans:
   // what outlives a step (weights, optimizer state) is born by then, and what is born later
-  // lives within a step, where PyTorch's pool serves it without driver calls.
+  // lives within a step, where cudaMallocAsync's pool serves it (each allocation and free a
+  // stream operation; OFFLOAD_BLOCK_CACHE keeps those off the GPU: core/block_cache.h).
   void close();
 
   // Weight streaming. lend: the executor takes the live block's backing (mapped at `p`); from
