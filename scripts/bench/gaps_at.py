@@ -111,6 +111,16 @@ def kernel_means(trace_dir, which):
             for k in range(n)]
 
 
+GROUPS = ("the plan's uses", "other GEMMs", "attention", "the rest")
+
+
+def group_of(pos, name, uses):
+    """A kernel's group in the reports: one of the plan's uses, else by kind (gaps.kind_of)."""
+    if pos in uses:
+        return GROUPS[0]
+    return {"gemm": GROUPS[1], "attention": GROUPS[2]}.get(gaps.kind_of(name), GROUPS[3])
+
+
 def against_baseline(trace_dir, under, base_dir, base_steps, uses):
     ours, theirs = kernel_means(trace_dir, under), kernel_means(base_dir, base_steps)
     n = min(len(ours), len(theirs))
@@ -119,24 +129,21 @@ def against_baseline(trace_dir, under, base_dir, base_steps, uses):
     if differ or len(ours) != len(theirs):
         print("  the kernel sequences differ: no comparison")
         return
-    def group(k):
-        return "the plan's uses" if ours[k][0] in uses else "other " + gaps.kind_of(ours[k][1])
-    for label in ("the plan's uses", "other gemm", "other attention", "other other"):
-        ks = [k for k in range(n) if group(k) == label]
+    for label in GROUPS:
+        ks = [k for k in range(n) if group_of(ours[k][0], ours[k][1], uses) == label]
         if not ks:
             continue
         dg = sum(ours[k][2] - theirs[k][2] for k in ks)
         dk = sum(ours[k][3] - theirs[k][3] for k in ks)
-        label = {"other gemm": "other GEMMs", "other attention": "attention", "other other": "the rest"}.get(label, label)
         print(f"  {label}: {len(ks)} kernels, {(dg + dk) / len(ks) / 1e3:+.2f} us each ({(dg + dk) / 1e6:+.2f} ms: "
               f"gap {dg / 1e6:+.2f}, GPU time {dk / 1e6:+.2f})")
 
 
-def slack_of(path, uses):
-    """Per use: its start less the end of the last host-to-device copy that ended before it
-    (ns): how long before its first reader a reload had landed, at the latest."""
-    _, _, ls = gaps.read(path)
-    ends = sorted(x[1] for x in gaps.transfers(path) if x[3] == "h2d")
+def slack_in(ls, xs, uses):
+    """Per use among a step's launches `ls` (gaps.read): its start less the end of the last
+    host-to-device copy of `xs` (gaps.transfers) that ended before it (ns): how long before its
+    first reader a reload had landed, at the latest."""
+    ends = sorted(x[1] for x in xs if x[3] == "h2d")
     out = []
     for s, _, pos, _, _ in ls:
         if pos in uses:
@@ -146,9 +153,14 @@ def slack_of(path, uses):
     return out
 
 
+def slack_of(path, uses):
+    """slack_in of one step file."""
+    return slack_in(gaps.read(path)[2], gaps.transfers(path), uses)
+
+
 def link_of(path, uses):
-    """A step's transfers by direction (count, bytes, busy ns, summed copy ns), and per kernel:
-    (group, name, GPU ns, ns beside a host-to-device copy)."""
+    """A step's transfers by direction (count, bytes, busy ns, summed copy ns); per kernel:
+    (group, name, GPU ns, ns beside a host-to-device copy); and the uses' slack_in."""
     _, kernels, ls = gaps.read(path)
     xs = gaps.transfers(path)
     by_dir = {}
@@ -163,33 +175,31 @@ def link_of(path, uses):
             continue
         name = kernels.get(kid, "?")
         n, i = gaps.overlap(s, e, h2d, i)
-        group = "the plan's uses" if pos in uses else {"gemm": "other GEMMs", "attention": "attention"}.get(gaps.kind_of(name), "the rest")
-        rows.append((group, name, e - s, n))
-    return by_dir, rows
+        rows.append((group_of(pos, name, uses), name, e - s, n))
+    return by_dir, rows, slack_in(ls, xs, uses)
 
 
 def link_report(trace_dir, which, label, uses):
     steps = [link_of(os.path.join(trace_dir, f"step-{int(i):06d}.trace"), uses) for i in which.split(",")]
-    if not any(d for d, _ in steps):
+    if not any(d for d, _, _ in steps):
         return
     n = len(steps)
     print(f"{label}: the link, a step (mean of {n}):")
-    for d in sorted({k for x, _ in steps for k in x}):
-        c, b, busy, summed = (sum(x.get(d, (0, 0, 0, 0))[k] for x, _ in steps) / n for k in range(4))
+    for d in sorted({k for x, _, _ in steps for k in x}):
+        c, b, busy, summed = (sum(x.get(d, (0, 0, 0, 0))[k] for x, _, _ in steps) / n for k in range(4))
         rate = b / summed if summed else 0
         print(f"  {d}: {c:.0f} copies, {b / 2**30:.2f} GiB, link busy {busy / 1e6:.1f} ms, {rate:.1f} GB/s a copy")
-    rows = [r for _, rs in steps for r in rs]
-    for group in ("the plan's uses", "other GEMMs", "attention", "the rest"):
+    rows = [r for _, rs, _ in steps for r in rs]
+    for group in GROUPS:
         g = [r for r in rows if r[0] == group]
         if g:
             print(f"  {group}: {len(g) / n:.0f} kernels a step, {sum(r[3] for r in g) / max(1, sum(r[2] for r in g)):.1%} "
                   f"of their time beside a host-to-device copy")
-    if uses:
-        sl = sorted(x for i in which.split(",") for x in slack_of(os.path.join(trace_dir, f"step-{int(i):06d}.trace"), uses))
-        if sl:
-            early = sum(1 for x in sl if x >= 1_000_000)
-            print(f"  the last copy before each use ended {sl[0] / 1e3:.1f} us before it at the least, "
-                  f"{sl[len(sl) // 2] / 1e3:.0f} us at the median; {early} of {len(sl)} 1 ms or more before")
+    sl = sorted(x for _, _, slack in steps for x in slack)
+    if sl:
+        early = sum(1 for x in sl if x >= 1_000_000)
+        print(f"  the last copy before each use ended {sl[0] / 1e3:.1f} us before it at the least, "
+              f"{sl[len(sl) // 2] / 1e3:.0f} us at the median; {early} of {len(sl)} 1 ms or more before")
     # The same kernel beside a copy and clear of one: how much longer it runs.
     by_name = {}
     for _, name, ns, under in rows:
