@@ -78,7 +78,6 @@ Runtime::Runtime(Settings s)
       telemetry_(settings_.cupti_lib, tracker_.counters().kernels),
       assembler_(tracker_.funcs(), StepAssembler::Options{}),
       link_(settings_, command_line()) {
-  // A stream whose capture state the driver cannot tell is never served from the cache.
   cache_.set_max(settings_.block_cache);
   if (offloading_) tracker_.set_gate(&executor_);
   if (settings_.persistent_min) {

@@ -65,11 +65,11 @@ class Runtime {
   bool release(void* p, Stream s) {
     const DevPtr d = reinterpret_cast<DevPtr>(p);
     uint64_t size = 0;  // the block's, for the cache
-    const bool cache = cache_.enabled();
-    if (cache || executor_.any_read_only())
+    const bool cache = cache_.enabled(), marked = executor_.any_read_only();
+    if (cache || marked)
       if (auto e = tracker_.allocs().find(d)) {
         // A range marked read-only is no longer the application's word once freed.
-        if (executor_.any_read_only()) executor_.forget_read_only(e->base, e->size);
+        if (marked) executor_.forget_read_only(e->base, e->size);
         if (e->base == d) size = e->size;
       }
     tracker_.on_free(d, s);
@@ -93,9 +93,7 @@ class Runtime {
   void forwarded(void* p, Stream s) {
     if (cache_.enabled()) cache_.note_forwarded(reinterpret_cast<DevPtr>(p), s, capturing(s));
   }
-  std::vector<std::pair<DevPtr, Stream>> drain_cache() {  // the calling thread's device's blocks
-    return cache_.enabled() || cache_.stats().kept_bytes ? cache_.drain(context()) : std::vector<std::pair<DevPtr, Stream>>{};
-  }
+  std::vector<std::pair<DevPtr, Stream>> drain_cache() { return cache_.drain(context()); }  // this device's
   BlockCache& block_cache() { return cache_; }
   // Tests: where a stream's capture state and the thread's context come from (the driver's
   // by default).

@@ -55,8 +55,10 @@ std::vector<std::pair<DevPtr, Stream>> BlockCache::drain(uint64_t ctx) {
     st_.kept_bytes -= it->first.bytes * it->second.size();
     it = kept_.erase(it);
   }
-  ++st_.drains;
-  st_.drained_blocks += out.size();
+  if (!out.empty()) {
+    ++st_.drains;
+    st_.drained_blocks += out.size();
+  }
   return out;
 }
 

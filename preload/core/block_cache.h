@@ -41,7 +41,7 @@ class BlockCache {
     uint64_t kept = 0;       // frees kept
     uint64_t forwarded = 0;  // frees forwarded: past the bound, or a capture's memory
     uint64_t captured = 0;   // allocations made while their stream captured (never kept)
-    uint64_t drains = 0, drained_blocks = 0;
+    uint64_t drains = 0, drained_blocks = 0;  // drains that gave blocks back, and those blocks
     uint64_t kept_bytes = 0, kept_peak = 0;
   };
 

@@ -9,6 +9,9 @@
 // Nothing here allocates, throws, or takes a lock another hook may hold.
 #pragma once
 
+#include <cstddef>
+#include <type_traits>
+
 #include "hooks/hook_table.h"
 #include "runtime.h"
 
@@ -50,44 +53,37 @@ inline auto before(Observe&& observe, Call&& call) {
   return call(fn);
 }
 
-// allocate<Id>(p, bytes, stream, call): the executor may serve the allocation from an
-// arena (a planned one); otherwise it is forwarded. The tracker sees it either way.
-template <HookId Id, class Sig, class Call>
-inline auto allocate(void** p, uint64_t bytes, Stream s, Call&& call) {
+// allocate<Id>(p, bytes, stream, call[, forward_kept]): the executor may serve the allocation
+// from an arena (a planned one); otherwise it is forwarded. The tracker sees it either way.
+// With forward_kept (the stream-ordered allocator's entry points, not a named pool's), a block
+// the BlockCache kept (OFFLOAD_BLOCK_CACHE) is tried before the allocator; when the allocator
+// fails and the cache holds blocks, forward_kept(blocks) frees them through the allocator and
+// clears the failure from the runtime's last error (the caller sees only the second answer),
+// and the allocator is asked once more.
+template <HookId Id, class Sig, class Call, class ForwardKept = std::nullptr_t>
+inline auto allocate(void** p, uint64_t bytes, Stream s, Call&& call, ForwardKept&& forward_kept = nullptr) {
+  constexpr bool cache = !std::is_same_v<std::decay_t<ForwardKept>, std::nullptr_t>;
   Sig fn = real_as<Id, Sig>();
   HookGuard guard;
   Runtime* rt = guard.outermost() ? runtime() : nullptr;
   using R = decltype(call(fn));
   if (rt && rt->place(bytes, s, p)) return R{};
+  if constexpr (cache) {
+    if (rt && rt->cached(bytes, s, p)) return R{};
+  }
   R result = call(fn);
-  if (rt && result == R{}) rt->track_alloc(*p, bytes, s);
-  return result;
-}
-
-// allocate_cached<Id>(p, bytes, stream, call, forward_kept): as allocate, with a block the
-// BlockCache kept (OFFLOAD_BLOCK_CACHE) tried before the allocator. When the allocator fails
-// and the cache holds blocks, forward_kept(blocks) frees them through the allocator and clears
-// the failure from the runtime's last error (the caller sees only the second answer), and the
-// allocator is asked once more.
-template <HookId Id, class Sig, class Call, class ForwardKept>
-inline auto allocate_cached(void** p, uint64_t bytes, Stream s, Call&& call, ForwardKept&& forward_kept) {
-  Sig fn = real_as<Id, Sig>();
-  HookGuard guard;
-  Runtime* rt = guard.outermost() ? runtime() : nullptr;
-  using R = decltype(call(fn));
-  if (rt && rt->place(bytes, s, p)) return R{};
-  if (rt && rt->cached(bytes, s, p)) return R{};
-  R result = call(fn);
-  if (rt && result != R{}) {
-    auto kept = rt->drain_cache();
-    if (!kept.empty()) {
-      forward_kept(kept);
-      result = call(fn);
+  if constexpr (cache) {
+    if (rt && result != R{}) {
+      auto kept = rt->drain_cache();
+      if (!kept.empty()) {
+        forward_kept(kept);
+        result = call(fn);
+      }
     }
   }
   if (rt && result == R{}) {
     rt->track_alloc(*p, bytes, s);
-    rt->forwarded(*p, s);
+    if constexpr (cache) rt->forwarded(*p, s);
   }
   return result;
 }

@@ -35,7 +35,7 @@ void forward_kept(const std::vector<std::pair<DevPtr, Stream>>& kept) {
 
 #define MALLOC_ASYNC(NAME, PTSZ)                                                                    \
   OFFLOAD_EXPORT cudaError_t NAME(void** p, size_t n, cudaStream_t s) {                             \
-    return allocate_cached<HookId::NAME, decltype(&::cudaMallocAsync)>(                             \
+    return allocate<HookId::NAME, decltype(&::cudaMallocAsync)>(                                    \
         p, n, stream_id(s, PTSZ), [&](auto real) { return real(p, n, s); }, forward_kept);          \
   }
 MALLOC_ASYNC(cudaMallocAsync, false)
@@ -63,7 +63,7 @@ FREE_ASYNC(cudaFreeAsync_ptsz, true)
 OFFLOAD_EXPORT void* offload_malloc(size_t size, int, void* stream) {
   void* p = nullptr;
   auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t r = allocate_cached<HookId::cudaMallocAsync, decltype(&::cudaMallocAsync)>(
+  cudaError_t r = allocate<HookId::cudaMallocAsync, decltype(&::cudaMallocAsync)>(
       &p, size, dptr(stream), [&](auto real) { return real(&p, size, s); }, forward_kept);
   return r == cudaSuccess ? p : nullptr;
 }
