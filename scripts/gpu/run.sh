@@ -103,6 +103,9 @@ log "binaries from commit $(cat "$work/commit")"
 cat "$work/machine.txt"
 
 export PYTHONUNBUFFERED=1
+# The columns scripts/bench/gpu_state.py reads, if this nvidia-smi knows them all.
+smi_query=timestamp,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
+nvidia-smi -i 0 --query-gpu="$smi_query" --format=csv,noheader > /dev/null 2>&1 || { smi_query=; log "no GPU state samples: nvidia-smi lacks a column of the query"; }
 bench=$root/scripts/bench/run.py
 
 # Offload runs: route 1 with a device budget ($budget), a host pool large enough for half the
@@ -138,10 +141,19 @@ run() {
   [ "$shim" = o ] && note=", budget $budget"
   log "run $name (shim=$shim$note): $*"
   local t0=$SECONDS
+  # The GPU's clock, power, temperature and clock event reasons every 500 ms beside the run
+  # (GPU 0; reading them changes nothing): runs of one arm differ by more than steps within a run.
+  local smi=
+  if [ -n "$smi_query" ]; then
+    nvidia-smi -i 0 --query-gpu="$smi_query" --format=csv,noheader -lms 500 > "$work/$name.smi" 2>/dev/null &
+    smi=$!
+  fi
   # shellcheck disable=SC2086
   "${envs[@]}" ${launch:-python3} "$bench" "$@" "${extra[@]}" --json-out "$work/$name.json" > "$work/$name.log" 2>&1
   local rc=$?
+  [ -n "$smi" ] && { kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null; }
   log "  rc=$rc in $((SECONDS - t0)) s: $(grep -E '^RESULT' "$work/$name.log" | head -c 300)"
+  [ -n "$smi" ] && log "  gpu: $(python3 "$root/scripts/bench/gpu_state.py" "$work/$name.smi" | cut -d: -f2-)"
   [ $rc = 0 ] || tail -n 25 "$work/$name.log"
   if [ "$shim" = o ]; then
     grep -E '^\[offload (warn|error)\]|^\[offload info\] (plan|not offloading|host pool|step deviates)|\[bench\] (executor|WARNING)' \
