@@ -54,7 +54,8 @@ def samples(path):
 
 
 def summary(rows, busy):
-    """Figures over the busy samples: count, SM clock median/min/max, mean power, max temperature,
+    """Figures over the busy samples: count, SM clock mean/median/min/max (the clock moves in
+    steps of 15 MHz, so the mean tells runs apart where the median cannot), mean power, max temperature,
     and the share of samples each clock event reason was active in."""
     b = [s for s in rows if s["util"] >= busy]
     if not b:
@@ -67,7 +68,7 @@ def summary(rows, busy):
         n = sum(1 for s in b if s["reasons"] is not None and s["reasons"] & bit)
         if n:
             reasons[name] = n / len(b)
-    return {"samples": len(rows), "busy": len(b), "sm_median": statistics.median(sm),
+    return {"samples": len(rows), "busy": len(b), "sm_mean": statistics.fmean(sm), "sm_median": statistics.median(sm),
             "sm_min": min(sm), "sm_max": max(sm),
             "power_mean": statistics.fmean(power) if power else None,
             "temp_max": max(temp) if temp else None, "reasons": reasons}
@@ -79,7 +80,7 @@ def line(name, s):
     p = f"{s['power_mean']:.0f} W" if s["power_mean"] is not None else "n/a"
     t = f"{s['temp_max']:.0f} C" if s["temp_max"] is not None else "n/a"
     r = ", ".join(f"{k} {v:.0%}" for k, v in sorted(s["reasons"].items())) or "none"
-    return (f"{name}: {s['busy']} busy samples; SM clock median {s['sm_median']:.0f} MHz "
+    return (f"{name}: {s['busy']} busy samples; SM clock mean {s['sm_mean']:.1f} MHz, median {s['sm_median']:.0f} "
             f"({s['sm_min']:.0f}-{s['sm_max']:.0f}); power {p} mean; temperature {t} at most; "
             f"clock held down by: {r}")
 

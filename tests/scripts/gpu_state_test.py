@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """scripts/bench/gpu_state.py on made-up samples: two idle ones (left out), three busy ones at
-1980, 1755 and 1980 MHz (median 1980, least 1755), 600, 690 and 690 W (mean 660), 50, 61 and 58
+1980, 1755 and 1980 MHz (mean 1905, median 1980, least 1755), 600, 690 and 690 W (mean 660), 50, 61 and 58
 C, the power cap active in two of the three; a cut line and an [N/A] clock skipped. Exit 1
 otherwise."""
 import os
@@ -27,7 +27,7 @@ with tempfile.TemporaryDirectory() as tmp:
         f.write("\n".join(rows) + "\n")
     out = subprocess.run([sys.executable, script, path], check=True, capture_output=True, text=True).stdout
 
-want = (r"^lora_ab_shim_1: 3 busy samples; SM clock median 1980 MHz \(1755-1980\); power 660 W mean; "
+want = (r"^lora_ab_shim_1: 3 busy samples; SM clock mean 1905\.0 MHz, median 1980 \(1755-1980\); power 660 W mean; "
         r"temperature 61 C at most; clock held down by: sw_power_cap 67%$")
 if not re.search(want, out, re.M):
     print(f"gpu_state.py: no match for {want!r} in:\n{out}")
