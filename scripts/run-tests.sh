@@ -11,8 +11,10 @@ for variant in plain address thread; do
   san=""; [ "$variant" = plain ] || san=$variant
   echo "== build and test: ${variant} (at ${SECONDS} s)"
   # -g1: line tables only (sanitizer reports still name file and line); 15% less build time
-  # on 2 cores (2m31s against 2m58s for the plain build).
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DOFFLOAD_SANITIZE="$san" > /dev/null
+  # on 2 cores (2m31s against 2m58s for the plain build). -O1, as the sanitizers' own guides
+  # advise, assertions kept: the plain tests take 65 s on 2 cores instead of 91 s (the executor
+  # and simulated driver under thousands of simulated steps), the build 140 s instead of 144 s.
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" -DOFFLOAD_SANITIZE="$san" > /dev/null
   cmake --build "$dir" -j "$jobs"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu
 done
