@@ -25,21 +25,26 @@ def arm(spec):
     return name, runs
 
 
+# Two-sided 97.5% t quantiles by degrees of freedom (the next tabled df at or above); the
+# normal's beyond the table.
+T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+        10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 25: 2.06, 30: 2.04}
+
+
+def t975(df):
+    for k in sorted(T975):
+        if df <= k:
+            return T975[k]
+    return 1.96
+
+
 def welch(a, b):
     ma, mb = statistics.fmean(a), statistics.fmean(b)
     va, vb = statistics.variance(a), statistics.variance(b)
     se = math.sqrt(va / len(a) + vb / len(b))
-    # Welch-Satterthwaite degrees of freedom, then the two-sided 97.5% t quantile (table for small
-    # df, normal beyond).
+    # Welch-Satterthwaite degrees of freedom.
     df = se**4 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1)) if se else 1e9
-    table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-             10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 25: 2.06, 30: 2.04}
-    q = 1.96
-    for k in sorted(table):
-        if df <= k:
-            q = table[k]
-            break
-    return mb - ma, q * se, df
+    return mb - ma, t975(df) * se, df
 
 
 def main():

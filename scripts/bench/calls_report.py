@@ -22,16 +22,7 @@ import math
 import statistics
 import sys
 
-# Two-sided 97.5% t quantiles by degrees of freedom; the normal's beyond the table.
-T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-        10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 25: 2.06, 30: 2.04}
-
-
-def t975(df):
-    for k in sorted(T975):
-        if df <= k:
-            return T975[k]
-    return 1.96
+from ab_report import t975
 
 
 def run_mean(path):
