@@ -16,7 +16,8 @@
 // was capturing (or when that could not be told) is marked and its free forwarded, and nothing
 // is taken or kept on a capturing stream. Kept bytes are bounded (frees past the bound are
 // forwarded); when the device is full the caller drains the cache (forwarding every kept
-// block's free) and tries again.
+// block's free) and tries again, and a trim of the pool (torch.cuda.empty_cache()) drains it
+// first (hooks/runtime_hooks.cpp).
 //
 // Thread-safe: one mutex, no driver calls under it (drain hands the blocks out first).
 #pragma once
