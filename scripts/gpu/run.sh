@@ -61,6 +61,9 @@
 #                                   read, on the GPU (< 2 min)
 #   scripts/gpu/run.sh pool_ops      stream-ordered allocations and frees around every launch, as
 #                                   PyTorch's cudaMallocAsync backend makes them (< 1 min)
+#   scripts/gpu/run.sh power_link    lora's GEMMs alone and beside host-to-device copies (30% and
+#                                   100% of the time): whether link traffic slows compute at the
+#                                   power cap, per ms of link busy (< 3 min)
 #   scripts/gpu/run.sh sync_cost_shim  the same under the shim, CUPTI on and off (< 2 min)
 #   scripts/gpu/run.sh sampled_smoke  the marked shim alone with OFFLOAD_TELEMETRY=sampled: the
 #                                   pause and resume on real CUPTI, bitwise (< 2 min)
@@ -670,6 +673,9 @@ case $plan in
     ;;
   sync_cost)
     python3 "$root/scripts/bench/sync_cost.py" --json "$work/sync_cost.json" 2>&1 | tee "$work/sync_cost.log"
+    ;;
+  power_link)
+    python3 "$root/scripts/bench/power_link.py" --json "$work/power_link.json" 2>&1 | tee "$work/power_link.log"
     ;;
   sync_events)
     # The executor's event records and cross-stream waits (sync_cost.py's record,
