@@ -7,12 +7,13 @@ Only busy samples count (utilization at least --busy percent): model building an
 checks leave the GPU idle, and an idle GPU's clock says nothing about the steps.
 
     gpu_state.py RUN.smi [RUN.smi ...]      one line per run
+    gpu_state.py --query                    the columns to ask nvidia-smi for (run.sh's query)
 """
 import argparse
 import statistics
 import sys
 
-# The query run.sh makes, in this order.
+# The columns asked of nvidia-smi, in this order (run.sh takes them from --query).
 COLUMNS = ("timestamp", "utilization.gpu", "clocks.sm", "clocks.mem", "power.draw",
            "temperature.gpu", "clocks_event_reasons.active")
 
@@ -87,9 +88,15 @@ def line(name, s):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="+")
+    ap.add_argument("files", nargs="*")
     ap.add_argument("--busy", type=float, default=90, help="least utilization (%%) of a sample that counts")
+    ap.add_argument("--query", action="store_true", help="print the nvidia-smi --query-gpu columns and stop")
     a = ap.parse_args()
+    if a.query:
+        print(",".join(COLUMNS))
+        return 0
+    if not a.files:
+        ap.error("no sample files")
     for path in a.files:
         print(line(path.rsplit("/", 1)[-1].removesuffix(".smi"), summary(samples(path), a.busy)))
     return 0

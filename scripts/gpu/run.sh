@@ -107,7 +107,7 @@ cat "$work/machine.txt"
 
 export PYTHONUNBUFFERED=1
 # The columns scripts/bench/gpu_state.py reads, if this nvidia-smi knows them all.
-smi_query=timestamp,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
+smi_query=$(python3 "$root/scripts/bench/gpu_state.py" --query)
 nvidia-smi -i 0 --query-gpu="$smi_query" --format=csv,noheader > /dev/null 2>&1 || { smi_query=; log "no GPU state samples: nvidia-smi lacks a column of the query"; }
 bench=$root/scripts/bench/run.py
 
