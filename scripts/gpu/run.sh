@@ -16,6 +16,9 @@
 #                                   ckpt and save_on_cpu; executor_report.py -> executor.md (< 9 min;
 #                                   skips llama --compile when short of time)
 #   scripts/gpu/run.sh executor_compiled  only executor's llama --compile pair, and its report
+#   scripts/gpu/run.sh cache_workloads  OFFLOAD_BLOCK_CACHE on the reference, convnet and Llama
+#                                   workloads: plain, offload, offload with the cache, bitwise
+#                                   checks, footprints, the cache's counters (< 8 min)
 #   scripts/gpu/run.sh planner      the GPU-time planner on the reference workload: plain, ckpt,
 #                                   save_on_cpu, offload at 90/75/50% and at the hidden-offload
 #                                   budget; the link measured; planner_report.py -> planner.md
@@ -355,6 +358,28 @@ case $plan in
     python3 "$root/scripts/bench/executor_report.py" "$work" > "$work/executor.md" 2>&1
     log "executor_report rc=$? (plan took $((SECONDS - t_plan)) s)"
     cat "$work/executor.md"
+    ;;
+  cache_workloads)
+    # OFFLOAD_BLOCK_CACHE beyond lora: the reference, convnet and Llama workloads at executor's
+    # budgets, each plain, offloaded, and offloaded with the cache ($WEIGHTS_BLOCK_CACHE, default
+    # 512MiB), 8 warm-up + 20 timed steps, deterministic: losses and gradients against plain,
+    # the footprint against the budget, the cache's counters, ms/step (< 8 min).
+    restart_daemon
+    d=(--deterministic --steps 20 --warmup 8 --mark-steps)
+    fails=0
+    for w in reference convnet llama; do
+      frac=0.6; [ $w = reference ] && frac=0.5; [ $w = llama ] && frac=0.75
+      run ${w}_plain 0 --workload $w "${d[@]}"
+      budget_of ${w}_plain $frac || { fails=$((fails + 1)); continue; }
+      run ${w}_offload o --workload $w "${d[@]}"
+      OFFLOAD_BLOCK_CACHE=${WEIGHTS_BLOCK_CACHE:-512MiB} run ${w}_offload_cache o --workload $w "${d[@]}"
+      check_pair ${w}_plain ${w}_offload || fails=$((fails + 1))
+      check_pair ${w}_plain ${w}_offload_cache || fails=$((fails + 1))
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("[gpu]", sys.argv[2], "block cache:", json.dumps((r.get("shim") or {}).get("block_cache")))' \
+        "$work/${w}_offload_cache.json" ${w}_offload_cache 2>/dev/null
+    done
+    log "cache_workloads: $([ $fails = 0 ] && echo PASS || echo "FAIL ($fails)")"
+    "$ctl" stop > /dev/null 2>&1
     ;;
   planner)
     # The GPU-time planner on the reference workload, side by side in one call: plain, ckpt,
