@@ -217,8 +217,18 @@ void Runtime::plan_from(const StepTrace& t) {
   if (!private_pool_ && !link_.connected()) return say("no host pool yet: keeping data resident");
   uint64_t total = driver_.device_total_bytes();
   PlanOptions o;
-  o.budget = settings_.budget_bytes(total);
-  if (!o.budget) return say("the GPU's memory size is unknown: OFFLOAD_DEVICE_BUDGET as a fraction cannot apply");
+  const uint64_t budget = settings_.budget_bytes(total);
+  if (!budget) return say("the GPU's memory size is unknown: OFFLOAD_DEVICE_BUDGET as a fraction cannot apply");
+  // Blocks OFFLOAD_BLOCK_CACHE keeps stay in the device's pool outside the plan: the plan gets
+  // the budget less what the cache may keep, and the cache keeps no more than that.
+  o.budget = settings_.plan_budget_bytes(total);
+  if (settings_.block_cache && cache_bound_said_ != settings_.block_cache_under(budget)) {
+    cache_bound_said_ = settings_.block_cache_under(budget);
+    cache_.set_max(cache_bound_said_);
+    log().info("OFFLOAD_BLOCK_CACHE: at most {:.2f} GiB kept; the plan fills {:.2f} GiB of the {:.2f} GiB budget",
+               static_cast<double>(cache_bound_said_) / (1 << 30), static_cast<double>(o.budget) / (1 << 30),
+               static_cast<double>(budget) / (1 << 30));
+  }
   if (uint64_t g = driver_.vmm_granularity()) o.granularity = g;
   // What the allocator holds for the step's live bytes, measured once before the first plan
   // (the default pool's high-water mark against the step's peak), never below the model's.
@@ -255,7 +265,7 @@ void Runtime::plan_from(const StepTrace& t) {
       if (a.base && a.persistent(po.persistent_min) && executor_.read_only(a.base, a.bytes))
         po.read_only.push_back(a.ordinal);
   if (timed) {
-    share_ = node_share(o.budget);
+    share_ = node_share(budget);
     po.link = share_link(LinkModel{}, NodeLinkSums{share_.h2d, share_.d2h, share_.both}, share_.gpus);
   }
   po.link.scale = link_scale_;

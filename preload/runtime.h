@@ -159,6 +159,7 @@ class Runtime {
   double pool_overhead_ = 0;             // allocator bytes per live byte; 0 until measured
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
+  uint64_t cache_bound_said_ = 0;        // the cache's bound under the budget, once logged
   std::atomic<int (*)(Stream)> capture_probe_{nullptr};
   std::atomic<uint64_t (*)()> context_probe_{nullptr};
   int capturing(Stream s) {

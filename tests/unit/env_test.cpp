@@ -219,6 +219,31 @@ TEST(DeviceBudget, SizesAndFractions) {
   EXPECT_EQ(none.budget_bytes(80ull << 30), 0u);
 }
 
+TEST(DeviceBudget, BlocksTheCacheKeepsComeOutOfWhatThePlanMayFill) {
+  Settings s;
+  s.device_budget = 20ull << 30;
+  EXPECT_EQ(s.plan_budget_bytes(141ull << 30), 20ull << 30) << "no cache: the whole budget";
+  s.block_cache = 512ull << 20;
+  EXPECT_EQ(s.block_cache_under(s.budget_bytes(0)), 512ull << 20);
+  EXPECT_EQ(s.plan_budget_bytes(141ull << 30), (20ull << 30) - (512ull << 20));
+  // A cache of more than half the budget keeps half of it; the plan gets the other half.
+  s.block_cache = 30ull << 30;
+  EXPECT_EQ(s.block_cache_under(20ull << 30), 10ull << 30);
+  EXPECT_EQ(s.plan_budget_bytes(141ull << 30), 10ull << 30);
+  // A budget as a fraction of an unknown GPU: no budget, and the cache keeps its own bound.
+  Settings f;
+  f.device_budget_fraction = 0.5;
+  f.block_cache = 512ull << 20;
+  EXPECT_EQ(f.plan_budget_bytes(0), 0u);
+  EXPECT_EQ(f.block_cache_under(f.budget_bytes(0)), 512ull << 20);
+  EXPECT_EQ(f.plan_budget_bytes(80ull << 30), (40ull << 30) - (512ull << 20));
+  // Observing only: nothing to plan, the cache as asked.
+  Settings none;
+  none.block_cache = 512ull << 20;
+  EXPECT_EQ(none.plan_budget_bytes(80ull << 30), 0u);
+  EXPECT_EQ(none.block_cache_under(none.budget_bytes(80ull << 30)), 512ull << 20);
+}
+
 TEST(DeviceBudget, BadValuesAreErrorsThatSayWhatIsAccepted) {
   for (const char* v : {"0", "0.0", "0%", "1.5", "150%", "-1", "-0.5", "10MiB", "1", "lots", "40 GiB", "%", "0.5.5",
                         "nan", "inf"}) {
