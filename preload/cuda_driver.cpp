@@ -344,6 +344,16 @@ uint64_t CudaDriver::pool_reserved_current() {
   return default_pool_attribute(device(), CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
 }
 
+bool CudaDriver::pool_trim(uint64_t keep) {
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  const int dev = device();
+  if (dev < 0 || !h) return false;
+  auto get_pool = reinterpret_cast<decltype(&cuDeviceGetDefaultMemPool)>(hooks::real_dlsym(h, "cuDeviceGetDefaultMemPool"));
+  auto trim = reinterpret_cast<decltype(&cuMemPoolTrimTo)>(hooks::real_dlsym(h, "cuMemPoolTrimTo"));
+  CUmemoryPool pool = nullptr;
+  return get_pool && trim && get_pool(&pool, dev) == CUDA_SUCCESS && trim(pool, keep) == CUDA_SUCCESS;
+}
+
 DevPtr CudaDriver::reserve(uint64_t bytes) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());

@@ -204,6 +204,8 @@ void Runtime::plan_from(const StepTrace& t) {
   if (executor_.installed() && !executor_.deviated()) {
     watch_plan(t);
     if (!executor_.deviated()) watch_pool(t);  // unless watch_plan revised it already
+    const ExecutorStats x = executor_.stats();
+    if (trim_.due(x.installs, x.steps_active, executor_.installed() && !executor_.deviated())) trim_pool();
   }
   if (!repeats || (executor_.installed() && !executor_.deviated()) || !executor_.idle()) return;
   auto say = [&](const std::string& note) {
@@ -362,6 +364,27 @@ void Runtime::watch_pool(const StepTrace& t) {
              static_cast<double>(planned_.predicted_peak) / (1 << 30), static_cast<double>(budget) / (1 << 30), f);
   pool_overhead_ = f;
   executor_.retire("revising the plan");
+}
+
+void Runtime::trim_pool() {
+  // What the steps before the plan (or in demand mode) reserved beyond the budget goes back to
+  // the device: the pool keeps at most the budget less what the executor holds outside it, so
+  // that nothing a planned step needs is given back (the next step would reserve it again).
+  const uint64_t budget = settings_.plan_budget_bytes(driver_.device_total_bytes());
+  const uint64_t held = executor_.stats().held_bytes;
+  const uint64_t keep = budget > held ? budget - held : 0;
+  const uint64_t before = driver_.pool_reserved_current();
+  if (!before || before <= keep) return;
+  if (!driver_.pool_trim(keep)) {
+    log().debug("the pool's trim to {} bytes failed", keep);
+    return;
+  }
+  const uint64_t after = driver_.pool_reserved_current();
+  ++pool_trims_;
+  pool_trimmed_bytes_ += before > after ? before - after : 0;
+  log().info("pool trimmed under the plan: {:.2f} GiB reserved -> {:.2f} GiB (at most {:.2f} GiB kept)",
+             static_cast<double>(before) / (1 << 30), static_cast<double>(after) / (1 << 30),
+             static_cast<double>(keep) / (1 << 30));
 }
 
 void Runtime::watch_plan(const StepTrace& t) {
@@ -573,6 +596,7 @@ std::string Runtime::executor_json() {
      << ",\"installed\":" << (executor_.installed() ? "true" : "false")
      << ",\"deviated\":" << (executor_.deviated() ? "true" : "false") << ",\"plan\":\"" << x.plan << "\""
      << ",\"installs\":" << x.installs << ",\"deviations\":" << x.deviations
+     << ",\"pool_trims\":" << pool_trims_.load() << ",\"pool_trimmed_bytes\":" << pool_trimmed_bytes_.load()
      << ",\"steps_active\":" << x.steps_active << ",\"placed\":" << x.placed << ",\"arena_busy\":" << x.arena_busy << ",\"no_handle\":" << x.no_handle
      << ",\"evictions\":" << x.evictions << ",\"evictions_abandoned\":" << x.evictions_abandoned
      << ",\"reloads\":" << x.reloads << ",\"misses\":" << x.misses << ",\"late_reloads\":" << x.late_reloads

@@ -24,6 +24,7 @@
 #include "core/executor.h"
 #include "core/block_cache.h"
 #include "core/persistent_pool.h"
+#include "core/pool_trim.h"
 #include "core/tracker.h"
 #include "cuda_driver.h"
 #include "core/telemetry_sampler.h"
@@ -133,6 +134,7 @@ class Runtime {
   // than predicted (the link is slower than the model says).
   void watch_plan(const StepTrace& t);
   void watch_pool(const StepTrace& t);  // PoolWatch: the allocator's hold under a weight plan
+  void trim_pool();                     // PoolTrimTrigger: the pool back under the budget
   // GPUs of this node sharing the host link (offloadd counts them; asked at each plan).
   NodeShare node_share(uint64_t budget);
   std::string executor_json();
@@ -160,6 +162,8 @@ class Runtime {
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
   uint64_t cache_bound_said_ = 0;        // the cache's bound under the budget, once logged
+  PoolTrimTrigger trim_;                 // once per plan, after its first steps
+  std::atomic<uint64_t> pool_trims_{0}, pool_trimmed_bytes_{0};  // read by offload_stats_json
   std::atomic<int (*)(Stream)> capture_probe_{nullptr};
   std::atomic<uint64_t (*)()> context_probe_{nullptr};
   int capturing(Stream s) {

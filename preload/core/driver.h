@@ -65,6 +65,13 @@ class Driver {
   // What that pool reserves now (PyTorch keeps what it reserved: about the high mark since the
   // last trim); 0 when unknown.
   virtual uint64_t pool_reserved_current() { return 0; }
+  // Gives that pool's unused reserved memory back to the device until it reserves at most
+  // `keep` bytes (cuMemPoolTrimTo; memory backing live allocations stays). False when the
+  // driver cannot.
+  virtual bool pool_trim(uint64_t keep) {
+    (void)keep;
+    return false;
+  }
   // A reserved, unbacked virtual range of `bytes` (a multiple of the granularity); 0 on failure.
   virtual DevPtr reserve(uint64_t bytes) = 0;
   virtual void unreserve(DevPtr va, uint64_t bytes) = 0;

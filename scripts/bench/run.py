@@ -54,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--route", type=int, default=1, choices=(1, 2),
                    help="1: backend from PYTORCH_CUDA_ALLOC_CONF; 2: CUDAPluggableAllocator from $OFFLOAD_LIB")
     p.add_argument("--mark-steps", action="store_true", help="call offload_mark_step() after each step")
+    p.add_argument("--keep-pool", action="store_true",
+                   help="no torch.cuda.empty_cache() or pool trim when the peaks are reset (as in a training "
+                        "script): the pool keeps what the warm-up steps reserved unless the shim trims it")
     p.add_argument("--mark-frozen", action="store_true",
                    help="call offload_mark_read_only() for every parameter that does not require grad")
     p.add_argument("--profile", action="store_true",
@@ -376,10 +379,12 @@ def main(argv=None):
     def reset_peaks():
         torch.cuda.synchronize()
         if args.route != 2:
-            torch.cuda.empty_cache()  # cudaMallocAsync: trims the pool; native: frees cached blocks
+            if not args.keep_pool:
+                torch.cuda.empty_cache()  # cudaMallocAsync: trims the pool; native: frees cached blocks
             torch.cuda.reset_peak_memory_stats()
         if pool:
-            pool.trim()
+            if not args.keep_pool:
+                pool.trim()
             pool.reset_high()
         shim.reset_peak()  # the executor's arena high-water marks, at the same moment
         # Sampling starts once the pool is trimmed: before it, what warm-up freed (the stream
@@ -467,6 +472,7 @@ def main(argv=None):
         "small": args.small,
         "seed": args.seed,
         "warmup": args.warmup,
+        "keep_pool": args.keep_pool,
         "steps": args.steps,
         "ms_per_step": ms_per_step,
         "step_ms": step_ms,

@@ -16,6 +16,11 @@
 #                                   ckpt and save_on_cpu; executor_report.py -> executor.md (< 9 min;
 #                                   skips llama --compile when short of time)
 #   scripts/gpu/run.sh executor_compiled  only executor's llama --compile pair, and its report
+#   scripts/gpu/run.sh pool_trim    the pool after the plan as a training script leaves it (run.py
+#                                   --keep-pool: no empty_cache): reference and convnet, plain,
+#                                   offload with $OFFLOAD_BIN_PREV's binaries (no trim of their
+#                                   own) and with these; bitwise checks, the device's used memory
+#                                   over the timed steps (< 5 min)
 #   scripts/gpu/run.sh cache_workloads  OFFLOAD_BLOCK_CACHE on the reference, convnet and Llama
 #                                   workloads: plain, offload, offload with the cache, bitwise
 #                                   checks, footprints, the cache's counters (< 8 min)
@@ -364,6 +369,37 @@ case $plan in
     python3 "$root/scripts/bench/executor_report.py" "$work" > "$work/executor.md" 2>&1
     log "executor_report rc=$? (plan took $((SECONDS - t_plan)) s)"
     cat "$work/executor.md"
+    ;;
+  pool_trim)
+    # PyTorch's cudaMallocAsync backend keeps all it reserved: the steps observed before the plan
+    # reserve the whole peak. Every other plan trims the pool at the last warm-up step (run.py's
+    # empty_cache); a training script does not. Here nothing but the shim trims (--keep-pool),
+    # and each pair is plain against the shim, with the binaries of $OFFLOAD_BIN_PREV (default
+    # .carry-prev/bin; no trim of the shim's own) and with these.
+    restart_daemon
+    d=(--deterministic --steps 20 --warmup 16 --mark-steps --keep-pool)
+    prev=${OFFLOAD_BIN_PREV:-$root/.carry-prev/bin}
+    fails=0
+    for w in reference convnet; do
+      frac=0.6; [ $w = reference ] && frac=0.5
+      run ${w}_keep_plain 0 --workload $w "${d[@]}"
+      budget_of ${w}_keep_plain $frac || { fails=$((fails + 1)); continue; }
+      if [ -f "$prev/liboffload.so" ]; then
+        log "the shim from $(cat "$prev/../commit" 2>/dev/null || echo "$prev")"
+        lib_now=$lib lib=$prev/liboffload.so
+        run ${w}_keep_offload_prev o --workload $w "${d[@]}"
+        lib=$lib_now
+        check_pair ${w}_keep_plain ${w}_keep_offload_prev || fails=$((fails + 1))
+      fi
+      run ${w}_keep_offload o --workload $w "${d[@]}"
+      check_pair ${w}_keep_plain ${w}_keep_offload || fails=$((fails + 1))
+      for n in ${w}_keep_plain ${w}_keep_offload_prev ${w}_keep_offload; do
+        [ -f "$work/$n.json" ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=(r.get("shim") or {}).get("executor") or {}; g=lambda v: round(v / 2**30, 2); print("[gpu]", sys.argv[2], "device used over the timed steps, sampled peak", g(r["device_used_peak_bytes"]), "GiB; pool high", g(r["peak_reserved_high_bytes"]), "GiB; footprint", g(r["footprint_peak_bytes"]), "GiB; pool trims", x.get("pool_trims"), "(", g(x.get("pool_trimmed_bytes") or 0), "GiB )")' "$work/$n.json" $n
+      done
+    done
+    grep -h "pool trimmed" "$work"/*_keep_offload.log | head -4
+    log "pool_trim: $([ $fails = 0 ] && echo PASS || echo "FAIL ($fails)")"
+    "$ctl" stop > /dev/null 2>&1
     ;;
   cache_workloads)
     # OFFLOAD_BLOCK_CACHE beyond lora: the reference, convnet and Llama workloads at executor's
