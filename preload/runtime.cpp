@@ -221,13 +221,15 @@ void Runtime::plan_from(const StepTrace& t) {
   PlanOptions o;
   const uint64_t budget = settings_.budget_bytes(total);
   if (!budget) return say("the GPU's memory size is unknown: OFFLOAD_DEVICE_BUDGET as a fraction cannot apply");
-  // Blocks OFFLOAD_BLOCK_CACHE keeps stay in the device's pool outside the plan: the plan gets
-  // the budget less what the cache may keep, and the cache keeps no more than that.
+  // Blocks OFFLOAD_BLOCK_CACHE keeps stay in the device's pool outside the plan. A plan of
+  // activations alone has no watch on the pool's hold: it gets the budget less what the cache
+  // may keep. A weight plan fills the whole budget: PoolWatch measures the pool, kept blocks
+  // included, and revises a plan that the pool takes past the budget (watch_pool).
   o.budget = settings_.plan_budget_bytes(total);
   if (settings_.block_cache && cache_bound_said_ != settings_.block_cache_under(budget)) {
     cache_bound_said_ = settings_.block_cache_under(budget);
     cache_.set_max(cache_bound_said_);
-    log().info("OFFLOAD_BLOCK_CACHE: at most {:.2f} GiB kept; the plan fills {:.2f} GiB of the {:.2f} GiB budget",
+    log().info("OFFLOAD_BLOCK_CACHE: at most {:.2f} GiB kept; a plan of activations fills {:.2f} GiB of the {:.2f} GiB budget",
                static_cast<double>(cache_bound_said_) / (1 << 30), static_cast<double>(o.budget) / (1 << 30),
                static_cast<double>(budget) / (1 << 30));
   }
@@ -257,7 +259,7 @@ void Runtime::plan_from(const StepTrace& t) {
   // planned from (the built-in plan would move less); the next traced one is.
   if (!timed && settings_.telemetry_sampled && (telemetry_.paused() || t.first_launch < resumed_at_launch_)) return;
   PlannerOptions po;
-  po.budget = o.budget;
+  po.budget = budget;
   po.granularity = o.granularity;
   po.pool_overhead = o.pool_overhead;
   if (persistent_) po.persistent_min = persistent_->min_bytes();
@@ -280,7 +282,12 @@ void Runtime::plan_from(const StepTrace& t) {
     Plan plan;
     if (timed) {
       po.max_host_bytes = o.max_host_bytes;
+      po.budget = budget;
       PlannerResult r = plan_step(t, po);
+      if (r.plan.weights.empty() && o.budget < budget) {  // activations alone: the cache's room left
+        po.budget = o.budget;
+        r = plan_step(t, po);
+      }
       plan = std::move(r.plan);
       predicted_ = std::move(r.prediction);
       hidden_bytes_ = r.hidden_bytes, hidden_peak_ = r.hidden_peak;
@@ -368,10 +375,11 @@ void Runtime::watch_pool(const StepTrace& t) {
 
 void Runtime::trim_pool() {
   // What the steps before the plan (or in demand mode) reserved beyond the budget goes back to
-  // the device: the pool keeps at most the budget less what the executor holds outside it, so
-  // that nothing a planned step needs is given back (the next step would reserve it again).
-  const uint64_t budget = settings_.plan_budget_bytes(driver_.device_total_bytes());
-  const uint64_t held = executor_.stats().held_bytes;
+  // the device: the pool keeps at most the budget less the most the executor has held outside
+  // it, so that nothing a planned step needs is given back (the next step would reserve it again).
+  const uint64_t total = driver_.device_total_bytes();
+  const uint64_t budget = planned_.weights.empty() ? settings_.plan_budget_bytes(total) : settings_.budget_bytes(total);
+  const uint64_t held = executor_.stats().held_peak;  // the most the executor holds beside the pool
   const uint64_t keep = budget > held ? budget - held : 0;
   const uint64_t before = driver_.pool_reserved_current();
   if (!before || before <= keep) return;
