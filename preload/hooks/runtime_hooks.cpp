@@ -6,8 +6,6 @@
 #undef cuGetProcAddress
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <atomic>
 #include <utility>
 #include <vector>
 
@@ -22,31 +20,16 @@ using namespace offload::hooks;
 namespace {
 inline DevPtr dptr(const void* p) { return reinterpret_cast<DevPtr>(p); }
 
-// Blocks kept by the BlockCache, freed through the allocator on the streams that freed them.
-void free_kept(const std::vector<std::pair<DevPtr, Stream>>& kept) {
-  auto free_async = real_as<HookId::cudaFreeAsync, decltype(&::cudaFreeAsync)>();
-  for (auto [q, qs] : kept)
-    if (free_async) free_async(reinterpret_cast<void*>(q), reinterpret_cast<cudaStream_t>(qs));
-}
-
-// A runtime entry point the shim calls but does not hook, found as the real ones are: in
-// whichever library defines it, loaded locally or not. Looked up until found.
-template <class Fn>
-Fn runtime_fn(std::atomic<Fn>& cached, const char* name) {
-  Fn f = cached.load(std::memory_order_acquire);
-  if (!f) {
-    f = reinterpret_cast<Fn>(find_loaded(name, reinterpret_cast<const void*>(&free_kept)));
-    cached.store(f, std::memory_order_release);
-  }
-  return f;
-}
-
 // The device was full with blocks kept by the BlockCache: their frees go to the allocator, and
 // the failure that found it full is taken off the runtime's last error.
 void forward_kept(const std::vector<std::pair<DevPtr, Stream>>& kept) {
-  free_kept(kept);
-  static std::atomic<decltype(&::cudaGetLastError)> get_last{nullptr};
-  if (auto f = runtime_fn(get_last, "cudaGetLastError")) (void)f();
+  auto free_async = real_as<HookId::cudaFreeAsync, decltype(&::cudaFreeAsync)>();
+  for (auto [q, qs] : kept)
+    if (free_async) free_async(reinterpret_cast<void*>(q), reinterpret_cast<cudaStream_t>(qs));
+  // Found as the real entry points are: in whichever library defines it, loaded locally or not.
+  static auto get_last = reinterpret_cast<decltype(&::cudaGetLastError)>(
+      find_loaded("cudaGetLastError", reinterpret_cast<const void*>(&forward_kept)));
+  if (get_last) (void)get_last();
 }
 }  // namespace
 
@@ -73,33 +56,6 @@ MALLOC_FROM_POOL(cudaMallocFromPoolAsync_ptsz, true)
   }
 FREE_ASYNC(cudaFreeAsync, false)
 FREE_ASYNC(cudaFreeAsync_ptsz, true)
-
-// torch.cuda.empty_cache() under backend:cudaMallocAsync synchronizes the device and trims its
-// pool to give its memory back; blocks the BlockCache keeps would stay out of that. So the
-// current device's kept blocks (PyTorch makes the pool's device current first) are freed on
-// their streams, those streams synchronized so that the frees have run when the trim looks,
-// and then the trim is forwarded. Nothing kept, the trim is forwarded alone.
-OFFLOAD_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
-  static std::atomic<decltype(&::cudaMemPoolTrimTo)> trim{nullptr};
-  static std::atomic<decltype(&::cudaStreamSynchronize)> sync{nullptr};
-  {
-    HookGuard guard;
-    Runtime* rt = guard.outermost() ? runtime() : nullptr;
-    if (rt) {
-      auto kept = rt->drain_cache();
-      if (!kept.empty()) {
-        free_kept(kept);
-        std::vector<Stream> streams;
-        for (auto [q, qs] : kept)
-          if (std::find(streams.begin(), streams.end(), qs) == streams.end()) streams.push_back(qs);
-        if (auto f = runtime_fn(sync, "cudaStreamSynchronize"))
-          for (Stream qs : streams) (void)f(reinterpret_cast<cudaStream_t>(qs));
-      }
-    }
-  }
-  auto f = runtime_fn(trim, "cudaMemPoolTrimTo");
-  return f ? f(pool, min_bytes_to_keep) : cudaErrorNotSupported;
-}
 
 // Route 2. PyTorch makes `device` current before calling us; the runtime's stream-ordered
 // allocator (the real cudaMallocAsync, as under route 1) serves the device's default pool

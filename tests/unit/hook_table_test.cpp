@@ -19,7 +19,6 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -743,58 +742,6 @@ TEST_F(Hooks, UnderACaptureTheAllocatorServesAndItsMemoryIsNeverKept) {
   ASSERT_EQ(cudaFreeAsync(g, s), cudaSuccess);
   ASSERT_EQ(g_frees.size(), 1u) << "memory made under a capture is freed by the allocator";
   EXPECT_EQ(g_frees[0].first, g);
-}
-
-// torch.cuda.empty_cache(): the kept blocks are freed on their streams, those streams
-// synchronized, and only then is the trim forwarded, with its arguments.
-TEST_F(Hooks, APoolTrimFreesTheKeptBlocksAndWaitsForThemFirst) {
-  Runtime* r = rt();
-  ASSERT_NE(r, nullptr);
-  auto sync_calls = reinterpret_cast<int (*)()>(fake_lib_sym("offload_fake_sync_calls"));
-  auto synced = reinterpret_cast<void* (*)(int)>(fake_lib_sym("offload_fake_synced"));
-  auto trim_calls = reinterpret_cast<int (*)()>(fake_lib_sym("offload_fake_trim_calls"));
-  auto syncs_before_trim = reinterpret_cast<int (*)()>(fake_lib_sym("offload_fake_syncs_before_trim"));
-  auto trim_pool = reinterpret_cast<void* (*)()>(fake_lib_sym("offload_fake_trim_pool"));
-  auto trim_keep = reinterpret_cast<unsigned long (*)()>(fake_lib_sym("offload_fake_trim_keep"));
-  ASSERT_TRUE(sync_calls && synced && trim_calls && syncs_before_trim && trim_pool && trim_keep);
-  auto pool = reinterpret_cast<cudaMemPool_t>(0x5001);
-
-  // Nothing kept (the cache off): the trim alone.
-  int syncs = sync_calls(), trims = trim_calls();
-  EXPECT_EQ(cudaMemPoolTrimTo(pool, 0), cudaSuccess);
-  EXPECT_EQ(trim_calls(), trims + 1);
-  EXPECT_EQ(sync_calls(), syncs) << "no stream waited for";
-  EXPECT_EQ(trim_pool(), pool);
-
-  CacheOn on(r);
-  auto s = reinterpret_cast<cudaStream_t>(0x7c), t = reinterpret_cast<cudaStream_t>(0x7d);
-  void *a = nullptr, *b = nullptr, *c = nullptr;
-  ASSERT_EQ(cudaMallocAsync(&a, 4096, s), cudaSuccess);
-  ASSERT_EQ(cudaMallocAsync(&b, 4096, s), cudaSuccess);
-  ASSERT_EQ(cudaMallocAsync(&c, 2048, t), cudaSuccess);
-  for (auto [p, st] : {std::pair{a, s}, std::pair{b, s}, std::pair{c, t}}) ASSERT_EQ(cudaFreeAsync(p, st), cudaSuccess);
-  ASSERT_TRUE(g_frees.empty()) << "all three kept";
-  syncs = sync_calls();
-  trims = trim_calls();
-  EXPECT_EQ(cudaMemPoolTrimTo(pool, 1234), cudaSuccess);
-  ASSERT_EQ(g_frees.size(), 3u) << "every kept block freed";
-  std::map<void*, cudaStream_t> freed(g_frees.begin(), g_frees.end());
-  EXPECT_EQ(freed[a], s) << "each on the stream that freed it";
-  EXPECT_EQ(freed[b], s);
-  EXPECT_EQ(freed[c], t);
-  ASSERT_EQ(sync_calls(), syncs + 2) << "each stream once";
-  std::set<void*> waited{synced(syncs), synced(syncs + 1)};
-  EXPECT_EQ(waited, (std::set<void*>{s, t}));
-  EXPECT_EQ(trim_calls(), trims + 1);
-  EXPECT_EQ(syncs_before_trim(), syncs + 2) << "the trim after the streams were waited for";
-  EXPECT_EQ(trim_pool(), pool);
-  EXPECT_EQ(trim_keep(), 1234u);
-  EXPECT_EQ(r->block_cache().stats().kept_bytes, 0u);
-  // The next allocation of a freed size goes to the allocator.
-  void* d = nullptr;
-  ASSERT_EQ(cudaMallocAsync(&d, 4096, s), cudaSuccess);
-  EXPECT_EQ(g_mallocs.size(), 4u);
-  ASSERT_EQ(cudaFreeAsync(d, s), cudaSuccess);
 }
 
 TEST_F(Hooks, AFullDeviceGetsTheKeptBlocksBackThenTheAllocatorIsAskedAgain) {
