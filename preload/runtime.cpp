@@ -282,12 +282,28 @@ void Runtime::plan_from(const StepTrace& t) {
     Plan plan;
     if (timed) {
       po.max_host_bytes = o.max_host_bytes;
-      po.budget = budget;
-      PlannerResult r = plan_step(t, po);
-      if (r.plan.weights.empty() && o.budget < budget) {  // activations alone: the cache's room left
-        po.budget = o.budget;
-        r = plan_step(t, po);
+      auto planned = [&] {
+        po.budget = budget;
+        PlannerResult r = plan_step(t, po);
+        if (r.plan.weights.empty() && o.budget < budget) {  // activations alone: the cache's room left
+          po.budget = o.budget;
+          r = plan_step(t, po);
+        }
+        return r;
+      };
+      PlannerResult r = planned();
+      // A pool revision after which no plan meets the budget would trade a plan a little past it
+      // for one far past it (lora at 20 GiB, the pool at 1.16x where 1.15 was planned: the
+      // revised plan streamed no weights and mapped 37 GiB; 571969f, b269dc3). Plan with the
+      // overhead from before the revision instead.
+      if (!r.plan.meets_budget && overhead_before_revision_ > 0) {
+        log().warn("with the allocator at {:.3f}x its live bytes no plan meets the budget: planning with {:.3f}x "
+                   "again, and no more pool revisions", pool_overhead_, overhead_before_revision_);
+        pool_overhead_ = po.pool_overhead = o.pool_overhead = overhead_before_revision_;
+        pool_revision_undone_ = true;
+        r = planned();
       }
+      overhead_before_revision_ = 0;
       plan = std::move(r.plan);
       predicted_ = std::move(r.prediction);
       hidden_bytes_ = r.hidden_bytes, hidden_peak_ = r.hidden_peak;
@@ -352,7 +368,7 @@ NodeShare Runtime::node_share(uint64_t budget) {
 void Runtime::watch_pool(const StepTrace& t) {
   // Weight plans only: there the pool holds the step's live bytes less the shim's own (as the
   // weight planner counts them); under arenas it holds what the prediction leaves resident.
-  if (!planned_.arenas.empty() || planned_.weights.empty() || !persistent_) return;
+  if (!planned_.arenas.empty() || planned_.weights.empty() || !persistent_ || pool_revision_undone_) return;
   const uint64_t reserved = driver_.pool_reserved_current();
   if (!reserved) return;
   const uint64_t min = persistent_->min_bytes();
@@ -369,6 +385,7 @@ void Runtime::watch_pool(const StepTrace& t) {
              static_cast<double>(reserved) / (1 << 30), static_cast<double>(pooled) / (1 << 30),
              static_cast<double>(reserved) / static_cast<double>(pooled), pool_overhead_,
              static_cast<double>(planned_.predicted_peak) / (1 << 30), static_cast<double>(budget) / (1 << 30), f);
+  overhead_before_revision_ = pool_overhead_;
   pool_overhead_ = f;
   executor_.retire("revising the plan");
 }

@@ -163,6 +163,8 @@ class Runtime {
   BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
   uint64_t cache_bound_said_ = 0;        // the cache's bound under the budget, once logged
   PoolTrimTrigger trim_;                 // once per plan, after its first steps
+  double overhead_before_revision_ = 0;  // pool_overhead_ before a pool revision, until re-planned
+  bool pool_revision_undone_ = false;    // a revision left no plan within the budget: no more
   std::atomic<uint64_t> pool_trims_{0}, pool_trimmed_bytes_{0};  // read by offload_stats_json
   std::atomic<int (*)(Stream)> capture_probe_{nullptr};
   std::atomic<uint64_t (*)()> context_probe_{nullptr};
