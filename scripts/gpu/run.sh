@@ -339,12 +339,14 @@ case $plan in
     "$ctl" stop > /dev/null 2>&1
     ;;
   executor|executor_compiled)
-    # Every workload, deterministic, 8 warm-up + 20 timed steps (all 28 losses compared);
+    # Every workload, deterministic, 16 warm-up + 20 timed steps (all 36 losses compared);
     # save_on_cpu (about 1 s/step on the reference) runs 2 + 5, before offloadd pins its pool.
     # executor_compiled: only the compiled Llama pair (for when executor had to skip it).
+    # 16 warm-up steps, 8 before d854d48's seventh-session runs: the GPU-time planner's first
+    # convnet plan came at step 13, after the peaks' reset at step 7 (executor.md).
     restart_daemon
     t_plan=$SECONDS
-    d=(--deterministic --steps 20 --warmup 8 --mark-steps)
+    d=(--deterministic --steps 20 --warmup 16 --mark-steps)
     if [ "$plan" = executor ]; then
       run reference_plain 0 --workload reference "${d[@]}"
       run reference_ckpt 0 --workload reference --mode ckpt "${d[@]}"
