@@ -342,7 +342,7 @@ case $plan in
     # Every workload, deterministic, 16 warm-up + 20 timed steps (all 36 losses compared);
     # save_on_cpu (about 1 s/step on the reference) runs 2 + 5, before offloadd pins its pool.
     # executor_compiled: only the compiled Llama pair (for when executor had to skip it).
-    # 16 warm-up steps, 8 before d854d48's seventh-session runs: the GPU-time planner's first
+    # 16 warm-up steps (8 until the seventh session): at d854d48 the GPU-time planner's first
     # convnet plan came at step 13, after the peaks' reset at step 7 (executor.md).
     restart_daemon
     t_plan=$SECONDS
