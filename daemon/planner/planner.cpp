@@ -184,9 +184,18 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
   pr.backward_ns = g.total - pr.forward_ns;
   const size_t na = plan.arenas.size();
   pr.arenas.resize(na);
-  // Per position: arenas born, reloads due, arenas whose last member is freed, first uses,
-  // evictions after the launch.
-  std::vector<std::vector<uint32_t>> born(n + 1), due(n + 1), freed(n + 1), used(n + 1), evict(n + 1);
+  // What happens to the arenas at each launch position, in the order the loop below takes it:
+  // arenas whose last member is freed, reloads due, arenas born, first uses, evictions after
+  // the launch. One sorted list walked with a cursor: the search calls this thousands of times
+  // with a few dozen arenas against thousands of launches.
+  enum Kind : uint8_t { kFreed, kDue, kBorn, kUsed, kEvict };
+  struct At {
+    uint32_t pos;
+    Kind kind;
+    uint32_t arena;
+  };
+  std::vector<At> at_pos;
+  at_pos.reserve(5 * na);
   std::vector<int64_t> last_free(na, -1);
   std::vector<char> member(t.allocs.size(), 0);
   for (uint32_t i = 0; i < na; ++i) {
@@ -199,18 +208,31 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
       member[m] = 1;
       pr.arenas[i].bytes += ta.bytes;
     }
-    auto at = [&](int64_t p) { return static_cast<size_t>(std::clamp<int64_t>(p, 0, static_cast<int64_t>(n))); };
-    born[at(b)].push_back(i);
-    due[at(a.reload_at)].push_back(i);
-    freed[at(last_free[i])].push_back(i);
-    used[at(a.first_use)].push_back(i);
-    evict[at(a.evict_after)].push_back(i);
+    auto at = [&](int64_t p) { return static_cast<uint32_t>(std::clamp<int64_t>(p, 0, static_cast<int64_t>(n))); };
+    at_pos.push_back({at(b), kBorn, i});
+    at_pos.push_back({at(a.reload_at), kDue, i});
+    at_pos.push_back({at(last_free[i]), kFreed, i});
+    at_pos.push_back({at(a.first_use), kUsed, i});
+    at_pos.push_back({at(a.evict_after), kEvict, i});
     pr.bytes_out += a.used;
     pr.bytes_in += a.used;
   }
-  // Reloads due at one launch go in backward order, as the executor queues them.
-  for (auto& d : due)
-    std::sort(d.begin(), d.end(), [&](uint32_t x, uint32_t y) { return reload_before(plan.arenas[x], x, plan.arenas[y], y); });
+  // By position, then kind; reloads due at one launch in backward order, as the executor
+  // queues them; the others by arena.
+  std::sort(at_pos.begin(), at_pos.end(), [&](const At& x, const At& y) {
+    if (x.pos != y.pos) return x.pos < y.pos;
+    if (x.kind != y.kind) return x.kind < y.kind;
+    if (x.kind == kDue) return reload_before(plan.arenas[x.arena], x.arena, plan.arenas[y.arena], y.arena);
+    return x.arena < y.arena;
+  });
+  size_t cursor = 0;
+  // The arenas of `kind` at position i, in order (the cursor passes the kinds in order).
+  auto each = [&](size_t i, Kind kind, auto fn) {
+    while (cursor < at_pos.size() && at_pos[cursor].pos == i && at_pos[cursor].kind < kind) ++cursor;
+    for (; cursor < at_pos.size() && at_pos[cursor].pos == i && at_pos[cursor].kind == kind; ++cursor)
+      if (!fn(at_pos[cursor].arena)) return false;
+    return true;
+  };
   // Live bytes outside arenas before each launch.
   pr.resident.assign(n, 0);
   {
@@ -306,44 +328,55 @@ Prediction simulate(const StepTrace& t, const GpuTimeline& g, const Plan& plan, 
     const int64_t natural = g.start[i] + shift;
     int64_t s = natural;
     l.advance(s, on_done);
-    for (uint32_t a : freed[i]) give(a);
-    for (uint32_t a : due[i]) pending.push_back(a);
-    for (uint32_t a : born[i]) {
-      s = wait_until(s, [&] { return free_handles > 0; });
-      if (s == kNever) return fail();
-      take(a);
-      pr.arenas[a].born = s;
-    }
+    each(i, kFreed, [&](uint32_t a) {
+      give(a);
+      return true;
+    });
+    each(i, kDue, [&](uint32_t a) {
+      pending.push_back(a);
+      return true;
+    });
+    if (!each(i, kBorn, [&](uint32_t a) {
+          s = wait_until(s, [&] { return free_handles > 0; });
+          if (s == kNever) return false;
+          take(a);
+          pr.arenas[a].born = s;
+          return true;
+        }))
+      return fail();
     drain_pending(s);
-    for (uint32_t a : used[i]) {
-      // A first use before the reload was issued: the executor reloads on demand (or keeps
-      // the memory, if the copy out is still running).
-      if (h2d_job[a] < 0 && !back[a]) {
-        auto it = std::find(pending.begin(), pending.end(), a);
-        if (it != pending.end()) pending.erase(it);
-        if (!evicted[a] && d2h_job[a] >= 0) {
-          abandon(a, s);
-        } else {
-          s = wait_until(s, [&] { return free_handles > 0 && evicted[a] != 0; });
-          if (s == kNever) return fail();
-          issue_reload(a, s);
-        }
-      }
-      int64_t before = s;
-      s = wait_until(s, [&] { return back[a] != 0; });
-      if (s == kNever) return fail();
-      // Measured feedback: reloads used here came back later than the link model says.
-      if (late[i] && !abandoned[a]) s = std::max(s, pr.arenas[a].reload_end + late[i]);
-      pr.arenas[a].use = s;
-      pr.arenas[a].stall += s - before;
-    }
+    if (!each(i, kUsed, [&](uint32_t a) {
+          // A first use before the reload was issued: the executor reloads on demand (or keeps
+          // the memory, if the copy out is still running).
+          if (h2d_job[a] < 0 && !back[a]) {
+            auto it = std::find(pending.begin(), pending.end(), a);
+            if (it != pending.end()) pending.erase(it);
+            if (!evicted[a] && d2h_job[a] >= 0) {
+              abandon(a, s);
+            } else {
+              s = wait_until(s, [&] { return free_handles > 0 && evicted[a] != 0; });
+              if (s == kNever) return false;
+              issue_reload(a, s);
+            }
+          }
+          int64_t before = s;
+          s = wait_until(s, [&] { return back[a] != 0; });
+          if (s == kNever) return false;
+          // Measured feedback: reloads used here came back later than the link model says.
+          if (late[i] && !abandoned[a]) s = std::max(s, pr.arenas[a].reload_end + late[i]);
+          pr.arenas[a].use = s;
+          pr.arenas[a].stall += s - before;
+          return true;
+        }))
+      return fail();
     shift += s - natural;
     pr.launch_start[i] = s;
     const int64_t end = s + g.dur[i];
-    for (uint32_t a : evict[i]) {
+    each(i, kEvict, [&](uint32_t a) {
       pr.arenas[a].evict_ready = end;
       d2h_job[a] = static_cast<int64_t>(l.push(true, a, end, plan.arenas[a].used));
-    }
+      return true;
+    });
   }
   pr.step_ns = g.total + shift;
   // Copies still running at the end of the step hold the next step up.
