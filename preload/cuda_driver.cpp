@@ -326,14 +326,25 @@ std::string CudaDriver::gpu_id() {
 }
 
 namespace {
-uint64_t default_pool_attribute(int dev, CUmemPool_attribute what) {
+// The device's default stream-ordered pool (the one cudaMallocAsync draws from) and the loaded
+// libcuda's handle; nullptr when either is missing.
+CUmemoryPool default_pool(int dev, void** lib) {
   void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  if (dev < 0 || !h) return 0;
+  if (dev < 0 || !h) return nullptr;
   auto get_pool = reinterpret_cast<decltype(&cuDeviceGetDefaultMemPool)>(hooks::real_dlsym(h, "cuDeviceGetDefaultMemPool"));
-  auto get_attr = reinterpret_cast<decltype(&cuMemPoolGetAttribute)>(hooks::real_dlsym(h, "cuMemPoolGetAttribute"));
   CUmemoryPool pool = nullptr;
+  if (!get_pool || get_pool(&pool, dev) != CUDA_SUCCESS) return nullptr;
+  *lib = h;
+  return pool;
+}
+
+uint64_t default_pool_attribute(int dev, CUmemPool_attribute what) {
+  void* h = nullptr;
+  CUmemoryPool pool = default_pool(dev, &h);
+  if (!pool) return 0;
+  auto get_attr = reinterpret_cast<decltype(&cuMemPoolGetAttribute)>(hooks::real_dlsym(h, "cuMemPoolGetAttribute"));
   cuuint64_t v = 0;
-  if (!get_pool || !get_attr || get_pool(&pool, dev) != CUDA_SUCCESS || get_attr(pool, what, &v) != CUDA_SUCCESS) return 0;
+  if (!get_attr || get_attr(pool, what, &v) != CUDA_SUCCESS) return 0;
   return v;
 }
 }  // namespace
@@ -345,13 +356,11 @@ uint64_t CudaDriver::pool_reserved_current() {
 }
 
 bool CudaDriver::pool_trim(uint64_t keep) {
-  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  const int dev = device();
-  if (dev < 0 || !h) return false;
-  auto get_pool = reinterpret_cast<decltype(&cuDeviceGetDefaultMemPool)>(hooks::real_dlsym(h, "cuDeviceGetDefaultMemPool"));
+  void* h = nullptr;
+  CUmemoryPool pool = default_pool(device(), &h);
+  if (!pool) return false;
   auto trim = reinterpret_cast<decltype(&cuMemPoolTrimTo)>(hooks::real_dlsym(h, "cuMemPoolTrimTo"));
-  CUmemoryPool pool = nullptr;
-  return get_pool && trim && get_pool(&pool, dev) == CUDA_SUCCESS && trim(pool, keep) == CUDA_SUCCESS;
+  return trim && trim(pool, keep) == CUDA_SUCCESS;
 }
 
 DevPtr CudaDriver::reserve(uint64_t bytes) {

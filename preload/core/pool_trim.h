@@ -5,7 +5,8 @@
 // run in demand mode after a deviation, reserve the step's whole peak; without a trim the process
 // holds that peak for the rest of the run, whatever OFFLOAD_DEVICE_BUDGET says. So once per
 // installed plan, after it has run `after` whole steps (what those earlier steps freed has long
-// been freed in stream order by then), the shim trims the pool to what is in use.
+// been freed in stream order by then), the shim trims the pool to the budget less the most the
+// executor has held beside it (Runtime::trim_pool): what the plan's steps need stays.
 #pragma once
 
 #include <cstdint>
