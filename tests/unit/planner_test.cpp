@@ -829,6 +829,40 @@ TEST(PlannerSimulate, ACopyBackStartsOnlyAfterItsCopyOut) {
   }
 }
 
+// Two arenas evicted after the same launch go out in arena order, as the executor issues them
+// (Executor::install sorts its actions stably: at one position evictions first, in arena
+// order): the first's copy out starts first, and the link takes the second after it.
+TEST(PlannerSimulate, EvictionsAfterOneLaunchGoOutInArenaOrder) {
+  TraceBuilder b(true, 0);
+  const uint32_t x = b.alloc(64 * kMiB);
+  const uint32_t y = b.alloc(64 * kMiB);
+  b.kernel(1, 1000, {x, y});
+  for (int i = 0; i < 8; ++i) b.kernel(3, 500'000, {});
+  b.kernel(4, 1000, {y});
+  b.kernel(5, 1000, {x});
+  b.free(x);
+  b.free(y);
+  b.kernel(6, 1000, {});
+  const StepTrace t = b.finish();
+  const StepFacts f = step_facts(t, 0);
+  for (bool y_first : {true, false}) {
+    SCOPED_TRACE(y_first ? "arena 0 holds y" : "arena 0 holds x");
+    Plan p;
+    p.step_launches = t.launches.size();
+    p.handles = 2;
+    p.handle_bytes = 64 * kMiB;
+    add_arena(p, t, f, {y_first ? y : x}, p.handle_bytes, 6, 4096);
+    add_arena(p, t, f, {y_first ? x : y}, p.handle_bytes, 6, 4096);
+    p.index_members();
+    ASSERT_EQ(p.arenas[0].evict_after, 0);
+    ASSERT_EQ(p.arenas[1].evict_after, 0);
+    const Prediction pr = simulate(t, gpu_timeline(t), p, LinkModel{}, 1.15);
+    ASSERT_TRUE(pr.feasible);
+    EXPECT_LT(pr.arenas[0].evict_start, pr.arenas[1].evict_start);
+    EXPECT_LE(pr.arenas[0].evict_end, pr.arenas[1].evict_end);
+  }
+}
+
 // --- the recorded steps -------------------------------------------------------------------
 
 const StepTrace& recorded(const std::string& name) {
