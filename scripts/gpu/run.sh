@@ -177,6 +177,13 @@ run() {
   pack
 }
 
+# executor_fraction WORKLOAD: executor's budget for the workload, as a fraction of its plain
+# footprint (convnet's 60% and Llama's 75%: the smallest the built-in plan meets, from recorded
+# traces).
+executor_fraction() {
+  case $1 in reference) echo 0.5 ;; llama) echo 0.75 ;; *) echo 0.6 ;; esac
+}
+
 # budget_of PLAIN_NAME FRACTION: sets $budget to FRACTION of the plain run's footprint_peak_bytes
 # in bytes; below the shim's 256 MiB floor for a byte count (--small), as a fraction of the GPU.
 budget_of() {
@@ -351,11 +358,10 @@ case $plan in
       run reference_plain 0 --workload reference "${d[@]}"
       run reference_ckpt 0 --workload reference --mode ckpt "${d[@]}"
       run reference_save_on_cpu 0 --workload reference --mode save_on_cpu --deterministic --steps 5 --warmup 2
-      budget_of reference_plain 0.5 && run reference_offload o --workload reference "${d[@]}"
+      budget_of reference_plain "$(executor_fraction reference)" && run reference_offload o --workload reference "${d[@]}"
       for w in convnet llama; do
         run ${w}_plain 0 --workload $w "${d[@]}"
-        frac=0.6; [ $w = llama ] && frac=0.75  # the smallest the built-in plan meets, from recorded traces
-        budget_of ${w}_plain $frac && run ${w}_offload o --workload $w "${d[@]}"
+        budget_of ${w}_plain "$(executor_fraction $w)" && run ${w}_offload o --workload $w "${d[@]}"
       done
     fi
     # The compiled pair takes about 3.5 minutes (it compiles twice): only if it still fits.
@@ -383,9 +389,8 @@ case $plan in
     prev=${OFFLOAD_BIN_PREV:-$root/.carry-prev/bin}
     fails=0
     for w in reference convnet; do
-      frac=0.6; [ $w = reference ] && frac=0.5
       run ${w}_keep_plain 0 --workload $w "${d[@]}"
-      budget_of ${w}_keep_plain $frac || { fails=$((fails + 1)); continue; }
+      budget_of ${w}_keep_plain "$(executor_fraction $w)" || { fails=$((fails + 1)); continue; }
       if [ -f "$prev/liboffload.so" ]; then
         log "the shim from $(cat "$prev/../commit" 2>/dev/null || echo "$prev")"
         lib_now=$lib lib=$prev/liboffload.so
@@ -414,9 +419,8 @@ case $plan in
     d=(--deterministic --steps 20 --warmup ${CACHE_WARMUP:-16} --mark-steps)
     fails=0
     for w in reference convnet llama; do
-      frac=0.6; [ $w = reference ] && frac=0.5; [ $w = llama ] && frac=0.75
       run ${w}_plain 0 --workload $w "${d[@]}"
-      budget_of ${w}_plain $frac || { fails=$((fails + 1)); continue; }
+      budget_of ${w}_plain "$(executor_fraction $w)" || { fails=$((fails + 1)); continue; }
       run ${w}_offload o --workload $w "${d[@]}"
       OFFLOAD_BLOCK_CACHE=${WEIGHTS_BLOCK_CACHE:-512MiB} run ${w}_offload_cache o --workload $w "${d[@]}"
       check_pair ${w}_plain ${w}_offload || fails=$((fails + 1))
