@@ -205,7 +205,7 @@ void Runtime::plan_from(const StepTrace& t) {
     watch_plan(t);
     if (!executor_.deviated()) watch_pool(t);  // unless watch_plan revised it already
     const ExecutorStats x = executor_.stats();
-    if (trim_.due(x.installs, x.steps_active, executor_.installed() && !executor_.deviated())) trim_pool();
+    if (trim_.due(x.installs, x.steps_active, !executor_.deviated())) trim_pool(x.held_peak);
   }
   if (!repeats || (executor_.installed() && !executor_.deviated()) || !executor_.idle()) return;
   auto say = [&](const std::string& note) {
@@ -259,7 +259,6 @@ void Runtime::plan_from(const StepTrace& t) {
   // planned from (the built-in plan would move less); the next traced one is.
   if (!timed && settings_.telemetry_sampled && (telemetry_.paused() || t.first_launch < resumed_at_launch_)) return;
   PlannerOptions po;
-  po.budget = budget;
   po.granularity = o.granularity;
   po.pool_overhead = o.pool_overhead;
   if (persistent_) po.persistent_min = persistent_->min_bytes();
@@ -390,14 +389,13 @@ void Runtime::watch_pool(const StepTrace& t) {
   executor_.retire("revising the plan");
 }
 
-void Runtime::trim_pool() {
+void Runtime::trim_pool(uint64_t held_peak) {
   // What the steps before the plan (or in demand mode) reserved beyond the budget goes back to
-  // the device: the pool keeps at most the budget less the most the executor has held outside
-  // it, so that nothing a planned step needs is given back (the next step would reserve it again).
-  const uint64_t total = driver_.device_total_bytes();
-  const uint64_t budget = planned_.weights.empty() ? settings_.plan_budget_bytes(total) : settings_.budget_bytes(total);
-  const uint64_t held = executor_.stats().held_peak;  // the most the executor holds beside the pool
-  const uint64_t keep = budget > held ? budget - held : 0;
+  // the device: the pool keeps at most the budget the plan was made for less the most the
+  // executor has held beside the pool, so that nothing a planned step needs is given back (the
+  // next step would reserve it again).
+  const uint64_t budget = planned_.budget;
+  const uint64_t keep = budget > held_peak ? budget - held_peak : 0;
   const uint64_t before = driver_.pool_reserved_current();
   if (!before || before <= keep) return;
   if (!driver_.pool_trim(keep)) {
