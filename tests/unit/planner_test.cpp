@@ -785,19 +785,25 @@ TEST(PlannerProperties, CasesThatFoundBugs) {
 // when that other copy ends and frees a handle, the reload may not take it and copy bytes
 // back that have not arrived on the host. As the executor does, the arena stays (its copy out
 // is abandoned, its memory kept) and needs no copy back.
+// The backward half of the two-arena steps below: 8 launches of 0.5 ms with nothing to touch
+// (64 MiB take ~1.2 ms each way), then y's first use, then x's, both freed, one last launch.
+StepTrace idle_then_y_then_x(TraceBuilder& b, uint32_t x, uint32_t y) {
+  for (int i = 0; i < 8; ++i) b.kernel(3, 500'000, {});
+  b.kernel(4, 1000, {y});
+  b.kernel(5, 1000, {x});
+  b.free(x);
+  b.free(y);
+  b.kernel(6, 1000, {});
+  return b.finish();
+}
+
 TEST(PlannerSimulate, ACopyBackStartsOnlyAfterItsCopyOut) {
   TraceBuilder b(true, 0);
   const uint32_t x = b.alloc(64 * kMiB);
   b.kernel(1, 1000, {x});
   const uint32_t y = b.alloc(64 * kMiB);
   b.kernel(2, 1000, {y});
-  for (int i = 0; i < 8; ++i) b.kernel(3, 500'000, {});  // 64 MiB take ~1.2 ms each way
-  b.kernel(4, 1000, {y});
-  b.kernel(5, 1000, {x});
-  b.free(x);
-  b.free(y);
-  b.kernel(6, 1000, {});
-  const StepTrace t = b.finish();
+  const StepTrace t = idle_then_y_then_x(b, x, y);
   const StepFacts f = step_facts(t, 0);
   Plan p;
   p.step_launches = t.launches.size();
@@ -837,13 +843,7 @@ TEST(PlannerSimulate, EvictionsAfterOneLaunchGoOutInArenaOrder) {
   const uint32_t x = b.alloc(64 * kMiB);
   const uint32_t y = b.alloc(64 * kMiB);
   b.kernel(1, 1000, {x, y});
-  for (int i = 0; i < 8; ++i) b.kernel(3, 500'000, {});
-  b.kernel(4, 1000, {y});
-  b.kernel(5, 1000, {x});
-  b.free(x);
-  b.free(y);
-  b.kernel(6, 1000, {});
-  const StepTrace t = b.finish();
+  const StepTrace t = idle_then_y_then_x(b, x, y);
   const StepFacts f = step_facts(t, 0);
   for (bool y_first : {true, false}) {
     SCOPED_TRACE(y_first ? "arena 0 holds y" : "arena 0 holds x");
