@@ -396,18 +396,25 @@ void Runtime::trim_pool(uint64_t held_peak) {
   // next step would reserve it again).
   const uint64_t budget = planned_.budget;
   const uint64_t keep = budget > held_peak ? budget - held_peak : 0;
-  const uint64_t before = driver_.pool_reserved_current();
-  if (!before || before <= keep) return;
-  if (!driver_.pool_trim(keep)) {
-    log().debug("the pool's trim to {} bytes failed", keep);
+  const PoolTrim::Attempt a = trim_.attempt(
+      keep, [&] { return driver_.pool_reserved_current(); }, [&](uint64_t n) { return driver_.pool_trim(n); });
+  if (!a.called) {
+    if (a.before > keep) log().debug("the pool's trim to {} bytes failed", a.asked);
     return;
   }
-  const uint64_t after = driver_.pool_reserved_current();
   ++pool_trims_;
-  pool_trimmed_bytes_ += before > after ? before - after : 0;
-  log().info("pool trimmed under the plan: {:.2f} GiB reserved -> {:.2f} GiB (at most {:.2f} GiB kept)",
-             static_cast<double>(before) / (1 << 30), static_cast<double>(after) / (1 << 30),
-             static_cast<double>(keep) / (1 << 30));
+  pool_trimmed_bytes_ += a.before > a.after ? a.before - a.after : 0;
+  auto gib = [](uint64_t b) { return static_cast<double>(b) / (1 << 30); };
+  if (a.after <= keep)
+    log().info("pool trimmed under the plan: {:.2f} GiB reserved -> {:.2f} GiB (at most {:.2f} GiB kept)",
+               gib(a.before), gib(a.after), gib(keep));
+  else if (a.done)
+    log().info("pool trimmed under the plan: {:.2f} GiB reserved -> {:.2f} GiB, above the {:.2f} GiB to keep after "
+               "the last try: the rest is in use",
+               gib(a.before), gib(a.after), gib(keep));
+  else
+    log().debug("pool trim: {:.2f} GiB reserved -> {:.2f} GiB, above the {:.2f} GiB to keep; again next step",
+                gib(a.before), gib(a.after), gib(keep));
 }
 
 void Runtime::watch_plan(const StepTrace& t) {

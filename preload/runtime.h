@@ -134,7 +134,7 @@ class Runtime {
   // than predicted (the link is slower than the model says).
   void watch_plan(const StepTrace& t);
   void watch_pool(const StepTrace& t);  // PoolWatch: the allocator's hold under a weight plan
-  void trim_pool(uint64_t held_peak);   // PoolTrimTrigger: the pool back under the plan's budget
+  void trim_pool(uint64_t held_peak);   // PoolTrim: the pool back under the plan's budget
   // GPUs of this node sharing the host link (offloadd counts them; asked at each plan).
   NodeShare node_share(uint64_t budget);
   std::string executor_json();
@@ -162,7 +162,7 @@ class Runtime {
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
   uint64_t cache_bound_said_ = 0;        // the cache's bound under the budget, once logged
-  PoolTrimTrigger trim_;                 // once per plan, after its first steps
+  PoolTrim trim_;                        // per plan, from its first step until the pool is under it
   double overhead_before_revision_ = 0;  // pool_overhead_ before a pool revision, until re-planned
   bool pool_revision_undone_ = false;    // a revision left no plan within the budget: no more
   std::atomic<uint64_t> pool_trims_{0}, pool_trimmed_bytes_{0};  // read by offload_stats_json

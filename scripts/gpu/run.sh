@@ -383,9 +383,10 @@ case $plan in
     # reserve the whole peak. Every other plan trims the pool at the last warm-up step (run.py's
     # empty_cache); a training script does not. Here nothing but the shim trims (--keep-pool),
     # and each pair is plain against the shim, with the binaries of $OFFLOAD_BIN_PREV (default
-    # .carry-prev/bin; no trim of the shim's own) and with these.
+    # .carry-prev/bin; no trim of the shim's own) and with these. 20 warm-up steps: convnet's
+    # first plan comes at step 12-15, and the trim may take a few steps more (PoolTrim).
     restart_daemon
-    d=(--deterministic --steps 20 --warmup 16 --mark-steps --keep-pool)
+    d=(--deterministic --steps 20 --warmup 20 --mark-steps --keep-pool)
     prev=${OFFLOAD_BIN_PREV:-$root/.carry-prev/bin}
     fails=0
     for w in reference convnet; do
