@@ -733,14 +733,23 @@ std::string Executor::describe_handles() const {
 
 void Executor::give_handle(int h) {
   if (h < 0 || !handles_[static_cast<size_t>(h)]) return;
-  if (live_handles() > plan_.handles || !installed_.load(std::memory_order_relaxed)) {
-    driver_.release_physical(handles_[static_cast<size_t>(h)]);
-    handles_[static_cast<size_t>(h)] = 0;
-    held_.fetch_sub(plan_.handle_bytes);
-    ++st_.handles_released;
+  // In demand mode nothing is placed in an arena again: a handle that comes free would sit idle
+  // beside a pool that now serves the whole step (convnet with the block cache on the H200:
+  // 8.26 GiB during a revision against plain's 5.62). It goes back to the device; a demand
+  // reload, or the next plan, creates what it needs.
+  if (live_handles() > plan_.handles || !installed_.load(std::memory_order_relaxed) ||
+      deviated_.load(std::memory_order_relaxed)) {
+    release_handle(h);
     return;
   }
   free_handles_.push_back(h);
+}
+
+void Executor::release_handle(int h) {
+  driver_.release_physical(handles_[static_cast<size_t>(h)]);
+  handles_[static_cast<size_t>(h)] = 0;
+  held_.fetch_sub(plan_.handle_bytes);
+  ++st_.handles_released;
 }
 
 uint64_t Executor::misses() {
@@ -838,6 +847,9 @@ void Executor::deviate(const char* why) {
   }
   active_ = false;
   pending_reloads_.clear();
+  // Handles no arena maps go back now (give_handle says why); mapped ones as their arenas drain.
+  for (int h : free_handles_) release_handle(h);
+  free_handles_.clear();
 }
 
 void Executor::retire(const char* why) {

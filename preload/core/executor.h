@@ -354,6 +354,7 @@ class Executor final : public LaunchGate {
   size_t reloads_in_flight() const;
   bool reload_may_start() const;  // a planned reload: under the in-flight cap, with a handle to use
   size_t live_handles() const;    // physical handles held (free or mapped)
+  void release_handle(int h);     // back to the device; its slot in handles_ becomes 0
   uint32_t reload_cap() const { return opt_.max_reloads_in_flight ? opt_.max_reloads_in_flight : plan_.handles; }
   void teardown_locked();
   std::string describe_handles() const;  // for the log: arenas holding memory, and their state
