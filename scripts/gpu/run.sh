@@ -22,8 +22,9 @@
 #                                   own) and with these; bitwise checks, the device's used memory
 #                                   over the timed steps (< 5 min)
 #   scripts/gpu/run.sh cache_workloads  OFFLOAD_BLOCK_CACHE on the reference, convnet and Llama
-#                                   workloads: plain, offload, offload with the cache, bitwise
-#                                   checks, footprints, the cache's counters (< 8 min)
+#                                   workloads ($CACHE_WORKLOADS: some of them): plain, offload,
+#                                   offload with the cache, bitwise checks, footprints, the
+#                                   cache's counters (< 8 min)
 #   scripts/gpu/run.sh planner      the GPU-time planner on the reference workload: plain, ckpt,
 #                                   save_on_cpu, offload at 90/75/50% and at the hidden-offload
 #                                   budget; the link measured; planner_report.py -> planner.md
@@ -415,11 +416,11 @@ case $plan in
     # 512MiB), 16 warm-up + 20 timed steps, deterministic: losses and gradients against plain,
     # the footprint against the budget, the cache's counters, ms/step (< 8 min). 16 warm-up
     # steps, not executor's 8: the GPU-time planner's first plan came at step 13 on convnet's
-    # 50 ms steps (d854d48), after the peaks' reset at step 7.
+    # 50 ms steps (d854d48), after the peaks' reset at step 7. $CACHE_WORKLOADS: some of them.
     restart_daemon
     d=(--deterministic --steps 20 --warmup ${CACHE_WARMUP:-16} --mark-steps)
     fails=0
-    for w in reference convnet llama; do
+    for w in ${CACHE_WORKLOADS:-reference convnet llama}; do
       run ${w}_plain 0 --workload $w "${d[@]}"
       budget_of ${w}_plain "$(executor_fraction $w)" || { fails=$((fails + 1)); continue; }
       run ${w}_offload o --workload $w "${d[@]}"
