@@ -1,4 +1,4 @@
-// Logging for the shim and tools: spdlog (header-only) to stderr, prefixed "[offload]".
+// Logging for the shim and tools: spdlog (compiled in log.cpp) to stderr, prefixed "[offload]".
 // Never called from a hook's fast path; hooks count, the worker reports.
 #pragma once
 
