@@ -17,7 +17,8 @@
 #                                   skips llama --compile when short of time)
 #   scripts/gpu/run.sh executor_compiled  only executor's llama --compile pair, and its report
 #   scripts/gpu/run.sh pool_trim    the pool after the plan as a training script leaves it (run.py
-#                                   --keep-pool: no empty_cache): reference and convnet, plain,
+#                                   --keep-pool: no empty_cache): reference and convnet (or
+#                                   $POOL_TRIM_WORKLOADS: reference convnet llama), plain,
 #                                   offload with $OFFLOAD_BIN_PREV's binaries (no trim of their
 #                                   own) and with these; bitwise checks, the device's used memory
 #                                   over the timed steps (< 5 min)
@@ -390,7 +391,7 @@ case $plan in
     d=(--deterministic --steps 20 --warmup 20 --mark-steps --keep-pool)
     prev=${OFFLOAD_BIN_PREV:-$root/.carry-prev/bin}
     fails=0
-    for w in reference convnet; do
+    for w in ${POOL_TRIM_WORKLOADS:-reference convnet}; do
       run ${w}_keep_plain 0 --workload $w "${d[@]}"
       budget_of ${w}_keep_plain "$(executor_fraction $w)" || { fails=$((fails + 1)); continue; }
       if [ -f "$prev/liboffload.so" ]; then
