@@ -363,6 +363,19 @@ bool CudaDriver::pool_trim(uint64_t keep) {
   return trim && trim(pool, keep) == CUDA_SUCCESS;
 }
 
+bool CudaDriver::synchronize() {
+  void* ctx = context();
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  const ExecApi* a = exec_api();
+  if (!ctx || !h || !a) return false;
+  auto sync = reinterpret_cast<decltype(&cuCtxSynchronize)>(hooks::real_dlsym(h, "cuCtxSynchronize"));
+  if (!sync || a->push_ctx(static_cast<CUcontext>(ctx)) != CUDA_SUCCESS) return false;
+  const bool ok = sync() == CUDA_SUCCESS;
+  CUcontext popped = nullptr;
+  a->pop_ctx(&popped);
+  return ok;
+}
+
 DevPtr CudaDriver::reserve(uint64_t bytes) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());

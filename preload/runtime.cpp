@@ -204,8 +204,13 @@ void Runtime::plan_from(const StepTrace& t) {
   if (executor_.installed() && !executor_.deviated()) {
     watch_plan(t);
     if (!executor_.deviated()) watch_pool(t);  // unless watch_plan revised it already
-    const ExecutorStats x = executor_.stats();
-    if (trim_.due(x.installs, x.steps_active, !executor_.deviated())) trim_pool(x.held_peak);
+    // Steps marked by offload_mark_step() trim there (mark_step); others here, at whatever
+    // point of the next step the worker has reached.
+    if (!assembler_.marked()) {
+      std::lock_guard lock(trim_mu_);
+      const ExecutorStats x = executor_.stats();
+      if (trim_.due(x.installs, x.steps_active, !executor_.deviated())) trim_pool(x.held_peak);
+    }
   }
   if (!repeats || (executor_.installed() && !executor_.deviated()) || !executor_.idle()) return;
   auto say = [&](const std::string& note) {
@@ -387,6 +392,21 @@ void Runtime::watch_pool(const StepTrace& t) {
   overhead_before_revision_ = pool_overhead_;
   pool_overhead_ = f;
   executor_.retire("revising the plan");
+}
+
+void Runtime::mark_step() {
+  tracker_.mark_step();
+  if (!offloading_ || !executor_.installed() || executor_.deviated()) return;
+  // The step's activations are freed here, but their frees may still be queued: the pool
+  // releases an OS allocation only when it has seen every free in it complete. So a try waits
+  // for the GPU first, once per try (at most PoolTrim's 8 per plan). Tried from the worker, at a
+  // moment of its own, the trim left convnet's pool whole in 1 of 3 runs and needed 2-6 tries
+  // in the others (H200, fe26f5e-3887f50).
+  std::lock_guard lock(trim_mu_);
+  const ExecutorStats x = executor_.stats();
+  if (!trim_.due(x.installs, x.steps_active, true)) return;
+  if (!driver_.synchronize()) log().debug("pool trim: could not wait for the GPU; trimming what it has seen");
+  trim_pool(x.held_peak);
 }
 
 void Runtime::trim_pool(uint64_t held_peak) {
@@ -699,7 +719,7 @@ extern "C" {
 
 __attribute__((visibility("default"))) void offload_mark_step(void) {
   try {
-    if (offload::Runtime* rt = offload::runtime()) rt->tracker().mark_step();
+    if (offload::Runtime* rt = offload::runtime()) rt->mark_step();
   } catch (...) {
   }
 }

@@ -40,6 +40,9 @@ class Runtime {
   ~Runtime();
 
   Tracker& tracker() { return tracker_; }
+  // offload_mark_step(), on the application's thread: the step's end, and the pool's quietest
+  // moment (the step's activations are freed), where PoolTrim's tries are made.
+  void mark_step();
 
   // The allocation hooks' calls. place: serves a planned allocation from an arena, else a
   // large one from the persistent pool (OFFLOAD_PERSISTENT_MIN) (true, *p set, tracked), else
@@ -162,6 +165,7 @@ class Runtime {
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
   uint64_t cache_bound_said_ = 0;        // the cache's bound under the budget, once logged
+  std::mutex trim_mu_;                   // trim_: offload_mark_step's thread, or the worker
   PoolTrim trim_;                        // per plan, from its first step until the pool is under it
   double overhead_before_revision_ = 0;  // pool_overhead_ before a pool revision, until re-planned
   bool pool_revision_undone_ = false;    // a revision left no plan within the budget: no more

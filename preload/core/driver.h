@@ -72,6 +72,10 @@ class Driver {
     (void)keep;
     return false;
   }
+  // Blocks the calling thread until all work queued in the process's context has completed
+  // (cuCtxSynchronize), so that the pool has seen its frees complete. Never from a hook's fast
+  // path. False when it cannot (or a graph capture is in progress).
+  virtual bool synchronize() { return false; }
   // A reserved, unbacked virtual range of `bytes` (a multiple of the granularity); 0 on failure.
   virtual DevPtr reserve(uint64_t bytes) = 0;
   virtual void unreserve(DevPtr va, uint64_t bytes) = 0;
