@@ -166,6 +166,7 @@ struct ExecApi {
   decltype(&cuCtxPushCurrent_v2) push_ctx;
   decltype(&cuCtxPopCurrent_v2) pop_ctx;
   decltype(&cuCtxGetDevice) get_device;
+  decltype(&cuCtxSynchronize) ctx_sync;
   decltype(&cuDeviceTotalMem_v2) total_mem;
   decltype(&cuMemGetAllocationGranularity) granularity;
   decltype(&cuMemAddressReserve) reserve;
@@ -208,6 +209,7 @@ const ExecApi* exec_api() {
     sym(api.push_ctx, "cuCtxPushCurrent_v2");
     sym(api.pop_ctx, "cuCtxPopCurrent_v2");
     sym(api.get_device, "cuCtxGetDevice");  // not cuCtxGetDevice_v2: that one takes a context
+    sym(api.ctx_sync, "cuCtxSynchronize");
     sym(api.total_mem, "cuDeviceTotalMem_v2");
     sym(api.granularity, "cuMemGetAllocationGranularity");
     sym(api.reserve, "cuMemAddressReserve");
@@ -363,14 +365,12 @@ bool CudaDriver::pool_trim(uint64_t keep) {
   return trim && trim(pool, keep) == CUDA_SUCCESS;
 }
 
+// With ctx_ itself current, as device(): the calling thread may have another device's context.
 bool CudaDriver::synchronize() {
-  void* ctx = context();
-  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
   const ExecApi* a = exec_api();
-  if (!ctx || !h || !a) return false;
-  auto sync = reinterpret_cast<decltype(&cuCtxSynchronize)>(hooks::real_dlsym(h, "cuCtxSynchronize"));
-  if (!sync || a->push_ctx(static_cast<CUcontext>(ctx)) != CUDA_SUCCESS) return false;
-  const bool ok = sync() == CUDA_SUCCESS;
+  void* ctx = context();
+  if (!a || !ctx || a->push_ctx(static_cast<CUcontext>(ctx)) != CUDA_SUCCESS) return false;
+  const bool ok = a->ctx_sync() == CUDA_SUCCESS;
   CUcontext popped = nullptr;
   a->pop_ctx(&popped);
   return ok;

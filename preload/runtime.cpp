@@ -208,8 +208,8 @@ void Runtime::plan_from(const StepTrace& t) {
     // point of the next step the worker has reached.
     if (!assembler_.marked()) {
       std::lock_guard lock(trim_mu_);
-      const ExecutorStats x = executor_.stats();
-      if (trim_.due(x.installs, x.steps_active, !executor_.deviated())) trim_pool(x.held_peak);
+      const Executor::TrimView v = executor_.trim_view();
+      if (trim_.due(v.installs, v.steps_active, !executor_.deviated())) trim_pool(v);
     }
   }
   if (!repeats || (executor_.installed() && !executor_.deviated()) || !executor_.idle()) return;
@@ -403,19 +403,19 @@ void Runtime::mark_step() {
   // moment of its own, the trim left convnet's pool whole in 1 of 3 runs and needed 2-6 tries
   // in the others (H200, fe26f5e-3887f50).
   std::lock_guard lock(trim_mu_);
-  const ExecutorStats x = executor_.stats();
-  if (!trim_.due(x.installs, x.steps_active, true)) return;
+  const Executor::TrimView v = executor_.trim_view();
+  if (!trim_.due(v.installs, v.steps_active, true)) return;
   if (!driver_.synchronize()) log().debug("pool trim: could not wait for the GPU; trimming what it has seen");
-  trim_pool(x.held_peak);
+  trim_pool(v);
 }
 
-void Runtime::trim_pool(uint64_t held_peak) {
+void Runtime::trim_pool(const Executor::TrimView& v) {
   // What the steps before the plan (or in demand mode) reserved beyond the budget goes back to
-  // the device: the pool keeps at most the budget the plan was made for less the most the
-  // executor has held beside the pool, so that nothing a planned step needs is given back (the
-  // next step would reserve it again).
-  const uint64_t budget = planned_.budget;
-  const uint64_t keep = budget > held_peak ? budget - held_peak : 0;
+  // the device: the pool keeps at most the budget the installed plan was made for less the most
+  // the executor has held beside the pool, so that nothing a planned step needs is given back
+  // (the next step would reserve it again). The executor's copy of the plan, not planned_: this
+  // runs on the application's thread too, while the worker may be planning.
+  const uint64_t keep = v.budget > v.held_peak ? v.budget - v.held_peak : 0;
   const PoolTrim::Attempt a = trim_.attempt(
       keep, [&] { return driver_.pool_reserved_current(); }, [&](uint64_t n) { return driver_.pool_trim(n); });
   if (!a.called) {

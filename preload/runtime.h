@@ -137,7 +137,7 @@ class Runtime {
   // than predicted (the link is slower than the model says).
   void watch_plan(const StepTrace& t);
   void watch_pool(const StepTrace& t);  // PoolWatch: the allocator's hold under a weight plan
-  void trim_pool(uint64_t held_peak);   // PoolTrim: the pool back under the plan's budget
+  void trim_pool(const Executor::TrimView& v);  // PoolTrim: the pool back under the plan's budget
   // GPUs of this node sharing the host link (offloadd counts them; asked at each plan).
   NodeShare node_share(uint64_t budget);
   std::string executor_json();

@@ -865,6 +865,11 @@ void Executor::reset_peak() {
   update_peak();
 }
 
+Executor::TrimView Executor::trim_view() {
+  std::lock_guard lock(mu_);
+  return TrimView{st_.installs, st_.steps_active, st_.held_peak, plan_.budget};
+}
+
 ExecutorStats Executor::stats() {
   std::lock_guard lock(mu_);
   ExecutorStats s = st_;

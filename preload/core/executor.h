@@ -211,6 +211,12 @@ class Executor final : public LaunchGate {
   void poll();
   void reset_peak();
   ExecutorStats stats();
+  // What the pool's trim asks at every step, without stats()'s copies: plans installed, steps
+  // run under one, the most physical memory held beside the pool, and the installed plan's budget.
+  struct TrimView {
+    uint64_t installs = 0, steps_active = 0, held_peak = 0, budget = 0;
+  };
+  TrimView trim_view();
 
  private:
   enum class State : uint8_t { Empty, Resident, Evicting, Evicted, Reloading, Draining };
