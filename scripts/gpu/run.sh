@@ -29,6 +29,8 @@
 #   scripts/gpu/run.sh planner      the GPU-time planner on the reference workload: plain, ckpt,
 #                                   save_on_cpu, offload at 90/75/50% and at the hidden-offload
 #                                   budget; the link measured; planner_report.py -> planner.md
+#   scripts/gpu/run.sh planner_diag  the reference at 75% and 50%, traced with transfers: link_use.py
+#                                   splits each step into head, copies out, turn, reloads, tail
 #   scripts/gpu/run.sh sanitize_small  memcheck on a small offloaded run (diagnosis, < 3 min)
 #   scripts/gpu/run.sh sanitize     compute-sanitizer memcheck, then synccheck, on an offloaded
 #                                   reference run (budget 50% of plain's footprint; < 10 min)
@@ -462,6 +464,31 @@ case $plan in
     "$ctl" stop > /dev/null 2>&1
     python3 "$root/scripts/bench/planner_report.py" "$work" > "$work/planner.md" 2>&1
     cat "$work/planner.md"
+    ;;
+  planner_diag)
+    # Where the 75% run's time goes beyond the per-phase bound (< 5 min): the link measured,
+    # plain, offload at 75% (untraced, as in `planner`), then offload at 75% and 50% with every
+    # step traced (OFFLOAD_TRACE, transfers and CUPTI times); link_use.py splits each traced
+    # step into head, copies out, turn, reloads and tail, and the planner's own timeline for
+    # the same budget comes from an observed step of the same run (offloadctl plan --arenas).
+    restart_daemon
+    python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log"; cat "$work/link.json"
+    d=(--workload reference --deterministic --steps 20 --warmup 8 --mark-steps)
+    run reference_plain 0 "${d[@]}"
+    budget_of reference_plain 0.75 && run reference_offload_75 o "${d[@]}"
+    check_pair reference_plain reference_offload_75
+    for pct in 75 50; do
+      budget_of reference_plain 0.$pct || continue
+      OFFLOAD_TRACE_STEPS=40 OFFLOAD_TRACE_LEAD=1 trace_offload=1 run reference_traced_$pct o "${d[@]}"
+      check_pair reference_plain reference_traced_$pct
+      t=$work/trace_reference_traced_$pct
+      python3 "$root/scripts/bench/link_use.py" "$t" --link "$work/link.json" --json "$work/link_use_$pct.json" | tee "$work/link_use_$pct.txt"
+      "$ctl" plan --trace "$t/step-000002.trace" --budget "$budget" --arenas > "$work/plan_$pct.txt" 2>&1
+      head -n 12 "$work/plan_$pct.txt"
+      python3 "$root/scripts/bench/gaps.py" "$t" > "$work/gaps_$pct.txt" 2>&1; head -n 30 "$work/gaps_$pct.txt"
+      rm -f "$t"/*.chrome.json
+    done
+    "$ctl" stop > /dev/null 2>&1
     ;;
   sanitize_small)
     # Where the sanitizer runs stall: a small offloaded run under memcheck, the shim preloaded
