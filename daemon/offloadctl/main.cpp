@@ -9,7 +9,7 @@
 //                                   replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw; with --offload, the
 //                                   executor too, under a budget, with every launch's data checked
-//   offloadctl plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE] [--segments N]
+//   offloadctl plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE] [--segments N] [--pool-overhead F]
 //                   [--arenas|--json] [--html FILE]
 //                                   the planner's plan for a recorded step, without a GPU: as
 //                                   text, as JSON, and as a timeline page
@@ -31,7 +31,7 @@
 int cmd_trace_show(const std::string& path, bool check);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
-             const std::string& html, bool json, bool sweep, uint64_t persistent_min);
+             const std::string& html, bool json, bool sweep, uint64_t persistent_min, double pool_overhead);
 int cmd_plan_persistent(const std::string& path);
 int cmd_status(const std::string& socket, bool json, double watch_s);
 int cmd_stop(const std::string& socket);
@@ -74,7 +74,7 @@ void usage(FILE* f) {
           "                         peak (N=12 by default), sizes divided by DIV (default 256), every\n"
           "                         launch's data checked; exit 1 on a mismatch or over the budget\n"
           "  plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE] [--segments N] [--arenas|--json]\n"
-          "       [--html FILE]\n"
+          "       [--html FILE] [--pool-overhead F]\n"
           "                         the plan the planner makes for a recorded step under a device budget:\n"
           "                         a size (12GiB) or a share of the step's footprint without offload\n"
           "                         (75%% or 0.75); none: the largest offload the compute hides.\n"
@@ -83,8 +83,11 @@ void usage(FILE* f) {
           "                         (compute, copy queues, footprint) as a self-contained page;\n"
           "                         --persistent-min: what outlives the step and is at least SIZE is the\n"
           "                         shim's own (OFFLOAD_PERSISTENT_MIN), and such weights may be streamed\n"
-          "                         out and back between their uses when activations alone miss the budget\n"
-          "  plan --trace FILE --sweep [--segments N] [--json]\n"
+          "                         out and back between their uses when activations alone miss the budget;\n"
+          "                         --pool-overhead: what the allocator holds for the live bytes outside the\n"
+          "                         arenas, as a factor of them (default 1.15, the shim's floor; a run's\n"
+          "                         figure is its pool's reserved high over its used high)\n"
+          "  plan --trace FILE --sweep [--segments N] [--json] [--pool-overhead F]\n"
           "                         the plan at budgets of 100%%, 95%%, ... 30%% of that footprint, a row each\n"
           "                         (peak, moved, step against compute and its lower bound); it stops\n"
           "                         after two budgets in a row that no plan meets\n"
@@ -171,7 +174,7 @@ int main(int argc, char** argv) {
   if (a[0] == "plan") {
     std::string trace, html;
     uint64_t budget = 0, persistent_min = 0;
-    double fraction = 0;
+    double fraction = 0, pool_overhead = 0;
     bool arenas = false, json = false, sweep = false, budget_given = false, persistent = false;
     uint32_t segments = 0;
     for (size_t i = 1; i < a.size(); ++i) {
@@ -199,6 +202,15 @@ int main(int argc, char** argv) {
           return 2;
         }
         persistent_min = *b;
+      } else if (a[i] == "--pool-overhead" && i + 1 < a.size()) {
+        char* end = nullptr;
+        double v = strtod(a[++i].c_str(), &end);
+        if (*end || a[i].empty() || !(v >= 1.0 && v <= 3.0)) {
+          fprintf(stderr, "offloadctl: --pool-overhead '%s' is not valid: expected a factor from 1 to 3, such as 1.08\n",
+                  a[i].c_str());
+          return 2;
+        }
+        pool_overhead = v;
       } else if (a[i] == "--persistent") {
         persistent = true;
       } else if (a[i] == "--html" && i + 1 < a.size()) {
@@ -234,12 +246,13 @@ int main(int argc, char** argv) {
                       "--arenas or --html\n");
       return 2;
     }
-    if (persistent && (budget_given || arenas || json || sweep || !html.empty() || segments || persistent_min)) {
+    if (persistent && (budget_given || arenas || json || sweep || !html.empty() || segments || persistent_min ||
+                       pool_overhead > 0)) {
       fprintf(stderr, "offloadctl: --persistent prints one table of its own: it takes no other option\n");
       return 2;
     }
     if (persistent) return cmd_plan_persistent(trace);
-    return cmd_plan(trace, budget, fraction, arenas, segments, html, json, sweep, persistent_min);
+    return cmd_plan(trace, budget, fraction, arenas, segments, html, json, sweep, persistent_min, pool_overhead);
   }
   std::string joined;
   for (auto& s : a) joined += (joined.empty() ? "" : " ") + s;

@@ -321,12 +321,13 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
 // sweep: a row per budget from 100% to 30% of that footprint instead of one plan.
 // persistent_min (> 0): weights of at least that many bytes may be streamed instead.
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
-             const std::string& html, bool json, bool sweep_budgets, uint64_t persistent_min) {
+             const std::string& html, bool json, bool sweep_budgets, uint64_t persistent_min, double pool_overhead) {
   StepTrace t;
   if (!load_step_trace(path, &t)) return 1;
   PlannerOptions o;
   if (segments) o.fallback_segments = segments;
   o.persistent_min = persistent_min;
+  if (pool_overhead > 0) o.pool_overhead = pool_overhead;
   // As plan_step computes PlannerResult::plain_footprint.
   const uint64_t plain = static_cast<uint64_t>(static_cast<double>(step_facts(t, o.min_bytes).peak) * o.pool_overhead);
   if (sweep_budgets) return sweep(path, t, o, plain, json);
