@@ -99,16 +99,35 @@ def timed(r, key):
     return sum(v[-steps:])
 
 
+def moved_per_step(r):
+    """Bytes that crossed the link each way per step under the plan: the executor's bytes_out
+    (D2H) and bytes_in (H2D) over its steps_active. An arena whose reload is asked for before its
+    copy out ends stays (evictions_abandoned): it crossed out and not back, so fewer bytes come
+    in than go out. Falls back to the planner's bytes_moved, both ways, without those counters."""
+    x, p = executor(r), planner(r)
+    n, out, back = x.get("steps_active"), x.get("bytes_out"), x.get("bytes_in")
+    if num(n) and n > 0 and num(out) and num(back) and out > 0:
+        return out / n, back / n
+    moved = p.get("bytes_moved")
+    return (moved, moved) if num(moved) else (None, None)
+
+
+def moved_text(r):
+    out, back = moved_per_step(r)
+    return f"{gib(out)} / {gib(back)}" if num(out) and num(back) else "n/a"
+
+
 def lower_bound_ms(plain, r, d2h, h2d):
     """Per phase max(compute, bytes / link), summed; compute = plain's ms/step split as the
-    planner's forward_ns : backward_ns; bytes_moved leave (D2H) in the forward, return (H2D) in
-    the backward."""
+    planner's forward_ns : backward_ns; the bytes that left (D2H) in the forward and came back
+    (H2D) in the backward, as measured (moved_per_step)."""
     p = planner(r)
-    f, b, moved, pm = p.get("forward_ns"), p.get("backward_ns"), p.get("bytes_moved"), (plain or {}).get("ms_per_step")
-    if not (num(f) and num(b) and num(moved) and num(pm)) or f + b <= 0:
+    f, b, pm = p.get("forward_ns"), p.get("backward_ns"), (plain or {}).get("ms_per_step")
+    out, back = moved_per_step(r)
+    if not (num(f) and num(b) and num(out) and num(back) and num(pm)) or f + b <= 0:
         return None
     fwd, bwd = pm * f / (f + b), pm * b / (f + b)
-    return max(fwd, moved / (d2h * 1e9) * 1e3) + max(bwd, moved / (h2d * 1e9) * 1e3)
+    return max(fwd, out / (d2h * 1e9) * 1e3) + max(bwd, back / (h2d * 1e9) * 1e3)
 
 
 def main(argv=None):
@@ -153,7 +172,7 @@ def main(argv=None):
     plain = runs.get("plain")
     pm, pf = (plain or {}).get("ms_per_step"), (plain or {}).get("footprint_peak_bytes")
     print("\n| run | ms/step | × plain | footprint GiB | budget GiB | within budget | bitwise = plain "
-          "| timed misses / late | GiB moved/step | predicted ms/step | measured/predicted "
+          "| timed misses / late | GiB out / in per step | predicted ms/step | measured/predicted "
           "| lower bound ms | measured/bound |")
     print("|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|")
     stats = {}
@@ -178,14 +197,15 @@ def main(argv=None):
         print(f"| {title} | {ms(m)} | {ratio(m, pm)} | {gib(fp)} | {gib(bud) if off else '—'} "
               f"| {'—' if not off else {True: 'yes', False: 'NO', None: 'n/a'}[within]} | {bits_txt} "
               f"| {f'{mi} / {la}' if off else '—'} "
-              f"| {gib(p.get('bytes_moved')) if off else '—'} | {ms(pred) if off else '—'} "
+              f"| {moved_text(r) if off else '—'} | {ms(pred) if off else '—'} "
               f"| {ratio(m, pred) if off else '—'} | {ms(lb) if off else '—'} | {ratio(m, lb) if off else '—'} |")
 
     print(f"\nLower bound, per offload run: plain's measured ms/step ({ms(pm)}) split into forward and "
           "backward compute in the proportion forward_ns : backward_ns (the planner's CUPTI GPU times of "
-          "the traced step); forward = max(forward compute, bytes_moved / D2H), backward = "
-          "max(backward compute, bytes_moved / H2D), where bytes_moved is the planner's bytes evicted per "
-          f"step (each reloaded once), D2H = {d2h} GB/s and H2D = {h2d} GB/s "
+          "the traced step); forward = max(forward compute, bytes out / D2H), backward = "
+          "max(backward compute, bytes in / H2D), where bytes out and in are the executor's bytes_out and "
+          "bytes_in per step under the plan (an arena asked back before its copy out ends stays: out, not "
+          f"back), D2H = {d2h} GB/s and H2D = {h2d} GB/s "
           f"({'measured, link.json' if not link_note else 'DESIGN.md, link.json missing'}), GB = 1e9 bytes; "
           "bound = forward + backward. Timed misses / late: demand reloads and late reloads summed over "
           "the timed steps. Percentages are of plain's footprint.")
