@@ -196,6 +196,7 @@ void Runtime::sample_telemetry() {
 }
 
 void Runtime::plan_from(const StepTrace& t) {
+  adopt_swap();
   std::vector<uint64_t> tokens = step_tokens(t);
   bool repeats = tokens == last_tokens_;
   last_tokens_ = std::move(tokens);
@@ -211,6 +212,7 @@ void Runtime::plan_from(const StepTrace& t) {
       const Executor::TrimView v = executor_.trim_view();
       if (trim_.due(v.installs, v.steps_active, !executor_.deviated())) trim_pool(v);
     }
+    if (const double f = refine_factor_.exchange(0); f > 0 && !executor_.deviated()) refine_plan(f);
   }
   if (!repeats || (executor_.installed() && !executor_.deviated()) || !executor_.idle()) return;
   auto say = [&](const std::string& note) {
@@ -344,6 +346,11 @@ void Runtime::plan_from(const StepTrace& t) {
       return say("not offloading: " + why);
     }
     host_ = ext;
+    plan_trace_ = t;
+    plan_opts_ = po;
+    plan_refinable_ = timed && settings_.pool_refine && !settings_.block_cache && planned_.weights.empty() &&
+                      !planned_.arenas.empty();
+    refinable_.store(plan_refinable_);
     plan_note_.clear();
     log().info("plan: {}", desc);
     if (!meets) log().warn("OFFLOAD_DEVICE_BUDGET cannot be met by what the plan can move; the rest stays resident");
@@ -403,10 +410,135 @@ void Runtime::mark_step() {
   // moment of its own, the trim left convnet's pool whole in 1 of 3 runs and needed 2-6 tries
   // in the others (H200, fe26f5e-3887f50).
   std::lock_guard lock(trim_mu_);
+  bool synced = false;
+  const std::function<void()> sync = [&] {
+    if (synced) return;
+    synced = true;
+    if (!driver_.synchronize()) log().debug("step's mark: could not wait for the GPU; going on with what it has seen");
+  };
+  if (swap_at_mark(sync)) return;  // a new install: its trims and measures start from its own steps
   const Executor::TrimView v = executor_.trim_view();
-  if (!trim_.due(v.installs, v.steps_active, true)) return;
-  if (!driver_.synchronize()) log().debug("pool trim: could not wait for the GPU; trimming what it has seen");
-  trim_pool(v);
+  const bool trim_due = trim_.due(v.installs, v.steps_active, true);
+  refine_at_mark(v, trim_due, sync);
+  if (trim_due) {
+    sync();
+    trim_pool(v);
+  }
+  if (refinable_.load() && v.arenas_only) refine_.after_mark(driver_.pool_reserved_current());
+}
+
+void Runtime::refine_at_mark(const Executor::TrimView& v, bool trim_due, const std::function<void()>& sync) {
+  if (!refinable_.load() || !v.arenas_only || !v.resident_peak) return;
+  PoolRefine::Mark m;
+  m.installs = v.installs;
+  m.running = true;
+  m.trim_done = !trim_due && trim_.over(v.installs);
+  m.reserved = driver_.pool_reserved_current();  // before anything is trimmed at this mark
+  m.resident = v.resident_peak;
+  m.planned = static_cast<double>(v.predicted_peak - std::min(v.predicted_peak, v.handle_bytes)) /
+              static_cast<double>(v.resident_peak);
+  m.predicted_peak = v.predicted_peak;
+  m.budget = v.budget;
+  switch (refine_.at_mark(m)) {
+    case PoolRefine::Action::Probe:
+      // What the pool holds unused goes back, once: the next step reserves what it needs.
+      sync();
+      if (!driver_.pool_trim(0)) log().debug("pool refine: the pool could not be emptied of what is unused");
+      break;
+    case PoolRefine::Action::Replan:
+      refine_factor_.store(refine_.factor());
+      break;
+    case PoolRefine::Action::None:
+      break;
+  }
+  if (refine_.last_measured() > 0) refine_seen_.store(refine_.last_measured());
+}
+
+bool Runtime::swap_at_mark(const std::function<void()>& sync) {
+  std::lock_guard lock(swap_mu_);
+  if (!swap_ || swap_->installed || swap_->refused) return false;
+  // Every arena is empty at a mark once the GPU has caught up (their members are freed, the
+  // copies done): the new plan goes in with no step in demand mode.
+  sync();
+  const uint64_t anchor = plan_anchor(swap_->first_launch, swap_->plan.step_launches, tracker_.launches());
+  HostMemory hm{swap_->host.host, swap_->host.host - swap_->host.offset, kPinChunk};
+  Plan p = swap_->plan;
+  std::string why;
+  if (!executor_.install(std::move(p), anchor, hm, &why)) {
+    swap_->refused = true;
+    swap_->why = why;
+    return false;
+  }
+  swap_->installed = true;
+  refined_.fetch_add(1);
+  log().info("plan put in at the step's mark, for the allocator at {:.3f}x its live bytes: {}", swap_->factor,
+             swap_->desc);
+  return true;
+}
+
+void Runtime::refine_plan(double factor) {
+  if (!plan_refinable_ || plan_trace_.launches.empty() || pool_overhead_ <= 0) return;
+  {
+    std::lock_guard lock(swap_mu_);
+    if (swap_) return;
+  }
+  const bool lower = factor < pool_overhead_;
+  const double seen = refine_seen_.load();
+  auto keep = [&](const std::string& why) {
+    log().info("the allocator holds {:.3f}x the live bytes outside the arenas, where the plan counted {:.3f}x; "
+               "a plan for {:.3f}x is not put in: {}",
+               seen, pool_overhead_, factor, why);
+  };
+  PlannerOptions po = plan_opts_;
+  po.pool_overhead = factor;
+  PlannerResult r = plan_step(plan_trace_, po);
+  if (r.plan.empty()) return keep(r.why);
+  if (!r.plan.meets_budget) return keep("no plan meets the budget at that factor");
+  if (!r.plan.weights.empty()) return keep("that plan would stream weights");
+  if (lower && r.prediction.step_ns >= predicted_.step_ns) return keep("that plan is predicted no faster");
+  resolve_weights(r.plan, plan_trace_);
+  HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
+  std::string refused;
+  std::optional<Extent> ext = pool->lease(r.plan.host_bytes(), &refused);
+  if (!ext) return keep("the host pool refused " + std::to_string(r.plan.host_bytes() >> 20) + " MiB (" + refused + ")");
+  Swap sw;
+  sw.desc = r.plan.describe();
+  sw.plan = std::move(r.plan);
+  sw.prediction = std::move(r.prediction);
+  sw.host = *ext;
+  sw.first_launch = plan_trace_.first_launch;
+  sw.factor = factor;
+  log().info("the allocator holds {:.3f}x the live bytes outside the arenas, where the plan counted {:.3f}x: "
+             "a plan for {:.3f}x goes in at a step's mark ({:.1f} ms predicted, against {:.1f})",
+             seen, pool_overhead_, factor, sw.prediction.step_ns / 1e6, predicted_.step_ns / 1e6);
+  std::lock_guard lock(swap_mu_);
+  swap_ = std::move(sw);
+}
+
+void Runtime::adopt_swap() {
+  std::optional<Swap> sw;
+  {
+    std::lock_guard lock(swap_mu_);
+    if (!swap_) return;
+    const bool waiting = !swap_->installed && !swap_->refused;
+    // Staged for a plan that no longer runs: the worker plans anew.
+    if (waiting && executor_.installed() && !executor_.deviated()) return;
+    sw = std::move(swap_);
+    swap_.reset();
+  }
+  HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
+  if (!sw->installed) {
+    pool->release(sw->host);
+    if (sw->refused) log().info("the plan for the allocator at {:.3f}x was not put in: {}", sw->factor, sw->why);
+    return;
+  }
+  // The plan before it ran no copy after the mark it was replaced at: its host memory is free.
+  if (host_) pool->release(*host_);
+  host_ = sw->host;
+  planned_ = std::move(sw->plan);
+  predicted_ = std::move(sw->prediction);
+  pool_overhead_ = plan_opts_.pool_overhead = sw->factor;
+  if (watch_) watch_->replanned(predicted_.step_ns);
 }
 
 void Runtime::trim_pool(const Executor::TrimView& v) {
@@ -669,7 +801,8 @@ std::string Runtime::executor_json() {
      << ",\"backward_ns\":" << predicted_.backward_ns << ",\"bytes_moved\":" << predicted_.bytes_out << ",\"hidden_bytes\":" << hidden_bytes_
      << ",\"hidden_peak\":" << hidden_peak_ << ",\"predicted_peak\":" << planned_.predicted_peak
      << ",\"link_scale\":" << link_scale_ << ",\"revisions\":" << (watch_ ? watch_->revisions() : 0) << ",\"pool_revisions\":" << pool_watch_.revisions()
-     << ",\"pool_overhead\":" << pool_overhead_ << ",\"link\":{\"gpus\":" << share_.gpus << ",\"h2d\":" << planned_link_.h2d << ",\"d2h\":" << planned_link_.d2h
+     << ",\"pool_overhead\":" << pool_overhead_ << ",\"pool_factor_seen\":" << refine_seen_.load()
+     << ",\"pool_refined\":" << refined_.load() << ",\"link\":{\"gpus\":" << share_.gpus << ",\"h2d\":" << planned_link_.h2d << ",\"d2h\":" << planned_link_.d2h
      << ",\"h2d_shared\":" << planned_link_.h2d_shared << ",\"d2h_shared\":" << planned_link_.d2h_shared << "}}"
      << ",\"host_bytes\":" << (host_ ? host_->bytes : 0);
   const double ns = ns_per_tsc_cycle();

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <memory>
@@ -138,6 +139,14 @@ class Runtime {
   void watch_plan(const StepTrace& t);
   void watch_pool(const StepTrace& t);  // PoolWatch: the allocator's hold under a weight plan
   void trim_pool(const Executor::TrimView& v);  // PoolTrim: the pool back under the plan's budget
+  // PoolRefine (pool_trim.h): the allocator's factor under a plan of arenas, measured at the
+  // marks (refine_at_mark, the application's thread, under trim_mu_); the plan made again for it
+  // (refine_plan, the worker) and put in at a later mark (swap_at_mark), where every arena is
+  // empty; the worker then takes it over (adopt_swap).
+  void refine_at_mark(const Executor::TrimView& v, bool trim_due, const std::function<void()>& sync);
+  bool swap_at_mark(const std::function<void()>& sync);
+  void refine_plan(double factor);
+  void adopt_swap();
   // GPUs of this node sharing the host link (offloadd counts them; asked at each plan).
   NodeShare node_share(uint64_t budget);
   std::string executor_json();
@@ -170,6 +179,26 @@ class Runtime {
   double overhead_before_revision_ = 0;  // pool_overhead_ before a pool revision, until re-planned
   bool pool_revision_undone_ = false;    // a revision left no plan within the budget: no more
   std::atomic<uint64_t> pool_trims_{0}, pool_trimmed_bytes_{0};  // read by offload_stats_json
+  PoolRefine refine_;                    // under trim_mu_
+  std::atomic<double> refine_factor_{0};  // a factor to plan again with, from a mark, for the worker
+  std::atomic<double> refine_seen_{0};   // the pool's factor at the last mark it grew (stats)
+  std::atomic<uint32_t> refined_{0};     // plans put in at a mark for a measured factor (stats)
+  StepTrace plan_trace_;                 // the step the installed plan was made from (worker)
+  PlannerOptions plan_opts_;             // and the planner's options for it (worker)
+  bool plan_refinable_ = false;          // timed, of arenas alone, no block cache (worker)
+  std::atomic<bool> refinable_{false};   // plan_refinable_, for the marks
+  struct Swap {
+    Plan plan;
+    Prediction prediction;
+    Extent host;
+    uint64_t first_launch = 0;  // of the traced step the plan was made from
+    double factor = 0;
+    std::string desc;
+    bool installed = false, refused = false;
+    std::string why;
+  };
+  std::mutex swap_mu_;
+  std::optional<Swap> swap_;             // staged by the worker, put in at a mark
   std::atomic<int (*)(Stream)> capture_probe_{nullptr};
   std::atomic<uint64_t (*)()> context_probe_{nullptr};
   int capturing(Stream s) {

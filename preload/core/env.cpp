@@ -119,6 +119,11 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     if (s == "builtin") st.builtin_plan = true;
     else if (s != "auto") bad("OFFLOAD_PLANNER", v, "auto or builtin");
   }
+  if (const char* v = get("OFFLOAD_POOL_REFINE"); v && *v) {
+    std::string s = v;
+    if (s == "0" || s == "false") st.pool_refine = false;
+    else if (s != "1" && s != "true") bad("OFFLOAD_POOL_REFINE", v, "0, 1, true or false");
+  }
   return st;
 }
 

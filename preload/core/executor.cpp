@@ -867,7 +867,14 @@ void Executor::reset_peak() {
 
 Executor::TrimView Executor::trim_view() {
   std::lock_guard lock(mu_);
-  return TrimView{st_.installs, st_.steps_active, st_.held_peak, plan_.budget};
+  return TrimView{st_.installs,
+                  st_.steps_active,
+                  st_.held_peak,
+                  plan_.budget,
+                  plan_.resident_peak,
+                  plan_.predicted_peak,
+                  uint64_t{plan_.handles} * plan_.handle_bytes,
+                  !plan_.arenas.empty() && plan_.weights.empty()};
 }
 
 ExecutorStats Executor::stats() {

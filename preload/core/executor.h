@@ -212,9 +212,13 @@ class Executor final : public LaunchGate {
   void reset_peak();
   ExecutorStats stats();
   // What the pool's trim asks at every step, without stats()'s copies: plans installed, steps
-  // run under one, the most physical memory held beside the pool, and the installed plan's budget.
+  // run under one, the most physical memory held beside the pool, and the installed plan's budget;
+  // for PoolRefine, the plan's resident peak, its predicted footprint, its handles' bytes, and
+  // whether it is a plan of arenas alone.
   struct TrimView {
     uint64_t installs = 0, steps_active = 0, held_peak = 0, budget = 0;
+    uint64_t resident_peak = 0, predicted_peak = 0, handle_bytes = 0;
+    bool arenas_only = false;
   };
   TrimView trim_view();
 

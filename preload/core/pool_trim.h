@@ -45,6 +45,9 @@ class PoolTrim {
     return true;
   }
 
+  // The tries for the install counted `installs` are over (due() has seen it, and no try is left).
+  bool over(uint64_t installs) const { return installs == seen_ && left_ == 0; }
+
   struct Attempt {
     uint64_t before = 0;  // the pool's reserved bytes before the try
     uint64_t after = 0;   // and after it
@@ -83,6 +86,93 @@ class PoolTrim {
   uint32_t tries_;
   uint64_t seen_ = 0, base_ = 0, last_ = UINT64_MAX, slack_ = 0;
   uint32_t left_ = 0;
+};
+
+// PoolRefine: the allocator's factor under a plan of arenas, measured at the step's mark, and
+// when to plan again for it.
+//
+// A plan counts what PyTorch's pool reserves for the live bytes outside the arenas as a factor
+// of them: the larger of what the pool held before the plan and 1.15. Under the plan the pool
+// holds another factor, which depends on the budget and the run (the reference workload on the
+// H200: 1.113-1.119 at 50%, 1.019-1.077 at 75%, 1.060-1.063 at 90%; plain 1.049). Planned at
+// 1.15, the 75% plan offloads every arena it may, and its last three hold every handle at the
+// turnaround: the first reload waits 21 ms (bench/results/planner.md, ninth session).
+//
+// A step shows what it needs only when the pool grew during it: otherwise the pool holds what an
+// earlier step or a trim left. So once the PoolTrim tries of an install are over, the pool is
+// emptied of what is unused at one mark (probe), and the next step reserves what it needs. At
+// the next mark the factor is that over the plan's resident peak. When it is lower than planned
+// by at least `min_gain` with `margin` added, the plan is made again for it (at most `max_down`
+// times). And at every mark where the pool grew: a pool holding more than planned, by so much
+// that the plan's peak grown by the difference passes the budget, plans again for the measured
+// factor with `margin` added (at most `max_up` times). The runtime puts the new plan in at a
+// step's mark, where every arena is empty: no step runs in demand mode for it.
+class PoolRefine {
+ public:
+  struct Options {
+    double margin = 0.02;     // added to a measured factor
+    double min_gain = 0.01;   // a lower factor worth a new plan
+    uint32_t max_down = 1, max_up = 2;
+  };
+  PoolRefine() : o_(Options{}) {}
+  explicit PoolRefine(Options o) : o_(o) {}
+
+  enum class Action { None, Probe, Replan };
+  struct Mark {
+    uint64_t installs = 0;        // plans installed so far
+    bool running = false;         // a plan of arenas runs (installed, not deviated, no weights)
+    bool trim_done = true;        // PoolTrim's tries for this install are over
+    uint64_t reserved = 0;        // the pool's reserved bytes now, before anything is trimmed here
+    uint64_t resident = 0;        // the plan's resident peak: live bytes outside its arenas
+    double planned = 0;           // the factor the plan was made with
+    uint64_t predicted_peak = 0;  // the plan's footprint
+    uint64_t budget = 0;
+  };
+  // At a step's mark. Replan: factor() is the one to plan with. After the mark's trims (a probe
+  // included), after_mark() says what the pool then holds.
+  Action at_mark(const Mark& m) {
+    const bool grew = m.reserved > after_ && after_ != kUnknown;
+    after_ = kUnknown;
+    if (m.installs != seen_) {
+      seen_ = m.installs;
+      probed_ = false;
+    }
+    if (!m.running || !m.reserved || !m.resident || m.planned <= 0) return Action::None;
+    const double f = static_cast<double>(m.reserved) / static_cast<double>(m.resident);
+    if (grew) last_ = f;
+    if (grew && f > m.planned * 1.002 && up_ < o_.max_up) {
+      const double over = (f - m.planned) * static_cast<double>(m.resident);
+      if (static_cast<double>(m.predicted_peak) + over > static_cast<double>(m.budget)) {
+        ++up_;
+        factor_ = f * (1 + o_.margin);
+        return Action::Replan;
+      }
+    }
+    if (down_ >= o_.max_down || !m.trim_done) return Action::None;
+    if (!probed_) {
+      probed_ = true;
+      return Action::Probe;
+    }
+    if (grew && f * (1 + o_.margin) + o_.min_gain <= m.planned) {
+      ++down_;
+      factor_ = f * (1 + o_.margin);
+      return Action::Replan;
+    }
+    return Action::None;
+  }
+  void after_mark(uint64_t reserved) { after_ = reserved; }
+  double factor() const { return factor_; }
+  double last_measured() const { return last_; }  // the factor seen at the last mark the pool grew; 0: none
+  uint32_t lowered() const { return down_; }
+  uint32_t raised() const { return up_; }
+
+ private:
+  static constexpr uint64_t kUnknown = ~uint64_t{0};
+  Options o_;
+  uint64_t seen_ = 0, after_ = kUnknown;
+  bool probed_ = false;
+  double factor_ = 0, last_ = 0;
+  uint32_t down_ = 0, up_ = 0;
 };
 
 }  // namespace offload

@@ -31,6 +31,8 @@
 #                                   budget; the link measured; planner_report.py -> planner.md
 #   scripts/gpu/run.sh planner_diag  the reference at 75% and 50%, traced with transfers: link_use.py
 #                                   splits each step into head, copies out, turn, reloads, tail
+#   scripts/gpu/run.sh refine       PoolRefine on the reference (90/75/50%, 75% without it) and, with
+#                                   --keep-pool, the reference at 50% and llama at 75% (< 7 min)
 #   scripts/gpu/run.sh sanitize_small  memcheck on a small offloaded run (diagnosis, < 3 min)
 #   scripts/gpu/run.sh sanitize     compute-sanitizer memcheck, then synccheck, on an offloaded
 #                                   reference run (budget 50% of plain's footprint; < 10 min)
@@ -487,6 +489,40 @@ case $plan in
       head -n 12 "$work/plan_$pct.txt"
       python3 "$root/scripts/bench/gaps.py" "$t" > "$work/gaps_$pct.txt" 2>&1; head -n 30 "$work/gaps_$pct.txt"
       rm -f "$t"/*.chrome.json
+    done
+    "$ctl" stop > /dev/null 2>&1
+    ;;
+  refine)
+    # PoolRefine (OFFLOAD_POOL_REFINE): the pool's factor measured under the plan and the plan
+    # made again for it, put in at a step's mark. The reference at 90/75/50% of plain's footprint
+    # with it, 75% without it, 14 warm-up steps (the plan made again goes in about 6 steps after
+    # the first); then, as a training script leaves the pool (--keep-pool), the reference at 50%
+    # and llama at 75%. planner_report.py on the first group.
+    restart_daemon
+    python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log"; cat "$work/link.json"
+    d=(--workload reference --deterministic --steps 20 --warmup ${REFINE_WARMUP:-14} --mark-steps)
+    show() {
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; p=x["planner"]; print("[gpu]  ", sys.argv[2], "ms/step %.1f" % r["ms_per_step"], "footprint %.2f GiB" % (r["footprint_peak_bytes"] / 2**30), "factor planned", p.get("pool_overhead"), "seen", p.get("pool_factor_seen"), "refined", p.get("pool_refined"), "installs", x.get("installs"), "deviations", x.get("deviations"), "steps_active", x.get("steps_active"), "| plan:", x.get("plan"))' "$work/$1.json" "$1" 2>/dev/null || log "  no result for $1"
+      grep -E "allocator holds|put in at the step|not put in|plan revised" "$work/$1.log" | head -n 6
+    }
+    run reference_plain 0 "${d[@]}"
+    for pct in 75 90 50; do
+      budget_of reference_plain 0.$pct || continue
+      run reference_offload_$pct o "${d[@]}"
+      check_pair reference_plain reference_offload_$pct; show reference_offload_$pct
+      if [ $pct = 75 ]; then
+        OFFLOAD_POOL_REFINE=0 run reference_norefine_75 o "${d[@]}"
+        check_pair reference_plain reference_norefine_75; show reference_norefine_75
+      fi
+    done
+    python3 "$root/scripts/bench/planner_report.py" "$work" > "$work/planner.md" 2>&1
+    grep -E "^\| offload|^- (PASS|FAIL).*(bound|predicted)" "$work/planner.md"
+    k=(--deterministic --steps 20 --warmup 20 --mark-steps --keep-pool)
+    for w in reference llama; do
+      run ${w}_keep_plain 0 --workload $w "${k[@]}"
+      budget_of ${w}_keep_plain "$(executor_fraction $w)" || continue
+      run ${w}_keep_offload o --workload $w "${k[@]}"
+      check_pair ${w}_keep_plain ${w}_keep_offload; show ${w}_keep_offload
     done
     "$ctl" stop > /dev/null 2>&1
     ;;

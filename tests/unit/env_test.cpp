@@ -289,6 +289,31 @@ TEST(Planner, OffloadPlannerChoosesTheBuiltInPlanOrSaysWhatIsAccepted) {
   }
 }
 
+TEST(Planner, OffloadPoolRefineIsOnUnlessTurnedOffAndSaysWhatIsAccepted) {
+  {
+    Env env;
+    std::vector<std::string> errors;
+    EXPECT_TRUE(read(env, &errors).pool_refine);
+    EXPECT_TRUE(errors.empty());
+  }
+  for (const char* v : {"0", "false", "1", "true"}) {
+    Env env;
+    env.vars["OFFLOAD_POOL_REFINE"] = v;
+    std::vector<std::string> errors;
+    EXPECT_EQ(read(env, &errors).pool_refine, v[0] == '1' || v[0] == 't') << v;
+    EXPECT_TRUE(errors.empty()) << v;
+  }
+  for (const char* v : {"off", "yes", "2", "True"}) {
+    Env env;
+    env.vars["OFFLOAD_POOL_REFINE"] = v;
+    std::vector<std::string> errors;
+    EXPECT_TRUE(read(env, &errors).pool_refine) << v;
+    ASSERT_EQ(errors.size(), 1u) << v;
+    EXPECT_NE(errors[0].find("OFFLOAD_POOL_REFINE"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("0, 1, true or false"), std::string::npos) << errors[0];
+  }
+}
+
 TEST(Persistent, OffloadPersistentMinTakesASizeOrOff) {
   {
     Env env;

@@ -210,6 +210,23 @@ class Rig {
   Tracker& tracker() { return tr_; }
   PersistentPool* persistent() { return persistent_.get(); }
   uint64_t installs() const { return installs_; }
+  // The step the installed plan was made from (empty before any).
+  const StepTrace& planned_from() const { return planned_from_; }
+  // As the runtime puts a plan made again in at a step's mark: the GPU caught up (every arena is
+  // empty), `p` installed over the running plan, with host memory of its own, from the next step.
+  bool install_at_mark(Plan p, std::string* why) {
+    sim_.run_all();
+    ex_.poll();
+    resolve_weights(p, planned_from_);
+    host_next_.assign(p.host_bytes() + o_.host_phase, 0);
+    const uint64_t anchor = plan_anchor(planned_from_.first_launch, p.step_launches, tr_.launches());
+    HostMemory hm{host_next_.data() + o_.host_phase, host_next_.data(), o_.host_chunk};
+    if (!ex_.install(std::move(p), anchor, hm, why)) return false;
+    host_.swap(host_next_);  // the old plan's host memory goes once nothing can copy from it
+    anchor_ = anchor;
+    ++installs_;
+    return true;
+  }
   // Installed and not abandoned, and its first step has begun or begins at launch `n`.
   bool plan_runs_at(uint64_t n) { return ex_.installed() && !ex_.deviated() && anchor_ <= n; }
 
@@ -238,6 +255,7 @@ class Rig {
       last_tokens_ = std::move(tokens);
       if (!o_.offload || !repeats || (ex_.installed() && !ex_.deviated()) || !ex_.idle()) continue;
       Plan p = planner_(t, *this);
+      planned_from_ = t;
       resolve_weights(p, t);  // the weights' addresses and ids, from this process's trace
       if (p.empty()) continue;
       // The executor is idle: nothing of the previous host memory is being copied.
@@ -257,7 +275,8 @@ class Rig {
   EventLog log_;
   Tracker tr_;
   StepAssembler as_;
-  std::vector<unsigned char> host_;
+  std::vector<unsigned char> host_, host_next_;
+  StepTrace planned_from_;
   // Before the executor, which gives lent weights back to it when it goes.
   std::unique_ptr<PersistentPool> persistent_;
   Executor ex_;

@@ -30,6 +30,7 @@ struct Config {
   uint64_t budget = 0;
   uint64_t host_chunk = 0, host_phase = 0;  // pinned-chunk layout of the host memory
   uint32_t retire_at = UINT32_MAX;  // the plan is retired (a revision) before this step
+  uint32_t swap_at = UINT32_MAX;    // a plan of other arenas goes in at this step's mark
   Executor::Options exec{};
 };
 
@@ -41,6 +42,10 @@ struct Outcome {
   // executor still holds, and the bytes of them, and the plans installed until then.
   ExecutorStats at_retired_step_end;
   uint64_t installs_at_retire = 0, installs_at_retired_step_end = 0;
+  // Before the plan put in at a mark, and whether it went in.
+  ExecutorStats before_swap;
+  bool swapped = false;
+  std::string swap_why;
 };
 
 rig::Options rig_options(const Config& c) {
@@ -94,6 +99,17 @@ class TrainLoop {
         r_.executor().retire("a revision");
       }
       step(s, w, losses);
+      if (s == c_.swap_at && r_.executor().installed()) {
+        o.before_swap = r_.executor().stats();
+        PlanOptions po;
+        po.granularity = r_.sim().vmm_granularity();
+        po.budget = c_.budget;
+        po.segments = 2;  // other arenas, of another size: the executor's geometry changes
+        std::string why;
+        Plan p = build_plan(r_.planned_from(), po, &why);
+        EXPECT_FALSE(p.arenas.empty()) << why;
+        o.swapped = r_.install_at_mark(std::move(p), &o.swap_why);
+      }
       if (s == c_.retire_at) {
         r_.finish();
         o.at_retired_step_end = r_.executor().stats();
@@ -223,6 +239,34 @@ TEST(Executor, ARetiredPlanGivesItsHandlesBackAndTheNextPlanMakesItsOwn) {
   EXPECT_EQ(off.stats.deviations, 1u);
   EXPECT_GT(off.stats.handles_created, x.handles_created);
   EXPECT_GT(off.stats.steps_active, x.steps_active);
+  EXPECT_EQ(off.weights, plain.weights);
+  EXPECT_EQ(off.losses, plain.losses);
+}
+
+TEST(Executor, APlanPutInAtAStepsMarkTakesOverWithNoStepInDemandMode) {
+  // A plan made again for the allocator's measured factor goes in at a mark, where every arena is
+  // empty once the GPU has caught up: the running plan is not retired first, so no step runs in
+  // demand mode (whose pool would grow back to the step's whole peak).
+  Config c;
+  c.steps = 12;
+  c.swap_at = 5;
+  Outcome plain = run([&] { Config p = c; p.offload = false; return p; }());
+  Outcome off = run(c);
+  ASSERT_TRUE(off.swapped) << off.swap_why;
+  const ExecutorStats& b = off.before_swap;
+  EXPECT_EQ(b.installs, 1u);
+  EXPECT_GT(b.evictions, 0u);
+  ASSERT_TRUE(off.installed);
+  EXPECT_EQ(off.stats.installs, 2u);
+  EXPECT_EQ(off.stats.deviations, 0u) << "no demand mode";
+  EXPECT_NE(off.stats.plan, b.plan) << "the second plan has arenas of its own";
+  // Every step after the mark ran under the new plan, moving bytes, with nothing missed.
+  EXPECT_EQ(off.stats.steps_active - b.steps_active, c.steps - 1 - c.swap_at);
+  EXPECT_GT(off.stats.evictions, b.evictions);
+  EXPECT_GT(off.stats.reloads, b.reloads);
+  EXPECT_EQ(off.stats.misses, 0u);
+  // The first plan's handles went back when the geometry changed.
+  EXPECT_GE(off.stats.handles_released, b.handles_created);
   EXPECT_EQ(off.weights, plain.weights);
   EXPECT_EQ(off.losses, plain.losses);
 }

@@ -172,5 +172,118 @@ TEST(PoolTrim, ADriverThatCannotTrimIsNotAskedAgain) {
   EXPECT_EQ(p.asked.size(), 1u);
 }
 
+TEST(PoolTrim, OverOnceTheTriesOfTheInstallSeenAreSpent) {
+  PoolTrim t(1);
+  EXPECT_FALSE(t.over(1)) << "an install due() has not seen";
+  EXPECT_FALSE(t.due(1, 0, true));
+  EXPECT_FALSE(t.over(1)) << "its tries are still to come";
+  ASSERT_TRUE(t.due(1, 1, true));
+  FakePool p({{100 * MiB, true}, {300 * MiB, false}});
+  EXPECT_TRUE(p.attempt(t, 100 * MiB).done);
+  EXPECT_TRUE(t.over(1));
+  EXPECT_FALSE(t.over(2)) << "the next install starts again";
+}
+
+// PoolRefine on the reference workload's 75% plan as the H200 ran it (call 2 of the ninth
+// session): resident peak 15.92 GiB, planned at 1.15 with 0.76 GiB of handles (19.07 GiB
+// predicted), budget 19.17 GiB; under the plan the pool needed 17.15 GiB (1.077x).
+constexpr uint64_t GiB = 1ull << 30;
+constexpr uint64_t kResident = 15920 * MiB, kHandles = 774 * MiB, kBudget = 19630 * MiB;
+
+PoolRefine::Mark mark(uint64_t installs, uint64_t reserved, bool trim_done = true, double planned = 1.15,
+                      uint64_t predicted = 0) {
+  PoolRefine::Mark m;
+  m.installs = installs;
+  m.running = true;
+  m.trim_done = trim_done;
+  m.reserved = reserved;
+  m.resident = kResident;
+  m.planned = planned;
+  m.predicted_peak = predicted ? predicted : static_cast<uint64_t>(static_cast<double>(kResident) * planned) + kHandles;
+  m.budget = kBudget;
+  return m;
+}
+uint64_t times(double f) { return static_cast<uint64_t>(static_cast<double>(kResident) * f); }
+
+TEST(PoolRefine, NothingWhileTheTrimsRunThenOneProbeThenTheFactorTheStepNeeded) {
+  PoolRefine r;
+  // The pool still holds the observed steps' peak: the trims are not over.
+  EXPECT_EQ(r.at_mark(mark(1, 25 * GiB, false)), PoolRefine::Action::None);
+  r.after_mark(times(1.155));  // trimmed to the budget less the handles
+  // Trimmed to what the budget allows: the pool did not grow, so this tells nothing; probe.
+  EXPECT_EQ(r.at_mark(mark(1, times(1.155))), PoolRefine::Action::Probe);
+  EXPECT_EQ(r.last_measured(), 0.0);
+  r.after_mark(5 * GiB);  // emptied of what is unused: the weights and optimizer state stay
+  // The next step reserved what it needed: 1.077x, so 1.077 * 1.02 = 1.099 is planned next.
+  ASSERT_EQ(r.at_mark(mark(1, times(1.077))), PoolRefine::Action::Replan);
+  EXPECT_NEAR(r.factor(), 1.077 * 1.02, 1e-3);
+  EXPECT_NEAR(r.last_measured(), 1.077, 1e-3);
+  EXPECT_EQ(r.lowered(), 1u);
+  // Once: the plan made for it does not probe again.
+  r.after_mark(times(1.077));
+  EXPECT_EQ(r.at_mark(mark(2, times(1.077), true, 1.099)), PoolRefine::Action::None);
+  r.after_mark(times(1.077));
+  EXPECT_EQ(r.at_mark(mark(2, times(1.077), true, 1.099)), PoolRefine::Action::None);
+}
+
+TEST(PoolRefine, AFactorCloseToThePlannedOneKeepsThePlan) {
+  PoolRefine r;
+  r.after_mark(times(1.155));
+  ASSERT_EQ(r.at_mark(mark(1, times(1.155))), PoolRefine::Action::Probe);
+  r.after_mark(5 * GiB);
+  // 1.119 (the 50% plan's pool) * 1.02 + 0.01 = 1.151 > 1.15: nothing to gain.
+  EXPECT_EQ(r.at_mark(mark(1, times(1.119))), PoolRefine::Action::None);
+  EXPECT_EQ(r.lowered(), 0u);
+  r.after_mark(times(1.119));
+  EXPECT_EQ(r.at_mark(mark(1, times(1.119))), PoolRefine::Action::None) << "probed once per install";
+}
+
+TEST(PoolRefine, APoolThatGrowsPastWhatThePlanAllowsPlansAgainUpwards) {
+  PoolRefine r;
+  // Planned at 1.099 with a predicted peak of 19.14 GiB (the plan offloadctl makes for the
+  // reference's observed step at that factor); the pool grew to 1.13x: 0.48 GiB more than
+  // planned takes the peak past the 19.17 GiB budget.
+  constexpr uint64_t kPeak = 19600 * MiB;
+  r.after_mark(times(1.099));
+  ASSERT_EQ(r.at_mark(mark(2, times(1.13), true, 1.099, kPeak)), PoolRefine::Action::Replan);
+  EXPECT_NEAR(r.factor(), 1.13 * 1.02, 1e-3);
+  EXPECT_EQ(r.raised(), 1u);
+  // Grown past the plan's factor, but by less than the budget's room: kept.
+  PoolRefine q;
+  q.after_mark(times(1.099));
+  EXPECT_EQ(q.at_mark(mark(2, times(1.13), true, 1.099)), PoolRefine::Action::Probe);
+  EXPECT_EQ(q.raised(), 0u);
+  // Not grown (a trim left it there): not evidence of need, whatever the factor says.
+  PoolRefine u;
+  u.after_mark(times(1.20));
+  EXPECT_NE(u.at_mark(mark(2, times(1.20), true, 1.099, kPeak)), PoolRefine::Action::Replan);
+  EXPECT_EQ(u.raised(), 0u);
+}
+
+TEST(PoolRefine, UpwardRevisionsAreBounded) {
+  PoolRefine r;
+  for (int i = 0; i < 2; ++i) {
+    r.after_mark(times(1.0));
+    ASSERT_EQ(r.at_mark(mark(2 + static_cast<uint64_t>(i), times(1.3), true, 1.099, 19600 * MiB)),
+              PoolRefine::Action::Replan)
+        << i;
+  }
+  r.after_mark(times(1.0));
+  EXPECT_NE(r.at_mark(mark(4, times(1.3), true, 1.099, 19600 * MiB)), PoolRefine::Action::Replan);
+  EXPECT_EQ(r.raised(), 2u);
+}
+
+TEST(PoolRefine, NothingWithoutAPlanOfArenasRunning) {
+  PoolRefine r;
+  PoolRefine::Mark m = mark(1, times(1.0));
+  m.running = false;
+  r.after_mark(5 * GiB);
+  EXPECT_EQ(r.at_mark(m), PoolRefine::Action::None);
+  m = mark(1, times(1.0));
+  m.resident = 0;
+  r.after_mark(5 * GiB);
+  EXPECT_EQ(r.at_mark(m), PoolRefine::Action::None);
+}
+
 }  // namespace
 }  // namespace offload
