@@ -416,7 +416,15 @@ void Runtime::mark_step() {
     synced = true;
     if (!driver_.synchronize()) log().debug("step's mark: could not wait for the GPU; going on with what it has seen");
   };
-  if (swap_at_mark(sync)) return;  // a new install: its trims and measures start from its own steps
+  if (swap_at_mark(sync)) {
+    // The new plan's steps reserve what they need from a pool emptied of what is unused: what
+    // the pool kept for the old plan's layout would otherwise stay beside it (on the H200 the
+    // reference's pool then grew to 1.064x and 1.108x of the new plans' live bytes, where a
+    // step after an emptied pool needed 1.011x).
+    if (!driver_.pool_trim(0)) log().debug("pool refine: the pool could not be emptied of what is unused");
+    refine_.after_mark(driver_.pool_reserved_current());
+    return;  // a new install: its trims and measures start from its own steps
+  }
   const Executor::TrimView v = executor_.trim_view();
   const bool trim_due = trim_.due(v.installs, v.steps_active, true);
   refine_at_mark(v, trim_due, sync);
@@ -489,8 +497,13 @@ void Runtime::refine_plan(double factor) {
                "a plan for {:.3f}x is not put in: {}",
                seen, pool_overhead_, factor, why);
   };
+  // A reload that finds every handle held takes one more (Executor::acquire_handle: an arena
+  // whose copy out the host abandoned keeps its handle; the planner's GPU-time model does not see
+  // that). At the 1.15 floor the pool's own slack covered it; planned from the measured factor,
+  // the plan keeps room for one more handle of the running plan's size.
   PlannerOptions po = plan_opts_;
   po.pool_overhead = factor;
+  po.budget = po.budget > planned_.handle_bytes ? po.budget - planned_.handle_bytes : 0;
   PlannerResult r = plan_step(plan_trace_, po);
   if (r.plan.empty()) return keep(r.why);
   if (!r.plan.meets_budget) return keep("no plan meets the budget at that factor");

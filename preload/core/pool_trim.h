@@ -103,14 +103,16 @@ class PoolTrim {
 // emptied of what is unused at one mark (probe), and the next step reserves what it needs. At
 // the next mark the factor is that over the plan's resident peak. When it is lower than planned
 // by at least `min_gain` with `margin` added, the plan is made again for it (at most `max_down`
-// times). And at every mark where the pool grew: a pool holding more than planned, by so much
-// that the plan's peak grown by the difference passes the budget, plans again for the measured
-// factor with `margin` added (at most `max_up` times). The runtime puts the new plan in at a
-// step's mark, where every arena is empty: no step runs in demand mode for it.
+// times), with room for one more handle than it has (Runtime::refine_plan). At every mark where
+// the pool grew, a pool holding more than planned, by so much that the plan's peak grown by the
+// difference passes the budget, plans again for the measured factor with `margin` added (at most
+// `max_up` times). The runtime puts the new plan in at a step's mark, where every arena is empty,
+// so no step runs in demand mode for it, and empties the pool of what is unused there, so that
+// the new plan's steps reserve for their own layout.
 class PoolRefine {
  public:
   struct Options {
-    double margin = 0.02;     // added to a measured factor
+    double margin = 0.03;     // added to a measured factor
     double min_gain = 0.01;   // a lower factor worth a new plan
     uint32_t max_down = 1, max_up = 2;
   };

@@ -214,9 +214,9 @@ TEST(PoolRefine, NothingWhileTheTrimsRunThenOneProbeThenTheFactorTheStepNeeded) 
   EXPECT_EQ(r.at_mark(mark(1, times(1.155))), PoolRefine::Action::Probe);
   EXPECT_EQ(r.last_measured(), 0.0);
   r.after_mark(5 * GiB);  // emptied of what is unused: the weights and optimizer state stay
-  // The next step reserved what it needed: 1.077x, so 1.077 * 1.02 = 1.099 is planned next.
+  // The next step reserved what it needed: 1.077x, so 1.077 * 1.03 = 1.109 is planned next.
   ASSERT_EQ(r.at_mark(mark(1, times(1.077))), PoolRefine::Action::Replan);
-  EXPECT_NEAR(r.factor(), 1.077 * 1.02, 1e-3);
+  EXPECT_NEAR(r.factor(), 1.077 * 1.03, 1e-3);
   EXPECT_NEAR(r.last_measured(), 1.077, 1e-3);
   EXPECT_EQ(r.lowered(), 1u);
   // Once: the plan made for it does not probe again.
@@ -231,7 +231,7 @@ TEST(PoolRefine, AFactorCloseToThePlannedOneKeepsThePlan) {
   r.after_mark(times(1.155));
   ASSERT_EQ(r.at_mark(mark(1, times(1.155))), PoolRefine::Action::Probe);
   r.after_mark(5 * GiB);
-  // 1.119 (the 50% plan's pool) * 1.02 + 0.01 = 1.151 > 1.15: nothing to gain.
+  // 1.119 (the 50% plan's pool) * 1.03 + 0.01 = 1.163 > 1.15: nothing to gain.
   EXPECT_EQ(r.at_mark(mark(1, times(1.119))), PoolRefine::Action::None);
   EXPECT_EQ(r.lowered(), 0u);
   r.after_mark(times(1.119));
@@ -246,7 +246,7 @@ TEST(PoolRefine, APoolThatGrowsPastWhatThePlanAllowsPlansAgainUpwards) {
   constexpr uint64_t kPeak = 19600 * MiB;
   r.after_mark(times(1.099));
   ASSERT_EQ(r.at_mark(mark(2, times(1.13), true, 1.099, kPeak)), PoolRefine::Action::Replan);
-  EXPECT_NEAR(r.factor(), 1.13 * 1.02, 1e-3);
+  EXPECT_NEAR(r.factor(), 1.13 * 1.03, 1e-3);
   EXPECT_EQ(r.raised(), 1u);
   // Grown past the plan's factor, but by less than the budget's room: kept.
   PoolRefine q;
