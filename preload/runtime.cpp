@@ -348,6 +348,7 @@ void Runtime::plan_from(const StepTrace& t) {
     host_ = ext;
     plan_trace_ = t;
     plan_opts_ = po;
+    base_factor_ = po.pool_overhead;
     plan_refinable_ = timed && settings_.pool_refine && !settings_.block_cache && planned_.weights.empty() &&
                       !planned_.arenas.empty();
     refinable_.store(plan_refinable_);
@@ -504,6 +505,13 @@ void Runtime::refine_plan(double factor) {
   PlannerOptions po = plan_opts_;
   po.pool_overhead = factor;
   po.budget = po.budget > planned_.handle_bytes ? po.budget - planned_.handle_bytes : 0;
+  // A pool that needs as much as the first plan counted gets that plan back: it was made with
+  // the whole budget.
+  const bool back = !lower && factor >= base_factor_ - 0.005;
+  if (back) {
+    po = plan_opts_;
+    po.pool_overhead = factor = base_factor_;
+  }
   PlannerResult r = plan_step(plan_trace_, po);
   if (r.plan.empty()) return keep(r.why);
   if (!r.plan.meets_budget) return keep("no plan meets the budget at that factor");

@@ -185,6 +185,7 @@ class Runtime {
   std::atomic<uint32_t> refined_{0};     // plans put in at a mark for a measured factor (stats)
   StepTrace plan_trace_;                 // the step the installed plan was made from (worker)
   PlannerOptions plan_opts_;             // and the planner's options for it (worker)
+  double base_factor_ = 0;               // the allocator's factor that plan was made with (worker)
   bool plan_refinable_ = false;          // timed, of arenas alone, no block cache (worker)
   std::atomic<bool> refinable_{false};   // plan_refinable_, for the marks
   struct Swap {

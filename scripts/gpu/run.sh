@@ -31,8 +31,10 @@
 #                                   budget; the link measured; planner_report.py -> planner.md
 #   scripts/gpu/run.sh planner_diag  the reference at 75% and 50%, traced with transfers: link_use.py
 #                                   splits each step into head, copies out, turn, reloads, tail
-#   scripts/gpu/run.sh refine       PoolRefine on the reference (90/75/50%, 75% without it) and, with
-#                                   --keep-pool, the reference at 50% and llama at 75% (< 7 min)
+#   scripts/gpu/run.sh refine       PoolRefine on the reference (90/75/50%, 75% without it; with
+#                                   REFINE_BASELINES=1 also ckpt, save_on_cpu and the hidden budget,
+#                                   the planner table) and, with --keep-pool, the reference at 50% and
+#                                   llama at 75% (\$REFINE_KEEP_WORKLOADS) (< 8 min)
 #   scripts/gpu/run.sh sanitize_small  memcheck on a small offloaded run (diagnosis, < 3 min)
 #   scripts/gpu/run.sh sanitize     compute-sanitizer memcheck, then synccheck, on an offloaded
 #                                   reference run (budget 50% of plain's footprint; < 10 min)
@@ -515,10 +517,17 @@ case $plan in
         check_pair reference_plain reference_norefine_75; show reference_norefine_75
       fi
     done
+    budget=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["shim"]["executor"]["planner"]["hidden_peak"])' \
+             "$work/reference_offload_90.json" 2>/dev/null)
+    if [ "${REFINE_BASELINES:-0}" = 1 ] && [ -n "$budget" ] && [ "$budget" -gt 0 ] 2>/dev/null; then
+      log "budget: the planner's largest hidden offload, footprint $budget"
+      run reference_offload_hidden o "${d[@]}"
+      check_pair reference_plain reference_offload_hidden; show reference_offload_hidden
+    fi
     python3 "$root/scripts/bench/planner_report.py" "$work" > "$work/planner.md" 2>&1
-    grep -E "^\| offload|^- (PASS|FAIL).*(bound|predicted)" "$work/planner.md"
+    grep -E "^\| |^- (PASS|FAIL)" "$work/planner.md"
     k=(--deterministic --steps 20 --warmup 20 --mark-steps --keep-pool)
-    for w in reference llama; do
+    for w in ${REFINE_KEEP_WORKLOADS-reference llama}; do
       run ${w}_keep_plain 0 --workload $w "${k[@]}"
       budget_of ${w}_keep_plain "$(executor_fraction $w)" || continue
       run ${w}_keep_offload o --workload $w "${k[@]}"

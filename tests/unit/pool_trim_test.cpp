@@ -205,7 +205,7 @@ PoolRefine::Mark mark(uint64_t installs, uint64_t reserved, bool trim_done = tru
 }
 uint64_t times(double f) { return static_cast<uint64_t>(static_cast<double>(kResident) * f); }
 
-TEST(PoolRefine, NothingWhileTheTrimsRunThenOneProbeThenTheFactorTheStepNeeded) {
+TEST(PoolRefine, NothingWhileTheTrimsRunThenOneProbeThenTheMostTheNextStepsNeeded) {
   PoolRefine r;
   // The pool still holds the observed steps' peak: the trims are not over.
   EXPECT_EQ(r.at_mark(mark(1, 25 * GiB, false)), PoolRefine::Action::None);
@@ -214,28 +214,37 @@ TEST(PoolRefine, NothingWhileTheTrimsRunThenOneProbeThenTheFactorTheStepNeeded) 
   EXPECT_EQ(r.at_mark(mark(1, times(1.155))), PoolRefine::Action::Probe);
   EXPECT_EQ(r.last_measured(), 0.0);
   r.after_mark(5 * GiB);  // emptied of what is unused: the weights and optimizer state stay
-  // The next step reserved what it needed: 1.077x, so 1.077 * 1.03 = 1.109 is planned next.
-  ASSERT_EQ(r.at_mark(mark(1, times(1.077))), PoolRefine::Action::Replan);
-  EXPECT_NEAR(r.factor(), 1.077 * 1.03, 1e-3);
-  EXPECT_NEAR(r.last_measured(), 1.077, 1e-3);
+  // The next steps reserve what they need: 1.011x (the H200's first step after the probe at
+  // 75%), then 1.02x; the third does not grow. The most, 1.02x, with 10% added: 1.122.
+  EXPECT_EQ(r.at_mark(mark(1, times(1.011))), PoolRefine::Action::None);
+  EXPECT_NEAR(r.last_measured(), 1.011, 1e-3);
+  r.after_mark(times(1.011));
+  EXPECT_EQ(r.at_mark(mark(1, times(1.02))), PoolRefine::Action::None);
+  r.after_mark(times(1.02));
+  ASSERT_EQ(r.at_mark(mark(1, times(1.02))), PoolRefine::Action::Replan);
+  EXPECT_NEAR(r.factor(), 1.02 * 1.10, 1e-3);
   EXPECT_EQ(r.lowered(), 1u);
   // Once: the plan made for it does not probe again.
-  r.after_mark(times(1.077));
-  EXPECT_EQ(r.at_mark(mark(2, times(1.077), true, 1.099)), PoolRefine::Action::None);
-  r.after_mark(times(1.077));
-  EXPECT_EQ(r.at_mark(mark(2, times(1.077), true, 1.099)), PoolRefine::Action::None);
+  r.after_mark(times(1.02));
+  EXPECT_EQ(r.at_mark(mark(2, times(1.02), true, 1.122)), PoolRefine::Action::None);
+  r.after_mark(times(1.02));
+  EXPECT_EQ(r.at_mark(mark(2, times(1.02), true, 1.122)), PoolRefine::Action::None);
 }
 
-TEST(PoolRefine, AFactorCloseToThePlannedOneKeepsThePlan) {
+TEST(PoolRefine, APoolThatKeepsGrowingAfterTheProbeKeepsThePlan) {
   PoolRefine r;
   r.after_mark(times(1.155));
   ASSERT_EQ(r.at_mark(mark(1, times(1.155))), PoolRefine::Action::Probe);
   r.after_mark(5 * GiB);
-  // 1.119 (the 50% plan's pool) * 1.03 + 0.01 = 1.163 > 1.15: nothing to gain.
-  EXPECT_EQ(r.at_mark(mark(1, times(1.119))), PoolRefine::Action::None);
+  // 1.011x, then 1.067x (75%'s steady state): 1.067 * 1.10 + 0.01 > 1.15, nothing to gain.
+  EXPECT_EQ(r.at_mark(mark(1, times(1.011))), PoolRefine::Action::None);
+  r.after_mark(times(1.011));
+  EXPECT_EQ(r.at_mark(mark(1, times(1.067))), PoolRefine::Action::None);
+  r.after_mark(times(1.067));
+  EXPECT_EQ(r.at_mark(mark(1, times(1.067))), PoolRefine::Action::None);
   EXPECT_EQ(r.lowered(), 0u);
-  r.after_mark(times(1.119));
-  EXPECT_EQ(r.at_mark(mark(1, times(1.119))), PoolRefine::Action::None) << "probed once per install";
+  r.after_mark(times(1.067));
+  EXPECT_EQ(r.at_mark(mark(1, times(1.067))), PoolRefine::Action::None) << "probed once per install";
 }
 
 TEST(PoolRefine, APoolThatGrowsPastWhatThePlanAllowsPlansAgainUpwards) {
@@ -246,7 +255,7 @@ TEST(PoolRefine, APoolThatGrowsPastWhatThePlanAllowsPlansAgainUpwards) {
   constexpr uint64_t kPeak = 19600 * MiB;
   r.after_mark(times(1.099));
   ASSERT_EQ(r.at_mark(mark(2, times(1.13), true, 1.099, kPeak)), PoolRefine::Action::Replan);
-  EXPECT_NEAR(r.factor(), 1.13 * 1.03, 1e-3);
+  EXPECT_NEAR(r.factor(), 1.13 * 1.03, 1e-3);  // up_margin
   EXPECT_EQ(r.raised(), 1u);
   // Grown past the plan's factor, but by less than the budget's room: kept.
   PoolRefine q;
