@@ -508,11 +508,15 @@ case $plan in
       grep -E "allocator holds|put in at the step|not put in|plan revised" "$work/$1.log" | head -n 6
     }
     run reference_plain 0 "${d[@]}"
-    for pct in 75 90 50; do
+    if [ "${REFINE_BASELINES:-0}" = 1 ]; then  # the planner table's other rows
+      run reference_ckpt 0 --workload reference --mode ckpt "${d[@]}"
+      run reference_save_on_cpu 0 --workload reference --mode save_on_cpu --deterministic --steps 5 --warmup 2
+    fi
+    for pct in ${REFINE_PCTS:-75 90 50}; do
       budget_of reference_plain 0.$pct || continue
       run reference_offload_$pct o "${d[@]}"
       check_pair reference_plain reference_offload_$pct; show reference_offload_$pct
-      if [ $pct = 75 ]; then
+      if [ $pct = 75 ] && [ "${REFINE_NOREFINE:-1}" = 1 ]; then
         OFFLOAD_POOL_REFINE=0 run reference_norefine_75 o "${d[@]}"
         check_pair reference_plain reference_norefine_75; show reference_norefine_75
       fi

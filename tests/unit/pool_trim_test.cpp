@@ -215,36 +215,37 @@ TEST(PoolRefine, NothingWhileTheTrimsRunThenOneProbeThenTheMostTheNextStepsNeede
   EXPECT_EQ(r.last_measured(), 0.0);
   r.after_mark(5 * GiB);  // emptied of what is unused: the weights and optimizer state stay
   // The next steps reserve what they need: 1.011x (the H200's first step after the probe at
-  // 75%), then 1.02x; the third does not grow. The most, 1.02x, with 10% added: 1.122.
+  // 75%), then 1.07x (its steady state); the third does not grow. The most, 1.07x, with 3%
+  // added: 1.102.
   EXPECT_EQ(r.at_mark(mark(1, times(1.011))), PoolRefine::Action::None);
   EXPECT_NEAR(r.last_measured(), 1.011, 1e-3);
   r.after_mark(times(1.011));
-  EXPECT_EQ(r.at_mark(mark(1, times(1.02))), PoolRefine::Action::None);
-  r.after_mark(times(1.02));
-  ASSERT_EQ(r.at_mark(mark(1, times(1.02))), PoolRefine::Action::Replan);
-  EXPECT_NEAR(r.factor(), 1.02 * 1.10, 1e-3);
+  EXPECT_EQ(r.at_mark(mark(1, times(1.07))), PoolRefine::Action::None);
+  r.after_mark(times(1.07));
+  ASSERT_EQ(r.at_mark(mark(1, times(1.07))), PoolRefine::Action::Replan);
+  EXPECT_NEAR(r.factor(), 1.07 * 1.03, 1e-3);
   EXPECT_EQ(r.lowered(), 1u);
   // Once: the plan made for it does not probe again.
-  r.after_mark(times(1.02));
-  EXPECT_EQ(r.at_mark(mark(2, times(1.02), true, 1.122)), PoolRefine::Action::None);
-  r.after_mark(times(1.02));
-  EXPECT_EQ(r.at_mark(mark(2, times(1.02), true, 1.122)), PoolRefine::Action::None);
+  r.after_mark(times(1.07));
+  EXPECT_EQ(r.at_mark(mark(2, times(1.07), true, 1.102)), PoolRefine::Action::None);
+  r.after_mark(times(1.07));
+  EXPECT_EQ(r.at_mark(mark(2, times(1.07), true, 1.102)), PoolRefine::Action::None);
 }
 
-TEST(PoolRefine, APoolThatKeepsGrowingAfterTheProbeKeepsThePlan) {
+TEST(PoolRefine, APoolThatNeedsCloseToThePlannedFactorKeepsThePlan) {
   PoolRefine r;
   r.after_mark(times(1.155));
   ASSERT_EQ(r.at_mark(mark(1, times(1.155))), PoolRefine::Action::Probe);
   r.after_mark(5 * GiB);
-  // 1.011x, then 1.067x (75%'s steady state): 1.067 * 1.10 + 0.01 > 1.15, nothing to gain.
-  EXPECT_EQ(r.at_mark(mark(1, times(1.011))), PoolRefine::Action::None);
-  r.after_mark(times(1.011));
-  EXPECT_EQ(r.at_mark(mark(1, times(1.067))), PoolRefine::Action::None);
-  r.after_mark(times(1.067));
-  EXPECT_EQ(r.at_mark(mark(1, times(1.067))), PoolRefine::Action::None);
+  // 1.017x, then 1.113x (the 50% plan's steady state): 1.113 * 1.03 + 0.01 > 1.15.
+  EXPECT_EQ(r.at_mark(mark(1, times(1.017))), PoolRefine::Action::None);
+  r.after_mark(times(1.017));
+  EXPECT_EQ(r.at_mark(mark(1, times(1.113))), PoolRefine::Action::None);
+  r.after_mark(times(1.113));
+  EXPECT_EQ(r.at_mark(mark(1, times(1.113))), PoolRefine::Action::None);
   EXPECT_EQ(r.lowered(), 0u);
-  r.after_mark(times(1.067));
-  EXPECT_EQ(r.at_mark(mark(1, times(1.067))), PoolRefine::Action::None) << "probed once per install";
+  r.after_mark(times(1.113));
+  EXPECT_EQ(r.at_mark(mark(1, times(1.113))), PoolRefine::Action::None) << "probed once per install";
 }
 
 TEST(PoolRefine, APoolThatGrowsPastWhatThePlanAllowsPlansAgainUpwards) {
