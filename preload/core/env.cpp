@@ -121,8 +121,8 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
   }
   if (const char* v = get("OFFLOAD_POOL_REFINE"); v && *v) {
     std::string s = v;
-    if (s == "0" || s == "false") st.pool_refine = false;
-    else if (s != "1" && s != "true") bad("OFFLOAD_POOL_REFINE", v, "0, 1, true or false");
+    if (s == "1" || s == "true") st.pool_refine = true;
+    else if (s != "0" && s != "false") bad("OFFLOAD_POOL_REFINE", v, "0, 1, true or false");
   }
   return st;
 }

@@ -501,6 +501,7 @@ case $plan in
     # the first); then, as a training script leaves the pool (--keep-pool), the reference at 50%
     # and llama at 75%. planner_report.py on the first group.
     restart_daemon
+    export OFFLOAD_POOL_REFINE=1  # off by default; the offload runs here turn it on
     python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log"; cat "$work/link.json"
     d=(--workload reference --deterministic --steps 20 --warmup ${REFINE_WARMUP:-14} --mark-steps)
     show() {
@@ -537,6 +538,7 @@ case $plan in
       run ${w}_keep_offload o --workload $w "${k[@]}"
       check_pair ${w}_keep_plain ${w}_keep_offload; show ${w}_keep_offload
     done
+    unset OFFLOAD_POOL_REFINE
     "$ctl" stop > /dev/null 2>&1
     ;;
   sanitize_small)
