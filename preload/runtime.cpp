@@ -349,6 +349,7 @@ void Runtime::plan_from(const StepTrace& t) {
     plan_trace_ = t;
     plan_opts_ = po;
     base_factor_ = po.pool_overhead;
+    refine_factor_.store(0);  // asked for under the plan before this one
     plan_refinable_ = timed && settings_.pool_refine && !settings_.block_cache && planned_.weights.empty() &&
                       !planned_.arenas.empty();
     refinable_.store(plan_refinable_);

@@ -58,6 +58,23 @@ def union(iv):
     return busy, gaps
 
 
+def direction(copies, name):
+    """One direction's copies (start, end, bytes): its extent, busy time (ns) and figures."""
+    first, last = min(a for a, _, _ in copies), max(b for _, b, _ in copies)
+    busy, gaps = union([(a, b) for a, b, _ in copies])
+    n = sum(c for _, _, c in copies)
+    ms = 1e-6
+    return first, last, {
+        f"{name}_span": (last - first) * ms,
+        f"{name}_busy": busy * ms,
+        f"{name}_idle": (last - first - busy) * ms,
+        f"{name}_idle_max": max((b - a for a, b in gaps), default=0) * ms,
+        f"{name}_gib": n / 2**30,
+        f"{name}_rate": n / busy if busy else 0.0,
+        f"{name}_copies": len(copies),
+    }
+
+
 def step_figures(launches, transfers):
     if not launches:
         return None
@@ -67,10 +84,8 @@ def step_figures(launches, transfers):
     back = [(a, b, n) for a, b, n, k in transfers if k == "h2d"]
     if not out or not back:
         return None
-    o0, o1 = min(a for a, _, _ in out), max(b for _, b, _ in out)
-    i0, i1 = min(a for a, _, _ in back), max(b for _, b, _ in back)
-    o_busy, o_gaps = union([(a, b) for a, b, _ in out])
-    i_busy, i_gaps = union([(a, b) for a, b, _ in back])
+    o0, o1, fig_out = direction(out, "out")
+    i0, i1, fig_in = direction(back, "in")
     both, _ = union([(max(a, c), min(b, d)) for a, b, _ in out for c, d, _ in back if max(a, c) < min(b, d)])
     k_busy, _ = union(launches)
     ms = 1e-6
@@ -78,23 +93,11 @@ def step_figures(launches, transfers):
         "step": (t_end - t0) * ms,
         "kernel_busy": k_busy * ms,
         "head": (o0 - t0) * ms,
-        "out_span": (o1 - o0) * ms,
-        "out_busy": o_busy * ms,
-        "out_idle": (o1 - o0 - o_busy) * ms,
-        "out_gib": sum(n for _, _, n in out) / 2**30,
-        "out_rate": sum(n for _, _, n in out) / o_busy if o_busy else 0.0,
-        "out_copies": len(out),
+        **fig_out,
         "turn": (i0 - o1) * ms,
-        "in_span": (i1 - i0) * ms,
-        "in_busy": i_busy * ms,
-        "in_idle": (i1 - i0 - i_busy) * ms,
-        "in_gib": sum(n for _, _, n in back) / 2**30,
-        "in_rate": sum(n for _, _, n in back) / i_busy if i_busy else 0.0,
-        "in_copies": len(back),
+        **fig_in,
         "both_busy": both * ms,
         "tail": (t_end - i1) * ms,
-        "out_idle_max": max((b - a for a, b in o_gaps), default=0) * ms,
-        "in_idle_max": max((b - a for a, b in i_gaps), default=0) * ms,
     }
 
 
