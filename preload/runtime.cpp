@@ -503,16 +503,11 @@ void Runtime::refine_plan(double factor) {
   // whose copy out the host abandoned keeps its handle; the planner's GPU-time model does not see
   // that). At the 1.15 floor the pool's own slack covered it; planned from the measured factor,
   // the plan keeps room for one more handle of the running plan's size.
+  bool whole = false;
+  factor = PoolRefine::plan_factor(factor, pool_overhead_, base_factor_, &whole);
   PlannerOptions po = plan_opts_;
   po.pool_overhead = factor;
-  po.budget = po.budget > planned_.handle_bytes ? po.budget - planned_.handle_bytes : 0;
-  // A pool that needs as much as the first plan counted gets that plan back: it was made with
-  // the whole budget.
-  const bool back = !lower && factor >= base_factor_ - 0.005;
-  if (back) {
-    po = plan_opts_;
-    po.pool_overhead = factor = base_factor_;
-  }
+  if (!whole) po.budget = po.budget > planned_.handle_bytes ? po.budget - planned_.handle_bytes : 0;
   PlannerResult r = plan_step(plan_trace_, po);
   if (r.plan.empty()) return keep(r.why);
   if (!r.plan.meets_budget) return keep("no plan meets the budget at that factor");

@@ -106,8 +106,8 @@ class PoolTrim {
 // `min_gain`, the plan is made again for it (at most `max_down` times), with room for one more
 // handle than it has (Runtime::refine_plan). At every mark where the pool grew, a pool holding
 // more than planned, by so much that the plan's peak grown by the difference passes the budget,
-// plans again for the measured factor with `up_margin` added (at most `max_up` times; the
-// runtime goes back to the first plan's factor when that is as high). The runtime puts the new plan in at a step's mark, where every arena is empty,
+// plans again for the measured factor with `up_margin` added (at most `max_up` times; back to
+// the first plan when that factor is within 0.005 of its own: plan_factor). The runtime puts the new plan in at a step's mark, where every arena is empty,
 // so no step runs in demand mode for it, and empties the pool of what is unused there, so that
 // the new plan's steps reserve for their own layout.
 class PoolRefine {
@@ -177,6 +177,17 @@ class PoolRefine {
     return Action::None;
   }
   void after_mark(uint64_t reserved) { after_ = reserved; }
+
+  // The factor to plan with when factor() is asked for, under a plan made for `current`, the
+  // first plan (whole budget) having been made for `base`. *whole: plan with the whole budget
+  // (the first plan again); otherwise keep room for one more handle. Lower than `current`: the
+  // asked factor. Higher: back to `base` when the asked one is within 0.005 of it and a lower
+  // one runs (the first plan was enough); else the asked one, above `base` too (the pool needs
+  // more than the first plan counted).
+  static double plan_factor(double asked, double current, double base, bool* whole) {
+    *whole = current < base - 0.005 && asked >= base - 0.005 && asked <= base + 0.005;
+    return *whole ? base : asked;
+  }
   double factor() const { return factor_; }
   double last_measured() const { return last_; }  // the factor seen at the last mark the pool grew; 0: none
   uint32_t lowered() const { return down_; }

@@ -295,5 +295,24 @@ TEST(PoolRefine, NothingWithoutAPlanOfArenasRunning) {
   EXPECT_EQ(r.at_mark(m), PoolRefine::Action::None);
 }
 
+TEST(PoolRefine, ThePlanFactorGoesBackToTheFirstPlanOnlyWhenThatWasEnough) {
+  bool whole = true;
+  // Lower than the running plan's: the factor asked, room for one more handle.
+  EXPECT_DOUBLE_EQ(PoolRefine::plan_factor(1.106, 1.15, 1.15, &whole), 1.106);
+  EXPECT_FALSE(whole);
+  // Under a plan made for 1.041, the pool needs 1.148: the first plan (1.15, whole budget).
+  EXPECT_DOUBLE_EQ(PoolRefine::plan_factor(1.148, 1.041, 1.15, &whole), 1.15);
+  EXPECT_TRUE(whole);
+  // Needs more than the first plan counted: the factor asked (llama at 75% on the H200: the pool
+  // at 1.194x under its first plan).
+  EXPECT_DOUBLE_EQ(PoolRefine::plan_factor(1.229, 1.15, 1.15, &whole), 1.229);
+  EXPECT_FALSE(whole);
+  EXPECT_DOUBLE_EQ(PoolRefine::plan_factor(1.229, 1.041, 1.15, &whole), 1.229);
+  EXPECT_FALSE(whole);
+  // Upwards but well below the first plan's: the factor asked.
+  EXPECT_DOUBLE_EQ(PoolRefine::plan_factor(1.099, 1.041, 1.15, &whole), 1.099);
+  EXPECT_FALSE(whole);
+}
+
 }  // namespace
 }  // namespace offload
