@@ -153,7 +153,7 @@ void Runtime::pump(bool no_wait) {
       log().debug("offloadd: rank not announced ({})", why);
   }
   // Pin the pool once, as soon as a launch has shown which context to pin it in.
-  HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
+  HostPool* pool = &host_pool();
   bool pool_ready = private_pool_ || link_.connected();
   if (pool_ready && !pool->pinned() && !pin_failed_ && tracker_.funcs().count() > 0) {
     if (pool->pin([&](void* p, uint64_t n) { return driver_.pin_host(p, n); })) {
@@ -222,7 +222,7 @@ void Runtime::plan_from(const StepTrace& t) {
   // What outlives a step is born by now (the steps repeat): the pool of the shim's own keeps
   // it, and what is born from here on comes from PyTorch's pool.
   if (persistent_) persistent_->close();
-  HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
+  HostPool* pool = &host_pool();
   if (!private_pool_ && !link_.connected()) return say("no host pool yet: keeping data resident");
   uint64_t total = driver_.device_total_bytes();
   PlanOptions o;
@@ -350,9 +350,8 @@ void Runtime::plan_from(const StepTrace& t) {
     plan_opts_ = po;
     base_factor_ = po.pool_overhead;
     refine_factor_.store(0);  // asked for under the plan before this one
-    plan_refinable_ = timed && settings_.pool_refine && !settings_.block_cache && planned_.weights.empty() &&
-                      !planned_.arenas.empty();
-    refinable_.store(plan_refinable_);
+    refinable_.store(timed && settings_.pool_refine && !settings_.block_cache && planned_.weights.empty() &&
+                     !planned_.arenas.empty());
     plan_note_.clear();
     log().info("plan: {}", desc);
     if (!meets) log().warn("OFFLOAD_DEVICE_BUDGET cannot be met by what the plan can move; the rest stays resident");
@@ -423,7 +422,7 @@ void Runtime::mark_step() {
     // the pool kept for the old plan's layout would otherwise stay beside it (on the H200 the
     // reference's pool then grew to 1.064x and 1.108x of the new plans' live bytes, where a
     // step after an emptied pool needed 1.011x).
-    if (!driver_.pool_trim(0)) log().debug("pool refine: the pool could not be emptied of what is unused");
+    empty_pool(sync);
     refine_.after_mark(driver_.pool_reserved_current());
     return;  // a new install: its trims and measures start from its own steps
   }
@@ -452,8 +451,7 @@ void Runtime::refine_at_mark(const Executor::TrimView& v, bool trim_due, const s
   switch (refine_.at_mark(m)) {
     case PoolRefine::Action::Probe:
       // What the pool holds unused goes back, once: the next step reserves what it needs.
-      sync();
-      if (!driver_.pool_trim(0)) log().debug("pool refine: the pool could not be emptied of what is unused");
+      empty_pool(sync);
       break;
     case PoolRefine::Action::Replan:
       refine_factor_.store(refine_.factor());
@@ -462,6 +460,15 @@ void Runtime::refine_at_mark(const Executor::TrimView& v, bool trim_due, const s
       break;
   }
   if (refine_.last_measured() > 0) refine_seen_.store(refine_.last_measured());
+}
+
+void Runtime::empty_pool(const std::function<void()>& sync) {
+  sync();
+  if (!driver_.pool_trim(0)) log().debug("pool refine: the pool could not be emptied of what is unused");
+}
+
+HostPool& Runtime::host_pool() {
+  return private_pool_ ? static_cast<HostPool&>(*private_pool_) : static_cast<HostPool&>(link_);
 }
 
 bool Runtime::swap_at_mark(const std::function<void()>& sync) {
@@ -487,7 +494,7 @@ bool Runtime::swap_at_mark(const std::function<void()>& sync) {
 }
 
 void Runtime::refine_plan(double factor) {
-  if (!plan_refinable_ || plan_trace_.launches.empty() || pool_overhead_ <= 0) return;
+  if (!refinable_.load() || plan_trace_.launches.empty() || pool_overhead_ <= 0) return;
   {
     std::lock_guard lock(swap_mu_);
     if (swap_) return;
@@ -514,7 +521,7 @@ void Runtime::refine_plan(double factor) {
   if (!r.plan.weights.empty()) return keep("that plan would stream weights");
   if (lower && r.prediction.step_ns >= predicted_.step_ns) return keep("that plan is predicted no faster");
   resolve_weights(r.plan, plan_trace_);
-  HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
+  HostPool* pool = &host_pool();
   std::string refused;
   std::optional<Extent> ext = pool->lease(r.plan.host_bytes(), &refused);
   if (!ext) return keep("the host pool refused " + std::to_string(r.plan.host_bytes() >> 20) + " MiB (" + refused + ")");
@@ -543,7 +550,7 @@ void Runtime::adopt_swap() {
     sw = std::move(swap_);
     swap_.reset();
   }
-  HostPool* pool = private_pool_ ? static_cast<HostPool*>(private_pool_.get()) : &link_;
+  HostPool* pool = &host_pool();
   if (!sw->installed) {
     pool->release(sw->host);
     if (sw->refused) log().info("the plan for the allocator at {:.3f}x was not put in: {}", sw->factor, sw->why);

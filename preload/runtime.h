@@ -147,6 +147,9 @@ class Runtime {
   bool swap_at_mark(const std::function<void()>& sync);
   void refine_plan(double factor);
   void adopt_swap();
+  // Gives the pool's unused memory back, once the GPU has caught up (sync): false if it cannot.
+  void empty_pool(const std::function<void()>& sync);
+  HostPool& host_pool();  // offloadd's, or this process's own without a daemon
   // GPUs of this node sharing the host link (offloadd counts them; asked at each plan).
   NodeShare node_share(uint64_t budget);
   std::string executor_json();
@@ -186,8 +189,7 @@ class Runtime {
   StepTrace plan_trace_;                 // the step the installed plan was made from (worker)
   PlannerOptions plan_opts_;             // and the planner's options for it (worker)
   double base_factor_ = 0;               // the allocator's factor that plan was made with (worker)
-  bool plan_refinable_ = false;          // timed, of arenas alone, no block cache (worker)
-  std::atomic<bool> refinable_{false};   // plan_refinable_, for the marks
+  std::atomic<bool> refinable_{false};   // the installed plan: timed, of arenas alone, no block cache
   struct Swap {
     Plan plan;
     Prediction prediction;

@@ -45,11 +45,15 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     if (*end || n < 1 || n > 100000) bad("OFFLOAD_TRACE_STEPS", v, "a step count from 1 to 100000");
     else st.trace_steps = static_cast<uint32_t>(n);
   }
-  if (const char* v = get("OFFLOAD_TRACE_LEAD"); v && *v) {
-    std::string s = v;
-    if (s == "1" || s == "true") st.trace_lead = true;
-    else if (s != "0" && s != "false") bad("OFFLOAD_TRACE_LEAD", v, "0, 1, true or false");
-  }
+  // A switch: 1 or true turns it on, 0 or false leaves it off; anything else is said.
+  auto flag = [&](const char* var, bool& on) {
+    const char* v = get(var);
+    if (!v || !*v) return;
+    const std::string s = v;
+    if (s == "1" || s == "true") on = true;
+    else if (s != "0" && s != "false") bad(var, v, "0, 1, true or false");
+  };
+  flag("OFFLOAD_TRACE_LEAD", st.trace_lead);
   if (const char* v = get("OFFLOAD_TELEMETRY"); v && *v) {
     std::string s = v;
     if (s == "cupti") st.telemetry = true;
@@ -119,11 +123,7 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     if (s == "builtin") st.builtin_plan = true;
     else if (s != "auto") bad("OFFLOAD_PLANNER", v, "auto or builtin");
   }
-  if (const char* v = get("OFFLOAD_POOL_REFINE"); v && *v) {
-    std::string s = v;
-    if (s == "1" || s == "true") st.pool_refine = true;
-    else if (s != "0" && s != "false") bad("OFFLOAD_POOL_REFINE", v, "0, 1, true or false");
-  }
+  flag("OFFLOAD_POOL_REFINE", st.pool_refine);
   return st;
 }
 
