@@ -268,6 +268,7 @@ void Runtime::plan_from(const StepTrace& t) {
   PlannerOptions po;
   po.granularity = o.granularity;
   po.pool_overhead = o.pool_overhead;
+  po.spare_handle = true;
   if (persistent_) po.persistent_min = persistent_->min_bytes();
   // Weights the application marked read-only cost the plan no copy out (ordinals ascending).
   if (po.persistent_min && executor_.any_read_only())
@@ -508,13 +509,17 @@ void Runtime::refine_plan(double factor) {
   };
   // A reload that finds every handle held takes one more (Executor::acquire_handle: an arena
   // whose copy out the host abandoned keeps its handle; the planner's GPU-time model does not see
-  // that). At the 1.15 floor the pool's own slack covered it; planned from the measured factor,
-  // the plan keeps room for one more handle of the running plan's size.
+  // that). Planned from the measured factor, the pool has no slack left for it: the plan keeps
+  // room for one more handle of the running plan's size (as measured on the H200, ninth and tenth
+  // sessions), where the first plan keeps room for one of its own (PlannerOptions::spare_handle).
   bool whole = false;
   factor = PoolRefine::plan_factor(factor, pool_overhead_, base_factor_, &whole);
   PlannerOptions po = plan_opts_;
   po.pool_overhead = factor;
-  if (!whole) po.budget = po.budget > planned_.handle_bytes ? po.budget - planned_.handle_bytes : 0;
+  if (!whole) {
+    po.budget = po.budget > planned_.handle_bytes ? po.budget - planned_.handle_bytes : 0;
+    po.spare_handle = false;
+  }
   PlannerResult r = plan_step(plan_trace_, po);
   if (r.plan.empty()) return keep(r.why);
   if (!r.plan.meets_budget) return keep("no plan meets the budget at that factor");

@@ -325,6 +325,7 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
   StepTrace t;
   if (!load_step_trace(path, &t)) return 1;
   PlannerOptions o;
+  o.spare_handle = true;  // as the shim plans
   if (segments) o.fallback_segments = segments;
   o.persistent_min = persistent_min;
   if (pool_overhead > 0) o.pool_overhead = pool_overhead;

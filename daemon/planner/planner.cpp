@@ -853,10 +853,26 @@ PlannerResult plan_activations(const StepTrace& t, const PlannerOptions& o) {
   return strict;
 }
 
+// PlannerOptions::spare_handle: the plan made again for the budget less one of its handles
+// when its footprint leaves no room for one more. When no plan meets that budget, the plan for
+// the whole budget stands.
+PlannerResult with_spare_handle(const StepTrace& t, const PlannerOptions& o, PlannerResult r) {
+  const Plan& p = r.plan;
+  if (!o.spare_handle || !o.budget || p.arenas.empty() || !p.meets_budget || o.budget <= p.handle_bytes ||
+      p.predicted_peak + p.handle_bytes <= o.budget)
+    return r;
+  PlannerOptions less = o;
+  less.budget -= p.handle_bytes;
+  PlannerResult s = plan_activations(t, less);
+  if (s.plan.arenas.empty() || !s.plan.meets_budget) return r;
+  s.plan.budget = o.budget;  // the budget is the user's; the spare is room under it
+  return s;
+}
+
 }  // namespace
 
 PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
-  PlannerResult act = plan_activations(t, o);
+  PlannerResult act = with_spare_handle(t, o, plan_activations(t, o));
   if (!o.persistent_min || !o.budget || t.launches.empty() || act.prediction.peak_bytes <= o.budget) return act;
   // Activations alone miss the budget: weights alone, when they meet it (they move nothing
   // the backward waits for); else weights on top of the activation plan; else the lowest peak.

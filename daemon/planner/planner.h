@@ -116,6 +116,12 @@ struct PlannerOptions {
   // (offload_mark_read_only): the executor copies such a weight out once, and later evictions
   // copy nothing, so its windows cost no copy out (their end is its last use, in the FIFO).
   std::vector<uint32_t> read_only;
+  // A plan of activations keeps room under the budget for one more of its handles: it is made
+  // again for the budget less one handle when its footprint leaves less. The executor takes one
+  // handle over the plan's count when a reload finds every handle held by arenas whose copies
+  // out the host abandoned (it asked for them back before the GPU had copied them out), which
+  // this GPU-time model does not see (llama at 75% on the H200: 9.64 GiB against 9.63).
+  bool spare_handle = false;
   LinkModel link;
 };
 

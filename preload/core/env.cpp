@@ -51,7 +51,8 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     if (!v || !*v) return;
     const std::string s = v;
     if (s == "1" || s == "true") on = true;
-    else if (s != "0" && s != "false") bad(var, v, "0, 1, true or false");
+    else if (s == "0" || s == "false") on = false;
+    else bad(var, v, "0, 1, true or false");
   };
   flag("OFFLOAD_TRACE_LEAD", st.trace_lead);
   if (const char* v = get("OFFLOAD_TELEMETRY"); v && *v) {

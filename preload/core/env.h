@@ -30,7 +30,7 @@ struct Settings {
   // OFFLOAD_PLANNER=auto|builtin: the GPU-time planner when the step has GPU times (auto), or
   // always the built-in plan (for comparisons).
   bool builtin_plan = false;
-  bool pool_refine = false;      // OFFLOAD_POOL_REFINE=1: plans made again for the allocator's measured factor
+  bool pool_refine = true;       // OFFLOAD_POOL_REFINE=0: no plan made again for the allocator's measured factor
   // OFFLOAD_PERSISTENT_MIN: allocations of at least this size are served from ranges of their
   // own (core/persistent_pool.h), so that they can be moved out later; "off" or unset: none.
   uint64_t persistent_min = 0;

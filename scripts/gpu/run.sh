@@ -447,7 +447,9 @@ case $plan in
     # The link is measured first (pinned copies, each way and both at once).
     restart_daemon
     python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log"; cat "$work/link.json"
-    d=(--deterministic --steps 20 --warmup 8 --mark-steps)
+    # 20 warm-up steps: the plan made again for the pool's measured factor (OFFLOAD_POOL_REFINE)
+    # goes in about 6 steps after the first plan.
+    d=(--deterministic --steps 20 --warmup 20 --mark-steps)
     run reference_plain 0 --workload reference "${d[@]}"
     run reference_ckpt 0 --workload reference --mode ckpt "${d[@]}"
     run reference_save_on_cpu 0 --workload reference --mode save_on_cpu --deterministic --steps 5 --warmup 2
@@ -497,13 +499,12 @@ case $plan in
   refine)
     # PoolRefine (OFFLOAD_POOL_REFINE): the pool's factor measured under the plan and the plan
     # made again for it, put in at a step's mark. The reference at 90/75/50% of plain's footprint
-    # with it, 75% without it, 14 warm-up steps (the plan made again goes in about 6 steps after
+    # with it, 75% without it, 20 warm-up steps (the plan made again goes in about 6 steps after
     # the first); then, as a training script leaves the pool (--keep-pool), the reference at 50%
     # and llama at 75%. planner_report.py on the first group.
     restart_daemon
-    export OFFLOAD_POOL_REFINE=1  # off by default; the offload runs here turn it on
     python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log"; cat "$work/link.json"
-    d=(--workload reference --deterministic --steps 20 --warmup ${REFINE_WARMUP:-14} --mark-steps)
+    d=(--workload reference --deterministic --steps 20 --warmup ${REFINE_WARMUP:-20} --mark-steps)
     show() {
       python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; p=x["planner"]; print("[gpu]  ", sys.argv[2], "ms/step %.1f" % r["ms_per_step"], "footprint %.2f GiB" % (r["footprint_peak_bytes"] / 2**30), "factor planned", p.get("pool_overhead"), "seen", p.get("pool_factor_seen"), "refined", p.get("pool_refined"), "installs", x.get("installs"), "deviations", x.get("deviations"), "steps_active", x.get("steps_active"), "| plan:", x.get("plan"))' "$work/$1.json" "$1" 2>/dev/null || log "  no result for $1"
       grep -E "allocator holds|put in at the step|not put in|plan revised" "$work/$1.log" | head -n 6
@@ -538,7 +539,6 @@ case $plan in
       run ${w}_keep_offload o --workload $w "${k[@]}"
       check_pair ${w}_keep_plain ${w}_keep_offload; show ${w}_keep_offload
     done
-    unset OFFLOAD_POOL_REFINE
     "$ctl" stop > /dev/null 2>&1
     ;;
   sanitize_small)

@@ -289,11 +289,11 @@ TEST(Planner, OffloadPlannerChoosesTheBuiltInPlanOrSaysWhatIsAccepted) {
   }
 }
 
-TEST(Planner, OffloadPoolRefineIsOffUnlessTurnedOnAndSaysWhatIsAccepted) {
+TEST(Planner, OffloadPoolRefineIsOnUnlessTurnedOffAndSaysWhatIsAccepted) {
   {
     Env env;
     std::vector<std::string> errors;
-    EXPECT_FALSE(read(env, &errors).pool_refine);
+    EXPECT_TRUE(read(env, &errors).pool_refine);
     EXPECT_TRUE(errors.empty());
   }
   for (const char* v : {"0", "false", "1", "true"}) {
@@ -307,7 +307,7 @@ TEST(Planner, OffloadPoolRefineIsOffUnlessTurnedOnAndSaysWhatIsAccepted) {
     Env env;
     env.vars["OFFLOAD_POOL_REFINE"] = v;
     std::vector<std::string> errors;
-    EXPECT_FALSE(read(env, &errors).pool_refine) << v;
+    EXPECT_TRUE(read(env, &errors).pool_refine) << v;  // the default stands
     ASSERT_EQ(errors.size(), 1u) << v;
     EXPECT_NE(errors[0].find("OFFLOAD_POOL_REFINE"), std::string::npos) << errors[0];
     EXPECT_NE(errors[0].find("0, 1, true or false"), std::string::npos) << errors[0];

@@ -1005,6 +1005,46 @@ TEST_P(PlannerRecorded, MatchesTheExpectedPlan) {
                       "the plan for " + std::string(name) + " at " + std::to_string(pct) + "%");
 }
 
+// PlannerOptions::spare_handle, as the shim and offloadctl plan: a plan that meets the budget
+// leaves room for one more of its handles (the executor takes one over the plan's count when
+// abandoned copies out hold every handle), and keeps its promises. Only when no plan meets the
+// budget less one handle does the plan for the whole budget stand.
+TEST_P(PlannerRecorded, WithASpareHandleLeavesRoomForOneMore) {
+  SKIP_UNDER_TSAN();
+  const auto [name, pct] = GetParam();
+  const StepTrace& t = recorded(name);
+  PlannerOptions o = recorded_options(name, pct);
+  o.spare_handle = true;
+  const PlannerResult r = plan_step(t, o);
+  SCOPED_TRACE(r.plan.arenas.empty() ? r.why : r.plan.describe());
+  ASSERT_FALSE(r.plan.arenas.empty());
+  EXPECT_EQ(r.plan.budget, o.budget);
+  check_plan(t, o, r);
+  const Plan& whole = recorded_plan(name, pct).plan;  // without the spare
+  if (!r.plan.meets_budget) {
+    EXPECT_FALSE(whole.meets_budget);
+    return;
+  }
+  if (r.plan.predicted_peak + r.plan.handle_bytes <= o.budget) return;
+  expect_same_plan(r.plan, whole);
+  PlannerOptions less = recorded_options(name, pct);
+  less.budget -= whole.handle_bytes;
+  EXPECT_FALSE(plan_step(t, less).plan.meets_budget);
+}
+
+// Without the spare, some of the recorded plans leave no room for one more handle: the option is
+// what makes it.
+TEST(PlannerRecordedSpare, SomePlansForTheWholeBudgetLeaveNoRoomForAnotherHandle) {
+  SKIP_UNDER_TSAN();
+  int none = 0;
+  for (const char* name : {"reference", "convnet", "llama-compiled"})
+    for (uint64_t pct : {90, 75, 50}) {
+      const Plan& p = recorded_plan(name, pct).plan;
+      if (p.meets_budget && !p.arenas.empty() && p.predicted_peak + p.handle_bytes > p.budget) ++none;
+    }
+  EXPECT_GT(none, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Planner, PlannerRecorded,
                          ::testing::Combine(::testing::Values("reference", "convnet", "llama-compiled"),
                                             ::testing::Values(uint64_t{90}, uint64_t{75}, uint64_t{50})),
