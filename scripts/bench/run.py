@@ -417,7 +417,15 @@ def main(argv=None):
     # Per-step GPU times: an event on the current stream where each timed step starts, no host
     # wait. The last step holds the untimed gradient hash, so step_ms has steps - 1 entries.
     starts = []
+    timed_plan = None
     for i in range(args.warmup, total):
+        if i == total - 1 and shim.loaded:
+            # The plan the timed steps ran, read before the last one: its gradient hash launches
+            # kernels no plan has seen, after which the shim plans again (from a step that ends
+            # the run), and the stats at the end describe that plan.
+            x = (shim.stats() or {}).get("executor")
+            if isinstance(x, dict):
+                timed_plan = {k: x.get(k) for k in ("plan", "planner", "installs", "steps_active")}
         starts.append(torch.cuda.Event(enable_timing=True))
         starts[-1].record()
         forward_backward(i)
@@ -501,6 +509,7 @@ def main(argv=None):
         "rank": rank,
         "world_size": world,
         "shim": shim_stats,
+        "timed_plan": timed_plan,
     }
     peak_txt = f"{peak_reserved / 2**30:.2f} GiB" if peak_reserved is not None else "n/a"
     fp_txt = f"{footprint / 2**30:.2f} GiB" if footprint is not None else "n/a"
