@@ -874,7 +874,8 @@ Executor::TrimView Executor::trim_view() {
                   plan_.resident_peak,
                   plan_.predicted_peak,
                   uint64_t{plan_.handles} * plan_.handle_bytes,
-                  !plan_.arenas.empty() && plan_.weights.empty()};
+                  !plan_.arenas.empty() && plan_.weights.empty(),
+                  plan_.handle_bytes};
 }
 
 ExecutorStats Executor::stats() {

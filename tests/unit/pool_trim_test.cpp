@@ -283,6 +283,32 @@ TEST(PoolRefine, APoolThatGrowsPastWhatThePlanAllowsPlansAgainUpwards) {
   EXPECT_EQ(u.raised(), 0u);
 }
 
+TEST(PoolRefine, ThePoolsGrowthCountsAgainstTheRoomKeptForTheSpareHandle) {
+  // Llama at 75% on the H200 (e3cfea4): planned at 1.15x for 8.03 GiB resident, 9.50 GiB
+  // predicted against a 9.61 GiB budget; the pool held 1.163x, 0.10 GiB more than planned:
+  // within the budget by 6 MiB, but not with the 90 MiB the plan keeps for one more handle.
+  auto llama = [](uint64_t spare) {
+    PoolRefine::Mark m;
+    m.installs = 1;
+    m.running = true;
+    m.resident = 8223 * MiB;
+    m.reserved = static_cast<uint64_t>(static_cast<double>(m.resident) * 1.163);
+    m.planned = 1.15;
+    m.predicted_peak = 9728 * MiB;
+    m.budget = 9841 * MiB;
+    m.spare = spare;
+    return m;
+  };
+  PoolRefine r;
+  r.after_mark(8223 * MiB);
+  ASSERT_EQ(r.at_mark(llama(90 * MiB)), PoolRefine::Action::Replan);
+  EXPECT_NEAR(r.factor(), 1.163 * 1.03, 1e-3);
+  PoolRefine q;
+  q.after_mark(8223 * MiB);
+  EXPECT_NE(q.at_mark(llama(0)), PoolRefine::Action::Replan);
+  EXPECT_EQ(q.raised(), 0u);
+}
+
 TEST(PoolRefine, UpwardRevisionsAreBounded) {
   PoolRefine r;
   for (int i = 0; i < 2; ++i) {
