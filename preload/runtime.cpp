@@ -838,7 +838,7 @@ std::string Runtime::executor_json() {
      << ",\"copy_failures\":" << x.copy_failures << ",\"pointer_tables\":" << x.pointer_tables << ",\"conservative\":" << x.conservative
      << ",\"bytes_out\":" << x.bytes_out << ",\"bytes_in\":" << x.bytes_in
      << ",\"handles_created\":" << x.handles_created << ",\"handles_released\":" << x.handles_released
-     << ",\"over_budget\":" << x.over_budget << ",\"budget_waits\":" << x.budget_waits
+     << ",\"over_budget\":" << x.over_budget << ",\"first_step_trims\":" << x.first_step_trims << ",\"budget_waits\":" << x.budget_waits
      << ",\"handovers\":" << x.handovers
      << ",\"held_bytes\":" << x.held_bytes << ",\"held_peak\":" << x.held_peak
      << ",\"device_peak\":" << x.device_peak << ",\"weights\":{\"lent\":" << x.weights

@@ -96,6 +96,7 @@ struct ExecutorStats {
   uint64_t misses = 0, late_reloads = 0;
   uint64_t bytes_out = 0, bytes_in = 0;
   uint64_t handles_created = 0, handles_released = 0, over_budget = 0;
+  uint64_t first_step_trims = 0;  // the allocator's pool trimmed at a plan's first launch
   uint64_t budget_waits = 0;
   // Arena handles taken from an arena on its way out (copy out or last work still queued),
   // the taker ordered after it on the GPU instead of the host waiting (Options::hand_over).
@@ -369,6 +370,7 @@ class Executor final : public LaunchGate {
   uint32_t reload_cap() const { return opt_.max_reloads_in_flight ? opt_.max_reloads_in_flight : plan_.handles; }
   void teardown_locked();
   std::string describe_handles() const;  // for the log: arenas holding memory, and their state
+  void trim_before_first_step();  // under mu_, at the first launch of an installed plan's first step
 
   Driver& driver_;
   Options opt_;
@@ -384,6 +386,7 @@ class Executor final : public LaunchGate {
   size_t cursor_ = 0;             // next action this step
   std::vector<uint32_t> pending_reloads_;
   bool active_ = false;           // a step of the plan is running
+  bool first_step_due_ = false;   // the installed plan's first step has not started
   uint64_t step_ = 0;             // (launch number - anchor) / launches per step
   uint64_t sub_launch_ = ~uint64_t{0};
   uint32_t sub_ = 0;

@@ -140,6 +140,33 @@ uint64_t SimDriver::device_total_bytes() {
   return device_total_;
 }
 
+void SimDriver::set_pool(uint64_t reserved, uint64_t in_use) {
+  std::lock_guard lock(mu_);
+  pool_known_ = true;
+  pool_reserved_ = reserved;
+  pool_in_use_ = std::min(in_use, reserved);
+}
+
+uint64_t SimDriver::pool_reserved_current() {
+  std::lock_guard lock(mu_);
+  return pool_known_ ? pool_reserved_ : 0;
+}
+
+bool SimDriver::pool_trim(uint64_t keep) {
+  std::lock_guard lock(mu_);
+  if (!pool_known_) return false;
+  ++pool_trims_.calls;
+  pool_trims_.last_keep = keep;
+  pool_trims_.physical_at_last = stats_.physical_bytes;
+  pool_reserved_ = std::min(pool_reserved_, std::max(keep, pool_in_use_));
+  return true;
+}
+
+SimDriver::PoolTrims SimDriver::pool_trims() const {
+  std::lock_guard lock(mu_);
+  return pool_trims_;
+}
+
 void SimDriver::set_granularity(uint64_t bytes) {
   if (bytes % page_size() != 0) {
     std::fprintf(stderr, "SimDriver: granularity %" PRIu64 " is not a multiple of the page size\n", bytes);

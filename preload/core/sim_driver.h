@@ -90,6 +90,19 @@ class SimDriver final : public Driver {
   // create_physical returns 0 when the live physical bytes would exceed this; default none.
   void set_physical_limit(uint64_t bytes);
 
+  // The stream-ordered pool PyTorch's allocations come from, as a trim sees it: `reserved`
+  // bytes, of which `in_use` back live allocations (a trim keeps those). Until set, the pool is
+  // unknown (pool_reserved_current 0) and pool_trim says the driver cannot.
+  void set_pool(uint64_t reserved, uint64_t in_use);
+  uint64_t pool_reserved_current() override;
+  bool pool_trim(uint64_t keep) override;
+  struct PoolTrims {
+    uint64_t calls = 0;  // pool_trim calls on a known pool
+    uint64_t last_keep = 0;
+    uint64_t physical_at_last = 0;  // VMM physical bytes live at the last call
+  };
+  PoolTrims pool_trims() const;
+
   struct VmmStats {
     uint64_t physical_bytes = 0;  // created and not yet released
     uint64_t physical_peak = 0;
@@ -141,6 +154,9 @@ class SimDriver final : public Driver {
     bool opaque = false;
   };
   mutable std::mutex mu_;
+  bool pool_known_ = false;
+  uint64_t pool_reserved_ = 0, pool_in_use_ = 0;
+  PoolTrims pool_trims_;
   std::vector<Kernel*> kernels_;               // Func = index + 1, times 16
   std::unordered_map<DevPtr, size_t> allocs_;  // alloc(): base -> bytes
   size_t param_queries_ = 0;

@@ -31,6 +31,8 @@ struct Config {
   uint64_t host_chunk = 0, host_phase = 0;  // pinned-chunk layout of the host memory
   uint32_t retire_at = UINT32_MAX;  // the plan is retired (a revision) before this step
   uint32_t swap_at = UINT32_MAX;    // a plan of other arenas goes in at this step's mark
+  // The allocator's pool as a trim sees it (SimDriver::set_pool); 0: not modelled.
+  uint64_t pool_reserved = 0, pool_in_use = 0;
   Executor::Options exec{};
 };
 
@@ -46,6 +48,9 @@ struct Outcome {
   ExecutorStats before_swap;
   bool swapped = false;
   std::string swap_why;
+  SimDriver::PoolTrims pool_trims;
+  uint64_t pool_reserved_after = 0;
+  Executor::TrimView view;  // of the plan installed at the end
 };
 
 rig::Options rig_options(const Config& c) {
@@ -92,6 +97,7 @@ class TrainLoop {
     });
     const uint64_t nsteps = c_.steps;
     r_.kernel(fill_, kCompute, {losses, 8 * nsteps}, [=] { std::memset(words(losses), 0, 8 * nsteps); });
+    if (c_.pool_reserved) r_.sim().set_pool(c_.pool_reserved, c_.pool_in_use);
     Outcome o;
     for (uint32_t s = 0; s < c_.steps; ++s) {
       if (s == c_.retire_at) {
@@ -121,6 +127,9 @@ class TrainLoop {
     o.losses.assign(words(losses), words(losses) + c_.steps);
     o.stats = r_.executor().stats();
     o.installed = r_.executor().installed();
+    o.pool_trims = r_.sim().pool_trims();
+    o.pool_reserved_after = r_.sim().pool_reserved_current();
+    o.view = r_.executor().trim_view();
     return o;
   }
 
@@ -269,6 +278,39 @@ TEST(Executor, APlanPutInAtAStepsMarkTakesOverWithNoStepInDemandMode) {
   EXPECT_GE(off.stats.handles_released, b.handles_created);
   EXPECT_EQ(off.weights, plain.weights);
   EXPECT_EQ(off.losses, plain.losses);
+}
+
+TEST(Executor, AtAPlansFirstLaunchThePoolGoesDownToTheBudgetLessThePlansHandles) {
+  // Steps without marks: what the steps before the plan reserved in the allocator's pool goes
+  // back at the plan's first launch, before its first evictions create handles (on the H200,
+  // convnet's pool stayed at plain's 5.62 GiB beside its handles through its first planned step:
+  // 6.39 GiB against a 3.38 GiB budget).
+  Config c;
+  c.budget = 1 << 20;
+  c.pool_reserved = 64 << 20;
+  Outcome plain = run([&] { Config p = c; p.offload = false; return p; }());
+  Outcome off = run(c);
+  ASSERT_TRUE(off.installed);
+  ASSERT_EQ(off.stats.installs, 1u);
+  ASSERT_GT(off.stats.evictions, 0u);
+  ASSERT_GT(off.view.budget, off.view.handle_bytes) << off.stats.plan;
+  const uint64_t keep = off.view.budget - off.view.handle_bytes;
+  EXPECT_EQ(off.stats.first_step_trims, 1u);
+  EXPECT_EQ(off.pool_trims.calls, 1u) << "once per install";
+  EXPECT_EQ(off.pool_trims.last_keep, keep);
+  EXPECT_EQ(off.pool_reserved_after, keep);
+  EXPECT_EQ(off.pool_trims.physical_at_last, 0u) << "before the plan's first handle";
+  EXPECT_EQ(off.weights, plain.weights);
+  EXPECT_EQ(off.losses, plain.losses);
+  // A pool already within it is left alone; so is one the driver cannot trim.
+  Config under = c;
+  under.pool_reserved = keep;
+  Outcome u = run(under);
+  EXPECT_EQ(u.pool_trims.calls, 0u);
+  EXPECT_EQ(u.stats.first_step_trims, 0u);
+  Config unknown = c;
+  unknown.pool_reserved = 0;
+  EXPECT_EQ(run(unknown).stats.first_step_trims, 0u);
 }
 
 }  // namespace
