@@ -451,7 +451,7 @@ void Runtime::refine_at_mark(const Executor::TrimView& v, bool trim_due, const s
               static_cast<double>(v.resident_peak);
   m.predicted_peak = v.predicted_peak;
   m.budget = v.budget;
-  m.spare = v.one_handle;
+  m.spare = v.spare;  // 0 for a plan made again for the pool: its budget leaves the room out
   switch (refine_.at_mark(m)) {
     case PoolRefine::Action::Probe:
       // What the pool holds unused goes back, once: the next step reserves what it needs.

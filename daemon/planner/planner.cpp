@@ -857,15 +857,18 @@ PlannerResult plan_activations(const StepTrace& t, const PlannerOptions& o) {
 // when its footprint leaves no room for one more. When no plan meets that budget, the plan for
 // the whole budget stands.
 PlannerResult with_spare_handle(const StepTrace& t, const PlannerOptions& o, PlannerResult r) {
-  const Plan& p = r.plan;
-  if (!o.spare_handle || !o.budget || p.arenas.empty() || !p.meets_budget || o.budget <= p.handle_bytes ||
-      p.predicted_peak + p.handle_bytes <= o.budget)
+  Plan& p = r.plan;
+  if (!o.spare_handle || !o.budget || p.arenas.empty() || !p.meets_budget || o.budget <= p.handle_bytes) return r;
+  if (p.predicted_peak + p.handle_bytes <= o.budget) {
+    p.spare = p.handle_bytes;
     return r;
+  }
   PlannerOptions less = o;
   less.budget -= p.handle_bytes;
   PlannerResult s = plan_activations(t, less);
   if (s.plan.arenas.empty() || !s.plan.meets_budget) return r;
   s.plan.budget = o.budget;  // the budget is the user's; the spare is room under it
+  s.plan.spare = o.budget - s.plan.predicted_peak >= s.plan.handle_bytes ? s.plan.handle_bytes : 0;
   return s;
 }
 

@@ -897,7 +897,7 @@ Executor::TrimView Executor::trim_view() {
                   plan_.predicted_peak,
                   uint64_t{plan_.handles} * plan_.handle_bytes,
                   !plan_.arenas.empty() && plan_.weights.empty(),
-                  plan_.handle_bytes};
+                  plan_.spare};
 }
 
 ExecutorStats Executor::stats() {

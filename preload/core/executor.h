@@ -220,7 +220,7 @@ class Executor final : public LaunchGate {
     uint64_t installs = 0, steps_active = 0, held_peak = 0, budget = 0;
     uint64_t resident_peak = 0, predicted_peak = 0, handle_bytes = 0;  // handle_bytes: all of the plan's
     bool arenas_only = false;
-    uint64_t one_handle = 0;  // one handle's bytes
+    uint64_t spare = 0;  // room the plan keeps under `budget` for one more handle (Plan::spare)
   };
   TrimView trim_view();
 

@@ -93,6 +93,9 @@ struct Plan {
   uint64_t predicted_peak = 0;    // resident_peak * pool overhead + handles * handle_bytes
   uint64_t budget = 0;            // 0: none given
   bool meets_budget = true;
+  // Room kept under `budget` beside predicted_peak for one handle more than `handles`
+  // (PlannerOptions::spare_handle); 0: none promised (or `budget` already leaves it out).
+  uint64_t spare = 0;
   // From measured GPU times (the planner); 0: not predicted.
   int64_t predicted_step_ns = 0, compute_ns = 0, lower_bound_ns = 0;
   uint64_t candidates = 0, candidate_bytes = 0;

@@ -148,8 +148,8 @@ class PoolRefine {
     double planned = 0;           // the factor the plan was made with
     uint64_t predicted_peak = 0;  // the plan's footprint
     uint64_t budget = 0;
-    // Room the plan keeps under the budget for one handle more than its count (the executor's
-    // reload that finds every handle held; PlannerOptions::spare_handle).
+    // Room the plan keeps under `budget` for one handle more than its count (the executor's
+    // reload that finds every handle held; Plan::spare). 0 when `budget` leaves it out already.
     uint64_t spare = 0;
   };
   // At a step's mark. Replan: factor() is the one to plan with. After the mark's trims (a probe

@@ -1025,7 +1025,11 @@ TEST_P(PlannerRecorded, WithASpareHandleLeavesRoomForOneMore) {
     EXPECT_FALSE(whole.meets_budget);
     return;
   }
-  if (r.plan.predicted_peak + r.plan.handle_bytes <= o.budget) return;
+  if (r.plan.predicted_peak + r.plan.handle_bytes <= o.budget) {
+    EXPECT_EQ(r.plan.spare, r.plan.handle_bytes) << "the room is said, for the pool's watch";
+    return;
+  }
+  EXPECT_EQ(r.plan.spare, 0u);
   expect_same_plan(r.plan, whole);
   PlannerOptions less = recorded_options(name, pct);
   less.budget -= whole.handle_bytes;
