@@ -389,7 +389,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
         step_ = (n - anchor_) / plan_.step_launches;
         ++st_.steps_active;
         cursor_ = 0;
-        if (first_step_due_) trim_before_first_step();
+        if (first_step_due_) trim_before_first_step(s);
       }
     }
     if (active_ && plan_.tokens[pos] != launch_token(kind, kernel)) deviate("a launch differs from the plan's");
@@ -722,16 +722,18 @@ int Executor::acquire_handle(bool for_reload, Stream s) {
   return h;
 }
 
-void Executor::trim_before_first_step() {
+void Executor::trim_before_first_step(Stream s) {
   // The plan's first evictions create its handles. What the steps before it reserved in the
   // allocator's pool would otherwise stay beside them: convnet kept its pool at plain's 5.62 GiB
   // through its first planned step and reached 6.39 GiB against a 3.38 GiB budget (H200,
   // c0a6919). Steps marked by offload_mark_step() are trimmed at the mark before, after the GPU
   // has caught up (Runtime::trim_before_first_step); this, at the step's first launch, is for
   // steps without marks, and finds such a pool already trimmed. No wait here: the trim gives
-  // back what the pool has seen freed.
+  // back what the pool has seen freed. Nothing while the launch's stream captures a graph (or
+  // when that cannot be told): the pool's trim is not a call to make inside a capture.
   first_step_due_ = false;
   if (plan_.arenas.empty() || !plan_.weights.empty() || !plan_.budget) return;
+  if (driver_.stream_capturing(s) != 0) return;
   const uint64_t handles = uint64_t{plan_.handles} * plan_.handle_bytes;
   const uint64_t keep = plan_.budget > handles ? plan_.budget - handles : 0;
   const uint64_t before = driver_.pool_reserved_current();

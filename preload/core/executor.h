@@ -370,7 +370,7 @@ class Executor final : public LaunchGate {
   uint32_t reload_cap() const { return opt_.max_reloads_in_flight ? opt_.max_reloads_in_flight : plan_.handles; }
   void teardown_locked();
   std::string describe_handles() const;  // for the log: arenas holding memory, and their state
-  void trim_before_first_step();  // under mu_, at the first launch of an installed plan's first step
+  void trim_before_first_step(Stream s);  // under mu_, at the first launch (on `s`) of an installed plan's first step
 
   Driver& driver_;
   Options opt_;

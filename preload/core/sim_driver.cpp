@@ -162,6 +162,18 @@ bool SimDriver::pool_trim(uint64_t keep) {
   return true;
 }
 
+int SimDriver::stream_capturing(Stream s) {
+  std::lock_guard lock(mu_);
+  return std::find(capturing_.begin(), capturing_.end(), s) != capturing_.end() ? 1 : 0;
+}
+
+void SimDriver::set_capturing(Stream s, bool on) {
+  std::lock_guard lock(mu_);
+  auto it = std::find(capturing_.begin(), capturing_.end(), s);
+  if (on && it == capturing_.end()) capturing_.push_back(s);
+  if (!on && it != capturing_.end()) capturing_.erase(it);
+}
+
 SimDriver::PoolTrims SimDriver::pool_trims() const {
   std::lock_guard lock(mu_);
   return pool_trims_;

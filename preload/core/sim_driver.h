@@ -96,6 +96,9 @@ class SimDriver final : public Driver {
   void set_pool(uint64_t reserved, uint64_t in_use);
   uint64_t pool_reserved_current() override;
   bool pool_trim(uint64_t keep) override;
+  // The simulated streams never capture graphs, unless a test says one does.
+  int stream_capturing(Stream s) override;
+  void set_capturing(Stream s, bool on);
   struct PoolTrims {
     uint64_t calls = 0;  // pool_trim calls on a known pool
     uint64_t last_keep = 0;
@@ -155,6 +158,7 @@ class SimDriver final : public Driver {
   };
   mutable std::mutex mu_;
   bool pool_known_ = false;
+  std::vector<Stream> capturing_;
   uint64_t pool_reserved_ = 0, pool_in_use_ = 0;
   PoolTrims pool_trims_;
   std::vector<Kernel*> kernels_;               // Func = index + 1, times 16

@@ -33,6 +33,7 @@ struct Config {
   uint32_t swap_at = UINT32_MAX;    // a plan of other arenas goes in at this step's mark
   // The allocator's pool as a trim sees it (SimDriver::set_pool); 0: not modelled.
   uint64_t pool_reserved = 0, pool_in_use = 0;
+  bool capturing = false;  // the compute stream says it captures a graph (SimDriver::set_capturing)
   Executor::Options exec{};
 };
 
@@ -98,6 +99,7 @@ class TrainLoop {
     const uint64_t nsteps = c_.steps;
     r_.kernel(fill_, kCompute, {losses, 8 * nsteps}, [=] { std::memset(words(losses), 0, 8 * nsteps); });
     if (c_.pool_reserved) r_.sim().set_pool(c_.pool_reserved, c_.pool_in_use);
+    if (c_.capturing) r_.sim().set_capturing(kCompute, true);
     Outcome o;
     for (uint32_t s = 0; s < c_.steps; ++s) {
       if (s == c_.retire_at) {
@@ -311,6 +313,12 @@ TEST(Executor, AtAPlansFirstLaunchThePoolGoesDownToTheBudgetLessThePlansHandles)
   Config unknown = c;
   unknown.pool_reserved = 0;
   EXPECT_EQ(run(unknown).stats.first_step_trims, 0u);
+  // Nor while the launch's stream captures a graph.
+  Config capturing = c;
+  capturing.capturing = true;
+  Outcome cap = run(capturing);
+  EXPECT_EQ(cap.pool_trims.calls, 0u);
+  EXPECT_EQ(cap.stats.first_step_trims, 0u);
 }
 
 }  // namespace
