@@ -72,12 +72,12 @@ void print_json(const std::string& path, const StepTrace& t, const PlannerResult
   printf("{\"trace\":%s,\"step\":%llu,\"budget\":%llu,\"plain_footprint\":%llu,\"predicted_peak\":%llu,"
          "\"meets_budget\":%s,\"bytes_moved\":%llu,\"predicted_step_ns\":%lld,\"compute_ns\":%lld,\"forward_ns\":%lld,"
          "\"backward_ns\":%lld,\"lower_bound_ns\":%lld,\"hidden_bytes\":%llu,\"hidden_peak\":%llu,"
-         "\"hidden_step_ns\":%lld,\"period\":%u,\"segments\":%zu,\"handles\":%u,\"handle_bytes\":%llu,"
+         "\"hidden_step_ns\":%lld,\"period\":%u,\"segments\":%zu,\"handles\":%u,\"handle_bytes\":%llu,\"spare\":%llu,"
          "\"arenas\":%zu,\"weights\":%zu,\"weight_bytes\":%llu,\"windows\":%zu,\"weight_bytes_mapped\":%llu,\"why\":%s}\n",
          json_string(path).c_str(), ull(t.step), ull(budget), ull(r.plain_footprint), ull(pr.peak_bytes),
          meets(r, budget) ? "true" : "false", ull(pr.bytes_out), ll(pr.step_ns), ll(pr.compute_ns), ll(pr.forward_ns),
          ll(pr.backward_ns), ll(pr.lower_bound_ns), ull(r.hidden_bytes), ull(r.hidden_peak), ll(r.hidden_step_ns),
-         r.boundaries.period, r.boundaries.starts.size(), p.handles, ull(p.handle_bytes), p.arenas.size(),
+         r.boundaries.period, r.boundaries.starts.size(), p.handles, ull(p.handle_bytes), ull(p.spare), p.arenas.size(),
          p.weights.size(), ull(weight_bytes(p)), p.windows.size(), ull(p.weight_bytes_mapped),
          p.empty() ? json_string(r.why).c_str() : "null");
 }
@@ -370,6 +370,9 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
            gib(weight_bytes(p)), p.weights.size(), p.windows.size(), gib(p.weight_bytes_mapped));
     printf("  = predicted peak       %8.2f GiB%s\n", gib(p.predicted_peak),
            budget ? (p.meets_budget ? "  (meets the budget)" : "  (does NOT meet the budget)") : "");
+    if (p.spare)
+      printf("  room for one more handle %6llu MiB kept under the budget (a reload that finds every handle held takes one)\n",
+             ull(p.spare >> 20));
     printf("  moved per step         %8.2f GiB out, %.2f GiB in\n", gib(pr.bytes_out), gib(pr.bytes_in));
     printf("  step                   %8.1f ms predicted (compute %.1f ms; lower bound %.1f ms)\n", ms(pr.step_ns),
            ms(pr.compute_ns), ms(pr.lower_bound_ns));
@@ -382,6 +385,9 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
            ull(p.handle_bytes >> 20));
     printf("  = predicted peak       %8.2f GiB%s\n", gib(p.predicted_peak),
            budget ? (p.meets_budget ? "  (meets the budget)" : "  (does NOT meet the budget)") : "");
+    if (p.spare)
+      printf("  room for one more handle %6llu MiB kept under the budget (a reload that finds every handle held takes one)\n",
+             ull(p.spare >> 20));
     printf("  moved per step         %8.2f GiB each way\n", gib(pr.bytes_out));
     printf("  step                   %8.1f ms predicted (compute %.1f ms: forward %.1f, backward %.1f; lower bound %.1f ms)\n",
            ms(pr.step_ns), ms(pr.compute_ns), ms(pr.forward_ns), ms(pr.backward_ns), ms(pr.lower_bound_ns));

@@ -444,6 +444,14 @@ TEST(BadInputIntegration, OffloadctlRejectsBadCommandsClearly) {
   }
 }
 
+// A number the --json output of `offloadctl plan` gives for `key` ("" when absent).
+std::string json_field(const std::string& out, const std::string& key) {
+  const size_t at = out.find("\"" + key + "\":");
+  if (at == std::string::npos) return {};
+  const size_t from = at + key.size() + 3;
+  return out.substr(from, out.find_first_of(",}", from) - from);
+}
+
 // The allocator's factor is the planner's to take: at the factor a run measured (its pool's
 // reserved high over its used high: 1.075-1.077 under the reference's 75% plans on the H200,
 // against the 1.15 planned), the same budget needs fewer bytes moved.
@@ -456,11 +464,8 @@ TEST(OffloadctlPlan, ThePoolOverheadGivenIsTheOnePlannedWith) {
     argv.insert(argv.end(), extra.begin(), extra.end());
     RunResult r = run_program(argv, {}, dir.path());
     EXPECT_EQ(r.exit_code(), 0) << describe_status(r.status) << "\nstderr: " << r.err;
-    auto field = [&](const std::string& key) {
-      const size_t at = r.out.find("\"" + key + "\":");
-      return at == std::string::npos ? std::string() : r.out.substr(at + key.size() + 3, r.out.find_first_of(",}", at) - at - key.size() - 3);
-    };
-    return std::make_tuple(field("plain_footprint"), field("meets_budget"), field("bytes_moved"));
+    return std::make_tuple(json_field(r.out, "plain_footprint"), json_field(r.out, "meets_budget"),
+                           json_field(r.out, "bytes_moved"));
   };
   const auto [plain_default, meets_default, moved_default] = plan({});
   const auto [plain_default_given, meets_given, moved_given] = plan({"--pool-overhead", "1.15"});
@@ -473,6 +478,26 @@ TEST(OffloadctlPlan, ThePoolOverheadGivenIsTheOnePlannedWith) {
   // The footprint without offload is the step's peak times the factor; less of it to shed.
   EXPECT_LT(std::stoull(plain_lower), std::stoull(plain_default));
   EXPECT_LT(std::stoull(moved_lower), std::stoull(moved_default));
+}
+
+// offloadctl plans as the shim does: room for one more handle under the budget (a reload that
+// finds every handle held by arenas whose copies out were abandoned takes one), and says so.
+TEST(OffloadctlPlan, KeepsRoomForOneMoreHandleAsTheShimDoes) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string trace = std::string(OFFLOAD_TRACES_DIR) + "/reference.trace";
+  const uint64_t budget = 20583630766;  // 19.17 GiB
+  RunResult r = run_program({OFFLOADCTL_BIN, "plan", "--trace", trace, "--budget", std::to_string(budget), "--json"},
+                            {}, dir.path());
+  ASSERT_EQ(r.exit_code(), 0) << describe_status(r.status) << "\nstderr: " << r.err;
+  const std::string spare = json_field(r.out, "spare"), handle = json_field(r.out, "handle_bytes"),
+                    peak = json_field(r.out, "predicted_peak");
+  ASSERT_FALSE(spare.empty()) << r.out;
+  ASSERT_FALSE(peak.empty()) << r.out;
+  EXPECT_EQ(spare, handle);
+  EXPECT_LE(std::stoull(peak) + std::stoull(spare), budget);
+  RunResult text = run_program({OFFLOADCTL_BIN, "plan", "--trace", trace, "--budget", std::to_string(budget)}, {}, dir.path());
+  EXPECT_NE(text.out.find("room for one more handle"), std::string::npos) << text.out;
 }
 
 }  // namespace
