@@ -370,9 +370,6 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
            gib(weight_bytes(p)), p.weights.size(), p.windows.size(), gib(p.weight_bytes_mapped));
     printf("  = predicted peak       %8.2f GiB%s\n", gib(p.predicted_peak),
            budget ? (p.meets_budget ? "  (meets the budget)" : "  (does NOT meet the budget)") : "");
-    if (p.spare)
-      printf("  room for one more handle %6llu MiB kept under the budget (a reload that finds every handle held takes one)\n",
-             ull(p.spare >> 20));
     printf("  moved per step         %8.2f GiB out, %.2f GiB in\n", gib(pr.bytes_out), gib(pr.bytes_in));
     printf("  step                   %8.1f ms predicted (compute %.1f ms; lower bound %.1f ms)\n", ms(pr.step_ns),
            ms(pr.compute_ns), ms(pr.lower_bound_ns));
