@@ -34,7 +34,8 @@
 #   scripts/gpu/run.sh refine       PoolRefine on the reference (90/75/50%, 75% without it; with
 #                                   REFINE_BASELINES=1 also ckpt, save_on_cpu and the hidden budget,
 #                                   the planner table) and, with --keep-pool, the reference at 50% and
-#                                   llama at 75% (\$REFINE_KEEP_WORKLOADS) (< 8 min)
+#                                   llama at 75% (\$REFINE_KEEP_WORKLOADS), and without marks
+#                                   \$REFINE_UNMARKED_WORKLOADS (the trim at the first launch) (< 8 min)
 #   scripts/gpu/run.sh sanitize_small  memcheck on a small offloaded run (diagnosis, < 3 min)
 #   scripts/gpu/run.sh sanitize     compute-sanitizer memcheck, then synccheck, on an offloaded
 #                                   reference run (budget 50% of plain's footprint; < 10 min)
@@ -538,6 +539,17 @@ case $plan in
       budget_of ${w}_keep_plain "$(executor_fraction $w)" || continue
       run ${w}_keep_offload o --workload $w "${k[@]}"
       check_pair ${w}_keep_plain ${w}_keep_offload; show ${w}_keep_offload
+    done
+    # Without marks (REFINE_UNMARKED_WORKLOADS): the pool is trimmed at the plan's first launch
+    # (Executor::trim_before_first_step), not at a mark; first_step_trims counts it.
+    for w in ${REFINE_UNMARKED_WORKLOADS-}; do
+      u=(--deterministic --steps 20 --warmup 20 --keep-pool)
+      run ${w}_unmarked_plain 0 --workload $w "${u[@]}"
+      budget_of ${w}_unmarked_plain "$(executor_fraction $w)" || continue
+      run ${w}_unmarked_offload o --workload $w "${u[@]}"
+      check_pair ${w}_unmarked_plain ${w}_unmarked_offload; show ${w}_unmarked_offload
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; print("[gpu]   first_step_trims", x.get("first_step_trims"), "pool_trims", x.get("pool_trims"), "footprint %.2f GiB" % (r["footprint_peak_bytes"] / 2**30))' \
+        "$work/${w}_unmarked_offload.json" 2>/dev/null || log "  no result"
     done
     "$ctl" stop > /dev/null 2>&1
     ;;
