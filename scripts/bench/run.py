@@ -44,7 +44,7 @@ def log(*a):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workload", required=True, choices=("reference", "convnet", "llama", "lora"))
+    p.add_argument("--workload", required=True, choices=("reference", "convnet", "llama", "lora", "moe"))
     p.add_argument("--mode", default="plain", choices=("plain", "ckpt", "save_on_cpu", "stream"))
     p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before (default 3)")
@@ -69,8 +69,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
-    if args.mode == "stream" and args.workload != "lora":
-        p.error("--mode stream (weight streaming) is only for --workload lora")
+    if args.mode == "stream" and args.workload not in ("lora", "moe"):
+        p.error("--mode stream (weight streaming) is only for --workload lora or moe")
     if args.mode == "stream" and (args.compile or args.dist):
         p.error("--mode stream runs eager on one GPU (no --compile, no --dist)")
     return args

@@ -79,7 +79,7 @@ class WeightStream:
         self.dtype = None
         slot_numel = 0
         for b, blk in enumerate(blocks):
-            params = [getattr(blk, n).weight for n in names]
+            params = [blk.get_submodule(n).weight for n in names]
             dtype = params[0].dtype
             self.dtype = self.dtype or dtype
             align = ALIGN_BYTES // params[0].element_size()
@@ -156,6 +156,7 @@ class WeightStream:
         block_bytes = [host.numel() * elem for host, _ in self.layout]
         return {
             "ring": self.ring,
+            "kept_blocks": getattr(self, "kept", 0),
             "blocks": len(self.layout),
             "streamed_params": sum(n for _, entries in self.layout for _, _, n, _ in entries),
             "slot_bytes": self.slot_numel * elem,

@@ -7,8 +7,9 @@ Each builder returns (model, make_batch, loss_fn, make_optimizer):
 
 Modes: plain | ckpt (non-reentrant activation checkpointing per block / stage) |
 save_on_cpu (forward + loss under torch.autograd.graph.save_on_cpu(pin_memory=True)) |
-stream (`lora` only: ckpt, the blocks' frozen weights streamed from pinned host memory through
-a ring of device slots; weight_stream.py, ring size from $WEIGHT_STREAM_RING, default 3).
+stream (`lora` and `moe` only: ckpt, the blocks' frozen weights streamed from pinned host memory through
+a ring of device slots; weight_stream.py, ring size from $WEIGHT_STREAM_RING, default 3; the
+first $WEIGHT_STREAM_KEEP blocks resident, default 0).
 Weights are built from code with torch.manual_seed(seed); nothing is downloaded.
 """
 
@@ -20,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-WORKLOADS = ("reference", "convnet", "llama", "lora")
+WORKLOADS = ("reference", "convnet", "llama", "lora", "moe")
 MODES = ("plain", "ckpt", "save_on_cpu", "stream")
 DEVICE = "cuda"
 
@@ -70,20 +71,28 @@ class Block(nn.Module):
         self.fc2 = linear(4 * d, d, **dd)
 
     def forward(self, x):
-        b, t, d = x.shape
-        qkv = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (b, heads, t, hd)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        x = x + _attention(self, x)
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
+def _attention(blk, x):
+    """Causal self-attention of a pre-LN block with ln1, qkv, proj and heads."""
+    b, t, d = x.shape
+    qkv = blk.qkv(blk.ln1(x)).view(b, t, 3, blk.heads, d // blk.heads)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (b, heads, t, hd)
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return blk.proj(a.transpose(1, 2).reshape(b, t, d))
+
+
 class Transformer(nn.Module):
-    def __init__(self, vocab, d, heads, layers, ckpt=False, linear=nn.Linear, **dd):
+    """Embedding, `layers` blocks (Block, or what `block()` builds), final LayerNorm, head."""
+
+    def __init__(self, vocab, d, heads, layers, ckpt=False, linear=nn.Linear, block=None, **dd):
         super().__init__()
         self.ckpt = ckpt
         self.embed = nn.Embedding(vocab, d, **dd)
-        self.blocks = nn.ModuleList(Block(d, heads, linear=linear, **dd) for _ in range(layers))
+        block = block or (lambda: Block(d, heads, linear=linear, **dd))
+        self.blocks = nn.ModuleList(block() for _ in range(layers))
         self.ln_f = nn.LayerNorm(d, **dd)
         self.head = nn.Linear(d, vocab, bias=False, **dd)
 
@@ -218,6 +227,21 @@ class LoRALinear(nn.Module):
         return F.linear(x, self.weight) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
 
 
+def _stream_weights(model, names):
+    """`stream` mode: the weights `names` of the model's blocks streamed by weight_stream, through
+    a ring of $WEIGHT_STREAM_RING slots (default 3). The first $WEIGHT_STREAM_KEEP blocks
+    (default 0) keep theirs resident, as layer-offload trainers' "blocks to swap" settings do
+    to use the memory a budget leaves."""
+    import weight_stream
+
+    ring = int(os.environ.get("WEIGHT_STREAM_RING", "3"))
+    keep = int(os.environ.get("WEIGHT_STREAM_KEEP", "0"))
+    if not 0 <= keep <= len(model.blocks) - 2:
+        raise ValueError(f"WEIGHT_STREAM_KEEP={keep}: between 0 and {len(model.blocks) - 2} (two blocks streamed at least)")
+    model.weight_stream = weight_stream.WeightStream(model.blocks[keep:], names, ring)
+    model.weight_stream.kept = keep
+
+
 def build_lora(mode, small, seed):
     """The reference architecture with every block Linear a LoRALinear (rank 16, alpha 32);
     only the adapters train (embedding, LayerNorms, head and base weights frozen). Full shapes:
@@ -231,10 +255,81 @@ def build_lora(mode, small, seed):
         p.requires_grad_(name.endswith((".lora_a", ".lora_b")))
     model.train()
     if mode == "stream":
-        import weight_stream
+        _stream_weights(model, ("qkv", "proj", "fc1", "fc2"))
+    make_batch, loss_fn = _next_token_io(vocab, batch, seq, seed)
 
-        ring = int(os.environ.get("WEIGHT_STREAM_RING", "3"))
-        model.weight_stream = weight_stream.WeightStream(model.blocks, ("qkv", "proj", "fc1", "fc2"), ring)
+    def make_optimizer(params):
+        return torch.optim.AdamW([p for p in params if p.requires_grad], lr=1e-4)
+
+    return model, make_batch, loss_fn, make_optimizer
+
+
+# --------------------------------------------------------------------------- moe
+
+class Expert(nn.Module):
+    """A frozen GELU MLP expert (no biases)."""
+
+    def __init__(self, d, f, **dd):
+        super().__init__()
+        self.fc1 = nn.Linear(d, f, bias=False, **dd)
+        self.fc2 = nn.Linear(f, d, bias=False, **dd)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class MoEBlock(nn.Module):
+    """Pre-LN block: causal attention with LoRA projections, then a mixture of `experts`
+    frozen GELU experts with expert-choice routing (Zhou et al., 2022): the router's softmax
+    over experts scores every token, and each expert takes the n * capacity_factor / experts
+    tokens that score it highest, weighted by their score. Every shape is fixed, nothing waits
+    on the host, and the gathers and sums (index_select, index_add_) are deterministic under
+    torch.use_deterministic_algorithms."""
+
+    def __init__(self, d, heads, experts, f, capacity_factor, linear, **dd):
+        super().__init__()
+        self.heads = heads
+        self.capacity_factor = capacity_factor
+        self.ln1 = nn.LayerNorm(d, **dd)
+        self.qkv = linear(d, 3 * d, **dd)
+        self.proj = linear(d, d, **dd)
+        self.ln2 = nn.LayerNorm(d, **dd)
+        self.router = nn.Linear(d, experts, bias=False, **dd)
+        self.experts = nn.ModuleList(Expert(d, f, **dd) for _ in range(experts))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        x = x + _attention(self, x)
+        h = self.ln2(x).reshape(b * t, d)
+        take = b * t * self.capacity_factor // len(self.experts)
+        gate, idx = self.router(h).float().softmax(dim=-1).t().topk(take, dim=1)  # each (experts, take)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out.index_add_(0, idx[e], expert(h.index_select(0, idx[e])) * gate[e, :, None].to(h.dtype))
+        return x + out.view(b, t, d)
+
+
+def build_moe(mode, small, seed):
+    """A mixture-of-experts transformer fine-tuned with LoRA: attention projections are
+    LoRALinear (rank 16, alpha 32); only the adapters train (experts, routers, LayerNorms,
+    embedding and head frozen). Full shapes: d=4096, 32 heads, 18 blocks of 16 experts
+    (d -> 8192 -> d, 64 MiB a weight), capacity factor 3 (each token goes to three experts on
+    average), vocab 32000, 4 x 4096 tokens: 20,798,939,136 frozen bf16 weights (41.6 GB,
+    38.7 GiB), 7,077,888 adapter parameters. Each expert works on 3/16 of the tokens, so a
+    block's weights carry 0.235 times the GEMM work per byte that a dense block's do (the
+    `lora` workload's): streamed whole, as layer-offload trainers stream, they keep the link
+    busier than the compute. `stream` is `ckpt` with each block's attention and expert
+    weights streamed by weight_stream."""
+    vocab, d, heads, layers, experts, f, batch, seq = (
+        (8000, 512, 8, 4, 4, 1024, 2, 256) if small else (32000, 4096, 32, 18, 16, 8192, 4, 4096))
+    dd = dict(device=DEVICE, dtype=torch.bfloat16)
+    model = Transformer(vocab, d, heads, layers, ckpt=(mode in ("ckpt", "stream")),
+                        block=lambda: MoEBlock(d, heads, experts, f, 3, LoRALinear, **dd), **dd)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.endswith((".lora_a", ".lora_b")))
+    model.train()
+    if mode == "stream":
+        _stream_weights(model, ("qkv", "proj") + tuple(f"experts.{e}.{n}" for e in range(experts) for n in ("fc1", "fc2")))
     make_batch, loss_fn = _next_token_io(vocab, batch, seq, seed)
 
     def make_optimizer(params):
@@ -245,7 +340,8 @@ def build_lora(mode, small, seed):
 
 # --------------------------------------------------------------------------- entry point
 
-_BUILDERS = {"reference": build_reference, "convnet": build_convnet, "llama": build_llama, "lora": build_lora}
+_BUILDERS = {"reference": build_reference, "convnet": build_convnet, "llama": build_llama, "lora": build_lora,
+             "moe": build_moe}
 
 
 def build(name, mode="plain", small=False, seed=0, data_seed=None):
@@ -255,8 +351,8 @@ def build(name, mode="plain", small=False, seed=0, data_seed=None):
         raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
-    if mode == "stream" and name != "lora":
-        raise ValueError(f"mode 'stream' (weight streaming) is only for the lora workload, not {name!r}")
+    if mode == "stream" and name not in ("lora", "moe"):
+        raise ValueError(f"mode 'stream' (weight streaming) is only for the lora and moe workloads, not {name!r}")
     torch.manual_seed(seed)
     model, make_batch, loss_fn, make_optimizer = _BUILDERS[name](mode, small, seed if data_seed is None else data_seed)
     if mode == "save_on_cpu":

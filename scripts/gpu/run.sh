@@ -58,6 +58,9 @@
 #                                   allocator), ckpt under the shim (OFFLOAD_PERSISTENT_MIN=64MiB)
 #                                   at 20 GiB and at 24 GiB; small shapes first; bitwise
 #                                   checks (< 10 min)
+#   scripts/gpu/run.sh weights_moe  weight streaming on the moe workload (frozen experts of 38.7 GiB,
+#                                   20 GiB): small shapes, resident, then the baseline and the shim
+#                                   alternated ($MOE_ARMS); bitwise checks, ab_report.py (< 10 min)
 #   scripts/gpu/run.sh weights_20   the baseline and the shim at 20 GiB, back to back, then the
 #                                   shim with the frozen base marked read-only (< 7 min)
 #   scripts/gpu/run.sh weights_20_telemetry  resident, the baseline, and the marked shim at 20 GiB
@@ -963,6 +966,80 @@ for name in names:
 PY
     "$ctl" stop > /dev/null 2>&1
     log "weights: bitwise $([ $fails = 0 ] && echo PASS || echo "FAIL ($fails)") (plan took $((SECONDS - t_plan)) s)"
+    ;;
+  weights_moe)
+    # Weight streaming on the moe workload (a mixture-of-experts transformer, frozen bf16 weights
+    # of 38.7 GiB, LoRA adapters on attention, 16384 tokens a step, checkpointed blocks), where a
+    # block's weights carry a quarter of a dense block's GEMM work per byte (< 10 min):
+    # small shapes first (resident, baseline, shim: bitwise in seconds), then the resident run
+    # (the reference), and $MOE_ARMS in order (default "stream_1 shim_1 shim_2 stream_2"):
+    # stream_N the hand-written baseline on PyTorch's native allocator, keep_N the same keeping as
+    # many blocks resident as 20 GiB leaves room for, shim_N the shim at 20 GiB
+    # as weights_ab's shimc arm (frozen base marked, OFFLOAD_TELEMETRY=sampled, OFFLOAD_BLOCK_CACHE),
+    # with OFFLOAD_PERSISTENT_MIN=32MiB (the attention's output projection is 32 MiB, an expert's
+    # weight 64 MiB). ab_report.py on the arms with two runs.
+    restart_daemon
+    t_plan=$SECONDS
+    export WEIGHT_STREAM_RING=${WEIGHT_STREAM_RING:-3}
+    fails=0
+    s=(--workload moe --small --deterministic --steps 6 --warmup 6 --mark-steps)
+    run moe_small_ckpt 0 "${s[@]}" --mode ckpt
+    run moe_small_stream 0 "${s[@]}" --mode stream
+    check_pair moe_small_ckpt moe_small_stream || fails=$((fails + 1))
+    budget_of moe_small_ckpt 0.5
+    OFFLOAD_PERSISTENT_MIN=2MiB run moe_small_offload o "${s[@]}" --mode ckpt --mark-frozen
+    check_pair moe_small_ckpt moe_small_offload || fails=$((fails + 1))
+    restart_daemon
+    d=(--workload moe --deterministic --steps ${MOE_STEPS:-8} --warmup 6 --mark-steps)
+    run moe_ckpt 0 "${d[@]}" --mode ckpt
+    budget=20GiB
+    read -ra arms <<< "${MOE_ARMS:-stream_1 shim_1 shim_2 stream_2}"
+    for n in "${arms[@]}"; do
+      if (( SECONDS - t_plan > ${MOE_PLAN_S:-470} )); then log "no time left for moe_$n"; fails=$((fails + 1)); continue; fi
+      case $n in
+        stream_*) restart_daemon; run "moe_$n" 0e "${d[@]}" --mode stream ;;
+        # The baseline keeping as many blocks resident as the budget leaves room for beside its
+        # ring (from the first stream run's footprint; $MOE_KEEP to set it).
+        keep_*) restart_daemon
+                keep=${MOE_KEEP:-$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); ws=r["weight_stream"]; print(max(0, min(ws["blocks"] - 2, int((20 * 2**30 - r["footprint_peak_bytes"]) // ws["slot_bytes"]))))' "$work/moe_stream_1.json" 2>/dev/null)}
+                [ -n "$keep" ] || { log "no moe_stream_1 result: no block count to keep"; continue; }
+                log "baseline keeping $keep blocks resident"
+                WEIGHT_STREAM_KEEP=$keep run "moe_$n" 0e "${d[@]}" --mode stream ;;
+        shim_*) restart_daemon
+                OFFLOAD_BLOCK_CACHE=${WEIGHTS_BLOCK_CACHE:-512MiB} OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=32MiB \
+                  run "moe_$n" o "${d[@]}" --mode ckpt --mark-frozen
+                python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; p=x.get("planner") or {}; print("[gpu]  ", sys.argv[2], "footprint %.2f GiB" % (r["footprint_peak_bytes"] / 2**30), "predicted", p.get("predicted_step_ns"), "weights:", json.dumps(x.get("weights")), "misses", x.get("recent_misses"), "block cache:", json.dumps(r["shim"].get("block_cache")))' \
+                  "$work/moe_$n.json" "$n" 2>/dev/null || log "  no result for moe_$n" ;;
+        *) log "weights_moe: unknown arm $n (stream_N, keep_N, shim_N)"; continue ;;
+      esac
+      check_pair moe_ckpt "moe_$n" || fails=$((fails + 1))
+    done
+    python3 - "$work" <<'PY'
+import json, os, sys
+def load(name):
+    path = os.path.join(sys.argv[1], name + ".json")
+    return json.load(open(path)) if os.path.exists(path) else None
+ref = load("moe_ckpt")
+for name in sorted(f[:-5] for f in os.listdir(sys.argv[1]) if f.startswith("moe_") and f.endswith(".json")):
+    r = load(name)
+    ws = r.get("weight_stream") or {}
+    ex = ((r.get("shim") or {}).get("executor") or {})
+    pred = (ex.get("planner") or {}).get("predicted_step_ns") or 0
+    ratio = f"{r['ms_per_step'] / ref['ms_per_step']:.3f}x resident" if ref and not r["small"] else ""
+    print(f"[gpu] {name}: {r['ms_per_step']:.1f} ms/step {ratio}; footprint {r['footprint_peak_bytes'] / 2**30:.2f} GiB"
+          + (f"; predicted {pred / 1e6:.1f} ms" if pred else "")
+          + (f"; ring {ws['ring']} x {ws['slot_bytes'] / 2**30:.2f} GiB, {ws.get('kept_blocks', 0)} blocks kept, {ws['h2d_bytes_per_step'] / 2**30:.2f} GiB H2D a step" if ws else ""))
+PY
+    runs_of() {
+      local f=() n
+      for n in "${arms[@]}"; do [[ $n == "$1"_* ]] && [ -f "$work/moe_$n.json" ] && f+=("$work/moe_$n.json"); done
+      [ ${#f[@]} -ge 2 ] && (IFS=,; echo "${f[*]}")
+    }
+    base=$(runs_of stream) shim=$(runs_of shim) kept=$(runs_of keep)
+    [ -n "$base" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/moe_ab.md" --a "baseline=$base" --b "shim=$shim"
+    [ -n "$kept" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/moe_ab_keep.md" --a "baseline_keep=$kept" --b "shim=$shim"
+    "$ctl" stop > /dev/null 2>&1
+    log "weights_moe: bitwise $([ $fails = 0 ] && echo PASS || echo "FAIL ($fails)") ($((SECONDS - t_plan)) s)"
     ;;
   persistent)
     # PersistentPool on the GPU (38ce7fa; tested on the simulated driver only before): every
