@@ -253,6 +253,9 @@ DevPtr Executor::place(uint64_t bytes, Stream s, uint64_t next_launch, uint64_t*
 }
 
 bool Executor::release(DevPtr p, Stream s) {
+  // The weights' span [weight_lo_, weight_hi_) is a quick test, not ownership: the arenas'
+  // reservation, or the pool's other blocks, may lie between two weights (the driver places
+  // ranges where it likes), so a pointer in it that is no weight goes on to the arenas.
   if (p >= weight_lo_.load(std::memory_order_relaxed) && p < weight_hi_.load(std::memory_order_relaxed)) {
     std::lock_guard lock(mu_);
     int i = weight_at(p);
@@ -271,8 +274,8 @@ bool Executor::release(DevPtr p, Stream s) {
       if (w.h2d_pending) driver_.stream_wait(s, w.ev_h2d);
       lend_back(w);
       deviate("a streamed weight was freed");
+      return false;
     }
-    return false;
   }
   if (p < va_lo_.load(std::memory_order_relaxed) || p >= va_hi_.load(std::memory_order_relaxed)) return false;
   std::lock_guard lock(mu_);
@@ -309,8 +312,10 @@ void Executor::prepare_access(DevPtr p) {
   if (p >= weight_lo_.load(std::memory_order_relaxed) && p < weight_hi_.load(std::memory_order_relaxed)) {
     std::lock_guard lock(mu_);
     int i = weight_at(p);
-    if (i >= 0) reload_weight(static_cast<uint32_t>(i), true);
-    return;
+    if (i >= 0) {
+      reload_weight(static_cast<uint32_t>(i), true);
+      return;
+    }
   }
   if (p < va_lo_.load(std::memory_order_relaxed) || p >= va_hi_.load(std::memory_order_relaxed)) return;
   std::lock_guard lock(mu_);

@@ -205,6 +205,20 @@ DevPtr SimDriver::reserve(uint64_t bytes) {
     ++stats_.misuses;
     return 0;
   }
+  if (!reserve_hints_.empty()) {
+    const DevPtr at = reserve_hints_.front();
+    reserve_hints_.pop_front();
+    void* q = at % g ? MAP_FAILED
+                     : mmap(as_ptr(at), bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
+                            -1, 0);
+    if (q != MAP_FAILED && reinterpret_cast<DevPtr>(q) != at) munmap(q, bytes);  // a kernel without NOREPLACE
+    if (q == MAP_FAILED || reinterpret_cast<DevPtr>(q) != at) {
+      ++stats_.misuses;
+      return 0;
+    }
+    reservations_[at] = bytes;
+    return at;
+  }
   // Over-reserve by one granule and trim, so that the range starts on a granule.
   const uint64_t len = bytes + g;
   void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -215,6 +229,16 @@ DevPtr SimDriver::reserve(uint64_t bytes) {
   if (base + len > va + bytes) munmap(as_ptr(va + bytes), base + len - (va + bytes));
   reservations_[va] = bytes;
   return va;
+}
+
+void SimDriver::reserve_at(std::vector<DevPtr> vas) {
+  std::lock_guard lock(mu_);
+  reserve_hints_.assign(vas.begin(), vas.end());
+}
+
+size_t SimDriver::reserve_hints_left() const {
+  std::lock_guard lock(mu_);
+  return reserve_hints_.size();
 }
 
 void SimDriver::unreserve(DevPtr va, uint64_t bytes) {

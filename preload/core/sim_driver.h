@@ -89,6 +89,11 @@ class SimDriver final : public Driver {
   void set_device_total_bytes(uint64_t bytes);  // default 16 GiB
   // create_physical returns 0 when the live physical bytes would exceed this; default none.
   void set_physical_limit(uint64_t bytes);
+  // Tests: the next reserve() calls place their ranges at these addresses, in order (each a
+  // multiple of the granularity, with the range free; a call that cannot is a misuse and
+  // returns 0), as a real driver's ranges may interleave.
+  void reserve_at(std::vector<DevPtr> vas);
+  size_t reserve_hints_left() const;
 
   // The stream-ordered pool PyTorch's allocations come from, as a trim sees it: `reserved`
   // bytes, of which `in_use` back live allocations (a trim keeps those). Until set, the pool is
@@ -187,6 +192,7 @@ class SimDriver final : public Driver {
   uint64_t device_total_ = 16ull << 30;
   uint64_t physical_limit_ = UINT64_MAX;
   std::map<DevPtr, uint64_t> reservations_;  // base -> bytes
+  std::deque<DevPtr> reserve_hints_;
   std::map<uint64_t, Physical> physical_;    // handle -> memfd
   std::map<DevPtr, Mapping> mapped_;         // base -> mapping
   uint64_t next_handle_ = 1;

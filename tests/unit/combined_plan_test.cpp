@@ -12,6 +12,7 @@
 //
 // Every case is a fixed seed: a failure names it (SCOPED_TRACE) and reruns alike.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -69,6 +70,9 @@ struct Config {
   // 0: the planner records the trace and installs nothing (the budget search); else
   // plan_step's budget.
   uint64_t budget = 0;
+  // The driver places the weights' ranges around a gap, and the arenas' reservation in it:
+  // the arenas lie between two weights, as a real driver's ranges may.
+  bool arenas_between_weights = false;
 };
 
 // The first plan the rig got from plan_step.
@@ -92,6 +96,7 @@ struct Outcome {
   uint64_t max_physical = 0;  // the driver's VMM bytes, most after a launch from the plan's second step
   FirstPlan plan;
   std::optional<StepTrace> trace;  // the budget search's: the last step the rig assembled
+  DevPtr arenas_at = 0;  // arenas_between_weights: the gap, once every placed range was reserved
 };
 
 PlannerOptions planner_options(uint64_t budget, uint64_t granularity) {
@@ -158,6 +163,7 @@ class CombinedLoop {
   Outcome run() {
     const uint32_t L = c_.layers;
     Outcome o;
+    if (c_.arenas_between_weights) place_ranges();
     w_.resize(L);
     for (uint32_t l = 0; l < L; ++l) {
       const uint64_t n = kWeightBytes;
@@ -198,10 +204,28 @@ class CombinedLoop {
     o.max_physical = max_physical_;
     o.plan = first_;
     if (!c_.budget) o.trace = trace_;
+    if (c_.arenas_between_weights) o.arenas_at = r_.sim().reserve_hints_left() == 0 ? gap_ : 0;
     return o;
   }
 
  private:
+  // The weights' ranges (the PersistentPool reserves each at twice its size) in a free stretch
+  // of address space, the first half below a gap of kGap and the rest above it; the next range
+  // reserved after them (the plan's arenas) in the gap.
+  static constexpr uint64_t kGap = 64ull << 20, kSlot = 2 * kWeightBytes;
+  void place_ranges() {
+    const uint64_t g = r_.sim().vmm_granularity(), span = c_.layers * kSlot + kGap + g;
+    void* probe = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    ASSERT_NE(probe, MAP_FAILED);
+    munmap(probe, span);
+    const DevPtr base = (reinterpret_cast<DevPtr>(probe) + g - 1) / g * g;
+    std::vector<DevPtr> at;
+    for (uint32_t l = 0; l < c_.layers; ++l) at.push_back(base + l * kSlot + (l >= c_.layers / 2 ? kGap : 0));
+    gap_ = base + (c_.layers / 2) * kSlot;
+    at.push_back(gap_);
+    r_.sim().reserve_at(std::move(at));
+  }
+
   // A launch of a step; from the plan's second step on (every weight has then been through
   // its windows once), the driver's physical VMM bytes (weights' blocks and arena handles)
   // after it are sampled. (Physical bytes, not mapped ranges: a reload may take the handle of
@@ -275,6 +299,7 @@ class CombinedLoop {
   uint32_t active_steps_ = 0;
   FirstPlan first_;
   std::optional<StepTrace> trace_;
+  DevPtr gap_ = 0;
 };
 
 Outcome run(const Config& c) { return CombinedLoop(c).run(); }
@@ -384,6 +409,9 @@ void run_seeds(const Config& base) {
     EXPECT_GT(off.plan.windows, 0u) << off.plan.describe << " (" << off.plan.why << ")";
     EXPECT_TRUE(off.plan.meets_budget) << off.plan.describe;
     if (seed == 1) std::cout << "plan: " << off.plan.describe << "\n";
+    if (c.arenas_between_weights) {
+      EXPECT_NE(off.arenas_at, 0u) << "the arenas were not reserved between the weights";
+    }
     // The same bytes.
     EXPECT_TRUE(off.installed);
     EXPECT_EQ(off.unreadable, 0u) << "a weight is still unmapped after a pointer query";
@@ -433,6 +461,15 @@ TEST(CombinedPlan, AGpuFarBehindTheHostStillMatches) {
   c.gpu_ops_max = 2;
   c.max_queued = 32;
   c.host_sync = 0;
+  run_seeds(c);
+}
+
+// 4. The arenas' reservation between two weights' ranges: an arena member's free and a pointer
+// query are the arenas', not the weights' (the executor's test of the weights' span once took
+// every pointer in it for a weight's or the allocator's, and the free went to the allocator).
+TEST(CombinedPlan, ArenasReservedBetweenTwoWeightsAreStillTheArenas) {
+  Config c;
+  c.arenas_between_weights = true;
   run_seeds(c);
 }
 

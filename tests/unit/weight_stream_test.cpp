@@ -99,6 +99,7 @@ struct Outcome {
   uint32_t evicted_at_end = 0;    // weights out after the run (brought back to be read)
   uint32_t unreadable = 0;        // weights still unmapped after that (none may be)
   uint64_t min_physical = ~uint64_t{0};  // the driver's physical bytes, least after a launch of a plan's step
+  uint64_t physical_at_stats = 0;         // the driver's physical bytes when `stats` was read
 };
 
 // The test's planner: the weights and their windows, from the trace alone.
@@ -217,6 +218,7 @@ class WeightLoop {
     }
     r_.finish();
     o.stats = r_.executor().stats();  // before the weights are brought back to be read
+    o.physical_at_stats = r_.sim().vmm_stats().physical_bytes;
     if (!c_.free_weights_mid_step) {
       // A weight whose window crosses into the next step is out after the last step: a
       // pointer query brings it back (as the application's reading it would).
@@ -365,6 +367,8 @@ void expect_same(const Outcome& off, const Outcome& plain) {
   EXPECT_EQ(off.losses, plain.losses);
   EXPECT_EQ(off.vmm.misuses, 0u);
   EXPECT_GT(off.stats.steps_active, 2u);
+  // What the executor says it holds is some of the driver's physical memory.
+  EXPECT_LE(off.stats.held_bytes, off.physical_at_stats);
 }
 
 Config sound_config(uint64_t seed) {
