@@ -313,18 +313,20 @@ def build_moe(mode, small, seed):
     """A mixture-of-experts transformer fine-tuned with LoRA: attention projections are
     LoRALinear (rank 16, alpha 32); only the adapters train (experts, routers, LayerNorms,
     embedding and head frozen). Full shapes: d=4096, 32 heads, 18 blocks of 16 experts
-    (d -> 8192 -> d, 64 MiB a weight), capacity factor 3 (each token goes to three experts on
+    (d -> 8192 -> d, 64 MiB a weight), capacity factor 6 (each token goes to six experts on
     average), vocab 32000, 4 x 4096 tokens: 20,798,939,136 frozen bf16 weights (41.6 GB,
-    38.7 GiB), 7,077,888 adapter parameters. Each expert works on 3/16 of the tokens, so a
-    block's weights carry 0.235 times the GEMM work per byte that a dense block's do (the
+    38.7 GiB), 7,077,888 adapter parameters. Each expert works on 6/16 of the tokens, so a
+    block's weights carry 0.41 times the GEMM work per byte that a dense block's do (the
     `lora` workload's): streamed whole, as layer-offload trainers stream, they keep the link
-    busier than the compute. `stream` is `ckpt` with each block's attention and expert
-    weights streamed by weight_stream."""
-    vocab, d, heads, layers, experts, f, batch, seq = (
-        (8000, 512, 8, 4, 4, 1024, 2, 256) if small else (32000, 4096, 32, 18, 16, 8192, 4, 4096))
+    busier than the forward pass's compute. (At a capacity factor of 3 the forward pass was
+    too short for any streaming at 20 GiB: the weights it needs past what fits take longer on
+    the link than its compute; bench/results/weights.md.) `stream` is `ckpt` with each block's
+    attention and expert weights streamed by weight_stream."""
+    vocab, d, heads, layers, experts, f, capacity, batch, seq = (
+        (8000, 512, 8, 4, 4, 1024, 2, 2, 256) if small else (32000, 4096, 32, 18, 16, 8192, 6, 4, 4096))
     dd = dict(device=DEVICE, dtype=torch.bfloat16)
     model = Transformer(vocab, d, heads, layers, ckpt=(mode in ("ckpt", "stream")),
-                        block=lambda: MoEBlock(d, heads, experts, f, 3, LoRALinear, **dd), **dd)
+                        block=lambda: MoEBlock(d, heads, experts, f, capacity, LoRALinear, **dd), **dd)
     for name, p in model.named_parameters():
         p.requires_grad_(name.endswith((".lora_a", ".lora_b")))
     model.train()
