@@ -992,7 +992,7 @@ PY
     check_pair moe_small_ckpt moe_small_offload || fails=$((fails + 1))
     fi
     restart_daemon
-    d=(--workload moe --deterministic --steps ${MOE_STEPS:-8} --warmup 6 --mark-steps)
+    d=(--workload moe --deterministic --steps ${MOE_STEPS:-8} --warmup ${MOE_WARMUP:-6} --mark-steps)
     run moe_ckpt 0 "${d[@]}" --mode ckpt
     budget=20GiB
     read -ra arms <<< "${MOE_ARMS:-stream_1 shim_1 shim_2 stream_2}"
