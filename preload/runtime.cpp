@@ -247,7 +247,12 @@ void Runtime::plan_from(const StepTrace& t) {
   // plan think a budget was met that was not (7afa059).
   if (pool_overhead_ <= 0) {
     pool_overhead_ = o.pool_overhead;
-    const uint64_t reserved = driver_.pool_reserved_high(), live = step_facts(t, o.min_bytes).peak;
+    // Against what the pool serves: with OFFLOAD_PERSISTENT_MIN the weights sit in the shim's
+    // own ranges, and the step's whole live peak (moe: 45 GiB, 38.7 of them weights) made
+    // the factor 0.14, clamped to the model's 1.15, where the pool held 1.4x its share (moe on
+    // the H200: 6.41 GiB reserved, the footprint 21.28 GiB against a plan's 19.96 and a budget
+    // of 20).
+    const uint64_t reserved = driver_.pool_reserved_high(), live = pooled_live_peak(t, persistent_ ? persistent_->min_bytes() : 0);
     if (reserved && live)
       pool_overhead_ = std::clamp(static_cast<double>(reserved) / static_cast<double>(live), o.pool_overhead, 2.0);
     if (pool_overhead_ > o.pool_overhead)
@@ -384,12 +389,8 @@ void Runtime::watch_pool(const StepTrace& t) {
   if (!planned_.arenas.empty() || planned_.weights.empty() || !persistent_ || pool_revision_undone_) return;
   const uint64_t reserved = driver_.pool_reserved_current();
   if (!reserved) return;
-  const uint64_t min = persistent_->min_bytes();
-  uint64_t persistent = 0;
-  for (const TraceAlloc& a : t.allocs)
-    if (min && a.persistent(min)) persistent += a.bytes;
-  const int64_t pooled = pooled_peak(live_bytes(t, nullptr), persistent);  // as the plan counted it
-  if (pooled <= 0) return;
+  const uint64_t pooled = pooled_live_peak(t, persistent_ ? persistent_->min_bytes() : 0);  // as the plan counted it
+  if (!pooled) return;
   const uint64_t budget = settings_.budget_bytes(driver_.device_total_bytes());
   const double f = pool_watch_.observe(reserved, static_cast<uint64_t>(pooled), pool_overhead_, planned_.predicted_peak, budget);
   if (f <= 0) return;

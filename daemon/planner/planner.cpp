@@ -786,6 +786,13 @@ int64_t pooled_peak(const std::vector<int64_t>& live, uint64_t persistent) {
   return most;
 }
 
+uint64_t pooled_live_peak(const StepTrace& t, uint64_t persistent_min) {
+  uint64_t persistent = 0;
+  for (const TraceAlloc& a : t.allocs)
+    if (persistent_min && a.persistent(persistent_min)) persistent += a.bytes;
+  return static_cast<uint64_t>(std::max<int64_t>(0, pooled_peak(live_bytes(t, nullptr), persistent)));
+}
+
 double PoolWatch::observe(uint64_t reserved, uint64_t live, double planned, uint64_t predicted_peak, uint64_t budget) {
   if (!reserved || !live || !budget || planned <= 0 || revisions_ >= max_) return 0;
   const double held = static_cast<double>(reserved) / static_cast<double>(live);

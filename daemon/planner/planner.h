@@ -202,6 +202,9 @@ class PlanWatch {
 // launches of the live bytes (`live`, before each) less the persistent ones, which sit in the
 // shim's own ranges. The pool keeps what it reserved (its release threshold is the maximum).
 int64_t pooled_peak(const std::vector<int64_t>& live, uint64_t persistent);
+// The same for a step: its live peak less its persistent allocations of at least
+// `persistent_min` bytes (none when 0), at least 0.
+uint64_t pooled_live_peak(const StepTrace& t, uint64_t persistent_min);
 
 // Adaptation, memory: the plan counts what the allocator holds for the live bytes outside the
 // shim's own memory as pool_overhead times them, measured once before the first plan. Under the

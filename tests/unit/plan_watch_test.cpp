@@ -160,6 +160,30 @@ TEST(PlanFeedback, LateReloadsCostTimeAndTheNextPlanAccountsForThem) {
 constexpr uint64_t kGiB = 1ull << 30;
 const uint64_t kLive = static_cast<uint64_t>(13.207 * kGiB), kPredicted = static_cast<uint64_t>(19.98 * kGiB);
 
+// What PyTorch's pool serves of a step: weights in the shim's own ranges are not counted (the
+// runtime's first pool factor is the pool's reservation over this, not over the whole peak).
+TEST(PooledLivePeak, LeavesOutThePersistentAllocationsOfAtLeastTheMinimum) {
+  constexpr uint64_t kMiB = 1 << 20;
+  StepTrace t;
+  t.launches.resize(4);
+  for (uint32_t i = 0; i < 4; ++i) t.launches[i].pos = i;
+  auto add = [&](uint64_t bytes, int64_t at, int64_t freed) {
+    TraceAlloc a;
+    a.ordinal = static_cast<uint32_t>(t.allocs.size());
+    a.bytes = bytes;
+    a.alloc_pos = at;
+    a.free_pos = freed;
+    t.allocs.push_back(a);
+  };
+  add(1024 * kMiB, -1, -1);  // a weight
+  add(8 * kMiB, -1, -1);     // optimizer state below the minimum: the pool's
+  add(100 * kMiB, 1, 3);     // activations
+  add(300 * kMiB, 2, 3);
+  EXPECT_EQ(pooled_live_peak(t, 0), (1024 + 8 + 400) * kMiB);  // no persistent pool: everything
+  EXPECT_EQ(pooled_live_peak(t, 64 * kMiB), (8 + 400) * kMiB);
+  EXPECT_EQ(pooled_live_peak(t, 2048 * kMiB), (1024 + 8 + 400) * kMiB);  // the weight is below it
+}
+
 TEST(PoolWatch, APoolHoldingMoreThanPlannedPastTheBudgetRevisesThePlan) {
   PoolWatch w;
   const double f = w.observe(static_cast<uint64_t>(15.25 * kGiB), kLive, 1.15, kPredicted, 20 * kGiB);
