@@ -224,12 +224,14 @@ x = (b.get("shim") or {}).get("executor") or {}
 fp, bud = b.get("footprint_peak_bytes"), x.get("budget")
 within = "n/a" if not (fp and bud) else ("yes" if fp <= bud else "NO")
 misses = sum((x.get("recent_misses") or [])[-b["steps"]:])
-# The step the plan ran from (the shim's steps less those it was active for): after the last
-# warm-up step, where the peaks are reset, the footprint counts steps before any plan ran.
-shim = b.get("shim") or {}
-start = shim.get("steps", 0) - x.get("steps_active", 0) if x.get("installed") else None
-late = "" if start is None or start <= b["warmup"] - 1 else (
-    f" (plan from step {start}, after the peaks were reset at step {b['warmup'] - 1}: the footprint counts unplanned steps)")
+# The peaks are reset before the last warm-up step: a plan active for fewer steps than the timed
+# ones and that one came in after the reset, and the footprint counts steps before any plan ran.
+# (Counted in the plan's steps, not the shim's: before the first mark the shim may cut steps of
+# its own, as it did in moe's model building.)
+active = x.get("steps_active", 0) if x.get("installed") else None
+late = "" if active is None or active >= b["steps"] + 1 else (
+    f" (the plan ran {active} steps, fewer than the {b['steps']} timed and the one before them: "
+    "it came in after the peaks were reset, and the footprint counts unplanned steps)")
 g = lambda v: f"{v / 2**30:.2f}" if isinstance(v, (int, float)) else "n/a"
 print(f"[gpu] check {b['workload']}{' --small' if b['small'] else ''}: "
       f"{'PASS' if losses and grads else 'FAIL'} losses={'same' if losses else 'DIFFER'} "
