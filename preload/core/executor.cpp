@@ -29,16 +29,18 @@ void Executor::teardown_locked() {
     if (a.ev_h2d) driver_.destroy_event(a.ev_h2d);
   }
   arenas_.clear();
+  // held_ counts the streamed weights' memory too, which a new install may keep (the same
+  // weights): only the arenas' handles go from it.
   for (uint64_t h : handles_)
     if (h) {
       driver_.release_physical(h);
       ++st_.handles_released;
+      held_.fetch_sub(plan_.handle_bytes);
     }
   handles_.clear();
   free_handles_.clear();
   busy_.clear();
   for (Arena& a : arenas_) a.in_busy = false;
-  held_.store(0);
   if (reservation_) driver_.unreserve(reservation_, reservation_bytes_);
   reservation_ = 0;
   reservation_bytes_ = 0;
