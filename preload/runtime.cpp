@@ -426,11 +426,11 @@ void Runtime::mark_step() {
     // step after an emptied pool needed 1.011x).
     empty_pool(sync);
     refine_.after_mark(driver_.pool_reserved_current());
-    (void)trim_.before_first_step(executor_.trim_view().installs, 0, 0);  // emptied already
+    (void)executor_.take_first_step_trim();  // emptied already
     return;  // a new install: its trims and measures start from its own steps
   }
   const Executor::TrimView v = executor_.trim_view();
-  trim_before_first_step(v, sync);
+  trim_before_first_step(sync);
   const bool trim_due = trim_.due(v.installs, v.steps_active, true);
   refine_at_mark(v, trim_due, sync);
   if (trim_due) {
@@ -467,14 +467,10 @@ void Runtime::refine_at_mark(const Executor::TrimView& v, bool trim_due, const s
   if (refine_.last_measured() > 0) refine_seen_.store(refine_.last_measured());
 }
 
-void Runtime::trim_before_first_step(const Executor::TrimView& v, const std::function<void()>& sync) {
-  // A plan's first evictions create its handles while the pool still holds what the steps
-  // without the plan reserved: convnet with --keep-pool on the H200 reached 6.39 GiB in its first
-  // planned step, over plain's 5.62 GiB (budget 3.38; c0a6919). The pool gives back what is
-  // above the budget less the plan's handles first. Plans that stream weights are left alone:
-  // their pool is watched and revised (watch_pool).
-  if (!v.arenas_only) return;
-  const std::optional<uint64_t> keep = trim_.before_first_step(v.installs, v.budget, v.handle_bytes);
+void Runtime::trim_before_first_step(const std::function<void()>& sync) {
+  // At the mark before a plan's first step, after the GPU has caught up, so that the pool has
+  // seen every free of the steps before (Executor::take_first_step_trim says why and how much).
+  const std::optional<uint64_t> keep = executor_.take_first_step_trim();
   if (!keep) return;
   const uint64_t before = driver_.pool_reserved_current();
   if (!before || before <= *keep) return;

@@ -149,7 +149,7 @@ class Runtime {
   void adopt_swap();
   // Before an installed plan's first step, at its mark: the pool trimmed to the budget less the
   // plan's handles, once the GPU has caught up (sync).
-  void trim_before_first_step(const Executor::TrimView& v, const std::function<void()>& sync);
+  void trim_before_first_step(const std::function<void()>& sync);
   // Gives the pool's unused memory back, once the GPU has caught up (sync).
   void empty_pool(const std::function<void()>& sync);
   HostPool& host_pool();  // offloadd's, or this process's own without a daemon

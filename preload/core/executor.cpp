@@ -396,7 +396,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
         step_ = (n - anchor_) / plan_.step_launches;
         ++st_.steps_active;
         cursor_ = 0;
-        if (first_step_due_) trim_before_first_step(s);
+        if (first_step_due_) trim_at_first_launch(s);
       }
     }
     if (active_ && plan_.tokens[pos] != launch_token(kind, kernel)) deviate("a launch differs from the plan's");
@@ -729,26 +729,37 @@ int Executor::acquire_handle(bool for_reload, Stream s) {
   return h;
 }
 
-void Executor::trim_before_first_step(Stream s) {
+std::optional<uint64_t> Executor::first_step_keep_locked() {
   // The plan's first evictions create its handles. What the steps before it reserved in the
   // allocator's pool would otherwise stay beside them: convnet kept its pool at plain's 5.62 GiB
   // through its first planned step and reached 6.39 GiB against a 3.38 GiB budget (H200,
-  // c0a6919). Steps marked by offload_mark_step() are trimmed at the mark before, after the GPU
-  // has caught up (Runtime::trim_before_first_step); this, at the step's first launch, is for
-  // steps without marks, and finds such a pool already trimmed. No wait here: the trim gives
-  // back what the pool has seen freed. Nothing while the launch's stream captures a graph (or
-  // when that cannot be told): the pool's trim is not a call to make inside a capture.
+  // c0a6919). Plans that stream weights are left alone: their pool is watched and revised.
+  if (!first_step_due_) return std::nullopt;
   first_step_due_ = false;
-  if (plan_.arenas.empty() || !plan_.weights.empty() || !plan_.budget) return;
-  if (driver_.stream_capturing(s) != 0) return;
+  if (plan_.arenas.empty() || !plan_.weights.empty() || !plan_.budget) return std::nullopt;
   const uint64_t handles = uint64_t{plan_.handles} * plan_.handle_bytes;
-  const uint64_t keep = plan_.budget > handles ? plan_.budget - handles : 0;
+  return plan_.budget > handles ? plan_.budget - handles : 0;
+}
+
+std::optional<uint64_t> Executor::take_first_step_trim() {
+  std::lock_guard lock(mu_);
+  if (!installed_.load(std::memory_order_relaxed)) return std::nullopt;
+  return first_step_keep_locked();
+}
+
+void Executor::trim_at_first_launch(Stream s) {
+  // Steps without marks (a marked step's trim was taken at its mark, after the GPU caught up).
+  // No wait here: the trim gives back what the pool has seen freed. Nothing while the launch's
+  // stream captures a graph (or when that cannot be told): the pool's trim is not a call to
+  // make inside a capture.
+  const std::optional<uint64_t> keep = first_step_keep_locked();
+  if (!keep || driver_.stream_capturing(s) != 0) return;
   const uint64_t before = driver_.pool_reserved_current();
-  if (!before || before <= keep || !driver_.pool_trim(keep)) return;
+  if (!before || before <= *keep || !driver_.pool_trim(*keep)) return;
   ++st_.first_step_trims;
   log().info("pool trimmed at the plan's first launch: {:.2f} GiB reserved -> {:.2f} GiB (at most {:.2f} GiB kept)",
              static_cast<double>(before) / (1 << 30), static_cast<double>(driver_.pool_reserved_current()) / (1 << 30),
-             static_cast<double>(keep) / (1 << 30));
+             static_cast<double>(*keep) / (1 << 30));
 }
 
 std::string Executor::describe_handles() const {

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <utility>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -223,6 +224,12 @@ class Executor final : public LaunchGate {
     uint64_t spare = 0;  // room the plan keeps under `budget` for one more handle (Plan::spare)
   };
   TrimView trim_view();
+  // The pool's trim before the installed plan's first step, taken at the step's mark (the
+  // runtime waits for the GPU, then trims to the bytes returned); then the first launch leaves
+  // the pool alone. nullopt: not due (taken already, the step begun, or no plan) or a plan that
+  // streams weights. Without marks, the trim happens at the first launch, without a wait, and
+  // is counted in first_step_trims.
+  std::optional<uint64_t> take_first_step_trim();
 
  private:
   enum class State : uint8_t { Empty, Resident, Evicting, Evicted, Reloading, Draining };
@@ -370,7 +377,11 @@ class Executor final : public LaunchGate {
   uint32_t reload_cap() const { return opt_.max_reloads_in_flight ? opt_.max_reloads_in_flight : plan_.handles; }
   void teardown_locked();
   std::string describe_handles() const;  // for the log: arenas holding memory, and their state
-  void trim_before_first_step(Stream s);  // under mu_, at the first launch (on `s`) of an installed plan's first step
+  // The pool's trim before an installed plan's first step, once per install: the bytes the pool
+  // may keep (the budget less the plan's handles), or nullopt when it is not due or the plan is
+  // not one of arenas alone. Under mu_.
+  std::optional<uint64_t> first_step_keep_locked();
+  void trim_at_first_launch(Stream s);  // under mu_, at the first launch (on `s`) of the first step
 
   Driver& driver_;
   Options opt_;

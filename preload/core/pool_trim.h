@@ -49,16 +49,6 @@ class PoolTrim {
   // The tries for the install counted `installs` are over (due() has seen it, and no try is left).
   bool over(uint64_t installs) const { return installs == seen_ && left_ == 0; }
 
-  // Before the first step of the install counted `installs`, once: the pool keeps at most the
-  // budget less the plan's handles (`handle_bytes`, all of them), so that the handles its first
-  // evictions create do not come on top of what the steps without the plan reserved. nullopt:
-  // not now (no install, or this one's turn is over).
-  std::optional<uint64_t> before_first_step(uint64_t installs, uint64_t budget, uint64_t handle_bytes) {
-    if (installs == 0 || installs == first_seen_) return std::nullopt;
-    first_seen_ = installs;
-    return budget > handle_bytes ? budget - handle_bytes : 0;
-  }
-
   struct Attempt {
     uint64_t before = 0;  // the pool's reserved bytes before the try
     uint64_t after = 0;   // and after it
@@ -95,7 +85,7 @@ class PoolTrim {
 
   uint64_t after_;
   uint32_t tries_;
-  uint64_t seen_ = 0, base_ = 0, last_ = UINT64_MAX, slack_ = 0, first_seen_ = 0;
+  uint64_t seen_ = 0, base_ = 0, last_ = UINT64_MAX, slack_ = 0;
   uint32_t left_ = 0;
 };
 

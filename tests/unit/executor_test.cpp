@@ -7,6 +7,8 @@
 // shows with fault injection that the harness notices a missing wait.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <cstring>
 #include <iostream>
 #include <vector>
@@ -34,6 +36,9 @@ struct Config {
   // The allocator's pool as a trim sees it (SimDriver::set_pool); 0: not modelled.
   uint64_t pool_reserved = 0, pool_in_use = 0;
   bool capturing = false;  // the compute stream says it captures a graph (SimDriver::set_capturing)
+  // At each step's mark, as the runtime does: the first step's trim taken (take_first_step_trim),
+  // after the GPU has caught up.
+  bool trim_at_marks = false;
   Executor::Options exec{};
 };
 
@@ -52,6 +57,8 @@ struct Outcome {
   SimDriver::PoolTrims pool_trims;
   uint64_t pool_reserved_after = 0;
   Executor::TrimView view;  // of the plan installed at the end
+  uint32_t mark_trims = 0;      // trim_at_marks: first-step trims taken at a mark
+  uint64_t mark_trim_keep = 0;  // and the bytes the last one kept
 };
 
 rig::Options rig_options(const Config& c) {
@@ -107,6 +114,12 @@ class TrainLoop {
         r_.executor().retire("a revision");
       }
       step(s, w, losses);
+      if (c_.trim_at_marks)
+        if (const std::optional<uint64_t> keep = r_.executor().take_first_step_trim()) {
+          r_.sim().run_all();
+          if (r_.sim().pool_trim(*keep)) ++o.mark_trims;
+          o.mark_trim_keep = *keep;
+        }
       if (s == c_.swap_at && r_.executor().installed()) {
         o.before_swap = r_.executor().stats();
         PlanOptions po;
@@ -319,6 +332,35 @@ TEST(Executor, AtAPlansFirstLaunchThePoolGoesDownToTheBudgetLessThePlansHandles)
   Outcome cap = run(capturing);
   EXPECT_EQ(cap.pool_trims.calls, 0u);
   EXPECT_EQ(cap.stats.first_step_trims, 0u);
+}
+
+TEST(Executor, APlansFirstStepTrimIsTakenOnceAtTheMarkAndNotAgainAtItsFirstLaunch) {
+  // Marked steps: the runtime takes the trim at the mark before the plan's first step, after
+  // the GPU has caught up; the first launch then leaves the pool alone. Once per install.
+  Config c;
+  c.budget = 1 << 20;
+  c.pool_reserved = 64 << 20;
+  c.trim_at_marks = true;
+  Outcome plain = run([&] { Config p = c; p.offload = false; return p; }());
+  Outcome off = run(c);
+  ASSERT_TRUE(off.installed);
+  ASSERT_EQ(off.stats.installs, 1u);
+  ASSERT_GT(off.view.budget, off.view.handle_bytes) << off.stats.plan;
+  EXPECT_EQ(off.mark_trims, 1u);
+  EXPECT_EQ(off.mark_trim_keep, off.view.budget - off.view.handle_bytes);
+  EXPECT_EQ(off.stats.first_step_trims, 0u) << "the first launch trimmed again";
+  EXPECT_EQ(off.pool_trims.calls, 1u);
+  EXPECT_EQ(off.pool_trims.physical_at_last, 0u) << "before the plan's first handle";
+  EXPECT_EQ(off.weights, plain.weights);
+  EXPECT_EQ(off.losses, plain.losses);
+  // Retired and planned again: the new install's first step is trimmed once more, at its mark.
+  Config again = c;
+  again.retire_at = 4;
+  again.pool_reserved = 64 << 20;
+  Outcome r = run(again);
+  EXPECT_GE(r.stats.installs, 2u);
+  EXPECT_EQ(r.mark_trims, r.stats.installs);
+  EXPECT_EQ(r.stats.first_step_trims, 0u);
 }
 
 }  // namespace

@@ -206,18 +206,6 @@ PoolRefine::Mark mark(uint64_t installs, uint64_t reserved, bool trim_done = tru
 }
 uint64_t times(double f) { return static_cast<uint64_t>(static_cast<double>(kResident) * f); }
 
-TEST(PoolTrim, BeforeEachInstallsFirstStepOnceTheBudgetLessThePlansHandles) {
-  PoolTrim t;
-  EXPECT_FALSE(t.before_first_step(0, 1000 * MiB, 100 * MiB).has_value());  // no plan yet
-  EXPECT_EQ(t.before_first_step(1, 1000 * MiB, 300 * MiB), std::optional<uint64_t>(700 * MiB));
-  EXPECT_FALSE(t.before_first_step(1, 1000 * MiB, 300 * MiB).has_value());  // once per install
-  // The step-by-step tries are the same as without it.
-  EXPECT_FALSE(t.due(1, 0, true));
-  EXPECT_TRUE(t.due(1, 1, true));
-  EXPECT_EQ(t.before_first_step(2, 1000 * MiB, 1200 * MiB), std::optional<uint64_t>(0));  // handles past the budget
-  EXPECT_FALSE(t.before_first_step(2, 1000 * MiB, 100 * MiB).has_value());
-}
-
 TEST(PoolRefine, NothingWhileTheTrimsRunThenOneProbeThenTheMostTheNextStepsNeeded) {
   PoolRefine r;
   // The pool still holds the observed steps' peak: the trims are not over.
