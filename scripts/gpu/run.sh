@@ -243,6 +243,21 @@ sys.exit(0 if losses and grads else 1)
 PY
 }
 
+# weights_small WORKLOAD [ARGS...]: the weight-streaming workload's small shapes resident, streamed
+# by the hand-written baseline, and under the shim (ARGS added) at half the resident footprint
+# with OFFLOAD_PERSISTENT_MIN=2MiB (the small models' weights are 1-8 MiB); bitwise checks, each
+# failure added to $fails. $trace_offload=1: the shim's run records its steps.
+weights_small() {
+  local w=$1; shift
+  local s=(--workload "$w" --small --deterministic --steps 6 --warmup 6 --mark-steps)
+  run "${w}_small_ckpt" 0 "${s[@]}" --mode ckpt
+  run "${w}_small_stream" 0 "${s[@]}" --mode stream
+  check_pair "${w}_small_ckpt" "${w}_small_stream" || fails=$((fails + 1))
+  budget_of "${w}_small_ckpt" 0.5 || { fails=$((fails + 1)); return; }
+  OFFLOAD_PERSISTENT_MIN=2MiB run "${w}_small_offload" o "${s[@]}" --mode ckpt "$@"
+  check_pair "${w}_small_ckpt" "${w}_small_offload" || fails=$((fails + 1))
+}
+
 # A running offloadd keeps the pool size it was started with: stop it, so that the next offload
 # run starts one with $host_pool.
 restart_daemon() { "$ctl" stop > /dev/null 2>&1 && sleep 1; return 0; }
@@ -909,18 +924,7 @@ case $plan in
     export WEIGHT_STREAM_RING=${WEIGHT_STREAM_RING:-3}
     log "weight stream ring: $WEIGHT_STREAM_RING slots"
     fails=0
-    s=(--workload lora --small --deterministic --steps 6 --warmup 6 --mark-steps)
-    if [ "${WEIGHTS_SKIP_SMALL:-0}" != 1 ]; then
-    run lora_small_ckpt 0 "${s[@]}" --mode ckpt
-    run lora_small_stream 0 "${s[@]}" --mode stream
-    check_pair lora_small_ckpt lora_small_stream || fails=$((fails + 1))
-    # The small model's weights are 1.5-8 MiB (OFFLOAD_PERSISTENT_MIN's floor is 2 MiB):
-    # streamed at half its footprint.
-    budget=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["footprint_peak_bytes"] * 0.5))' \
-      "$work/lora_small_ckpt.json" 2>/dev/null)
-    OFFLOAD_PERSISTENT_MIN=2MiB trace_offload=1 run lora_small_offload o "${s[@]}" --mode ckpt
-    check_pair lora_small_ckpt lora_small_offload || fails=$((fails + 1))
-    fi
+    [ "${WEIGHTS_SKIP_SMALL:-0}" = 1 ] || trace_offload=1 weights_small lora
     d=(--workload lora --deterministic --steps 6 --warmup 6 --mark-steps)
     # WEIGHTS_SKIP_SMALL=1 / WEIGHTS_SKIP_STREAM=1: leave out the small shapes / the baseline.
     run lora_ckpt 0 "${d[@]}" --mode ckpt
@@ -984,15 +988,7 @@ PY
     t_plan=$SECONDS
     export WEIGHT_STREAM_RING=${WEIGHT_STREAM_RING:-3}
     fails=0
-    s=(--workload moe --small --deterministic --steps 6 --warmup 6 --mark-steps)
-    if [ "${MOE_SKIP_SMALL:-0}" != 1 ]; then
-    run moe_small_ckpt 0 "${s[@]}" --mode ckpt
-    run moe_small_stream 0 "${s[@]}" --mode stream
-    check_pair moe_small_ckpt moe_small_stream || fails=$((fails + 1))
-    budget_of moe_small_ckpt 0.5
-    OFFLOAD_PERSISTENT_MIN=2MiB run moe_small_offload o "${s[@]}" --mode ckpt --mark-frozen
-    check_pair moe_small_ckpt moe_small_offload || fails=$((fails + 1))
-    fi
+    [ "${MOE_SKIP_SMALL:-0}" = 1 ] || weights_small moe --mark-frozen
     restart_daemon
     d=(--workload moe --deterministic --steps ${MOE_STEPS:-8} --warmup ${MOE_WARMUP:-6} --mark-steps)
     run moe_ckpt 0 "${d[@]}" --mode ckpt
