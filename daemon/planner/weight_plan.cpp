@@ -392,6 +392,7 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
     resident_peak = std::max(resident_peak, v);
   }
   p.resident_peak = resident_peak;
+  p.pooled_peak = static_cast<uint64_t>(std::max<int64_t>(0, pooled));
   p.predicted_step_ns = pr.step_ns;
   p.compute_ns = pr.compute_ns;
   p.lower_bound_ns = pr.lower_bound_ns;

@@ -90,6 +90,9 @@ struct Plan {
   // Predictions, from the trace's allocation sizes.
   uint64_t plain_peak = 0;        // live bytes at the peak without offload
   uint64_t resident_peak = 0;     // live bytes outside arenas at their peak
+  // A plan with weights: PyTorch's pool's share at its peak as the plan counts it (the live
+  // bytes outside arenas less the persistent ones, which the pool overhead multiplies); 0: none.
+  uint64_t pooled_peak = 0;
   uint64_t predicted_peak = 0;    // resident_peak * pool overhead + handles * handle_bytes
   uint64_t budget = 0;            // 0: none given
   bool meets_budget = true;

@@ -84,6 +84,8 @@ struct FirstPlan {
   uint64_t weight_bytes_mapped = 0;  // the bound on the streamed weights' mapped bytes
   uint64_t handle_bytes_total = 0;   // handles * handle_bytes
   uint64_t streamed_bytes = 0;       // the plan's weights' blocks
+  uint64_t pooled_peak = 0;          // the pool's share as the plan counts it
+  uint64_t trace_pooled = 0;         // the step's live peak less its persistent bytes
   std::string describe, why;
 };
 
@@ -146,6 +148,8 @@ class CombinedLoop {
         first_.weight_bytes_mapped = res.plan.weight_bytes_mapped;
         first_.handle_bytes_total = uint64_t{res.plan.handles} * res.plan.handle_bytes;
         for (const WeightPlan& w : res.plan.weights) first_.streamed_bytes += round_up(w.bytes, r.sim().vmm_granularity());
+        first_.pooled_peak = res.plan.pooled_peak;
+        first_.trace_pooled = pooled_live_peak(t, kPersistentMin);
       }
       return std::move(res.plan);
     });
@@ -408,6 +412,10 @@ void run_seeds(const Config& base) {
     EXPECT_GT(off.plan.arenas, 0u) << off.plan.describe << " (" << off.plan.why << ")";
     EXPECT_GT(off.plan.windows, 0u) << off.plan.describe << " (" << off.plan.why << ")";
     EXPECT_TRUE(off.plan.meets_budget) << off.plan.describe;
+    // The pool's share the runtime's pool watch compares with: the activations the arenas do
+    // not take, so above 0 and below the step's live bytes outside the shim's own ranges.
+    EXPECT_GT(off.plan.pooled_peak, 0u);
+    EXPECT_LT(off.plan.pooled_peak, off.plan.trace_pooled);
     if (seed == 1) std::cout << "plan: " << off.plan.describe << "\n";
     if (c.arenas_between_weights) {
       EXPECT_NE(off.arenas_at, 0u) << "the arenas were not reserved between the weights";

@@ -264,6 +264,10 @@ TEST(WeightPlan, StreamsLayerWeightsUnderTheBudget) {
   bool wraps = false;
   for (const WeightWindow& w : p.windows) wraps |= w.wraps();
   EXPECT_TRUE(wraps) << "the first layers' weights idle across the boundary";
+  // Without arenas, the pool's share as the plan counts it is the one the runtime's pool watch
+  // takes from a step (pooled_live_peak).
+  EXPECT_GT(p.pooled_peak, 0u);
+  EXPECT_EQ(p.pooled_peak, pooled_live_peak(t, o.persistent_min));
   check_weights(t, o, p);
 }
 
