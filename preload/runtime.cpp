@@ -252,7 +252,8 @@ void Runtime::plan_from(const StepTrace& t) {
     // the factor 0.14, clamped to the model's 1.15, where the pool held 1.4x its share (moe on
     // the H200: 6.41 GiB reserved, the footprint 21.28 GiB against a plan's 19.96 and a budget
     // of 20).
-    const uint64_t reserved = driver_.pool_reserved_high(), live = pooled_live_peak(t, persistent_ ? persistent_->min_bytes() : 0);
+    const uint64_t reserved = driver_.pool_reserved_high();
+    const uint64_t live = pooled_live_peak(t, persistent_ ? persistent_->min_bytes() : 0);
     if (reserved && live)
       pool_overhead_ = std::clamp(static_cast<double>(reserved) / static_cast<double>(live), o.pool_overhead, 2.0);
     if (pool_overhead_ > o.pool_overhead)
@@ -391,10 +392,11 @@ void Runtime::watch_pool(const StepTrace& t) {
   if (planned_.weights.empty() || !persistent_ || pool_revision_undone_) return;
   const uint64_t reserved = driver_.pool_reserved_current();
   if (!reserved) return;
-  const uint64_t pooled = planned_.arenas.empty() ? pooled_live_peak(t, persistent_->min_bytes()) : planned_.pooled_peak;
+  const uint64_t pooled =
+      planned_.arenas.empty() ? pooled_live_peak(t, persistent_->min_bytes()) : planned_.pooled_peak;
   if (!pooled) return;
   const uint64_t budget = settings_.budget_bytes(driver_.device_total_bytes());
-  const double f = pool_watch_.observe(reserved, static_cast<uint64_t>(pooled), pool_overhead_, planned_.predicted_peak, budget);
+  const double f = pool_watch_.observe(reserved, pooled, pool_overhead_, planned_.predicted_peak, budget);
   if (f <= 0) return;
   log().warn("plan revised: the allocator holds {:.2f} GiB for the step's {:.2f} GiB ({:.3f}x) where the plan counted "
              "{:.3f}x, which takes its {:.2f} GiB past the budget of {:.2f} GiB: planning again with {:.3f}x",
