@@ -246,19 +246,28 @@ void Runtime::plan_from(const StepTrace& t) {
   // Under FSDP2 it held 1.37-1.47x (several streams; f6f95dc), where the model's 1.15 had the
   // plan think a budget was met that was not (7afa059).
   if (pool_overhead_ <= 0) {
-    pool_overhead_ = o.pool_overhead;
     // Against what the pool serves: with OFFLOAD_PERSISTENT_MIN the weights sit in the shim's
     // own ranges, and the step's whole live peak (moe: 45 GiB, 38.7 of them weights) made
     // the factor 0.14, clamped to the model's 1.15, where the pool held 1.4x its share (moe on
     // the H200: 6.41 GiB reserved, the footprint 21.28 GiB against a plan's 19.96 and a budget
-    // of 20).
-    const uint64_t reserved = driver_.pool_reserved_high();
-    const uint64_t live = pooled_live_peak(t, persistent_ ? persistent_->min_bytes() : 0);
-    if (reserved && live)
-      pool_overhead_ = std::clamp(static_cast<double>(reserved) / static_cast<double>(live), o.pool_overhead, 2.0);
+    // of 20). The step's allocations of at least the minimum (0.59 GiB there) are pooled bytes
+    // too, held in the shim's ranges: their physical peak counts with the pool's reservation.
+    const uint64_t min = persistent_ ? persistent_->min_bytes() : 0;
+    uint64_t own_peak = 0, weights = 0;
+    if (persistent_) {
+      own_peak = persistent_->stats().peak_bytes;
+      const uint64_t g = std::max<uint64_t>(1, driver_.vmm_granularity());
+      for (const TraceAlloc& a : t.allocs)
+        if (a.persistent(min)) weights += (a.bytes + g - 1) / g * g;
+    }
+    const uint64_t reserved = driver_.pool_reserved_high(), live = pooled_live_peak(t, min);
+    pool_overhead_ = measured_pool_factor(reserved, own_peak, weights, live, o.pool_overhead);
     if (pool_overhead_ > o.pool_overhead)
-      log().info("the allocator holds {:.2f}x the step's live bytes ({:.2f} GiB for {:.2f} GiB): planning with that",
-                 pool_overhead_, static_cast<double>(reserved) / (1 << 30), static_cast<double>(live) / (1 << 30));
+      log().info("the allocator holds {:.2f}x the step's live bytes ({:.2f} GiB for {:.2f} GiB, {:.2f} GiB of them in the "
+                 "shim's own ranges): planning with that",
+                 pool_overhead_, static_cast<double>(reserved + (own_peak > weights ? own_peak - weights : 0)) / (1 << 30),
+                 static_cast<double>(live) / (1 << 30),
+                 static_cast<double>(own_peak > weights ? own_peak - weights : 0) / (1 << 30));
   }
   o.pool_overhead = pool_overhead_;
   if (host_) {

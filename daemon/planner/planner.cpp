@@ -793,6 +793,12 @@ uint64_t pooled_live_peak(const StepTrace& t, uint64_t persistent_min) {
   return static_cast<uint64_t>(std::max<int64_t>(0, pooled_peak(live_bytes(t, nullptr), persistent)));
 }
 
+double measured_pool_factor(uint64_t reserved, uint64_t own_peak, uint64_t weights, uint64_t pooled, double model) {
+  if (!reserved || !pooled) return model;
+  const uint64_t own = own_peak > weights ? own_peak - weights : 0;
+  return std::clamp(static_cast<double>(reserved + own) / static_cast<double>(pooled), model, 2.0);
+}
+
 double PoolWatch::observe(uint64_t reserved, uint64_t live, double planned, uint64_t predicted_peak, uint64_t budget) {
   if (!reserved || !live || !budget || planned <= 0 || revisions_ >= max_) return 0;
   const double held = static_cast<double>(reserved) / static_cast<double>(live);

@@ -206,6 +206,13 @@ int64_t pooled_peak(const std::vector<int64_t>& live, uint64_t persistent);
 // `persistent_min` bytes (none when 0), at least 0.
 uint64_t pooled_live_peak(const StepTrace& t, uint64_t persistent_min);
 
+// The pool factor measured before the first plan: what the pooled bytes (`pooled`, as
+// pooled_live_peak counts them) cost on the device, over them. PyTorch's pool reserved
+// `reserved` at its high mark; the pooled bytes of at least OFFLOAD_PERSISTENT_MIN sit in the
+// shim's own ranges instead, whose physical peak `own_peak` also holds the weights (`weights`
+// bytes, not pooled). Never below `model`, at most 2; `model` when nothing was measured.
+double measured_pool_factor(uint64_t reserved, uint64_t own_peak, uint64_t weights, uint64_t pooled, double model);
+
 // Adaptation, memory: the plan counts what the allocator holds for the live bytes outside the
 // shim's own memory as pool_overhead times them, measured once before the first plan. Under the
 // plan the pool can hold more (lora at 20 GiB, 940d844: 15.25 GiB for 13.21 GiB live, 1.155x

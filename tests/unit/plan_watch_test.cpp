@@ -184,6 +184,23 @@ TEST(PooledLivePeak, LeavesOutThePersistentAllocationsOfAtLeastTheMinimum) {
   EXPECT_EQ(pooled_live_peak(t, 2048 * kMiB), (1024 + 8 + 400) * kMiB);  // the weight is below it
 }
 
+TEST(MeasuredPoolFactor, CountsThePooledBytesInTheShimsOwnRangesBesideThePoolsReservation) {
+  constexpr uint64_t kMiB = 1 << 20;
+  // moe on the H200: the pool reserved 6.41 GiB; the shim's own ranges held the 38.7 GiB of
+  // weights and 0.59 GiB of the step's large allocations; 5.2 GiB pooled.
+  const uint64_t weights = 39629 * kMiB, own = weights + 604 * kMiB, reserved = 6564 * kMiB, pooled = 5325 * kMiB;
+  EXPECT_NEAR(measured_pool_factor(reserved, own, weights, pooled, 1.15), (6564.0 + 604.0) / 5325.0, 1e-9);
+  // The pool alone (no persistent pool): its reservation over the pooled bytes.
+  EXPECT_NEAR(measured_pool_factor(reserved, 0, 0, pooled, 1.15), 6564.0 / 5325.0, 1e-9);
+  // Never below the model, at most 2, the model when nothing was measured.
+  EXPECT_EQ(measured_pool_factor(pooled, 0, 0, pooled, 1.15), 1.15);
+  EXPECT_EQ(measured_pool_factor(3 * pooled, 0, 0, pooled, 1.15), 2.0);
+  EXPECT_EQ(measured_pool_factor(0, own, weights, pooled, 1.15), 1.15);
+  EXPECT_EQ(measured_pool_factor(reserved, own, weights, 0, 1.15), 1.15);
+  // Weights past the own peak (a peak taken after they were lent) add nothing.
+  EXPECT_NEAR(measured_pool_factor(reserved, 100 * kMiB, weights, pooled, 1.15), 6564.0 / 5325.0, 1e-9);
+}
+
 TEST(PoolWatch, APoolHoldingMoreThanPlannedPastTheBudgetRevisesThePlan) {
   PoolWatch w;
   const double f = w.observe(static_cast<uint64_t>(15.25 * kGiB), kLive, 1.15, kPredicted, 20 * kGiB);
