@@ -262,12 +262,13 @@ void Runtime::plan_from(const StepTrace& t) {
     }
     const uint64_t reserved = driver_.pool_reserved_high(), live = pooled_live_peak(t, min);
     pool_overhead_ = measured_pool_factor(reserved, own_peak, weights, live, o.pool_overhead);
-    if (pool_overhead_ > o.pool_overhead)
+    if (pool_overhead_ > o.pool_overhead) {
+      const uint64_t own = own_peak > weights ? own_peak - weights : 0;  // as measured_pool_factor counts it
       log().info("the allocator holds {:.2f}x the step's live bytes ({:.2f} GiB for {:.2f} GiB, {:.2f} GiB of them in the "
                  "shim's own ranges): planning with that",
-                 pool_overhead_, static_cast<double>(reserved + (own_peak > weights ? own_peak - weights : 0)) / (1 << 30),
-                 static_cast<double>(live) / (1 << 30),
-                 static_cast<double>(own_peak > weights ? own_peak - weights : 0) / (1 << 30));
+                 pool_overhead_, static_cast<double>(reserved + own) / (1 << 30), static_cast<double>(live) / (1 << 30),
+                 static_cast<double>(own) / (1 << 30));
+    }
   }
   o.pool_overhead = pool_overhead_;
   if (host_) {

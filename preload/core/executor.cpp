@@ -40,7 +40,6 @@ void Executor::teardown_locked() {
   handles_.clear();
   free_handles_.clear();
   busy_.clear();
-  for (Arena& a : arenas_) a.in_busy = false;
   if (reservation_) driver_.unreserve(reservation_, reservation_bytes_);
   reservation_ = 0;
   reservation_bytes_ = 0;

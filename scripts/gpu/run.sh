@@ -258,6 +258,14 @@ weights_small() {
   check_pair "${w}_small_ckpt" "${w}_small_offload" || fails=$((fails + 1))
 }
 
+# runs_of PREFIX ARM: the result files of the runs ARM_N among $arms ($work/PREFIXARM_N.json),
+# comma-separated, for ab_report.py; "" unless there are two or more.
+runs_of() {
+  local f=() n
+  for n in "${arms[@]}"; do [[ $n == "$2"_* ]] && [ -f "$work/$1$n.json" ] && f+=("$work/$1$n.json"); done
+  [ ${#f[@]} -ge 2 ] && (IFS=,; echo "${f[*]}")
+}
+
 # A running offloadd keeps the pool size it was started with: stop it, so that the next offload
 # run starts one with $host_pool.
 restart_daemon() { "$ctl" stop > /dev/null 2>&1 && sleep 1; return 0; }
@@ -824,12 +832,8 @@ case $plan in
       esac
     done
     # runs_of ARM: the arm's result files, comma-separated ("" unless it has two or more)
-    runs_of() {
-      local f=() n
-      for n in "${arms[@]}"; do [[ $n == "$1"_* ]] && [ -f "$work/lora_ab_$n.json" ] && f+=("$work/lora_ab_$n.json"); done
-      [ ${#f[@]} -ge 2 ] && (IFS=,; echo "${f[*]}")
-    }
-    base=$(runs_of stream) shim=$(runs_of shim) floor=$(runs_of floor) obs=$(runs_of obs) cma=$(runs_of cma) shimc=$(runs_of shimc)
+    base=$(runs_of lora_ab_ stream) shim=$(runs_of lora_ab_ shim) floor=$(runs_of lora_ab_ floor) obs=$(runs_of lora_ab_ obs)
+    cma=$(runs_of lora_ab_ cma) shimc=$(runs_of lora_ab_ shimc)
     [ -n "$base" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab.md" --a "baseline=$base" --b "shim=$shim"
     [ -n "$base" ] && [ -n "$floor" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_floor.md" --a "baseline=$base" --b "floor=$floor"
     [ -n "$floor" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab_plan.md" --a "floor=$floor" --b "shim=$shim"
@@ -1033,12 +1037,7 @@ for name in sorted(f[:-5] for f in os.listdir(sys.argv[1]) if f.startswith("moe_
           + (f"; predicted {pred / 1e6:.1f} ms" if pred else "")
           + (f"; ring {ws['ring']} x {ws['slot_bytes'] / 2**30:.2f} GiB, {ws.get('kept_blocks', 0)} blocks kept, {ws['h2d_bytes_per_step'] / 2**30:.2f} GiB H2D a step" if ws else ""))
 PY
-    runs_of() {
-      local f=() n
-      for n in "${arms[@]}"; do [[ $n == "$1"_* ]] && [ -f "$work/moe_$n.json" ] && f+=("$work/moe_$n.json"); done
-      [ ${#f[@]} -ge 2 ] && (IFS=,; echo "${f[*]}")
-    }
-    base=$(runs_of stream) shim=$(runs_of shim) kept=$(runs_of keep)
+    base=$(runs_of moe_ stream) shim=$(runs_of moe_ shim) kept=$(runs_of moe_ keep)
     [ -n "$base" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/moe_ab.md" --a "baseline=$base" --b "shim=$shim"
     [ -n "$kept" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/moe_ab_keep.md" --a "baseline_keep=$kept" --b "shim=$shim"
     "$ctl" stop > /dev/null 2>&1
