@@ -20,6 +20,11 @@
 #include "planner/planner.h"
 
 namespace offload {
+
+// Steps a new plan runs before its GPU time is judged (PlanWatch): the step it comes in at and
+// the one after, which move its data out of a resident layout.
+constexpr uint32_t kPlanSettleSteps = 2;
+
 namespace {
 
 std::atomic<Runtime*> g_runtime{nullptr};
@@ -241,11 +246,15 @@ void Runtime::plan_from(const StepTrace& t) {
                static_cast<double>(budget) / (1 << 30));
   }
   if (uint64_t g = driver_.vmm_granularity()) o.granularity = g;
-  // What the allocator holds for the step's live bytes, measured once before the first plan
-  // (the default pool's high-water mark against the step's peak), never below the model's.
+  // What the allocator holds for the step's live bytes, measured before the first plan (the
+  // default pool's high-water mark against the step's peak), never below the model's.
   // Under FSDP2 it held 1.37-1.47x (several streams; f6f95dc), where the model's 1.15 had the
-  // plan think a budget was met that was not (7afa059).
-  if (pool_overhead_ <= 0) {
+  // plan think a budget was met that was not (7afa059). Measured again from each step planned
+  // from, and kept only when a plan is installed: moe's first repeating steps are its
+  // constructor's (37 launches, 0.25 GiB live), whose 2.06 GiB reserved made the factor 2.0
+  // (clamped) for good; the plan then predicted 23.06 GiB, "NOT met", and held 19.88.
+  double factor = pool_overhead_;
+  if (factor <= 0) {
     // Against what the pool serves: with OFFLOAD_PERSISTENT_MIN the weights sit in the shim's
     // own ranges, and the step's whole live peak (moe: 45 GiB, 38.7 of them weights) made
     // the factor 0.14, clamped to the model's 1.15, where the pool held 1.4x its share (moe on
@@ -261,16 +270,15 @@ void Runtime::plan_from(const StepTrace& t) {
         if (a.persistent(min)) weights += (a.bytes + g - 1) / g * g;
     }
     const uint64_t reserved = driver_.pool_reserved_high(), live = pooled_live_peak(t, min);
-    pool_overhead_ = measured_pool_factor(reserved, own_peak, weights, live, o.pool_overhead);
-    if (pool_overhead_ > o.pool_overhead) {
-      const uint64_t own = own_peak > weights ? own_peak - weights : 0;  // as measured_pool_factor counts it
-      log().info("the allocator holds {:.2f}x the step's live bytes ({:.2f} GiB for {:.2f} GiB, {:.2f} GiB of them in the "
-                 "shim's own ranges): planning with that",
-                 pool_overhead_, static_cast<double>(reserved + own) / (1 << 30), static_cast<double>(live) / (1 << 30),
-                 static_cast<double>(own) / (1 << 30));
-    }
+    factor = measured_pool_factor(reserved, own_peak, weights, live, o.pool_overhead);
+    const uint64_t own = own_peak > weights ? own_peak - weights : 0;  // as measured_pool_factor counts it
+    first_factor_note_ = fmt::format(
+        "the allocator holds {:.2f}x the step's live bytes ({:.2f} GiB for {:.2f} GiB, {:.2f} GiB of them in the "
+        "shim's own ranges): planning with that",
+        factor, static_cast<double>(reserved + own) / (1 << 30), static_cast<double>(live) / (1 << 30),
+        static_cast<double>(own) / (1 << 30));
   }
-  o.pool_overhead = pool_overhead_;
+  o.pool_overhead = factor;
   if (host_) {
     pool->release(*host_);
     host_.reset();
@@ -335,7 +343,7 @@ void Runtime::plan_from(const StepTrace& t) {
         log().info("planner: the compute hides up to {:.2f} GiB per step (footprint {:.2f} GiB, step {:.1f} ms predicted)",
                    static_cast<double>(r.hidden_bytes) / (1 << 30), static_cast<double>(r.hidden_peak) / (1 << 30),
                    static_cast<double>(r.hidden_step_ns) / 1e6);
-      if (!watch_) watch_.emplace(predicted_.step_ns);
+      if (!watch_) watch_.emplace(predicted_.step_ns, 3, kPlanSettleSteps);
       else watch_->replanned(predicted_.step_ns);
     } else {
       plan = build_plan(t, o, &why);
@@ -363,6 +371,10 @@ void Runtime::plan_from(const StepTrace& t) {
       return say("not offloading: " + why);
     }
     host_ = ext;
+    if (pool_overhead_ <= 0) {  // the first plan: the factor measured from its step is kept
+      pool_overhead_ = o.pool_overhead;
+      if (pool_overhead_ > PlanOptions{}.pool_overhead) log().info("{}", first_factor_note_);
+    }
     plan_trace_ = t;
     plan_opts_ = po;
     base_factor_ = po.pool_overhead;

@@ -177,6 +177,7 @@ class Runtime {
   std::string share_note_;               // why offloadd gave no share, said once
   LinkModel planned_link_;               // the link the last plan was made for
   double pool_overhead_ = 0;             // allocator bytes per live byte; 0 until measured
+  std::string first_factor_note_;        // how the factor was measured from the step last planned from
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
   uint64_t cache_bound_said_ = 0;        // the cache's bound under the budget, once logged

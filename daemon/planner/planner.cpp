@@ -811,6 +811,10 @@ double PoolWatch::observe(uint64_t reserved, uint64_t live, double planned, uint
 
 double PlanWatch::observe(int64_t measured) {
   if (predicted_ <= 0 || measured <= 0) return 0;
+  if (unjudged_ > 0) {
+    --unjudged_;
+    return 0;
+  }
   const int64_t slack = std::max<int64_t>(1'000'000, predicted_ / 10);
   slow_ = measured > predicted_ + slack ? slow_ + 1 : 0;
   if (slow_ < 3 || revisions_ >= max_) return 0;

@@ -67,6 +67,39 @@ TEST(PlanWatch, ShortStepsNeedAMillisecondOver) {
   EXPECT_GT(w.observe(4 * kMs), 0.0);
 }
 
+// A plan's first steps move its data in and are not judged; each new plan settles again. Three
+// slow steps after the settling ones revise it.
+TEST(PlanWatch, APlansFirstStepsAreNotJudged) {
+  PlanWatch w(200 * kMs, 3, 2);
+  EXPECT_EQ(w.observe(1000 * kMs), 0.0);  // the step the plan came in at
+  EXPECT_EQ(w.observe(1000 * kMs), 0.0);  // the one after
+  EXPECT_EQ(w.slow_steps(), 0u);
+  EXPECT_EQ(w.observe(260 * kMs), 0.0);
+  EXPECT_EQ(w.observe(260 * kMs), 0.0);
+  EXPECT_EQ(w.slow_steps(), 2u);
+  EXPECT_NEAR(w.observe(260 * kMs), 200.0 / 260.0, 1e-9);
+  w.replanned(260 * kMs);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(w.observe(2000 * kMs), 0.0) << "settling again: " << i;
+  EXPECT_EQ(w.observe(2000 * kMs), 0.0);
+  EXPECT_EQ(w.slow_steps(), 1u);
+  EXPECT_EQ(w.revisions(), 1u);
+}
+
+// Moe on the H200 (1df301a): the plan predicted 1863.6 ms; the steps from the one it came in at
+// took 2283.5, 2526.7, 2131.8, then 1764.3 ms of GPU time. Judged from the start, the third
+// revised it; settled, the fast fourth keeps it.
+TEST(PlanWatch, MoesMoveInDoesNotReviseItsPlan) {
+  const int64_t steps[] = {2'283'500'000, 2'526'700'000, 2'131'800'000, 1'764'300'000, 1'870'100'000, 1'862'400'000};
+  PlanWatch judged(1'863'600'000), settled(1'863'600'000, 3, 2);
+  double first = 0;
+  for (int64_t s : steps) {
+    if (double f = judged.observe(s); f > 0 && first == 0) first = f;
+    EXPECT_EQ(settled.observe(s), 0.0);
+  }
+  EXPECT_GT(first, 0.0);
+  EXPECT_EQ(settled.revisions(), 0u);
+}
+
 TEST(PlanWatch, NoPredictionNoRevision) {
   PlanWatch w(0);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(w.observe(500 * kMs), 0.0);
