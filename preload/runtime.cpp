@@ -21,10 +21,6 @@
 
 namespace offload {
 
-// Steps a new plan runs before its GPU time is judged (PlanWatch): the step it comes in at and
-// the one after, which move its data out of a resident layout.
-constexpr uint32_t kPlanSettleSteps = 2;
-
 namespace {
 
 std::atomic<Runtime*> g_runtime{nullptr};
@@ -375,6 +371,7 @@ void Runtime::plan_from(const StepTrace& t) {
       pool_overhead_ = o.pool_overhead;
       if (pool_overhead_ > PlanOptions{}.pool_overhead) log().info("{}", first_factor_note_);
     }
+    pool_watch_.planned();
     plan_trace_ = t;
     plan_opts_ = po;
     base_factor_ = po.pool_overhead;

@@ -35,6 +35,10 @@
 
 namespace offload {
 
+// Steps a new plan runs before PlanWatch judges its GPU time and PoolWatch its pool: the step it
+// comes in at and the one after, which move its data out of a resident layout.
+inline constexpr uint32_t kPlanSettleSteps = 2;
+
 class Runtime {
  public:
   explicit Runtime(Settings s);
@@ -219,7 +223,7 @@ class Runtime {
   std::string block_cache_json() const;
   bool said_rank_ = false;               // the early Attach of a job's rank was tried
   std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
-  PoolWatch pool_watch_;                 // and the allocator's hold against the plan's
+  PoolWatch pool_watch_{2, kPlanSettleSteps};  // and the allocator's hold against the plan's
   std::vector<std::pair<int64_t, int64_t>> late_at_;  // per-boundary lateness measured so far
   CuptiTelemetry telemetry_;
   TelemetrySampler sampler_;  // OFFLOAD_TELEMETRY=sampled: when CUPTI traces

@@ -801,6 +801,10 @@ double measured_pool_factor(uint64_t reserved, uint64_t own_peak, uint64_t weigh
 
 double PoolWatch::observe(uint64_t reserved, uint64_t live, double planned, uint64_t predicted_peak, uint64_t budget) {
   if (!reserved || !live || !budget || planned <= 0 || revisions_ >= max_) return 0;
+  if (unjudged_ > 0) {
+    --unjudged_;
+    return 0;
+  }
   const double held = static_cast<double>(reserved) / static_cast<double>(live);
   if (held <= planned * 1.002) return 0;
   const double grown = static_cast<double>(predicted_peak) + (held - planned) * static_cast<double>(live);
