@@ -306,6 +306,8 @@ void Runtime::plan_from(const StepTrace& t) {
   po.link.late_at = late_at_;
   for (int attempt = 0; attempt < 12; ++attempt) {
     std::string why;
+    int64_t wait_ns = 0;  // the step's planned waits for weight reloads, to meet the budget
+    double wait_share = 0;
     Plan plan;
     if (timed) {
       po.max_host_bytes = o.max_host_bytes;
@@ -331,6 +333,7 @@ void Runtime::plan_from(const StepTrace& t) {
         r = planned();
       }
       overhead_before_revision_ = 0;
+      wait_ns = r.stall_ns, wait_share = r.stall_share;
       plan = std::move(r.plan);
       predicted_ = std::move(r.prediction);
       hidden_bytes_ = r.hidden_bytes, hidden_peak_ = r.hidden_peak;
@@ -372,6 +375,9 @@ void Runtime::plan_from(const StepTrace& t) {
       if (pool_overhead_ > PlanOptions{}.pool_overhead) log().info("{}", first_factor_note_);
     }
     pool_watch_.planned();
+    // Under OFFLOAD_TRACE, the step each plan is made from too (for offloadctl plan), whichever
+    // steps OFFLOAD_TRACE_STEPS writes (a model's first steps may be its constructor's).
+    if (!settings_.trace_dir.empty()) write_trace(t, "/planned-", false);
     plan_trace_ = t;
     plan_opts_ = po;
     base_factor_ = po.pool_overhead;
@@ -380,6 +386,10 @@ void Runtime::plan_from(const StepTrace& t) {
                      !planned_.arenas.empty());
     plan_note_.clear();
     log().info("plan: {}", desc);
+    if (wait_ns)
+      log().info("the plan waits {:.1f} ms a step for weight reloads ({:.1f}% of the compute): no plan whose copies all "
+                 "hide meets the budget",
+                 static_cast<double>(wait_ns) / 1e6, 100 * wait_share);
     if (!meets) log().warn("OFFLOAD_DEVICE_BUDGET cannot be met by what the plan can move; the rest stays resident");
     return;
   }
@@ -733,20 +743,24 @@ void Runtime::emit(StepTrace& t) {
   last_cut_ns_ = now;
   if (summaries_.size() > kSummariesKept) summaries_.pop_front();
   if (!settings_.trace_dir.empty() && steps_written_ < settings_.trace_steps) {
-    char name[64];
-    snprintf(name, sizeof name, "/step-%06llu", static_cast<unsigned long long>(t.step));
-    std::ofstream(settings_.trace_dir + name + ".trace") << [&] {
-      std::ostringstream os;
-      t.write(os);
-      return os.str();
-    }();
-    if (t.gpu_busy_ns >= 0) {
-      std::ofstream chrome(settings_.trace_dir + name + ".chrome.json");
-      t.write_chrome_json(chrome);
-    }
+    write_trace(t, "/step-", true);
     ++steps_written_;
   }
   if (!settings_.trace_dir.empty()) write_summary();
+}
+
+void Runtime::write_trace(const StepTrace& t, const char* prefix, bool chrome_json) {
+  char name[64];
+  snprintf(name, sizeof name, "%s%06llu", prefix, static_cast<unsigned long long>(t.step));
+  std::ofstream(settings_.trace_dir + name + ".trace") << [&] {
+    std::ostringstream os;
+    t.write(os);
+    return os.str();
+  }();
+  if (chrome_json && t.gpu_busy_ns >= 0) {
+    std::ofstream chrome(settings_.trace_dir + name + ".chrome.json");
+    t.write_chrome_json(chrome);
+  }
 }
 
 void Runtime::write_summary() {

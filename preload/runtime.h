@@ -135,6 +135,8 @@ class Runtime {
   void worker();
   void emit(StepTrace& t);
   void write_summary();
+  // Under OFFLOAD_TRACE: PREFIX<step>.trace (and its Chrome trace JSON).
+  void write_trace(const StepTrace& t, const char* prefix, bool chrome_json);
   std::string stats_json_locked();
 
   void plan_from(const StepTrace& t);

@@ -66,6 +66,13 @@ uint64_t weight_bytes(const Plan& p) {
 // Whether the predicted footprint (without a plan: the plain one) meets the budget; none: met.
 bool meets(const PlannerResult& r, uint64_t budget) { return !budget || r.prediction.peak_bytes <= budget; }
 
+// A weight plan that waits for its reloads to meet the budget (PlannerOptions::max_weight_stall).
+void print_wait(const PlannerResult& r) {
+  if (r.stall_ns)
+    printf("  of which waits         %8.1f ms for reloads (%.1f%% of the compute), to meet the budget\n", ms(r.stall_ns),
+           100 * r.stall_share);
+}
+
 void print_json(const std::string& path, const StepTrace& t, const PlannerResult& r, uint64_t budget) {
   const Plan& p = r.plan;
   const Prediction& pr = r.prediction;
@@ -73,12 +80,13 @@ void print_json(const std::string& path, const StepTrace& t, const PlannerResult
          "\"meets_budget\":%s,\"bytes_moved\":%llu,\"predicted_step_ns\":%lld,\"compute_ns\":%lld,\"forward_ns\":%lld,"
          "\"backward_ns\":%lld,\"lower_bound_ns\":%lld,\"hidden_bytes\":%llu,\"hidden_peak\":%llu,"
          "\"hidden_step_ns\":%lld,\"period\":%u,\"segments\":%zu,\"handles\":%u,\"handle_bytes\":%llu,\"spare\":%llu,"
-         "\"arenas\":%zu,\"weights\":%zu,\"weight_bytes\":%llu,\"windows\":%zu,\"weight_bytes_mapped\":%llu,\"why\":%s}\n",
+         "\"arenas\":%zu,\"weights\":%zu,\"weight_bytes\":%llu,\"windows\":%zu,\"weight_bytes_mapped\":%llu,"
+         "\"weight_wait_ns\":%lld,\"why\":%s}\n",
          json_string(path).c_str(), ull(t.step), ull(budget), ull(r.plain_footprint), ull(pr.peak_bytes),
          meets(r, budget) ? "true" : "false", ull(pr.bytes_out), ll(pr.step_ns), ll(pr.compute_ns), ll(pr.forward_ns),
          ll(pr.backward_ns), ll(pr.lower_bound_ns), ull(r.hidden_bytes), ull(r.hidden_peak), ll(r.hidden_step_ns),
          r.boundaries.period, r.boundaries.starts.size(), p.handles, ull(p.handle_bytes), ull(p.spare), p.arenas.size(),
-         p.weights.size(), ull(weight_bytes(p)), p.windows.size(), ull(p.weight_bytes_mapped),
+         p.weights.size(), ull(weight_bytes(p)), p.windows.size(), ull(p.weight_bytes_mapped), ll(r.stall_ns),
          p.empty() ? json_string(r.why).c_str() : "null");
 }
 
@@ -373,6 +381,7 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
     printf("  moved per step         %8.2f GiB out, %.2f GiB in\n", gib(pr.bytes_out), gib(pr.bytes_in));
     printf("  step                   %8.1f ms predicted (compute %.1f ms; lower bound %.1f ms)\n", ms(pr.step_ns),
            ms(pr.compute_ns), ms(pr.lower_bound_ns));
+    print_wait(r);
     if (!p.meets_budget) printf("  %s\n", r.why.c_str());
   } else {
     printf("plan: %s\n", p.describe().c_str());
@@ -388,6 +397,7 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
     printf("  moved per step         %8.2f GiB each way\n", gib(pr.bytes_out));
     printf("  step                   %8.1f ms predicted (compute %.1f ms: forward %.1f, backward %.1f; lower bound %.1f ms)\n",
            ms(pr.step_ns), ms(pr.compute_ns), ms(pr.forward_ns), ms(pr.backward_ns), ms(pr.lower_bound_ns));
+    print_wait(r);
   }
   if (arenas && !p.arenas.empty()) {
     printf("\n  arena  segment   MiB  evict-after reload-at first-use  out(ms)        in(ms)         stall(ms)\n");

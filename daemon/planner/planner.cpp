@@ -906,13 +906,29 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
     r.hidden_step_ns = act.hidden_step_ns, r.hidden_arenas = act.hidden_arenas;
     return r;
   };
-  PlannerResult wp = plan_weights(t, g, o);
+  // First with every copy hidden; then, where neither meets the budget, each allowed to wait
+  // for its reloads (max_weight_stall), the one of them with the shorter step.
+  PlannerOptions hidden = o;
+  hidden.max_weight_stall = 0;
+  PlannerResult wp = plan_weights(t, g, hidden);
   if (wp.plan.meets_budget) return with_hidden(std::move(wp));
+  PlannerResult both;
   if (!act.plan.arenas.empty()) {
-    PlannerResult both = plan_weights(t, g, o, &act);
-    if (both.plan.meets_budget || (!both.plan.windows.empty() && both.plan.predicted_peak < std::min(wp.plan.predicted_peak, act.prediction.peak_bytes)))
-      return with_hidden(std::move(both));
+    both = plan_weights(t, g, hidden, &act);
+    if (both.plan.meets_budget) return with_hidden(std::move(both));
   }
+  if (o.max_weight_stall > 0) {
+    PlannerResult waits = plan_weights(t, g, o);
+    if (!act.plan.arenas.empty()) {
+      PlannerResult both_waits = plan_weights(t, g, o, &act);
+      if (both_waits.plan.meets_budget &&
+          (!waits.plan.meets_budget || both_waits.prediction.step_ns < waits.prediction.step_ns))
+        return with_hidden(std::move(both_waits));
+    }
+    if (waits.plan.meets_budget) return with_hidden(std::move(waits));
+  }
+  if (!both.plan.windows.empty() && both.plan.predicted_peak < std::min(wp.plan.predicted_peak, act.prediction.peak_bytes))
+    return with_hidden(std::move(both));
   if (!wp.plan.windows.empty() && wp.plan.predicted_peak < act.prediction.peak_bytes) return with_hidden(std::move(wp));
   return act;
 }

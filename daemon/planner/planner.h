@@ -122,6 +122,11 @@ struct PlannerOptions {
   // out the host abandoned (it asked for them back before the GPU had copied them out), which
   // this GPU-time model does not see (llama at 75% on the H200: 9.64 GiB against 9.63).
   bool spare_handle = false;
+  // Weights: when no plan whose copies all hide meets the budget, the step may wait for reloads
+  // up to this share of its compute (planned as every launch that much longer); the least
+  // share that meets the budget is taken. 0: copies only where they hide. (moe on the
+  // H200, c8393ff-65902c4: the plans that hide everything predicted 20.5-21.4 GiB against 20.)
+  double max_weight_stall = 0.05;
   LinkModel link;
 };
 
@@ -164,6 +169,12 @@ struct PlannerResult {
   int64_t hidden_step_ns = 0;
   uint32_t hidden_arenas = 0;
   uint64_t plain_footprint = 0;    // plain peak * pool overhead
+  // Weights: the launch before which the budget was missed (-1: met, or no weights), and the
+  // planned waits taken to meet it: every launch `stall_share` longer, `stall_ns` in all (in
+  // the step's predicted time).
+  int64_t unmet_at = -1;
+  int64_t stall_ns = 0;
+  double stall_share = 0;
   std::string why;
 };
 
@@ -260,10 +271,16 @@ class PoolWatch {
 // reserved) + persistent in whole granules - absent weights. Greedy: while the peak is over the
 // budget, the largest window (the longest idle on a tie) that covers the peak joins if
 // everything chosen still fits; predicted_step_ns is the compute's (every chosen copy hides).
+// When that misses the budget, and o.max_weight_stall allows it: the same on the timeline with
+// every launch longer by a share (the step waiting for reloads), the least share up to
+// max_weight_stall, found by bisection, that meets the budget; predicted_step_ns includes it.
 // With `arenas` (an activation plan and its prediction), weights are added to it: the
 // footprint starts from its resident bytes and handles, and the step from its predicted time.
 PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o,
                            const PlannerResult* arenas = nullptr);
+
+// `g` with every launch `factor` times as long (at least 1).
+GpuTimeline dilated(const GpuTimeline& g, double factor);
 
 // Plans steps like `t`. Without GPU times in the trace (CUPTI off), every launch counts as
 // the same length. With o.persistent_min and a budget that activations alone miss: weights

@@ -146,9 +146,7 @@ std::vector<int64_t> prefix(const std::vector<int64_t>& diff, int64_t n) {
   return v;
 }
 
-}  // namespace
-
-PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas) {
+PlannerResult plan_hidden(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas) {
   PlannerResult r;
   const int64_t n = static_cast<int64_t>(t.launches.size());
   Plan& p = r.plan;
@@ -405,10 +403,54 @@ PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const Plann
     else if (p.meets_budget) r.why = "the step's footprint with the weights in exact blocks (" + gib_text(peak) + ") is within the budget";
   }
   if (!p.meets_budget) {
+    r.unmet_at = unmet_at;
     r.why = "no window whose copies fit covers the peak (" + gib_text(peak) + " before launch " + std::to_string(unmet_at) +
             "); " + std::to_string(too_short) + " of " + std::to_string(w.size()) + " windows are too short for their copies";
   }
   return r;
+}
+
+}  // namespace
+
+GpuTimeline dilated(const GpuTimeline& g, double factor) {
+  GpuTimeline w = g;
+  if (factor <= 1) return w;
+  auto at = [&](int64_t x) { return static_cast<int64_t>(std::llround(static_cast<double>(x) * factor)); };
+  for (int64_t& s : w.start) s = at(s);
+  const size_t n = w.start.size();
+  w.total = at(g.total);
+  for (size_t i = 0; i < n; ++i) w.dur[i] = (i + 1 < n ? w.start[i + 1] : w.total) - w.start[i];
+  return w;
+}
+
+PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas) {
+  PlannerResult r = plan_hidden(t, g, o, arenas);
+  if (r.plan.meets_budget || !o.budget || r.unmet_at < 0 || o.max_weight_stall <= 0) return r;
+  // The step waiting for its reloads, as if every launch took longer by the same share: the
+  // link has that much more time everywhere between a weight's copy out and its use. The least
+  // share, by bisection, that meets the budget; none when the whole allowance does not (the plan
+  // that hides everything, said as not met). Where the step waits is the executor's to find:
+  // at the uses whose reloads are late, in order.
+  PlannerResult most = plan_hidden(t, dilated(g, 1 + o.max_weight_stall), o, arenas);
+  if (!most.plan.meets_budget) return r;
+  double lo = 0, hi = o.max_weight_stall;
+  for (int i = 0; i < 6; ++i) {
+    const double mid = (lo + hi) / 2;
+    PlannerResult m = plan_hidden(t, dilated(g, 1 + mid), o, arenas);
+    if (m.plan.meets_budget) hi = mid, most = std::move(m);
+    else lo = mid;
+  }
+  // The figures of the compute itself: the waits are the plan's, in its predicted step alone.
+  Plan& p = most.plan;
+  Prediction& pr = most.prediction;
+  pr.lower_bound_ns = std::max({g.total, pr.bytes_out ? link_ns(pr.bytes_out, o.link.d2h * o.link.scale) : 0,
+                                pr.bytes_in ? link_ns(pr.bytes_in, o.link.h2d * o.link.scale) : 0});
+  p.lower_bound_ns = pr.lower_bound_ns;
+  if (!arenas) pr.compute_ns = g.total;
+  p.compute_ns = pr.compute_ns;
+  most.stall_ns = std::max<int64_t>(0, dilated(g, 1 + hi).total - g.total);
+  most.stall_share = hi;
+  return most;
 }
 
 }  // namespace offload

@@ -1009,11 +1009,11 @@ PY
                 [ -n "$keep" ] || { log "no moe_stream_1 result: no block count to keep"; continue; }
                 log "baseline keeping $keep blocks resident"
                 WEIGHT_STREAM_KEEP=$keep run "moe_$n" 0e "${d[@]}" --mode stream ;;
-        # MOE_TRACE=1: the first shim run records 2 of its steps too (for offloadctl plan without
-        # a GPU; a few MiB each, and the results come back as one file of at most 16 MiB).
+        # MOE_TRACE=1: the first shim run records the step its plan is made from too (for offloadctl
+        # plan without a GPU; a few MiB, and the results come back as one file of at most 16 MiB).
         shim_*) restart_daemon
                 t_o=0; [ "${MOE_TRACE:-0}" = 1 ] && [ "$n" = shim_1 ] && t_o=1
-                OFFLOAD_TRACE_STEPS=2 OFFLOAD_BLOCK_CACHE=${WEIGHTS_BLOCK_CACHE:-512MiB} OFFLOAD_TELEMETRY=sampled \
+                OFFLOAD_TRACE_STEPS=1 OFFLOAD_BLOCK_CACHE=${WEIGHTS_BLOCK_CACHE:-512MiB} OFFLOAD_TELEMETRY=sampled \
                   OFFLOAD_PERSISTENT_MIN=32MiB trace_offload=$t_o run "moe_$n" o "${d[@]}" --mode ckpt --mark-frozen
                 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; p=x.get("planner") or {}; print("[gpu]  ", sys.argv[2], "footprint %.2f GiB" % (r["footprint_peak_bytes"] / 2**30), "predicted", p.get("predicted_step_ns"), "weights:", json.dumps(x.get("weights")), "misses", x.get("recent_misses"), "block cache:", json.dumps(r["shim"].get("block_cache")))' \
                   "$work/moe_$n.json" "$n" 2>/dev/null || log "  no result for moe_$n" ;;
