@@ -9,7 +9,8 @@
 //                                   replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw; with --offload, the
 //                                   executor too, under a budget, with every launch's data checked
-//   offloadctl plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE] [--segments N] [--pool-overhead F]
+//   offloadctl plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE [--read-only] [--max-weight-wait S]]
+//                   [--segments N] [--pool-overhead F]
 //                   [--arenas|--json] [--html FILE]
 //                                   the planner's plan for a recorded step, without a GPU: as
 //                                   text, as JSON, and as a timeline page
@@ -31,7 +32,8 @@
 int cmd_trace_show(const std::string& path, bool check);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
-             const std::string& html, bool json, bool sweep, uint64_t persistent_min, double pool_overhead);
+             const std::string& html, bool json, bool sweep, uint64_t persistent_min, double pool_overhead,
+             bool read_only, double max_weight_wait);
 int cmd_plan_persistent(const std::string& path);
 int cmd_status(const std::string& socket, bool json, double watch_s);
 int cmd_stop(const std::string& socket);
@@ -73,7 +75,8 @@ void usage(FILE* f) {
           "                         --offload, the executor too, under a budget of FRACTION of the step's\n"
           "                         peak (N=12 by default), sizes divided by DIV (default 256), every\n"
           "                         launch's data checked; exit 1 on a mismatch or over the budget\n"
-          "  plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE] [--segments N] [--arenas|--json]\n"
+          "  plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE [--read-only] [--max-weight-wait S]]\n"
+          "       [--segments N] [--arenas|--json]\n"
           "       [--html FILE] [--pool-overhead F]\n"
           "                         the plan the planner makes for a recorded step under a device budget:\n"
           "                         a size (12GiB) or a share of the step's footprint without offload\n"
@@ -84,7 +87,11 @@ void usage(FILE* f) {
           "                         --persistent-min: what outlives the step and is at least SIZE is the\n"
           "                         shim's own (OFFLOAD_PERSISTENT_MIN), and such weights may be streamed\n"
           "                         out and back between their uses when activations alone miss the budget;\n"
-          "                         --pool-overhead: what the allocator holds for the live bytes outside the\n"
+          "                         --read-only: those weights are marked read-only (a frozen base, as\n"
+          "                         offload_mark_read_only marks it): they cost no copy out;\n"
+          "                         --max-weight-wait SHARE: how much of the step a weight plan may wait for\n"
+          "                         reloads to meet the budget (default 0.10, as the shim; 0: never);\n"
+"                         --pool-overhead: what the allocator holds for the live bytes outside the\n"
           "                         arenas, as a factor of them (default 1.15, the shim's floor; a run's\n"
           "                         figure is its pool's reserved high over its used high)\n"
           "  plan --trace FILE --sweep [--segments N] [--json] [--pool-overhead F]\n"
@@ -174,8 +181,8 @@ int main(int argc, char** argv) {
   if (a[0] == "plan") {
     std::string trace, html;
     uint64_t budget = 0, persistent_min = 0;
-    double fraction = 0, pool_overhead = 0;
-    bool arenas = false, json = false, sweep = false, budget_given = false, persistent = false;
+    double fraction = 0, pool_overhead = 0, max_weight_wait = -1;
+    bool arenas = false, json = false, sweep = false, budget_given = false, persistent = false, read_only = false;
     uint32_t segments = 0;
     for (size_t i = 1; i < a.size(); ++i) {
       if (a[i] == "--trace" && i + 1 < a.size()) {
@@ -211,6 +218,18 @@ int main(int argc, char** argv) {
           return 2;
         }
         pool_overhead = v;
+      } else if (a[i] == "--read-only") {
+        read_only = true;
+      } else if (a[i] == "--max-weight-wait" && i + 1 < a.size()) {
+        char* end = nullptr;
+        double v = strtod(a[++i].c_str(), &end);
+        if (*end || a[i].empty() || !(v >= 0.0 && v <= 0.5)) {
+          fprintf(stderr, "offloadctl: --max-weight-wait '%s' is not valid: expected a share of the step from 0 to 0.5, "
+                          "such as 0.05\n",
+                  a[i].c_str());
+          return 2;
+        }
+        max_weight_wait = v;
       } else if (a[i] == "--persistent") {
         persistent = true;
       } else if (a[i] == "--html" && i + 1 < a.size()) {
@@ -246,13 +265,18 @@ int main(int argc, char** argv) {
                       "--arenas or --html\n");
       return 2;
     }
+    if ((read_only || max_weight_wait >= 0) && !persistent_min) {
+      fprintf(stderr, "offloadctl: --read-only and --max-weight-wait are about streamed weights: they need --persistent-min\n");
+      return 2;
+    }
     if (persistent && (budget_given || arenas || json || sweep || !html.empty() || segments || persistent_min ||
                        pool_overhead > 0)) {
       fprintf(stderr, "offloadctl: --persistent prints one table of its own: it takes no other option\n");
       return 2;
     }
     if (persistent) return cmd_plan_persistent(trace);
-    return cmd_plan(trace, budget, fraction, arenas, segments, html, json, sweep, persistent_min, pool_overhead);
+    return cmd_plan(trace, budget, fraction, arenas, segments, html, json, sweep, persistent_min, pool_overhead, read_only,
+                    max_weight_wait);
   }
   std::string joined;
   for (auto& s : a) joined += (joined.empty() ? "" : " ") + s;

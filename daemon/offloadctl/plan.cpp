@@ -327,9 +327,11 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
 // budget: bytes, or 0 for none; fraction (> 0): the budget is that share of the step's
 // footprint without offload instead.
 // sweep: a row per budget from 100% to 30% of that footprint instead of one plan.
-// persistent_min (> 0): weights of at least that many bytes may be streamed instead.
+// persistent_min (> 0): weights of at least that many bytes may be streamed instead; read_only:
+// all of them marked read-only; max_weight_wait (>= 0): PlannerOptions::max_weight_stall.
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
-             const std::string& html, bool json, bool sweep_budgets, uint64_t persistent_min, double pool_overhead) {
+             const std::string& html, bool json, bool sweep_budgets, uint64_t persistent_min, double pool_overhead,
+             bool read_only, double max_weight_wait) {
   StepTrace t;
   if (!load_step_trace(path, &t)) return 1;
   PlannerOptions o;
@@ -337,6 +339,10 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
   if (segments) o.fallback_segments = segments;
   o.persistent_min = persistent_min;
   if (pool_overhead > 0) o.pool_overhead = pool_overhead;
+  if (max_weight_wait >= 0) o.max_weight_stall = max_weight_wait;
+  if (read_only && persistent_min)  // as the shim lists the marked weights: ordinals ascending
+    for (const TraceAlloc& a : t.allocs)
+      if (a.persistent(persistent_min)) o.read_only.push_back(a.ordinal);
   // As plan_step computes PlannerResult::plain_footprint.
   const uint64_t plain = static_cast<uint64_t>(static_cast<double>(step_facts(t, o.min_bytes).peak) * o.pool_overhead);
   if (sweep_budgets) return sweep(path, t, o, plain, json);
@@ -394,7 +400,8 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
     if (p.spare)
       printf("  room for one more handle %6llu MiB kept under the budget (a reload that finds every handle held takes one)\n",
              ull(p.spare >> 20));
-    printf("  moved per step         %8.2f GiB each way\n", gib(pr.bytes_out));
+    if (pr.bytes_out == pr.bytes_in) printf("  moved per step         %8.2f GiB each way\n", gib(pr.bytes_out));
+    else printf("  moved per step         %8.2f GiB out, %.2f GiB in\n", gib(pr.bytes_out), gib(pr.bytes_in));
     printf("  step                   %8.1f ms predicted (compute %.1f ms: forward %.1f, backward %.1f; lower bound %.1f ms)\n",
            ms(pr.step_ns), ms(pr.compute_ns), ms(pr.forward_ns), ms(pr.backward_ns), ms(pr.lower_bound_ns));
     print_wait(r);
