@@ -505,16 +505,23 @@ std::string serialize_weights(const Plan& p) {
   return s.str();
 }
 
+// A step recorded on the H200 (bench/traces/NAME.trace).
+StepTrace recorded_step(const std::string& name) {
+  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/" + name + ".trace");
+  StepTrace t;
+  std::string err;
+  EXPECT_TRUE(is && StepTrace::read(is, &t, &err)) << name << ": " << err;
+  return t;
+}
+
 TEST(WeightPlan, RecordedLoraStepStreamsUnderTwentyGiB) {
 #if defined(OFFLOAD_TEST_TSAN)
   // One thread plans here: nothing for ThreadSanitizer to see, and 30 s of CI under it. The
   // plain and AddressSanitizer builds run it.
   GTEST_SKIP() << "single-threaded planning; run in the plain and ASan builds";
 #endif
-  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/lora.trace");
-  StepTrace t;
-  std::string err;
-  ASSERT_TRUE(is && StepTrace::read(is, &t, &err)) << err;
+  const StepTrace t = recorded_step("lora");
+  ASSERT_FALSE(t.launches.empty());
   PlannerOptions o = weight_options(20ull << 30);
   o.persistent_min = 64 * kMiB;
   const PlannerResult r = plan_step(t, o);
@@ -546,10 +553,8 @@ TEST(WeightPlan, RecordedMoeStepWaitsToMeetTwentyGiB) {
 #if defined(OFFLOAD_TEST_TSAN)
   GTEST_SKIP() << "single-threaded planning; run in the plain and ASan builds";
 #endif
-  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/moe.trace");
-  StepTrace t;
-  std::string err;
-  ASSERT_TRUE(is && StepTrace::read(is, &t, &err)) << err;
+  const StepTrace t = recorded_step("moe");
+  ASSERT_FALSE(t.launches.empty());
   PlannerOptions o = weight_options(20ull << 30);
   o.persistent_min = 32 * kMiB;
   o.pool_overhead = 1.57;
