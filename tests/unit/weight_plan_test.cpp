@@ -545,7 +545,8 @@ TEST(WeightPlan, RecordedLoraStepStreamsUnderTwentyGiB) {
                       "the lora weight plan");
 }
 
-// Moe's recorded step (H200, af6d3df: 38175 launches, 598 frozen weights of 38.2 GiB marked
+// Moe's recorded step (H200, af6d3df: cut by offload_mark_step, so in bench/traces/marked/, out
+// of the main job's replays, whose step detector finds no period of 38175 launches; 38175 launches, 598 frozen weights of 38.2 GiB marked
 // read-only, the pool factor that run's shim measured, 1.57): no plan whose copies all hide
 // meets 20 GiB (20.86 GiB at best); the plan that waits does, as the shim's did on the GPU
 // (66.5 ms, 19.97 GiB predicted, 19.56 held). Checked against the plan recorded here.
@@ -553,7 +554,7 @@ TEST(WeightPlan, RecordedMoeStepWaitsToMeetTwentyGiB) {
 #if defined(OFFLOAD_TEST_TSAN)
   GTEST_SKIP() << "single-threaded planning; run in the plain and ASan builds";
 #endif
-  const StepTrace t = recorded_step("moe");
+  const StepTrace t = recorded_step("marked/moe");
   ASSERT_FALSE(t.launches.empty());
   PlannerOptions o = weight_options(20ull << 30);
   o.persistent_min = 32 * kMiB;
