@@ -91,7 +91,7 @@ void usage(FILE* f) {
           "                         offload_mark_read_only marks it): they cost no copy out;\n"
           "                         --max-weight-wait SHARE: how much of the step a weight plan may wait for\n"
           "                         reloads to meet the budget (default 0.10, as the shim; 0: never);\n"
-"                         --pool-overhead: what the allocator holds for the live bytes outside the\n"
+          "                         --pool-overhead: what the allocator holds for the live bytes outside the\n"
           "                         arenas, as a factor of them (default 1.15, the shim's floor; a run's\n"
           "                         figure is its pool's reserved high over its used high)\n"
           "  plan --trace FILE --sweep [--segments N] [--json] [--pool-overhead F]\n"

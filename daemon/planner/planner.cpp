@@ -801,10 +801,7 @@ double measured_pool_factor(uint64_t reserved, uint64_t own_peak, uint64_t weigh
 
 double PoolWatch::observe(uint64_t reserved, uint64_t live, double planned, uint64_t predicted_peak, uint64_t budget) {
   if (!reserved || !live || !budget || planned <= 0 || revisions_ >= max_) return 0;
-  if (unjudged_ > 0) {
-    --unjudged_;
-    return 0;
-  }
+  if (settling_.skip()) return 0;
   const double held = static_cast<double>(reserved) / static_cast<double>(live);
   if (held <= planned * 1.002) return 0;
   const double grown = static_cast<double>(predicted_peak) + (held - planned) * static_cast<double>(live);
@@ -815,10 +812,7 @@ double PoolWatch::observe(uint64_t reserved, uint64_t live, double planned, uint
 
 double PlanWatch::observe(int64_t measured) {
   if (predicted_ <= 0 || measured <= 0) return 0;
-  if (unjudged_ > 0) {
-    --unjudged_;
-    return 0;
-  }
+  if (settling_.skip()) return 0;
   const int64_t slack = std::max<int64_t>(1'000'000, predicted_ / 10);
   slow_ = measured > predicted_ + slack ? slow_ + 1 : 0;
   if (slow_ < 3 || revisions_ >= max_) return 0;
@@ -918,9 +912,9 @@ PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o) {
     if (both.plan.meets_budget) return with_hidden(std::move(both));
   }
   if (o.max_weight_stall > 0) {
-    PlannerResult waits = plan_weights(t, g, o);
+    PlannerResult waits = plan_weights_waiting(t, g, o, nullptr, wp);
     if (!act.plan.arenas.empty()) {
-      PlannerResult both_waits = plan_weights(t, g, o, &act);
+      PlannerResult both_waits = plan_weights_waiting(t, g, o, &act, both);
       if (both_waits.plan.meets_budget &&
           (!waits.plan.meets_budget || both_waits.prediction.step_ns < waits.prediction.step_ns))
         return with_hidden(std::move(both_waits));

@@ -191,6 +191,23 @@ std::vector<std::pair<int64_t, int64_t>> measured_lateness(const Plan& plan, con
 // Records that reloads first used at launch `pos` arrived `ns` late: the most seen there.
 void add_lateness(std::vector<std::pair<int64_t, int64_t>>& into, int64_t pos, int64_t ns);
 
+// The steps after a plan comes in that a watch does not judge (they move the plan's data in):
+// `steps` after each restart(), `left` at first.
+class Settling {
+ public:
+  Settling(uint32_t steps, uint32_t left) : steps_(steps), left_(left) {}
+  void restart() { left_ = steps_; }
+  // Whether this step goes unjudged (counted).
+  bool skip() {
+    if (!left_) return false;
+    --left_;
+    return true;
+  }
+
+ private:
+  uint32_t steps_, left_;
+};
+
 // Adaptation: watches the GPU time of the steps a plan runs and says when to plan again
 // with a slower link. A step is slow when it runs over the prediction by more than a tenth
 // (and 1 ms); three slow steps in a row revise the plan, at most `max_revisions` times. The
@@ -204,17 +221,22 @@ class PlanWatch {
   // predicted, the steps after them 1764-1870; judged, they revised a plan that kept its time,
   // and the plans made again from steps in demand mode never held (H200, 1df301a).
   explicit PlanWatch(int64_t predicted_step_ns, uint32_t max_revisions = 3, uint32_t settle = 0)
-      : predicted_(predicted_step_ns), max_(max_revisions), settle_(settle), unjudged_(settle) {}
+      : predicted_(predicted_step_ns), max_(max_revisions), settling_(settle, settle) {}
   // One step's measured GPU time (first kernel start to last kernel end). Returns the factor
   // to multiply the link model's speed by, or 0 to keep the plan.
   double observe(int64_t measured_step_ns);
-  void replanned(int64_t predicted_step_ns) { predicted_ = predicted_step_ns, slow_ = 0, unjudged_ = settle_; }
+  void replanned(int64_t predicted_step_ns) {
+    predicted_ = predicted_step_ns, slow_ = 0;
+    settling_.restart();
+  }
   uint32_t revisions() const { return revisions_; }
   uint32_t slow_steps() const { return slow_; }
 
  private:
   int64_t predicted_;
-  uint32_t max_, settle_, unjudged_, slow_ = 0, revisions_ = 0;
+  uint32_t max_;
+  Settling settling_;
+  uint32_t slow_ = 0, revisions_ = 0;
 };
 
 // What PyTorch's pool holds for at most in a step, as plan_weights counts it: the peak over the
@@ -247,9 +269,9 @@ double measured_pool_factor(uint64_t reserved, uint64_t own_peak, uint64_t weigh
 // demand mode never held.
 class PoolWatch {
  public:
-  explicit PoolWatch(uint32_t max_revisions = 2, uint32_t settle = 0) : max_(max_revisions), settle_(settle) {}
+  explicit PoolWatch(uint32_t max_revisions = 2, uint32_t settle = 0) : max_(max_revisions), settling_(settle, 0) {}
   // A plan came in: its first `settle` steps are not judged.
-  void planned() { unjudged_ = settle_; }
+  void planned() { settling_.restart(); }
   // The pool's reserved bytes at a step's end, the step's peak of live bytes (StepFacts::peak),
   // the factor and predicted peak the running plan was made with, and the budget. Returns the
   // factor to plan with again, or 0 to keep the plan.
@@ -257,7 +279,9 @@ class PoolWatch {
   uint32_t revisions() const { return revisions_; }
 
  private:
-  uint32_t max_, settle_, unjudged_ = 0, revisions_ = 0;
+  uint32_t max_;
+  Settling settling_;
+  uint32_t revisions_ = 0;
 };
 
 // Weight streaming: which idle stretches (WeightWindow) of the weights to copy out and back so
@@ -281,6 +305,10 @@ class PoolWatch {
 // footprint starts from its resident bytes and handles, and the step from its predicted time.
 PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o,
                            const PlannerResult* arenas = nullptr);
+// The same from the plan that hides everything (`hidden`: plan_weights' result for `t`, `g` and
+// `arenas` with max_weight_stall 0), which it returns when that meets the budget or no wait does.
+PlannerResult plan_weights_waiting(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o,
+                                   const PlannerResult* arenas, PlannerResult hidden);
 
 // `g` with every launch `factor` times as long (at least 1).
 GpuTimeline dilated(const GpuTimeline& g, double factor);

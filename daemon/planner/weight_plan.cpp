@@ -139,20 +139,26 @@ void add_span(std::vector<int64_t>& diff, int64_t from, int64_t to, int64_t n, i
   }
 }
 
-std::vector<int64_t> prefix(const std::vector<int64_t>& diff, int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  int64_t c = 0;
-  for (int64_t p = 0; p < n; ++p) v[static_cast<size_t>(p)] = c += diff[static_cast<size_t>(p)];
-  return v;
-}
-
-// The same into `v`, whose memory is kept from call to call (a step of moe's 38175 launches is
-// 300 KiB a vector: allocated afresh for every window the greedy tried, the page faults of
+// Into `v`, whose memory the caller may keep from call to call (a step of moe's 38175 launches
+// is 300 KiB a vector: allocated afresh for every window the greedy tried, the page faults of
 // zeroing them were 64% of its time).
 void prefix_into(const std::vector<int64_t>& diff, int64_t n, std::vector<int64_t>& v) {
   v.resize(static_cast<size_t>(n));
   int64_t c = 0;
   for (int64_t p = 0; p < n; ++p) v[static_cast<size_t>(p)] = c += diff[static_cast<size_t>(p)];
+}
+
+std::vector<int64_t> prefix(const std::vector<int64_t>& diff, int64_t n) {
+  std::vector<int64_t> v;
+  prefix_into(diff, n, v);
+  return v;
+}
+
+// The step cannot be shorter than its compute `T`, nor than either direction's bytes at that
+// direction's rate alone.
+int64_t lower_bound(int64_t T, uint64_t bytes_out, uint64_t bytes_in, const LinkModel& link) {
+  return std::max({T, bytes_out ? link_ns(bytes_out, link.d2h * link.scale) : 0,
+                   bytes_in ? link_ns(bytes_in, link.h2d * link.scale) : 0});
 }
 
 PlannerResult plan_hidden(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas) {
@@ -390,10 +396,7 @@ PlannerResult plan_hidden(const StepTrace& t, const GpuTimeline& g, const Planne
   pr.bytes_out = arenas ? out : moved_out;
   pr.bytes_in = arenas ? in : moved;
   pr.step_ns = arenas ? std::max(arenas->prediction.step_ns, T) : T;
-  // The bound: the step cannot be shorter than its compute, nor than either direction's
-  // bytes at that direction's rate alone.
-  pr.lower_bound_ns = std::max({T, pr.bytes_out ? link_ns(pr.bytes_out, o.link.d2h * o.link.scale) : 0,
-                                pr.bytes_in ? link_ns(pr.bytes_in, o.link.h2d * o.link.scale) : 0});
+  pr.lower_bound_ns = lower_bound(T, pr.bytes_out, pr.bytes_in, o.link);
   uint64_t resident_peak = 0;
   for (int64_t q = 0; q < n && q < static_cast<int64_t>(pr.resident.size()); ++q) {
     uint64_t& v = pr.resident[static_cast<size_t>(q)];
@@ -434,34 +437,40 @@ GpuTimeline dilated(const GpuTimeline& g, double factor) {
   return w;
 }
 
-PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas) {
-  PlannerResult r = plan_hidden(t, g, o, arenas);
-  if (r.plan.meets_budget || !o.budget || r.unmet_at < 0 || o.max_weight_stall <= 0) return r;
+PlannerResult plan_weights_waiting(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o,
+                                   const PlannerResult* arenas, PlannerResult hidden) {
+  if (hidden.plan.meets_budget || !o.budget || hidden.unmet_at < 0 || o.max_weight_stall <= 0) return hidden;
   // The step waiting for its reloads, as if every launch took longer by the same share: the
   // link has that much more time everywhere between a weight's copy out and its use. The least
   // share, by bisection, that meets the budget; none when the whole allowance does not (the plan
   // that hides everything, said as not met). Where the step waits is the executor's to find:
   // at the uses whose reloads are late, in order.
-  PlannerResult most = plan_hidden(t, dilated(g, 1 + o.max_weight_stall), o, arenas);
-  if (!most.plan.meets_budget) return r;
+  GpuTimeline longest = dilated(g, 1 + o.max_weight_stall);
+  PlannerResult most = plan_hidden(t, longest, o, arenas);
+  if (!most.plan.meets_budget) return hidden;
   double lo = 0, hi = o.max_weight_stall;
+  int64_t total = longest.total;
   for (int i = 0; i < 6; ++i) {
     const double mid = (lo + hi) / 2;
-    PlannerResult m = plan_hidden(t, dilated(g, 1 + mid), o, arenas);
-    if (m.plan.meets_budget) hi = mid, most = std::move(m);
+    const GpuTimeline longer = dilated(g, 1 + mid);
+    PlannerResult m = plan_hidden(t, longer, o, arenas);
+    if (m.plan.meets_budget) hi = mid, most = std::move(m), total = longer.total;
     else lo = mid;
   }
   // The figures of the compute itself: the waits are the plan's, in its predicted step alone.
   Plan& p = most.plan;
   Prediction& pr = most.prediction;
-  pr.lower_bound_ns = std::max({g.total, pr.bytes_out ? link_ns(pr.bytes_out, o.link.d2h * o.link.scale) : 0,
-                                pr.bytes_in ? link_ns(pr.bytes_in, o.link.h2d * o.link.scale) : 0});
+  pr.lower_bound_ns = lower_bound(g.total, pr.bytes_out, pr.bytes_in, o.link);
   p.lower_bound_ns = pr.lower_bound_ns;
   if (!arenas) pr.compute_ns = g.total;
   p.compute_ns = pr.compute_ns;
-  most.stall_ns = std::max<int64_t>(0, dilated(g, 1 + hi).total - g.total);
+  most.stall_ns = std::max<int64_t>(0, total - g.total);
   most.stall_share = hi;
   return most;
+}
+
+PlannerResult plan_weights(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas) {
+  return plan_weights_waiting(t, g, o, arenas, plan_hidden(t, g, o, arenas));
 }
 
 }  // namespace offload

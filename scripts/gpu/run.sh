@@ -831,7 +831,6 @@ case $plan in
         shim_*|shimc_*) python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); x=r["shim"]["executor"]; print("[gpu]", sys.argv[2], "footprint", round(r["footprint_peak_bytes"] / 2**30, 3), "GiB; host waits, last active step:", json.dumps(x.get("last_step_waits")), "weights:", json.dumps(x.get("weights")), "block cache:", json.dumps(r["shim"].get("block_cache")))' "$work/lora_ab_$n.json" "$n" ;;
       esac
     done
-    # runs_of ARM: the arm's result files, comma-separated ("" unless it has two or more)
     base=$(runs_of lora_ab_ stream) shim=$(runs_of lora_ab_ shim) floor=$(runs_of lora_ab_ floor) obs=$(runs_of lora_ab_ obs)
     cma=$(runs_of lora_ab_ cma) shimc=$(runs_of lora_ab_ shimc)
     [ -n "$base" ] && [ -n "$shim" ] && python3 "$root/scripts/bench/ab_report.py" --md "$work/weights_ab.md" --a "baseline=$base" --b "shim=$shim"

@@ -8,17 +8,10 @@
 
 #include "core/plan.h"
 #include "core/step_trace.h"
+#include "recorded_step.h"
 
 namespace offload {
 namespace {
-
-StepTrace load(const std::string& name) {
-  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/" + name + ".trace");
-  StepTrace t;
-  std::string err;
-  EXPECT_TRUE(is && StepTrace::read(is, &t, &err)) << name << ": " << err;
-  return t;
-}
 
 
 // Every property a plan of `t` must have.
@@ -94,7 +87,7 @@ void check(const StepTrace& t, const PlanOptions& o, const Plan& p) {
 class RecordedPlan : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(RecordedPlan, EveryPlanKeepsItsPromises) {
-  StepTrace t = load(GetParam());
+  StepTrace t = recorded_step(GetParam());
   PlanOptions o;
   std::string why;
   Plan all = build_plan(t, o, &why);
@@ -117,7 +110,7 @@ TEST_P(RecordedPlan, EveryPlanKeepsItsPromises) {
 }
 
 TEST_P(RecordedPlan, NothingToDoWithinTheBudgetAndTheHostPoolBounds) {
-  StepTrace t = load(GetParam());
+  StepTrace t = recorded_step(GetParam());
   PlanOptions o;
   std::string why;
   Plan all = build_plan(t, o, &why);
@@ -136,7 +129,7 @@ TEST_P(RecordedPlan, NothingToDoWithinTheBudgetAndTheHostPoolBounds) {
 }
 
 TEST_P(RecordedPlan, SameTraceSamePlan) {
-  StepTrace t = load(GetParam());
+  StepTrace t = recorded_step(GetParam());
   PlanOptions o;
   std::string why;
   Plan a = build_plan(t, o, &why), b = build_plan(t, o, &why);
@@ -152,7 +145,7 @@ INSTANTIATE_TEST_SUITE_P(Traces, RecordedPlan, ::testing::Values("reference", "c
 
 TEST(Plan, TheReferenceAtHalfItsPeakMeetsTheBudget) {
   // bench/results/executor.md: the GPU run's plan at 50% of the measured footprint.
-  StepTrace t = load("reference");
+  StepTrace t = recorded_step("reference");
   PlanOptions o;
   o.budget = 13723762688;
   std::string why;

@@ -7,20 +7,12 @@
 #include <string>
 
 #include "planner/planner.h"
+#include "recorded_step.h"
 
 namespace offload {
 namespace {
 
 constexpr int64_t kMs = 1'000'000;
-
-// The reference workload's recorded step.
-StepTrace reference_step() {
-  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/reference.trace");
-  StepTrace t;
-  std::string err;
-  EXPECT_TRUE(is && StepTrace::read(is, &t, &err)) << err;
-  return t;
-}
 
 TEST(PlanWatch, StepsWithinTheSlackKeepThePlan) {
   PlanWatch w(200 * kMs);
@@ -108,7 +100,7 @@ TEST(PlanWatch, NoPredictionNoRevision) {
 // What a revision does to the next plan: with the link at the factor the watch returned, the
 // same budget costs more predicted time, and no more bytes move than before.
 TEST(PlanWatch, ASlowerLinkGivesASlowerPlanThatMovesNoMore) {
-  const StepTrace t = reference_step();
+  const StepTrace t = recorded_step("reference");
   ASSERT_FALSE(t.launches.empty());
   PlannerOptions o;
   o.budget = 19ull << 30;
@@ -129,7 +121,7 @@ TEST(PlanWatch, ASlowerLinkGivesASlowerPlanThatMovesNoMore) {
 // Per-boundary feedback, measured: a step that sat idle before an arena's first use longer
 // than the plan predicted says where, and by how much.
 TEST(PlanFeedback, MeasuredLatenessFindsTheBoundaryThatWaited) {
-  const StepTrace t = reference_step();
+  const StepTrace t = recorded_step("reference");
   PlannerOptions o;
   o.budget = 19ull << 30;
   const PlannerResult r = plan_step(t, o);
@@ -158,7 +150,7 @@ TEST(PlanFeedback, MeasuredLatenessFindsTheBoundaryThatWaited) {
 // Per-boundary feedback, used: reloads that arrive late at a boundary cost step time in the
 // simulation, and the plan made with that knowledge does no worse under it than the old one.
 TEST(PlanFeedback, LateReloadsCostTimeAndTheNextPlanAccountsForThem) {
-  const StepTrace t = reference_step();
+  const StepTrace t = recorded_step("reference");
   PlannerOptions o;
   o.budget = 19ull << 30;
   const PlannerResult before = plan_step(t, o);

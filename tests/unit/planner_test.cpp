@@ -31,6 +31,7 @@
 // The planner is single-threaded and pure: ThreadSanitizer has nothing to check in it, and
 // makes the heavy tests (thousands of simulated steps) slow. Those run plain and under ASan.
 #include "expected_file.h"
+#include "recorded_step.h"
 #include "sanitizers.h"
 #ifdef OFFLOAD_TEST_TSAN
 #define SKIP_UNDER_TSAN() GTEST_SKIP() << "single-threaded planner: run plain and under ASan"
@@ -869,11 +870,7 @@ const StepTrace& recorded(const std::string& name) {
   static std::map<std::string, StepTrace> cache;
   auto it = cache.find(name);
   if (it != cache.end()) return it->second;
-  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/" + name + ".trace");
-  StepTrace t;
-  std::string err;
-  EXPECT_TRUE(is && StepTrace::read(is, &t, &err)) << name << ": " << err;
-  return cache.emplace(name, std::move(t)).first->second;
+  return cache.emplace(name, recorded_step(name)).first->second;
 }
 
 // --- what outlives the step ----------------------------------------------------------------

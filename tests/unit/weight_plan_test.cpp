@@ -18,6 +18,7 @@
 #include "core/plan.h"
 #include "core/step_trace.h"
 #include "expected_file.h"
+#include "recorded_step.h"
 #include "planner/planner.h"
 #include "sanitizers.h"
 
@@ -503,15 +504,6 @@ std::string serialize_weights(const Plan& p) {
   for (const WeightWindow& w : p.windows)
     s << "window weight=" << w.weight << " evict_after=" << w.evict_after << " reload_at=" << w.reload_at << " use=" << w.use << "\n";
   return s.str();
-}
-
-// A step recorded on the H200 (bench/traces/NAME.trace).
-StepTrace recorded_step(const std::string& name) {
-  std::ifstream is(std::string(OFFLOAD_TRACES_DIR) + "/" + name + ".trace");
-  StepTrace t;
-  std::string err;
-  EXPECT_TRUE(is && StepTrace::read(is, &t, &err)) << name << ": " << err;
-  return t;
 }
 
 TEST(WeightPlan, RecordedLoraStepStreamsUnderTwentyGiB) {
