@@ -289,6 +289,16 @@ void Runtime::plan_from(const StepTrace& t) {
   po.granularity = o.granularity;
   po.pool_overhead = o.pool_overhead;
   po.spare_handle = true;
+  // This worker drains the event ring too, and a plan can take longer than the ring lasts (moe:
+  // 1.6-4 s a plan, about 78000 events a step, 65536 slots). The planner drains it now and then
+  // into the assembler, which cuts the steps when the plan is made (each is a copy: `t` is not
+  // touched). Kept in plan_opts_ for refine_plan, on this thread too.
+  po.progress = [this, at = mono_ns()]() mutable {
+    const int64_t now = mono_ns();
+    if (now - at < kPlanDrainNs) return;
+    at = now;
+    drained_while_planning_ += log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
+  };
   if (persistent_) po.persistent_min = persistent_->min_bytes();
   // Weights the application marked read-only cost the plan no copy out (ordinals ascending).
   if (po.persistent_min && executor_.any_read_only())
@@ -793,6 +803,7 @@ std::string Runtime::stats_json_locked() {
      << ",\"period\":" << assembler_.detector().period()
      << ",\"deviations\":" << assembler_.detector().deviations()
      << ",\"steps\":" << assembler_.steps_cut()
+     << ",\"drained_while_planning\":" << ld(drained_while_planning_)
      << ",\"counters\":{\"kernels\":" << ld(c.kernels) << ",\"copies\":" << ld(c.copies)
      << ",\"memsets\":" << ld(c.memsets) << ",\"graph_launches\":" << ld(c.graphs)
      << ",\"collectives\":" << ld(c.collectives)

@@ -38,6 +38,8 @@ namespace offload {
 // Steps a new plan runs before PlanWatch judges its GPU time and PoolWatch its pool: the step it
 // comes in at and the one after, which move its data out of a resident layout.
 inline constexpr uint32_t kPlanSettleSteps = 2;
+// While a plan is made, the event ring is drained at most this often (PlannerOptions::progress).
+inline constexpr int64_t kPlanDrainNs = 10'000'000;
 
 class Runtime {
  public:
@@ -235,6 +237,7 @@ class Runtime {
   StepAssembler assembler_;
   std::deque<StepSummary> summaries_;  // under pump_mu_
   uint64_t steps_written_ = 0;
+  std::atomic<uint64_t> drained_while_planning_{0};  // events the planner's progress drained
   bool telemetry_started_ = false;
   std::vector<GpuRecord> gpu_;
   void time_steps_with_markers();

@@ -552,6 +552,7 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
     std::vector<int64_t> segments;
   };
   auto make = [&](const Layout& L, size_t k, uint32_t h) {
+    if (o.progress) o.progress();
     Candidate c;
     Plan& q = c.plan;
     q.budget = o.budget;

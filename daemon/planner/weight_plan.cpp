@@ -295,6 +295,7 @@ PlannerResult plan_hidden(const StepTrace& t, const GpuTimeline& g, const Planne
   std::vector<Timing> next;
   std::vector<int64_t> next_foot(foot.size()), next_raw;
   while (o.budget) {
+    if (o.progress) o.progress();
     const int64_t peak = std::max_element(foot.begin(), foot.end()) - foot.begin();
     if (static_cast<uint64_t>(std::max<int64_t>(0, foot[static_cast<size_t>(peak)])) <= o.budget) break;
     int64_t best = -1;

@@ -1063,6 +1063,20 @@ TEST_P(PlannerRecordedTrace, PlanningTwiceGivesTheSamePlan) {
   EXPECT_EQ(first.prediction.step_ns, again.prediction.step_ns);
 }
 
+// The shim drains its event ring from PlannerOptions::progress while it plans: the hook is
+// called between candidates, and the plan is the one made without it.
+TEST_P(PlannerRecordedTrace, TheProgressHookIsCalledAndChangesNothing) {
+  SKIP_UNDER_TSAN();
+  const PlannerResult& first = recorded_plan(GetParam(), 75);
+  PlannerOptions o = recorded_options(GetParam(), 75);
+  uint64_t calls = 0;
+  o.progress = [&calls] { ++calls; };
+  const PlannerResult again = plan_step(recorded(GetParam()), o);
+  EXPECT_GT(calls, 8u);
+  expect_same_plan(first.plan, again.plan);
+  EXPECT_EQ(first.prediction.step_ns, again.prediction.step_ns);
+}
+
 // As AnUnmetBudgetGetsTheLowestFootprint, across the budgets of the expected plans.
 TEST_P(PlannerRecordedTrace, AnUnmetBudgetGetsTheLowestFootprint) {
   SKIP_UNDER_TSAN();
