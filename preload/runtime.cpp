@@ -314,6 +314,7 @@ void Runtime::plan_from(const StepTrace& t) {
   // Lateness is per launch position: it means nothing for a step of another shape.
   if (!planned_.tokens.empty() && planned_.tokens != last_tokens_) late_at_.clear();
   po.link.late_at = late_at_;
+  const int64_t planning_from = mono_ns();
   for (int attempt = 0; attempt < 12; ++attempt) {
     std::string why;
     int64_t wait_ns = 0;  // the step's planned waits for weight reloads, to meet the budget
@@ -396,6 +397,12 @@ void Runtime::plan_from(const StepTrace& t) {
                      !planned_.arenas.empty());
     plan_note_.clear();
     log().info("plan: {}", desc);
+    // How late a plan comes in, for a model whose plan starts many steps after its steps repeat
+    // (convnet on the H200: at its 16th-19th step of 40, 316a3ee; the cause is not known).
+    log().info("plan made from step {} in {:.0f} ms ({} steps cut since); it runs from launch {}, {} launches on",
+               t.step, static_cast<double>(mono_ns() - planning_from) / 1e6,
+               assembler_.steps_cut() > t.step + 1 ? assembler_.steps_cut() - t.step - 1 : 0, anchor,
+               anchor > tracker_.launches() ? anchor - tracker_.launches() : 0);
     if (wait_ns)
       log().info("the plan waits {:.1f} ms a step for weight reloads ({:.1f}% of the compute): no plan whose copies all "
                  "hide meets the budget",
