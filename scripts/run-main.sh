@@ -43,6 +43,9 @@ else
   # uses so that the step fits 20 GiB (bench/results/weights.md has the GPU run).
   echo; echo "== weight streaming on the recorded lora step, at 20 GiB"
   "$ctl" plan --trace bench/traces/lora.trace --budget 20GiB --persistent-min 64MiB
+  echo; echo "== weight streaming that waits to meet 20 GiB: the recorded moe step (frozen base read-only, the pool"
+  echo "   factor its run measured); no plan whose copies all hide meets the budget there"
+  "$ctl" plan --trace bench/traces/marked/moe.trace --budget 20GiB --persistent-min 32MiB --read-only --pool-overhead 1.62
   # The executor on the same steps, running the planner's plans: evict and reload under the
   # budget the GPU runs used (bench/results/executor.md), sizes scaled down, every launch's
   # data checked.
