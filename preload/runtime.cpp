@@ -167,7 +167,7 @@ void Runtime::pump(bool no_wait) {
       log().warn("could not pin the host pool ({}): copies to it will be slower", pool->describe());
     }
   }
-  log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
+  drain_events();
   telemetry_.collect(&gpu_, no_wait);
   assembler_.add_gpu_records(gpu_);
   for (StepTrace& t : assembler_.take_ready(mono_ns(), false, no_wait)) {
@@ -177,6 +177,10 @@ void Runtime::pump(bool no_wait) {
   if (offloading_) executor_.poll();
   sample_telemetry();
   time_steps_with_markers();
+}
+
+size_t Runtime::drain_events() {
+  return log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
 }
 
 void Runtime::sample_telemetry() {
@@ -300,7 +304,7 @@ void Runtime::plan_from(const StepTrace& t) {
     const int64_t now = mono_ns();
     if (now - at < kPlanDrainNs) return;
     at = now;
-    drained_while_planning_ += log_.drain([&](const Event& e, const AllocId* acc) { assembler_.consume(e, acc); });
+    drained_while_planning_ += drain_events();
   };
   if (persistent_) po.persistent_min = persistent_->min_bytes();
   // Weights the application marked read-only cost the plan no copy out (ordinals ascending).

@@ -127,6 +127,7 @@ class Runtime {
   // Drains, joins GPU times and finishes every step that can be: those whose GPU times are
   // in, or all that are cut if `no_wait` (a caller who synchronised the GPU).
   void pump(bool no_wait);
+  size_t drain_events();  // the event ring into the assembler, under pump_mu_: how many
   std::string stats_json();
   void stop();
   // In a forked child, from the fork handler: closes inherited descriptors and mappings
