@@ -75,7 +75,8 @@ Runtime::Runtime(Settings s)
     : settings_(std::move(s)),
       tracker_(driver_, log_),
       executor_(driver_, Executor::Options{}),
-      offloading_(settings_.offload()),
+      offloading_requested_(settings_.offload()),
+      offloading_(settings_.offload() && !settings_.cap),
       telemetry_(settings_.cupti_lib, tracker_.counters().kernels),
       assembler_(tracker_.funcs(), StepAssembler::Options{}),
       link_(settings_, command_line()) {
@@ -155,7 +156,8 @@ void Runtime::pump(bool no_wait) {
   }
   // Pin the pool once, as soon as a launch has shown which context to pin it in.
   HostPool* pool = &host_pool();
-  bool pool_ready = private_pool_ || link_.connected();
+  // Only a plan of arenas copies through it: the hard cap has a host store of its own.
+  bool pool_ready = offloading_ && (private_pool_ || link_.connected());
   if (pool_ready && !pool->pinned() && !pin_failed_ && tracker_.funcs().count() > 0) {
     // Pinning takes the worker for as long as the driver needs (48 GiB on the H200's host in the
     // refine runs), and the steps wait to be cut and planned meanwhile: the time is logged.
@@ -175,6 +177,7 @@ void Runtime::pump(bool no_wait) {
     if (offloading_) plan_from(t);
   }
   if (offloading_) executor_.poll();
+  if (Residency* r = cap_.load(std::memory_order_acquire)) r->poll();
   sample_telemetry();
   time_steps_with_markers();
 }
@@ -762,6 +765,7 @@ void Runtime::emit(StepTrace& t) {
   s.activations_unaccessed = act.without_backward_access.size();
   summaries_.push_back(s);
   int64_t now = mono_ns();
+  if (cap_.load(std::memory_order_acquire)) log_capped_step(t.step, now - last_cut_ns_);
   push_step(t.step, t.gpu_busy_ns > 0 ? static_cast<uint64_t>(t.gpu_busy_ns) : static_cast<uint64_t>(now - last_cut_ns_),
             t.launches.size());
   last_cut_ns_ = now;
@@ -828,6 +832,7 @@ std::string Runtime::stats_json_locked() {
      << ",\"functions\":" << tracker_.funcs().count() << "}"
      << ",\"hook_ns_mean\":" << c.hook_ns_mean()
      << ",\"executor\":" << executor_json()
+     << ",\"residency\":" << residency_json(cap_.load(std::memory_order_acquire))
      << ",\"persistent\":" << persistent_json()
      << ",\"block_cache\":" << block_cache_json()
      << ",\"routes\":{";

@@ -32,6 +32,7 @@
 #include "cupti_telemetry.h"
 #include "host_pool.h"
 #include "planner/planner.h"
+#include "residency/residency.h"
 
 namespace offload {
 
@@ -51,30 +52,36 @@ class Runtime {
   // moment (the step's activations are freed), where PoolTrim's tries are made.
   void mark_step();
 
-  // The allocation hooks' calls. place: serves a planned allocation from an arena, else a
-  // large one from the persistent pool (OFFLOAD_PERSISTENT_MIN) (true, *p set, tracked), else
-  // false: the caller forwards it; track_alloc: tracks one the allocator served; release:
-  // tracks a free and says whether it was ours (an arena member or a persistent block)
-  // (then the allocator must not see it).
-  bool place(uint64_t bytes, Stream s, void** p) {
+  // The allocation hooks' calls. place: with the hard cap (a budget, OFFLOAD_CAP on), every
+  // allocation of at least its threshold is a range of the residency manager's, and a smaller one
+  // goes to the allocator once the pool's share has room (Refused: the budget cannot hold it; the
+  // hook answers out-of-memory). Without it: a planned allocation from an arena, else a large one
+  // from the persistent pool (OFFLOAD_PERSISTENT_MIN), else the caller forwards it.
+  // track_alloc: tracks one the allocator served; release: tracks a free and says whether it
+  // was ours (then the allocator must not see it).
+  enum class Placed { Forward, Served, Refused };
+  Placed place(uint64_t bytes, Stream s, void** p) {
+    if (settings_.cap && offloading_requested_) return place_capped(bytes, s, p);
     uint64_t tag = 0;
     DevPtr a = offloading_ ? executor_.place(bytes, s, tracker_.launches(), &tag) : 0;
     if (!a && persistent_ && bytes >= persistent_->min_bytes()) {
       driver_.learn_context();  // an allocation may come before any launch
       a = persistent_->alloc(bytes, s);
     }
-    if (!a) return false;
+    if (!a) return Placed::Forward;
     *p = reinterpret_cast<void*>(a);
     tracker_.on_alloc(a, bytes, s, tag);
     if (offloading_) executor_.note_live(tracker_.allocs().live_bytes());
-    return true;
+    return Placed::Served;
   }
   void track_alloc(void* p, uint64_t bytes, Stream s) {
+    if (Residency* r = cap_.load(std::memory_order_acquire)) r->small_allocated(bytes);
     tracker_.on_alloc(reinterpret_cast<DevPtr>(p), bytes, s);
     if (offloading_) executor_.note_live(tracker_.allocs().live_bytes());
   }
   bool release(void* p, Stream s) {
     const DevPtr d = reinterpret_cast<DevPtr>(p);
+    if (Residency* r = cap_.load(std::memory_order_acquire)) return release_capped(*r, d, s);
     uint64_t size = 0;  // the block's, for the cache
     const bool cache = cache_.enabled(), marked = executor_.any_read_only();
     if (cache || marked)
@@ -118,7 +125,15 @@ class Runtime {
   }
   // A pointer query (Triton checks its arguments): an evicted arena is mapped back first.
   void prepare_access(DevPtr p) {
+    if (Residency* r = cap_.load(std::memory_order_acquire)) r->prepare_access(p);
     if (offloading_) executor_.prepare_access(p);
+  }
+  // The launch hooks' calls around a forwarded launch. refused: the residency manager refused the
+  // launch the tracker just saw (its working set cannot fit the budget); the hook answers
+  // out-of-memory instead of forwarding it. launched: it was forwarded.
+  bool refused() { return cap_.load(std::memory_order_relaxed) && Residency::take_refusal(); }
+  void launched() {
+    if (Residency* r = cap_.load(std::memory_order_relaxed)) r->after_launch();
   }
   CuptiTelemetry& telemetry() { return telemetry_; }
   void mark_read_only(DevPtr p, uint64_t bytes) { executor_.mark_read_only(p, bytes); }
@@ -142,6 +157,10 @@ class Runtime {
   void write_trace(const StepTrace& t, const char* prefix, bool chrome_json);
   std::string stats_json_locked();
 
+  Placed place_capped(uint64_t bytes, Stream s, void** p);
+  bool release_capped(Residency& r, DevPtr d, Stream s);
+  void start_cap();  // once, at the first allocation: the budget in bytes needs the device
+  void log_capped_step(uint64_t step, int64_t wall_ns);  // the first steps under the cap, one line each
   void plan_from(const StepTrace& t);
   // A step run under the planner's plan: revises the plan when steps keep running slower
   // than predicted (the link is slower than the model says).
@@ -172,7 +191,17 @@ class Runtime {
   EventLog log_;
   Tracker tracker_;
   Executor executor_;
-  const bool offloading_;                // OFFLOAD_DEVICE_BUDGET given
+  const bool offloading_requested_;      // OFFLOAD_DEVICE_BUDGET given
+  const bool offloading_;                // and met by a plan of arenas (OFFLOAD_CAP=0)
+  // The hard cap (OFFLOAD_CAP, the default with a budget): built at the first allocation.
+  std::unique_ptr<HostStore> host_store_;
+  std::unique_ptr<Residency> residency_;
+  std::atomic<Residency*> cap_{nullptr};
+  std::once_flag cap_once_;
+  Residency::Stats last_step_cap_;       // the cap's counters at the last step cut (worker)
+  uint64_t capped_steps_logged_ = 0;
+  static constexpr uint64_t kCappedStepsLogged = 8;
+  std::atomic<bool> refused_said_{false};
   std::vector<uint64_t> last_tokens_;    // the previous step's launches, to see steps repeat
   std::optional<Extent> host_;           // the installed plan's host memory
   std::string plan_note_;                // the last reason for not planning, said once

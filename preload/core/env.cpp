@@ -125,6 +125,17 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     else if (s != "auto") bad("OFFLOAD_PLANNER", v, "auto or builtin");
   }
   flag("OFFLOAD_POOL_REFINE", st.pool_refine);
+  flag("OFFLOAD_CAP", st.cap);
+  if (const char* v = get("OFFLOAD_CAP_MIN"); v && *v) {
+    auto size = parse_size(v);
+    if (!size || *size < (64ull << 10)) bad("OFFLOAD_CAP_MIN", v, "a size of at least 64KiB (e.g. 2MiB)");
+    else st.cap_min = *size;
+  }
+  if (const char* v = get("OFFLOAD_HOST_LIMIT"); v && *v) {
+    auto size = parse_size(v);
+    if (!size || *size < (64ull << 20)) bad("OFFLOAD_HOST_LIMIT", v, "a size of at least 64MiB (e.g. 64GiB)");
+    else st.host_limit = *size;
+  }
   return st;
 }
 

@@ -38,6 +38,12 @@ struct Settings {
   // stream that freed them (core/block_cache.h), at most this many bytes; 0 / "off": none.
   uint64_t block_cache = 0;
   double device_budget_fraction = 0;
+  // OFFLOAD_CAP=1|0: with a budget, the hard cap (residency/residency.h): every allocation of
+  // at least OFFLOAD_CAP_MIN is ours from birth and the footprint never exceeds the budget
+  // (1, the default); 0: the budget is met by a plan made after a traced step.
+  bool cap = true;
+  uint64_t cap_min = 0;     // OFFLOAD_CAP_MIN: 0 = the VMM granularity (2 MiB on the H200)
+  uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // The budget in bytes on a device of `total` bytes (0: none).
   uint64_t budget_bytes(uint64_t total) const {

@@ -64,6 +64,16 @@ inline AllocId arena_alloc_id(uint64_t tag, AllocId counter) {
 }
 // The arena index an arena member's id carries (its tag less one).
 inline uint64_t arena_of(AllocId id) { return ((id >> 32) & 0x7fffffffu) - 1; }
+// AllocIds of the residency manager's ranges (residency/residency.h) carry this bit and the
+// range's slot: they sort after every other id and before the arenas'.
+inline constexpr AllocId kRangeIdBit = AllocId{1} << 62;
+// A tracker tag with this bit names a range's slot (Tracker::on_alloc).
+inline constexpr uint64_t kRangeTag = uint64_t{1} << 40;
+inline AllocId range_alloc_id(uint64_t slot, AllocId counter) {
+  return kRangeIdBit | ((slot & 0x3fffffffu) << 32) | (counter & 0xffffffffu);
+}
+inline bool is_range_id(AllocId id) { return (id & (kArenaIdBit | kRangeIdBit)) == kRangeIdBit; }
+inline uint32_t range_slot(AllocId id) { return static_cast<uint32_t>((id >> 32) & 0x3fffffffu); }
 
 // What a launch gate sees: called by the tracker before each launch is forwarded.
 class LaunchGate {

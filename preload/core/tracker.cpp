@@ -78,7 +78,8 @@ uint64_t Tracker::publish(Event e, const AllocId* acc, uint32_t n) {
 
 void Tracker::on_alloc(DevPtr p, uint64_t bytes, Stream s, uint64_t tag) {
   AllocId id = next_id_.fetch_add(1, std::memory_order_relaxed);
-  if (tag) id = arena_alloc_id(tag, id);
+  if (tag & kRangeTag) id = range_alloc_id(tag & ~kRangeTag, id);
+  else if (tag) id = arena_alloc_id(tag, id);
   AllocEntry stale[AllocTable::kMaxReplaced];
   size_t n_stale = table_.insert(p, bytes, id, stale);
   for (size_t i = 0; i < n_stale; ++i) {
@@ -162,13 +163,14 @@ uint64_t Tracker::on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t b
   DevPtr words[2] = {dst, src};
   size_t n = table_.scan(words, kind == EventKind::Copy ? 2 : 1, acc, 0, 2);
   gate(no, kind, 0, s, acc, n, 0);
-  if (host_src && bytes >= 8 && bytes <= kMaxTableBytes && n == 1 && !(acc[0] & kArenaIdBit)) {
-    // A pointer table? Only pointers into arenas matter (anything else is always resident).
+  if (host_src && bytes >= 8 && bytes <= kMaxTableBytes && n == 1 && acc[0] < kRangeIdBit) {
+    // A pointer table? Only pointers into arenas and ranges matter (anything else is always
+    // resident).
     // Noted after the gate: writing the table does not touch what it points to.
     AllocId targets[kMaxTableBytes / 8];
     size_t t = table_.scan(host_src, bytes / 8, targets, 0, kMaxTableBytes / 8);
     size_t first_arena = 0;
-    while (first_arena < t && !(targets[first_arena] & kArenaIdBit)) ++first_arena;
+    while (first_arena < t && targets[first_arena] < kRangeIdBit) ++first_arena;
     if (first_arena < t)
       if (LaunchGate* g = gate_.load(std::memory_order_acquire))
         g->note_pointer_table(acc[0], targets + first_arena, t - first_arena);

@@ -32,7 +32,13 @@ inline auto launch(Observe&& observe, Call&& call) {
   Runtime* rt = guard.outermost() ? runtime() : nullptr;
   if (!rt) return call(fn);
   observe(rt->tracker());
-  return call(fn);
+  using R = decltype(call(fn));
+  // Refused under the device budget: out of memory (CUDA_ERROR_OUT_OF_MEMORY,
+  // cudaErrorMemoryAllocation and ncclSystemError are all 2), and the launch never runs.
+  if (rt->refused()) return static_cast<R>(2);
+  R result = call(fn);
+  rt->launched();
+  return result;
 }
 
 template <HookId Id, class Sig, class Call, class Observe>
@@ -67,7 +73,11 @@ inline auto allocate(void** p, uint64_t bytes, Stream s, Call&& call, ForwardKep
   HookGuard guard;
   Runtime* rt = guard.outermost() ? runtime() : nullptr;
   using R = decltype(call(fn));
-  if (rt && rt->place(bytes, s, p)) return R{};
+  if (rt) switch (rt->place(bytes, s, p)) {
+      case Runtime::Placed::Served: return R{};
+      case Runtime::Placed::Refused: return static_cast<R>(2);  // cudaErrorMemoryAllocation
+      case Runtime::Placed::Forward: break;
+    }
   if constexpr (cache) {
     if (rt && rt->cached(bytes, s, p)) return R{};
   }

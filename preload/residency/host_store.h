@@ -1,0 +1,68 @@
+// HostStore: pinned host memory for the bytes the residency manager evicts, grown on demand.
+//
+// With a device budget, what the cap forces out must have somewhere to go, and how much that
+// is becomes known only as the process allocates. The store maps anonymous memory in chunks
+// (pre-faulted, then pinned with Driver::pin_host in pieces of at most `pin_piece` bytes:
+// one huge registration fails or takes minutes) and hands out slots inside them. A slot never
+// spans two chunks; a slot larger than a chunk gets a chunk of its own. Freed slots are kept
+// by size and reused first (a training step evicts the same sizes again and again), so the
+// store grows to the most bytes that were ever out at once, plus the rounding of its chunks.
+//
+// `limit` bounds the store (0: MemAvailable at construction less a quarter). take() returns
+// nullptr past it: the caller says how much more was needed.
+//
+// Thread-safe: one mutex. Never called from a hook while another of its locks is held.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/driver.h"
+
+namespace offload {
+
+class HostStore {
+ public:
+  struct Options {
+    uint64_t chunk_bytes = 256ull << 20;
+    uint64_t pin_piece = 1ull << 30;  // registrations and copies never span more
+    uint64_t limit = 0;                // bytes mapped at most; 0: from MemAvailable
+  };
+  struct Stats {
+    uint64_t mapped = 0, in_use = 0, peak_in_use = 0, chunks = 0, pin_failures = 0;
+    uint64_t refused = 0;  // take() past the limit
+    int64_t pin_ns = 0;    // wall time spent pinning
+  };
+
+  HostStore(Driver& d, Options o);
+  ~HostStore();
+  HostStore(const HostStore&) = delete;
+  HostStore& operator=(const HostStore&) = delete;
+
+  // `bytes` of pinned host memory, or nullptr past the limit (or when the OS refuses).
+  void* take(uint64_t bytes);
+  void give(void* p, uint64_t bytes);
+  uint64_t limit() const { return o_.limit; }
+  uint64_t pin_piece() const { return o_.pin_piece; }
+  Stats stats() const;
+
+  // MemAvailable from /proc/meminfo, bytes; 0 if unknown.
+  static uint64_t mem_available();
+
+ private:
+  struct Chunk {
+    unsigned char* base;
+    uint64_t bytes;
+    uint64_t used;  // bump offset
+  };
+  Driver& d_;
+  Options o_;
+  mutable std::mutex mu_;
+  std::vector<Chunk> chunks_;
+  std::multimap<uint64_t, void*> free_;  // size -> slot
+  Stats st_;
+};
+
+}  // namespace offload

@@ -1,0 +1,211 @@
+// Residency: the hard device budget, from the first allocation.
+//
+// With OFFLOAD_DEVICE_BUDGET set, every allocation of at least `min_bytes` is served here,
+// from birth, on a virtual range of its own backed by one physical handle. Each live range
+// is in one of four states:
+//
+//        alloc ──► RESIDENT ──evict──► COPYING_OUT ──copy done, unmapped──► ON_HOST
+//                    ▲   ▲                 │ touched: the eviction is              │
+//                    │   └─────────────────┘ abandoned (still mapped)              │
+//                    │                                                             │
+//                    └──── copy known done ◄── COPYING_IN ◄──── touched: reload ───┘
+//
+// The cap. What we hold (every physical handle: live ranges, ranges copying out, freed
+// ranges kept for reuse) plus the share set aside for the allocator's pool (the allocations
+// under min_bytes) never exceeds the budget. An allocation or a reload that would cross it
+// first makes room: freed ranges kept for reuse go first, then resident ranges, least
+// recently touched first, never one that the launch being made touches.
+//
+// Ordering (the invariants of the design). Before a range's bytes are copied out, the copy
+// stream waits for an event on every stream that touched the range since it was last made
+// resident, recorded after the last launch that touched it there (one event per launch on a
+// stream, kept in a ring per stream, so that an old range's copy waits for that range's
+// work and not for the whole stream); the physical memory is unmapped only once the copy is
+// known complete. A reload copies on the launching stream, before the launch is forwarded;
+// another stream that touches the range before that copy is known complete waits for its
+// event. A freed range is reused at once on the freeing stream (stream order), on another
+// stream after an event wait, and unmapped only once the free is known complete; the
+// freeing stream first waits for the other streams that touched the range, so one event
+// stands for all of them.
+//
+// The launch scan is the page-fault handler: before_launch reloads what the launch touches.
+// A launch that touches more than the budget can hold at once (its ranges plus the pool's
+// share), or one we cannot see into (a graph, a kernel the driver cannot describe) while the
+// live ranges do not fit, is refused with an error naming the kernel, the bytes and the
+// budget: the hook returns out-of-memory and the launch never runs on missing memory.
+//
+// Threading: every entry point may come from any thread; one mutex guards the state and is
+// held around driver calls, none of which re-enters the shim. The only blocking calls made
+// under it are waits for our own copies out and for freed ranges' last work, when the budget
+// needs their memory.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/driver.h"
+#include "core/event_log.h"
+#include "core/executor.h"
+#include "core/tracker.h"
+#include "residency/host_store.h"
+
+namespace offload {
+
+class Residency final : public LaunchGate {
+ public:
+  enum class State : uint8_t { Resident, CopyingOut, OnHost, CopyingIn };
+  struct Options {
+    uint64_t budget = 0;     // device bytes: our handles plus the pool's share
+    uint64_t min_bytes = 0;  // allocations served as ranges; 0: the VMM granularity
+    // Bytes set aside for the allocator's pool (allocations under min_bytes) at the start;
+    // the share grows with what the pool holds, never past the budget less one range.
+    uint64_t pool_floor = 64ull << 20;
+    enum class Fault : uint8_t { None, SkipEvictWait };  // tests: proves a missing wait is caught
+    Fault fault = Fault::None;
+  };
+  struct Stats {
+    uint64_t ranges = 0, live_bytes = 0;     // live ranges and their rounded bytes
+    uint64_t allocs = 0, reused = 0, created = 0, released = 0;
+    uint64_t evictions = 0, abandoned = 0, bytes_out = 0;
+    uint64_t reloads = 0, bytes_in = 0;      // demand reloads (page faults)
+    uint64_t held = 0, held_peak = 0;        // physical bytes we hold
+    uint64_t pool_share = 0, pool_reserved = 0, pool_trims = 0;
+    uint64_t footprint_peak = 0;             // held + the pool's share, at its highest
+    uint64_t refused_allocs = 0, refused_launches = 0, host_full = 0;
+    uint64_t waits = 0;                      // host waits for a copy out or a free
+    uint64_t event_waits = 0;                // launches ordered after another stream's reload
+  };
+
+  Residency(Driver& d, HostStore& host, Options o);
+  ~Residency() override;
+  Residency(const Residency&) = delete;
+  Residency& operator=(const Residency&) = delete;
+
+  // Hooks. alloc: a range for an allocation of at least min_bytes (its address; *tag for the
+  // tracker), 0 when the allocation is not ours (smaller), or 0 with *refused set when the
+  // budget cannot hold it (the hook answers out-of-memory; error() says why).
+  DevPtr alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused);
+  // True if `p` is a range of ours (the allocator must not see the free).
+  bool free(DevPtr p, Stream s);
+  // An allocation under min_bytes about to go to the allocator's pool: grows the pool's share
+  // first when the pool would need it. False when the budget cannot hold it.
+  bool admit_small(uint64_t bytes);
+  void small_allocated(uint64_t bytes);  // the allocator served it
+  void small_freed(uint64_t bytes);
+  uint64_t min_bytes() const { return o_.min_bytes; }
+  uint64_t budget() const { return o_.budget; }
+
+  void before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc, size_t n,
+                     uint8_t flags) override;
+  // The hook forwarded the launch before_launch saw on this thread: its ranges are no longer
+  // in flight, and an event on its stream now captures it.
+  void after_launch();
+  void note_pointer_table(AllocId table, const AllocId* targets, size_t n) override;
+  void forget_table(AllocId table);  // the table's allocation was freed
+  // A launch before_launch refused on this thread (the hook returns out-of-memory); cleared.
+  static bool take_refusal();
+  // A pointer query that announces a use: an evicted range is reloaded (and waited for).
+  void prepare_access(DevPtr p);
+  // Names kernels in the refusal's message (FuncRegistry ids to names); may be unset.
+  using Namer = std::string (*)(void* ctx, uint32_t kernel);
+  void set_namer(Namer n, void* ctx) { namer_ = n, namer_ctx_ = ctx; }
+
+  // Worker: finishes copies out that have completed, gives host slots back, and trims the
+  // allocator's pool to its share when it holds more.
+  void poll();
+  Stats stats() const;
+  std::string error() const;  // the last refusal, said plainly; "" if none
+  State state_of(DevPtr p) const;  // tests (the range holding p; Resident if not ours)
+  struct InFlight;
+
+ private:
+  struct Range {
+    DevPtr va = 0;
+    uint64_t bytes = 0;   // rounded to the granularity: reserved, and mapped when backed
+    uint64_t handle = 0;  // 0 while on the host
+    State state = State::Resident;
+    bool live = false;    // false: freed, kept mapped for reuse (or a slot not in use)
+    void* host = nullptr;
+    uint64_t copy_event = 0;    // our copy's (out: on the copy stream; in: on in_stream)
+    Stream in_stream = 0;
+    uint64_t last_use = 0;      // launch number
+    Stream free_stream = 0;
+    uint64_t free_event = 0;
+    uint32_t inflight = 0;      // launches between before_launch and after_launch
+    // Streams that touched the range since it was made resident, each with the launch
+    // number of its last touch there.
+    struct Touch {
+      Stream s;
+      uint64_t launch;
+    };
+    std::vector<Touch> touches;
+  };
+  // Per stream: events recorded after its launches, with the launch number they follow.
+  struct StreamRing {
+    static constexpr size_t kSize = 64;
+    uint64_t events[kSize] = {};
+    uint64_t after[kSize] = {};  // the last launch number the event captures
+    size_t next = 0;
+  };
+
+  void note_footprint();
+  void close_inflight(InFlight& f);  // under mu_
+  // Until a handle of `need` bytes fits the budget (or a spare of that size is held): ranges
+  // copying out finish, spares of other sizes and freed ranges go back, and resident ranges
+  // not in `keep` nor in flight are evicted, least recently touched first.
+  bool make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why);
+  bool start_evict(uint32_t slot, std::string* why);  // queues the copy out
+  void finish_evict(uint32_t slot);  // waits for the copy out, unmaps; the handle is a spare
+  void release_freed(uint32_t slot);  // a freed range: waits for its free, unmaps; handle spare
+  void abandon(Range& r);             // a range copying out is touched: it stays
+  bool back_range(Range& r, std::string* why);  // a handle mapped under r.va
+  bool reload(uint32_t slot, Stream s, std::string* why);
+  uint64_t event_after(Stream s, uint64_t launch);  // an event capturing `launch` on s
+  void refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, const std::string& why);
+  uint64_t new_event();
+  void drop_event(uint64_t e);
+  int32_t slot_of(DevPtr p) const;  // the live or cached range holding p; -1 none
+  void add_touch(Range& r, Stream s, uint64_t launch);
+
+  Driver& d_;
+  HostStore& host_;
+  Options o_;
+  uint64_t gran_ = 0;
+  mutable std::mutex mu_;
+  std::vector<Range> slots_;
+  std::vector<uint32_t> free_slots_;
+  std::map<DevPtr, uint32_t> by_va_;                 // live and cached ranges
+  std::multimap<uint64_t, uint32_t> cached_;         // freed ranges kept mapped, by size
+  std::multimap<uint64_t, uint64_t> spares_;         // unmapped handles still held, by size
+  std::unordered_map<Stream, StreamRing> rings_;
+  std::unordered_map<AllocId, std::vector<AllocId>> tables_;  // pointer tables' range targets
+  std::vector<uint64_t> spare_events_;
+  struct PendingHost {
+    void* host;
+    uint64_t bytes;
+    uint64_t event;  // the copy that still uses the slot
+  };
+  std::vector<PendingHost> pending_host_;
+  std::vector<uint32_t> scratch_;                    // before_launch's touched slots
+  Stream copy_stream_ = 0;
+  uint64_t small_live_ = 0;
+  uint64_t pool_share_ = 0;
+  uint64_t held_ = 0;
+  uint64_t launches_seen_ = 0;
+  Stats st_;
+  std::string error_;
+  Namer namer_ = nullptr;
+  void* namer_ctx_ = nullptr;
+  std::atomic<bool> any_{false};  // a range exists: launches must be looked at
+  std::atomic<bool> has_tables_{false};
+};
+
+// The manager's counters as JSON (offload_stats_json's "residency"); "null" for none.
+std::string residency_json(const Residency* r);
+
+}  // namespace offload

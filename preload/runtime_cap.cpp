@@ -1,0 +1,86 @@
+// The Runtime's wiring of the hard cap (residency/residency.h): built at the first allocation,
+// it serves the allocation hooks and gates every launch. The policy lives in Residency.
+#include <cinttypes>
+
+#include "core/log.h"
+#include "runtime.h"
+
+namespace offload {
+namespace {
+
+constexpr double kGiB = double(1ull << 30);
+
+std::string kernel_name(void* ctx, uint32_t kernel) {
+  return "kernel " + static_cast<FuncRegistry*>(ctx)->name(kernel);
+}
+
+}  // namespace
+
+void Runtime::start_cap() {
+  driver_.learn_context();
+  const uint64_t total = driver_.device_total_bytes();
+  const uint64_t budget = settings_.budget_bytes(total);
+  if (!budget) {
+    log().error("OFFLOAD_DEVICE_BUDGET is a share of the GPU's memory, which the driver does not tell: no cap");
+    return;
+  }
+  HostStore::Options ho;
+  ho.limit = settings_.host_limit;
+  host_store_ = std::make_unique<HostStore>(driver_, ho);
+  Residency::Options ro;
+  ro.budget = budget;
+  ro.min_bytes = settings_.cap_min;
+  residency_ = std::make_unique<Residency>(driver_, *host_store_, ro);
+  residency_->set_namer(kernel_name, &tracker_.funcs());
+  tracker_.set_gate(residency_.get());
+  cap_.store(residency_.get(), std::memory_order_release);
+  log().info("device budget {:.2f} GiB ({} bytes), held from the first allocation: allocations of at least {:.1f} MiB "
+             "are moved to host memory (up to {:.1f} GiB, OFFLOAD_HOST_LIMIT) when the budget needs room",
+             budget / kGiB, budget, residency_->min_bytes() / double(1 << 20), host_store_->limit() / kGiB);
+}
+
+Runtime::Placed Runtime::place_capped(uint64_t bytes, Stream s, void** p) {
+  Residency* r = cap_.load(std::memory_order_acquire);
+  if (!r) {
+    std::call_once(cap_once_, [this] { start_cap(); });
+    r = cap_.load(std::memory_order_acquire);
+    if (!r) return Placed::Forward;
+  }
+  if (bytes < r->min_bytes()) return r->admit_small(bytes) ? Placed::Forward : Placed::Refused;
+  uint64_t tag = 0;
+  bool refused = false;
+  const DevPtr a = r->alloc(bytes, s, &tag, &refused);
+  if (refused) {
+    if (refused_said_.exchange(true) == false) log().error("out of memory under the device budget: {}", r->error());
+    return Placed::Refused;
+  }
+  if (!a) return Placed::Forward;
+  *p = reinterpret_cast<void*>(a);
+  tracker_.on_alloc(a, bytes, s, tag);
+  return Placed::Served;
+}
+
+bool Runtime::release_capped(Residency& r, DevPtr d, Stream s) {
+  std::optional<AllocEntry> e = tracker_.allocs().find(d);
+  tracker_.on_free(d, s);
+  if (r.free(d, s)) return true;
+  if (e && e->base == d) {
+    r.small_freed(e->size);
+    r.forget_table(e->id);
+  }
+  return false;
+}
+
+void Runtime::log_capped_step(uint64_t step, int64_t wall_ns) {
+  const Residency::Stats now = residency_->stats();
+  const Residency::Stats& was = last_step_cap_;
+  if (capped_steps_logged_ < kCappedStepsLogged) {
+    ++capped_steps_logged_;
+    log().info("step {}: {:.1f} ms, {:.2f} GiB evicted, {} reloads ({:.2f} GiB), peak {:.2f} of {:.2f} GiB", step,
+               wall_ns / 1e6, (now.bytes_out - was.bytes_out) / kGiB, now.reloads - was.reloads,
+               (now.bytes_in - was.bytes_in) / kGiB, now.footprint_peak / kGiB, residency_->budget() / kGiB);
+  }
+  last_step_cap_ = now;
+}
+
+}  // namespace offload

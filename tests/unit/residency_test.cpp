@@ -1,0 +1,330 @@
+// The hard cap on the simulated driver: the device budget holds at every instant (the driver's
+// own count of physical bytes, at its peak), bytes come back as they went out, evictions wait
+// for every stream that touched a range, and a budget that cannot be met is refused plainly.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "core/event_log.h"
+#include "core/sim_driver.h"
+#include "core/tracker.h"
+#include "residency/host_store.h"
+#include "residency/residency.h"
+
+namespace offload {
+namespace {
+
+constexpr uint64_t kGran = 64 << 10;
+constexpr Stream kA = 0x2000, kB = 0x3000;  // after the residency's copy stream (0x1000)
+
+uint64_t mix(uint64_t x) {
+  x ^= x >> 31;
+  x *= 0x9e3779b97f4a7c15ull;
+  x ^= x >> 29;
+  return x;
+}
+uint64_t* words(DevPtr p) { return reinterpret_cast<uint64_t*>(p); }
+
+// The shim's wiring for ranges: allocations through Residency::alloc, launches through the
+// tracker (whose gate is the residency manager) and then the simulated GPU.
+struct CapRig {
+  explicit CapRig(uint64_t budget, Residency::Options::Fault fault = Residency::Options::Fault::None)
+      : tr(sim, log), host(sim, host_options()), res(sim, host, options(budget, fault)) {
+    tr.set_gate(&res);
+    res.set_namer([](void* t, uint32_t k) { return static_cast<Tracker*>(t)->funcs().name(k); }, &tr);
+    k1 = sim.add_kernel("one", {{0, 8}});
+    k2 = sim.add_kernel("two", {{0, 8}, {8, 8}});
+    k3 = sim.add_kernel("three", {{0, 8}, {8, 8}, {16, 8}});
+  }
+  ~CapRig() { sim.run_all(); }
+
+  static HostStore::Options host_options() {
+    HostStore::Options o;
+    o.chunk_bytes = 1 << 20;
+    o.limit = 256 << 20;
+    return o;
+  }
+  static Residency::Options options(uint64_t budget, Residency::Options::Fault fault) {
+    Residency::Options o;
+    o.budget = budget;
+    o.pool_floor = 0;
+    o.fault = fault;
+    return o;
+  }
+  static SimDriver& granular(SimDriver& s) {
+    s.set_granularity(kGran);
+    return s;
+  }
+
+  DevPtr alloc(uint64_t bytes, Stream s) {
+    uint64_t tag = 0;
+    bool refused = false;
+    DevPtr p = res.alloc(bytes, s, &tag, &refused);
+    if (p) tr.on_alloc(p, bytes, s, tag);
+    return p;
+  }
+  void free(DevPtr p, Stream s) {
+    tr.on_free(p, s);
+    EXPECT_TRUE(res.free(p, s));
+  }
+  // A kernel touching `args`; false when the residency manager refused it (it never runs).
+  bool kernel(Stream s, std::vector<uint64_t> args, std::function<void()> body) {
+    std::vector<void*> params(args.size());
+    for (size_t i = 0; i < args.size(); ++i) params[i] = &args[i];
+    const Func f = args.size() == 1 ? k1 : args.size() == 2 ? k2 : k3;
+    tr.on_kernel(f, s, params.data(), nullptr);
+    if (Residency::take_refusal()) return false;
+    sim.launch(s, std::move(body));
+    res.after_launch();
+    return true;
+  }
+  // Work queued on `to` from now on follows the work queued on `from` (the program's order).
+  void join(Stream from, Stream to) {
+    uint64_t ev = sim.create_event();
+    sim.record_event(ev, from);
+    sim.stream_wait(to, ev);
+    sim.destroy_event(ev);
+  }
+  void gpu(std::mt19937_64& rng, int ops) {
+    for (int i = 0; i < ops && sim.step(rng); ++i) {
+    }
+  }
+
+  SimDriver sim_{};
+  SimDriver& sim = granular(sim_);
+  EventLog log{1 << 12, 1 << 16};
+  Tracker tr;
+  HostStore host;
+  Residency res;
+  Func k1 = 0, k2 = 0, k3 = 0;
+};
+
+// Fills a range with words that depend on `seed` and their index.
+std::function<void()> fill(DevPtr p, uint64_t bytes, uint64_t seed) {
+  return [=] {
+    for (uint64_t i = 0; i < bytes / 8; ++i) words(p)[i] = mix(seed + i);
+  };
+}
+uint64_t hash(DevPtr p, uint64_t bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t i = 0; i < bytes / 8; ++i) h = (h ^ words(p)[i]) * 0x100000001b3ull;
+  return h;
+}
+
+TEST(Residency, AllocationsPastTheBudgetEvictAndComeBackIntact) {
+  CapRig r(4 * kGran);
+  std::vector<DevPtr> t;
+  for (int i = 0; i < 10; ++i) {
+    t.push_back(r.alloc(kGran, kA));
+    ASSERT_NE(t.back(), 0u) << r.res.error();
+    ASSERT_TRUE(r.kernel(kA, {t.back()}, fill(t.back(), kGran, i)));
+  }
+  r.sim.run_all();
+  const Residency::Stats s = r.res.stats();
+  EXPECT_GE(s.evictions, 6u);
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 4 * kGran);
+  EXPECT_EQ(r.res.state_of(t[0]), Residency::State::OnHost);
+  // Each range, touched again, holds what was written to it.
+  for (int i = 0; i < 10; ++i) {
+    uint64_t got = 0;
+    ASSERT_TRUE(r.kernel(kA, {t[i]}, [&, i] { got = hash(t[i], kGran); }));
+    r.sim.run_all();
+    std::vector<uint64_t> want(kGran / 8);
+    for (uint64_t k = 0; k < want.size(); ++k) want[k] = mix(i + k);
+    EXPECT_EQ(got, hash(reinterpret_cast<DevPtr>(want.data()), kGran)) << "range " << i;
+  }
+  EXPECT_GE(r.res.stats().reloads, 6u);
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 4 * kGran);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
+// A range written on stream A and then on stream B (the program orders B after A) is evicted
+// while B's kernel is still queued: the copy out must wait for it. Without the wait, the copy
+// runs first and the range is unmapped under a kernel still queued, which faults on the
+// simulated GPU as it would corrupt or fault on a real one.
+uint64_t evict_after_two_streams(Residency::Options::Fault fault) {
+  CapRig r(2 * kGran, fault);
+  const DevPtr x = r.alloc(kGran, kA);
+  r.kernel(kA, {x}, fill(x, kGran, 1));
+  r.join(kA, kB);
+  r.kernel(kB, {x}, fill(x, kGran, 2));
+  // Two more ranges: x, least recently touched, goes out; B's kernel has not run.
+  const DevPtr y = r.alloc(kGran, kA);
+  r.kernel(kA, {y}, fill(y, kGran, 3));
+  const DevPtr z = r.alloc(kGran, kA);
+  EXPECT_NE(z, 0u);
+  EXPECT_EQ(r.res.state_of(x), Residency::State::OnHost);
+  uint64_t got = 0;
+  r.join(kB, kA);
+  r.kernel(kA, {x}, [&] { got = hash(x, kGran); });
+  r.sim.run_all();
+  return got;
+}
+
+TEST(Residency, EvictionWaitsForEveryStreamThatTouchedTheRange) {
+  std::vector<uint64_t> want(kGran / 8);
+  for (uint64_t k = 0; k < want.size(); ++k) want[k] = mix(2 + k);
+  const uint64_t expected = hash(reinterpret_cast<DevPtr>(want.data()), kGran);
+  EXPECT_EQ(evict_after_two_streams(Residency::Options::Fault::None), expected);
+  EXPECT_DEATH(evict_after_two_streams(Residency::Options::Fault::SkipEvictWait), "");
+}
+
+TEST(Residency, ALaunchWhoseRangesCannotFitIsRefusedWithTheKernelNamed) {
+  CapRig r(2 * kGran);
+  const DevPtr a = r.alloc(kGran, kA), b = r.alloc(kGran, kA), c = r.alloc(kGran, kA);
+  ASSERT_TRUE(a && b && c);
+  bool ran = false;
+  EXPECT_FALSE(r.kernel(kA, {a, b, c}, [&] { ran = true; }));
+  r.sim.run_all();
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(r.res.stats().refused_launches, 1u);
+  EXPECT_NE(r.res.error().find("three touches"), std::string::npos) << r.res.error();
+  EXPECT_NE(r.res.error().find("0.00 GiB"), std::string::npos);  // the budget, in GiB
+  // Two of them fit: that launch runs.
+  EXPECT_TRUE(r.kernel(kA, {a, b}, [&] { ran = true; }));
+  r.sim.run_all();
+  EXPECT_TRUE(ran);
+}
+
+TEST(Residency, AnAllocationLargerThanTheBudgetIsRefused) {
+  CapRig r(2 * kGran);
+  uint64_t tag = 0;
+  bool refused = false;
+  EXPECT_EQ(r.res.alloc(3 * kGran, kA, &tag, &refused), 0u);
+  EXPECT_TRUE(refused);
+  EXPECT_NE(r.res.error().find("cannot fit the device budget"), std::string::npos) << r.res.error();
+  // Smaller than the threshold: not ours, not refused.
+  EXPECT_EQ(r.res.alloc(kGran / 2, kA, &tag, &refused), 0u);
+  EXPECT_FALSE(refused);
+}
+
+TEST(Residency, FreedRangesAreReusedOnTheirStreamAndGiveWayUnderPressure) {
+  CapRig r(3 * kGran);
+  const DevPtr a = r.alloc(kGran, kA);
+  r.kernel(kA, {a}, fill(a, kGran, 7));
+  r.free(a, kA);
+  const DevPtr b = r.alloc(kGran, kA);
+  EXPECT_EQ(a, b);  // the same range, no driver call
+  EXPECT_EQ(r.res.stats().reused, 1u);
+  r.free(b, kA);
+  // A larger allocation: the kept range goes back to the device to make room.
+  const DevPtr c = r.alloc(3 * kGran, kB);
+  EXPECT_NE(c, 0u) << r.res.error();
+  r.sim.run_all();
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
+TEST(Residency, ThePoolsShareGrowsInsideTheBudget) {
+  CapRig r(4 * kGran);
+  const DevPtr a = r.alloc(kGran, kA), b = r.alloc(kGran, kA), c = r.alloc(kGran, kA);
+  r.kernel(kA, {a}, fill(a, kGran, 1));
+  r.kernel(kA, {b}, fill(b, kGran, 2));
+  r.kernel(kA, {c}, fill(c, kGran, 3));
+  // Small allocations needing two granules: the share grows and a range goes out for it.
+  ASSERT_TRUE(r.res.admit_small(kGran + kGran / 2));
+  r.res.small_allocated(kGran + kGran / 2);
+  const Residency::Stats s = r.res.stats();
+  EXPECT_GE(s.pool_share, kGran + kGran / 2);
+  EXPECT_LE(s.held + s.pool_share, 4 * kGran);
+  EXPECT_GE(s.evictions, 1u);
+  // More than the whole budget: refused.
+  EXPECT_FALSE(r.res.admit_small(4 * kGran));
+}
+
+// Random programs on two streams, with frees, re-allocations and kernels reading two ranges and
+// writing a third: every range's bytes at the end equal those of the same program run with a
+// budget that never evicts, and the capped run's physical peak never passes its budget.
+struct Outcome {
+  std::vector<uint64_t> hashes;
+  uint64_t evictions = 0, reloads = 0, peak = 0, misuses = 0;
+};
+
+Outcome random_program(uint64_t seed, uint64_t budget) {
+  CapRig r(budget);
+  std::mt19937_64 prog(seed), gpu(seed * 7 + 1);
+  std::vector<std::pair<DevPtr, uint64_t>> live;
+  Stream last = kA;
+  Outcome o;
+  for (int step = 0; step < 300; ++step) {
+    const int what = std::uniform_int_distribution<int>(0, 9)(prog);
+    const Stream s = std::bernoulli_distribution(0.3)(prog) ? kB : kA;
+    if (s != last) r.join(last, s);
+    last = s;
+    if (live.size() < 3 || what == 0) {
+      const uint64_t bytes = kGran * std::uniform_int_distribution<uint64_t>(1, 3)(prog);
+      const DevPtr p = r.alloc(bytes, s);
+      if (!p) {
+        ADD_FAILURE() << r.res.error();
+        break;
+      }
+      r.kernel(s, {p}, fill(p, bytes, prog()));
+      live.push_back({p, bytes});
+    } else if (what == 1 && live.size() > 3) {
+      const size_t i = std::uniform_int_distribution<size_t>(0, live.size() - 1)(prog);
+      r.free(live[i].first, s);
+      live.erase(live.begin() + i);
+    } else {
+      auto pick = [&] { return live[std::uniform_int_distribution<size_t>(0, live.size() - 1)(prog)]; };
+      const auto a = pick(), b = pick(), c = pick();
+      if (c.first == a.first || c.first == b.first) continue;
+      const bool ok = r.kernel(s, {a.first, b.first, c.first}, [a, b, c] {
+        for (uint64_t i = 0; i < c.second / 8; ++i)
+          words(c.first)[i] = mix(words(a.first)[i % (a.second / 8)] + 3 * words(b.first)[i % (b.second / 8)]);
+      });
+      EXPECT_TRUE(ok) << r.res.error();
+    }
+    r.gpu(gpu, std::uniform_int_distribution<int>(0, 4)(prog));
+    if (step % 50 == 0) r.res.poll();
+  }
+  for (auto [p, bytes] : live) {
+    uint64_t h = 0;
+    r.kernel(last, {p}, [&h, p = p, bytes = bytes] { h = hash(p, bytes); });
+    r.sim.run_all();
+    o.hashes.push_back(h);
+  }
+  const Residency::Stats s = r.res.stats();
+  o.evictions = s.evictions;
+  o.reloads = s.reloads;
+  o.peak = r.sim.vmm_stats().physical_peak;
+  o.misuses = r.sim.vmm_stats().misuses;
+  return o;
+}
+
+TEST(Residency, RandomProgramsMatchTheUncappedRunBytewise) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    const uint64_t budget = 10 * kGran;
+    const Outcome capped = random_program(seed, budget);
+    const Outcome free_run = random_program(seed, 1ull << 30);
+    EXPECT_EQ(free_run.evictions, 0u);
+    EXPECT_GT(capped.evictions, 0u) << "seed " << seed;
+    EXPECT_GT(capped.reloads, 0u) << "seed " << seed;
+    EXPECT_LE(capped.peak, budget) << "seed " << seed;
+    EXPECT_EQ(capped.misuses, 0u) << "seed " << seed;
+    EXPECT_EQ(capped.hashes, free_run.hashes) << "seed " << seed;
+  }
+}
+
+TEST(Residency, HostStoreReusesSlotsAndRefusesPastItsLimit) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.limit = 2 << 20;
+  HostStore h(sim, o);
+  void* a = h.take(512 << 10);
+  void* b = h.take(512 << 10);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(h.stats().chunks, 1u);
+  h.give(a, 512 << 10);
+  EXPECT_EQ(h.take(512 << 10), a);
+  EXPECT_NE(h.take(1 << 20), nullptr);  // a second chunk
+  EXPECT_EQ(h.take(1 << 20), nullptr);  // past the limit
+  EXPECT_EQ(h.stats().refused, 1u);
+  EXPECT_EQ(sim.pinned().size(), 2u);
+}
+
+}  // namespace
+}  // namespace offload
