@@ -7,7 +7,7 @@
 #   scripts/gpu/run.sh all_eager    reference (determinism, shim, cost) + conv_llama, in one call
 #   scripts/gpu/run.sh compiled     the Llama model under torch.compile
 #   scripts/gpu/run.sh cost         cost of observing: reference and convnet, CUPTI on and off
-#   scripts/gpu/run.sh traces       record the step traces kept in bench/traces/
+#   scripts/gpu/run.sh traces       record the step traces kept in tests/data/traces/
 #   scripts/gpu/run.sh final        visibility, event timing (CUPTI off / taken over), offloadd
 #   scripts/gpu/run.sh executor_smoke  offload executor: reference --small and full, plain vs a
 #                                   budget of 50% of plain's footprint, bitwise pass/fail (~3 min)
@@ -346,7 +346,7 @@ case $plan in
     run llamac_det_r2 2 --workload llama --compile --steps 8 --warmup 4 --deterministic
     ;;
   traces)
-    # Record the step traces that bench/traces/ keeps (with GPU times).
+    # Record the step traces that tests/data/traces/ keeps (with GPU times).
     run reference_det_r1 1 --workload reference --steps 10 --warmup 3 --deterministic
     run convnet_det_r1 1 --workload convnet --steps 10 --warmup 3 --deterministic
     run llamac_det_r1 1 --workload llama --compile --steps 8 --warmup 4 --deterministic

@@ -1,4 +1,4 @@
-// The built-in plan on the steps recorded on the H200 (bench/traces/), at several budgets:
+// The built-in plan on the steps recorded on the H200 (tests/data/traces/), at several budgets:
 // properties every plan must have, whatever the trace.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The GPU-time planner (daemon/planner) on synthetic transformer-like steps and on the steps
-// recorded on the H200 (bench/traces/).
+// recorded on the H200 (tests/data/traces/).
 //
 // check_plan() re-derives what a plan promises from the Plan, its Prediction and the trace
 // alone (never from the planner's internals): the footprint at every launch, the order of
