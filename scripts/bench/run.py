@@ -388,8 +388,8 @@ def main(argv=None):
             pool.reset_high()
         shim.reset_peak()  # the executor's arena high-water marks, at the same moment
         # Sampling starts once the pool is trimmed: before it, what warm-up freed (the stream
-        # baseline's weights, copied to the host) was still reserved (38.31 GiB sampled for a
-        # 23.44 GiB pool high-water mark at 7367af6).
+        # baseline's weights, copied to the host) was still reserved, and the sampled peak
+        # overstated the run's by far.
         if not sampler.is_alive():
             sampler.start()
 

@@ -144,7 +144,7 @@ TEST_P(RecordedPlan, SameTraceSamePlan) {
 INSTANTIATE_TEST_SUITE_P(Traces, RecordedPlan, ::testing::Values("reference", "convnet", "llama-compiled"));
 
 TEST(Plan, TheReferenceAtHalfItsPeakMeetsTheBudget) {
-  // bench/results/executor.md: the GPU run's plan at 50% of the measured footprint.
+  // docs/results.md: the GPU run's plan at 50% of the measured footprint.
   StepTrace t = recorded_step("reference");
   PlanOptions o;
   o.budget = 13723762688;

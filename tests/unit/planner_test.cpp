@@ -605,7 +605,7 @@ TEST(PlannerSynthetic, ASlowerLinkCostsStepTime) {
   expect_slower_link_costs_step_time(slower);
 }
 
-// Two H200s of one node, measured by scripts/bench/link.py --gpus 2 (bench/results/multigpu.md):
+// Two H200s of one node, measured by scripts/bench/link.py --gpus 2 (docs/results.md):
 // 101.42 GB/s H2D, 105.93 D2H, 131.19 both ways, summed over the two.
 TEST(PlannerLinkShare, EachGpuGetsItsShareOfTheNode) {
   const LinkModel one;
