@@ -30,7 +30,7 @@
 
 namespace offload {
 
-// The PCIe link, in bytes per nanosecond (= GB/s). Defaults: DESIGN.md's pinned figures on
+// The PCIe link, in bytes per nanosecond (= GB/s). Defaults: the pinned figures measured on
 // the H200 (53.8 H2D, 54.4 D2H, 85 in sum at once, D2H suffering most).
 struct LinkModel {
   double h2d = 53.8, d2h = 54.4;

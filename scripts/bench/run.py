@@ -459,7 +459,7 @@ def main(argv=None):
     loss_values = losses.tolist()
     shim_stats = shim.stats() if shim.loaded else None
     # The device footprint: the pool's high-water mark plus the physical memory the executor's
-    # arenas held at their peak (PyTorch's counters still count evicted tensors; DESIGN.md).
+    # arenas held at their peak (PyTorch's counters still count evicted tensors; docs/design.md).
     executor = (shim_stats or {}).get("executor")
     held_peak = executor.get("held_peak") if isinstance(executor, dict) else None
     # Large allocations the shim serves itself (OFFLOAD_PERSISTENT_MIN) are not in the pool.

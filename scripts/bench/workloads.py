@@ -1,4 +1,4 @@
-"""Benchmark workloads for liboffload (see DESIGN.md, "Reference workload").
+"""Benchmark workloads for liboffload (see docs/design.md, "Facts about the target").
 
 Each builder returns (model, make_batch, loss_fn, make_optimizer):
   make_batch(step) -> inputs      same data for a given (seed, step) on every run
