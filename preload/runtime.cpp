@@ -254,19 +254,17 @@ void Runtime::plan_from(const StepTrace& t) {
   if (uint64_t g = driver_.vmm_granularity()) o.granularity = g;
   // What the allocator holds for the step's live bytes, measured before the first plan (the
   // default pool's high-water mark against the step's peak), never below the model's.
-  // Under FSDP2 it held 1.37-1.47x (several streams; f6f95dc), where the model's 1.15 had the
-  // plan think a budget was met that was not (7afa059). Measured again from each step planned
-  // from, and kept only when a plan is installed: moe's first repeating steps are its
-  // constructor's (37 launches, 0.25 GiB live), whose 2.06 GiB reserved made the factor 2.0
-  // (clamped) for good; the plan then predicted 23.06 GiB, "NOT met", and held 19.88.
+  // With several streams (FSDP2) the pool holds far more than the model's 1.15, which would have
+  // the plan think a budget met that is not (docs/results.md). Measured again from each step
+  // planned from, and kept only when a plan is installed: a model's first repeating steps may be
+  // its constructor's (moe), whose few live bytes would fix the factor at its clamp for good.
   double factor = pool_overhead_;
   if (factor <= 0) {
     // Against what the pool serves: with OFFLOAD_PERSISTENT_MIN the weights sit in the shim's
-    // own ranges, and the step's whole live peak (moe: 45 GiB, 38.7 of them weights) made
-    // the factor 0.14, clamped to the model's 1.15, where the pool held 1.4x its share (moe on
-    // the H200: 6.41 GiB reserved, the footprint 21.28 GiB against a plan's 19.96 and a budget
-    // of 20). The step's allocations of at least the minimum (0.59 GiB there) are pooled bytes
-    // too, held in the shim's ranges: their physical peak counts with the pool's reservation.
+    // own ranges, and against the step's whole live peak (mostly weights) the factor would be
+    // far below 1 and clamped to the model's, under what the pool holds. The step's allocations
+    // of at least the minimum are pooled bytes too, held in the shim's ranges: their physical
+    // peak counts with the pool's reservation.
     const uint64_t min = persistent_ ? persistent_->min_bytes() : 0;
     uint64_t own_peak = 0, weights = 0;
     if (persistent_) {
@@ -343,9 +341,8 @@ void Runtime::plan_from(const StepTrace& t) {
       };
       PlannerResult r = planned();
       // A pool revision after which no plan meets the budget would trade a plan a little past it
-      // for one far past it (lora at 20 GiB, the pool at 1.16x where 1.15 was planned: the
-      // revised plan streamed no weights and mapped 37 GiB; 571969f, b269dc3). Plan with the
-      // overhead from before the revision instead.
+      // for one far past it (a weight plan revised to keep every weight resident:
+      // docs/results.md). Plan with the overhead from before the revision instead.
       if (!r.plan.meets_budget && overhead_before_revision_ > 0) {
         log().warn("with the allocator at {:.3f}x its live bytes no plan meets the budget: planning with {:.3f}x "
                    "again, and no more pool revisions", pool_overhead_, overhead_before_revision_);
@@ -407,8 +404,8 @@ void Runtime::plan_from(const StepTrace& t) {
                      !planned_.arenas.empty());
     plan_note_.clear();
     log().info("plan: {}", desc);
-    // How late a plan comes in, for a model whose plan starts many steps after its steps repeat
-    // (convnet on the H200: at its 16th-19th step of 40, 316a3ee; the cause is not known).
+    // How late a plan comes in: some models' plans start many steps after their steps repeat
+    // (convnet: docs/results.md), and this line shows where the time went.
     log().info("plan made from step {} in {:.0f} ms ({} steps cut since); it runs from launch {}, {} launches on",
                t.step, static_cast<double>(mono_ns() - planning_from) / 1e6,
                assembler_.steps_cut() > t.step + 1 ? assembler_.steps_cut() - t.step - 1 : 0, anchor,
@@ -470,8 +467,7 @@ void Runtime::mark_step() {
   // The step's activations are freed here, but their frees may still be queued: the pool
   // releases an OS allocation only when it has seen every free in it complete. So a try waits
   // for the GPU first, once per try (at most PoolTrim's 8 per plan). Tried from the worker, at a
-  // moment of its own, the trim left convnet's pool whole in 1 of 3 runs and needed 2-6 tries
-  // in the others (H200, fe26f5e-3887f50).
+  // moment of its own, the trim may release nothing or need several tries (docs/results.md).
   std::lock_guard lock(trim_mu_);
   bool synced = false;
   const std::function<void()> sync = [&] {
@@ -481,9 +477,8 @@ void Runtime::mark_step() {
   };
   if (swap_at_mark(sync)) {
     // The new plan's steps reserve what they need from a pool emptied of what is unused: what
-    // the pool kept for the old plan's layout would otherwise stay beside it (on the H200 the
-    // reference's pool then grew to 1.064x and 1.108x of the new plans' live bytes, where a
-    // step after an emptied pool needed 1.011x).
+    // the pool kept for the old plan's layout would otherwise stay beside it, and the new plan's
+    // steps would hold more than its factor.
     empty_pool(sync);
     refine_.after_mark(driver_.pool_reserved_current());
     (void)executor_.take_first_step_trim();  // emptied already
@@ -591,8 +586,8 @@ void Runtime::refine_plan(double factor) {
   // A reload that finds every handle held takes one more (Executor::acquire_handle: an arena
   // whose copy out the host abandoned keeps its handle; the planner's GPU-time model does not see
   // that). Planned from the measured factor, the pool has no slack left for it: the plan keeps
-  // room for one more handle of the running plan's size (as measured on the H200, ninth and tenth
-  // sessions), where the first plan keeps room for one of its own (PlannerOptions::spare_handle).
+  // room for one more handle of the running plan's size, where the first plan keeps room for
+  // one of its own (PlannerOptions::spare_handle).
   bool whole = false;
   factor = PoolRefine::plan_factor(factor, pool_overhead_, base_factor_, &whole);
   PlannerOptions po = plan_opts_;

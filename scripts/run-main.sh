@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The main job. Sets up, builds, and shows what liboffload sees:
+# The demo. Sets up, builds, and shows what liboffload sees:
 #   - on a machine with an NVIDIA GPU and PyTorch: runs the reference workload under the shim
 #     (LD_PRELOAD, backend:cudaMallocAsync) with OFFLOAD_TRACE, then prints the per-step
 #     table (launches vs CUPTI kernels, GPU time, activations) and checks it;
-#   - without a GPU: replays the step traces recorded on the GPU (bench/traces/) through the
+#   - without a GPU: replays the step traces recorded on the GPU (tests/data/traces/) through the
 #     same pipeline on the simulated driver, prints the recorded tables, then replays them with
 #     the executor evicting and reloading under a budget, every launch's data checked.
 set -euo pipefail
@@ -23,36 +23,36 @@ if nvidia-smi -L > /dev/null 2>&1 && python3 -c 'import torch, sys; sys.exit(0 i
   echo; echo "== what the shim saw, per step"
   "$ctl" trace check "$trace"
 else
-  echo "== no GPU here: replaying steps recorded on an H200 (bench/traces/) on the simulated driver"
-  for t in bench/traces/*.trace; do
+  echo "== no GPU here: replaying steps recorded on an H200 (tests/data/traces/) on the simulated driver"
+  for t in tests/data/traces/*.trace; do
     echo; echo "---- $t"
     "$ctl" replay "$t"
   done
   echo; echo "== what the shim saw on the GPU, per recorded step"
-  "$ctl" trace check bench/traces
+  "$ctl" trace check tests/data/traces
   # The planner on the reference step: what it would offload at 75% of the step's footprint,
   # the step time it predicts, and a picture (plan-reference-75.html).
   echo; echo "== the planner on the recorded reference step, at 75% of its footprint"
-  "$ctl" plan --trace bench/traces/reference.trace --budget 75% --html build/plan-reference-75.html
+  "$ctl" plan --trace tests/data/traces/reference.trace --budget 75% --html build/plan-reference-75.html
   echo "(picture: build/plan-reference-75.html)"
   # What outlives the step there (weights, optimizer state), and how long each sits unused.
   echo; echo "== what outlives the recorded reference step, and how long it sits unused"
-  "$ctl" plan --trace bench/traces/reference.trace --persistent
+  "$ctl" plan --trace tests/data/traces/reference.trace --persistent
   # Weight streaming on the recorded lora step (20.4 G frozen bf16 parameters, 37.9 GiB): the
   # weights the shim's pool serves (OFFLOAD_PERSISTENT_MIN=64MiB) go out and back between their
-  # uses so that the step fits 20 GiB (bench/results/weights.md has the GPU run).
+  # uses so that the step fits 20 GiB (docs/results.md has the GPU runs).
   echo; echo "== weight streaming on the recorded lora step, at 20 GiB"
-  "$ctl" plan --trace bench/traces/lora.trace --budget 20GiB --persistent-min 64MiB
+  "$ctl" plan --trace tests/data/traces/lora.trace --budget 20GiB --persistent-min 64MiB
   echo; echo "== weight streaming that waits to meet 20 GiB: the recorded moe step (frozen base read-only, the pool"
   echo "   factor its run measured); no plan whose copies all hide meets the budget there"
-  "$ctl" plan --trace bench/traces/marked/moe.trace --budget 20GiB --persistent-min 32MiB --read-only --pool-overhead 1.62
+  "$ctl" plan --trace tests/data/traces/marked/moe.trace --budget 20GiB --persistent-min 32MiB --read-only --pool-overhead 1.62
   # The executor on the same steps, running the planner's plans: evict and reload under the
-  # budget the GPU runs used (bench/results/executor.md), sizes scaled down, every launch's
+  # budget the GPU runs used (docs/results.md), sizes scaled down, every launch's
   # data checked.
   for tf in reference:0.5 convnet:0.6 llama-compiled:0.8; do
     t=${tf%%:*}
     echo; echo "== the executor on the simulated driver: $t at ${tf#*:} of its peak"
-    "$ctl" replay "bench/traces/$t.trace" --offload "${tf#*:}" --steps 10 | sed -n '/^offload:/,$p'
+    "$ctl" replay "tests/data/traces/$t.trace" --offload "${tf#*:}" --steps 10 | sed -n '/^offload:/,$p'
   done
 fi
 
@@ -75,7 +75,7 @@ PY
 echo; echo "== several GPUs, one offloadd: two ranks of a job and the node's host link"
 # As torchrun starts them (RANK, LOCAL_RANK, LOCAL_WORLD_SIZE); each announces its rank once
 # connected, and its GPU at its first plan (none here: no GPU). --node-link: the sums measured
-# on two H200s of one host (bench/results/multigpu.md).
+# on two H200s of one host (docs/results.md).
 node_dir=$(mktemp -d)
 XDG_RUNTIME_DIR=$node_dir build/offloadd --pool-size 256MiB --no-prefault --node-link 102.68,107.58,137.69 \
   > "$node_dir/offloadd.log" 2>&1 &

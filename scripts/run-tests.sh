@@ -10,19 +10,18 @@ for variant in plain address thread; do
   dir=build-test-$variant
   san=""; [ "$variant" = plain ] || san=$variant
   echo "== build and test: ${variant} (at ${SECONDS} s)"
-  # -g1: line tables only (sanitizer reports still name file and line); 15% less build time
-  # on 2 cores (2m31s against 2m58s for the plain build). -O1, as the sanitizers' own guides
-  # advise, assertions kept: the plain tests take 65 s on 2 cores instead of 91 s (the executor
-  # and simulated driver under thousands of simulated steps), the build 140 s instead of 144 s.
+  # -g1: line tables only (sanitizer reports still name file and line) and a faster build.
+  # -O1, as the sanitizers' own guides advise, assertions kept: the executor and simulated
+  # driver run thousands of simulated steps, which -O0 makes much slower.
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" -DOFFLOAD_SANITIZE="$san" > /dev/null
   cmake --build "$dir" -j "$jobs"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu
 done
 echo "== fuzz the wire protocol's decoder (bounded) (at ${SECONDS} s)"
 scripts/run-fuzz.sh "${FUZZ_SECONDS:-30}"
-echo "== the main job's no-GPU path (replay of the recorded traces) (at ${SECONDS} s)"
-for t in bench/traces/*.trace; do build-test-plain/offloadctl replay "$t" > /dev/null; done
-build-test-plain/offloadctl trace check bench/traces > /dev/null
+echo "== the recorded traces: replay on the simulated driver and trace check (at ${SECONDS} s)"
+for t in tests/data/traces/*.trace; do build-test-plain/offloadctl replay "$t" > /dev/null; done
+build-test-plain/offloadctl trace check tests/data/traces > /dev/null
 echo "== the benchmark scripts: they compile; ab_report.py's verdicts, gaps_at.py's and cache_whatif.py's sums, gpu_state.py's, calls_report.py's, link_use.py's and planner_report.py's figures on made-up input"
 python3 -m py_compile scripts/bench/*.py
 python3 tests/scripts/ab_report_test.py

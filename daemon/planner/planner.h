@@ -30,7 +30,7 @@
 
 namespace offload {
 
-// The PCIe link, in bytes per nanosecond (= GB/s). Defaults: DESIGN.md's pinned figures on
+// The PCIe link, in bytes per nanosecond (= GB/s). Defaults: the pinned figures measured on
 // the H200 (53.8 H2D, 54.4 D2H, 85 in sum at once, D2H suffering most).
 struct LinkModel {
   double h2d = 53.8, d2h = 54.4;
@@ -121,22 +121,21 @@ struct PlannerOptions {
   // again for the budget less one handle when its footprint leaves less. The executor takes one
   // handle over the plan's count when a reload finds every handle held by arenas whose copies
   // out the host abandoned (it asked for them back before the GPU had copied them out), which
-  // this GPU-time model does not see (llama at 75% on the H200: 9.64 GiB against 9.63).
+  // this GPU-time model does not see (measured: docs/results.md).
   bool spare_handle = false;
   // Weights: when no plan whose copies all hide meets the budget, the step may wait for reloads
   // up to this share of its compute (planned as every launch that much longer); the least
-  // share that meets the budget is taken. 0: copies only where they hide. On moe (H200,
-  // c8393ff-af6d3df) the plans that hide everything predicted 20.5-21.4 GiB against 20; one
-  // planned to wait 3.6% met it (19.56 GiB, 1.014x resident), one that needed over 5% did not
-  // (its recorded step needs 4.4% at the pool factor it measured, 1.62). A tenth: the most the
-  // issue's weight streaming may cost against resident.
+  // share that meets the budget is taken. 0: copies only where they hide. Where weights carry
+  // little work per byte (moe), no plan that hides every copy meets the budget, but one that
+  // waits a few percent does (docs/results.md). A tenth: the most weight streaming may cost
+  // against the resident step.
   double max_weight_stall = 0.10;
   LinkModel link;
   // Called between the planner's units of work (a candidate simulated, a weight tried), on the
   // planning thread; it must not touch the trace being planned. The shim drains its event ring
-  // there: on moe a plan takes 1.6-4 s, a step is about 78000 events and the ring holds 65536,
-  // and the same worker drains and plans (188356-280881 events dropped a run on the H200,
-  // 316a3ee). Nothing in the plan depends on it.
+  // there, because the same worker drains and plans, and a long plan would otherwise let the
+  // ring overflow (a moe step has more events than the ring holds). Nothing in the plan depends
+  // on it.
   std::function<void()> progress;
 };
 
@@ -223,10 +222,9 @@ class Settling {
 class PlanWatch {
  public:
   // `settle`: the steps after each plan (the constructor's, or replanned's) that are not judged.
-  // A plan's first steps move it in: on moe (weights of 38.7 GiB, 20 GiB budget) the step the
-  // plan came in at and the two after it took 2284, 2527 and 2132 ms of GPU time against 1864
-  // predicted, the steps after them 1764-1870; judged, they revised a plan that kept its time,
-  // and the plans made again from steps in demand mode never held (H200, 1df301a).
+  // A plan's first steps move its data in and run slower than the plan predicts; judged, they
+  // would revise a plan that keeps its time, and a plan made again from steps in demand mode
+  // does not hold.
   explicit PlanWatch(int64_t predicted_step_ns, uint32_t max_revisions = 3, uint32_t settle = 0)
       : predicted_(predicted_step_ns), max_(max_revisions), settling_(settle, settle) {}
   // One step's measured GPU time (first kernel start to last kernel end). Returns the factor
@@ -263,17 +261,15 @@ double measured_pool_factor(uint64_t reserved, uint64_t own_peak, uint64_t weigh
 
 // Adaptation, memory: the plan counts what the allocator holds for the live bytes outside the
 // shim's own memory as pool_overhead times them, measured once before the first plan. Under the
-// plan the pool can hold more (lora at 20 GiB, 940d844: 15.25 GiB for 13.21 GiB live, 1.155x
-// against the 1.15x planned, and the footprint 20.05 GiB). A step under the plan whose pool
+// plan the pool can hold more, enough to pass the budget (lora at 20 GiB: docs/results.md). A
+// step under the plan whose pool
 // holds more than planned by over 0.2%, so much more that the plan's predicted peak grown by the
 // difference passes the budget, revises the plan with the measured factor and 0.2% to spare, at
 // most `max_revisions` times. A pool that holds less keeps the plan (a smaller footprint).
 //
 // `settle`: the steps after each install (planned()) that are not judged. Until the pool's trim at
-// the plan's first marks, the pool still holds the resident layout's blocks: on moe (1.48x
-// planned) the step the plan came in at showed 7.72 GiB for 4.39 GiB, 1.76x, and revised a plan
-// whose steps then held 5.62 GiB (H200, 3ca7e45 and 1df301a); the plans made again from steps in
-// demand mode never held.
+// the plan's first marks, the pool still holds the resident layout's blocks, so judging those
+// steps would revise a plan that holds; the plans made again from steps in demand mode do not.
 class PoolWatch {
  public:
   explicit PoolWatch(uint32_t max_revisions = 2, uint32_t settle = 0) : max_(max_revisions), settling_(settle, 0) {}

@@ -229,9 +229,8 @@ PlannerResult plan_hidden(const StepTrace& t, const GpuTimeline& g, const Planne
   }
   // PyTorch's pool keeps what it reserved (its release threshold is the maximum): the pooled
   // bytes count at their peak before every launch, and only the weights' own blocks come and
-  // go. (Measured on the H200 at e7cb4c3: planned per launch, the lora step's pool held its
-  // 15.5 GiB peak while the streamed weights were mapped at theirs, 29.95 GiB in use against
-  // 19.90 predicted.)
+  // go. (Planned per launch instead, the pool's peak and the weights' peak coincide on the GPU
+  // and the plan passes its budget by far.)
   const int64_t pooled = pooled_peak(live, persistent);
   const int64_t base_bytes = static_cast<int64_t>(static_cast<double>(pooled) * o.pool_overhead) +
                              static_cast<int64_t>(persistent_rounded) + handles;

@@ -2,7 +2,7 @@
 // operation (OFFLOAD_BLOCK_CACHE).
 //
 // Under backend:cudaMallocAsync every tensor is one cudaMallocAsync and one cudaFreeAsync, and
-// each pair costs the GPU 0.3-1.4 us (bench/results/weights.md: sync_cost.py's pool_ops); a
+// each pair costs the GPU 0.3-1.4 us (docs/results.md: sync_cost.py's pool_ops); a
 // lora step makes 4766 pairs. PyTorch's native allocator reuses its blocks without any: that is
 // most of what the hand-written baseline gains from it. Here a block freed on stream s is kept,
 // by its exact size, and handed to the next allocation of that size on s. Stream order puts
@@ -17,9 +17,8 @@
 // is taken or kept on a capturing stream. Kept bytes are bounded (frees past the bound are
 // forwarded); when the device is full the caller drains the cache (forwarding every kept
 // block's free) and tries again. A trim of the pool (torch.cuda.empty_cache()) leaves the kept
-// blocks, at most the bound, in place: drained there, lora's pool came back 0.87 GiB larger
-// (15.34 against 14.47 GiB reserved in every run that kept them) and its pool watch revised a
-// plan that met the budget (bench/results/weights.md, seventh session).
+// blocks, at most the bound, in place: drained there, the pool comes back larger and its pool
+// watch revises a plan that met the budget (lora: docs/results.md).
 //
 // Thread-safe: one mutex, no driver calls under it (drain hands the blocks out first).
 #pragma once

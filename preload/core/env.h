@@ -55,8 +55,8 @@ struct Settings {
     return budget ? std::min(block_cache, budget / 2) : block_cache;
   }
   // What a plan of activations may fill of the budget: the budget less the blocks the cache may
-  // keep, which stay in the device's pool outside every plan. Planned to the whole budget, Llama
-  // at 75% of its footprint ran at 9.87 GiB of 9.59 with a 512 MiB cache (d854d48). A weight
+  // keep, which stay in the device's pool outside every plan (planned to the whole budget, a
+  // run with the cache passes it: docs/results.md). A weight
   // plan fills the whole budget: its pool watch counts the kept blocks (preload/runtime.cpp).
   uint64_t plan_budget_bytes(uint64_t total) const {
     const uint64_t b = budget_bytes(total);

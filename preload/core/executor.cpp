@@ -730,9 +730,8 @@ int Executor::acquire_handle(bool for_reload, Stream s) {
 
 std::optional<uint64_t> Executor::first_step_keep_locked() {
   // The plan's first evictions create its handles. What the steps before it reserved in the
-  // allocator's pool would otherwise stay beside them: convnet kept its pool at plain's 5.62 GiB
-  // through its first planned step and reached 6.39 GiB against a 3.38 GiB budget (H200,
-  // c0a6919). Plans that stream weights are left alone: their pool is watched and revised.
+  // allocator's pool would otherwise stay beside them and pass the budget (convnet:
+  // docs/results.md). Plans that stream weights are left alone: their pool is watched and revised.
   if (!first_step_due_) return std::nullopt;
   first_step_due_ = false;
   if (plan_.arenas.empty() || !plan_.weights.empty() || !plan_.budget) return std::nullopt;
@@ -775,8 +774,8 @@ std::string Executor::describe_handles() const {
 void Executor::give_handle(int h) {
   if (h < 0 || !handles_[static_cast<size_t>(h)]) return;
   // In demand mode nothing is placed in an arena again: a handle that comes free would sit idle
-  // beside a pool that now serves the whole step (convnet with the block cache on the H200:
-  // 8.26 GiB during a revision against plain's 5.62). It goes back to the device; a demand
+  // beside a pool that now serves the whole step, past plain's footprint (convnet with the
+  // block cache: docs/results.md). It goes back to the device; a demand
   // reload, or the next plan, creates what it needs.
   if (live_handles() > plan_.handles || !installed_.load(std::memory_order_relaxed) ||
       deviated_.load(std::memory_order_relaxed)) {
@@ -984,9 +983,8 @@ bool Executor::install_weights(std::string* why) {
   }
   // One unit for the weights' new memory (Options::unit_weights, weight_unit): on lora 72 MiB,
   // for the blocks' 216 and 288 MiB weights; the embedding and head (376 MiB) reload on six
-  // units mapped past their end (unit_backing). (At e8abf1d the unit was the common divisor
-  // of every size, 8 MiB there, and with 47 pieces to a weight it was refused: the H200 run
-  // had no units.)
+  // units mapped past their end (unit_backing). The unit is not the common divisor of every
+  // size: that one is small (8 MiB on lora), and a weight of 47 pieces is refused.
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
   for (const Weight& w : weights_) {
@@ -1295,8 +1293,8 @@ bool Executor::unit_backing(uint64_t size, uint64_t room, uint64_t bound, Backin
   // A size that is no multiple of the unit maps whole units past its end when its range has
   // room (the pool reserves it: lora's embedding, 376 MiB, on six units of 72). Else it ends
   // in a tail of its own (five units and 16 MiB), mapped after the units; kept tails of that
-  // size serve it, and only they or new memory do: without room, at 34bf707, the embedding's
-  // reload made the host wait 648 ms, its whole lead, every step.
+  // size serve it, and only they or new memory do (without that, the embedding's reload made
+  // the host wait its whole lead every step: docs/results.md).
   const uint64_t whole = round_up(size, unit);
   const bool past_end = room >= whole;
   const uint64_t tail_bytes = past_end ? 0 : size % unit;

@@ -7,7 +7,7 @@
 // fixed offsets, so their addresses are the same every step and stay valid while the
 // arena is evicted (PyTorch keeps its pointers; only the backing goes).
 //
-// Ordering (DESIGN.md invariants). Every stream that may have queued work on an arena's
+// Ordering (docs/design.md, Invariants). Every stream that may have queued work on an arena's
 // memory is in the arena's stream list: the streams of the launches that touched it, the
 // streams its members were freed on, our offload stream while a D2H reads it and our
 // prefetch stream while an H2D writes it. An eviction records an event on each listed

@@ -8,7 +8,7 @@
 // installed plan has run `after` steps, the shim trims the pool to the budget less the most the
 // executor has held beside it (Runtime::trim_pool): what the plan's steps need stays.
 //
-// One cuMemPoolTrimTo call is not always enough (measured on the H200, fe26f5e):
+// One cuMemPoolTrimTo call is not always enough (measured: docs/results.md):
 // - It releases whole OS allocations, and only those with nothing live in them (a free whose
 //   completion the driver has not yet seen counts as live). Called while a step runs, it may
 //   release nothing: convnet's pool stayed at 5.62 GiB against 2.04 GiB to keep.
@@ -94,10 +94,9 @@ class PoolTrim {
 //
 // A plan counts what PyTorch's pool reserves for the live bytes outside the arenas as a factor
 // of them: the larger of what the pool held before the plan and 1.15. Under the plan the pool
-// holds another factor, which depends on the budget and the run (the reference workload on the
-// H200: 1.113-1.119 at 50%, 1.019-1.077 at 75%, 1.060-1.063 at 90%; plain 1.049). Planned at
-// 1.15, the 75% plan offloads every arena it may, and its last three hold every handle at the
-// turnaround: the first reload waits 21 ms (bench/results/planner.md, ninth session).
+// holds another factor, which depends on the budget and the run (docs/results.md). Planned at
+// a factor higher than the pool's, a plan offloads more than it needs and its last arenas hold
+// every handle at the turnaround, so the first reload waits.
 //
 // A step shows what it needs only when the pool grew during it: otherwise the pool holds what an
 // earlier step or a trim left. So once the PoolTrim tries of an install are over, the pool is
@@ -115,10 +114,8 @@ class PoolRefine {
  public:
   struct Options {
     // Added to the factor measured over the window. The first step after an emptied pool needs
-    // less than the steps after it (on the H200 the reference's pool went from 1.011x to
-    // 1.067-1.074x at 75%, from 1.009x to 1.055-1.066x at 90%), but within 3 steps it held its
-    // steady factor (1.0735x and 1.0599x, call 5), and the plans made for 1.099x and 1.086x held
-    // 1.072x and 1.066x (call 4).
+    // less than the steps after it, but within 3 steps the pool holds its steady factor, and 3%
+    // over it has held on the GPU (docs/results.md).
     double margin = 0.03;
     double up_margin = 0.03;  // added to a factor a grown pool showed
     double min_gain = 0.01;   // a lower factor worth a new plan
@@ -155,9 +152,9 @@ class PoolRefine {
     const double f = static_cast<double>(m.reserved) / static_cast<double>(m.resident);
     if (grew) last_ = f;
     if (grew && f > m.planned * 1.002 && up_ < o_.max_up) {
-      // The pool's growth counts against the room kept for the spare handle too: llama at 75%
-      // on the H200 held 1.163x where 1.15x was planned, within the budget by 6 MiB without the
-      // spare and 90 MiB over it with (e3cfea4).
+      // The pool's growth counts against the room kept for the spare handle too: a pool a
+      // little over its planned factor can be within the budget without the spare handle and
+      // over it with one.
       const double over = (f - m.planned) * static_cast<double>(m.resident);
       if (static_cast<double>(m.predicted_peak + m.spare) + over > static_cast<double>(m.budget)) {
         ++up_;

@@ -1,7 +1,7 @@
 // Replay: drives a recorded step through the same observing pipeline the shim runs on the
 // GPU (AllocTable, FuncRegistry, parameter scan, EventLog, StepDetector, StepAssembler), on
-// the simulated driver. Used by `offloadctl replay` (the main job on a machine without a
-// GPU) and by tests.
+// the simulated driver. Used by `offloadctl replay` (the demo on a machine without a GPU)
+// and by tests.
 //
 // Each kernel of the recording becomes a simulated kernel whose parameters are a struct of
 // device pointers (interior pointers, as views are) followed by scalars, so the scan must

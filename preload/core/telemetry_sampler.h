@@ -1,6 +1,6 @@
 // TelemetrySampler: which steps CUPTI traces under OFFLOAD_TELEMETRY=sampled.
 //
-// Kernel tracing costs GPU time on every kernel (bench/results/visibility.md: +0.5% on the
+// Kernel tracing costs GPU time on every kernel (docs/results.md: +0.5% on the
 // reference workload, +29% on a launch-bound one). Planning needs a traced step, and a running
 // plan needs traced steps to be watched (three slow ones in a row revise it); between those,
 // tracing buys nothing. So: traced whenever no plan runs (planning, or planning again after a

@@ -71,8 +71,8 @@ def main():
     (na, a), (nb, b) = list(pooled.items())
     d, half, df = welch(a, b)
     wall = lambda runs: statistics.fmean(r["ms_per_step"] for _, r in runs)
-    # Runs of one arm can differ by more than the steps within a run do (e8abf1d: two baseline
-    # runs 18.6 ms apart): then the pooled steps' interval overstates what is known, and the
+    # Runs of one arm can differ by more than the steps within a run do (two baseline runs of
+    # lora 18.6 ms apart): then the pooled steps' interval overstates what is known, and the
     # verdict says so.
     run_means = {name: [statistics.fmean(r["step_ms"]) for _, r in runs] for name, runs in arms}
     spread = max(max(m) - min(m) for m in run_means.values())

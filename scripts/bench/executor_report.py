@@ -16,7 +16,7 @@ Runs under the shim without a budget (observing only) are listed but not checked
     it, ms/step, steady-state demand reloads ("misses", the last `steps` entries of
     executor.recent_misses: the timed steps), evictions/reloads and GiB moved per step.
 (b) The reference workload side by side: plain, ckpt, save_on_cpu, offload: ms/step,
-    footprint, slowdown, and the PCIe lower bound on the offload step (DESIGN.md's measured
+    footprint, slowdown, and the PCIe lower bound on the offload step (docs/design.md's measured
     bandwidths: H2D 53.8 GB/s, D2H 54.4 GB/s, 85 GB/s both ways at once).
 
 Exits 1 when a check fails (losses or gradients differ, or cannot be compared; footprint over

@@ -319,7 +319,7 @@ def ranks_seen(clients, pid_rank, n):
 
 # ---------------------------------------------------------------- offloadd logs
 
-def daemon_sessions(text):
+def daemon_runs(text):
     """offloadd.log split at each 'serving' line (each daemon the plan started)."""
     out = []
     for line in (text or "").splitlines():
@@ -329,7 +329,7 @@ def daemon_sessions(text):
     return [s for s in out if any("serving " in x for x in s)]
 
 
-def session_facts(lines):
+def daemon_run_facts(lines):
     """pool bytes, and per pid: client id, rank, bytes back in the pool at disconnect."""
     facts = {"pool": None, "pids": {}}
     for line in lines:
@@ -749,10 +749,10 @@ def fair_shares(d, results, logs, status, pid_rank, ranks, rows):
     if full is not None and before is not None and full.startswith(before) and len(full) > len(before):
         share_log = full[len(before):]
     elif full is not None:
-        sess = daemon_sessions(full)
-        if sess and (before is None or len(sess) > len(daemon_sessions(before))):
+        sess = daemon_runs(full)
+        if sess and (before is None or len(sess) > len(daemon_runs(before))):
             share_log = "\n".join(sess[-1])
-    facts = session_facts((share_log or "").splitlines())
+    facts = daemon_run_facts((share_log or "").splitlines())
     pool, pool_src = None, None
     for sj in status.json_ordered if status else []:
         if num(first(sj, "pool_bytes", "pool")):

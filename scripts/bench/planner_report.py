@@ -28,7 +28,7 @@ import sys
 
 from compare import load_result  # noqa: E402  (scripts/bench/ is on sys.path)
 
-H2D_GBPS, D2H_GBPS, BOTH_GBPS = 53.8, 54.4, 85.0  # DESIGN.md's figures, if link.json is missing
+H2D_GBPS, D2H_GBPS, BOTH_GBPS = 53.8, 54.4, 85.0  # docs/design.md's figures, if link.json is missing
 BOUND_SLACK, PREDICT_TOL, HIDDEN_OVERHEAD = 1.10, 0.10, 0.03
 ROWS = [("plain", "reference_plain"), ("ckpt", "reference_ckpt"), ("save_on_cpu", "reference_save_on_cpu"),
         ("hidden", "reference_offload_hidden"), ("90", "reference_offload_90"),
@@ -163,7 +163,7 @@ def main(argv=None):
         with open(os.path.join(d, "link.json")) as f:
             link = json.load(f)
     except (OSError, ValueError) as e:
-        link_note = f" (link.json unusable: {e.__class__.__name__}; DESIGN.md's figures used instead)"
+        link_note = f" (link.json unusable: {e.__class__.__name__}; docs/design.md's figures used instead)"
     h2d = link.get("h2d_gbps") if num(link.get("h2d_gbps")) else H2D_GBPS
     d2h = link.get("d2h_gbps") if num(link.get("d2h_gbps")) else D2H_GBPS
     both = link.get("both_gbps_sum") if num(link.get("both_gbps_sum")) else (None if link else BOTH_GBPS)
@@ -212,7 +212,7 @@ def main(argv=None):
           "max(backward compute, bytes in / H2D), where bytes out and in are the executor's bytes_out and "
           "bytes_in per step under the plan (an arena asked back before its copy out ends stays: out, not "
           f"back), D2H = {d2h} GB/s and H2D = {h2d} GB/s "
-          f"({'measured, link.json' if not link_note else 'DESIGN.md, link.json missing'}), GB = 1e9 bytes; "
+          f"({'measured, link.json' if not link_note else 'docs/design.md, link.json missing'}), GB = 1e9 bytes; "
           "bound = forward + backward. Timed misses / late: demand reloads and late reloads summed over "
           "the timed steps. Percentages are of plain's footprint.")
 

@@ -3,7 +3,7 @@
 
     power_link.py [--seconds 8] [--repeat 5] [--duties 0,0.3,1] [--json FILE]
 
-lora's step runs at the H200's power cap (bench/results/weights.md: the software power cap holds
+lora's step runs at the H200's power cap (docs/results.md: the software power cap holds
 the SM clock down in every busy sample). The shim moves 66.6 GiB a step over the link where the
 hand-written baseline moves 72.6 GiB (1309 against 1414 ms of link busy a step). If a copy's
 power comes out of the SMs' clock, fewer bytes mean a faster step, and this measures by how much.
@@ -157,7 +157,7 @@ def main():
               + (f"{statistics.fmean(sm):.1f} MHz" if sm else "—") + " | " + (f"{statistics.fmean(pw):.0f} W" if pw else "—") + " |")
     spread = max(x["chain_ms"] for x in results[0.0]) - min(x["chain_ms"] for x in results[0.0])
     print(f"\nRuns without copies spread over {spread:.1f} ms. The shim keeps the link busy 105 ms a lora step "
-          f"less than the baseline (weights.md): times the per-ms figure at duty 0.3, that is what its fewer bytes "
+          f"less than the baseline (docs/results.md): times the per-ms figure at duty 0.3, that is what its fewer bytes "
           f"would be worth a step.")
     if a.json:
         with open(a.json, "w") as f:

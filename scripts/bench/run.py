@@ -388,8 +388,8 @@ def main(argv=None):
             pool.reset_high()
         shim.reset_peak()  # the executor's arena high-water marks, at the same moment
         # Sampling starts once the pool is trimmed: before it, what warm-up freed (the stream
-        # baseline's weights, copied to the host) was still reserved (38.31 GiB sampled for a
-        # 23.44 GiB pool high-water mark at 7367af6).
+        # baseline's weights, copied to the host) was still reserved, and the sampled peak
+        # overstated the run's by far.
         if not sampler.is_alive():
             sampler.start()
 
@@ -459,7 +459,7 @@ def main(argv=None):
     loss_values = losses.tolist()
     shim_stats = shim.stats() if shim.loaded else None
     # The device footprint: the pool's high-water mark plus the physical memory the executor's
-    # arenas held at their peak (PyTorch's counters still count evicted tensors; DESIGN.md).
+    # arenas held at their peak (PyTorch's counters still count evicted tensors; docs/design.md).
     executor = (shim_stats or {}).get("executor")
     held_peak = executor.get("held_peak") if isinstance(executor, dict) else None
     # Large allocations the shim serves itself (OFFLOAD_PERSISTENT_MIN) are not in the pool.

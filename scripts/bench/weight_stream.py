@@ -39,7 +39,7 @@ it runs. This is that technique, written carefully:
   a backward that reads a weight saved in the forward needs its block resident then).
 
 Why it is a fair, competent baseline. It does what the layer-offload trainers do, with the
-fixes DESIGN.md's "lessons" ask for: slots are released by events recorded after the last
+fixes their known bugs call for: slots are released by events recorded after the last
 use in backward too (the race bug of releasing after the forward only), pinned memory is
 allocated once per block (not per tensor, not one huge registration), streams are those
 in use, copies are prefetched K-1 blocks ahead and bounded by the ring (no burst), and the

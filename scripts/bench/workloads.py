@@ -1,4 +1,4 @@
-"""Benchmark workloads for liboffload (see DESIGN.md, "Reference workload").
+"""Benchmark workloads for liboffload (see docs/design.md, "Facts about the target").
 
 Each builder returns (model, make_batch, loss_fn, make_optimizer):
   make_batch(step) -> inputs      same data for a given (seed, step) on every run
@@ -320,7 +320,7 @@ def build_moe(mode, small, seed):
     `lora` workload's): streamed whole, as layer-offload trainers stream, they keep the link
     busier than the forward pass's compute. (At a capacity factor of 3 the forward pass was
     too short for any streaming at 20 GiB: the weights it needs past what fits take longer on
-    the link than its compute; bench/results/weights.md.) `stream` is `ckpt` with each block's
+    the link than its compute; docs/results.md.) `stream` is `ckpt` with each block's
     attention and expert weights streamed by weight_stream."""
     vocab, d, heads, layers, experts, f, capacity, batch, seq = (
         (8000, 512, 8, 4, 4, 1024, 2, 2, 256) if small else (32000, 4096, 32, 18, 16, 8192, 6, 4, 4096))

@@ -7,7 +7,7 @@
 #   scripts/gpu/run.sh all_eager    reference (determinism, shim, cost) + conv_llama, in one call
 #   scripts/gpu/run.sh compiled     the Llama model under torch.compile
 #   scripts/gpu/run.sh cost         cost of observing: reference and convnet, CUPTI on and off
-#   scripts/gpu/run.sh traces       record the step traces kept in bench/traces/
+#   scripts/gpu/run.sh traces       record the step traces kept in tests/data/traces/
 #   scripts/gpu/run.sh final        visibility, event timing (CUPTI off / taken over), offloadd
 #   scripts/gpu/run.sh executor_smoke  offload executor: reference --small and full, plain vs a
 #                                   budget of 50% of plain's footprint, bitwise pass/fail (~3 min)
@@ -346,7 +346,7 @@ case $plan in
     run llamac_det_r2 2 --workload llama --compile --steps 8 --warmup 4 --deterministic
     ;;
   traces)
-    # Record the step traces that bench/traces/ keeps (with GPU times).
+    # Record the step traces that tests/data/traces/ keeps (with GPU times).
     run reference_det_r1 1 --workload reference --steps 10 --warmup 3 --deterministic
     run convnet_det_r1 1 --workload convnet --steps 10 --warmup 3 --deterministic
     run llamac_det_r1 1 --workload llama --compile --steps 8 --warmup 4 --deterministic
@@ -386,8 +386,8 @@ case $plan in
     # Every workload, deterministic, 16 warm-up + 20 timed steps (all 36 losses compared);
     # save_on_cpu (about 1 s/step on the reference) runs 2 + 5, before offloadd pins its pool.
     # executor_compiled: only the compiled Llama pair (for when executor had to skip it).
-    # 16 warm-up steps (8 until the seventh session): at d854d48 the GPU-time planner's first
-    # convnet plan came at step 13, after the peaks' reset at step 7 (executor.md).
+    # 16 warm-up steps: the GPU-time planner's first convnet plan can come as late as step 13,
+    # and the peaks must be reset after it (docs/results.md).
     restart_daemon
     t_plan=$SECONDS
     d=(--deterministic --steps 20 --warmup 16 --mark-steps)
@@ -451,8 +451,8 @@ case $plan in
     # budgets, each plain, offloaded, and offloaded with the cache ($WEIGHTS_BLOCK_CACHE, default
     # 512MiB), 16 warm-up + 20 timed steps, deterministic: losses and gradients against plain,
     # the footprint against the budget, the cache's counters, ms/step (< 8 min). 16 warm-up
-    # steps, not executor's 8: the GPU-time planner's first plan came at step 13 on convnet's
-    # 50 ms steps (d854d48), after the peaks' reset at step 7. $CACHE_WORKLOADS: some of them.
+    # steps, not 8: the GPU-time planner's first plan can come at step 13 on convnet's 50 ms
+    # steps, and the peaks must be reset after it. $CACHE_WORKLOADS: some of them.
     restart_daemon
     d=(--deterministic --steps 20 --warmup ${CACHE_WARMUP:-16} --mark-steps)
     fails=0
@@ -617,8 +617,8 @@ case $plan in
     "$cs" --version 2>&1 | tee "$work/compute-sanitizer-version.txt"
     start_daemon $host_pool || exit 1
     # The reference workload's small shapes: under memcheck the full ones did not fit on the
-    # H200 even without offloading's help (29995d0: the sanitizer's own allocations took the
-    # process to 141 GiB, out of memory in the loss; the plain run needs 25.6 GiB), and under
+    # H200 even without offloading's help (the sanitizer's own allocations took the process to
+    # 141 GiB, out of memory in the loss; the plain run needs 25.6 GiB), and under
     # synccheck they did not reach their first plan in 250 s. SANITIZE_SHAPES=full tries them.
     shapes=(--small); [ "${SANITIZE_SHAPES:-small}" = full ] && shapes=()
     run reference_plain 0 --workload reference "${shapes[@]}" --deterministic --steps 4 --warmup 8 --mark-steps
@@ -652,7 +652,7 @@ case $plan in
       [ $rc = 0 ] || tail -n 15 "$work/$name.txt"
       [ -f "$work/$name.json" ] && check_pair reference_plain "$name"
     }
-    # (A control without the shim, memcheck on reference --small, reported 0 errors at 29995d0.)
+    # (A control without the shim, memcheck on reference --small, reports 0 errors.)
     sanitize sanitize_memcheck memcheck 4
     sanitize sanitize_synccheck synccheck 4
     "$ctl" stop > /dev/null 2>&1
@@ -906,8 +906,8 @@ case $plan in
     ;;
   sampled_smoke)
     # OFFLOAD_TELEMETRY=sampled on the marked shim at 20 GiB alone (< 2 min): the pause and
-    # resume on real CUPTI; the losses and gradients against every earlier lora run's
-    # (48a74e16ac9335ee...), not a timing comparison.
+    # resume on real CUPTI; the losses and gradients against the resident lora run's, not a
+    # timing comparison.
     restart_daemon
     budget=20GiB
     OFFLOAD_TELEMETRY=sampled OFFLOAD_PERSISTENT_MIN=64MiB run lora_offload_20GiB_frozen_sampled o \
@@ -915,7 +915,7 @@ case $plan in
     grep -E "telemetry|plan:|deviat" "$work/lora_offload_20GiB_frozen_sampled.log" | grep -v "^\[bench\] step" | head -n 20
     ;;
   weights)
-    # Weight streaming (issue 5, item 2): the lora workload (frozen bf16 base of 40.6 GB,
+    # Weight streaming: the lora workload (frozen bf16 base of 40.6 GB,
     # rank-16 adapters, 16384 tokens a step, checkpointed blocks). The resident run fits the
     # H200 and is the reference, bitwise and for the step time; the hand-written baseline
     # streams the blocks' weights through a ring of $WEIGHT_STREAM_RING slots (no shim); the
@@ -1043,7 +1043,7 @@ PY
     log "weights_moe: bitwise $([ $fails = 0 ] && echo PASS || echo "FAIL ($fails)") ($((SECONDS - t_plan)) s)"
     ;;
   persistent)
-    # PersistentPool on the GPU (38ce7fa; tested on the simulated driver only before): every
+    # PersistentPool on the GPU: every
     # allocation of at least $min bytes in a range of its own, kept by size and handed out
     # again. No budget: nothing is evicted; the run must match plain bit for bit, and a warm
     # step should make no driver call (reused ~ allocs after the first steps).

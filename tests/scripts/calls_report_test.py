@@ -43,8 +43,8 @@ with tempfile.TemporaryDirectory() as tmp:
     held = report(tmp, [("c1", [[4100, 4102], [4101, 4101]], [[4090, 4092], [4090, 4090]]),
                         ("c2", [[4250, 4250]], [[4239, 4239], [4241, 4241]]),
                         ("c3", [[4400, 4400], [4402, 4402]], [[4391, 4391]])])
-    expect(held, r"^\| c1 \| 4101\.0, 4101\.0 \| 4091\.0, 4090\.0 \| -10\.0, -11\.0 \| -10\.5 \|$", "call 1's row")
-    expect(held, r"^\| c3 \| 4400\.0, 4402\.0 \| 4391\.0 \| -10\.0 \| -10\.0 \|$", "call 3's row")
+    expect(held, r"^\| c1 \| 4101\.0, 4101\.0 \| 4091\.0, 4090\.0 \| -10\.0, -11\.0 \| -10\.5 \|$", "c1's row")
+    expect(held, r"^\| c3 \| 4400\.0, 4402\.0 \| 4391\.0 \| -10\.0 \| -10\.0 \|$", "c3's row")
     expect(held, r"^shim - base over calls: -10\.2 ms a step \(95% -10\.9 to -9\.4\), 3 calls: shim is faster than base\.$",
            "a lead on every call")
     # Ahead by 20 on one call, behind by 10 on the other.

@@ -387,8 +387,8 @@ TEST(WeightUnit, LoraBlocksShareAUnitAndTheEmbeddingKeepsItsOwn) {
   lora.push_back(376 * kMiB);  // embedding and head, rounded to the 2 MiB granularity
   lora.push_back(376 * kMiB);
   EXPECT_EQ(weight_unit(lora), 72 * kMiB);
-  // Every size in: their common divisor is 8 MiB, 47 pieces for the 376 MiB ones. That unit was
-  // refused outright at e8abf1d, and the H200 run had no units at all.
+  // Every size in: their common divisor is 8 MiB, 47 pieces for the 376 MiB ones, a unit too
+  // small to be used at all.
   EXPECT_EQ(weight_unit(lora, 64), 8 * kMiB);
 }
 

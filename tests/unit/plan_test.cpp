@@ -1,4 +1,4 @@
-// The built-in plan on the steps recorded on the H200 (bench/traces/), at several budgets:
+// The built-in plan on the steps recorded on the H200 (tests/data/traces/), at several budgets:
 // properties every plan must have, whatever the trace.
 #include <gtest/gtest.h>
 
@@ -144,7 +144,7 @@ TEST_P(RecordedPlan, SameTraceSamePlan) {
 INSTANTIATE_TEST_SUITE_P(Traces, RecordedPlan, ::testing::Values("reference", "convnet", "llama-compiled"));
 
 TEST(Plan, TheReferenceAtHalfItsPeakMeetsTheBudget) {
-  // bench/results/executor.md: the GPU run's plan at 50% of the measured footprint.
+  // docs/results.md: the GPU run's plan at 50% of the measured footprint.
   StepTrace t = recorded_step("reference");
   PlanOptions o;
   o.budget = 13723762688;

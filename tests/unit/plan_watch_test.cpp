@@ -77,7 +77,7 @@ TEST(PlanWatch, APlansFirstStepsAreNotJudged) {
   EXPECT_EQ(w.revisions(), 1u);
 }
 
-// Moe on the H200 (1df301a): the plan predicted 1863.6 ms; the steps from the one it came in at
+// Moe on the H200: the plan predicted 1863.6 ms; the steps from the one it came in at
 // took 2283.5, 2526.7, 2131.8, then 1764.3 ms of GPU time. Judged from the start, the third
 // revised it; settled, the fast fourth keeps it.
 TEST(PlanWatch, MoesMoveInDoesNotReviseItsPlan) {
@@ -179,7 +179,7 @@ TEST(PlanFeedback, LateReloadsCostTimeAndTheNextPlanAccountsForThem) {
   EXPECT_EQ(simulate(t, g, after.plan, fed, o.pool_overhead).step_ns, after.prediction.step_ns);
 }
 
-// PoolWatch, on the figures of the lora run that passed its 20 GiB budget (940d844, shim_1): the
+// PoolWatch, on the figures of the lora run on the H200 that passed its 20 GiB budget: the
 // pool reserved 15.25 GiB for a step whose live bytes peaked at 13.207 GiB (1.1547x), the plan
 // counted 1.15x and predicted 19.98 GiB.
 constexpr uint64_t kGiB = 1ull << 30;
@@ -247,7 +247,7 @@ TEST(PoolWatch, APoolWithinThePlansFactorOrUnderTheBudgetKeepsIt) {
   EXPECT_EQ(w.revisions(), 0u);
 }
 
-// Moe on the H200 (3ca7e45): planned at 1.477x, the pool held 7.72 GiB for 4.39 GiB (1.758x) at
+// Moe on the H200: planned at 1.477x, the pool held 7.72 GiB for 4.39 GiB (1.758x) at
 // the step the plan came in at, before the pool's trim at its marks; its steps after held 5.62.
 // Settled, the first two steps of each install are not judged; a third like it is.
 TEST(PoolWatch, APlansFirstStepsAreNotJudged) {

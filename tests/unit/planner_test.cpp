@@ -1,5 +1,5 @@
 // The GPU-time planner (daemon/planner) on synthetic transformer-like steps and on the steps
-// recorded on the H200 (bench/traces/).
+// recorded on the H200 (tests/data/traces/).
 //
 // check_plan() re-derives what a plan promises from the Plan, its Prediction and the trace
 // alone (never from the planner's internals): the footprint at every launch, the order of
@@ -605,7 +605,7 @@ TEST(PlannerSynthetic, ASlowerLinkCostsStepTime) {
   expect_slower_link_costs_step_time(slower);
 }
 
-// Two H200s of one node, measured by scripts/bench/link.py --gpus 2 (bench/results/multigpu.md):
+// Two H200s of one node, measured by scripts/bench/link.py --gpus 2 (docs/results.md):
 // 101.42 GB/s H2D, 105.93 D2H, 131.19 both ways, summed over the two.
 TEST(PlannerLinkShare, EachGpuGetsItsShareOfTheNode) {
   const LinkModel one;

@@ -81,7 +81,7 @@ TEST(PoolTrim, APoolAlreadyUnderTheTargetIsNotTrimmedAndNotTriedAgain) {
 }
 
 TEST(PoolTrim, APoolStillInUseIsTriedAgainAtTheNextStepsAndOnlyOncePerStep) {
-  // Convnet's pool on the H200 (fe26f5e): one trim while a step ran released nothing.
+  // Convnet's pool on the H200: one trim while a step ran released nothing.
   PoolTrim t(1, 8);
   FakePool p({{100 * MiB, true}, {100 * MiB, true}, {250 * MiB, true}, {250 * MiB, true}});
   EXPECT_FALSE(t.due(1, 0, true));
@@ -102,7 +102,7 @@ TEST(PoolTrim, APoolStillInUseIsTriedAgainAtTheNextStepsAndOnlyOncePerStep) {
 }
 
 TEST(PoolTrim, ATrimThatStopsAboveTheTargetAsksForLessNextTime) {
-  // The reference workload's pool (fe26f5e): the trim kept at least what it was asked for and
+  // The reference workload's pool on the H200: the trim kept at least what it was asked for and
   // stopped 20 MiB above it.
   PoolTrim t(1, 8);
   FakePool p({{990 * MiB, true}, {30 * MiB, false}, {30 * MiB, false}, {500 * MiB, false}});
@@ -185,8 +185,7 @@ TEST(PoolTrim, OverOnceTheTriesOfTheInstallSeenAreSpent) {
   EXPECT_FALSE(t.over(2)) << "the next install starts again";
 }
 
-// PoolRefine on the reference workload's 75% plan as the H200 ran it (call 2 of the ninth
-// session): resident peak 15.92 GiB, planned at 1.15 with 0.76 GiB of handles (19.07 GiB
+// PoolRefine on the reference workload's 75% plan as the H200 ran it: resident peak 15.92 GiB, planned at 1.15 with 0.76 GiB of handles (19.07 GiB
 // predicted), budget 19.17 GiB; under the plan the pool needed 17.15 GiB (1.077x).
 constexpr uint64_t GiB = 1ull << 30;
 constexpr uint64_t kResident = 15920 * MiB, kHandles = 774 * MiB, kBudget = 19630 * MiB;
@@ -272,7 +271,7 @@ TEST(PoolRefine, APoolThatGrowsPastWhatThePlanAllowsPlansAgainUpwards) {
 }
 
 TEST(PoolRefine, ThePoolsGrowthCountsAgainstTheRoomKeptForTheSpareHandle) {
-  // Llama at 75% on the H200 (e3cfea4): planned at 1.15x for 8.03 GiB resident, 9.50 GiB
+  // Llama at 75% on the H200: planned at 1.15x for 8.03 GiB resident, 9.50 GiB
   // predicted against a 9.61 GiB budget; the pool held 1.163x, 0.10 GiB more than planned:
   // within the budget by 6 MiB, but not with the 90 MiB the plan keeps for one more handle.
   auto llama = [](uint64_t spare) {

@@ -1,4 +1,4 @@
-// A step recorded on the H200, read from bench/traces/NAME.trace (a failure to read it is a test
+// A step recorded on the H200, read from tests/data/traces/NAME.trace (a failure to read it is a test
 // failure; the step is then empty).
 #pragma once
 

@@ -1,4 +1,4 @@
-// The executor on the steps recorded on the H200 (bench/traces/), replayed on the simulated
+// The executor on the steps recorded on the H200 (tests/data/traces/), replayed on the simulated
 // driver: every launch of the recording checks the data the previous launch left in each
 // allocation it touches and writes its own, while the executor evicts and reloads under the
 // budget the GPU runs used. A missed reload faults (unmapped range) or reads garbage (a fresh
@@ -36,7 +36,7 @@ StepTrace load(const std::string& name) {
 #ifdef OFFLOAD_TRACES_DIR
   std::filesystem::path p = std::filesystem::path(OFFLOAD_TRACES_DIR) / (name + ".trace");
 #else
-  std::filesystem::path p = std::filesystem::path(__FILE__).parent_path() / "../../bench/traces" / (name + ".trace");
+  std::filesystem::path p = std::filesystem::path(__FILE__).parent_path() / "../data/traces" / (name + ".trace");
 #endif
   std::ifstream is(p);
   StepTrace t;

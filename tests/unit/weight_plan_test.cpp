@@ -492,7 +492,7 @@ TEST(WeightPlan, PlanStepAddsWeightsToActivationsWhenNeitherMeetsTheBudgetAlone)
   }
 }
 
-// The lora workload's step as recorded on the H200 (bench/traces/lora.trace: 20.4 G frozen bf16
+// The lora workload's step as recorded on the H200 (tests/data/traces/lora.trace: 20.4 G frozen bf16
 // parameters, 6929 launches, 4.2 s of GPU time), planned at 20 GiB with the shim's pool serving
 // allocations of 64 MiB and more, as scripts/gpu/run.sh weights runs it. The plan keeps its
 // promises in the independent walk, and matches the checked-in one (tests/data/plans/).
@@ -542,9 +542,9 @@ TEST(WeightPlan, RecordedLoraStepStreamsUnderTwentyGiB) {
                       "the lora weight plan");
 }
 
-// Moe's recorded step (H200, af6d3df: cut by offload_mark_step, so in bench/traces/marked/, out
-// of the main job's replays, whose step detector finds no period of 38175 launches; 38175 launches, 598 frozen weights of 38.2 GiB marked
-// read-only, the pool factor that run's shim measured, 1.57): no plan whose copies all hide
+// Moe's recorded step (H200; cut by offload_mark_step, so kept in tests/data/traces/marked/, out
+// of the detector replays, whose step detector finds no period of 38175 launches; 38175
+// launches, 598 frozen weights of 38.2 GiB marked read-only, the pool factor that run's shim measured, 1.57): no plan whose copies all hide
 // meets 20 GiB (20.86 GiB at best); the plan that waits does, as the shim's did on the GPU
 // (66.5 ms, 19.97 GiB predicted, 19.56 held). Checked against the plan recorded here.
 TEST(WeightPlan, RecordedMoeStepWaitsToMeetTwentyGiB) {

@@ -557,8 +557,8 @@ TEST(WeightStream, ATightMappedBoundMakesReloadsWait) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Config c = sound_config(seed);
     c.bound_weights = 2;
-    // A handle per weight: with units (Options::unit_weights, on by default since e8abf1d) the
-    // host rarely waits at all (4b''), and under ThreadSanitizer's three seeds it did not.
+    // A handle per weight: with units (Options::unit_weights, on by default) the host rarely
+    // waits at all, and under ThreadSanitizer's three seeds it did not.
     c.exec.unit_weights = false;
     const Outcome plain = run_plain(c);
     const Outcome off = run(c);
@@ -595,7 +595,7 @@ TEST(WeightStream, ATightMappedBoundMakesReloadsWait) {
   EXPECT_GT(settles, 0u);
 }
 
-// 4b'. Weights of two sizes (256 and 512 KiB) under a bound of three of the largest: a reload
+// Weights of two sizes (256 and 512 KiB) under a bound of three of the largest: a reload
 // that finds no weight of its size leaving takes pieces (kept handles and leaving weights'
 // handles of other sizes, a new handle for the rest within the bound), ordered on the GPU
 // after their copies out, where the host waited before (Options::split_weights off, the
@@ -603,9 +603,9 @@ TEST(WeightStream, ATightMappedBoundMakesReloadsWait) {
 // without them. How much less depends on where the simulated device's allocations land (they are
 // mmap addresses, and which weight's memory a reload finds leaving follows them): over the five
 // seeds the host waited 66 times against 93 in one build (-O1), and 85 against 84 in another
-// (ASan, aaf591b). So the waits are held to at most 5% over, not to fewer. (These random plans
-// ignore the bound: past it with nothing leaving, a reload maps over it.) Memory in units
-// (Options::unit_weights, 4b'') is off in both: this is the path without them.
+// (ASan). So the waits are held to at most 5% over, not to fewer. (These random plans ignore
+// the bound: past it with nothing leaving, a reload maps over it.) Memory in units
+// (Options::unit_weights) is off in both: this is the path without them.
 TEST(WeightStream, ReloadsTakePiecesOfOtherSizesInsteadOfWaiting) {
   QuietLog quiet;
   uint64_t waits_split = 0, waits_whole = 0, split = 0;
@@ -632,11 +632,11 @@ TEST(WeightStream, ReloadsTakePiecesOfOtherSizesInsteadOfWaiting) {
   EXPECT_LE(waits_split * 100, waits_whole * 105);
 }
 
-// 4b''. Weights of 256 and 384 KiB (no whole handle of one is a piece of the other but the
+// Weights of 256 and 384 KiB (no whole handle of one is a piece of the other but the
 // 256 KiB in a 384 KiB reload) under a bound of three of the largest: with the weights' memory
 // in units of their common divisor (128 KiB, Options::unit_weights), every leaving weight's
 // memory fits every reload, and the host waits less than with a handle per weight and pieces
-// of whole handles (4b'). On the H200, lora's host waited 76 times a step at 73baaa9 for
+// of whole handles. Without units, lora's host on the H200 waited many times a step for
 // leaving weights of other sizes, losing its lead on the GPU (the step's start idled for it).
 // The bytes match; the reloads' new memory is all units.
 TEST(WeightStream, UnitPiecesLetEveryLeavingWeightServeEveryReload) {
@@ -664,12 +664,12 @@ TEST(WeightStream, UnitPiecesLetEveryLeavingWeightServeEveryReload) {
   EXPECT_LT(waits_unit, waits_pieces);
 }
 
-// 4b'''. One weight outside the unit, as lora's embedding is (376 MiB beside 216 and 288 MiB
+// One weight outside the unit, as lora's embedding is (376 MiB beside 216 and 288 MiB
 // blocks, units of 72 MiB): here 320 KiB beside 256 and 384 KiB, at most 4 pieces a weight, so
 // the unit is 128 KiB. With room past its block (the pool's default) it reloads on three whole
 // units mapped past its end; without, on two units and a 64 KiB tail of its own, which only a
-// kept tail or new memory can serve. On the H200 at 34bf707 (no room) the embedding's reload
-// at launch 6518 made the host wait 648 ms, its whole lead, every step. The bytes match in
+// kept tail or new memory can serve. On the H200 without room the embedding's reload made the
+// host wait its whole lead, every step. The bytes match in
 // every mode; the host waits least with room, and less with a tail than with a handle per
 // weight.
 TEST(WeightStream, AWeightOutsideTheUnitReloadsOnWholeUnitsPastItsEnd) {
