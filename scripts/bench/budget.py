@@ -1,0 +1,276 @@
+"""One unchanged training loop under a device-memory limit, measured from outside the allocator.
+
+    python3 budget.py --workload hf_llama --steps 20 [--hog-to BYTES] [--managed] --out run.json
+
+The loop is what a user writes: forward, loss, backward, optimizer step; no offload_mark_step,
+no empty_cache. A thread samples the device's used memory (cudaMemGetInfo through libcudart,
+every --sample-ms) from the moment CUDA is initialised, before the model is built; the run
+reports the highest rise above that baseline over each step. With --hog-to, another
+allocation made in this process first leaves only that many bytes free (the GPU is then
+"smaller than the model"). With --managed, every allocation comes from cudaMallocManaged
+through a pluggable allocator (the anchor a user has today). Losses and a hash of the final
+parameters say whether two runs are bitwise equal.
+
+Workload families (seeded, nothing downloaded):
+  hf_llama      a Llama built from a transformers LlamaConfig (bf16 weights, fused AdamW)
+  resnet50      torchvision ResNet-50 under bf16 autocast, SGD with momentum
+  lstm          a 3-layer cuDNN LSTM language model, Adam
+  embed_cat     an embedding bag of many tables joined by a many-input torch.cat, foreach Adam
+  compiled_mlp  a torch.compile'd MLP, AdamW
+"""
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def log(*a):
+    print("[budget]", *a, file=sys.stderr, flush=True)
+
+
+class Sampler(threading.Thread):
+    """The device's used bytes (total - free) every `period` s, through the runtime directly
+    (ctypes releases the GIL for the call), with the highest value since the last take()."""
+
+    def __init__(self, period):
+        super().__init__(daemon=True)
+        self.rt = ctypes.CDLL("libcudart.so.13") if _has("libcudart.so.13") else _torch_cudart()
+        self.rt.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t)] * 2
+        self.period = period
+        self.peak = 0
+        self.samples = 0
+        self.stop = False
+        self.lock = threading.Lock()
+
+    def used(self):
+        f, t = ctypes.c_size_t(), ctypes.c_size_t()
+        if self.rt.cudaMemGetInfo(ctypes.byref(f), ctypes.byref(t)) != 0:
+            return 0
+        return t.value - f.value
+
+    def run(self):
+        while not self.stop:
+            u = self.used()
+            with self.lock:
+                self.peak = max(self.peak, u)
+                self.samples += 1
+            time.sleep(self.period)
+
+    def take(self):
+        u = self.used()
+        with self.lock:
+            p, self.peak = max(self.peak, u), u
+        return p
+
+
+def _has(name):
+    try:
+        ctypes.CDLL(name)
+        return True
+    except OSError:
+        return False
+
+
+def _torch_cudart():
+    import glob
+    for p in glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcudart.so*")):
+        return ctypes.CDLL(p)
+    raise OSError("libcudart not found")
+
+
+MANAGED_SRC = r"""
+#include <cuda_runtime.h>
+#include <sys/types.h>
+extern "C" void* mm_malloc(ssize_t size, int device, cudaStream_t s) {
+  void* p = nullptr;
+  if (cudaMallocManaged(&p, size, cudaMemAttachGlobal) != cudaSuccess) return nullptr;
+  return p;
+}
+extern "C" void mm_free(void* p, ssize_t size, int device, cudaStream_t s) {
+  cudaStreamSynchronize(s);
+  cudaFree(p);
+}
+"""
+
+
+def managed_allocator(workdir):
+    src, so = os.path.join(workdir, "managed.cpp"), os.path.join(workdir, "libmanaged_alloc.so")
+    if not os.path.exists(so):
+        with open(src, "w") as f:
+            f.write(MANAGED_SRC)
+        cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+        rc = os.system(f"g++ -O2 -shared -fPIC -I{cuda}/include {src} -o {so} -L{cuda}/lib64 -lcudart")
+        if rc != 0:
+            raise RuntimeError("building the managed-memory allocator failed")
+    return torch.cuda.memory.CUDAPluggableAllocator(so, "mm_malloc", "mm_free")
+
+
+# ------------------------------------------------------------------------------ workloads
+
+def build(name, seed, scale):
+    torch.manual_seed(seed)
+    dev = "cuda"
+    gen = torch.Generator(device=dev)
+
+    def g(step):
+        gen.manual_seed(seed * 1_000_003 + step)
+        return gen
+
+    if name == "hf_llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        layers, d, batch, seq = {"small": (4, 1024, 4, 1024), "large": (12, 2048, 8, 2048)}[scale]
+        cfg = LlamaConfig(vocab_size=32000, hidden_size=d, intermediate_size=int(d * 2.6875) // 64 * 64,
+                          num_hidden_layers=layers, num_attention_heads=d // 128, num_key_value_heads=d // 128,
+                          max_position_embeddings=seq, attn_implementation="sdpa")
+        model = LlamaForCausalLM(cfg).to(dev, torch.bfloat16)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+        def step_fn(k):
+            tok = torch.randint(0, 32000, (batch, seq + 1), generator=g(k), device=dev)
+            out = model(input_ids=tok[:, :-1], labels=tok[:, 1:])
+            return out.loss
+        return model, opt, step_fn
+    if name == "resnet50":
+        import torchvision
+        batch, res = {"small": (32, 160), "large": (128, 224)}[scale]
+        model = torchvision.models.resnet50(num_classes=1000).to(dev).to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def step_fn(k):
+            x = torch.randn(batch, 3, res, res, generator=g(k), device=dev).to(memory_format=torch.channels_last)
+            y = torch.randint(0, 1000, (batch,), generator=g(k), device=dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return F.cross_entropy(model(x), y)
+        return model, opt, step_fn
+    if name == "lstm":
+        vocab, d, batch, seq = {"small": (8000, 512, 32, 256), "large": (32000, 1536, 64, 512)}[scale]
+
+        class LM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(vocab, d)
+                self.rnn = nn.LSTM(d, d, num_layers=3, batch_first=True)
+                self.head = nn.Linear(d, vocab)
+
+            def forward(self, x):
+                return self.head(self.rnn(self.emb(x))[0])
+        model = LM().to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step_fn(k):
+            tok = torch.randint(0, vocab, (batch, seq + 1), generator=g(k), device=dev)
+            return F.cross_entropy(model(tok[:, :-1]).reshape(-1, vocab), tok[:, 1:].reshape(-1))
+        return model, opt, step_fn
+    if name == "embed_cat":
+        tables, rows, d, batch = {"small": (64, 20000, 64, 4096), "large": (96, 200000, 128, 16384)}[scale]
+
+        class Rec(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embs = nn.ModuleList(nn.Embedding(rows, d) for _ in range(tables))
+                self.mlp = nn.Sequential(nn.Linear(tables * d, 1024), nn.ReLU(), nn.Linear(1024, 1))
+
+            def forward(self, idx):
+                return self.mlp(torch.cat([e(idx[:, i]) for i, e in enumerate(self.embs)], dim=1)).squeeze(1)
+        model = Rec().to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+
+        def step_fn(k):
+            idx = torch.randint(0, rows, (batch, tables), generator=g(k), device=dev)
+            y = torch.rand(batch, generator=g(k), device=dev)
+            return F.binary_cross_entropy_with_logits(model(idx), y)
+        return model, opt, step_fn
+    if name == "compiled_mlp":
+        d, depth, batch = {"small": (2048, 8, 4096), "large": (4096, 16, 16384)}[scale]
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.LayerNorm(d))
+                                for _ in range(depth)]).to(dev)
+        cmodel = torch.compile(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step_fn(k):
+            x = torch.randn(batch, d, generator=g(k), device=dev)
+            return cmodel(x).float().pow(2).mean()
+        return model, opt, step_fn
+    raise SystemExit(f"unknown workload {name}")
+
+
+def param_hash(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--scale", default="small", choices=("small", "large"))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hog-to", type=int, default=0, help="leave only this many bytes free")
+    ap.add_argument("--managed", action="store_true")
+    ap.add_argument("--sample-ms", type=float, default=2.0)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--workdir", default="/tmp")
+    a = ap.parse_args()
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    if a.managed:
+        torch.cuda.memory.change_current_allocator(managed_allocator(a.workdir))
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the context, before the model
+    torch.cuda.synchronize()
+    sampler = Sampler(a.sample_ms / 1000)
+    if a.hog_to:
+        # cudaMalloc, outside every allocator PyTorch or liboffload has: device memory simply gone.
+        free, _ = torch.cuda.mem_get_info()
+        if free > a.hog_to:
+            p = ctypes.c_void_p()
+            sampler.rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+            if sampler.rt.cudaMalloc(ctypes.byref(p), free - a.hog_to) != 0:
+                raise SystemExit("could not hold the device memory")
+    torch.cuda.synchronize()
+    base = sampler.used()
+    sampler.start()
+    res = {"workload": a.workload, "scale": a.scale, "steps": a.steps, "base_used": base, "hog_to": a.hog_to,
+           "managed": a.managed, "preload": os.environ.get("LD_PRELOAD", ""),
+           "budget_env": os.environ.get("OFFLOAD_DEVICE_BUDGET", ""), "losses": [], "step_ms": [],
+           "step_peak_rise": [], "error": None}
+    try:
+        model, opt, step_fn = build(a.workload, a.seed, a.scale)
+        for k in range(a.steps):
+            t0 = time.perf_counter()
+            loss = step_fn(k)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            res["losses"].append(loss.item())  # the host waits for the step here, as a user's log would
+            torch.cuda.synchronize()
+            res["step_ms"].append((time.perf_counter() - t0) * 1e3)
+            res["step_peak_rise"].append(sampler.take() - base)
+            log(f"{a.workload} step {k}: loss {res['losses'][-1]:.6f} {res['step_ms'][-1]:.1f} ms "
+                f"peak +{res['step_peak_rise'][-1] / 2**30:.2f} GiB")
+        res["param_hash"] = param_hash(model)
+    except Exception as e:  # an out-of-memory is a result here, not a crash
+        res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        log("error:", res["error"])
+    sampler.stop = True
+    res["samples"] = sampler.samples
+    res["peak_rise"] = max(res["step_peak_rise"], default=0)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The device budget as a user meets it, on a GPU machine with PyTorch (scripts/bench/budget.py):
+#   scripts/gpu/budget.sh fit  WORKLOAD...   plain; plain and liboffload with the GPU's free memory
+#                                            held at 70% of plain's peak; managed memory there
+#   scripts/gpu/budget.sh fracs WORKLOAD...  plain, then liboffload at 90/75/50% of plain's peak
+# Env: SCALE (small|large), STEPS (20), MANAGED_STEPS (3), MARGIN (bytes subtracted from the free
+# memory for what never passes through the allocator, 1 GiB), FRACS ("0.9 0.75 0.5").
+# Needs .carry/bin from scripts/gpu/prepare.sh. Leaves $OUT/budget-<plan>.tgz and prints a table.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+plan=$1; shift
+out=${OUT:-/tmp/out}; work=$(mktemp -d); mkdir -p "$out"
+lib=$root/.carry/bin/liboffload.so
+export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PYTHONUNBUFFERED=1 OFFLOAD_DAEMON=off
+py() { timeout "${RUN_TIMEOUT:-900}" python3 "$root/scripts/bench/budget.py" --scale "${SCALE:-small}" --workdir "$work" "$@"; }
+peak_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['peak_rise'])" "$1"; }
+for w in "$@"; do
+  py --workload "$w" --steps "${STEPS:-20}" --out "$work/$w-plain.json" 2> "$work/$w-plain.log"
+  peak=$(peak_of "$work/$w-plain.json")
+  if [ "$plan" = fit ]; then
+    free=$((peak * 7 / 10)); budget=$((free - ${MARGIN:-1073741824}))
+    py --workload "$w" --steps 2 --hog-to "$free" --out "$work/$w-plain-hog.json" 2> "$work/$w-plain-hog.log"
+    OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py --workload "$w" --steps "${STEPS:-20}" --hog-to "$free" \
+      --out "$work/$w-cap.json" 2> "$work/$w-cap.log"
+    PYTORCH_CUDA_ALLOC_CONF= py --workload "$w" --steps "${MANAGED_STEPS:-3}" --hog-to "$free" --managed \
+      --out "$work/$w-managed.json" 2> "$work/$w-managed.log"
+  else
+    for f in ${FRACS:-0.9 0.75 0.5}; do
+      budget=$(python3 -c "print(int($peak * $f))")
+      OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py --workload "$w" --steps "${STEPS:-20}" \
+        --out "$work/$w-cap$f.json" 2> "$work/$w-cap$f.log"
+    done
+  fi
+done
+python3 "$root/scripts/bench/budget_report.py" "$work"/*.json | tee "$work/table.md"
+tar -C "$work" -czf "$out/budget-$plan.tgz" .
