@@ -365,6 +365,19 @@ bool CudaDriver::pool_trim(uint64_t keep) {
   return trim && trim(pool, keep) == CUDA_SUCCESS;
 }
 
+uint64_t CudaDriver::device_used_bytes() {
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) return 0;
+  static auto get = reinterpret_cast<decltype(&cuMemGetInfo_v2)>(hooks::real_dlsym(h, "cuMemGetInfo_v2"));
+  dlclose(h);
+  const ExecApi* a = exec_api();
+  if (!get || !a) return 0;
+  CtxScope scope(a, context());
+  size_t free = 0, total = 0;
+  if (!scope || get(&free, &total) != CUDA_SUCCESS || free > total) return 0;
+  return total - free;
+}
+
 // With ctx_ itself current, as device(): the calling thread may have another device's context.
 bool CudaDriver::synchronize() {
   const ExecApi* a = exec_api();

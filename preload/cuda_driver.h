@@ -28,6 +28,7 @@ class CudaDriver final : public Driver {
   uint64_t pool_reserved_high() override;
   uint64_t pool_reserved_current() override;
   bool pool_trim(uint64_t keep) override;
+  uint64_t device_used_bytes() override;
   bool synchronize() override;
   int stream_query(Stream s) override;
   int stream_capturing(Stream s) override;

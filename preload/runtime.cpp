@@ -708,6 +708,13 @@ void Runtime::push_step(uint64_t step, uint64_t step_ns, uint64_t launches) {
   tm.step_ns = step_ns;
   tm.resident_bytes = tracker_.allocs().live_bytes();
   tm.launches = launches;
+  if (Residency* r = cap_.load(std::memory_order_acquire)) {
+    // Under the cap: the bytes out and the demand reloads so far (offloadctl status's columns).
+    const Residency::Stats c = r->stats();
+    tm.evicted_bytes = c.bytes_out;
+    tm.misses = c.reloads;
+    tm.resident_bytes = c.held;
+  }
   link_.push(tm);
 }
 

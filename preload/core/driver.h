@@ -57,6 +57,9 @@ class Driver {
   virtual uint64_t vmm_granularity() = 0;
   // The device's total memory (bytes); 0 if unknown.
   virtual uint64_t device_total_bytes() = 0;
+  // The device's used memory (total less free, cuMemGetInfo): every process's allocations,
+  // contexts and loaded modules, ours included; 0 if unknown.
+  virtual uint64_t device_used_bytes() { return 0; }
   // A node-unique name of the device (its PCI bus id, "0000:1b:00.0"); "" if unknown.
   virtual std::string gpu_id() { return {}; }
   // The high-water mark of memory reserved by the device's default stream-ordered pool (the

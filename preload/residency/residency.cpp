@@ -13,6 +13,8 @@ constexpr double kGiB = double(1ull << 30);
 
 
 thread_local bool tl_refused = false;
+// Launches ahead of a demand reload's place in the step that its prefetch is issued at.
+constexpr uint64_t kPrefetchLead = 24;
 
 }  // namespace
 
@@ -141,6 +143,103 @@ void Residency::add_touch(Range& r, Stream s, uint64_t launch) {
 
 // ---- Budget ---------------------------------------------------------------------------------
 
+void Residency::reap_copies() {
+  for (size_t i = 0; i < copying_out_.size();) {
+    const uint32_t slot = copying_out_[i];
+    if (d_.event_query(slots_[slot].copy_event) == 1) finish_evict(slot);  // erases it
+    else ++i;
+  }
+}
+
+uint64_t Residency::next_use_distance(const Range& r, uint64_t now) const {
+  if (!period_ || !r.nuses) return now - std::min(now, r.last_use);
+  uint64_t next = UINT64_MAX;
+  for (int i = 0; i < r.nuses; ++i) {
+    const uint64_t u = r.uses[i];
+    const uint64_t t = u + period_ * ((now >= u ? (now - u) / period_ : 0) + 1);
+    next = std::min(next, t);
+  }
+  return next - now;
+}
+
+void Residency::pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now) {
+  out->clear();
+  std::vector<std::pair<uint64_t, uint32_t>> scored;
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    const Range& r = slots_[i];
+    if (!r.live || !r.handle || r.inflight || (r.state != State::Resident && r.state != State::CopyingIn)) continue;
+    if (std::find(keep, keep + nkeep, i) != keep + nkeep) continue;
+    scored.push_back({next_use_distance(r, now), i});
+  }
+  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [d, i] : scored) out->push_back(i);
+}
+
+void Residency::evict_ahead(const uint32_t* keep, size_t nkeep) {
+  const uint64_t low = o_.low_water ? o_.low_water : o_.budget / 8;
+  const uint64_t lim = limit();
+  // What stays held if every copy out, freed range and spare handle gave its memory back.
+  auto projected = [&] {
+    const uint64_t going = out_bytes_ + cached_bytes_ + spare_bytes_;
+    return held_ - std::min(held_, going) + pool_share_;
+  };
+  if (projected() + low <= lim) return;
+  reap_copies();
+  if (projected() + low <= lim) return;
+  pick_victims(&victims_, keep, nkeep, launches_seen_);
+  for (uint32_t v : victims_) {
+    if (projected() + low <= lim) break;
+    // Not what the next few launches use: that would come straight back.
+    if (period_ && next_use_distance(slots_[v], launches_seen_) < 8) break;
+    std::string why;
+    if (!start_evict(v, &why)) break;
+    ++st_.ahead;
+    st_.ahead_bytes += slots_[v].bytes;
+  }
+}
+
+void Residency::prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nkeep) {
+  if (!period_ || !o_.prefetch || prefetch_at_.empty()) return;
+  auto it = prefetch_at_.find(launch_no % period_);
+  if (it == prefetch_at_.end()) return;
+  reap_copies();
+  for (uint32_t k : it->second) {
+    if (k >= slots_.size()) continue;
+    Range& r = slots_[k];
+    if (!r.live || r.state != State::OnHost) continue;
+    // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
+    const bool spare = spares_.count(r.bytes) != 0;
+    if (!spare && held_ + pool_share_ + r.bytes > limit()) continue;
+    if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
+    std::string why;
+    if (!reload(k, prefetch_stream_, &why)) continue;
+    --st_.reloads;
+    st_.bytes_in -= r.bytes;
+    ++st_.prefetches;
+    st_.prefetch_bytes += r.bytes;
+    r.prefetched = true;
+    (void)keep, (void)nkeep;
+  }
+}
+
+void Residency::set_period(uint64_t launches) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (launches == period_) return;
+  period_ = launches;
+  st_.period = launches;
+  prefetch_at_.clear();
+}
+
+void Residency::refresh_outside() {
+  const uint64_t used = d_.device_used_bytes();
+  if (!used) return;
+  const uint64_t ours = held_ + d_.pool_reserved_current();
+  const uint64_t other = used - std::min(used, ours);
+  if (outside_base_ == UINT64_MAX) outside_base_ = other;
+  outside_ = other > outside_base_ ? other - outside_base_ : 0;
+  st_.outside = outside_;
+}
+
 void Residency::note_footprint() {
   st_.held = held_;
   st_.held_peak = std::max(st_.held_peak, held_);
@@ -150,11 +249,9 @@ void Residency::note_footprint() {
 
 bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why) {
   auto has_spare = [&] { return spares_.count(need) != 0; };
-  auto fits = [&] { return has_spare() || held_ + pool_share_ + need <= o_.budget; };
+  auto fits = [&] { return has_spare() || held_ + pool_share_ + need <= limit(); };
   auto kept = [&](uint32_t slot) { return std::find(keep, keep + nkeep, slot) != keep + nkeep; };
-  // Copies out that have completed: their handles are free to take.
-  for (uint32_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i].state == State::CopyingOut && d_.event_query(slots_[i].copy_event) == 1) finish_evict(i);
+  reap_copies();
   if (fits()) return true;
   // Spare handles of other sizes.
   for (auto it = spares_.begin(); it != spares_.end() && !fits();) {
@@ -165,32 +262,26 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     d_.release_physical(it->second);
     held_ -= it->first;
     ++st_.released;
+    spare_bytes_ -= it->first;
     it = spares_.erase(it);
   }
   // Freed ranges kept for reuse: oldest free first (the multimap keeps insertion order per size).
   while (!fits() && !cached_.empty()) {
     auto it = cached_.begin();
     const uint32_t slot = it->second;
+    cached_bytes_ -= slots_[slot].bytes;
     cached_.erase(it);
     release_freed(slot);
   }
-  // Copies out still running.
-  for (uint32_t i = 0; i < slots_.size() && !fits(); ++i)
-    if (slots_[i].state == State::CopyingOut && !kept(i)) finish_evict(i);
+  // Copies out still running, oldest first.
+  while (!fits() && !copying_out_.empty()) finish_evict(copying_out_.front());
   if (fits()) return true;
-  // Resident ranges, least recently touched first.
-  std::vector<uint32_t> victims;
-  for (uint32_t i = 0; i < slots_.size(); ++i) {
-    const Range& r = slots_[i];
-    if (r.live && r.handle && (r.state == State::Resident || r.state == State::CopyingIn) && !r.inflight &&
-        !kept(i))
-      victims.push_back(i);
-  }
-  std::sort(victims.begin(), victims.end(),
-            [&](uint32_t a, uint32_t b) { return slots_[a].last_use < slots_[b].last_use; });
+  // Resident ranges, the furthest next use (or the least recent use) first.
+  std::vector<uint32_t>& victims = victims_;
+  pick_victims(&victims, keep, nkeep, launches_seen_);
   // Start as many copies as the shortfall needs, then finish them: the copies queue together.
   uint64_t freeing = 0;
-  const uint64_t short_by = held_ + pool_share_ + need - std::min(o_.budget, held_ + pool_share_ + need);
+  const uint64_t short_by = held_ + pool_share_ + need - std::min(limit(), held_ + pool_share_ + need);
   std::vector<uint32_t> started;
   for (uint32_t v : victims) {
     if (freeing >= short_by) break;
@@ -211,6 +302,7 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     d_.release_physical(it->second);
     held_ -= it->first;
     ++st_.released;
+    spare_bytes_ -= it->first;
     it = spares_.erase(it);
   }
   note_footprint();
@@ -259,16 +351,21 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   d_.record_event(r.copy_event, copy_stream_);
   r.host = host;
   r.state = State::CopyingOut;
+  copying_out_.push_back(slot);
+  out_bytes_ += r.bytes;
   return true;
 }
 
 void Residency::finish_evict(uint32_t slot) {
   Range& r = slots_[slot];
+  std::erase(copying_out_, slot);
+  out_bytes_ -= r.bytes;
   if (d_.event_query(r.copy_event) != 1) {
     ++st_.waits;
     d_.event_sync(r.copy_event);
   }
   d_.unmap(r.va, r.bytes);
+  spare_bytes_ += r.bytes;
   spares_.emplace(r.bytes, r.handle);  // still counted in held_: the caller takes or releases it
   r.handle = 0;
   r.state = State::OnHost;
@@ -289,6 +386,7 @@ void Residency::release_freed(uint32_t slot) {
   }
   if (r.copy_event) d_.event_sync(r.copy_event);
   d_.unmap(r.va, r.bytes);
+  spare_bytes_ += r.bytes;
   spares_.emplace(r.bytes, r.handle);
   d_.unreserve(r.va, r.bytes);
   by_va_.erase(r.va);
@@ -303,6 +401,7 @@ bool Residency::back_range(Range& r, std::string* why) {
   if (auto it = spares_.find(r.bytes); it != spares_.end()) {
     h = it->second;
     spares_.erase(it);
+    spare_bytes_ -= r.bytes;
   } else {
     h = d_.create_physical(r.bytes);
     if (!h) {
@@ -321,6 +420,7 @@ bool Residency::back_range(Range& r, std::string* why) {
   }
   if (!d_.map(r.va, r.bytes, h)) {
     spares_.emplace(r.bytes, h);
+    spare_bytes_ += r.bytes;
     if (why) *why = "mapping a range failed";
     return false;
   }
@@ -349,6 +449,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   if (pick != hi) {
     const uint32_t slot = pick->second;
     cached_.erase(pick);
+    cached_bytes_ -= size;
     Range& r = slots_[slot];
     if (r.free_stream != s) d_.stream_wait(s, r.free_event);
     r.live = true;
@@ -360,7 +461,8 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
     return r.va;
   }
   std::string why;
-  if (size + pool_share_ > o_.budget || !make_room(size, nullptr, 0, &why)) {
+  if (outside_base_ == UINT64_MAX) refresh_outside();  // the first range: what is outside now is the base
+  if (size + pool_share_ > limit() || !make_room(size, nullptr, 0, &why)) {
     if (why.empty()) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
@@ -438,6 +540,7 @@ bool Residency::free(DevPtr p, Stream s) {
   drop_event(r.copy_event);
   r.copy_event = 0;
   cached_.emplace(r.bytes, slot);
+  cached_bytes_ += r.bytes;
   return true;
 }
 
@@ -445,6 +548,8 @@ void Residency::abandon(Range& r) {
   // Still mapped: the range stays, its copy out is waited for and dropped.
   ++st_.abandoned;
   ++st_.waits;
+  std::erase(copying_out_, uint32_t(&r - slots_.data()));
+  out_bytes_ -= r.bytes;
   d_.event_sync(r.copy_event);
   host_.give(r.host, r.bytes);
   r.host = nullptr;
@@ -458,14 +563,14 @@ bool Residency::admit_small(uint64_t bytes) {
   // The pool is about to need more than its share: the share grows first, by a quarter more
   // than the pool then holds, so that a growing pool does not make room one allocation at a time.
   const uint64_t old = pool_share_;
-  pool_share_ = std::min(round_up(live + live / 4, gran_), o_.budget);
+  pool_share_ = std::min(round_up(live + live / 4, gran_), limit());
   std::string why;
   if (live > pool_share_) {
     why = "more than the whole budget";
-  } else if (held_ + pool_share_ > o_.budget) {
+  } else if (held_ + pool_share_ > limit()) {
     make_room(0, nullptr, 0, &why);
   }
-  if (held_ + pool_share_ > o_.budget || live > pool_share_) {
+  if (held_ + pool_share_ > limit() || live > pool_share_) {
     pool_share_ = old;
     char buf[160];
     std::snprintf(buf, sizeof buf, "the allocator's pool needs %.2f GiB for allocations under %.1f MiB: ",
@@ -554,7 +659,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (touched.empty()) return;
   uint64_t total = 0;
   for (uint32_t k : touched) total += slots_[k].bytes;
-  if (total + pool_share_ > o_.budget) {
+  if (total + pool_share_ > limit()) {
     refuse_launch(kernel, total, touched.size(), blind ? "a launch we cannot see into needs every range" : "");
     return;
   }
@@ -567,6 +672,12 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     if (!make_room(r.bytes, touched.data(), touched.size(), &why) || !reload(k, s, &why)) {
       refuse_launch(kernel, total, touched.size(), why);
       return;
+    }
+    if (period_ && o_.prefetch) {
+      // Next step, reload it a little ahead of this launch.
+      const uint64_t lead = std::min<uint64_t>(kPrefetchLead, period_ / 4 + 1);
+      std::vector<uint32_t>& at = prefetch_at_[(launch_no + period_ - lead) % period_];
+      if (std::find(at.begin(), at.end(), k) == at.end()) at.push_back(k);
     }
   }
   InFlight& f = tl_inflight;
@@ -587,11 +698,22 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     }
     add_touch(r, s, launch_no);
     r.last_use = launch_no;
+    if (r.prefetched) {
+      r.prefetched = false;
+      ++st_.prefetch_hits;
+    }
+    if (!r.nuses || r.uses[(r.upos + Range::kUses - 1) % Range::kUses] != launch_no) {
+      r.uses[r.upos] = launch_no;
+      r.upos = (r.upos + 1) % Range::kUses;
+      r.nuses = std::min<uint8_t>(r.nuses + 1, Range::kUses);
+    }
     if (f.n < Tracker::kMaxAccesses) {
       ++r.inflight;
       f.slots[f.n++] = k;
     }
   }
+  evict_ahead(touched.data(), touched.size());
+  prefetch_due(launch_no, touched.data(), touched.size());
 }
 
 void Residency::note_pointer_table(AllocId table, const AllocId* targets, size_t n) {
@@ -644,11 +766,9 @@ void Residency::prepare_access(DevPtr p) {
 
 void Residency::poll() {
   std::lock_guard<std::mutex> lk(mu_);
-  for (uint32_t i = 0; i < slots_.size(); ++i) {
-    Range& r = slots_[i];
-    if (r.state == State::CopyingOut && d_.event_query(r.copy_event) == 1) finish_evict(i);
+  reap_copies();
+  for (Range& r : slots_)
     if (r.state == State::CopyingIn && d_.event_query(r.copy_event) == 1) r.state = State::Resident;
-  }
   for (size_t i = 0; i < pending_host_.size();) {
     if (d_.event_query(pending_host_[i].event) == 1) {
       host_.give(pending_host_[i].host, pending_host_[i].bytes);
@@ -659,6 +779,7 @@ void Residency::poll() {
       ++i;
     }
   }
+  refresh_outside();
   // The allocator's pool holds more than its share (fragments, frees it has not yet reused):
   // its unused memory goes back; what it still holds after that becomes its share.
   const uint64_t reserved = d_.pool_reserved_current();
@@ -668,10 +789,12 @@ void Residency::poll() {
     d_.pool_trim(pool_share_);
     const uint64_t now = d_.pool_reserved_current();
     if (now > pool_share_) {
-      pool_share_ = std::min(round_up(now, gran_), o_.budget);
-      std::string why;
-      if (held_ + pool_share_ > o_.budget) make_room(0, nullptr, 0, &why);
+      pool_share_ = std::min(round_up(now, gran_), limit());
     }
+  }
+  if (held_ + pool_share_ > limit()) {
+    std::string why;
+    make_room(0, nullptr, 0, &why);
   }
   // Spares nobody took: back to the device.
   for (auto& [bytes, h] : spares_) {
@@ -680,6 +803,7 @@ void Residency::poll() {
     ++st_.released;
   }
   spares_.clear();
+  spare_bytes_ = 0;
   note_footprint();
 }
 

@@ -65,6 +65,14 @@ class Residency final : public LaunchGate {
     // Bytes set aside for the allocator's pool (allocations under min_bytes) at the start;
     // the share grows with what the pool holds, never past the budget less one range.
     uint64_t pool_floor = 64ull << 20;
+    // Kept free below the budget for device memory that grows outside the allocator between two
+    // looks at it (modules loaded lazily, library workspaces): their growth since the first range
+    // is measured (Driver::device_used_bytes) and taken off the budget too.
+    uint64_t headroom = 0;
+    // Kept free by evicting ahead, off the allocation path, so that a reload or an allocation
+    // finds room without the host waiting for a copy out; 0: budget / 8.
+    uint64_t low_water = 0;
+    bool prefetch = true;  // reload ahead what the last step reloaded on demand
     enum class Fault : uint8_t { None, SkipEvictWait };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
@@ -77,8 +85,12 @@ class Residency final : public LaunchGate {
     uint64_t pool_share = 0, pool_reserved = 0, pool_trims = 0;
     uint64_t footprint_peak = 0;             // held + the pool's share, at its highest
     uint64_t refused_allocs = 0, refused_launches = 0, host_full = 0;
+    uint64_t outside = 0;                    // device memory grown outside us since the first range
     uint64_t waits = 0;                      // host waits for a copy out or a free
     uint64_t event_waits = 0;                // launches ordered after another stream's reload
+    uint64_t ahead = 0, ahead_bytes = 0;     // evictions started ahead of need
+    uint64_t prefetches = 0, prefetch_bytes = 0, prefetch_hits = 0;  // reloads ahead of use, and used
+    uint64_t period = 0;                     // launches per step, once known
   };
 
   Residency(Driver& d, HostStore& host, Options o);
@@ -118,6 +130,10 @@ class Residency final : public LaunchGate {
   // Worker: finishes copies out that have completed, gives host slots back, and trims the
   // allocator's pool to its share when it holds more.
   void poll();
+  // Worker: the training step repeats every `launches` launches (0: not known). With it the
+  // victim is the range whose next use, a step after its last ones, is furthest away
+  // (Belady's rule); without it, the least recently touched.
+  void set_period(uint64_t launches);
   Stats stats() const;
   std::string error() const;  // the last refusal, said plainly; "" if none
   State state_of(DevPtr p) const;  // tests (the range holding p; Resident if not ours)
@@ -144,6 +160,10 @@ class Residency final : public LaunchGate {
       uint64_t launch;
     };
     std::vector<Touch> touches;
+    static constexpr int kUses = 8;
+    uint64_t uses[kUses] = {};  // the last launches that touched it
+    uint8_t nuses = 0, upos = 0;
+    bool prefetched = false;    // reloaded ahead and not yet touched
   };
   // Per stream: events recorded after its launches, with the launch number they follow.
   struct StreamRing {
@@ -154,6 +174,9 @@ class Residency final : public LaunchGate {
   };
 
   void note_footprint();
+  // What we and the pool may hold: the budget less the headroom and the outside growth.
+  uint64_t limit() const { return o_.budget - std::min(o_.budget, outside_ + o_.headroom); }
+  void refresh_outside();
   void close_inflight(InFlight& f);  // under mu_
   // Until a handle of `need` bytes fits the budget (or a spare of that size is held): ranges
   // copying out finish, spares of other sizes and freed ranges go back, and resident ranges
@@ -166,6 +189,11 @@ class Residency final : public LaunchGate {
   bool back_range(Range& r, std::string* why);  // a handle mapped under r.va
   bool reload(uint32_t slot, Stream s, std::string* why);
   uint64_t event_after(Stream s, uint64_t launch);  // an event capturing `launch` on s
+  uint64_t next_use_distance(const Range& r, uint64_t now) const;  // larger: a better victim
+  void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
+  void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
+  void prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nkeep);
+  void reap_copies();  // copies out known complete: their handles become spares
   void refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, const std::string& why);
   uint64_t new_event();
   void drop_event(uint64_t e);
@@ -197,6 +225,16 @@ class Residency final : public LaunchGate {
   uint64_t pool_share_ = 0;
   uint64_t held_ = 0;
   uint64_t launches_seen_ = 0;
+  uint64_t outside_base_ = UINT64_MAX, outside_ = 0;
+  uint64_t period_ = 0;
+  uint64_t out_bytes_ = 0;                  // bytes of ranges copying out
+  uint64_t cached_bytes_ = 0, spare_bytes_ = 0;  // of freed ranges kept, of spare handles
+  std::vector<uint32_t> copying_out_;       // their slots
+  Stream prefetch_stream_ = 0;
+  // Phase in the step (launch number mod period) -> ranges reloaded on demand a little after it
+  // in an earlier step: reloaded ahead from there.
+  std::unordered_map<uint64_t, std::vector<uint32_t>> prefetch_at_;
+  std::vector<uint32_t> victims_;           // scratch
   Stats st_;
   std::string error_;
   Namer namer_ = nullptr;

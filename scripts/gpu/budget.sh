@@ -3,6 +3,8 @@
 #   scripts/gpu/budget.sh fit  WORKLOAD...   plain; plain and liboffload with the GPU's free memory
 #                                            held at 70% of plain's peak; managed memory there
 #   scripts/gpu/budget.sh fracs WORKLOAD...  plain, then liboffload at 90/75/50% of plain's peak
+#   scripts/gpu/budget.sh exits             the exit paths of a process under the shim with a budget
+#                                            (scripts/bench/exit_paths.py): status and no abort
 # Env: SCALE (small|large), STEPS (20), MANAGED_STEPS (3), MARGIN (bytes subtracted from the free
 # memory for what never passes through the allocator, 1 GiB), FRACS ("0.9 0.75 0.5").
 # Needs .carry/bin from scripts/gpu/prepare.sh. Leaves $OUT/budget-<plan>.tgz and prints a table.
@@ -14,6 +16,17 @@ lib=$root/.carry/bin/liboffload.so
 export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PYTHONUNBUFFERED=1 OFFLOAD_DAEMON=off
 py() { timeout "${RUN_TIMEOUT:-900}" python3 "$root/scripts/bench/budget.py" --scale "${SCALE:-small}" --workdir "$work" "$@"; }
 peak_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['peak_rise'])" "$1"; }
+if [ "$plan" = exits ]; then
+  for m in normal oom raise sysexit child; do
+    OFFLOAD_DEVICE_BUDGET=8GiB LD_PRELOAD=$lib timeout 300 python3 "$root/scripts/bench/exit_paths.py" $m \
+      > "$work/exit-$m.log" 2>&1
+    rc=$?
+    grep -q "terminate called" "$work/exit-$m.log" && verdict=ABORT || verdict=clean
+    echo "exit $m: status $rc, $verdict" | tee -a "$work/exits.txt"
+  done
+  tar -C "$work" -czf "$out/budget-$plan.tgz" .
+  exit 0
+fi
 for w in "$@"; do
   py --workload "$w" --steps "${STEPS:-20}" --out "$work/$w-plain.json" 2> "$work/$w-plain.log"
   peak=$(peak_of "$work/$w-plain.json")
