@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/plan.h"
-#include "core/step_trace.h"
+#include "planner/plan.h"
+#include "planner/step_trace.h"
 #include "planner/planner.h"
 
 // The planner is single-threaded and pure: ThreadSanitizer has nothing to check in it, and

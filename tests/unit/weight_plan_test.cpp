@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/backing.h"
-#include "core/plan.h"
-#include "core/step_trace.h"
+#include "planner/plan.h"
+#include "planner/step_trace.h"
 #include "expected_file.h"
 #include "recorded_step.h"
 #include "planner/planner.h"
