@@ -12,7 +12,7 @@
 #include <string>
 
 #include "client/ipc.h"
-#include "client/pool_layout.h"
+#include "offload/pool_layout.h"
 #include "core/env.h"
 
 namespace offload {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "client/pool_layout.h"
+#include "offload/pool_layout.h"
 #include "offload/protocol.h"
 
 namespace offload {

@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "client/ipc.h"
-#include "client/pool_layout.h"
+#include "offload/pool_layout.h"
 #include "it_support.h"
 #include "json_mini.h"
 

@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "client/ipc.h"
-#include "client/pool_layout.h"
+#include "offload/pool_layout.h"
 #include "offload/protocol.h"
 
 namespace {
