@@ -20,8 +20,8 @@
 #include <set>
 #include <sstream>
 
-#include "client/ipc.h"
-#include "core/log.h"
+#include "common/ipc.h"
+#include "common/log.h"
 
 namespace bip = boost::interprocess;
 

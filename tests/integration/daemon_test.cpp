@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "client/ipc.h"
+#include "common/ipc.h"
 #include "offload/pool_layout.h"
 #include "it_support.h"
 #include "json_mini.h"

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/ipc.h"
+#include "common/ipc.h"
 #include "offload/pool_layout.h"
 #include "offload/protocol.h"
 

@@ -48,7 +48,7 @@
 #include <string>
 #include <vector>
 
-#include "client/ipc.h"
+#include "common/ipc.h"
 #include "offload/pool_layout.h"
 #include "offload/protocol.h"
 

@@ -1,4 +1,4 @@
-// The GPU-time planner (daemon/planner) on synthetic transformer-like steps and on the steps
+// The GPU-time planner (planner/) on synthetic transformer-like steps and on the steps
 // recorded on the H200 (tests/data/traces/).
 //
 // check_plan() re-derives what a plan promises from the Plan, its Prediction and the trace

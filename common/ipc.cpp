@@ -1,4 +1,4 @@
-#include "client/ipc.h"
+#include "common/ipc.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/telemetry.h"  // name_hash
+#include "common/hash.h"
 
 namespace offload {
 namespace {
