@@ -200,10 +200,6 @@ std::optional<proto::ReleaseReply> DaemonClient::release(uint64_t offset, uint64
                                       proto::Release{offset, bytes}, why);
 }
 
-std::optional<proto::PlanReply> DaemonClient::plan(const proto::PlanRequest& r, std::string* why) {
-  return request<proto::PlanReply>(proto::MsgType::PlanRequest, proto::MsgType::PlanReply, r, why);
-}
-
 bool DaemonClient::status(proto::StatusHead* head, std::vector<proto::ClientStatus>* clients, std::string* why) {
   proto::FrameHeader h{};
   std::vector<unsigned char> payload;

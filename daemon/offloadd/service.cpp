@@ -433,11 +433,6 @@ void Service::handle(int fd, Conn& conn, const proto::FrameHeader& h, const std:
       proto::ReleaseReply rep{static_cast<uint32_t>(ok ? proto::Status::Ok : proto::Status::UnknownLease), 0};
       return send(fd, proto::encode(MsgType::ReleaseReply, h.seq, rep));
     }
-    case MsgType::PlanRequest: {
-      // The planner lands later: "no plan" tells the shim to use its built-in one.
-      proto::PlanReply rep{static_cast<uint32_t>(proto::Status::Ok), 0, 0};
-      return send(fd, proto::encode(MsgType::PlanReply, h.seq, rep));
-    }
     case MsgType::Telemetry:
       proto::read_payload(payload.data(), payload.size(), &c->last);
       return;  // no reply: telemetry is fire-and-forget
