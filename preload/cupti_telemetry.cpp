@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/log.h"
+#include "common/log.h"
 #include "hooks/hook_table.h"
 
 namespace offload {

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/log.h"
+#include "common/log.h"
 
 extern char** environ;
 

@@ -11,9 +11,9 @@
 #include <optional>
 #include <string>
 
-#include "client/ipc.h"
-#include "client/pool_layout.h"
-#include "core/env.h"
+#include "common/ipc.h"
+#include "offload/pool_layout.h"
+#include "common/env.h"
 
 namespace offload {
 

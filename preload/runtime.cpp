@@ -14,7 +14,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/log.h"
+#include "common/log.h"
 #include "hooks/hook_table.h"
 #include "offload/offload.h"
 #include "planner/planner.h"

@@ -20,7 +20,7 @@
 #include <optional>
 #include <thread>
 
-#include "core/env.h"
+#include "common/env.h"
 #include "core/event_log.h"
 #include "core/executor.h"
 #include "core/block_cache.h"

@@ -2,7 +2,7 @@
 // it serves the allocation hooks and gates every launch. The policy lives in Residency.
 #include <cinttypes>
 
-#include "core/log.h"
+#include "common/log.h"
 #include "runtime.h"
 
 namespace offload {

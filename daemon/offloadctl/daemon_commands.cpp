@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "client/ipc.h"
+#include "common/ipc.h"
 
 using namespace offload;
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "core/env.h"
+#include "common/env.h"
 
 int cmd_trace_show(const std::string& path, bool check);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "core/plan.h"
+#include "planner/plan.h"
 #include "planner/planner.h"
-#include "core/step_trace.h"
+#include "planner/step_trace.h"
 #include "offloadctl/trace_file.h"
 
 using namespace offload;

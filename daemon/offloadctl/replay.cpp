@@ -10,7 +10,7 @@
 
 #include "core/replay.h"
 #include "core/tracker.h"
-#include "core/step_trace.h"
+#include "planner/step_trace.h"
 #include "offloadctl/trace_file.h"
 #include "planner/planner.h"
 

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "core/step_trace.h"
+#include "planner/step_trace.h"
 
 namespace offload {
 

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "client/ipc.h"
-#include "core/env.h"
-#include "core/log.h"
+#include "common/ipc.h"
+#include "common/env.h"
+#include "common/log.h"
 #include "offloadd/service.h"
 
 namespace {

@@ -20,8 +20,8 @@
 #include <set>
 #include <sstream>
 
-#include "client/ipc.h"
-#include "core/log.h"
+#include "common/ipc.h"
+#include "common/log.h"
 
 namespace bip = boost::interprocess;
 
@@ -432,11 +432,6 @@ void Service::handle(int fd, Conn& conn, const proto::FrameHeader& h, const std:
       bool ok = table_->release(r.offset, c->id);
       proto::ReleaseReply rep{static_cast<uint32_t>(ok ? proto::Status::Ok : proto::Status::UnknownLease), 0};
       return send(fd, proto::encode(MsgType::ReleaseReply, h.seq, rep));
-    }
-    case MsgType::PlanRequest: {
-      // The planner lands later: "no plan" tells the shim to use its built-in one.
-      proto::PlanReply rep{static_cast<uint32_t>(proto::Status::Ok), 0, 0};
-      return send(fd, proto::encode(MsgType::PlanReply, h.seq, rep));
     }
     case MsgType::Telemetry:
       proto::read_payload(payload.data(), payload.size(), &c->last);

@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/pool_layout.h"
+#include "offload/pool_layout.h"
 #include "offload/protocol.h"
 
 namespace offload {

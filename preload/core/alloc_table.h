@@ -16,10 +16,9 @@
 #include <vector>
 
 #include "core/driver.h"
+#include "planner/types.h"  // AllocId
 
 namespace offload {
-
-using AllocId = uint64_t;
 
 struct AllocEntry {
   DevPtr base;

@@ -11,11 +11,9 @@
 #include <cstdint>
 #include <string>
 
-namespace offload {
+#include "planner/types.h"  // DevPtr, Stream, Func
 
-using DevPtr = uint64_t;   // a device address (CUdeviceptr)
-using Stream = uint64_t;   // a stream handle value; 0 legacy, 2 per-thread default
-using Func = uint64_t;     // a kernel handle (CUfunction or CUkernel)
+namespace offload {
 
 inline constexpr Stream kPerThreadStream = 0x2;
 

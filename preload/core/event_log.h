@@ -19,12 +19,9 @@
 
 #include "core/alloc_table.h"
 #include "core/driver.h"
+#include "planner/types.h"  // EventKind, is_launch
 
 namespace offload {
-
-enum class EventKind : uint8_t { Kernel, Copy, Memset, Graph, Alloc, Free, Mark };
-
-inline bool is_launch(EventKind k) { return k <= EventKind::Graph; }
 
 enum EventFlags : uint8_t {
   kAccessesTruncated = 1,  // more allocations touched than recorded

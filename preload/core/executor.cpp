@@ -6,7 +6,7 @@
 #include <numeric>
 #include <cstdlib>
 
-#include "core/log.h"
+#include "common/log.h"
 
 namespace offload {
 

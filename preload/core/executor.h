@@ -52,7 +52,7 @@
 #include "core/driver.h"
 #include "core/event_log.h"
 #include "core/persistent_pool.h"
-#include "core/plan.h"
+#include "planner/plan.h"
 
 namespace offload {
 

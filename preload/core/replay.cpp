@@ -8,7 +8,7 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "core/plan.h"
+#include "planner/plan.h"
 #include "core/sim_driver.h"
 #include "core/tracker.h"
 

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "core/executor.h"
-#include "core/step_trace.h"
+#include "planner/step_trace.h"
 
 namespace offload {
 

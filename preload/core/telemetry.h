@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/hash.h"  // name_hash, the hash both sides use for kernel names
 #include "core/event_log.h"
 
 namespace offload {
@@ -25,13 +26,6 @@ struct GpuRecord {
   uint64_t bytes = 0;
   uint8_t copy_kind = 0;
 };
-
-// FNV-1a, the hash both sides use for kernel names.
-inline uint64_t name_hash(const char* s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; s && *s; ++s) h = (h ^ static_cast<unsigned char>(*s)) * 1099511628211ull;
-  return h;
-}
 
 class Telemetry {
  public:

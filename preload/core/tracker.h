@@ -23,7 +23,7 @@
 #include "core/executor.h"
 #include "core/func_registry.h"
 #include "core/step_detector.h"
-#include "core/step_trace.h"
+#include "planner/step_trace.h"
 #include "core/telemetry.h"
 
 namespace offload {

@@ -4,7 +4,7 @@
 #include <cinttypes>
 #include <cstdio>
 
-#include "core/log.h"
+#include "common/log.h"
 
 namespace offload {
 namespace {

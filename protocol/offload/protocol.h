@@ -46,8 +46,8 @@ enum class MsgType : uint16_t {
   LeaseReply = 4,
   Release = 5,
   ReleaseReply = 6,
-  PlanRequest = 7,
-  PlanReply = 8,
+  // 7, 8: reserved, once PlanRequest/PlanReply (the planner runs in the shim and in
+  // offloadctl, never in the daemon); no later type may reuse them.
   Telemetry = 9,
   StatusQuery = 10,
   StatusReply = 11,
@@ -119,17 +119,6 @@ struct Release {
 struct ReleaseReply {
   uint32_t status;
   uint32_t reserved;
-};
-
-struct PlanRequest {
-  uint64_t device_budget;
-  uint64_t step;
-};
-
-struct PlanReply {
-  uint32_t status;
-  uint32_t kind;  // 0: no plan from the daemon yet: the shim uses its built-in plan
-  uint64_t reserved;
 };
 
 struct Telemetry {
@@ -237,8 +226,6 @@ static_assert(sizeof(Lease) == 8);
 static_assert(sizeof(LeaseReply) == 24);
 static_assert(sizeof(Release) == 16);
 static_assert(sizeof(ReleaseReply) == 8);
-static_assert(sizeof(PlanRequest) == 16);
-static_assert(sizeof(PlanReply) == 16);
 static_assert(sizeof(Telemetry) == 56);
 static_assert(sizeof(StatusQuery) == 8);
 static_assert(sizeof(StatusHead) == 32);
@@ -265,8 +252,6 @@ template <> struct PayloadOf<MsgType::Lease> { using type = Lease; };
 template <> struct PayloadOf<MsgType::LeaseReply> { using type = LeaseReply; };
 template <> struct PayloadOf<MsgType::Release> { using type = Release; };
 template <> struct PayloadOf<MsgType::ReleaseReply> { using type = ReleaseReply; };
-template <> struct PayloadOf<MsgType::PlanRequest> { using type = PlanRequest; };
-template <> struct PayloadOf<MsgType::PlanReply> { using type = PlanReply; };
 template <> struct PayloadOf<MsgType::Telemetry> { using type = Telemetry; };
 template <> struct PayloadOf<MsgType::StatusQuery> { using type = StatusQuery; };
 template <> struct PayloadOf<MsgType::Shutdown> { using type = Shutdown; };
@@ -292,8 +277,6 @@ inline size_t payload_size(uint16_t type) {
     case MsgType::LeaseReply: return sizeof(LeaseReply);
     case MsgType::Release: return sizeof(Release);
     case MsgType::ReleaseReply: return sizeof(ReleaseReply);
-    case MsgType::PlanRequest: return sizeof(PlanRequest);
-    case MsgType::PlanReply: return sizeof(PlanReply);
     case MsgType::Telemetry: return sizeof(Telemetry);
     case MsgType::StatusQuery: return sizeof(StatusQuery);
     case MsgType::Shutdown: return sizeof(Shutdown);
@@ -305,8 +288,10 @@ inline size_t payload_size(uint16_t type) {
   }
 }
 
+// The reserved numbers (7, 8) are unknown: a frame of either is refused as any unknown type.
 inline bool known_type(uint16_t type) {
-  return type >= static_cast<uint16_t>(MsgType::Register) && type <= static_cast<uint16_t>(MsgType::NodeReply);
+  return type >= static_cast<uint16_t>(MsgType::Register) && type <= static_cast<uint16_t>(MsgType::NodeReply) &&
+         type != 7 && type != 8;
 }
 
 // A variable payload's length: a head and at most kMaxClients whole entries.

@@ -73,8 +73,6 @@ void take(const FrameHeader& h, const std::vector<unsigned char>& p, std::vector
     case MsgType::LeaseReply: decode<LeaseReply>(p); break;
     case MsgType::Release: decode<Release>(p); break;
     case MsgType::ReleaseReply: decode<ReleaseReply>(p); break;
-    case MsgType::PlanRequest: decode<PlanRequest>(p); break;
-    case MsgType::PlanReply: decode<PlanReply>(p); break;
     case MsgType::Telemetry: decode<Telemetry>(p); break;
     case MsgType::StatusQuery: decode<StatusQuery>(p); break;
     case MsgType::Shutdown: decode<Shutdown>(p); break;
@@ -176,8 +174,6 @@ std::vector<std::vector<unsigned char>> offload_fuzz_seeds() {
   frames.push_back(frame(MsgType::LeaseReply, 2, LeaseReply{0, 0, 65536, 1 << 20}));
   frames.push_back(frame(MsgType::Release, 3, Release{65536, 1 << 20}));
   frames.push_back(frame(MsgType::ReleaseReply, 3, ReleaseReply{0, 0}));
-  frames.push_back(frame(MsgType::PlanRequest, 4, PlanRequest{1ull << 33, 10}));
-  frames.push_back(frame(MsgType::PlanReply, 4, PlanReply{0, 0, 0}));
   frames.push_back(frame(MsgType::Telemetry, 5, Telemetry{7, 123000000, 4000000, 2, 5 << 20, 3 << 20, 99}));
   frames.push_back(frame(MsgType::StatusQuery, 6, StatusQuery{}));
   frames.push_back(frame(MsgType::Shutdown, 7, Shutdown{}));

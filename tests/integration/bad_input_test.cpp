@@ -138,7 +138,6 @@ TEST(BadInputIntegration, MalformedFramesAreRejectedAndTheDaemonLives) {
     std::vector<std::vector<unsigned char>> reqs = {
         proto::encode(MsgType::Lease, 1, proto::Lease{MiB}),
         proto::encode(MsgType::Release, 2, proto::Release{0, MiB}),
-        proto::encode(MsgType::PlanRequest, 3, proto::PlanRequest{1, 1}),
         proto::encode(MsgType::Telemetry, 4, proto::Telemetry{}),
         proto::encode(MsgType::Attach, 4, proto::Attach{0, 0, 0, 1, 0, "0000:1b:00.0"}),
     };
@@ -204,7 +203,6 @@ TEST(BadInputIntegration, MalformedFramesAreRejectedAndTheDaemonLives) {
         proto::encode(MsgType::RegisterReply, 2, proto::RegisterReply{}),
         proto::encode(MsgType::LeaseReply, 3, proto::LeaseReply{}),
         proto::encode(MsgType::ReleaseReply, 4, proto::ReleaseReply{}),
-        proto::encode(MsgType::PlanReply, 5, proto::PlanReply{}),
         proto::encode(MsgType::Error, 6, proto::Error{}),
         proto::encode_status(7, proto::StatusHead{}, {proto::ClientStatus{}}),
         proto::encode(MsgType::AttachReply, 8, proto::AttachReply{}),

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <numeric>
 
-#include "client/ipc.h"
-#include "client/pool_layout.h"
+#include "common/ipc.h"
+#include "offload/pool_layout.h"
 #include "it_support.h"
 #include "json_mini.h"
 
@@ -372,7 +372,7 @@ TEST(DaemonIntegration, FairShareWithTwoClients) {
   EXPECT_EQ(refusal, "refused " + std::to_string(kOverLimit));
   EXPECT_EQ(a.cmd("lease 1"), "refused " + std::to_string(kOverLimit));
   std::vector<std::string> w;
-  ASSERT_OK_ANSWER(a.cmd("plan"), w);  // refused, not disconnected
+  ASSERT_OK_ANSWER(a.cmd("status"), w);  // refused, not disconnected
 
   // B can always reach its share, in any chunks.
   uint64_t b_got = 0;

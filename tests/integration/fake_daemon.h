@@ -26,8 +26,8 @@
 #include <thread>
 #include <vector>
 
-#include "client/ipc.h"
-#include "client/pool_layout.h"
+#include "common/ipc.h"
+#include "offload/pool_layout.h"
 #include "offload/protocol.h"
 
 namespace offload::it {

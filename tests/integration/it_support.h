@@ -34,7 +34,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/ipc.h"
+#include "common/ipc.h"
 #include "offload/protocol.h"
 
 extern char** environ;

@@ -16,7 +16,6 @@
 //   check OFFSET BYTES TAG          -> ok | bad AT  the pattern of TAG is intact
 //   clear OFFSET BYTES              -> ok           zeroes the pattern words
 //   telemetry STEP STEP_NS MISSES RESIDENT EVICTED -> ok | err
-//   plan                            -> ok KIND | err MSG
 //   status                          -> ok USED POOL CLIENTS | err MSG
 //   attach GPU GPU_ID [RANK LOCAL_RANK LOCAL_WORLD [BUDGET]]   (GPU_ID "-": none)
 //                                   -> ok GPUS FAIR_SHARE H2D_BPS D2H_BPS BOTH_BPS | refused STATUS | err MSG
@@ -48,8 +47,8 @@
 #include <string>
 #include <vector>
 
-#include "client/ipc.h"
-#include "client/pool_layout.h"
+#include "common/ipc.h"
+#include "offload/pool_layout.h"
 #include "offload/protocol.h"
 
 namespace {
@@ -286,10 +285,6 @@ std::string run(State& s, const std::string& line) {
     t.exposed_stall_ns = 4'000'000;
     t.launches = 99;
     return s.client.telemetry(t) ? "ok" : "err telemetry not sent";
-  }
-  if (cmd == "plan") {
-    auto r = s.client.plan(proto::PlanRequest{1 << 30, 1}, &why);
-    return r ? "ok " + std::to_string(r->kind) : "err " + one_line(why);
   }
   if (cmd == "status") {
     proto::StatusHead h{};

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "core/log.h"
+#include "common/log.h"
 #include "executor_rig.h"
 #include "planner/planner.h"
 

@@ -1,5 +1,5 @@
 // OFFLOAD_* settings and byte sizes.
-#include "core/env.h"
+#include "common/env.h"
 
 #include <gtest/gtest.h>
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/log.h"
+#include "common/log.h"
 #include "executor_rig.h"
 
 #include "sanitizers.h"

@@ -26,7 +26,7 @@
 
 #include "core/executor.h"
 #include "core/persistent_pool.h"
-#include "core/plan.h"
+#include "planner/plan.h"
 #include "core/sim_driver.h"
 #include "core/tracker.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "client/pool_layout.h"
+#include "offload/pool_layout.h"
 #include "host_pool.h"
 
 namespace offload {

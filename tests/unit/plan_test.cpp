@@ -6,8 +6,8 @@
 #include <fstream>
 #include <string>
 
-#include "core/plan.h"
-#include "core/step_trace.h"
+#include "planner/plan.h"
+#include "planner/step_trace.h"
 #include "recorded_step.h"
 
 namespace offload {

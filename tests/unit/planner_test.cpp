@@ -1,4 +1,4 @@
-// The GPU-time planner (daemon/planner) on synthetic transformer-like steps and on the steps
+// The GPU-time planner (planner/) on synthetic transformer-like steps and on the steps
 // recorded on the H200 (tests/data/traces/).
 //
 // check_plan() re-derives what a plan promises from the Plan, its Prediction and the trace
@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/plan.h"
-#include "core/step_trace.h"
+#include "planner/plan.h"
+#include "planner/step_trace.h"
 #include "planner/planner.h"
 
 // The planner is single-threaded and pure: ThreadSanitizer has nothing to check in it, and

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "core/executor.h"
-#include "core/plan.h"
+#include "planner/plan.h"
 #include "core/sim_driver.h"
 #include "core/tracker.h"
 

@@ -1,7 +1,7 @@
-// The pool's layout and lease table (preload/client/pool_layout.h): format/open and their
+// The pool's layout and lease table (protocol/offload/pool_layout.h): format/open and their
 // refusals, first fit, alignment, ownership on release, and a randomised run against a
 // model that checks no two live leases ever overlap.
-#include "client/pool_layout.h"
+#include "offload/pool_layout.h"
 
 #include <gtest/gtest.h>
 

@@ -65,8 +65,6 @@ TEST(Protocol, EveryMessageRoundTrips) {
   round_trip<MsgType::LeaseReply>(4);
   round_trip<MsgType::Release>(5);
   round_trip<MsgType::ReleaseReply>(6);
-  round_trip<MsgType::PlanRequest>(7);
-  round_trip<MsgType::PlanReply>(8);
   round_trip<MsgType::Telemetry>(9);
   round_trip<MsgType::StatusQuery>(10);
   round_trip<MsgType::Shutdown>(11);
@@ -96,7 +94,11 @@ TEST(Protocol, MinorOneAddsTheNodeMessages) {
   EXPECT_EQ(offsetof(NodeHead, link), 8u);
   EXPECT_EQ(offsetof(ClientNode, device_budget), 24u);
   EXPECT_EQ(offsetof(ClientNode, gpu_id), 32u);
-  // Minor 0's payloads are unchanged.
+  // Minor 0's payloads are unchanged; its numbers 7 and 8 stay reserved.
+  EXPECT_EQ(static_cast<int>(MsgType::ReleaseReply), 6);
+  EXPECT_EQ(static_cast<int>(MsgType::Telemetry), 9);
+  EXPECT_FALSE(known_type(7));
+  EXPECT_FALSE(known_type(8));
   EXPECT_EQ(payload_size(static_cast<uint16_t>(MsgType::Register)), 96u);
   EXPECT_EQ(payload_size(static_cast<uint16_t>(MsgType::Error)), 128u);
   EXPECT_EQ(sizeof(ClientStatus), 152u);
@@ -253,7 +255,8 @@ TEST(Protocol, CheckHeaderRejectsEachErrorClass) {
   h.minor = 0xFFFF;
   EXPECT_EQ(check_header(h), HeaderError::None);
 
-  for (uint16_t type : {uint16_t{0}, uint16_t{18}, uint16_t{100}, uint16_t{0xFFFF}}) {
+  // 7 and 8 are reserved (once PlanRequest/PlanReply): unknown on the wire.
+  for (uint16_t type : {uint16_t{0}, uint16_t{7}, uint16_t{8}, uint16_t{18}, uint16_t{100}, uint16_t{0xFFFF}}) {
     h = good(MsgType::Lease);
     h.type = type;
     why.clear();
@@ -264,6 +267,7 @@ TEST(Protocol, CheckHeaderRejectsEachErrorClass) {
   // Every fixed-size type: exactly its size, nothing else.
   for (uint16_t t = 1; t <= static_cast<uint16_t>(MsgType::NodeReply); ++t) {
     if (t == static_cast<uint16_t>(MsgType::StatusReply) || t == static_cast<uint16_t>(MsgType::NodeReply)) continue;
+    if (t == 7 || t == 8) continue;  // reserved
     size_t n = payload_size(t);
     ASSERT_GT(n, 0u) << t;
     h = make_header(static_cast<MsgType>(t), static_cast<uint32_t>(n), 1);
@@ -354,8 +358,6 @@ std::vector<std::vector<unsigned char>> all_frames() {
   v.push_back(encode_status(5, sample<StatusHead>(5), {sample<ClientStatus>(1), sample<ClientStatus>(2)}));
   v.push_back(encode(MsgType::Release, 6, sample<Release>(6)));
   v.push_back(encode(MsgType::ReleaseReply, 7, sample<ReleaseReply>(7)));
-  v.push_back(encode(MsgType::PlanRequest, 8, sample<PlanRequest>(8)));
-  v.push_back(encode(MsgType::PlanReply, 9, sample<PlanReply>(9)));
   v.push_back(encode(MsgType::Telemetry, 10, sample<Telemetry>(10)));
   v.push_back(encode(MsgType::StatusQuery, 11, sample<StatusQuery>(11)));
   v.push_back(encode_status(12, sample<StatusHead>(12), {}));

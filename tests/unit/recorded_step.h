@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "core/step_trace.h"
+#include "planner/step_trace.h"
 
 namespace offload {
 

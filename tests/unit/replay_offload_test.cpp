@@ -11,7 +11,7 @@
 #include <string>
 
 #include "core/replay.h"
-#include "core/step_trace.h"
+#include "planner/step_trace.h"
 #include "planner/planner.h"
 #include "sanitizers.h"
 

@@ -1,6 +1,6 @@
 // StepTrace: the per-step trace file (protocol/offload/trace_format.h), its Chrome JSON
 // view, and the activation analysis made from a trace alone.
-#include "core/step_trace.h"
+#include "planner/step_trace.h"
 
 #include <gtest/gtest.h>
 

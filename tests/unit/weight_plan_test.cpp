@@ -1,4 +1,4 @@
-// plan_weights (daemon/planner/weight_plan.cpp) on synthetic steps: L layers, each with one
+// plan_weights (planner/weight_plan.cpp) on synthetic steps: L layers, each with one
 // weight born before the step that outlives it, used once in the forward (launch i) and once in
 // the backward (launch 2L-1-i). check_weights() re-derives what a weight plan promises with its
 // own walk over three steps (the middle one in steady state): the windows' positions, every
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/backing.h"
-#include "core/plan.h"
-#include "core/step_trace.h"
+#include "planner/plan.h"
+#include "planner/step_trace.h"
 #include "expected_file.h"
 #include "recorded_step.h"
 #include "planner/planner.h"

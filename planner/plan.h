@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/step_trace.h"
+#include "planner/step_trace.h"
 
 namespace offload {
 

@@ -1,4 +1,4 @@
-#include "core/env.h"
+#include "common/env.h"
 
 #include <cctype>
 #include <cmath>

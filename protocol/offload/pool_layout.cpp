@@ -1,4 +1,4 @@
-#include "client/pool_layout.h"
+#include "offload/pool_layout.h"
 
 #include <algorithm>
 #include <cstring>

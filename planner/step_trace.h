@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/driver.h"
-#include "core/event_log.h"
+#include "planner/types.h"
 
 namespace offload {
 

@@ -1,4 +1,4 @@
-#include "core/plan.h"
+#include "planner/plan.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "core/step_trace.h"
+#include "planner/step_trace.h"
 
 #include <algorithm>
 #include <cstdio>

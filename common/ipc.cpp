@@ -1,4 +1,4 @@
-#include "client/ipc.h"
+#include "common/ipc.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/telemetry.h"  // name_hash
+#include "common/hash.h"
 
 namespace offload {
 namespace {
@@ -198,10 +198,6 @@ std::optional<proto::LeaseReply> DaemonClient::lease(uint64_t bytes, std::string
 std::optional<proto::ReleaseReply> DaemonClient::release(uint64_t offset, uint64_t bytes, std::string* why) {
   return request<proto::ReleaseReply>(proto::MsgType::Release, proto::MsgType::ReleaseReply,
                                       proto::Release{offset, bytes}, why);
-}
-
-std::optional<proto::PlanReply> DaemonClient::plan(const proto::PlanRequest& r, std::string* why) {
-  return request<proto::PlanReply>(proto::MsgType::PlanRequest, proto::MsgType::PlanReply, r, why);
 }
 
 bool DaemonClient::status(proto::StatusHead* head, std::vector<proto::ClientStatus>* clients, std::string* why) {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "client/pool_layout.h"
+#include "offload/pool_layout.h"
 #include "offload/protocol.h"
 
 namespace offload {
@@ -74,7 +74,6 @@ class DaemonClient {
   std::optional<proto::RegisterReply> register_client(const proto::Register& r, std::string* why);
   std::optional<proto::LeaseReply> lease(uint64_t bytes, std::string* why);
   std::optional<proto::ReleaseReply> release(uint64_t offset, uint64_t bytes, std::string* why);
-  std::optional<proto::PlanReply> plan(const proto::PlanRequest& r, std::string* why);
   bool telemetry(const proto::Telemetry& t) { return conn_.send_nowait(proto::MsgType::Telemetry, &t, sizeof t); }
   bool status(proto::StatusHead* head, std::vector<proto::ClientStatus>* clients, std::string* why);
   bool shutdown(std::string* why);

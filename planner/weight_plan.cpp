@@ -11,8 +11,8 @@
 #include <cmath>
 #include <limits>
 
-#include "core/backing.h"
 #include "planner/planner.h"
+#include "planner/weight_unit.h"
 
 namespace offload {
 namespace {

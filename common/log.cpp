@@ -1,4 +1,4 @@
-#include "core/log.h"
+#include "common/log.h"
 
 #include <spdlog/sinks/stdout_sinks.h>
 

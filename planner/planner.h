@@ -25,8 +25,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/plan.h"
-#include "core/step_trace.h"
+#include "planner/plan.h"
+#include "planner/step_trace.h"
 
 namespace offload {
 
