@@ -177,7 +177,10 @@ void Runtime::pump(bool no_wait) {
     if (offloading_) plan_from(t);
   }
   if (offloading_) executor_.poll();
-  if (Residency* r = cap_.load(std::memory_order_acquire)) r->poll();
+  if (Residency* r = cap_.load(std::memory_order_acquire)) {
+    r->set_period(assembler_.detector().period());
+    r->poll();
+  }
   sample_telemetry();
   time_steps_with_markers();
 }

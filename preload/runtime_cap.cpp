@@ -30,6 +30,7 @@ void Runtime::start_cap() {
   Residency::Options ro;
   ro.budget = budget;
   ro.min_bytes = settings_.cap_min;
+  ro.headroom = std::min<uint64_t>(budget / 64, 256ull << 20);
   residency_ = std::make_unique<Residency>(driver_, *host_store_, ro);
   residency_->set_namer(kernel_name, &tracker_.funcs());
   tracker_.set_gate(residency_.get());

@@ -147,6 +147,17 @@ void SimDriver::set_pool(uint64_t reserved, uint64_t in_use) {
   pool_in_use_ = std::min(in_use, reserved);
 }
 
+uint64_t SimDriver::device_used_bytes() {
+  std::lock_guard lock(mu_);
+  return outside_known_ ? stats_.physical_bytes + pool_reserved_ + outside_ : 0;
+}
+
+void SimDriver::set_outside(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  outside_known_ = true;
+  outside_ = bytes;
+}
+
 uint64_t SimDriver::pool_reserved_current() {
   std::lock_guard lock(mu_);
   return pool_known_ ? pool_reserved_ : 0;

@@ -100,6 +100,10 @@ class SimDriver final : public Driver {
   // unknown (pool_reserved_current 0) and pool_trim says the driver cannot.
   void set_pool(uint64_t reserved, uint64_t in_use);
   uint64_t pool_reserved_current() override;
+  // Physical bytes, the pool's reservation and what set_outside says the rest of the process
+  // holds (modules, libraries); 0 until set_outside is called (unknown, as a driver may say).
+  uint64_t device_used_bytes() override;
+  void set_outside(uint64_t bytes);
   bool pool_trim(uint64_t keep) override;
   // The simulated streams never capture graphs, unless a test says one does.
   int stream_capturing(Stream s) override;
@@ -163,6 +167,8 @@ class SimDriver final : public Driver {
   };
   mutable std::mutex mu_;
   bool pool_known_ = false;
+  bool outside_known_ = false;
+  uint64_t outside_ = 0;
   std::vector<Stream> capturing_;
   uint64_t pool_reserved_ = 0, pool_in_use_ = 0;
   PoolTrims pool_trims_;

@@ -200,19 +200,30 @@ def build(name, seed, scale):
             x = torch.randn(batch, d, generator=g(k), device=dev)
             return cmodel(x).float().pow(2).mean()
         return model, opt, step_fn
-    raise SystemExit(f"unknown workload {name}")
+    # The benchmark workloads (workloads.py), in their plain mode, or checkpointed with `:ckpt`.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import workloads
+    base, _, mode = name.partition(":")
+    if base not in workloads.WORKLOADS:
+        raise SystemExit(f"unknown workload {name}")
+    model, make_batch, loss_fn, make_optimizer = workloads.build(base, mode or "plain", scale == "small", seed)
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
+
+    def step_fn(k):
+        return loss_fn(model, make_batch(k))
+    return model, opt, step_fn
 
 
 def param_hash(model):
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        h.update(p.detach().contiguous().flatten().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", required=True)
+    ap.add_argument("--workload", required=True, help="a family above, or a workloads.py name (name:ckpt)")
     ap.add_argument("--scale", default="small", choices=("small", "large"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)

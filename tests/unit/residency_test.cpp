@@ -235,12 +235,53 @@ TEST(Residency, ThePoolsShareGrowsInsideTheBudget) {
   EXPECT_FALSE(r.res.admit_small(4 * kGran));
 }
 
+TEST(Residency, MemoryGrownOutsideTheAllocatorComesOffTheBudget) {
+  CapRig r(6 * kGran);
+  r.sim.set_outside(10 * kGran);  // the context and libraries, before the first range
+  std::vector<DevPtr> t;
+  for (int i = 0; i < 5; ++i) {
+    t.push_back(r.alloc(kGran, kA));
+    r.kernel(kA, {t.back()}, fill(t.back(), kGran, i));
+  }
+  EXPECT_EQ(r.res.stats().evictions, 0u);
+  // Modules loaded later take two granules: the next look at the device makes room for them.
+  r.sim.set_outside(12 * kGran);
+  r.res.poll();
+  const Residency::Stats s = r.res.stats();
+  EXPECT_EQ(s.outside, 2 * kGran);
+  EXPECT_LE(s.held + s.pool_share, 4 * kGran);
+  EXPECT_GE(s.evictions, 1u);
+  EXPECT_LE(r.sim.device_used_bytes() - 10 * kGran, 6 * kGran);
+}
+
+// With the step's length known, the victim is the range used furthest in the future, not the
+// least recently used one. Steps of 10 launches: `a` at the second, `b` at the ninth. After
+// the ninth launch of the second step, LRU would take `a` (last touched at 11, `b` at 18);
+// Belady takes `b`, next used at 28 against 21.
+TEST(Residency, WithAStepLengthTheVictimIsTheFurthestNextUse) {
+  for (bool periodic : {false, true}) {
+    CapRig r(3 * kGran);
+    const DevPtr a = r.alloc(kGran, kA), b = r.alloc(kGran, kA);
+    if (periodic) r.res.set_period(10);
+    uint64_t sink = 0;
+    for (int step = 0; step < 2; ++step)
+      for (int i = 0; i < 10; ++i) {
+        if (i == 1) r.kernel(kA, {a}, [&] { sink += words(a)[0]; });
+        else if (i == 8) r.kernel(kA, {b}, [&] { sink += words(b)[0]; });
+        else r.kernel(kA, {}, [] {});
+      }
+    ASSERT_NE(r.alloc(2 * kGran, kA), 0u) << r.res.error();
+    EXPECT_EQ(r.res.state_of(periodic ? b : a), Residency::State::OnHost) << "periodic " << periodic;
+    EXPECT_NE(r.res.state_of(periodic ? a : b), Residency::State::OnHost) << "periodic " << periodic;
+  }
+}
+
 // Random programs on two streams, with frees, re-allocations and kernels reading two ranges and
 // writing a third: every range's bytes at the end equal those of the same program run with a
 // budget that never evicts, and the capped run's physical peak never passes its budget.
 struct Outcome {
   std::vector<uint64_t> hashes;
-  uint64_t evictions = 0, reloads = 0, peak = 0, misuses = 0;
+  uint64_t evictions = 0, reloads = 0, peak = 0, misuses = 0, prefetches = 0;
 };
 
 Outcome random_program(uint64_t seed, uint64_t budget) {
@@ -306,6 +347,88 @@ TEST(Residency, RandomProgramsMatchTheUncappedRunBytewise) {
     EXPECT_EQ(capped.misuses, 0u) << "seed " << seed;
     EXPECT_EQ(capped.hashes, free_run.hashes) << "seed " << seed;
   }
+}
+
+// A training loop's shape: weights born once; each step allocates activations, runs a forward
+// over them (activation i from activation i-1 and weight i), a backward that updates each weight
+// from its activation in reverse, and frees the activations. With the step's length given, the
+// residency manager evicts by next use, evicts ahead and prefetches what the step before reloaded
+// on demand; the weights' bytes at the end equal those of a run that never evicts.
+Outcome training_loop(uint64_t seed, uint64_t budget, bool periodic) {
+  CapRig r(budget);
+  std::mt19937_64 prog(seed), gpu(seed * 5 + 3);
+  const int layers = 6;
+  std::vector<uint64_t> wsize(layers), asize(layers);
+  for (int i = 0; i < layers; ++i) {
+    wsize[i] = kGran * std::uniform_int_distribution<uint64_t>(1, 2)(prog);
+    asize[i] = kGran * std::uniform_int_distribution<uint64_t>(1, 3)(prog);
+  }
+  std::vector<DevPtr> w(layers);
+  for (int i = 0; i < layers; ++i) {
+    w[i] = r.alloc(wsize[i], kA);
+    r.kernel(kA, {w[i]}, fill(w[i], wsize[i], seed + i));
+  }
+  if (periodic) r.res.set_period(2 * layers + 1);  // kernels per step
+  for (int step = 0; step < 6; ++step) {
+    std::vector<DevPtr> act(layers);
+    for (int i = 0; i < layers; ++i) {
+      act[i] = r.alloc(asize[i], kA);
+      const DevPtr in = i ? act[i - 1] : w[0];
+      const uint64_t in_bytes = i ? asize[i - 1] : wsize[0];
+      const DevPtr wi = w[i], out = act[i];
+      const uint64_t wb = wsize[i], ob = asize[i];
+      EXPECT_TRUE(r.kernel(kA, {in, wi, out}, [=] {
+        for (uint64_t k = 0; k < ob / 8; ++k)
+          words(out)[k] = mix(words(in)[k % (in_bytes / 8)] ^ words(wi)[k % (wb / 8)]);
+      })) << r.res.error();
+      r.gpu(gpu, 2);
+    }
+    for (int i = layers; i-- > 0;) {
+      const DevPtr a = act[i], wi = w[i];
+      const uint64_t ab = asize[i], wb = wsize[i];
+      EXPECT_TRUE(r.kernel(kA, {a, wi}, [=] {
+        for (uint64_t k = 0; k < wb / 8; ++k) words(wi)[k] = mix(words(wi)[k] + words(a)[k % (ab / 8)]);
+      })) << r.res.error();
+      r.gpu(gpu, 2);
+    }
+    r.kernel(kA, {}, [] {});  // the optimizer's bookkeeping: a launch touching nothing of ours
+    for (int i = 0; i < layers; ++i) r.free(act[i], kA);
+    r.res.poll();
+  }
+  Outcome o;
+  for (int i = 0; i < layers; ++i) {
+    uint64_t h = 0;
+    r.kernel(kA, {w[i]}, [&h, p = w[i], b = wsize[i]] { h = hash(p, b); });
+    r.sim.run_all();
+    o.hashes.push_back(h);
+  }
+  const Residency::Stats s = r.res.stats();
+  o.evictions = s.evictions;
+  o.reloads = s.reloads + s.prefetches;
+  o.peak = r.sim.vmm_stats().physical_peak;
+  o.misuses = r.sim.vmm_stats().misuses;
+  o.prefetches = s.prefetches;
+  return o;
+}
+
+TEST(Residency, TrainingLoopsWithPrefetchMatchTheUncappedRunBytewise) {
+  uint64_t prefetches = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    const uint64_t budget = 9 * kGran;
+    const Outcome free_run = training_loop(seed, 1ull << 30, false);
+    for (bool periodic : {false, true}) {
+      const Outcome capped = training_loop(seed, budget, periodic);
+      EXPECT_GT(capped.evictions, 0u) << "seed " << seed;
+      EXPECT_LE(capped.peak, budget) << "seed " << seed;
+      EXPECT_EQ(capped.misuses, 0u) << "seed " << seed;
+      EXPECT_EQ(capped.hashes, free_run.hashes) << "seed " << seed << " periodic " << periodic;
+      if (!periodic) {
+        EXPECT_EQ(capped.prefetches, 0u);
+      }
+      prefetches += capped.prefetches;
+    }
+  }
+  EXPECT_GT(prefetches, 0u);  // the periodic runs reloaded ahead
 }
 
 TEST(Residency, HostStoreReusesSlotsAndRefusesPastItsLimit) {
