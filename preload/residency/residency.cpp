@@ -222,12 +222,26 @@ void Residency::prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nk
   }
 }
 
+void Residency::schedule_prefetch(uint32_t slot, uint64_t use, uint64_t lead) {
+  if (!period_ || !o_.prefetch) return;
+  Range& r = slots_[slot];
+  lead = std::min<uint64_t>(lead, period_ / 4 + 1);
+  if (r.pf_key != UINT64_MAX) {
+    if (lead <= r.lead) return;  // already as early
+    std::erase(prefetch_at_[r.pf_key], slot);
+  }
+  r.lead = static_cast<uint32_t>(lead);
+  r.pf_key = (use + period_ - lead % period_) % period_;
+  prefetch_at_[r.pf_key].push_back(slot);
+}
+
 void Residency::set_period(uint64_t launches) {
   std::lock_guard<std::mutex> lk(mu_);
   if (launches == period_) return;
   period_ = launches;
   st_.period = launches;
   prefetch_at_.clear();
+  for (Range& r : slots_) r.pf_key = UINT64_MAX;
 }
 
 void Residency::refresh_outside() {
@@ -392,6 +406,7 @@ void Residency::release_freed(uint32_t slot) {
   by_va_.erase(r.va);
   drop_event(r.free_event);
   drop_event(r.copy_event);
+  if (r.pf_key != UINT64_MAX) std::erase(prefetch_at_[r.pf_key], slot);
   r = Range{};
   free_slots_.push_back(slot);
 }
@@ -520,6 +535,7 @@ bool Residency::free(DevPtr p, Stream s) {
     d_.unreserve(r.va, r.bytes);
     by_va_.erase(it);
     drop_event(r.free_event);
+    if (r.pf_key != UINT64_MAX) std::erase(prefetch_at_[r.pf_key], slot);
     r = Range{};
     free_slots_.push_back(slot);
     return true;
@@ -673,12 +689,8 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
       refuse_launch(kernel, total, touched.size(), why);
       return;
     }
-    if (period_ && o_.prefetch) {
-      // Next step, reload it a little ahead of this launch.
-      const uint64_t lead = std::min<uint64_t>(kPrefetchLead, period_ / 4 + 1);
-      std::vector<uint32_t>& at = prefetch_at_[(launch_no + period_ - lead) % period_];
-      if (std::find(at.begin(), at.end(), k) == at.end()) at.push_back(k);
-    }
+    // Next step, reload it a little ahead of this launch.
+    schedule_prefetch(k, launch_no, kPrefetchLead);
   }
   InFlight& f = tl_inflight;
   if (f.owner == this) close_inflight(f);  // the hook did not report the last one forwarded
@@ -701,6 +713,11 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     if (r.prefetched) {
       r.prefetched = false;
       ++st_.prefetch_hits;
+      // Still copying when its launch came: next step it starts twice as early.
+      if (r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1) {
+        ++st_.prefetch_late;
+        schedule_prefetch(k, launch_no, 2 * r.lead);
+      }
     }
     if (!r.nuses || r.uses[(r.upos + Range::kUses - 1) % Range::kUses] != launch_no) {
       r.uses[r.upos] = launch_no;
@@ -834,7 +851,7 @@ std::string residency_json(const Residency* r) {
     if (c == '"' || c == '\\') esc += '\\';
     if (static_cast<unsigned char>(c) >= 0x20) esc += c;
   }
-  char buf[1024];
+  char buf[2048];
   std::snprintf(buf, sizeof buf,
                 "{\"budget\":%" PRIu64 ",\"min_bytes\":%" PRIu64 ",\"ranges\":%" PRIu64 ",\"live_bytes\":%" PRIu64
                 ",\"allocs\":%" PRIu64 ",\"reused\":%" PRIu64 ",\"created\":%" PRIu64 ",\"released\":%" PRIu64
@@ -842,11 +859,14 @@ std::string residency_json(const Residency* r) {
                 ",\"bytes_in\":%" PRIu64 ",\"held\":%" PRIu64 ",\"held_peak\":%" PRIu64 ",\"pool_share\":%" PRIu64
                 ",\"pool_reserved\":%" PRIu64 ",\"pool_trims\":%" PRIu64 ",\"footprint_peak\":%" PRIu64
                 ",\"refused_allocs\":%" PRIu64 ",\"refused_launches\":%" PRIu64 ",\"host_full\":%" PRIu64
-                ",\"waits\":%" PRIu64 ",\"event_waits\":%" PRIu64 ",\"error\":\"",
+                ",\"waits\":%" PRIu64 ",\"event_waits\":%" PRIu64 ",\"ahead\":%" PRIu64 ",\"ahead_bytes\":%" PRIu64
+                ",\"prefetches\":%" PRIu64 ",\"prefetch_bytes\":%" PRIu64 ",\"prefetch_hits\":%" PRIu64
+                ",\"period\":%" PRIu64 ",\"outside\":%" PRIu64 ",\"error\":\"",
                 r->budget(), r->min_bytes(), s.ranges, s.live_bytes, s.allocs, s.reused, s.created, s.released,
                 s.evictions, s.abandoned, s.bytes_out, s.reloads, s.bytes_in, s.held, s.held_peak, s.pool_share,
                 s.pool_reserved, s.pool_trims, s.footprint_peak, s.refused_allocs, s.refused_launches, s.host_full,
-                s.waits, s.event_waits);
+                s.waits, s.event_waits, s.ahead, s.ahead_bytes, s.prefetches, s.prefetch_bytes, s.prefetch_hits,
+                s.period, s.outside);
   return std::string(buf) + esc + "\"}";
 }
 

@@ -90,6 +90,7 @@ class Residency final : public LaunchGate {
     uint64_t event_waits = 0;                // launches ordered after another stream's reload
     uint64_t ahead = 0, ahead_bytes = 0;     // evictions started ahead of need
     uint64_t prefetches = 0, prefetch_bytes = 0, prefetch_hits = 0;  // reloads ahead of use, and used
+    uint64_t prefetch_late = 0;              // used before their copy was known complete
     uint64_t period = 0;                     // launches per step, once known
   };
 
@@ -164,6 +165,8 @@ class Residency final : public LaunchGate {
     uint64_t uses[kUses] = {};  // the last launches that touched it
     uint8_t nuses = 0, upos = 0;
     bool prefetched = false;    // reloaded ahead and not yet touched
+    uint64_t pf_key = UINT64_MAX;  // its place in prefetch_at_, if any
+    uint32_t lead = 0;             // launches ahead of its use that the prefetch is issued
   };
   // Per stream: events recorded after its launches, with the launch number they follow.
   struct StreamRing {
@@ -194,6 +197,8 @@ class Residency final : public LaunchGate {
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
   void prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nkeep);
   void reap_copies();  // copies out known complete: their handles become spares
+  // Prefetch `slot` `lead` launches before the place of `use` in the step, from the next step on.
+  void schedule_prefetch(uint32_t slot, uint64_t use, uint64_t lead);
   void refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, const std::string& why);
   uint64_t new_event();
   void drop_event(uint64_t e);

@@ -237,6 +237,11 @@ def main():
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False
+    # Attention's fused backward kernels accumulate with atomics: the math backend is the one that
+    # gives a run identical to itself, which a bitwise comparison needs.
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
     if a.managed:
         torch.cuda.memory.change_current_allocator(managed_allocator(a.workdir))
     torch.cuda.init()
@@ -277,6 +282,13 @@ def main():
         res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         log("error:", res["error"])
     sampler.stop = True
+    stats = getattr(ctypes.CDLL(None), "offload_stats_json", None)
+    if stats:  # liboffload's counters, when it is preloaded
+        stats.argtypes, stats.restype = [ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
+        buf = ctypes.create_string_buffer(1 << 20)
+        n = stats(buf, len(buf))
+        if n > 0:
+            res["offload"] = json.loads(buf.raw[:n].decode("utf-8", "replace")).get("residency")
     res["samples"] = sampler.samples
     res["peak_rise"] = max(res["step_peak_rise"], default=0)
     with open(a.out, "w") as f:

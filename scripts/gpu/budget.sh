@@ -35,8 +35,8 @@ for w in "$@"; do
     py --workload "$w" --steps 2 --hog-to "$free" --out "$work/$w-plain-hog.json" 2> "$work/$w-plain-hog.log"
     OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py --workload "$w" --steps "${STEPS:-20}" --hog-to "$free" \
       --out "$work/$w-cap.json" 2> "$work/$w-cap.log"
-    PYTORCH_CUDA_ALLOC_CONF= py --workload "$w" --steps "${MANAGED_STEPS:-3}" --hog-to "$free" --managed \
-      --out "$work/$w-managed.json" 2> "$work/$w-managed.log"
+    [ "${MANAGED_STEPS:-3}" = 0 ] || PYTORCH_CUDA_ALLOC_CONF= py --workload "$w" --steps "${MANAGED_STEPS:-3}" \
+      --hog-to "$free" --managed --out "$work/$w-managed.json" 2> "$work/$w-managed.log"
   else
     for f in ${FRACS:-0.9 0.75 0.5}; do
       budget=$(python3 -c "print(int($peak * $f))")
