@@ -177,10 +177,7 @@ void Runtime::pump(bool no_wait) {
     if (offloading_) plan_from(t);
   }
   if (offloading_) executor_.poll();
-  if (Residency* r = cap_.load(std::memory_order_acquire)) {
-    r->set_period(assembler_.detector().period());
-    r->poll();
-  }
+  if (Residency* r = cap_.load(std::memory_order_acquire)) r->poll();
   sample_telemetry();
   time_steps_with_markers();
 }
@@ -770,7 +767,13 @@ void Runtime::emit(StepTrace& t) {
   s.activations_unaccessed = act.without_backward_access.size();
   summaries_.push_back(s);
   int64_t now = mono_ns();
-  if (cap_.load(std::memory_order_acquire)) log_capped_step(t.step, now - last_cut_ns_);
+  if (Residency* r = cap_.load(std::memory_order_acquire)) {
+    // Two steps of the same length in launches in a row: that is the period the residency
+    // manager predicts next uses with.
+    if (!t.launches.empty() && t.launches.size() == last_step_launches_) r->set_period(t.launches.size());
+    last_step_launches_ = t.launches.size();
+    log_capped_step(t.step, now - last_cut_ns_);
+  }
   push_step(t.step, t.gpu_busy_ns > 0 ? static_cast<uint64_t>(t.gpu_busy_ns) : static_cast<uint64_t>(now - last_cut_ns_),
             t.launches.size());
   last_cut_ns_ = now;

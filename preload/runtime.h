@@ -200,6 +200,7 @@ class Runtime {
   std::once_flag cap_once_;
   Residency::Stats last_step_cap_;       // the cap's counters at the last step cut (worker)
   uint64_t capped_steps_logged_ = 0;
+  size_t last_step_launches_ = 0;        // the last step's launches (worker)
   static constexpr uint64_t kCappedStepsLogged = 8;
   std::atomic<bool> refused_said_{false};
   std::vector<uint64_t> last_tokens_;    // the previous step's launches, to see steps repeat
