@@ -198,27 +198,68 @@ void Residency::evict_ahead(const uint32_t* keep, size_t nkeep) {
   }
 }
 
-void Residency::prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nkeep) {
-  if (!period_ || !o_.prefetch || prefetch_at_.empty()) return;
-  auto it = prefetch_at_.find(launch_no % period_);
-  if (it == prefetch_at_.end()) return;
+bool Residency::room_without_waiting(uint64_t need) {
+  auto fits = [&] { return spares_.count(need) != 0 || held_ + pool_share_ + need <= limit(); };
+  if (fits()) return true;
   reap_copies();
-  for (uint32_t k : it->second) {
-    if (k >= slots_.size()) continue;
-    Range& r = slots_[k];
-    if (!r.live || r.state != State::OnHost) continue;
-    // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
-    const bool spare = spares_.count(r.bytes) != 0;
-    if (!spare && held_ + pool_share_ + r.bytes > limit()) continue;
-    if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
-    std::string why;
-    if (!reload(k, prefetch_stream_, &why)) continue;
-    --st_.reloads;
-    st_.bytes_in -= r.bytes;
-    ++st_.prefetches;
-    st_.prefetch_bytes += r.bytes;
-    r.prefetched = true;
-    (void)keep, (void)nkeep;
+  // Spares of other sizes, then freed ranges whose last work is known done.
+  for (auto it = spares_.begin(); it != spares_.end() && !fits();) {
+    if (it->first == need) {
+      ++it;
+      continue;
+    }
+    d_.release_physical(it->second);
+    held_ -= it->first;
+    spare_bytes_ -= it->first;
+    ++st_.released;
+    it = spares_.erase(it);
+  }
+  for (auto it = cached_.begin(); it != cached_.end() && !fits();) {
+    const Range& r = slots_[it->second];
+    if ((r.free_event && d_.event_query(r.free_event) != 1) || (r.copy_event && d_.event_query(r.copy_event) != 1)) {
+      ++it;
+      continue;
+    }
+    const uint32_t slot = it->second;
+    cached_bytes_ -= r.bytes;
+    it = cached_.erase(it);
+    release_freed(slot);
+  }
+  return fits();
+}
+
+void Residency::prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nkeep) {
+  (void)keep, (void)nkeep;
+  if (!period_ || !o_.prefetch || prefetch_at_.empty()) {
+    pf_next_ = launch_no + 1;
+    return;
+  }
+  // Every place in the step since the last launch looked at: launches that touch none of our
+  // ranges never reach here, and their places must not be skipped.
+  uint64_t from = pf_next_;
+  if (!from || from > launch_no || launch_no - from >= period_) from = launch_no;
+  pf_next_ = launch_no + 1;
+  for (uint64_t x = from; x <= launch_no; ++x) {
+    auto it = prefetch_at_.find(x % period_);
+    if (it == prefetch_at_.end()) continue;
+    for (uint32_t k : it->second) {
+      if (k >= slots_.size()) continue;
+      Range& r = slots_[k];
+      if (!r.live || r.state != State::OnHost) continue;
+      // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
+      if (!room_without_waiting(r.bytes)) {
+        ++st_.prefetch_no_room;
+        continue;
+      }
+      if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
+      std::string why;
+      if (!reload(k, prefetch_stream_, &why)) continue;
+      --st_.reloads;
+      st_.bytes_in -= r.bytes;
+      ++st_.prefetches;
+      st_.prefetch_bytes += r.bytes;
+      r.prefetched = true;
+    }
   }
 }
 
@@ -679,6 +720,9 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     refuse_launch(kernel, total, touched.size(), blind ? "a launch we cannot see into needs every range" : "");
     return;
   }
+  // Prefetches due at or before this launch go first: one due for a range this launch touches
+  // still beats a demand reload, by being on its own stream.
+  prefetch_due(launch_no, touched.data(), touched.size());
   for (uint32_t k : touched)
     if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);
   for (uint32_t k : touched) {
@@ -730,7 +774,6 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     }
   }
   evict_ahead(touched.data(), touched.size());
-  prefetch_due(launch_no, touched.data(), touched.size());
 }
 
 void Residency::note_pointer_table(AllocId table, const AllocId* targets, size_t n) {
@@ -861,12 +904,12 @@ std::string residency_json(const Residency* r) {
                 ",\"refused_allocs\":%" PRIu64 ",\"refused_launches\":%" PRIu64 ",\"host_full\":%" PRIu64
                 ",\"waits\":%" PRIu64 ",\"event_waits\":%" PRIu64 ",\"ahead\":%" PRIu64 ",\"ahead_bytes\":%" PRIu64
                 ",\"prefetches\":%" PRIu64 ",\"prefetch_bytes\":%" PRIu64 ",\"prefetch_hits\":%" PRIu64
-                ",\"period\":%" PRIu64 ",\"outside\":%" PRIu64 ",\"error\":\"",
+                ",\"prefetch_late\":%" PRIu64 ",\"prefetch_no_room\":%" PRIu64 ",\"period\":%" PRIu64 ",\"outside\":%" PRIu64 ",\"error\":\"",
                 r->budget(), r->min_bytes(), s.ranges, s.live_bytes, s.allocs, s.reused, s.created, s.released,
                 s.evictions, s.abandoned, s.bytes_out, s.reloads, s.bytes_in, s.held, s.held_peak, s.pool_share,
                 s.pool_reserved, s.pool_trims, s.footprint_peak, s.refused_allocs, s.refused_launches, s.host_full,
                 s.waits, s.event_waits, s.ahead, s.ahead_bytes, s.prefetches, s.prefetch_bytes, s.prefetch_hits,
-                s.period, s.outside);
+                s.prefetch_late, s.prefetch_no_room, s.period, s.outside);
   return std::string(buf) + esc + "\"}";
 }
 

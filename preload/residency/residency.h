@@ -91,6 +91,7 @@ class Residency final : public LaunchGate {
     uint64_t ahead = 0, ahead_bytes = 0;     // evictions started ahead of need
     uint64_t prefetches = 0, prefetch_bytes = 0, prefetch_hits = 0;  // reloads ahead of use, and used
     uint64_t prefetch_late = 0;              // used before their copy was known complete
+    uint64_t prefetch_no_room = 0;           // due but skipped: no free room
     uint64_t period = 0;                     // launches per step, once known
   };
 
@@ -196,6 +197,7 @@ class Residency final : public LaunchGate {
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
   void prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nkeep);
+  bool room_without_waiting(uint64_t need);  // spares and finished frees go; nothing is evicted
   void reap_copies();  // copies out known complete: their handles become spares
   // Prefetch `slot` `lead` launches before the place of `use` in the step, from the next step on.
   void schedule_prefetch(uint32_t slot, uint64_t use, uint64_t lead);
@@ -236,6 +238,7 @@ class Residency final : public LaunchGate {
   uint64_t cached_bytes_ = 0, spare_bytes_ = 0;  // of freed ranges kept, of spare handles
   std::vector<uint32_t> copying_out_;       // their slots
   Stream prefetch_stream_ = 0;
+  uint64_t pf_next_ = 0;                    // the next launch whose place prefetch_due looks at
   // Phase in the step (launch number mod period) -> ranges reloaded on demand a little after it
   // in an earlier step: reloaded ahead from there.
   std::unordered_map<uint64_t, std::vector<uint32_t>> prefetch_at_;

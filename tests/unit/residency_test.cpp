@@ -349,6 +349,34 @@ TEST(Residency, RandomProgramsMatchTheUncappedRunBytewise) {
   }
 }
 
+// A range reloaded on demand is prefetched in the next step from a place before its use, even
+// when the launch at that place touches none of our ranges (small kernels): the first launch
+// after it that does looks at every place it skipped. Steps of 40 launches: `y` (two granules)
+// at the first, `x` at the 26th, `z` at every fifth place between; the budget holds three.
+TEST(Residency, PrefetchesFromPlacesThatLaunchesWithoutRangesPass) {
+  CapRig r(3 * kGran);
+  const DevPtr x = r.alloc(kGran, kA), z = r.alloc(kGran, kA);
+  r.kernel(kA, {x}, fill(x, kGran, 1));
+  r.kernel(kA, {z}, fill(z, kGran, 3));
+  const DevPtr y = r.alloc(2 * kGran, kA);  // x goes out
+  r.kernel(kA, {y}, fill(y, 2 * kGran, 2));
+  r.res.set_period(40);
+  uint64_t sink = 0;
+  for (int step = 0; step < 4; ++step)
+    for (uint64_t i = 0; i < 40; ++i) {
+      if (i == 0) r.kernel(kA, {y}, [&] { sink += words(y)[0]; });
+      else if (i == 25) r.kernel(kA, {x}, [&] { sink += words(x)[0]; });
+      else if (i % 5 == 0) r.kernel(kA, {z}, [&] { sink += words(z)[0]; });
+      else r.kernel(kA, {}, [] {});
+      if (i % 5 == 4) r.sim.run_all();  // the GPU catches up: copies complete
+    }
+  r.sim.run_all();
+  const Residency::Stats s = r.res.stats();
+  EXPECT_GT(s.prefetches, 0u) << "reloads " << s.reloads << " no room " << s.prefetch_no_room << " ahead " << s.ahead;
+  EXPECT_EQ(s.prefetch_hits, s.prefetches);
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+}
+
 // A training loop's shape: weights born once; each step allocates activations, runs a forward
 // over them (activation i from activation i-1 and weight i), a backward that updates each weight
 // from its activation in reverse, and frees the activations. With the step's length given, the
