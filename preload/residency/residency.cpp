@@ -278,6 +278,21 @@ void Residency::schedule_prefetch(uint32_t slot, uint64_t use, uint64_t lead) {
 
 void Residency::set_period(uint64_t launches) {
   std::lock_guard<std::mutex> lk(mu_);
+  // A training step touches most of what lives across it (weights, optimizer state): a
+  // "step" that leaves most live bytes untouched is a repeating part of one (a recurrent
+  // net's time step), and predictions from it would be wrong. Least recently used then.
+  if (launches && launches_seen_ >= launches) {
+    uint64_t live = 0, touched = 0;
+    for (const Range& r : slots_)
+      if (r.live) {
+        live += r.bytes;
+        if (r.last_use + launches > launches_seen_) touched += r.bytes;
+      }
+    if (live && touched * 2 < live) {
+      ++st_.periods_refused;
+      launches = 0;
+    }
+  }
   if (launches == period_) return;
   period_ = launches;
   st_.period = launches;
@@ -602,15 +617,21 @@ bool Residency::free(DevPtr p, Stream s) {
 }
 
 void Residency::abandon(Range& r) {
-  // Still mapped: the range stays, its copy out is waited for and dropped.
+  // Still mapped: the range stays and its copy out is dropped without waiting. The copy may
+  // still be reading while the launch writes (its bytes are thrown away); the host slot goes
+  // back once it is done, and the copy stream counts as a stream that touched the range, so
+  // that a later eviction or free waits for it.
   ++st_.abandoned;
-  ++st_.waits;
   std::erase(copying_out_, uint32_t(&r - slots_.data()));
   out_bytes_ -= r.bytes;
-  d_.event_sync(r.copy_event);
-  host_.give(r.host, r.bytes);
+  const uint64_t done = new_event();
+  d_.record_event(done, copy_stream_);
+  pending_host_.push_back({r.host, r.bytes, done});
   r.host = nullptr;
   r.state = State::Resident;
+  add_touch(r, copy_stream_, ++copy_touches_);  // its own count: event_after then records afresh
+  drop_event(r.copy_event);
+  r.copy_event = 0;
 }
 
 bool Residency::admit_small(uint64_t bytes) {

@@ -93,6 +93,7 @@ class Residency final : public LaunchGate {
     uint64_t prefetch_late = 0;              // used before their copy was known complete
     uint64_t prefetch_no_room = 0;           // due but skipped: no free room
     uint64_t period = 0;                     // launches per step, once known
+    uint64_t periods_refused = 0;            // step lengths that left most live bytes untouched
   };
 
   Residency(Driver& d, HostStore& host, Options o);
@@ -238,7 +239,8 @@ class Residency final : public LaunchGate {
   uint64_t cached_bytes_ = 0, spare_bytes_ = 0;  // of freed ranges kept, of spare handles
   std::vector<uint32_t> copying_out_;       // their slots
   Stream prefetch_stream_ = 0;
-  uint64_t pf_next_ = 0;                    // the next launch whose place prefetch_due looks at
+  uint64_t pf_next_ = 0;
+  uint64_t copy_touches_ = 0;               // numbers the copy stream's touches of abandoned ranges                    // the next launch whose place prefetch_due looks at
   // Phase in the step (launch number mod period) -> ranges reloaded on demand a little after it
   // in an earlier step: reloaded ahead from there.
   std::unordered_map<uint64_t, std::vector<uint32_t>> prefetch_at_;

@@ -276,12 +276,26 @@ TEST(Residency, WithAStepLengthTheVictimIsTheFurthestNextUse) {
   }
 }
 
+// A "step" that touches less than half the live bytes is a part of a step (a recurrent net's
+// time step, as the detector may cut it): no period, least recently used.
+TEST(Residency, APeriodThatLeavesMostBytesUntouchedIsNotUsed) {
+  CapRig r(8 * kGran);
+  const DevPtr w = r.alloc(4 * kGran, kA), h = r.alloc(kGran, kA);
+  r.kernel(kA, {w}, fill(w, 4 * kGran, 1));
+  for (int i = 0; i < 10; ++i) r.kernel(kA, {h}, fill(h, kGran, i));
+  r.res.set_period(3);  // the last 3 launches touched `h` alone: a fifth of the live bytes
+  EXPECT_EQ(r.res.stats().period, 0u);
+  EXPECT_EQ(r.res.stats().periods_refused, 1u);
+  r.res.set_period(12);  // both
+  EXPECT_EQ(r.res.stats().period, 12u);
+}
+
 // Random programs on two streams, with frees, re-allocations and kernels reading two ranges and
 // writing a third: every range's bytes at the end equal those of the same program run with a
 // budget that never evicts, and the capped run's physical peak never passes its budget.
 struct Outcome {
   std::vector<uint64_t> hashes;
-  uint64_t evictions = 0, reloads = 0, peak = 0, misuses = 0, prefetches = 0;
+  uint64_t evictions = 0, reloads = 0, peak = 0, misuses = 0, prefetches = 0, abandoned = 0;
 };
 
 Outcome random_program(uint64_t seed, uint64_t budget) {
@@ -330,12 +344,14 @@ Outcome random_program(uint64_t seed, uint64_t budget) {
   const Residency::Stats s = r.res.stats();
   o.evictions = s.evictions;
   o.reloads = s.reloads;
+  o.abandoned = s.abandoned;
   o.peak = r.sim.vmm_stats().physical_peak;
   o.misuses = r.sim.vmm_stats().misuses;
   return o;
 }
 
 TEST(Residency, RandomProgramsMatchTheUncappedRunBytewise) {
+  uint64_t abandoned = 0;
   for (uint64_t seed = 1; seed <= 12; ++seed) {
     const uint64_t budget = 10 * kGran;
     const Outcome capped = random_program(seed, budget);
@@ -346,7 +362,9 @@ TEST(Residency, RandomProgramsMatchTheUncappedRunBytewise) {
     EXPECT_LE(capped.peak, budget) << "seed " << seed;
     EXPECT_EQ(capped.misuses, 0u) << "seed " << seed;
     EXPECT_EQ(capped.hashes, free_run.hashes) << "seed " << seed;
+    abandoned += capped.abandoned;
   }
+  EXPECT_GT(abandoned, 0u);  // ranges evicted ahead and touched again before their copy ended
 }
 
 // A range reloaded on demand is prefetched in the next step from a place before its use, even
