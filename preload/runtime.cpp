@@ -71,6 +71,19 @@ Runtime* runtime() {
   return g_runtime.load(std::memory_order_acquire);
 }
 
+namespace {
+
+// offloadd's pool holds the bytes a plan of arenas moves; the hard cap keeps its own store and
+// observing moves nothing. Then the shim connects to a running offloadd (status, telemetry) but
+// starts none: a process that only watches, or fits its budget, pays for no daemon and no pool.
+Settings link_settings(Settings s) {
+  const bool arenas = s.offload() && !s.cap;
+  if (!arenas && s.daemon == "auto") s.daemon = "connect";
+  return s;
+}
+
+}  // namespace
+
 Runtime::Runtime(Settings s)
     : settings_(std::move(s)),
       tracker_(driver_, log_),
@@ -79,7 +92,7 @@ Runtime::Runtime(Settings s)
       offloading_(settings_.offload() && !settings_.cap),
       telemetry_(settings_.cupti_lib, tracker_.counters().kernels),
       assembler_(tracker_.funcs(), StepAssembler::Options{}),
-      link_(settings_, command_line()) {
+      link_(link_settings(settings_), command_line()) {
   cache_.set_max(settings_.block_cache);
   if (offloading_) tracker_.set_gate(&executor_);
   if (settings_.persistent_min) {
@@ -141,7 +154,7 @@ void Runtime::pump(bool no_wait) {
   }
   // The host pool: offloadd's if it can be reached (started if need be), else a private one.
   link_.poll(mono_ns() / 1'000'000);
-  if (!link_.usable() && !private_pool_) {
+  if (offloading_ && !link_.usable() && !private_pool_) {
     private_pool_ = std::make_unique<PrivatePool>(settings_.host_pool_bytes);
     log().warn("no offloadd ({}): using a {}", link_.failure(), private_pool_->describe());
   }
