@@ -199,21 +199,11 @@ void Residency::evict_ahead(const uint32_t* keep, size_t nkeep) {
 }
 
 bool Residency::room_without_waiting(uint64_t need) {
-  auto fits = [&] { return spares_.count(need) != 0 || held_ + pool_share_ + need <= limit(); };
+  auto fits = [&] { return this->fits(need); };
   if (fits()) return true;
   reap_copies();
   // Spares of other sizes, then freed ranges whose last work is known done.
-  for (auto it = spares_.begin(); it != spares_.end() && !fits();) {
-    if (it->first == need) {
-      ++it;
-      continue;
-    }
-    d_.release_physical(it->second);
-    held_ -= it->first;
-    spare_bytes_ -= it->first;
-    ++st_.released;
-    it = spares_.erase(it);
-  }
+  release_spares_for(need);
   for (auto it = cached_.begin(); it != cached_.end() && !fits();) {
     const Range& r = slots_[it->second];
     if ((r.free_event && d_.event_query(r.free_event) != 1) || (r.copy_event && d_.event_query(r.copy_event) != 1)) {
@@ -317,24 +307,30 @@ void Residency::note_footprint() {
   st_.footprint_peak = std::max(st_.footprint_peak, held_ + pool_share_);
 }
 
-bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why) {
-  auto has_spare = [&] { return spares_.count(need) != 0; };
-  auto fits = [&] { return has_spare() || held_ + pool_share_ + need <= limit(); };
-  auto kept = [&](uint32_t slot) { return std::find(keep, keep + nkeep, slot) != keep + nkeep; };
-  reap_copies();
-  if (fits()) return true;
-  // Spare handles of other sizes.
-  for (auto it = spares_.begin(); it != spares_.end() && !fits();) {
+bool Residency::fits(uint64_t need) const {
+  return spares_.count(need) != 0 || held_ + pool_share_ + need <= limit();
+}
+
+void Residency::release_spares_for(uint64_t need) {
+  for (auto it = spares_.begin(); it != spares_.end() && !fits(need);) {
     if (it->first == need) {
       ++it;
       continue;
     }
     d_.release_physical(it->second);
     held_ -= it->first;
-    ++st_.released;
     spare_bytes_ -= it->first;
+    ++st_.released;
     it = spares_.erase(it);
   }
+}
+
+bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why) {
+  auto fits = [&] { return this->fits(need); };
+  auto kept = [&](uint32_t slot) { return std::find(keep, keep + nkeep, slot) != keep + nkeep; };
+  reap_copies();
+  if (fits()) return true;
+  release_spares_for(need);  // spare handles of other sizes
   // Freed ranges kept for reuse: oldest free first (the multimap keeps insertion order per size).
   while (!fits() && !cached_.empty()) {
     auto it = cached_.begin();
@@ -363,18 +359,7 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     finish_evict(v);
     if (fits()) break;
   }
-  // Spares left that do not fit `need` go back, so that the budget holds the new handle.
-  for (auto it = spares_.begin(); it != spares_.end() && !fits();) {
-    if (it->first == need) {
-      ++it;
-      continue;
-    }
-    d_.release_physical(it->second);
-    held_ -= it->first;
-    ++st_.released;
-    spare_bytes_ -= it->first;
-    it = spares_.erase(it);
-  }
+  release_spares_for(need);  // spares left of other sizes: the budget must hold the new handle
   note_footprint();
   if (fits()) return true;
   if (why && why->empty()) {

@@ -198,7 +198,9 @@ class Residency final : public LaunchGate {
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
   void prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nkeep);
-  bool room_without_waiting(uint64_t need);  // spares and finished frees go; nothing is evicted
+  bool room_without_waiting(uint64_t need);
+  bool fits(uint64_t need) const;  // a spare of that size, or room under the limit
+  void release_spares_for(uint64_t need);  // spares of other sizes go until `need` fits  // spares and finished frees go; nothing is evicted
   void reap_copies();  // copies out known complete: their handles become spares
   // Prefetch `slot` `lead` launches before the place of `use` in the step, from the next step on.
   void schedule_prefetch(uint32_t slot, uint64_t use, uint64_t lead);
