@@ -1,0 +1,149 @@
+// Residency ahead of need: which range to evict (Belady's rule once the step's length is known,
+// else the least recently used), evictions started before an allocation needs the room, and
+// prefetches learned from the reloads the step before made on demand. residency.h says why.
+#include <algorithm>
+
+#include "residency/residency.h"
+
+namespace offload {
+
+uint64_t Residency::next_use_distance(const Range& r, uint64_t now) const {
+  if (!period_ || !r.nuses) return now - std::min(now, r.last_use);
+  uint64_t next = UINT64_MAX;
+  for (int i = 0; i < r.nuses; ++i) {
+    const uint64_t u = r.uses[i];
+    const uint64_t t = u + period_ * ((now >= u ? (now - u) / period_ : 0) + 1);
+    next = std::min(next, t);
+  }
+  return next - now;
+}
+
+void Residency::pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now) {
+  out->clear();
+  std::vector<std::pair<uint64_t, uint32_t>> scored;
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    const Range& r = slots_[i];
+    if (!r.live || !r.handle || r.inflight || (r.state != State::Resident && r.state != State::CopyingIn)) continue;
+    if (std::find(keep, keep + nkeep, i) != keep + nkeep) continue;
+    scored.push_back({next_use_distance(r, now), i});
+  }
+  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [d, i] : scored) out->push_back(i);
+}
+
+void Residency::evict_ahead(const uint32_t* keep, size_t nkeep) {
+  const uint64_t low = o_.low_water ? o_.low_water : o_.budget / 8;
+  const uint64_t lim = limit();
+  // What stays held if every copy out, freed range and spare handle gave its memory back.
+  auto projected = [&] {
+    const uint64_t going = out_bytes_ + cached_bytes_ + spare_bytes_;
+    return held_ - std::min(held_, going) + pool_share_;
+  };
+  if (projected() + low <= lim) return;
+  reap_copies();
+  if (projected() + low <= lim) return;
+  pick_victims(&victims_, keep, nkeep, launches_seen_);
+  for (uint32_t v : victims_) {
+    if (projected() + low <= lim) break;
+    // Not what the next few launches use: that would come straight back.
+    if (period_ && next_use_distance(slots_[v], launches_seen_) < 8) break;
+    std::string why;
+    if (!start_evict(v, &why)) break;
+    ++st_.ahead;
+    st_.ahead_bytes += slots_[v].bytes;
+  }
+}
+
+bool Residency::room_without_waiting(uint64_t need) {
+  auto fits = [&] { return this->fits(need); };
+  if (fits()) return true;
+  reap_copies();
+  // Spares of other sizes, then freed ranges whose last work is known done.
+  release_spares_for(need);
+  for (auto it = cached_.begin(); it != cached_.end() && !fits();) {
+    const Range& r = slots_[it->second];
+    if ((r.free_event && d_.event_query(r.free_event) != 1) || (r.copy_event && d_.event_query(r.copy_event) != 1)) {
+      ++it;
+      continue;
+    }
+    const uint32_t slot = it->second;
+    cached_bytes_ -= r.bytes;
+    it = cached_.erase(it);
+    release_freed(slot);
+  }
+  return fits();
+}
+
+void Residency::prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nkeep) {
+  (void)keep, (void)nkeep;
+  if (!period_ || !o_.prefetch || prefetch_at_.empty()) {
+    pf_next_ = launch_no + 1;
+    return;
+  }
+  // Every place in the step since the last launch looked at: launches that touch none of our
+  // ranges never reach here, and their places must not be skipped.
+  uint64_t from = pf_next_;
+  if (!from || from > launch_no || launch_no - from >= period_) from = launch_no;
+  pf_next_ = launch_no + 1;
+  for (uint64_t x = from; x <= launch_no; ++x) {
+    auto it = prefetch_at_.find(x % period_);
+    if (it == prefetch_at_.end()) continue;
+    for (uint32_t k : it->second) {
+      if (k >= slots_.size()) continue;
+      Range& r = slots_[k];
+      if (!r.live || r.state != State::OnHost) continue;
+      // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
+      if (!room_without_waiting(r.bytes)) {
+        ++st_.prefetch_no_room;
+        continue;
+      }
+      if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
+      std::string why;
+      if (!reload(k, prefetch_stream_, &why)) continue;
+      --st_.reloads;
+      st_.bytes_in -= r.bytes;
+      ++st_.prefetches;
+      st_.prefetch_bytes += r.bytes;
+      r.prefetched = true;
+    }
+  }
+}
+
+void Residency::schedule_prefetch(uint32_t slot, uint64_t use, uint64_t lead) {
+  if (!period_ || !o_.prefetch) return;
+  Range& r = slots_[slot];
+  lead = std::min<uint64_t>(lead, period_ / 4 + 1);
+  if (r.pf_key != UINT64_MAX) {
+    if (lead <= r.lead) return;  // already as early
+    std::erase(prefetch_at_[r.pf_key], slot);
+  }
+  r.lead = static_cast<uint32_t>(lead);
+  r.pf_key = (use + period_ - lead % period_) % period_;
+  prefetch_at_[r.pf_key].push_back(slot);
+}
+
+void Residency::set_period(uint64_t launches) {
+  std::lock_guard<std::mutex> lk(mu_);
+  // A training step touches most of what lives across it (weights, optimizer state): a
+  // "step" that leaves most live bytes untouched is a repeating part of one (a recurrent
+  // net's time step), and predictions from it would be wrong. Least recently used then.
+  if (launches && launches_seen_ >= launches) {
+    uint64_t live = 0, touched = 0;
+    for (const Range& r : slots_)
+      if (r.live) {
+        live += r.bytes;
+        if (r.last_use + launches > launches_seen_) touched += r.bytes;
+      }
+    if (live && touched * 2 < live) {
+      ++st_.periods_refused;
+      launches = 0;
+    }
+  }
+  if (launches == period_) return;
+  period_ = launches;
+  st_.period = launches;
+  prefetch_at_.clear();
+  for (Range& r : slots_) r.pf_key = UINT64_MAX;
+}
+
+}  // namespace offload

@@ -1,0 +1,259 @@
+// Residency at a launch: the page-fault handler (reloads before the launch is forwarded), the
+// launches in flight, the per-stream events that order evictions after a range's last use,
+// pointer tables, and the refusal of a launch the budget cannot hold. residency.h says why.
+#include <algorithm>
+#include <cstdio>
+
+#include "common/log.h"
+#include "residency/residency.h"
+
+namespace offload {
+namespace {
+
+constexpr double kGiB = double(1ull << 30);
+thread_local bool tl_refused = false;
+// Launches ahead of a demand reload's place in the step that its prefetch is issued at.
+constexpr uint64_t kPrefetchLead = 24;
+
+}  // namespace
+
+// What before_launch pinned on this thread, until after_launch (the launch is forwarded
+// between them): those ranges are in use by a launch in flight and are never victims.
+struct Residency::InFlight {
+  Residency* owner = nullptr;
+  Stream s = 0;
+  uint64_t launch = 0;
+  uint32_t n = 0;
+  uint32_t slots[Tracker::kMaxAccesses];
+};
+static thread_local Residency::InFlight tl_inflight;
+
+bool Residency::take_refusal() {
+  const bool r = tl_refused;
+  tl_refused = false;
+  return r;
+}
+
+// ---- Streams: one event per launch that touched a range, recorded once it is forwarded ----
+
+void Residency::after_launch() {
+  InFlight& f = tl_inflight;
+  if (f.owner != this) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  close_inflight(f);
+}
+
+void Residency::close_inflight(InFlight& f) {
+  f.owner = nullptr;
+  for (uint32_t i = 0; i < f.n; ++i)
+    if (slots_[f.slots[i]].inflight) --slots_[f.slots[i]].inflight;
+  StreamRing& ring = rings_[f.s];
+  size_t k = ring.next;
+  if (!ring.events[k]) ring.events[k] = d_.create_event();
+  if (ring.events[k] && d_.record_event(ring.events[k], f.s)) {
+    ring.after[k] = f.launch;
+    ring.next = (k + 1) % StreamRing::kSize;
+  }
+}
+
+uint64_t Residency::event_after(Stream s, uint64_t launch) {
+  StreamRing& ring = rings_[s];
+  uint64_t best = 0, best_after = UINT64_MAX;
+  for (size_t i = 0; i < StreamRing::kSize; ++i)
+    if (ring.events[i] && ring.after[i] >= launch && ring.after[i] < best_after) {
+      best = ring.events[i];
+      best_after = ring.after[i];
+    }
+  if (best) return best;
+  // No launch of `s` was recorded after `launch`: it has been forwarded (it is not in flight:
+  // ranges in flight are never evicted or freed from under it), so an event recorded now
+  // captures it.
+  size_t k = ring.next;
+  if (!ring.events[k]) ring.events[k] = d_.create_event();
+  if (!ring.events[k] || !d_.record_event(ring.events[k], s)) return 0;
+  ring.after[k] = launch;
+  ring.next = (k + 1) % StreamRing::kSize;
+  return ring.events[k];
+}
+
+void Residency::add_touch(Range& r, Stream s, uint64_t launch) {
+  for (Range::Touch& t : r.touches)
+    if (t.s == s) {
+      t.launch = std::max(t.launch, launch);
+      return;
+    }
+  r.touches.push_back({s, launch});
+}
+
+// ---- Launches: the page-fault handler ------------------------------------------------------
+
+bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
+  Range& r = slots_[slot];
+  if (!back_range(r, why)) return false;
+  const uint64_t piece = host_.pin_piece();
+  const auto* src = static_cast<const unsigned char*>(r.host);
+  for (uint64_t off = 0; off < r.bytes; off += piece)
+    d_.copy_to_device(r.va + off, src + off, std::min(piece, r.bytes - off), s);
+  if (!r.copy_event) r.copy_event = new_event();
+  d_.record_event(r.copy_event, s);
+  // The host slot goes back once the copy has read it.
+  const uint64_t done = new_event();
+  d_.record_event(done, s);
+  pending_host_.push_back({r.host, r.bytes, done});
+  r.host = nullptr;
+  r.in_stream = s;
+  r.state = State::CopyingIn;
+  ++st_.reloads;
+  st_.bytes_in += r.bytes;
+  return true;
+}
+
+void Residency::refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, const std::string& why) {
+  const std::string name = namer_ ? namer_(namer_ctx_, kernel) : std::string("kernel ") + std::to_string(kernel);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s touches %.2f GiB in %zu ranges, which the device budget of %.2f GiB cannot hold at once (%.2f "
+                "GiB set aside for the allocator's pool)%s%s: the launch is refused with out-of-memory",
+                name.c_str(), bytes / kGiB, ranges, o_.budget / kGiB, pool_share_ / kGiB, why.empty() ? "" : "; ",
+                why.c_str());
+  error_ = buf;
+  if (st_.refused_launches++ == 0) log().error("{}", error_);
+  tl_refused = true;
+}
+
+void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc,
+                              size_t n, uint8_t flags) {
+  if (!any_.load(std::memory_order_acquire)) return;
+  const bool blind = kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated));
+  const bool ranges = n && acc[n - 1] >= kRangeIdBit;
+  if (!ranges && !blind && !has_tables_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  launches_seen_ = launch_no;
+  std::vector<uint32_t>& touched = scratch_;
+  touched.clear();
+  if (blind) {
+    for (uint32_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].live) touched.push_back(i);
+  } else {
+    for (size_t i = n; i-- > 0 && acc[i] >= kRangeIdBit;)
+      if (is_range_id(acc[i])) touched.push_back(range_slot(acc[i]));
+    if (!tables_.empty())
+      for (size_t i = 0; i < n; ++i)
+        if (auto t = tables_.find(acc[i]); t != tables_.end())
+          for (AllocId id : t->second) touched.push_back(range_slot(id));
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    touched.erase(std::remove_if(touched.begin(), touched.end(),
+                                 [&](uint32_t k) { return k >= slots_.size() || !slots_[k].live; }),
+                  touched.end());
+  }
+  if (touched.empty()) return;
+  uint64_t total = 0;
+  for (uint32_t k : touched) total += slots_[k].bytes;
+  if (total + pool_share_ > limit()) {
+    refuse_launch(kernel, total, touched.size(), blind ? "a launch we cannot see into needs every range" : "");
+    return;
+  }
+  // Prefetches due at or before this launch go first: one due for a range this launch touches
+  // still beats a demand reload, by being on its own stream.
+  prefetch_due(launch_no, touched.data(), touched.size());
+  for (uint32_t k : touched)
+    if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);
+  for (uint32_t k : touched) {
+    Range& r = slots_[k];
+    if (r.state != State::OnHost) continue;
+    std::string why;
+    if (!make_room(r.bytes, touched.data(), touched.size(), &why) || !reload(k, s, &why)) {
+      refuse_launch(kernel, total, touched.size(), why);
+      return;
+    }
+    // Next step, reload it a little ahead of this launch.
+    schedule_prefetch(k, launch_no, kPrefetchLead);
+  }
+  InFlight& f = tl_inflight;
+  if (f.owner == this) close_inflight(f);  // the hook did not report the last one forwarded
+  f.owner = this;
+  f.s = s;
+  f.launch = launch_no;
+  f.n = 0;
+  for (uint32_t k : touched) {
+    Range& r = slots_[k];
+    if (r.state == State::CopyingIn && r.in_stream != s) {
+      if (d_.event_query(r.copy_event) == 1) {
+        r.state = State::Resident;
+      } else {
+        d_.stream_wait(s, r.copy_event);
+        ++st_.event_waits;
+      }
+    }
+    add_touch(r, s, launch_no);
+    r.last_use = launch_no;
+    if (r.prefetched) {
+      r.prefetched = false;
+      ++st_.prefetch_hits;
+      // Still copying when its launch came: next step it starts twice as early.
+      if (r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1) {
+        ++st_.prefetch_late;
+        schedule_prefetch(k, launch_no, 2 * r.lead);
+      }
+    }
+    if (!r.nuses || r.uses[(r.upos + Range::kUses - 1) % Range::kUses] != launch_no) {
+      r.uses[r.upos] = launch_no;
+      r.upos = (r.upos + 1) % Range::kUses;
+      r.nuses = std::min<uint8_t>(r.nuses + 1, Range::kUses);
+    }
+    if (f.n < Tracker::kMaxAccesses) {
+      ++r.inflight;
+      f.slots[f.n++] = k;
+    }
+  }
+  evict_ahead(touched.data(), touched.size());
+}
+
+void Residency::note_pointer_table(AllocId table, const AllocId* targets, size_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<AllocId>& v = tables_[table];
+  v.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (is_range_id(targets[i])) v.push_back(targets[i]);
+  if (v.empty()) tables_.erase(table);
+  has_tables_.store(!tables_.empty(), std::memory_order_release);
+}
+
+void Residency::forget_table(AllocId table) {
+  if (!has_tables_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  tables_.erase(table);
+  has_tables_.store(!tables_.empty(), std::memory_order_release);
+}
+
+int32_t Residency::slot_of(DevPtr p) const {
+  auto it = by_va_.upper_bound(p);
+  if (it == by_va_.begin()) return -1;
+  --it;
+  const Range& r = slots_[it->second];
+  return p < r.va + r.bytes ? int32_t(it->second) : -1;
+}
+
+void Residency::prepare_access(DevPtr p) {
+  if (!any_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  const int32_t k = slot_of(p);
+  if (k < 0 || !slots_[k].live) return;
+  Range& r = slots_[k];
+  if (r.state == State::CopyingOut) abandon(r);
+  if (r.state != State::OnHost) return;
+  const uint32_t keep = uint32_t(k);
+  std::string why;
+  if (!copy_stream_) copy_stream_ = d_.create_stream();
+  if (!make_room(r.bytes, &keep, 1, &why) || !reload(keep, copy_stream_, &why)) {
+    error_ = why;
+    log().error("reloading a range for a pointer query failed: {}", why);
+    return;
+  }
+  ++st_.waits;
+  d_.event_sync(r.copy_event);
+  r.state = State::Resident;
+}
+
+}  // namespace offload
