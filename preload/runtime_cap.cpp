@@ -34,6 +34,7 @@ void Runtime::start_cap() {
   residency_ = std::make_unique<Residency>(driver_, *host_store_, ro);
   residency_->set_namer(kernel_name, &tracker_.funcs());
   tracker_.set_gate(residency_.get());
+  cap_context_ = context();
   cap_.store(residency_.get(), std::memory_order_release);
   log().info("device budget {:.2f} GiB ({} bytes), held from the first allocation: allocations of at least {:.1f} MiB "
              "are moved to host memory (up to {:.1f} GiB, OFFLOAD_HOST_LIMIT) when the budget needs room",
@@ -47,6 +48,9 @@ Runtime::Placed Runtime::place_capped(uint64_t bytes, Stream s, void** p) {
     r = cap_.load(std::memory_order_acquire);
     if (!r) return Placed::Forward;
   }
+  // The budget is the first device's: another device's allocations (one process driving two
+  // GPUs) go to its allocator untouched.
+  if (cap_context_ && context() != cap_context_) return Placed::Forward;
   if (bytes < r->min_bytes()) return r->admit_small(bytes) ? Placed::Forward : Placed::Refused;
   uint64_t tag = 0;
   bool refused = false;
