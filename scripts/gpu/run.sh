@@ -625,10 +625,8 @@ case $plan in
     budget_of reference_plain 0.5 || exit 1
     # sanitize NAME TOOL STEPS: liboffload is preloaded into python only, after whatever the
     # sanitizer preloads itself; offloadd runs outside the sanitizer's tree (start_daemon);
-    # CUDA API errors are not reported (the shim's function introspection probes handles,
-    # and those probes filled the print limit at 8951716). Before 8951716 python under the
-    # sanitizer never got past start-up: our dlsym(RTLD_NEXT) walked every loaded object
-    # with dlopen for each lookup the sanitizer's injection libraries made. CUPTI telemetry is off
+    # CUDA API errors are not reported (the shim's function introspection probes handles, and
+    # those probes fill the print limit). CUPTI telemetry is off
     # by default (the sanitizer holds the tools interface; SANITIZE_TELEMETRY=cupti tries it).
     # Each run gets at most 280 s, less when the plan's 570 s would otherwise be exceeded.
     sanitize() {
