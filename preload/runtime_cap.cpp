@@ -82,11 +82,11 @@ void Runtime::log_capped_step(uint64_t step, int64_t wall_ns) {
   if (capped_steps_logged_ < kCappedStepsLogged) {
     ++capped_steps_logged_;
     log().info("step {}: {:.1f} ms, {:.2f} GiB evicted ({} ahead), {} reloads on demand ({:.2f} GiB), {} ahead "
-               "({:.2f} GiB, {} used), {} host waits, peak {:.2f} of {:.2f} GiB",
+               "({:.2f} GiB, {} used), {} host waits, {} handovers, peak {:.2f} of {:.2f} GiB",
                step, wall_ns / 1e6, (now.bytes_out - was.bytes_out) / kGiB, now.ahead - was.ahead,
                now.reloads - was.reloads, (now.bytes_in - was.bytes_in) / kGiB, now.prefetches - was.prefetches,
                (now.prefetch_bytes - was.prefetch_bytes) / kGiB, now.prefetch_hits - was.prefetch_hits,
-               now.waits - was.waits, now.footprint_peak / kGiB, residency_->budget() / kGiB);
+               now.waits - was.waits, now.handovers - was.handovers, now.footprint_peak / kGiB, residency_->budget() / kGiB);
   }
   last_step_cap_ = now;
 }

@@ -89,7 +89,7 @@ void Residency::add_touch(Range& r, Stream s, uint64_t launch) {
 
 bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
   Range& r = slots_[slot];
-  if (!back_range(r, why)) return false;
+  if (!back_range(r, s, why)) return false;
   const uint64_t piece = host_.pin_piece();
   const auto* src = static_cast<const unsigned char*>(r.host);
   for (uint64_t off = 0; off < r.bytes; off += piece)

@@ -33,12 +33,13 @@ Residency::~Residency() {
   for (auto& [s, ring] : rings_)
     for (uint64_t e : ring.events)
       if (e) d_.event_sync(e);
+  // Every mapping goes before any handle: a handle handed over is mapped twice until then.
+  for (Range& r : slots_)
+    if (r.va && r.handle) d_.unmap(r.va, r.bytes);
+  if (handover_.handle) d_.release_physical(handover_.handle);  // given, not yet taken
   for (Range& r : slots_) {
     if (!r.va) continue;
-    if (r.handle) {
-      d_.unmap(r.va, r.bytes);
-      d_.release_physical(r.handle);
-    }
+    if (r.handle && !r.given) d_.release_physical(r.handle);
     d_.unreserve(r.va, r.bytes);
     if (r.host) host_.give(r.host, r.bytes);
     if (r.copy_event) d_.destroy_event(r.copy_event);
@@ -97,7 +98,8 @@ void Residency::note_footprint() {
 }
 
 bool Residency::fits(uint64_t need) const {
-  return spares_.count(need) != 0 || held_ + pool_share_ + need <= limit();
+  return (handover_.handle && handover_.bytes == need) || spares_.count(need) != 0 ||
+         held_ + pool_share_ + need <= limit();
 }
 
 void Residency::release_spares_for(uint64_t need) {
@@ -106,6 +108,7 @@ void Residency::release_spares_for(uint64_t need) {
       ++it;
       continue;
     }
+    settle_given(it->second);
     d_.release_physical(it->second);
     held_ -= it->first;
     spare_bytes_ -= it->first;
@@ -128,7 +131,8 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     cached_.erase(it);
     release_freed(slot);
   }
-  // Copies out still running, oldest first.
+  // Copies out still running: one of the size hands its handle over, else the oldest is waited for.
+  if (!fits() && take_handover(need)) return true;
   while (!fits() && !copying_out_.empty()) finish_evict(copying_out_.front());
   if (fits()) return true;
   // Resident ranges, the furthest next use (or the least recent use) first.
@@ -144,7 +148,9 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     started.push_back(v);
     freeing += slots_[v].bytes;
   }
+  if (!fits() && take_handover(need)) return true;
   for (uint32_t v : started) {
+    if (slots_[v].state != State::CopyingOut || slots_[v].given) continue;
     finish_evict(v);
     if (fits()) break;
   }
@@ -203,14 +209,18 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
 void Residency::finish_evict(uint32_t slot) {
   Range& r = slots_[slot];
   std::erase(copying_out_, slot);
-  out_bytes_ -= r.bytes;
   if (d_.event_query(r.copy_event) != 1) {
     ++st_.waits;
     d_.event_sync(r.copy_event);
   }
   d_.unmap(r.va, r.bytes);
-  spare_bytes_ += r.bytes;
-  spares_.emplace(r.bytes, r.handle);  // still counted in held_: the caller takes or releases it
+  if (r.given && handover_.handle == r.handle) handover_.event = 0;  // not taken yet: nothing to wait for now
+  if (!r.given) {
+    out_bytes_ -= r.bytes;
+    spare_bytes_ += r.bytes;
+    spares_.emplace(r.bytes, r.handle);  // still counted in held_: the caller takes or releases it
+  }
+  r.given = false;
   r.handle = 0;
   r.state = State::OnHost;
   r.touches.clear();
@@ -220,6 +230,28 @@ void Residency::finish_evict(uint32_t slot) {
   r.free_event = 0;
   ++st_.evictions;
   st_.bytes_out += r.bytes;
+}
+
+bool Residency::take_handover(uint64_t need) {
+  if (handover_.handle) return handover_.bytes == need;
+  for (uint32_t slot : copying_out_) {
+    Range& r = slots_[slot];
+    if (r.given || r.bytes != need) continue;
+    r.given = true;
+    out_bytes_ -= r.bytes;  // no longer coming back to us: the taker counts it
+    handover_ = {r.handle, r.bytes, r.copy_event};
+    ++st_.handovers;
+    return true;
+  }
+  return false;
+}
+
+void Residency::settle_given(uint64_t handle) {
+  for (size_t i = 0; i < copying_out_.size(); ++i)
+    if (slots_[copying_out_[i]].given && slots_[copying_out_[i]].handle == handle) {
+      finish_evict(copying_out_[i]);
+      return;
+    }
 }
 
 void Residency::release_freed(uint32_t slot) {
@@ -241,9 +273,14 @@ void Residency::release_freed(uint32_t slot) {
   free_slots_.push_back(slot);
 }
 
-bool Residency::back_range(Range& r, std::string* why) {
+bool Residency::back_range(Range& r, Stream s, std::string* why) {
   uint64_t h = 0;
-  if (auto it = spares_.find(r.bytes); it != spares_.end()) {
+  if (handover_.handle && handover_.bytes == r.bytes) {
+    // Still mapped where it is being copied out: work on `s` follows that copy.
+    h = handover_.handle;
+    if (handover_.event) d_.stream_wait(s, handover_.event);
+    handover_ = {};
+  } else if (auto it = spares_.find(r.bytes); it != spares_.end()) {
     h = it->second;
     spares_.erase(it);
     spare_bytes_ -= r.bytes;
@@ -324,7 +361,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   Range r;
   r.bytes = size;
   r.va = d_.reserve(size);
-  if (!r.va || !back_range(r, &why)) {
+  if (!r.va || !back_range(r, s, &why)) {
     if (r.va) d_.unreserve(r.va, size);
     error_ = why.empty() ? "reserving address space failed" : why;
     ++st_.refused_allocs;
@@ -360,6 +397,7 @@ bool Residency::free(DevPtr p, Stream s) {
   r.live = false;
   --st_.ranges;
   st_.live_bytes -= r.bytes;
+  if (r.state == State::CopyingOut) abandon(r);  // on the host after it, if its handle was handed over
   if (r.state == State::OnHost) {
     host_.give(r.host, r.bytes);
     d_.unreserve(r.va, r.bytes);
@@ -370,7 +408,6 @@ bool Residency::free(DevPtr p, Stream s) {
     free_slots_.push_back(slot);
     return true;
   }
-  if (r.state == State::CopyingOut) abandon(r);
   // The freeing stream stands for every stream that touched the range: it waits for them, then
   // one event marks the free.
   for (const Range::Touch& t : r.touches)
@@ -391,6 +428,12 @@ bool Residency::free(DevPtr p, Stream s) {
 }
 
 void Residency::abandon(Range& r) {
+  if (r.given) {
+    // Its memory is another range's now: the copy out is finished (waited for) instead, and the
+    // range is on the host, to be reloaded.
+    finish_evict(uint32_t(&r - slots_.data()));
+    return;
+  }
   // Still mapped: the range stays and its copy out is dropped without waiting. The copy may
   // still be reading while the launch writes (its bytes are thrown away); the host slot goes
   // back once it is done, and the copy stream counts as a stream that touched the range, so

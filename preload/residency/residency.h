@@ -87,6 +87,7 @@ class Residency final : public LaunchGate {
     uint64_t refused_allocs = 0, refused_launches = 0, host_full = 0;
     uint64_t outside = 0;                    // device memory grown outside us since the first range
     uint64_t waits = 0;                      // host waits for a copy out or a free
+    uint64_t handovers = 0;                  // handles taken from ranges still copying out
     uint64_t event_waits = 0;                // launches ordered after another stream's reload
     uint64_t ahead = 0, ahead_bytes = 0;     // evictions started ahead of need
     uint64_t prefetches = 0, prefetch_bytes = 0, prefetch_hits = 0;  // reloads ahead of use, and used
@@ -156,6 +157,9 @@ class Residency final : public LaunchGate {
     Stream free_stream = 0;
     uint64_t free_event = 0;
     uint32_t inflight = 0;      // launches between before_launch and after_launch
+    // Copying out, its handle handed to another range already: the copy still reads it here,
+    // so the range cannot keep its bytes if touched; unmapped once the copy is done.
+    bool given = false;
     // Streams that touched the range since it was made resident, each with the launch
     // number of its last touch there.
     struct Touch {
@@ -191,7 +195,14 @@ class Residency final : public LaunchGate {
   void finish_evict(uint32_t slot);  // waits for the copy out, unmaps; the handle is a spare
   void release_freed(uint32_t slot);  // a freed range: waits for its free, unmaps; handle spare
   void abandon(Range& r);             // a range copying out is touched: it stays
-  bool back_range(Range& r, std::string* why);  // a handle mapped under r.va
+  // A handle mapped under r.va, for work queued on `s` (which waits for a handed-over handle's
+  // last copy out).
+  bool back_range(Range& r, Stream s, std::string* why);
+  // A range copying out of exactly `need` bytes hands its handle to the next back_range: the
+  // taker's stream waits for that copy on the GPU instead of the host waiting for it.
+  bool take_handover(uint64_t need);
+  // Before `handle` is released: a range it was handed over from unmaps it first.
+  void settle_given(uint64_t handle);
   bool reload(uint32_t slot, Stream s, std::string* why);
   uint64_t event_after(Stream s, uint64_t launch);  // an event capturing `launch` on s
   uint64_t next_use_distance(const Range& r, uint64_t now) const;  // larger: a better victim
@@ -242,7 +253,10 @@ class Residency final : public LaunchGate {
   std::vector<uint32_t> copying_out_;       // their slots
   Stream prefetch_stream_ = 0;
   uint64_t pf_next_ = 0;
-  uint64_t copy_touches_ = 0;               // numbers the copy stream's touches of abandoned ranges                    // the next launch whose place prefetch_due looks at
+  uint64_t copy_touches_ = 0;
+  struct Handover {
+    uint64_t handle = 0, bytes = 0, event = 0;
+  } handover_;               // numbers the copy stream's touches of abandoned ranges                    // the next launch whose place prefetch_due looks at
   // Phase in the step (launch number mod period) -> ranges reloaded on demand a little after it
   // in an earlier step: reloaded ahead from there.
   std::unordered_map<uint64_t, std::vector<uint32_t>> prefetch_at_;
