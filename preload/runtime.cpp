@@ -191,6 +191,7 @@ void Runtime::pump(bool no_wait) {
   }
   if (offloading_) executor_.poll();
   if (Residency* r = cap_.load(std::memory_order_acquire)) r->poll();
+  check_allocations_seen();
   sample_telemetry();
   time_steps_with_markers();
 }

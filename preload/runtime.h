@@ -160,6 +160,10 @@ class Runtime {
   Placed place_capped(uint64_t bytes, Stream s, void** p);
   bool release_capped(Residency& r, DevPtr d, Stream s);
   void start_cap();  // once, at the first allocation: the budget in bytes needs the device
+  // A budget with launches but no allocation reaching the shim (PyTorch's own allocator, not
+  // routed here): the budget is not held, and the log says so once, with the fix.
+  void check_allocations_seen();
+  bool said_no_allocations_ = false;
   void log_capped_step(uint64_t step, int64_t wall_ns);  // the first steps under the cap, one line each
   void plan_from(const StepTrace& t);
   // A step run under the planner's plan: revises the plan when steps keep running slower
@@ -203,6 +207,7 @@ class Runtime {
   uint64_t capped_steps_logged_ = 0;
   size_t last_step_launches_ = 0;        // the last step's launches (worker)
   static constexpr uint64_t kCappedStepsLogged = 8;
+  static constexpr uint64_t kLaunchesBeforeNoAllocations = 1000;
   std::atomic<bool> refused_said_{false};
   std::vector<uint64_t> last_tokens_;    // the previous step's launches, to see steps repeat
   std::optional<Extent> host_;           // the installed plan's host memory

@@ -1,6 +1,7 @@
 // The Runtime's wiring of the hard cap (residency/residency.h): built at the first allocation,
 // it serves the allocation hooks and gates every launch. The policy lives in Residency.
 #include <cinttypes>
+#include <cstdlib>
 
 #include "common/log.h"
 #include "runtime.h"
@@ -74,6 +75,23 @@ bool Runtime::release_capped(Residency& r, DevPtr d, Stream s) {
     r.forget_table(e->id);
   }
   return false;
+}
+
+void Runtime::check_allocations_seen() {
+  if (said_no_allocations_ || !offloading_requested_) return;
+  TrackerCounters& c = tracker_.counters();
+  if (c.allocs.load(std::memory_order_relaxed) != 0) {
+    said_no_allocations_ = true;  // routed: nothing to say
+    return;
+  }
+  if (c.kernels.load(std::memory_order_relaxed) < kLaunchesBeforeNoAllocations) return;
+  said_no_allocations_ = true;
+  const char* conf = getenv("PYTORCH_CUDA_ALLOC_CONF");
+  log().error("OFFLOAD_DEVICE_BUDGET is set but no allocation has reached liboffload after {} launches "
+              "(PYTORCH_CUDA_ALLOC_CONF={}): PyTorch's allocator is not routed through the shim, and the budget "
+              "is NOT held. Set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync, or use the CUDAPluggableAllocator "
+              "pair offload_malloc/offload_free",
+              kLaunchesBeforeNoAllocations, conf ? conf : "unset");
 }
 
 void Runtime::log_capped_step(uint64_t step, int64_t wall_ns) {
