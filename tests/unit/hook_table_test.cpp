@@ -9,11 +9,14 @@
 #undef cuGetProcAddress
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include "cupti_telemetry.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -822,6 +825,44 @@ TEST_F(Hooks, ConcurrentHooksWithTheWorkerRunning) {
 }
 
 // --- the C API -----------------------------------------------------------------------------
+
+// However the process ends while the worker runs, after hooks were in use, it ends with its own
+// status: no std::terminate from a thread left joinable (that would be SIGABRT), no hang.
+TEST_F(Hooks, ExitPathsEndWithTheirOwnStatusWhileTheWorkerRuns) {
+  // Each child runs this test alone in a fresh process: a forked copy of this one would be a
+  // pass-through child, with no runtime to end.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto busy = [] {
+    if (!runtime()) std::abort();
+    // Launches and allocations from another thread for a while (the worker pumps meanwhile);
+    // that thread ends before the exit, as the fakes it calls are this binary's statics.
+    std::atomic<bool> stop{false};
+    std::thread t([&] {
+      while (!stop.load()) {
+        void* p = nullptr;
+        (void)cudaMallocAsync(&p, 512, nullptr);
+        (void)cuLaunchKernel(reinterpret_cast<CUfunction>(0x5c000), 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+        (void)cudaFreeAsync(p, nullptr);
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    stop.store(true);
+    t.join();
+  };
+  EXPECT_EXIT((busy(), std::exit(3)), ::testing::ExitedWithCode(3), "");
+  EXPECT_EXIT((busy(), std::quick_exit(4)), ::testing::ExitedWithCode(4), "");
+  EXPECT_EXIT((busy(), std::_Exit(5)), ::testing::ExitedWithCode(5), "");
+  EXPECT_EXIT(
+      {
+        busy();
+        const pid_t child = fork();  // a data-loader worker: forwards only, and ends at once
+        if (child == 0) std::_Exit(0);
+        int status = 0;
+        waitpid(child, &status, 0);
+        std::exit(WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 6 : 7);
+      },
+      ::testing::ExitedWithCode(6), "");
+}
 
 TEST_F(Hooks, StatsJsonIsValidAndAgreesWithTheTracker) {
   Runtime* r = rt();
