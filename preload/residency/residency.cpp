@@ -523,14 +523,9 @@ void Residency::poll() {
     std::string why;
     make_room(0, nullptr, 0, &why);
   }
-  // Spares nobody took: back to the device.
-  for (auto& [bytes, h] : spares_) {
-    d_.release_physical(h);
-    held_ -= bytes;
-    ++st_.released;
-  }
-  spares_.clear();
-  spare_bytes_ = 0;
+  // Spare handles stay: they are inside the budget, and the next range of their size maps one
+  // without a driver allocation (a create and a release cost 0.1-0.6 ms together on the H200).
+  // make_room gives back those of other sizes when the budget needs the room.
   note_footprint();
 }
 
