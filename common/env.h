@@ -57,7 +57,7 @@ struct Settings {
   // What a plan of activations may fill of the budget: the budget less the blocks the cache may
   // keep, which stay in the device's pool outside every plan (planned to the whole budget, a
   // run with the cache passes it: docs/results.md). A weight
-  // plan fills the whole budget: its pool watch counts the kept blocks (preload/runtime.cpp).
+  // plan fills the whole budget: its pool watch counts the kept blocks (preload/plan_controller.cpp).
   uint64_t plan_budget_bytes(uint64_t total) const {
     const uint64_t b = budget_bytes(total);
     return b ? b - block_cache_under(b) : 0;

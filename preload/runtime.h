@@ -1,6 +1,8 @@
 // Runtime: the one process-wide object of liboffload.so, built once when the library
 // loads. It owns the driver binding, the tracker, the CUPTI telemetry and the worker
-// thread that turns the event log into step traces, stats and trace files.
+// thread that turns the event log into step traces, stats and trace files. A plan of arenas'
+// life is the PlanController's (plan_controller.h): the runtime forwards each step cut and each
+// mark to it, and answers its questions as its PlanContext (host pool, node share, launches).
 //
 // Hooks reach it through runtime(), which returns nullptr when the shim is disabled, not
 // yet built, shutting down, or in a forked child (which only forwards).
@@ -25,24 +27,18 @@
 #include "core/executor.h"
 #include "core/block_cache.h"
 #include "core/persistent_pool.h"
-#include "core/pool_trim.h"
 #include "core/tracker.h"
 #include "cuda_driver.h"
 #include "core/telemetry_sampler.h"
 #include "cupti_telemetry.h"
 #include "host_pool.h"
+#include "plan_controller.h"
 #include "planner/planner.h"
 #include "residency/residency.h"
 
 namespace offload {
 
-// Steps a new plan runs before PlanWatch judges its GPU time and PoolWatch its pool: the step it
-// comes in at and the one after, which move its data out of a resident layout.
-inline constexpr uint32_t kPlanSettleSteps = 2;
-// While a plan is made, the event ring is drained at most this often (PlannerOptions::progress).
-inline constexpr int64_t kPlanDrainNs = 10'000'000;
-
-class Runtime {
+class Runtime final : private PlanContext {
  public:
   explicit Runtime(Settings s);
   ~Runtime();
@@ -165,28 +161,19 @@ class Runtime {
   void check_allocations_seen();
   bool said_no_allocations_ = false;
   void log_capped_step(uint64_t step, int64_t wall_ns);  // the first steps under the cap, one line each
-  void plan_from(const StepTrace& t);
-  // A step run under the planner's plan: revises the plan when steps keep running slower
-  // than predicted (the link is slower than the model says).
-  void watch_plan(const StepTrace& t);
-  void watch_pool(const StepTrace& t);  // PoolWatch: the allocator's hold under a weight plan
-  void trim_pool(const Executor::TrimView& v);  // PoolTrim: the pool back under the plan's budget
-  // PoolRefine (pool_trim.h): the allocator's factor under a plan of arenas, measured at the
-  // marks (refine_at_mark, the application's thread, under trim_mu_); the plan made again for it
-  // (refine_plan, the worker) and put in at a later mark (swap_at_mark), where every arena is
-  // empty; the worker then takes it over (adopt_swap).
-  void refine_at_mark(const Executor::TrimView& v, bool trim_due, const std::function<void()>& sync);
-  bool swap_at_mark(const std::function<void()>& sync);
-  void refine_plan(double factor);
-  void adopt_swap();
-  // Before an installed plan's first step, at its mark: the pool trimmed to the budget less the
-  // plan's handles, once the GPU has caught up (sync).
-  void trim_before_first_step(const std::function<void()>& sync);
-  // Gives the pool's unused memory back, once the GPU has caught up (sync).
-  void empty_pool(const std::function<void()>& sync);
-  HostPool& host_pool();  // offloadd's, or this process's own without a daemon
-  // GPUs of this node sharing the host link (offloadd counts them; asked at each plan).
-  NodeShare node_share(uint64_t budget);
+  // PlanContext: what the plan controller asks of the process.
+  HostPool& host_pool() override;  // offloadd's, or this process's own without a daemon
+  bool host_pool_ready() override { return private_pool_ || link_.connected(); }
+  NodeShare node_share(uint64_t budget, uint32_t gpus_before) override;
+  uint64_t launches() override { return tracker_.launches(); }
+  uint64_t steps_cut() override { return assembler_.steps_cut(); }
+  void drain_while_planning() override { drained_while_planning_ += drain_events(); }
+  bool cut_untraced(const StepTrace& t) override {
+    return telemetry_.paused() || t.first_launch < resumed_at_launch_;
+  }
+  void planned_from(const StepTrace& t) override {
+    if (!settings_.trace_dir.empty()) write_trace(t, "/planned-", false);
+  }
   std::string executor_json();
   std::string persistent_json() const;  // "null" without OFFLOAD_PERSISTENT_MIN
 
@@ -209,48 +196,10 @@ class Runtime {
   static constexpr uint64_t kCappedStepsLogged = 8;
   static constexpr uint64_t kLaunchesBeforeNoAllocations = 1000;
   std::atomic<bool> refused_said_{false};
-  std::vector<uint64_t> last_tokens_;    // the previous step's launches, to see steps repeat
-  std::optional<Extent> host_;           // the installed plan's host memory
-  std::string plan_note_;                // the last reason for not planning, said once
-  // The plan made last and what the planner predicts of it (empty for the built-in plan): for
-  // the stats and the adaptation. Then the planner's feedback.
-  Plan planned_;
-  Prediction predicted_;
-  uint64_t hidden_bytes_ = 0, hidden_peak_ = 0;  // the largest offload the compute hides
-  double link_scale_ = 1.0;              // the link as measured against the planner's model
-  NodeShare share_;                      // GPUs sharing the host link, from offloadd
-  std::string share_note_;               // why offloadd gave no share, said once
-  LinkModel planned_link_;               // the link the last plan was made for
-  double pool_overhead_ = 0;             // allocator bytes per live byte; 0 until measured
-  std::string first_factor_note_;        // how the factor was measured from the step last planned from
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
-  uint64_t cache_bound_said_ = 0;        // the cache's bound under the budget, once logged
-  std::mutex trim_mu_;                   // trim_: offload_mark_step's thread, or the worker
-  PoolTrim trim_;                        // per plan, from its first step until the pool is under it
-  double overhead_before_revision_ = 0;  // pool_overhead_ before a pool revision, until re-planned
-  bool pool_revision_undone_ = false;    // a revision left no plan within the budget: no more
-  std::atomic<uint64_t> pool_trims_{0}, pool_trimmed_bytes_{0};  // read by offload_stats_json
-  PoolRefine refine_;                    // under trim_mu_
-  std::atomic<double> refine_factor_{0};  // a factor to plan again with, from a mark, for the worker
-  std::atomic<double> refine_seen_{0};   // the pool's factor at the last mark it grew (stats)
-  std::atomic<uint32_t> refined_{0};     // plans put in at a mark for a measured factor (stats)
-  StepTrace plan_trace_;                 // the step the installed plan was made from (worker)
-  PlannerOptions plan_opts_;             // and the planner's options for it (worker)
-  double base_factor_ = 0;               // the allocator's factor that plan was made with (worker)
-  std::atomic<bool> refinable_{false};   // the installed plan: timed, of arenas alone, no block cache
-  struct Swap {
-    Plan plan;
-    Prediction prediction;
-    Extent host;
-    uint64_t first_launch = 0;  // of the traced step the plan was made from
-    double factor = 0;
-    std::string desc;
-    bool installed = false, refused = false;
-    std::string why;
-  };
-  std::mutex swap_mu_;
-  std::optional<Swap> swap_;             // staged by the worker, put in at a mark
+  std::string share_note_;               // why offloadd gave no share, said once
+  PlanController plan_;                  // a plan of arenas' life (OFFLOAD_CAP=0)
   std::atomic<int (*)(Stream)> capture_probe_{nullptr};
   std::atomic<uint64_t (*)()> context_probe_{nullptr};
   int capturing(Stream s) {
@@ -263,9 +212,6 @@ class Runtime {
   }
   std::string block_cache_json() const;
   bool said_rank_ = false;               // the early Attach of a job's rank was tried
-  std::optional<PlanWatch> watch_;       // the planner's plan against the steps it runs
-  PoolWatch pool_watch_{2, kPlanSettleSteps};  // and the allocator's hold against the plan's
-  std::vector<std::pair<int64_t, int64_t>> late_at_;  // per-boundary lateness measured so far
   CuptiTelemetry telemetry_;
   TelemetrySampler sampler_;  // OFFLOAD_TELEMETRY=sampled: when CUPTI traces
   void sample_telemetry();

@@ -6,7 +6,7 @@
 // run in demand mode after a deviation, reserve the step's whole peak; without a trim the process
 // holds that peak for the rest of the run, whatever OFFLOAD_DEVICE_BUDGET says. So once an
 // installed plan has run `after` steps, the shim trims the pool to the budget less the most the
-// executor has held beside it (Runtime::trim_pool): what the plan's steps need stays.
+// executor has held beside it (PlanController::trim_pool): what the plan's steps need stays.
 //
 // One cuMemPoolTrimTo call is not always enough (measured: docs/results.md):
 // - It releases whole OS allocations, and only those with nothing live in them (a free whose
@@ -104,7 +104,7 @@ class PoolTrim {
 // factor is the most the pool held over the plan's resident peak at the `window` marks after it
 // (those where it grew). When that with `margin` added is lower than planned by at least
 // `min_gain`, the plan is made again for it (at most `max_down` times), with room for one more
-// handle than it has (Runtime::refine_plan). At every mark where the pool grew, a pool holding
+// handle than it has (PlanController::refine_plan). At every mark where the pool grew, a pool holding
 // more than planned, by so much that the plan's peak grown by the difference passes the budget,
 // plans again for the measured factor with `up_margin` added (at most `max_up` times; back to
 // the first plan when that factor is within 0.005 of its own: plan_factor). The runtime puts the new plan in at a step's mark, where every arena is empty,

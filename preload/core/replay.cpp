@@ -298,7 +298,7 @@ void Replayer::pump() {
   }
 }
 
-// As preload/runtime.cpp's Runtime::plan_from, with the sizes the recording was scaled by.
+// As preload/plan_controller.cpp's PlanController::plan_from, with the sizes the recording was scaled by.
 void Replayer::plan_from(const StepTrace& t) {
   std::vector<uint64_t> tokens = step_tokens(t);
   bool repeats = tokens == last_tokens_;

@@ -2,7 +2,7 @@
 // tracker (and through it to the executor's launch gate) and its kernels to the simulated
 // GPU, which runs them later, in an order a seeded scheduler picks; pump() is the worker
 // (assemble steps, plan from a step that repeats the one before, install), as
-// preload/runtime.cpp's plan_from does it.
+// preload/plan_controller.cpp's plan_from does it.
 //
 // A program allocates, frees and launches through the Rig only, so that the same program
 // run with offload off (Options::offload = false) is the reference its bytes are compared
