@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/json_writer.h"
 #include "common/log.h"
 #include "hooks/hook_table.h"
 #include "offload/offload.h"
@@ -367,133 +368,128 @@ std::string Runtime::stats_json() {
 
 std::string Runtime::stats_json_locked() {
   TrackerCounters& c = tracker_.counters();
-  std::ostringstream os;
   auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  os << "{\"version\":1,\"pid\":" << getpid() << ",\"telemetry\":\"" << telemetry_.state() << "\""
-     << ",\"cupti\":" << telemetry_.counters_json()
-     << ",\"host_pool\":\"" << (private_pool_ ? private_pool_->describe() : link_.describe()) << "\""
-     << ",\"step_detection\":\"" << (assembler_.marked() ? "offload_mark_step" : "automatic") << "\""
-     << ",\"locked\":" << (assembler_.detector().locked() ? "true" : "false")
-     << ",\"period\":" << assembler_.detector().period()
-     << ",\"deviations\":" << assembler_.detector().deviations()
-     << ",\"steps\":" << assembler_.steps_cut()
-     << ",\"drained_while_planning\":" << ld(drained_while_planning_)
-     << ",\"counters\":{\"kernels\":" << ld(c.kernels) << ",\"copies\":" << ld(c.copies)
-     << ",\"memsets\":" << ld(c.memsets) << ",\"graph_launches\":" << ld(c.graphs)
-     << ",\"collectives\":" << ld(c.collectives)
-     << ",\"allocs\":" << ld(c.allocs) << ",\"frees\":" << ld(c.frees)
-     << ",\"unknown_frees\":" << ld(c.unknown_frees) << ",\"opaque_kernels\":" << ld(c.opaque_kernels)
-     << ",\"dropped_events\":" << log_.dropped() << ",\"unwrapped_routes\":" << hooks::unwrapped_routes()
-     << ",\"live_allocs\":" << tracker_.allocs().size() << ",\"live_bytes\":" << tracker_.allocs().live_bytes()
-     << ",\"functions\":" << tracker_.funcs().count() << "}"
-     << ",\"hook_ns_mean\":" << c.hook_ns_mean()
-     << ",\"executor\":" << executor_json()
-     << ",\"residency\":" << residency_json(cap_.load(std::memory_order_acquire))
-     << ",\"persistent\":" << persistent_json()
-     << ",\"block_cache\":" << block_cache_json()
-     << ",\"routes\":{";
-  bool first = true;
+  JsonWriter w;
+  w.object().field("version", 1).field("pid", getpid()).field("telemetry", telemetry_.state());
+  w.key("cupti").raw(telemetry_.counters_json());
+  w.field("host_pool", private_pool_ ? private_pool_->describe() : link_.describe())
+      .field("step_detection", assembler_.marked() ? "offload_mark_step" : "automatic")
+      .field("locked", assembler_.detector().locked())
+      .field("period", assembler_.detector().period())
+      .field("deviations", assembler_.detector().deviations())
+      .field("steps", assembler_.steps_cut())
+      .field("drained_while_planning", ld(drained_while_planning_));
+  w.object("counters").field("kernels", ld(c.kernels)).field("copies", ld(c.copies)).field("memsets", ld(c.memsets))
+      .field("graph_launches", ld(c.graphs)).field("collectives", ld(c.collectives))
+      .field("allocs", ld(c.allocs)).field("frees", ld(c.frees))
+      .field("unknown_frees", ld(c.unknown_frees)).field("opaque_kernels", ld(c.opaque_kernels))
+      .field("dropped_events", log_.dropped()).field("unwrapped_routes", hooks::unwrapped_routes())
+      .field("live_allocs", tracker_.allocs().size()).field("live_bytes", tracker_.allocs().live_bytes())
+      .field("functions", tracker_.funcs().count()).end();
+  w.field("hook_ns_mean", c.hook_ns_mean());
+  executor_json(w.key("executor"));
+  w.key("residency").raw(residency_json(cap_.load(std::memory_order_acquire)));
+  persistent_json(w.key("persistent"));
+  block_cache_json(w.key("block_cache"));
+  w.object("routes");
   for (size_t i = 0; i < hooks::kHookCount; ++i) {
     const hooks::HookEntry& e = hooks::hook_table()[i];
-    uint32_t r = e.routes.load(std::memory_order_relaxed);
+    const uint32_t r = e.routes.load(std::memory_order_relaxed);
     if (!r) continue;
-    os << (first ? "" : ",") << "\"" << e.symbol << "\":[";
-    first = false;
-    bool f2 = true;
+    w.array(e.symbol);
     for (int b = 0; b < 4; ++b)
-      if (r & (1u << b)) {
-        os << (f2 ? "" : ",") << "\"" << route_names[b] << "\"";
-        f2 = false;
-      }
-    os << "]";
+      if (r & (1u << b)) w.value(route_names[b]);
+    w.end();
   }
-  os << "},\"recent_steps\":[";
-  first = true;
-  for (const StepSummary& s : summaries_) {
-    os << (first ? "" : ",") << "{\"step\":" << s.step << ",\"launches\":" << s.launches
-       << ",\"kernels\":" << s.kernels << ",\"cupti_kernels\":" << s.cupti_kernels
-       << ",\"gpu_busy_ns\":" << s.gpu_busy_ns << ",\"gpu_step_ns\":" << s.gpu_step_ns
-       << ",\"allocs_born\":" << s.allocs_born
-       << ",\"activations\":" << s.activations << ",\"activations_unaccessed\":" << s.activations_unaccessed
-       << "}";
-    first = false;
-  }
-  os << "]}";
-  return os.str();
+  w.end().array("recent_steps");
+  for (const StepSummary& s : summaries_)
+    w.object().field("step", s.step).field("launches", s.launches).field("kernels", s.kernels)
+        .field("cupti_kernels", s.cupti_kernels).field("gpu_busy_ns", s.gpu_busy_ns).field("gpu_step_ns", s.gpu_step_ns)
+        .field("allocs_born", s.allocs_born).field("activations", s.activations)
+        .field("activations_unaccessed", s.activations_unaccessed).end();
+  w.end().end();
+  return w.str();
 }
 
-std::string Runtime::persistent_json() const {
-  if (!persistent_) return "null";
+void Runtime::persistent_json(JsonWriter& w) const {
+  if (!persistent_) {
+    w.null();
+    return;
+  }
   const PersistentPool::Stats p = persistent_->stats();
-  std::ostringstream os;
-  os << "{\"min_bytes\":" << persistent_->min_bytes() << ",\"allocs\":" << p.allocs << ",\"reused\":" << p.reused
-     << ",\"cross_stream\":" << p.cross_stream << ",\"created\":" << p.created << ",\"released\":" << p.released
-     << ",\"refused\":" << p.refused << ",\"live_bytes\":" << p.live_bytes << ",\"cached_bytes\":" << p.cached_bytes
-     << ",\"lent_bytes\":" << p.lent_bytes << ",\"peak_bytes\":" << p.peak_bytes << "}";
-  return os.str();
+  w.object().field("min_bytes", persistent_->min_bytes()).field("allocs", p.allocs).field("reused", p.reused)
+      .field("cross_stream", p.cross_stream).field("created", p.created).field("released", p.released)
+      .field("refused", p.refused).field("live_bytes", p.live_bytes).field("cached_bytes", p.cached_bytes)
+      .field("lent_bytes", p.lent_bytes).field("peak_bytes", p.peak_bytes).end();
 }
 
-std::string Runtime::block_cache_json() const {
+void Runtime::block_cache_json(JsonWriter& w) const {
   const BlockCache::Stats b = cache_.stats();
-  std::ostringstream os;
-  os << "{\"max_bytes\":" << settings_.block_cache << ",\"hits\":" << b.hits << ",\"misses\":" << b.misses
-     << ",\"kept\":" << b.kept << ",\"forwarded\":" << b.forwarded << ",\"captured\":" << b.captured
-     << ",\"drains\":" << b.drains << ",\"drained_blocks\":" << b.drained_blocks
-     << ",\"kept_bytes\":" << b.kept_bytes << ",\"kept_peak\":" << b.kept_peak << "}";
-  return os.str();
+  w.object().field("max_bytes", settings_.block_cache).field("hits", b.hits).field("misses", b.misses)
+      .field("kept", b.kept).field("forwarded", b.forwarded).field("captured", b.captured)
+      .field("drains", b.drains).field("drained_blocks", b.drained_blocks)
+      .field("kept_bytes", b.kept_bytes).field("kept_peak", b.kept_peak).end();
 }
 
-std::string Runtime::executor_json() {
-  ExecutorStats x = executor_.stats();
+// The plan's half of the executor's object: what the planner predicted and learned.
+void Runtime::planner_json(JsonWriter& w, const PlanController::Report& p) {
+  w.object("planner").field("gpu_time", p.predicted.step_ns > 0)
+      .field("predicted_step_ns", p.predicted.step_ns).field("compute_ns", p.predicted.compute_ns)
+      .field("lower_bound_ns", p.predicted.lower_bound_ns).field("forward_ns", p.predicted.forward_ns)
+      .field("backward_ns", p.predicted.backward_ns).field("bytes_moved", p.predicted.bytes_out)
+      .field("hidden_bytes", p.hidden_bytes).field("hidden_peak", p.hidden_peak)
+      .field("predicted_peak", p.predicted_peak).field("link_scale", p.link_scale)
+      .field("revisions", p.revisions).field("pool_revisions", p.pool_revisions)
+      .field("pool_overhead", p.pool_overhead).field("pool_factor_seen", p.pool_factor_seen)
+      .field("pool_refined", p.pool_refined);
+  w.object("link").field("gpus", p.gpus).field("h2d", p.link.h2d).field("d2h", p.link.d2h)
+      .field("h2d_shared", p.link.h2d_shared).field("d2h_shared", p.link.d2h_shared).end();
+  w.end();
+}
+
+void Runtime::executor_json(JsonWriter& w) {
+  const ExecutorStats x = executor_.stats();
   const PlanController::Report p = plan_.report();
-  std::ostringstream os;
-  uint64_t total = driver_.device_total_bytes();
-  os << "{\"on\":" << (offloading_ ? "true" : "false") << ",\"budget\":" << settings_.budget_bytes(total)
-     << ",\"installed\":" << (executor_.installed() ? "true" : "false")
-     << ",\"deviated\":" << (executor_.deviated() ? "true" : "false") << ",\"plan\":\"" << x.plan << "\""
-     << ",\"installs\":" << x.installs << ",\"deviations\":" << x.deviations
-     << ",\"pool_trims\":" << p.pool_trims << ",\"pool_trimmed_bytes\":" << p.pool_trimmed_bytes
-     << ",\"steps_active\":" << x.steps_active << ",\"placed\":" << x.placed << ",\"arena_busy\":" << x.arena_busy << ",\"no_handle\":" << x.no_handle
-     << ",\"evictions\":" << x.evictions << ",\"evictions_abandoned\":" << x.evictions_abandoned
-     << ",\"reloads\":" << x.reloads << ",\"misses\":" << x.misses << ",\"late_reloads\":" << x.late_reloads
-     << ",\"copy_failures\":" << x.copy_failures << ",\"pointer_tables\":" << x.pointer_tables << ",\"conservative\":" << x.conservative
-     << ",\"bytes_out\":" << x.bytes_out << ",\"bytes_in\":" << x.bytes_in
-     << ",\"handles_created\":" << x.handles_created << ",\"handles_released\":" << x.handles_released
-     << ",\"over_budget\":" << x.over_budget << ",\"first_step_trims\":" << x.first_step_trims << ",\"budget_waits\":" << x.budget_waits
-     << ",\"handovers\":" << x.handovers
-     << ",\"held_bytes\":" << x.held_bytes << ",\"held_peak\":" << x.held_peak
-     << ",\"device_peak\":" << x.device_peak << ",\"weights\":{\"lent\":" << x.weights
-     << ",\"evictions\":" << x.weight_evictions << ",\"reloads\":" << x.weight_reloads
-     << ",\"misses\":" << x.weight_misses << ",\"abandoned\":" << x.weight_abandoned
-     << ",\"bytes_out\":" << x.weight_bytes_out << ",\"bytes_in\":" << x.weight_bytes_in
-     << ",\"mapped_peak\":" << x.weight_mapped_peak << ",\"bound\":" << p.weight_bound
-     << ",\"waits\":" << x.weight_waits << ",\"handovers\":" << x.weight_handovers << ",\"split\":" << x.weight_split << ",\"settles\":" << x.weight_settles << ",\"read_only\":" << x.weight_read_only
-     << ",\"clean_evictions\":" << x.weight_clean_evictions << ",\"over_bound\":" << x.weight_over_bound
-     << ",\"windows\":" << p.windows << "},\"planner\":{\"gpu_time\":" << (p.predicted.step_ns > 0 ? "true" : "false")
-     << ",\"predicted_step_ns\":" << p.predicted.step_ns << ",\"compute_ns\":" << p.predicted.compute_ns
-     << ",\"lower_bound_ns\":" << p.predicted.lower_bound_ns << ",\"forward_ns\":" << p.predicted.forward_ns
-     << ",\"backward_ns\":" << p.predicted.backward_ns << ",\"bytes_moved\":" << p.predicted.bytes_out << ",\"hidden_bytes\":" << p.hidden_bytes
-     << ",\"hidden_peak\":" << p.hidden_peak << ",\"predicted_peak\":" << p.predicted_peak
-     << ",\"link_scale\":" << p.link_scale << ",\"revisions\":" << p.revisions << ",\"pool_revisions\":" << p.pool_revisions
-     << ",\"pool_overhead\":" << p.pool_overhead << ",\"pool_factor_seen\":" << p.pool_factor_seen
-     << ",\"pool_refined\":" << p.pool_refined << ",\"link\":{\"gpus\":" << p.gpus << ",\"h2d\":" << p.link.h2d << ",\"d2h\":" << p.link.d2h
-     << ",\"h2d_shared\":" << p.link.h2d_shared << ",\"d2h_shared\":" << p.link.d2h_shared << "}}"
-     << ",\"host_bytes\":" << p.host_bytes;
+  const uint64_t total = driver_.device_total_bytes();
+  w.object().field("on", offloading_).field("budget", settings_.budget_bytes(total))
+      .field("installed", executor_.installed()).field("deviated", executor_.deviated()).field("plan", x.plan)
+      .field("installs", x.installs).field("deviations", x.deviations)
+      .field("pool_trims", p.pool_trims).field("pool_trimmed_bytes", p.pool_trimmed_bytes)
+      .field("steps_active", x.steps_active).field("placed", x.placed).field("arena_busy", x.arena_busy)
+      .field("no_handle", x.no_handle).field("evictions", x.evictions)
+      .field("evictions_abandoned", x.evictions_abandoned).field("reloads", x.reloads).field("misses", x.misses)
+      .field("late_reloads", x.late_reloads).field("copy_failures", x.copy_failures)
+      .field("pointer_tables", x.pointer_tables).field("conservative", x.conservative)
+      .field("bytes_out", x.bytes_out).field("bytes_in", x.bytes_in)
+      .field("handles_created", x.handles_created).field("handles_released", x.handles_released)
+      .field("over_budget", x.over_budget).field("first_step_trims", x.first_step_trims)
+      .field("budget_waits", x.budget_waits).field("handovers", x.handovers)
+      .field("held_bytes", x.held_bytes).field("held_peak", x.held_peak).field("device_peak", x.device_peak);
+  w.object("weights").field("lent", x.weights).field("evictions", x.weight_evictions)
+      .field("reloads", x.weight_reloads).field("misses", x.weight_misses).field("abandoned", x.weight_abandoned)
+      .field("bytes_out", x.weight_bytes_out).field("bytes_in", x.weight_bytes_in)
+      .field("mapped_peak", x.weight_mapped_peak).field("bound", p.weight_bound).field("waits", x.weight_waits)
+      .field("handovers", x.weight_handovers).field("split", x.weight_split).field("settles", x.weight_settles)
+      .field("read_only", x.weight_read_only).field("clean_evictions", x.weight_clean_evictions)
+      .field("over_bound", x.weight_over_bound).field("windows", p.windows).end();
+  planner_json(w, p);
+  w.field("host_bytes", p.host_bytes);
   const double ns = ns_per_tsc_cycle();
-  os << ",\"gate_ns_mean\":"
-     << (x.gate_calls ? static_cast<double>(x.gate_cycles - x.gate_wait_cycles) * ns / static_cast<double>(x.gate_calls) : 0.0)
-     << ",\"budget_wait_ms\":" << static_cast<double>(x.wait_cycles) * ns / 1e6 << ",\"recent_misses\":[";
-  for (size_t i = 0; i < x.recent_misses.size(); ++i) os << (i ? "," : "") << x.recent_misses[i];
-  os << "],\"recent_late\":[";
-  for (size_t i = 0; i < x.recent_late.size(); ++i) os << (i ? "," : "") << x.recent_late[i];
+  w.field("gate_ns_mean",
+          x.gate_calls ? static_cast<double>(x.gate_cycles - x.gate_wait_cycles) * ns / static_cast<double>(x.gate_calls)
+                       : 0.0)
+      .field("budget_wait_ms", static_cast<double>(x.wait_cycles) * ns / 1e6);
+  w.array("recent_misses");
+  for (uint64_t m : x.recent_misses) w.value(m);
+  w.end().array("recent_late");
+  for (uint64_t l : x.recent_late) w.value(l);
   // [position, microseconds, kind, drained] of the last active step's longest host waits.
-  os << "],\"last_step_waits\":{\"count\":" << x.last_step_wait_count << ",\"drained\":" << x.last_step_drained << ",\"longest\":[";
-  for (size_t i = 0; i < x.last_step_waits.size(); ++i) {
-    const auto& w = x.last_step_waits[i];
-    os << (i ? "," : "") << "[" << w.pos << "," << static_cast<double>(w.cycles) * ns / 1e3 << ",\"" << w.kind << "\"," << w.drained << "]";
-  }
-  os << "]}}";
-  return os.str();
+  w.end().object("last_step_waits").field("count", x.last_step_wait_count).field("drained", x.last_step_drained);
+  w.array("longest");
+  for (const auto& wt : x.last_step_waits)
+    w.array().value(wt.pos).value(static_cast<double>(wt.cycles) * ns / 1e3).value(std::string_view(&wt.kind, 1))
+        .value(wt.drained).end();
+  w.end().end().end();
 }
 
 namespace {

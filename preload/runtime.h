@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "common/env.h"
+#include "common/json_writer.h"
 #include "core/event_log.h"
 #include "core/executor.h"
 #include "core/block_cache.h"
@@ -174,8 +175,10 @@ class Runtime final : private PlanContext {
   void planned_from(const StepTrace& t) override {
     if (!settings_.trace_dir.empty()) write_trace(t, "/planned-", false);
   }
-  std::string executor_json();
-  std::string persistent_json() const;  // "null" without OFFLOAD_PERSISTENT_MIN
+  // The stats' parts, each one value written into `w`.
+  void executor_json(JsonWriter& w);
+  static void planner_json(JsonWriter& w, const PlanController::Report& p);
+  void persistent_json(JsonWriter& w) const;  // null without OFFLOAD_PERSISTENT_MIN
 
   Settings settings_;
   CudaDriver driver_;
@@ -210,7 +213,7 @@ class Runtime final : private PlanContext {
     auto probe = context_probe_.load(std::memory_order_relaxed);
     return probe ? probe() : driver_.current_context();
   }
-  std::string block_cache_json() const;
+  void block_cache_json(JsonWriter& w) const;
   bool said_rank_ = false;               // the early Attach of a job's rank was tried
   CuptiTelemetry telemetry_;
   TelemetrySampler sampler_;  // OFFLOAD_TELEMETRY=sampled: when CUPTI traces
