@@ -83,18 +83,24 @@ TEST(ShimLinkIntegration, ADaemonWithASmallerPoolThanAskedForIsSaid) {
   }
 }
 
-// Two daemons of one user on two sockets, each naming its pool itself: they get a segment each.
-// (With one name per user, the second adopted the first's segment, and the first, stopping
-// with no leases, removed it: the second's clients could not open their pool.)
+// Two daemons of one user on two sockets, each naming its pool itself, with one runtime
+// directory (so one default socket): they get a segment each, named after the socket each
+// serves. (Named after the default socket, the second adopted the first's segment, and the
+// first, stopping with no leases, removed it: the second's clients could not open their pool.)
 TEST(ShimLinkIntegration, DaemonsOnTwoSocketsKeepAPoolEach) {
   LinkRig a, b;
+  b.d.share_runtime_dir(a.d);
   a.d.use_default_segment();
   b.d.use_default_segment();
+  EXPECT_EQ(a.d.env(), b.d.env()) << "one runtime directory";
+  EXPECT_NE(a.d.socket(), b.d.socket());
   EXPECT_NE(a.d.segment(), b.d.segment());
   EXPECT_EQ(a.d.segment(), default_segment_name(a.d.socket())) << "the same socket, the same name: a restart adopts it";
   std::string why;
   ASSERT_TRUE(a.d.start({}, &why)) << why;
   ASSERT_TRUE(b.d.start({}, &why)) << why;
+  EXPECT_EQ(access(("/dev/shm/" + a.d.segment()).c_str(), F_OK), 0) << a.d.log();
+  EXPECT_EQ(access(("/dev/shm/" + b.d.segment()).c_str(), F_OK), 0) << b.d.log();
   ASSERT_EQ(a.d.stop(), 0) << a.d.log();
   ASSERT_TRUE(b.connect(&why)) << why;
   auto lease = b.link->lease(100 * kMiB, &why);
