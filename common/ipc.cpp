@@ -13,29 +13,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/files.h"
 #include "common/hash.h"
 
 namespace offload {
-namespace {
-
-bool ensure_private_dir(const std::string& d, std::string* why) {
-  if (mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) {
-    *why = "cannot create " + d + ": " + strerror(errno);
-    return false;
-  }
-  struct stat st;
-  if (lstat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    *why = d + " is not a directory";
-    return false;
-  }
-  if (st.st_uid != getuid() || (st.st_mode & 0077)) {
-    *why = d + " is not private to this user (owner or mode): refusing to use it";
-    return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 bool send_all(int fd, const void* p, size_t n, int stall_ms) {
   const auto* c = static_cast<const unsigned char*>(p);
@@ -63,8 +44,12 @@ std::string default_segment_name(const std::string& socket) {
 bool default_paths(Paths* out, std::string* why) {
   const char* xdg = getenv("XDG_RUNTIME_DIR");
   out->dir = (xdg && *xdg) ? std::string(xdg) + "/liboffload" : "/tmp/liboffload-" + std::to_string(getuid());
-  if (!ensure_private_dir(out->dir, why)) return false;
+  if (!ensure_private_dir(out->dir, kNoGroupOrOther, why)) return false;
   const char* sock = getenv("OFFLOAD_SOCKET");
+  if (sock && *sock && !check_private_dir(dir_of(sock), kNoGroupOrOtherWrite, why)) {
+    *why = "OFFLOAD_SOCKET=" + std::string(sock) + ": " + *why;
+    return false;
+  }
   out->socket = (sock && *sock) ? sock : out->dir + "/offloadd.sock";
   out->segment = default_segment_name(out->socket);
   return true;
@@ -90,7 +75,7 @@ void Connection::close() {
   reader_ = proto::FrameReader{};
 }
 
-bool Connection::connect(const std::string& path, std::string* why) {
+bool Connection::connect(const std::string& path, std::string* why, uid_t peer_uid) {
   close();
   sockaddr_un addr{};
   if (path.size() >= sizeof addr.sun_path) {
@@ -106,6 +91,19 @@ bool Connection::connect(const std::string& path, std::string* why) {
   }
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     *why = "no offloadd at " + path + " (" + strerror(errno) + ")";
+    ::close(fd);
+    return false;
+  }
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    *why = "cannot tell who listens on " + path + " (SO_PEERCRED: " + strerror(errno) + "): refusing it";
+    ::close(fd);
+    return false;
+  }
+  if (cred.uid != peer_uid) {
+    *why = "the process listening on " + path + " runs as " + user_text(cred.uid) + ", not as " +
+           user_text(peer_uid) + ": refusing it";
     ::close(fd);
     return false;
   }
@@ -264,8 +262,12 @@ bool SharedPoolMapping::open(const std::string& name, std::string* why) {
     return false;
   }
   struct stat st;
-  if (fstat(fd, &st) != 0 || st.st_uid != getuid() || (st.st_mode & 0077)) {
-    *why = "the pool segment " + path + " is not private to this user: refusing it";
+  if (fstat(fd, &st) != 0) {
+    *why = "cannot stat the pool segment " + path + ": " + strerror(errno);
+    ::close(fd);
+    return false;
+  }
+  if (!check_owner_and_mode(st, "the pool segment " + path, kNoGroupOrOther, why)) {
     ::close(fd);
     return false;
   }
@@ -277,20 +279,15 @@ bool SharedPoolMapping::open(const std::string& name, std::string* why) {
   }
   addr_ = p;
   size_ = static_cast<uint64_t>(st.st_size);
-  if (!LeaseTable::open(addr_, size_, why)) {
+  auto table = LeaseTable::open(addr_, size_, why);
+  if (!table) {
     munmap(addr_, size_);
     addr_ = nullptr;
     return false;
   }
+  data_offset_ = static_cast<uint64_t>(table->data() - base());
+  data_bytes_ = table->data_bytes();
   return true;
-}
-
-unsigned char* SharedPoolMapping::data() const {
-  return addr_ ? base() + static_cast<const PoolHeader*>(addr_)->data_offset : nullptr;
-}
-
-uint64_t SharedPoolMapping::data_bytes() const {
-  return addr_ ? static_cast<const PoolHeader*>(addr_)->data_bytes : 0;
 }
 
 }  // namespace offload

@@ -5,6 +5,9 @@
 // Errors come back as a Result with a message for a person; nothing throws.
 #pragma once
 
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -16,8 +19,9 @@
 namespace offload {
 
 // $XDG_RUNTIME_DIR/liboffload if XDG_RUNTIME_DIR is set, else /tmp/liboffload-<uid>; made
-// 0700 if missing. Refuses a directory that another user owns or that others may write.
-// `env_socket` (OFFLOAD_SOCKET) overrides the socket path.
+// 0700 if missing. Refuses a directory that another user owns or that others may enter.
+// OFFLOAD_SOCKET overrides the socket path; its directory must be this user's, writable by
+// nobody else (else another user could put a socket of theirs at that name first).
 struct Paths {
   std::string dir, socket, segment;
 };
@@ -39,8 +43,10 @@ class Connection {
   Connection(Connection&& o) noexcept : fd_(o.fd_), seq_(o.seq_), peer_minor_(o.peer_minor_) { o.fd_ = -1; }
   Connection& operator=(Connection&& o) noexcept;
 
-  // Connects to the daemon's socket; false with *why if nobody listens there.
-  bool connect(const std::string& socket_path, std::string* why);
+  // Connects to the daemon's socket; false with *why if nobody listens there, or if the
+  // process listening runs as another uid than `peer_uid` (SO_PEERCRED): another user's
+  // daemon could direct our copies anywhere in our memory.
+  bool connect(const std::string& socket_path, std::string* why, uid_t peer_uid = getuid());
   bool connected() const { return fd_ >= 0; }
   void close();
   int fd() const { return fd_; }
@@ -67,7 +73,9 @@ class Connection {
 // Typed requests.
 class DaemonClient {
  public:
-  bool connect(const std::string& socket_path, std::string* why) { return conn_.connect(socket_path, why); }
+  bool connect(const std::string& socket_path, std::string* why, uid_t peer_uid = getuid()) {
+    return conn_.connect(socket_path, why, peer_uid);
+  }
   bool connected() const { return conn_.connected(); }
   Connection& connection() { return conn_; }
 
@@ -99,14 +107,19 @@ class SharedPoolMapping {
   SharedPoolMapping(const SharedPoolMapping&) = delete;
   SharedPoolMapping& operator=(const SharedPoolMapping&) = delete;
 
-  // Maps an existing segment read-write and checks its header.
+  // Maps an existing segment read-write and checks its header. The data area's place and size
+  // are copied then: the header is shared memory, and is not trusted again.
   bool open(const std::string& name, std::string* why);
   // Unmaps without locking (a fork handler's child). The object is empty afterwards.
   void unmap_in_child();
   unsigned char* base() const { return static_cast<unsigned char*>(addr_); }
   uint64_t size() const { return size_; }
-  unsigned char* data() const;
-  uint64_t data_bytes() const;
+  unsigned char* data() const { return addr_ ? base() + data_offset_ : nullptr; }
+  uint64_t data_bytes() const { return addr_ ? data_bytes_ : 0; }
+  // [offset, offset + bytes) of the data area lies inside the mapping (and is not empty).
+  bool holds(uint64_t offset, uint64_t bytes) const {
+    return addr_ && bytes && offset <= data_bytes_ && bytes <= data_bytes_ - offset;
+  }
 
   // Calls pin(chunk, bytes) over the data area in chunks under 2 GiB (some drivers fail
   // and leak on larger single registrations). False as soon as one chunk fails.
@@ -118,6 +131,7 @@ class SharedPoolMapping {
  private:
   void* addr_ = nullptr;
   uint64_t size_ = 0;
+  uint64_t data_offset_ = 0, data_bytes_ = 0;
 };
 
 }  // namespace offload

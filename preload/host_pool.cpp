@@ -309,6 +309,14 @@ std::optional<Extent> DaemonLink::lease(uint64_t bytes, std::string* why) {
     *why = std::string("offloadd refused ") + std::to_string(bytes) + " bytes: " + proto::status_name(st);
     return std::nullopt;
   }
+  // The daemon's word is checked: an extent outside the mapping would send our copies into
+  // whatever memory lies past it.
+  if (rep->bytes < bytes || !mapping_.holds(rep->offset, rep->bytes)) {
+    *why = "offloadd leased [" + std::to_string(rep->offset) + ", +" + std::to_string(rep->bytes) + ") for " +
+           std::to_string(bytes) + " bytes, outside its pool of " + std::to_string(mapping_.data_bytes()) +
+           " bytes: refused";
+    return std::nullopt;
+  }
   return Extent{mapping_.data() + rep->offset, rep->offset, rep->bytes};
 }
 

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/json_writer.h"
 #include "common/log.h"
 #include "hooks/hook_table.h"
@@ -106,9 +107,10 @@ Runtime::Runtime(Settings s)
   cache_.set_max(settings_.block_cache);
   if (offloading_) tracker_.set_gate(&executor_);
   if (persistent_) executor_.set_persistent(persistent_.get());
-  if (!settings_.trace_dir.empty() && mkdir(settings_.trace_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    log().error("OFFLOAD_TRACE={}: cannot create the directory ({}); traces are off",
-                settings_.trace_dir, strerror(errno));
+  // Traces go only to a directory of this user that nobody else may write to: in a directory
+  // another user made first, they could plant symlinks to the user's files.
+  if (std::string why; !settings_.trace_dir.empty() && !prepare_trace_dir(settings_.trace_dir, &why)) {
+    log().error("OFFLOAD_TRACE={}: {}; traces are off", settings_.trace_dir, why);
     settings_.trace_dir.clear();
   }
   // The worker inherits a mask with every signal blocked: signals go to the application.
@@ -334,27 +336,33 @@ void Runtime::emit(StepTrace& t) {
   if (!settings_.trace_dir.empty()) write_summary();
 }
 
+namespace {
+// A trace file that cannot be written is said once: it would fail again every step.
+void warn_trace(const std::string& why) {
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) log().warn("OFFLOAD_TRACE: {}; later failures are not logged", why);
+}
+}  // namespace
+
 void Runtime::write_trace(const StepTrace& t, const char* prefix, bool chrome_json) {
   char name[64];
   snprintf(name, sizeof name, "%s%06llu", prefix, static_cast<unsigned long long>(t.step));
-  std::ofstream(settings_.trace_dir + name + ".trace") << [&] {
-    std::ostringstream os;
-    t.write(os);
-    return os.str();
-  }();
+  std::string why;
+  std::ostringstream os;
+  t.write(os);
+  if (!write_file_nofollow(settings_.trace_dir + name + ".trace", os.str(), &why)) warn_trace(why);
   if (chrome_json && t.gpu_busy_ns >= 0) {
-    std::ofstream chrome(settings_.trace_dir + name + ".chrome.json");
+    std::ostringstream chrome;
     t.write_chrome_json(chrome);
+    if (!write_file_nofollow(settings_.trace_dir + name + ".chrome.json", chrome.str(), &why))
+      warn_trace(why);
   }
 }
 
 void Runtime::write_summary() {
-  std::string tmp = settings_.trace_dir + "/summary.json.tmp";
-  {
-    std::ofstream os(tmp);
-    os << stats_json_locked() << '\n';
-  }
-  rename(tmp.c_str(), (settings_.trace_dir + "/summary.json").c_str());
+  std::string why;
+  if (!replace_file(settings_.trace_dir + "/summary.json", stats_json_locked() + '\n', &why))
+    warn_trace(why);
 }
 
 std::string Runtime::stats_json() {

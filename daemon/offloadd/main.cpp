@@ -27,7 +27,8 @@ void usage(FILE* f) {
           "                       re-adopted at its own size)\n"
           "  --socket PATH        listen here (default $XDG_RUNTIME_DIR/liboffload/offloadd.sock,\n"
           "                       else /tmp/liboffload-<uid>/offloadd.sock; OFFLOAD_SOCKET overrides)\n"
-          "  --segment NAME       POSIX shared-memory name of the pool (default offload-pool-<uid>)\n"
+          "  --segment NAME       POSIX shared-memory name of the pool (default offload-pool-<uid>-<hash of\n"
+          "                       the socket path>); one daemon at a time may serve it\n"
           "  --metrics-port N     serve Prometheus metrics on 127.0.0.1:N (0: any free port)\n"
           "  --max-leases N       lease-table entries (default 4096)\n"
           "  --node-link H2D,D2H,BOTH\n"
@@ -146,11 +147,12 @@ int main(int argc, char** argv) {
     }
   }
   offload::set_log_level(level);
-  if (socket.empty() || segment.empty()) {
+  if (socket.empty()) {
     if (!offload::default_paths(&paths, &why)) return bad(why);
-    if (socket.empty()) socket = paths.socket;
-    if (segment.empty()) segment = paths.segment;
+    socket = paths.socket;
   }
+  // Named after the socket actually served: daemons on two sockets must never share a pool.
+  if (segment.empty()) segment = offload::default_segment_name(socket);
   o.socket_path = socket;
   o.segment = segment;
   auto service = offload::Service::create(o, &why);

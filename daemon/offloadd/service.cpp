@@ -13,17 +13,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
 #include <cstring>
 #include <set>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/ipc.h"
 #include "common/log.h"
-
-namespace bip = boost::interprocess;
 
 namespace offload {
 namespace {
@@ -92,63 +89,81 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
     *why = "another offloadd is already serving " + o.socket_path;
     return nullptr;
   }
-  // The segment: adopt the one a previous daemon left, or create it.
+  // The segment: adopt the one a previous daemon left, or create it. Either way it is locked
+  // (flock on its fd) for the daemon's life: two daemons on one lease table would free each
+  // other's leases and hand out live bytes again.
+  const std::string shm_name = "/" + o.segment;
   uint64_t total = pool_total_bytes(o.pool_bytes, o.max_leases);
   bool adopted = false;
-  try {
-    bip::shared_memory_object shm(bip::open_only, o.segment.c_str(), bip::read_write);
-    bip::offset_t size = 0;
-    shm.get_size(size);
-    void* p = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, shm.get_mapping_handle().handle, 0);
-    if (p == MAP_FAILED) throw bip::interprocess_exception("mmap of the existing segment failed");
-    std::string reason;
-    auto t = LeaseTable::open(p, static_cast<uint64_t>(size), &reason);
+  auto lock_segment = [&](int fd) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+    *why = "another offloadd is serving the pool segment " + shm_name +
+           " (from another socket?): refusing to share its lease table";
+    return false;
+  };
+  s->seg_fd_ = shm_open(shm_name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+  if (s->seg_fd_ >= 0) {
+    // Only a segment private to this user is adopted: anyone else who may write to it could
+    // rewrite the lease table, or read the data.
+    struct stat st;
+    if (fstat(s->seg_fd_, &st) != 0) {
+      *why = "cannot stat the pool segment " + shm_name + ": " + strerror(errno);
+      return nullptr;
+    }
+    if (!check_owner_and_mode(st, "the existing pool segment " + shm_name, kNoGroupOrOther, why)) return nullptr;
+    if (!lock_segment(s->seg_fd_)) return nullptr;
+    const auto size = static_cast<uint64_t>(st.st_size);
+    void* p = size ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, s->seg_fd_, 0) : MAP_FAILED;
+    std::string reason = size ? std::string("cannot map it: ") + strerror(errno) : "it is empty";
+    auto t = p == MAP_FAILED ? std::nullopt : LeaseTable::open(p, size, &reason);
     if (!t) {
-      munmap(p, static_cast<size_t>(size));
-      *why = "shared-memory segment /" + o.segment + " exists but is not a usable pool (" + reason +
+      if (p != MAP_FAILED) munmap(p, size);
+      *why = "shared-memory segment " + shm_name + " exists but is not a usable pool (" + reason +
              "); remove it (rm /dev/shm/" + o.segment + ") if no process uses it";
       return nullptr;
     }
     s->base_ = p;
-    s->total_ = static_cast<uint64_t>(size);
+    s->total_ = size;
     s->table_ = t;
+    if (uint32_t bad = t->bad_slots())
+      log().warn("pool {}: {} lease slots lie outside the data area; they are ignored", shm_name, bad);
     adopted = true;
-  } catch (const bip::interprocess_exception&) {
-    // No segment yet: create one below.
+  } else if (errno != ENOENT) {
+    *why = "cannot open the pool segment " + shm_name + ": " + strerror(errno);
+    return nullptr;
   }
   if (!adopted) {
     if (o.pool_bytes == 0) {
       *why = "no pool to adopt and no --pool-size given";
       return nullptr;
     }
-    try {
-      bip::permissions perm(0600);
-      bip::shared_memory_object shm(bip::create_only, o.segment.c_str(), bip::read_write, perm);
-      shm.truncate(static_cast<bip::offset_t>(total));
-      fchmod(shm.get_mapping_handle().handle, 0600);
-      void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, shm.get_mapping_handle().handle, 0);
-      if (p == MAP_FAILED) {
-        bip::shared_memory_object::remove(o.segment.c_str());
-        *why = std::string("cannot map a pool of ") + std::to_string(total) + " bytes: " + strerror(errno);
-        return nullptr;
-      }
-      s->base_ = p;
-      s->total_ = total;
-      s->table_ = LeaseTable::format(p, total, o.max_leases, static_cast<uint32_t>(getpid()));
-      // Fault the pool in behind the service: clients can register and lease meanwhile (a
-      // page they touch first is faulted then), and nobody waits seconds for a large pool.
-      if (o.prefault && s->table_) {
-        unsigned char* data = s->table_->data();
-        uint64_t bytes = s->table_->data_bytes();
-        s->prefault_ = std::thread([data, bytes] { prefault(data, bytes); });
-      }
-      if (!s->table_) {
-        *why = "pool too small for its lease table";
-        return nullptr;
-      }
-    } catch (const bip::interprocess_exception& e) {
-      *why = std::string("cannot create shared-memory segment /") + o.segment + ": " + e.what();
+    s->seg_fd_ = shm_open(shm_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (s->seg_fd_ < 0) {
+      *why = "cannot create shared-memory segment " + shm_name + ": " + strerror(errno);
       return nullptr;
+    }
+    // Locked before it has a size: a daemon that opens it meanwhile finds it locked or empty.
+    if (!lock_segment(s->seg_fd_)) return nullptr;
+    auto fail = [&](const std::string& m) {
+      shm_unlink(shm_name.c_str());
+      *why = m;
+      return nullptr;
+    };
+    if (fchmod(s->seg_fd_, 0600) != 0 || ftruncate(s->seg_fd_, static_cast<off_t>(total)) != 0)
+      return fail("cannot size shared-memory segment " + shm_name + ": " + strerror(errno));
+    void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, s->seg_fd_, 0);
+    if (p == MAP_FAILED)
+      return fail(std::string("cannot map a pool of ") + std::to_string(total) + " bytes: " + strerror(errno));
+    s->base_ = p;
+    s->total_ = total;
+    s->table_ = LeaseTable::format(p, total, o.max_leases, static_cast<uint32_t>(getpid()));
+    if (!s->table_) return fail("pool too small for its lease table");
+    // Fault the pool in behind the service: clients can register and lease meanwhile (a
+    // page they touch first is faulted then), and nobody waits seconds for a large pool.
+    if (o.prefault) {
+      unsigned char* data = s->table_->data();
+      uint64_t bytes = s->table_->data_bytes();
+      s->prefault_ = std::thread([data, bytes] { prefault(data, bytes); });
     }
   }
   if (adopted) {
@@ -224,13 +239,15 @@ Service::~Service() {
   if (metrics_fd_ >= 0) close(metrics_fd_);
   for (int fd : wake_)
     if (fd >= 0) close(fd);
-  if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock last
   if (base_) {
     bool empty = table_ && table_->used_bytes() == 0;
     munmap(base_, total_);
     // Leases outlive the daemon (their processes still use the bytes); an empty pool goes.
-    if (empty) bip::shared_memory_object::remove(opt_.segment.c_str());
+    if (empty) shm_unlink(("/" + opt_.segment).c_str());
   }
+  // The locks go last: the segment's (it is removed while still ours), then the socket's.
+  if (seg_fd_ >= 0) close(seg_fd_);
+  if (lock_fd_ >= 0) close(lock_fd_);
 }
 
 void Service::stop() {

@@ -104,7 +104,8 @@ class Service {
   void* base_ = nullptr;
   uint64_t total_ = 0;
   std::optional<LeaseTable> table_;
-  int lock_fd_ = -1;
+  int lock_fd_ = -1;  // flock: one daemon per socket
+  int seg_fd_ = -1;   // the segment, flock'ed: one daemon per segment
   int listen_fd_ = -1, metrics_fd_ = -1;
   bool owns_socket_ = false;
   uint16_t metrics_port_ = 0;

@@ -63,6 +63,11 @@ bool pin_in_chunks(unsigned char* data, uint64_t bytes, PinFn&& pin, uint64_t ch
 // Bytes a pool of `data_bytes` needs in all (header, table, alignment, data).
 uint64_t pool_total_bytes(uint64_t data_bytes, uint32_t max_leases);
 
+// The table's geometry (max_leases, the table's and the data area's offsets, the data bytes)
+// is checked once, by format() or open(), and copied: the shared header is never read for it
+// again, as any process of the user may write to the segment. Every slot is bounds-checked
+// on each access; a used slot whose extent is not inside the data area counts as taken (it
+// is never reused, nor handed out) and is left out of every answer.
 class LeaseTable {
  public:
   // Formats a fresh pool in [base, base + total).
@@ -74,25 +79,42 @@ class LeaseTable {
   std::optional<uint64_t> lease(uint64_t bytes, uint32_t client_id, uint32_t pid);
   // Frees the lease that starts at `offset` and belongs to `client_id`; false if none does.
   bool release(uint64_t offset, uint32_t client_id);
-  // Frees every lease of `client_id`; returns the bytes freed.
+  // Frees every lease of `client_id` (a slot out of bounds included); returns the bytes freed.
   uint64_t release_all(uint32_t client_id);
 
-  uint64_t data_bytes() const { return header_->data_bytes; }
+  uint64_t data_bytes() const { return data_bytes_; }
+  uint32_t max_leases() const { return max_leases_; }
   uint64_t used_bytes() const;
   uint64_t leased_by(uint32_t client_id) const;
   uint64_t largest_free() const;
-  std::vector<LeaseSlot> leases() const;  // used slots
+  std::vector<LeaseSlot> leases() const;  // used slots inside the data area
+  // Used slots whose extent lies outside the data area (a corrupted table).
+  uint32_t bad_slots() const;
+  // The shared header: for its generation and owner_pid only (the geometry is copied).
   PoolHeader& header() { return *header_; }
-  unsigned char* data() { return base_ + header_->data_offset; }
+  unsigned char* data() { return base_ + data_offset_; }
 
  private:
-  LeaseTable(unsigned char* base, PoolHeader* h) : base_(base), header_(h) {}
-  LeaseSlot* slots() { return reinterpret_cast<LeaseSlot*>(base_ + header_->table_offset); }
-  const LeaseSlot* slots() const { return reinterpret_cast<const LeaseSlot*>(base_ + header_->table_offset); }
+  // `g`: a private copy of the header, already checked.
+  LeaseTable(unsigned char* base, PoolHeader* h, const PoolHeader& g)
+      : base_(base),
+        header_(h),
+        max_leases_(g.max_leases),
+        table_offset_(g.table_offset),
+        data_offset_(g.data_offset),
+        data_bytes_(g.data_bytes) {}
+  // A copy of slot i (i < max_leases_): the shared slot may change under us.
+  LeaseSlot slot(uint32_t i) const;
+  LeaseSlot* slot_at(uint32_t i) { return reinterpret_cast<LeaseSlot*>(base_ + table_offset_) + i; }
+  bool in_bounds(const LeaseSlot& s) const {
+    return s.bytes && s.offset <= data_bytes_ && s.bytes <= data_bytes_ - s.offset;
+  }
   std::vector<std::pair<uint64_t, uint64_t>> used_extents() const;  // (offset, bytes), sorted
 
   unsigned char* base_;
   PoolHeader* header_;
+  uint32_t max_leases_;
+  uint64_t table_offset_, data_offset_, data_bytes_;
 };
 
 }  // namespace offload

@@ -1,7 +1,10 @@
 // Bad input to the real binaries: malformed frames on offloadd's socket, bad options and
 // values on the command lines of offloadd and offloadctl.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <string>
 #include <tuple>
@@ -398,6 +401,151 @@ TEST(BadInputIntegration, SecondDaemonOnTheSameSocketIsRefusedAndHarmless) {
     EXPECT_TRUE(d.status(&s, &why)) << why;
     EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
   }
+}
+
+// A well-formed pool segment named `seg`, of mode `mode`; its header for the caller to spoil
+// (unmapped by the caller, `bytes` long).
+PoolHeader* make_segment(const std::string& seg, mode_t mode, uint64_t* bytes) {
+  *bytes = pool_total_bytes(64 * MiB, 64);
+  int fd = shm_open(("/" + seg).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return nullptr;
+  void* p = MAP_FAILED;
+  if (fchmod(fd, mode) == 0 && ftruncate(fd, static_cast<off_t>(*bytes)) == 0)
+    p = mmap(nullptr, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED || !LeaseTable::format(p, *bytes, 64, 1)) return nullptr;
+  return static_cast<PoolHeader*>(p);
+}
+
+// A segment at the pool's name that other users may open, or that another user owns, is not
+// adopted: whoever else can write to it can rewrite the lease table. It is left as it is.
+TEST(BadInputIntegration, ASegmentNotPrivateToTheUserIsNotAdopted) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string sock = dir.path() + "/offloadd.sock";
+  const std::string seg = "offload-it-open-" + std::to_string(getpid());
+  struct Case {
+    mode_t mode;
+    uid_t owner;
+    const char* message;
+  };
+  std::vector<Case> cases = {{0666, getuid(), "its mode 0666 lets other users in"},
+                             {0640, getuid(), "its mode 0640 lets other users in"}};
+  if (geteuid() == 0) cases.push_back({0600, 65534, "belongs to"});  // root can give it away
+  for (const Case& c : cases) {
+    SCOPED_TRACE("mode " + std::to_string(c.mode) + ", owner " + std::to_string(c.owner));
+    uint64_t bytes = 0;
+    PoolHeader* h = make_segment(seg, c.mode, &bytes);
+    ASSERT_NE(h, nullptr) << strerror(errno);
+    munmap(h, bytes);
+    if (c.owner != getuid()) {
+      ASSERT_EQ(chown(("/dev/shm/" + seg).c_str(), c.owner, static_cast<gid_t>(-1)), 0);
+    }
+    RunResult r = run_program({OFFLOADD_BIN, "--socket", sock, "--segment", seg, "--no-prefault"}, {}, dir.path());
+    EXPECT_EQ(r.exit_code(), 1) << r.err;
+    EXPECT_NE(r.err.find("the existing pool segment /" + seg + " is not private to this user"), std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    if (c.owner != getuid()) {
+      EXPECT_NE(r.err.find("uid " + std::to_string(c.owner)), std::string::npos) << "says who owns it: " << r.err;
+    }
+    EXPECT_EQ(access(("/dev/shm/" + seg).c_str(), F_OK), 0) << "the refused segment was removed";
+    shm_unlink(("/" + seg).c_str());
+  }
+}
+
+// A header whose geometry points past the segment (a huge lease table, offsets past the end)
+// is refused at start, not followed.
+TEST(BadInputIntegration, ASegmentWithACorruptedHeaderIsRefused) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string sock = dir.path() + "/offloadd.sock";
+  const std::string seg = "offload-it-bad-" + std::to_string(getpid());
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    uint64_t bytes = 0;
+    PoolHeader* h = make_segment(seg, 0600, &bytes);
+    ASSERT_NE(h, nullptr) << strerror(errno);
+    if (variant == 0) h->max_leases = ~uint32_t{0};
+    if (variant == 1) h->data_offset = uint64_t{1} << 40;
+    if (variant == 2) h->data_bytes = ~uint64_t{0} - h->data_offset + 1;
+    munmap(h, bytes);
+    RunResult r = run_program({OFFLOADD_BIN, "--socket", sock, "--segment", seg, "--no-prefault"}, {}, dir.path());
+    EXPECT_EQ(r.exit_code(), 1) << describe_status(r.status) << " " << r.err;
+    EXPECT_NE(r.err.find("not a usable pool"), std::string::npos) << r.err;
+    shm_unlink(("/" + seg).c_str());
+  }
+}
+
+// The segment is writable by every process of the user: a header rewritten under a running
+// daemon (a huge lease table, offsets far past the end) must not make it read past its
+// mapping. It keeps the geometry it checked at start, and keeps serving.
+TEST(BadInputIntegration, AHeaderRewrittenUnderARunningDaemonChangesNothing) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  Proc a;
+  ASSERT_TRUE(d.client(&a, &why)) << why;
+  ASSERT_EQ(a.cmd("connect"), "ok");
+  ASSERT_EQ(a.cmd("register").rfind("ok ", 0), 0u);
+  ASSERT_EQ(a.cmd("map").rfind("ok ", 0), 0u);
+  std::string first = a.cmd("lease " + std::to_string(16 * MiB));
+  ASSERT_EQ(first.rfind("ok ", 0), 0u) << first;
+  auto f = split(first);
+  ASSERT_EQ(a.cmd("fill " + f[1] + " " + f[2] + " 7"), "ok");
+
+  SharedPoolMapping m;
+  ASSERT_TRUE(m.open(d.segment(), &why)) << why;
+  auto* h = reinterpret_cast<PoolHeader*>(m.base());
+  const uint64_t pool = h->data_bytes;
+  h->max_leases = ~uint32_t{0};
+  h->table_offset = uint64_t{1} << 40;
+  h->data_offset = uint64_t{1} << 41;
+  h->data_bytes = ~uint64_t{0} / 2;
+
+  std::string second = a.cmd("lease " + std::to_string(32 * MiB));
+  ASSERT_EQ(second.rfind("ok ", 0), 0u) << second << "\n" << d.log();
+  auto g = split(second);
+  EXPECT_LE(std::stoull(g[1]) + std::stoull(g[2]), pool) << "leased past the pool it started with";
+  EXPECT_EQ(a.cmd("lease " + std::to_string(pool)).rfind("refused", 0), 0u) << "only what is left can be leased";
+  StatusView s;
+  ASSERT_TRUE(d.status(&s, &why)) << why << "\n" << d.log();
+  EXPECT_EQ(s.head.pool_bytes, pool);
+  EXPECT_EQ(s.head.used_bytes, 48 * MiB);
+  EXPECT_EQ(a.cmd("check " + f[1] + " " + f[2] + " 7"), "ok");
+  EXPECT_EQ(a.cmd("release " + f[1] + " " + f[2]), "ok");
+  EXPECT_TRUE(d.proc().running()) << d.log();
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
+// Two daemons on two sockets naming one segment (--segment, or a name that happens to be the
+// same): the second is refused while the first serves it, and changes nothing of it.
+TEST(BadInputIntegration, ASegmentServedByAnotherDaemonIsNotAdopted) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  Proc c;
+  ASSERT_TRUE(d.client(&c, &why)) << why;
+  ASSERT_EQ(c.cmd("connect"), "ok");
+  ASSERT_EQ(c.cmd("register").rfind("ok ", 0), 0u);
+  ASSERT_EQ(c.cmd("lease " + std::to_string(MiB)).rfind("ok ", 0), 0u);
+  TempDir other;
+  ASSERT_TRUE(other.ok());
+  const std::string other_sock = other.path() + "/offloadd.sock";
+  RunResult r = run_program({OFFLOADD_BIN, "--socket", other_sock, "--segment", d.segment(), "--no-prefault"},
+                            d.env(), other.path());
+  EXPECT_EQ(r.exit_code(), 1) << r.err;
+  EXPECT_NE(r.err.find("another offloadd is serving the pool segment /" + d.segment()), std::string::npos) << r.err;
+  EXPECT_NE(access(other_sock.c_str(), F_OK), 0) << "the refused daemon listened";
+  SharedPoolMapping m;
+  ASSERT_TRUE(m.open(d.segment(), &why)) << why;
+  auto* h = reinterpret_cast<const PoolHeader*>(m.base());
+  EXPECT_EQ(h->owner_pid, static_cast<uint32_t>(d.pid())) << "the refused daemon claimed the running one's pool";
+  EXPECT_EQ(h->generation, 1u) << "the refused daemon bumped the running one's pool generation";
+  StatusView s;
+  ASSERT_TRUE(d.status(&s, &why)) << why;
+  EXPECT_EQ(s.head.used_bytes, MiB) << "the refused daemon freed a live lease";
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
 }
 
 TEST(BadInputIntegration, OffloadctlRejectsBadCommandsClearly) {

@@ -4,8 +4,8 @@
 //     1.0, answers a type it does not know with an Error and closes the connection;
 //   - RefusesNode: speaks 1.1 but answers Attach and NodeQuery with an Error, keeping the
 //     connection.
-// Both serve Register (with a real pool segment the client can map), Lease, Release,
-// StatusQuery and Telemetry. One thread, poll() over the listening socket and the
+// Both serve Register (with a real pool segment the client can map), Lease (or a forged
+// extent: forge_leases), Release, StatusQuery and Telemetry. One thread, poll() over the listening socket and the
 // connections; every frame type it received is recorded.
 #pragma once
 
@@ -100,6 +100,13 @@ class FakeDaemon {
     for (uint16_t x : types_seen()) k += x == static_cast<uint16_t>(t);
     return k;
   }
+  // From now on, every Lease is answered with this extent (offset, bytes) whatever the pool
+  // holds: a daemon that lies. forge_leases(0, 0) goes back to the truth.
+  void forge_leases(uint64_t offset, uint64_t bytes) {
+    forged_offset_ = offset;
+    forged_bytes_ = bytes;
+  }
+  uint64_t pool_bytes() const { return table_ ? table_->data_bytes() : 0; }
   // Closes every connection (as a daemon restart would), from the serving thread.
   void drop_all() {
     drop_all_ = true;
@@ -155,7 +162,10 @@ class FakeDaemon {
         proto::Lease l{};
         proto::read_payload(p.data(), p.size(), &l);
         proto::LeaseReply r{};
-        if (auto off = table_->lease(l.bytes, 1, 1)) {
+        if (forged_bytes_) {
+          r.offset = forged_offset_;
+          r.bytes = forged_bytes_;
+        } else if (auto off = table_->lease(l.bytes, 1, 1)) {
           r.offset = *off;
           r.bytes = (l.bytes + kLeaseAlign - 1) / kLeaseAlign * kLeaseAlign;
         } else {
@@ -254,6 +264,7 @@ class FakeDaemon {
   int wake_[2] = {-1, -1};
   std::map<int, proto::FrameReader> conns_;  // the serving thread's only
   std::atomic<bool> drop_all_{false}, stop_{false};
+  std::atomic<uint64_t> forged_offset_{0}, forged_bytes_{0};
   mutable std::mutex mu_;
   std::vector<uint16_t> seen_;
   std::thread thread_;

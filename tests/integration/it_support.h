@@ -503,6 +503,10 @@ class Daemon {
     segment_ = default_segment_name(socket_);
   }
 
+  // Runs with `other`'s XDG_RUNTIME_DIR (its own socket still): two daemons of one user
+  // whose default paths are the same.
+  void share_runtime_dir(const Daemon& other) { xdg_ = other.xdg_; }
+
   Proc& proc() { return proc_; }
   pid_t pid() const { return proc_.pid(); }
   const std::string& socket() const { return socket_; }

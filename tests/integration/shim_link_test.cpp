@@ -5,6 +5,8 @@
 // one that refuses Attach), attach() fails with a reason and the link carries on.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -83,18 +85,24 @@ TEST(ShimLinkIntegration, ADaemonWithASmallerPoolThanAskedForIsSaid) {
   }
 }
 
-// Two daemons of one user on two sockets, each naming its pool itself: they get a segment each.
-// (With one name per user, the second adopted the first's segment, and the first, stopping
-// with no leases, removed it: the second's clients could not open their pool.)
+// Two daemons of one user on two sockets, each naming its pool itself, with one runtime
+// directory (so one default socket): they get a segment each, named after the socket each
+// serves. (Named after the default socket, the second adopted the first's segment, and the
+// first, stopping with no leases, removed it: the second's clients could not open their pool.)
 TEST(ShimLinkIntegration, DaemonsOnTwoSocketsKeepAPoolEach) {
   LinkRig a, b;
+  b.d.share_runtime_dir(a.d);
   a.d.use_default_segment();
   b.d.use_default_segment();
+  EXPECT_EQ(a.d.env(), b.d.env()) << "one runtime directory";
+  EXPECT_NE(a.d.socket(), b.d.socket());
   EXPECT_NE(a.d.segment(), b.d.segment());
   EXPECT_EQ(a.d.segment(), default_segment_name(a.d.socket())) << "the same socket, the same name: a restart adopts it";
   std::string why;
   ASSERT_TRUE(a.d.start({}, &why)) << why;
   ASSERT_TRUE(b.d.start({}, &why)) << why;
+  EXPECT_EQ(access(("/dev/shm/" + a.d.segment()).c_str(), F_OK), 0) << a.d.log();
+  EXPECT_EQ(access(("/dev/shm/" + b.d.segment()).c_str(), F_OK), 0) << b.d.log();
   ASSERT_EQ(a.d.stop(), 0) << a.d.log();
   ASSERT_TRUE(b.connect(&why)) << why;
   auto lease = b.link->lease(100 * kMiB, &why);
@@ -300,6 +308,88 @@ TEST(ShimLinkIntegration, AnAttachAnsweredWithAnErrorLeavesTheLinkUp) {
   auto e = r.link->lease(kMiB, &why);
   ASSERT_TRUE(e.has_value()) << "the connection is still in step after the error: " << why;
   r.link->release(*e);
+}
+
+// A daemon's lease is memory our copies will write: an extent that is not inside the pool we
+// mapped (past its end, wrapping around 2^64, or smaller than asked) is refused, not used.
+TEST(ShimLinkIntegration, ALeaseOutsideThePoolIsRefused) {
+  FakeRig r;
+  std::string why;
+  ASSERT_TRUE(r.start(FakeDaemon::Mode::RefusesNode, &why)) << why;
+  const uint64_t pool = r.fake.pool_bytes();
+  ASSERT_GT(pool, 0u);
+  struct Forged {
+    const char* what;
+    uint64_t offset, bytes;
+  };
+  for (const Forged& f : {Forged{"past the end", pool - kLeaseAlign, 2 * kLeaseAlign},
+                          Forged{"far past the end", uint64_t{1} << 40, kMiB},
+                          Forged{"wrapping around", ~uint64_t{0} - kLeaseAlign + 1, 2 * kLeaseAlign},
+                          Forged{"smaller than asked", 0, kLeaseAlign}}) {
+    SCOPED_TRACE(f.what);
+    r.fake.forge_leases(f.offset, f.bytes);
+    why.clear();
+    auto e = r.link->lease(kMiB, &why);
+    EXPECT_FALSE(e.has_value()) << "a forged extent [" << f.offset << ", +" << f.bytes << ") in a pool of " << pool
+                                << " bytes became host memory";
+    EXPECT_NE(why.find("outside its pool"), std::string::npos) << why;
+  }
+  r.fake.forge_leases(0, 0);
+  auto e = r.link->lease(kMiB, &why);
+  ASSERT_TRUE(e.has_value()) << why;
+  std::memset(e->host, 0x11, e->bytes);
+  r.link->release(*e);
+}
+
+// Only a daemon of our own uid is spoken to: another user's could direct our copies. The
+// peer's uid comes from the kernel (SO_PEERCRED); a listener of ours stands in for another
+// user's by our asking for a uid it does not have.
+TEST(ShimLinkIntegration, ADaemonOfAnotherUidIsRefused) {
+  TempDir dir;
+  FakeDaemon fake;
+  std::string why;
+  ASSERT_TRUE(fake.start(dir.path() + "/fake.sock", FakeDaemon::Mode::RefusesNode, &why)) << why;
+  const uid_t other = getuid() + 1;
+  DaemonClient c;
+  EXPECT_FALSE(c.connect(fake.socket(), &why, other)) << "a daemon of uid " << getuid() << " taken for uid " << other;
+  EXPECT_NE(why.find("runs as"), std::string::npos) << why;
+  EXPECT_NE(why.find("uid " + std::to_string(getuid())), std::string::npos) << "names the peer's uid: " << why;
+  EXPECT_FALSE(c.connected());
+  ASSERT_TRUE(c.connect(fake.socket(), &why)) << why;
+  StatusView s;
+  EXPECT_TRUE(c.status(&s.head, &s.clients, &why)) << why;
+}
+
+// OFFLOAD_SOCKET in a directory others may write to (another user could have put a socket
+// there first): refused before anything connects.
+TEST(ShimLinkIntegration, ASocketInADirectoryOthersMayWriteIsRefused) {
+  TempDir dir;
+  const std::string open_dir = dir.path() + "/open";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  FakeDaemon fake;
+  std::string why;
+  ASSERT_TRUE(fake.start(open_dir + "/fake.sock", FakeDaemon::Mode::RefusesNode, &why)) << why;
+  const std::string xdg = dir.path() + "/xdg";
+  ASSERT_EQ(mkdir(xdg.c_str(), 0700), 0);
+  setenv("XDG_RUNTIME_DIR", xdg.c_str(), 1);
+  setenv("OFFLOAD_SOCKET", fake.socket().c_str(), 1);
+  Paths p;
+  EXPECT_FALSE(default_paths(&p, &why));
+  EXPECT_NE(why.find("OFFLOAD_SOCKET=" + fake.socket()), std::string::npos) << why;
+  EXPECT_NE(why.find("mode 0777"), std::string::npos) << why;
+  Settings s;
+  s.daemon = "connect";
+  DaemonLink link(s, "shim-open-dir-test");
+  EXPECT_FALSE(link.poll(0));
+  EXPECT_FALSE(link.usable());
+  EXPECT_NE(link.failure().find("mode 0777"), std::string::npos) << link.failure();
+  EXPECT_EQ(fake.count_of(proto::MsgType::Register), 0u) << "it spoke to the daemon in the open directory";
+  // The same directory, private: used.
+  ASSERT_EQ(chmod(open_dir.c_str(), 0755), 0);
+  EXPECT_TRUE(default_paths(&p, &why)) << why;
+  EXPECT_EQ(p.socket, fake.socket());
+  chmod(open_dir.c_str(), 0700);
 }
 
 }  // namespace

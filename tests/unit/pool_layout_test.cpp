@@ -126,6 +126,66 @@ TEST(PoolLayout, OpenRejectsADataSizeThatWraps) {
   }
 }
 
+// Another process of the user may write the shared header at any time: the table keeps the
+// geometry it checked when it opened the pool, and never reads past its own slots or area.
+TEST(PoolLayout, AHeaderRewrittenAfterOpenChangesNothing) {
+  const uint64_t total = pool_total_bytes(8 * MiB, 32);
+  Arena a(total);
+  ASSERT_TRUE(LeaseTable::format(a.base(), total, 32, 1));
+  std::string why;
+  auto t = LeaseTable::open(a.base(), total, &why);
+  ASSERT_TRUE(t) << why;
+  auto x = t->lease(MiB, 7, 70);
+  ASSERT_TRUE(x);
+  unsigned char* data = t->data();
+
+  auto* h = static_cast<PoolHeader*>(a.base());
+  h->max_leases = ~uint32_t{0};         // a table of 128 GiB
+  h->table_offset = uint64_t{1} << 40;  // far past the segment's end
+  h->data_offset = uint64_t{1} << 41;
+  h->data_bytes = ~uint64_t{0} / 2;
+  EXPECT_EQ(t->max_leases(), 32u);
+  EXPECT_EQ(t->data_bytes(), 8 * MiB);
+  EXPECT_EQ(t->data(), data);
+  EXPECT_EQ(t->used_bytes(), MiB);
+  EXPECT_EQ(t->leased_by(7), MiB);
+  EXPECT_EQ(t->largest_free(), 7 * MiB);
+  EXPECT_EQ(t->leases().size(), 1u);
+  auto y = t->lease(4 * MiB, 8, 80);
+  ASSERT_TRUE(y);
+  EXPECT_LE(*y + 4 * MiB, 8 * MiB);
+  EXPECT_FALSE(t->lease(4 * MiB, 8, 80)) << "only 3 MiB are left in the area it opened";
+  EXPECT_TRUE(t->release(*x, 7));
+  EXPECT_EQ(t->release_all(8), 4 * MiB);
+  EXPECT_EQ(t->used_bytes(), 0u);
+  for (int i = 0; i < 32; ++i) EXPECT_TRUE(t->lease(kLeaseAlign, 9, 90)) << i;
+  EXPECT_FALSE(t->lease(kLeaseAlign, 9, 90)) << "32 slots, as checked at open";
+}
+
+// Slots are shared memory too: one whose extent is not inside the data area (past its end, or
+// wrapping around 2^64) is never handed out, never reused, and never counted.
+TEST(PoolLayout, ASlotOutsideTheDataAreaIsIgnored) {
+  const uint64_t total = pool_total_bytes(8 * MiB, 32);
+  Arena a(total);
+  auto t = LeaseTable::format(a.base(), total, 32, 1);
+  ASSERT_TRUE(t);
+  auto* slots = reinterpret_cast<LeaseSlot*>(static_cast<unsigned char*>(a.base()) + sizeof(PoolHeader));
+  slots[0] = LeaseSlot{1, 5, 50, 0, 8 * MiB - kLeaseAlign, 4 * kLeaseAlign};  // runs past the end
+  slots[1] = LeaseSlot{1, 5, 50, 0, ~uint64_t{0} - kLeaseAlign + 1, 2 * kLeaseAlign};  // wraps to kLeaseAlign
+  slots[2] = LeaseSlot{1, 6, 60, 0, 0, 0};  // empty
+  EXPECT_EQ(t->bad_slots(), 3u);
+  EXPECT_TRUE(t->leases().empty());
+  EXPECT_EQ(t->used_bytes(), 0u);
+  EXPECT_EQ(t->leased_by(5), 0u);
+  EXPECT_EQ(t->largest_free(), 8 * MiB);
+  auto x = t->lease(8 * MiB, 1, 10);
+  ASSERT_TRUE(x) << "the whole area is free";
+  EXPECT_EQ(*x, 0u);
+  EXPECT_EQ(slots[0].offset, 8 * MiB - kLeaseAlign) << "a bad slot is not reused";
+  EXPECT_EQ(t->release_all(5), 0u) << "frees the bad slots, counting no bytes";
+  EXPECT_EQ(t->bad_slots(), 1u);
+}
+
 TEST(PoolLayout, FirstFitAndAlignment) {
   const uint64_t total = pool_total_bytes(16 * MiB, 64);
   Arena a(total);
