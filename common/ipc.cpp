@@ -63,6 +63,8 @@ Connection& Connection::operator=(Connection&& o) noexcept {
     fd_ = o.fd_;
     seq_ = o.seq_;
     peer_minor_ = o.peer_minor_;
+    reader_ = std::move(o.reader_);
+    unsent_ = std::move(o.unsent_);
     o.fd_ = -1;
   }
   return *this;
@@ -73,6 +75,7 @@ void Connection::close() {
   fd_ = -1;
   peer_minor_ = -1;
   reader_ = proto::FrameReader{};
+  unsent_.clear();
 }
 
 bool Connection::connect(const std::string& path, std::string* why, uid_t peer_uid) {
@@ -111,16 +114,39 @@ bool Connection::connect(const std::string& path, std::string* why, uid_t peer_u
   return true;
 }
 
+bool Connection::push_unsent() {
+  size_t sent = 0;
+  while (sent < unsent_.size()) {
+    ssize_t w = ::send(fd_, unsent_.data() + sent, unsent_.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (w <= 0) return false;
+    sent += static_cast<size_t>(w);
+  }
+  unsent_.erase(unsent_.begin(), unsent_.begin() + static_cast<std::ptrdiff_t>(sent));
+  return true;
+}
+
 bool Connection::send_nowait(proto::MsgType type, const void* payload, uint32_t len) {
   if (fd_ < 0) return false;
+  if (!push_unsent()) {
+    close();
+    return false;
+  }
+  if (!unsent_.empty()) return false;  // the socket is still full
   std::vector<unsigned char> buf = proto::encode_bytes(type, ++seq_, payload, len);
-  ssize_t w = ::send(fd_, buf.data(), buf.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ssize_t w;
+  do w = ::send(fd_, buf.data(), buf.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (w < 0 && errno == EINTR);
   if (w == static_cast<ssize_t>(buf.size())) return true;
   if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
-  // A partial write would desynchronise the stream: finish it blocking.
-  if (w > 0) return send_all(fd_, buf.data() + w, buf.size() - static_cast<size_t>(w));
-  close();
-  return false;
+  if (w < 0) {
+    close();
+    return false;
+  }
+  // Part of it went: the rest goes before any other frame, without waiting here.
+  unsent_.assign(buf.begin() + w, buf.end());
+  return true;
 }
 
 bool Connection::call(proto::MsgType type, const void* payload, uint32_t len, proto::FrameHeader* rh,
@@ -131,6 +157,9 @@ bool Connection::call(proto::MsgType type, const void* payload, uint32_t len, pr
   }
   uint64_t seq = ++seq_;
   std::vector<unsigned char> buf = proto::encode_bytes(type, seq, payload, len);
+  // A frame begun by send_nowait is finished first.
+  buf.insert(buf.begin(), unsent_.begin(), unsent_.end());
+  unsent_.clear();
   if (!send_all(fd_, buf.data(), buf.size())) {
     *why = "offloadd closed the connection";
     close();
@@ -138,7 +167,8 @@ bool Connection::call(proto::MsgType type, const void* payload, uint32_t len, pr
   }
   for (;;) {
     while (reader_.next(rh, reply)) {
-      if (rh->seq != seq) continue;  // a stale reply
+      bool to_connection = rh->seq == 0 && static_cast<proto::MsgType>(rh->type) == proto::MsgType::Error;
+      if (rh->seq != seq && !to_connection) continue;  // a stale reply
       peer_minor_ = rh->minor;
       if (static_cast<proto::MsgType>(rh->type) == proto::MsgType::Error) {
         proto::Error e{};
@@ -198,17 +228,39 @@ std::optional<proto::ReleaseReply> DaemonClient::release(uint64_t offset, uint64
                                       proto::Release{offset, bytes}, why);
 }
 
-bool DaemonClient::status(proto::StatusHead* head, std::vector<proto::ClientStatus>* clients, std::string* why) {
-  proto::FrameHeader h{};
-  std::vector<unsigned char> payload;
-  proto::StatusQuery q{};
-  if (!conn_.call(proto::MsgType::StatusQuery, &q, sizeof q, &h, &payload, why)) return false;
-  if (static_cast<proto::MsgType>(h.type) != proto::MsgType::StatusReply ||
-      !proto::read_status(payload.data(), payload.size(), head, clients)) {
-    *why = "malformed status reply from offloadd";
-    return false;
+template <class Query, class Head, class Entry>
+bool DaemonClient::list_all(proto::MsgType type, proto::MsgType want, Head* head, std::vector<Entry>* entries,
+                            std::string* why, bool* complete) {
+  entries->clear();
+  if (complete) *complete = true;
+  Query q{};
+  for (;;) {
+    proto::FrameHeader h{};
+    std::vector<unsigned char> payload;
+    std::vector<Entry> page;
+    if (!conn_.call(type, &q, sizeof q, &h, &payload, why)) return false;
+    if (static_cast<proto::MsgType>(h.type) != want || !proto::read_list(payload.data(), payload.size(), head, &page)) {
+      *why = std::string("malformed ") + (want == proto::MsgType::StatusReply ? "status" : "node") +
+             " reply from offloadd";
+      return false;
+    }
+    entries->insert(entries->end(), page.begin(), page.end());
+    head->clients = static_cast<uint32_t>(entries->size());
+    if (h.minor < proto::kMinorPages) {
+      // An older daemon lists one page only: a full one may have been cut.
+      if (complete) *complete = page.size() < proto::kMaxClients;
+      return true;
+    }
+    // Ids only grow along the pages: anything else would never end.
+    if (!(h.flags & proto::kFlagMoreClients) || page.empty() || page.back().client_id <= q.after_client) return true;
+    q.after_client = page.back().client_id;
   }
-  return true;
+}
+
+bool DaemonClient::status(proto::StatusHead* head, std::vector<proto::ClientStatus>* clients, std::string* why,
+                          bool* complete) {
+  return list_all<proto::StatusQuery>(proto::MsgType::StatusQuery, proto::MsgType::StatusReply, head, clients, why,
+                                      complete);
 }
 
 bool DaemonClient::peer_has(uint16_t minor, const char* what, std::string* why) const {
@@ -225,18 +277,11 @@ std::optional<proto::AttachReply> DaemonClient::attach(const proto::Attach& a, s
   return request<proto::AttachReply>(proto::MsgType::Attach, proto::MsgType::AttachReply, a, why);
 }
 
-bool DaemonClient::node(proto::NodeHead* head, std::vector<proto::ClientNode>* clients, std::string* why) {
+bool DaemonClient::node(proto::NodeHead* head, std::vector<proto::ClientNode>* clients, std::string* why,
+                        bool* complete) {
   if (!peer_has(proto::kMinorNode, "NodeQuery", why)) return false;
-  proto::FrameHeader h{};
-  std::vector<unsigned char> payload;
-  proto::NodeQuery q{};
-  if (!conn_.call(proto::MsgType::NodeQuery, &q, sizeof q, &h, &payload, why)) return false;
-  if (static_cast<proto::MsgType>(h.type) != proto::MsgType::NodeReply ||
-      !proto::read_node(payload.data(), payload.size(), head, clients)) {
-    *why = "malformed node reply from offloadd";
-    return false;
-  }
-  return true;
+  return list_all<proto::NodeQuery>(proto::MsgType::NodeQuery, proto::MsgType::NodeReply, head, clients, why,
+                                    complete);
 }
 
 bool DaemonClient::shutdown(std::string* why) {

@@ -40,7 +40,11 @@ class Connection {
  public:
   Connection() = default;
   ~Connection();
-  Connection(Connection&& o) noexcept : fd_(o.fd_), seq_(o.seq_), peer_minor_(o.peer_minor_) { o.fd_ = -1; }
+  Connection(Connection&& o) noexcept
+      : fd_(o.fd_), seq_(o.seq_), peer_minor_(o.peer_minor_), reader_(std::move(o.reader_)),
+        unsent_(std::move(o.unsent_)) {
+    o.fd_ = -1;
+  }
   Connection& operator=(Connection&& o) noexcept;
 
   // Connects to the daemon's socket; false with *why if nobody listens there, or if the
@@ -53,10 +57,16 @@ class Connection {
 
   // Sends one request and waits (up to timeout_ms) for the reply with the same sequence.
   // The reply's header and payload are returned; false with *why on a broken connection, a
-  // timeout, a malformed reply, or an Error frame (its message in *why).
+  // timeout, a malformed reply, or an Error frame (its message in *why; an Error of
+  // sequence 0 is the daemon's word on the connection itself, a refusal, and ends the wait).
+  // The stream stays whole across a timeout: a late reply's bytes are read and skipped by
+  // the next call, and a request is never left half sent (the connection closes instead).
   bool call(proto::MsgType type, const void* payload, uint32_t len, proto::FrameHeader* reply_header,
             std::vector<unsigned char>* reply, std::string* why, int timeout_ms = 5000);
-  // Sends one frame without waiting for a reply (telemetry). False if it would block.
+  // Sends one frame without waiting for a reply (telemetry), never blocking. A frame the
+  // socket takes only in part is finished before the next frame (kept in unsent_), so the
+  // stream never carries half a frame; false, with nothing sent, while one is pending or
+  // the socket is full.
   bool send_nowait(proto::MsgType type, const void* payload, uint32_t len);
 
   // The protocol minor of the peer, from the last reply on this connection (an Error
@@ -68,6 +78,9 @@ class Connection {
   uint64_t seq_ = 0;
   int peer_minor_ = -1;
   proto::FrameReader reader_;
+  std::vector<unsigned char> unsent_;  // the tail of a frame send_nowait began
+  // Sends unsent_ without blocking; false if the peer is gone.
+  bool push_unsent();
 };
 
 // Typed requests.
@@ -83,17 +96,27 @@ class DaemonClient {
   std::optional<proto::LeaseReply> lease(uint64_t bytes, std::string* why);
   std::optional<proto::ReleaseReply> release(uint64_t offset, uint64_t bytes, std::string* why);
   bool telemetry(const proto::Telemetry& t) { return conn_.send_nowait(proto::MsgType::Telemetry, &t, sizeof t); }
-  bool status(proto::StatusHead* head, std::vector<proto::ClientStatus>* clients, std::string* why);
+  // Every client, page by page (protocol minor 2); head->clients is then their number. From
+  // an older daemon, which lists at most kMaxClients, *complete (optional) is false when its
+  // one page was full: clients may be missing.
+  bool status(proto::StatusHead* head, std::vector<proto::ClientStatus>* clients, std::string* why,
+              bool* complete = nullptr);
   bool shutdown(std::string* why);
   // Protocol minor 1. Both refuse, without sending, when the daemon's replies say it speaks
   // an older minor (it would take the frame for garbage and close the connection); the
   // connection stays usable then, and after an Error reply too.
   std::optional<proto::AttachReply> attach(const proto::Attach& a, std::string* why);
-  bool node(proto::NodeHead* head, std::vector<proto::ClientNode>* clients, std::string* why);
+  // Paged as status().
+  bool node(proto::NodeHead* head, std::vector<proto::ClientNode>* clients, std::string* why,
+            bool* complete = nullptr);
 
  private:
   template <class Reply, class Req>
   std::optional<Reply> request(proto::MsgType type, proto::MsgType want, const Req& req, std::string* why);
+  // All the pages of a StatusQuery or NodeQuery; false with *why.
+  template <class Query, class Head, class Entry>
+  bool list_all(proto::MsgType type, proto::MsgType want, Head* head, std::vector<Entry>* entries, std::string* why,
+                bool* complete);
   // False with *why when the peer is known to speak a minor older than `minor`.
   bool peer_has(uint16_t minor, const char* what, std::string* why) const;
   Connection conn_;

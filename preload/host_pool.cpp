@@ -2,8 +2,11 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +35,39 @@ std::optional<int> env_int(const char* v, int lo, int hi) {
   }
   if (x < lo) return std::nullopt;
   return static_cast<int>(x);
+}
+
+// Closes every descriptor from `first` up. Async-signal-safe.
+void close_from(int first) {
+#ifdef SYS_close_range
+  if (syscall(SYS_close_range, first, ~0u, 0) == 0) return;
+#endif
+  rlimit r{};
+  long top = getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur != RLIM_INFINITY ? static_cast<long>(r.rlim_cur) : 65536;
+  for (long fd = first; fd < top; ++fd) close(static_cast<int>(fd));
+}
+
+// In the forked child, before exec: the daemon outlives the job, so it takes nothing of the
+// thread that starts it (a worker thread blocks every signal: SIGTERM would do nothing), of
+// its descriptors (a job runner waiting for EOF on a pipe would wait for the daemon) or of
+// its working directory (an unmount would fail). Async-signal-safe.
+void reset_for_exec(int stdin_fd, int log_fd) {
+  struct sigaction dfl{};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (stdin_fd >= 0) dup2(stdin_fd, 0);
+  if (log_fd >= 0) {
+    dup2(log_fd, 1);
+    dup2(log_fd, 2);
+  }
+  close_from(3);
+  if (chdir("/") != 0) {
+    // Stays where it was: still a daemon that works.
+  }
 }
 
 }  // namespace
@@ -154,11 +190,7 @@ bool DaemonLink::start_daemon(std::string* why) {
     if (fork() != 0) _exit(0);
     int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (null >= 0) dup2(null, 0);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
+    reset_for_exec(null, fd);
     execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }

@@ -13,10 +13,13 @@ for variant in plain address thread; do
   # -g1: line tables only (sanitizer reports still name file and line) and a faster build.
   # -O1, as the sanitizers' own guides advise, assertions kept: the executor and simulated
   # driver run thousands of simulated steps, which -O0 makes much slower.
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" -DOFFLOAD_SANITIZE="$san" > /dev/null
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" -DOFFLOAD_SANITIZE="$san" -DOFFLOAD_WERROR=ON > /dev/null
   cmake --build "$dir" -j "$jobs"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu
 done
+echo "== a Release build with -Werror (GCC warns of some things only when optimising at -O3) (at ${SECONDS} s)"
+cmake -S . -B build-test-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_WERROR=ON > /dev/null
+cmake --build build-test-release -j "$jobs"
 echo "== fuzz the wire protocol's decoder (bounded) (at ${SECONDS} s)"
 scripts/run-fuzz.sh "${FUZZ_SECONDS:-30}"
 echo "== the recorded traces: replay on the simulated driver and trace check (at ${SECONDS} s)"

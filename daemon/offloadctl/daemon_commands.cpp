@@ -78,7 +78,14 @@ bool link_measured(const proto::NodeLink& l) { return l.h2d_bps || l.d2h_bps || 
 // "-" for none.
 std::string rank_text(int32_t r) { return r >= 0 ? std::to_string(r) : "-"; }
 
-void print_table(const proto::StatusHead& h, const std::vector<proto::ClientStatus>& cs, const NodeView* node) {
+// Said under the table when an older offloadd's one page was full.
+std::string cut_text(size_t listed) {
+  return "(only the first " + std::to_string(listed) +
+         " clients are listed: this offloadd lists no more; a newer one lists them all)";
+}
+
+void print_table(const proto::StatusHead& h, const std::vector<proto::ClientStatus>& cs, const NodeView* node,
+                 bool complete) {
   printf("pool: %s, used %s, free %s (offloadd pid %u)\n", human(h.pool_bytes).c_str(), human(h.used_bytes).c_str(),
          human(h.free_bytes).c_str(), h.daemon_pid);
   if (node) {
@@ -114,6 +121,7 @@ void print_table(const proto::StatusHead& h, const std::vector<proto::ClientStat
     printf("\n");
   }
   if (cs.empty()) printf("(no clients)\n");
+  if (!complete) printf("%s\n", cut_text(cs.size()).c_str());
 }
 
 std::string json_gbps(uint64_t bps) {
@@ -122,7 +130,8 @@ std::string json_gbps(uint64_t bps) {
   return s;
 }
 
-void print_json(const proto::StatusHead& h, const std::vector<proto::ClientStatus>& cs, const NodeView* node) {
+void print_json(const proto::StatusHead& h, const std::vector<proto::ClientStatus>& cs, const NodeView* node,
+                bool complete) {
   printf("{\"version\":1,\"daemon_pid\":%u,\"pool_bytes\":%llu,\"used_bytes\":%llu,\"free_bytes\":%llu,\"clients\":[",
          h.daemon_pid, static_cast<unsigned long long>(h.pool_bytes), static_cast<unsigned long long>(h.used_bytes),
          static_cast<unsigned long long>(h.free_bytes));
@@ -149,7 +158,8 @@ void print_json(const proto::StatusHead& h, const std::vector<proto::ClientStatu
     }
     printf("}");
   }
-  printf("]");
+  // false: an older offloadd listed one full page only, and there may be more clients.
+  printf("],\"clients_complete\":%s", complete ? "true" : "false");
   if (node) {
     const proto::NodeLink& l = node->head.link;
     printf(",\"node\":{\"gpus\":%u,\"link\":{\"h2d_gbps\":%s,\"d2h_gbps\":%s,\"both_gbps\":%s}}", node->head.gpus,
@@ -168,7 +178,8 @@ int cmd_status(const std::string& socket, bool json, double watch_s) {
     proto::StatusHead h{};
     std::vector<proto::ClientStatus> cs;
     std::string why;
-    if (!c.status(&h, &cs, &why)) {
+    bool complete = true;
+    if (!c.status(&h, &cs, &why, &complete)) {
       fprintf(stderr, "offloadctl: %s\n", why.c_str());
       return 1;
     }
@@ -190,7 +201,7 @@ int cmd_status(const std::string& socket, bool json, double watch_s) {
     }
     const NodeView* nv = node ? &*node : nullptr;
     if (watch_s > 0 && !json) printf("\033[H\033[2J");
-    json ? print_json(h, cs, nv) : print_table(h, cs, nv);
+    json ? print_json(h, cs, nv, complete) : print_table(h, cs, nv, complete);
     fflush(stdout);
     if (watch_s <= 0) return 0;
     usleep(static_cast<useconds_t>(watch_s * 1e6));

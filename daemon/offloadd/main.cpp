@@ -92,6 +92,8 @@ std::optional<offload::proto::NodeLink> parse_node_link(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every peer costs a descriptor: take all the system allows this user.
+  offload::raise_open_files_limit();
   offload::ServiceOptions o;
   o.pool_bytes = 4ull << 30;
   std::string why;

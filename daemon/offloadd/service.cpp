@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -41,19 +42,6 @@ void prefault(unsigned char* p, uint64_t bytes) {
   for (uint64_t off = 0; off < bytes; off += static_cast<uint64_t>(page)) p[off] = 0;
 }
 
-std::string label_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-      continue;
-    }
-    o += c;
-  }
-  return o;
-}
-
 std::string gbps(uint64_t bps) {
   char b[32];
   std::snprintf(b, sizeof b, "%.1f GB/s", static_cast<double>(bps) / 1e9);
@@ -74,6 +62,45 @@ std::string bytes_text(uint64_t b) {
 
 }  // namespace
 
+bool Service::bind_endpoints(std::string* why) {
+  // The socket, private to this user.
+  sockaddr_un addr{};
+  if (opt_.socket_path.size() >= sizeof addr.sun_path) {
+    *why = "socket path too long: " + opt_.socket_path;
+    return false;
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, opt_.socket_path.c_str(), opt_.socket_path.size() + 1);
+  listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  // Holding the lock, a socket file left here is a dead daemon's: replace it.
+  unlink(opt_.socket_path.c_str());
+  mode_t old = umask(0177);
+  int rc = bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  umask(old);
+  if (rc == 0) owns_socket_ = true;
+  if (rc != 0 || chmod(opt_.socket_path.c_str(), opt_.socket_mode) != 0 || listen(listen_fd_, 64) != 0) {
+    *why = "cannot listen on " + opt_.socket_path + ": " + strerror(errno);
+    return false;
+  }
+  if (opt_.metrics_port >= 0) {
+    metrics_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    setsockopt(metrics_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in in{};
+    in.sin_family = AF_INET;
+    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    in.sin_port = htons(static_cast<uint16_t>(opt_.metrics_port));
+    if (bind(metrics_fd_, reinterpret_cast<sockaddr*>(&in), sizeof in) != 0 || listen(metrics_fd_, 16) != 0) {
+      *why = "cannot serve metrics on 127.0.0.1:" + std::to_string(opt_.metrics_port) + ": " + strerror(errno);
+      return false;
+    }
+    socklen_t len = sizeof in;
+    getsockname(metrics_fd_, reinterpret_cast<sockaddr*>(&in), &len);
+    metrics_port_ = ntohs(in.sin_port);
+  }
+  return true;
+}
+
 std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* why) {
   std::unique_ptr<Service> s(new Service());
   s->opt_ = o;
@@ -89,6 +116,9 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
     *why = "another offloadd is already serving " + o.socket_path;
     return nullptr;
   }
+  // The socket and the metrics port before the segment: a port in use is reported at once,
+  // not after a large pool was made.
+  if (!s->bind_endpoints(why)) return nullptr;
   // The segment: adopt the one a previous daemon left, or create it. Either way it is locked
   // (flock on its fd) for the daemon's life: two daemons on one lease table would free each
   // other's leases and hand out live bytes again.
@@ -137,6 +167,11 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
       *why = "no pool to adopt and no --pool-size given";
       return nullptr;
     }
+    std::string no_room = pool_room_problem(total, memory_room(o.shm_dir), o.shm_dir);
+    if (!no_room.empty()) {
+      *why = no_room;
+      return nullptr;
+    }
     s->seg_fd_ = shm_open(shm_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (s->seg_fd_ < 0) {
       *why = "cannot create shared-memory segment " + shm_name + ": " + strerror(errno);
@@ -151,6 +186,11 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
     };
     if (fchmod(s->seg_fd_, 0600) != 0 || ftruncate(s->seg_fd_, static_cast<off_t>(total)) != 0)
       return fail("cannot size shared-memory segment " + shm_name + ": " + strerror(errno));
+    // Every page allocated now: a pool that does not fit fails here, not later with SIGBUS in
+    // the daemon or in a client writing a granted lease.
+    if (int err = posix_fallocate(s->seg_fd_, 0, static_cast<off_t>(total)); err != 0)
+      return fail("cannot allocate a pool of " + std::to_string(total) + " bytes in " + o.shm_dir + ": " +
+                  strerror(err));
     void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, s->seg_fd_, 0);
     if (p == MAP_FAILED)
       return fail(std::string("cannot map a pool of ") + std::to_string(total) + " bytes: " + strerror(errno));
@@ -189,41 +229,6 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
                s->table_->data_bytes(), h.generation, s->clients_.size());
   }
 
-  // The socket, private to this user.
-  sockaddr_un addr{};
-  if (o.socket_path.size() >= sizeof addr.sun_path) {
-    *why = "socket path too long: " + o.socket_path;
-    return nullptr;
-  }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, o.socket_path.c_str(), o.socket_path.size() + 1);
-  s->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  // Holding the lock, a socket file left here is a dead daemon's: replace it.
-  unlink(o.socket_path.c_str());
-  mode_t old = umask(0177);
-  int rc = bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  umask(old);
-  if (rc == 0) s->owns_socket_ = true;
-  if (rc != 0 || chmod(o.socket_path.c_str(), o.socket_mode) != 0 || listen(s->listen_fd_, 64) != 0) {
-    *why = "cannot listen on " + o.socket_path + ": " + strerror(errno);
-    return nullptr;
-  }
-  if (o.metrics_port >= 0) {
-    s->metrics_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int one = 1;
-    setsockopt(s->metrics_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in in{};
-    in.sin_family = AF_INET;
-    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    in.sin_port = htons(static_cast<uint16_t>(o.metrics_port));
-    if (bind(s->metrics_fd_, reinterpret_cast<sockaddr*>(&in), sizeof in) != 0 || listen(s->metrics_fd_, 16) != 0) {
-      *why = "cannot serve metrics on 127.0.0.1:" + std::to_string(o.metrics_port) + ": " + strerror(errno);
-      return nullptr;
-    }
-    socklen_t len = sizeof in;
-    getsockname(s->metrics_fd_, reinterpret_cast<sockaddr*>(&in), &len);
-    s->metrics_port_ = ntohs(in.sin_port);
-  }
   if (pipe2(s->wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
     *why = std::string("pipe: ") + strerror(errno);
     return nullptr;
@@ -234,6 +239,7 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
 Service::~Service() {
   if (prefault_.joinable()) prefault_.join();
   for (auto& [fd, c] : conns_) close(fd);
+  for (auto& [fd, m] : metrics_conns_) close(fd);
   if (listen_fd_ >= 0) close(listen_fd_);
   if (owns_socket_) unlink(opt_.socket_path.c_str());
   if (metrics_fd_ >= 0) close(metrics_fd_);
@@ -266,13 +272,16 @@ int Service::run() {
     fds.push_back({wake_[0], POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
     if (metrics_fd_ >= 0) fds.push_back({metrics_fd_, POLLIN, 0});
-    for (auto& [fd, c] : conns_) fds.push_back({fd, POLLIN, 0});
-    int n = poll(fds.data(), fds.size(), 250);
+    for (auto& [fd, c] : conns_)
+      fds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+    for (auto& [fd, m] : metrics_conns_) fds.push_back({fd, static_cast<short>(m.answered ? POLLOUT : POLLIN), 0});
+    int n = poll(fds.data(), fds.size(), poll_timeout_ms(now_ms()));
     if (n < 0 && errno != EINTR) {
       log().error("poll: {}", strerror(errno));
       return 1;
     }
     reap_dead();
+    expire_metrics(now_ms());
     if (n <= 0) continue;
     for (const pollfd& p : fds) {
       if (!p.revents) continue;
@@ -284,8 +293,11 @@ int Service::run() {
         accept_client();
       } else if (p.fd == metrics_fd_) {
         accept_metrics();
+      } else if (metrics_conns_.count(p.fd)) {
+        on_metrics(p.fd, p.revents);
       } else {
-        on_readable(p.fd);
+        if (p.revents & POLLOUT) on_writable(p.fd);
+        if (p.revents & (POLLIN | POLLHUP | POLLERR)) on_readable(p.fd);
       }
     }
   }
@@ -293,10 +305,19 @@ int Service::run() {
   return 0;
 }
 
+int Service::poll_timeout_ms(int64_t now) const {
+  int64_t t = 250;  // the reaper's period
+  for (auto& [fd, m] : metrics_conns_) t = std::min(t, std::max<int64_t>(m.deadline_ms - now, 0));
+  return static_cast<int>(t);
+}
+
 void Service::accept_client() {
   for (;;) {
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
+    if (fd < 0) {
+      if ((errno == EMFILE || errno == ENFILE) && refuse_for_descriptors(listen_fd_, true)) continue;
+      return;
+    }
     ucred cred{};
     socklen_t len = sizeof cred;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
@@ -310,23 +331,49 @@ void Service::accept_client() {
   }
 }
 
-void Service::accept_metrics() {
-  for (;;) {
-    int fd = accept4(metrics_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) return;
-    // One request, one answer; the request itself is not needed (any path serves metrics).
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 200) > 0) {
-      char buf[1024];
-      ssize_t ignored = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+bool Service::refuse_for_descriptors(int listen_fd, bool framed) {
+  // Out of descriptors, the waiting peer keeps the listening socket readable: without the
+  // spare, poll() returns at once forever and the daemon spins.
+  spare_fd_.release();
+  int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  bool refused = fd >= 0;
+  if (refused) {
+    rlimit r{};
+    getrlimit(RLIMIT_NOFILE, &r);
+    std::string msg = "offloadd is out of file descriptors (" + std::to_string(conns_.size()) +
+                      " connections, limit " + std::to_string(r.rlim_cur) + "); try again later";
+    if (framed) {
+      proto::Error e{};
+      e.status = static_cast<uint32_t>(proto::Status::Refused);
+      std::snprintf(e.message, sizeof e.message, "%s", msg.c_str());
+      auto frame = proto::encode(proto::MsgType::Error, 0, e);
+      ssize_t ignored = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)ignored;
+    } else {
+      std::string resp = "HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n" +
+                         msg + "\n";
+      ssize_t ignored = ::send(fd, resp.data(), resp.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       (void)ignored;
     }
-    std::string body = metrics_text();
-    std::string resp = "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
-                       std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-    send_all(fd, resp.data(), resp.size());
     close(fd);
+    ++fd_refusals_;
   }
+  if (!spare_fd_.take()) refused = false;  // nothing in reserve: wait for the next round
+  // Rate-limited: a flood of refusals must not flood the log too.
+  int64_t t = now_ms();
+  if (fd_refusals_ && t - fd_warned_ms_ >= 10'000) {
+    log().warn("out of file descriptors: refused {} connection(s) since the last warning ({} open)", fd_refusals_,
+               conns_.size() + metrics_conns_.size());
+    fd_warned_ms_ = t;
+    fd_refusals_ = 0;
+  }
+  return refused;
+}
+
+void Service::on_writable(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  if (!it->second.out.flush(fd)) drop(fd);
 }
 
 void Service::on_readable(int fd) {
@@ -343,12 +390,14 @@ void Service::on_readable(int fd) {
   conn.reader.feed(buf, static_cast<size_t>(n));
   proto::FrameHeader h{};
   std::vector<unsigned char> payload;
-  while (conns_.count(fd) && conn.reader.next(&h, &payload)) handle(fd, conn, h, payload);
-  if (conns_.count(fd) && conn.reader.failed()) {
+  while (!conn.closing && conns_.count(fd) && conn.reader.next(&h, &payload)) handle(fd, conn, h, payload);
+  if (!conns_.count(fd)) return;
+  if (!conn.closing && conn.reader.failed()) {
     log().warn("pid {}: {}; closing its connection", conn.pid, conn.reader.error());
     send_error(fd, 0, proto::Status::BadRequest, conn.reader.error());
-    drop(fd);
+    conn.closing = true;
   }
+  if (conn.closing) drop(fd);
 }
 
 uint64_t Service::fair_share() const {
@@ -412,10 +461,16 @@ void Service::handle(int fd, Conn& conn, const proto::FrameHeader& h, const std:
                  id == r.prior_client ? " (re-attached)" : "");
       return send(fd, proto::encode(MsgType::RegisterReply, h.seq, rep));
     }
-    case MsgType::StatusQuery:
-      return send(fd, status_frame(h.seq));
-    case MsgType::NodeQuery:
-      return send(fd, node_frame(h.seq));
+    case MsgType::StatusQuery: {
+      proto::StatusQuery q{};
+      proto::read_payload(payload.data(), payload.size(), &q);
+      return send(fd, status_frame(h.seq, q.after_client));
+    }
+    case MsgType::NodeQuery: {
+      proto::NodeQuery q{};
+      proto::read_payload(payload.data(), payload.size(), &q);
+      return send(fd, node_frame(h.seq, q.after_client));
+    }
     case MsgType::Shutdown: {
       log().info("shutdown requested by pid {}", conn.pid);
       send(fd, proto::encode(MsgType::ReleaseReply, h.seq, proto::ReleaseReply{0, 0}));
@@ -518,8 +573,24 @@ void Service::note_node_change() {
 }
 
 void Service::send(int fd, const std::vector<unsigned char>& frame) {
-  // A peer that is gone is dropped when its hang-up is read.
-  send_all(fd, frame.data(), frame.size());
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) {
+    // Not a connection of ours (refused at accept): one try, never a wait.
+    ssize_t ignored = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)ignored;
+    return;
+  }
+  Conn& c = it->second;
+  if (c.closing) return;
+  c.out.append(frame.data(), frame.size());
+  if (!c.out.flush(fd)) {
+    c.closing = true;  // gone: dropped once its input is handled
+  } else if (c.out.size() > opt_.max_output_bytes) {
+    // A peer that does not read its replies would hold them here without bound.
+    log().warn("pid {}: {} bytes of replies unread (at most {}); dropping its connection", c.pid, c.out.size(),
+               opt_.max_output_bytes);
+    c.closing = true;
+  }
 }
 
 void Service::send_error(int fd, uint64_t seq, proto::Status st, const std::string& msg) {
@@ -560,7 +631,7 @@ void Service::reap_dead() {
   }
 }
 
-std::vector<unsigned char> Service::status_frame(uint64_t seq) const {
+std::vector<unsigned char> Service::status_frame(uint64_t seq, uint32_t after_client) const {
   proto::StatusHead head{};
   head.pool_bytes = table_->data_bytes();
   head.used_bytes = table_->used_bytes();
@@ -568,8 +639,14 @@ std::vector<unsigned char> Service::status_frame(uint64_t seq) const {
   head.daemon_pid = static_cast<uint32_t>(getpid());
   std::vector<proto::ClientStatus> cs;
   uint64_t share = fair_share();
-  for (auto& [id, c] : clients_) {
-    if (cs.size() == proto::kMaxClients) break;
+  // One page: the clients above after_client, by id, as many as a reply holds.
+  uint16_t flags = 0;
+  for (auto it = clients_.upper_bound(after_client); it != clients_.end(); ++it) {
+    const auto& [id, c] = *it;
+    if (cs.size() == proto::kMaxClients) {
+      flags = proto::kFlagMoreClients;
+      break;
+    }
     proto::ClientStatus s{};
     s.pid = c.pid;
     s.gpu = c.gpu;
@@ -581,16 +658,21 @@ std::vector<unsigned char> Service::status_frame(uint64_t seq) const {
     std::snprintf(s.command, sizeof s.command, "%s", c.command.c_str());
     cs.push_back(s);
   }
-  return proto::encode_status(seq, head, cs);
+  return proto::encode_status(seq, head, cs, flags);
 }
 
-std::vector<unsigned char> Service::node_frame(uint64_t seq) const {
+std::vector<unsigned char> Service::node_frame(uint64_t seq, uint32_t after_client) const {
   proto::NodeHead head{};
   head.gpus = node_gpus();
   head.link = opt_.node_link;
   std::vector<proto::ClientNode> cs;
-  for (auto& [id, c] : clients_) {
-    if (cs.size() == proto::kMaxClients) break;
+  uint16_t flags = 0;  // paged as status_frame
+  for (auto it = clients_.upper_bound(after_client); it != clients_.end(); ++it) {
+    const auto& [id, c] = *it;
+    if (cs.size() == proto::kMaxClients) {
+      flags = proto::kFlagMoreClients;
+      break;
+    }
     proto::ClientNode n{};
     n.client_id = id;
     n.pid = c.pid;
@@ -602,51 +684,7 @@ std::vector<unsigned char> Service::node_frame(uint64_t seq) const {
     std::snprintf(n.gpu_id, sizeof n.gpu_id, "%s", c.gpu_id.c_str());
     cs.push_back(n);
   }
-  return proto::encode_node(seq, head, cs);
-}
-
-std::string Service::metrics_text() const {
-  std::ostringstream m;
-  uint64_t used = table_->used_bytes();
-  m << "# HELP offload_pool_bytes Size of the node's shared pinned host pool.\n# TYPE offload_pool_bytes gauge\n"
-    << "offload_pool_bytes " << table_->data_bytes() << "\n"
-    << "# HELP offload_pool_used_bytes Bytes of the pool leased to clients.\n# TYPE offload_pool_used_bytes gauge\n"
-    << "offload_pool_used_bytes " << used << "\n"
-    << "# HELP offload_clients Registered clients.\n# TYPE offload_clients gauge\n"
-    << "offload_clients " << clients_.size() << "\n"
-    << "# HELP offload_node_gpus GPUs of the node that share the host link (distinct GPUs of the attached "
-       "clients, at least the largest local world size they reported).\n# TYPE offload_node_gpus gauge\n"
-    << "offload_node_gpus " << node_gpus() << "\n";
-  struct Metric {
-    const char* name;
-    const char* help;
-    const char* type;
-  };
-  const Metric ms[] = {
-      {"offload_client_leased_bytes", "Pool bytes leased by the client.", "gauge"},
-      {"offload_client_resident_bytes", "Offloadable bytes resident on the GPU.", "gauge"},
-      {"offload_client_evicted_bytes", "Bytes evicted to the pool.", "gauge"},
-      {"offload_client_step_seconds", "Last step time.", "gauge"},
-      {"offload_client_exposed_stall_seconds", "Transfer time not hidden by compute, last step.", "gauge"},
-      {"offload_client_misses_total", "Demand reloads (launches that found data not resident).", "counter"},
-  };
-  for (const Metric& x : ms) {
-    m << "# HELP " << x.name << ' ' << x.help << "\n# TYPE " << x.name << ' ' << x.type << "\n";
-    for (auto& [id, c] : clients_) {
-      m << x.name << "{client=\"" << id << "\",pid=\"" << c.pid << "\",gpu=\"" << c.gpu << "\",gpu_id=\""
-        << label_escape(c.gpu_id) << "\",rank=\"" << (c.rank >= 0 ? std::to_string(c.rank) : std::string())
-        << "\",command=\"" << label_escape(c.command) << "\"} ";
-      std::string n = x.name;
-      if (n == "offload_client_leased_bytes") m << table_->leased_by(id);
-      else if (n == "offload_client_resident_bytes") m << c.last.resident_bytes;
-      else if (n == "offload_client_evicted_bytes") m << c.last.evicted_bytes;
-      else if (n == "offload_client_step_seconds") m << static_cast<double>(c.last.step_ns) / 1e9;
-      else if (n == "offload_client_exposed_stall_seconds") m << static_cast<double>(c.last.exposed_stall_ns) / 1e9;
-      else m << c.last.misses;
-      m << "\n";
-    }
-  }
-  return m.str();
+  return proto::encode_node(seq, head, cs, flags);
 }
 
 }  // namespace offload

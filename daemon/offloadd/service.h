@@ -1,7 +1,10 @@
 // offloadd's service: the node's shared pinned host pool and the clients that lease it.
 //
 // One thread runs everything: a poll() loop over the listening socket, the clients'
-// connections and the metrics port. The pool's lease table lives in the shared segment
+// connections, the metrics port and its connections. Nothing in it blocks on a peer: every
+// socket is non-blocking, replies wait in a per-connection output buffer (a peer whose
+// buffer passes ServiceOptions::max_output_bytes is dropped), and a metrics connection has
+// a deadline. The pool's lease table lives in the shared segment
 // itself, so it survives the daemon: a restarted daemon re-adopts the segment, keeps the
 // leases of processes that are still alive (they may be using the bytes) and frees those of
 // processes that are gone.
@@ -33,6 +36,7 @@
 
 #include "offload/pool_layout.h"
 #include "offload/protocol.h"
+#include "offloadd/resources.h"
 
 namespace offload {
 
@@ -45,11 +49,17 @@ struct ServiceOptions {
   mode_t socket_mode = 0600;
   bool prefault = true;
   proto::NodeLink node_link{};  // the node's aggregate host link; zeros: not measured
+  // Replies a connection has not read yet, at most; past it the connection is dropped.
+  size_t max_output_bytes = 4u << 20;
+  int metrics_deadline_ms = 2000;  // a metrics connection's whole life, request to answer
+  std::string shm_dir = "/dev/shm";  // where POSIX shared memory lives, for the size check
 };
 
 class Service {
  public:
-  // Creates the pool (or re-adopts an existing one) and binds the socket; nullptr with *why.
+  // Binds the socket and the metrics port, then creates the pool (or re-adopts an existing
+  // one); nullptr with *why. A new pool is checked against the free shared memory and
+  // MemAvailable, and allocated in full before anything is served.
   static std::unique_ptr<Service> create(const ServiceOptions& o, std::string* why);
   ~Service();
 
@@ -82,12 +92,28 @@ class Service {
     proto::FrameReader reader;
     uint32_t pid = 0;        // from SO_PEERCRED
     uint32_t client_id = 0;  // 0 until it registers
+    OutBuffer out;           // replies the socket has not taken yet
+    bool closing = false;    // gone or over its output cap: dropped once its input is handled
+  };
+  struct MetricsConn {
+    int64_t deadline_ms = 0;
+    std::string request;  // read so far
+    bool answered = false;
+    OutBuffer out;
   };
 
   Service() = default;
+  bool bind_endpoints(std::string* why);
   void accept_client();
   void accept_metrics();
+  // accept4 failed with EMFILE/ENFILE: accepts one waiting peer on the spare descriptor and
+  // closes it with an answer. False when none was waiting.
+  bool refuse_for_descriptors(int listen_fd, bool framed);
+  void on_metrics(int fd, short revents);
+  void expire_metrics(int64_t now);
+  int poll_timeout_ms(int64_t now) const;
   void on_readable(int fd);
+  void on_writable(int fd);
   void handle(int fd, Conn& conn, const proto::FrameHeader& h, const std::vector<unsigned char>& payload);
   void send(int fd, const std::vector<unsigned char>& frame);
   void send_error(int fd, uint64_t seq, proto::Status st, const std::string& msg);
@@ -95,8 +121,9 @@ class Service {
   void reap_dead();
   uint64_t fair_share() const;
   proto::Status admit(const Client& c, uint64_t bytes) const;
-  std::vector<unsigned char> status_frame(uint64_t seq) const;
-  std::vector<unsigned char> node_frame(uint64_t seq) const;
+  // One page of clients: those whose id is above after_client (protocol minor 2).
+  std::vector<unsigned char> status_frame(uint64_t seq, uint32_t after_client) const;
+  std::vector<unsigned char> node_frame(uint64_t seq, uint32_t after_client) const;
   void on_attach(int fd, Client& c, const proto::FrameHeader& h, const std::vector<unsigned char>& payload);
   void note_node_change();
 
@@ -114,6 +141,10 @@ class Service {
   uint32_t next_id_ = 1;
   std::map<int, Conn> conns_;            // open connections (clients and offloadctl)
   std::map<uint32_t, Client> clients_;   // registered or adopted clients, by id
+  std::map<int, MetricsConn> metrics_conns_;
+  SpareFd spare_fd_;
+  uint64_t fd_refusals_ = 0;       // peers refused for want of descriptors since the last warning
+  int64_t fd_warned_ms_ = -1'000'000;
   int64_t last_reap_ms_ = 0;
   uint32_t logged_gpus_ = 0;  // the GPU count last logged
   std::thread prefault_;

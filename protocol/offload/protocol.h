@@ -20,6 +20,12 @@
 // it is; the daemon answers how many GPUs share the node's host link) and
 // NodeQuery/NodeReply (what offloadctl shows about the node).
 //
+// Minor 2 (pages): a StatusQuery or NodeQuery names the client id to list after
+// (after_client, 0 for the first page; the field was reserved, and zero, before), and a
+// reply that could not hold every client sets kFlagMoreClients in its header's flags: ask
+// again after the last id it listed. A daemon of an older minor lists the first
+// kMaxClients and never sets the flag, so a full page from it may be cut.
+//
 // Header-only; no allocation in decoding; safe on untrusted bytes (fuzzed: tests/fuzz/).
 #pragma once
 
@@ -35,8 +41,10 @@ namespace offload::proto {
 
 inline constexpr uint32_t kMagic = 0x4C46464F;  // "OFFL" little-endian
 inline constexpr uint16_t kMajor = 1;
-inline constexpr uint16_t kMinor = 1;
+inline constexpr uint16_t kMinor = 2;
 inline constexpr uint16_t kMinorNode = 1;       // the first minor with Attach and NodeQuery
+inline constexpr uint16_t kMinorPages = 2;      // the first minor that pages status and node replies
+inline constexpr uint16_t kFlagMoreClients = 1; // FrameHeader.flags of a reply: more clients follow
 inline constexpr uint32_t kMaxClients = 256;     // status entries in one reply
 
 enum class MsgType : uint16_t {
@@ -133,7 +141,7 @@ struct Telemetry {
 
 struct StatusQuery {
   uint32_t flags;
-  uint32_t reserved;
+  uint32_t after_client;  // minor 2: list the clients whose id is above this
 };
 
 struct StatusHead {
@@ -196,7 +204,7 @@ struct AttachReply {
 
 struct NodeQuery {
   uint32_t flags;
-  uint32_t reserved;
+  uint32_t after_client;  // minor 2: as in StatusQuery
 };
 
 struct NodeHead {
@@ -399,7 +407,7 @@ inline std::vector<unsigned char> encode(MsgType type, uint64_t seq, const T& pa
 // kMaxClients of them).
 template <class Head, class Entry>
 inline std::vector<unsigned char> encode_list(MsgType type, uint64_t seq, const Head& head,
-                                              const std::vector<Entry>& entries) {
+                                              const std::vector<Entry>& entries, uint16_t flags = 0) {
   static_assert(kPod<Head> && kPod<Entry>);
   const size_t n = std::min<size_t>(entries.size(), kMaxClients);
   Head h2 = head;
@@ -407,6 +415,7 @@ inline std::vector<unsigned char> encode_list(MsgType type, uint64_t seq, const 
   uint32_t len = static_cast<uint32_t>(sizeof(Head) + n * sizeof(Entry));
   std::vector<unsigned char> out(sizeof(FrameHeader) + len);
   FrameHeader h = make_header(type, len, seq);
+  h.flags = flags;
   std::memcpy(out.data(), &h, sizeof h);
   std::memcpy(out.data() + sizeof h, &h2, sizeof h2);
   if (n) std::memcpy(out.data() + sizeof h + sizeof h2, entries.data(), n * sizeof(Entry));
@@ -414,13 +423,13 @@ inline std::vector<unsigned char> encode_list(MsgType type, uint64_t seq, const 
 }
 
 inline std::vector<unsigned char> encode_status(uint64_t seq, const StatusHead& head,
-                                                const std::vector<ClientStatus>& clients) {
-  return encode_list(MsgType::StatusReply, seq, head, clients);
+                                                const std::vector<ClientStatus>& clients, uint16_t flags = 0) {
+  return encode_list(MsgType::StatusReply, seq, head, clients, flags);
 }
 
 inline std::vector<unsigned char> encode_node(uint64_t seq, const NodeHead& head,
-                                              const std::vector<ClientNode>& clients) {
-  return encode_list(MsgType::NodeReply, seq, head, clients);
+                                              const std::vector<ClientNode>& clients, uint16_t flags = 0) {
+  return encode_list(MsgType::NodeReply, seq, head, clients, flags);
 }
 
 inline const char* status_name(Status s) {

@@ -325,6 +325,44 @@ TEST(StatusIntegration, ACommandWithNewlinesStaysOnOneRow) {
   EXPECT_EQ(r.out.find("import\tx"), std::string::npos) << r.out;
 }
 
+// More clients than one reply holds (256): offloadctl lists them all, table and --json,
+// asking for them page by page.
+TEST(StatusIntegration, MoreClientsThanOneReplyHoldsAreAllListed) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({"--no-prefault", "--pool-size", "64MiB"}, &why)) << why;
+  constexpr size_t kClients = 300;
+  std::vector<DaemonClient> cs(kClients);
+  for (size_t i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(cs[i].connect(d.socket(), &why)) << why;
+    proto::Register r{};
+    r.pid = static_cast<uint32_t>(getpid());
+    std::snprintf(r.command, sizeof r.command, "many-%zu", i);
+    ASSERT_TRUE(cs[i].register_client(r, &why).has_value()) << i << ": " << why;
+  }
+  StatusView s;
+  ASSERT_TRUE(d.status(&s, &why)) << why;
+  EXPECT_EQ(s.clients.size(), kClients);
+  DaemonClient c;
+  ASSERT_TRUE(c.connect(d.socket(), &why)) << why;
+  proto::NodeHead nh{};
+  std::vector<proto::ClientNode> ns;
+  ASSERT_TRUE(c.node(&nh, &ns, &why)) << why;
+  EXPECT_EQ(ns.size(), kClients);
+
+  RunResult r = d.offloadctl({"status", "--json", "--socket", d.socket()});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err;
+  EXPECT_EQ(j["clients"].items.size(), kClients);
+  EXPECT_TRUE(j["clients_complete"].b) << r.out.substr(r.out.size() - 200);
+  r = d.offloadctl({"status", "--socket", d.socket()});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_NE(r.out.find("many-299 "), std::string::npos);
+  EXPECT_EQ(r.out.find("only the first"), std::string::npos);
+}
+
 TEST(StatusIntegration, OffloadctlStopStopsTheDaemon) {
   Daemon d;
   std::string why;
