@@ -141,6 +141,20 @@ void Runtime::worker() {
     if (stop_.load(std::memory_order_relaxed) || g_pass_through.load(std::memory_order_relaxed)) break;
     pump(false);
   }
+  worker_done_.store(true, std::memory_order_release);
+}
+
+void Runtime::end_at_exit() {
+  // Only the process that started the worker has it (a forked child has the object alone).
+  if (getpid() != owner_pid_ || !thread_.joinable()) return;
+  stop_.store(true);
+  wake_.notify_all();
+  // The worker ends within one pump; one stuck in the driver while the process tears it down
+  // is left to the exit rather than waited for without bound.
+  for (int i = 0; i < 200 && !worker_done_.load(std::memory_order_acquire); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (worker_done_.load(std::memory_order_acquire)) thread_.join();
+  else thread_.detach();
 }
 
 void Runtime::pump(bool no_wait) {
@@ -519,7 +533,12 @@ __attribute__((constructor)) void offload_init() {
     g_pass_through.store(true);
     if (Runtime* rt = g_runtime.load(std::memory_order_acquire)) rt->drop_in_child();
   });
-  atexit([] { g_pass_through.store(true); });
+  // At exit: hooks only forward from here on, and the worker is ended and joined (bounded), so
+  // that no thread is left joinable.
+  atexit([] {
+    g_pass_through.store(true);
+    if (Runtime* rt = g_runtime.load(std::memory_order_acquire)) rt->end_at_exit();
+  });
   g_settings = new Settings(std::move(s));
 }
 

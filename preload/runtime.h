@@ -22,6 +22,8 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 #include "common/env.h"
 #include "common/json_writer.h"
 #include "core/event_log.h"
@@ -142,6 +144,8 @@ class Runtime final : private PlanContext {
   size_t drain_events();  // the event ring into the assembler, under pump_mu_: how many
   std::string stats_json();
   void stop();
+  // From the exit handler: ends the worker and joins it, waiting at most 200 ms.
+  void end_at_exit();
   // In a forked child, from the fork handler: closes inherited descriptors and mappings
   // without taking any lock (another thread of the parent may have held one at fork).
   void drop_in_child();
@@ -235,6 +239,8 @@ class Runtime final : private PlanContext {
   std::unique_ptr<PrivatePool> private_pool_;  // when no daemon can be reached
   int64_t last_cut_ns_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> worker_done_{false};
+  const pid_t owner_pid_ = getpid();
   std::mutex wake_mu_;
   std::condition_variable wake_;
   std::thread thread_;
