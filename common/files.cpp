@@ -71,6 +71,16 @@ bool write_fd(int fd, const std::string& path, const std::string& data, std::str
   return true;
 }
 
+// Writes `data` and closes `fd`; a failed close is a failed write (NFS reports errors there).
+bool write_and_close(int fd, const std::string& path, const std::string& data, std::string* why) {
+  bool ok = write_fd(fd, path, data, why);
+  if (::close(fd) != 0 && ok) {
+    *why = "cannot write " + path + ": " + strerror(errno);
+    ok = false;
+  }
+  return ok;
+}
+
 }  // namespace
 
 bool write_file_nofollow(const std::string& path, const std::string& data, std::string* why) {
@@ -79,12 +89,7 @@ bool write_file_nofollow(const std::string& path, const std::string& data, std::
     *why = "cannot open " + path + ": " + strerror(errno) + (errno == ELOOP ? " (a symlink: not followed)" : "");
     return false;
   }
-  bool ok = write_fd(fd, path, data, why);
-  if (::close(fd) != 0 && ok) {
-    *why = "cannot write " + path + ": " + strerror(errno);
-    ok = false;
-  }
-  return ok;
+  return write_and_close(fd, path, data, why);
 }
 
 bool replace_file(const std::string& path, const std::string& data, std::string* why) {
@@ -95,11 +100,7 @@ bool replace_file(const std::string& path, const std::string& data, std::string*
     *why = "cannot create " + tmp + ": " + strerror(errno);
     return false;
   }
-  bool ok = write_fd(fd, tmp, data, why);
-  if (::close(fd) != 0 && ok) {
-    *why = "cannot write " + tmp + ": " + strerror(errno);
-    ok = false;
-  }
+  bool ok = write_and_close(fd, tmp, data, why);
   if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
     *why = "cannot rename " + tmp + " to " + path + ": " + strerror(errno);
     ok = false;
