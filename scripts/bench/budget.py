@@ -1,6 +1,6 @@
 """One unchanged training loop under a device-memory limit, measured from outside the allocator.
 
-    python3 budget.py --workload hf_llama --steps 20 [--hog-to BYTES] [--managed] --out run.json
+    python3 budget.py --workload hf_llama --steps 20 [--hog-to BYTES] [--managed] [--ckpt] --out run.json
 
 The loop is what a user writes: forward, loss, backward, optimizer step; no offload_mark_step,
 no empty_cache. A thread samples the device's used memory (cudaMemGetInfo through libcudart,
@@ -9,7 +9,9 @@ reports the highest rise above that baseline over each step. With --hog-to, anot
 allocation made in this process first leaves only that many bytes free (the GPU is then
 "smaller than the model"). With --managed, every allocation comes from cudaMallocManaged
 through a pluggable allocator (the anchor a user has today). Losses and a hash of the final
-parameters say whether two runs are bitwise equal.
+parameters say whether two runs are bitwise equal. With --ckpt the model is built with the
+activation checkpointing its users would write (non-reentrant, per block or stage); a family
+without a natural form of it (lstm, embed_cat) says so and exits with status 3.
 
 Workload families (seeded, nothing downloaded):
   hf_llama      a Llama built from a transformers LlamaConfig (bf16 weights, fused AdamW)
@@ -116,8 +118,22 @@ def managed_allocator(workdir):
 
 # ------------------------------------------------------------------------------ workloads
 
-def build(name, seed, scale):
+class Checkpointed(nn.Module):
+    """`inner` under non-reentrant activation checkpointing."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(self.inner, x, use_reentrant=False)
+
+
+def build(name, seed, scale, ckpt=False):
     torch.manual_seed(seed)
+    if ckpt and name in ("lstm", "embed_cat"):
+        raise NoCheckpointing(name)
     dev = "cuda"
     gen = torch.Generator(device=dev)
 
@@ -132,6 +148,9 @@ def build(name, seed, scale):
                           num_hidden_layers=layers, num_attention_heads=d // 128, num_key_value_heads=d // 128,
                           max_position_embeddings=seq, attn_implementation="sdpa")
         model = LlamaForCausalLM(cfg).to(dev, torch.bfloat16)
+        if ckpt:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
         def step_fn(k):
@@ -143,6 +162,9 @@ def build(name, seed, scale):
         import torchvision
         batch, res = {"small": (32, 160), "large": (128, 224)}[scale]
         model = torchvision.models.resnet50(num_classes=1000).to(dev).to(memory_format=torch.channels_last)
+        if ckpt:
+            for stage in ("layer1", "layer2", "layer3", "layer4"):
+                setattr(model, stage, Checkpointed(getattr(model, stage)))
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
         def step_fn(k):
@@ -193,6 +215,8 @@ def build(name, seed, scale):
         d, depth, batch = {"small": (2048, 8, 4096), "large": (4096, 16, 16384)}[scale]
         model = nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.LayerNorm(d))
                                 for _ in range(depth)]).to(dev)
+        if ckpt:
+            model = nn.Sequential(*[Checkpointed(blk) for blk in model])
         cmodel = torch.compile(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -204,6 +228,7 @@ def build(name, seed, scale):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import workloads
     base, _, mode = name.partition(":")
+    mode = "ckpt" if ckpt else mode
     if base not in workloads.WORKLOADS:
         raise SystemExit(f"unknown workload {name}")
     model, make_batch, loss_fn, make_optimizer = workloads.build(base, mode or "plain", scale == "small", seed)
@@ -212,6 +237,21 @@ def build(name, seed, scale):
     def step_fn(k):
         return loss_fn(model, make_batch(k))
     return model, opt, step_fn
+
+
+class NoCheckpointing(Exception):
+    pass
+
+
+def offload_stats():
+    """liboffload's residency counters when it is preloaded, else None."""
+    stats = getattr(ctypes.CDLL(None), "offload_stats_json", None)
+    if not stats:
+        return None
+    stats.argtypes, stats.restype = [ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
+    buf = ctypes.create_string_buffer(1 << 20)
+    n = stats(buf, len(buf))
+    return json.loads(buf.raw[:n].decode("utf-8", "replace")).get("residency") if n > 0 else None
 
 
 def param_hash(model):
@@ -229,6 +269,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hog-to", type=int, default=0, help="leave only this many bytes free")
     ap.add_argument("--managed", action="store_true")
+    ap.add_argument("--ckpt", action="store_true", help="the model with activation checkpointing")
     ap.add_argument("--sample-ms", type=float, default=2.0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--workdir", default="/tmp")
@@ -260,11 +301,15 @@ def main():
     base = sampler.used()
     sampler.start()
     res = {"workload": a.workload, "scale": a.scale, "steps": a.steps, "base_used": base, "hog_to": a.hog_to,
-           "managed": a.managed, "preload": os.environ.get("LD_PRELOAD", ""),
+           "managed": a.managed, "ckpt": a.ckpt, "preload": os.environ.get("LD_PRELOAD", ""),
            "budget_env": os.environ.get("OFFLOAD_DEVICE_BUDGET", ""), "losses": [], "step_ms": [],
            "step_peak_rise": [], "error": None}
     try:
-        model, opt, step_fn = build(a.workload, a.seed, a.scale)
+        try:
+            model, opt, step_fn = build(a.workload, a.seed, a.scale, a.ckpt)
+        except NoCheckpointing:
+            log(f"{a.workload} has no natural form of activation checkpointing")
+            sys.exit(3)
         for k in range(a.steps):
             t0 = time.perf_counter()
             loss = step_fn(k)
@@ -275,6 +320,8 @@ def main():
             torch.cuda.synchronize()
             res["step_ms"].append((time.perf_counter() - t0) * 1e3)
             res["step_peak_rise"].append(sampler.take() - base)
+            if k == 2:  # the counters at the start of the steady steps (budget_report.py's from the fourth)
+                res["offload_at_3"] = offload_stats()
             log(f"{a.workload} step {k}: loss {res['losses'][-1]:.6f} {res['step_ms'][-1]:.1f} ms "
                 f"peak +{res['step_peak_rise'][-1] / 2**30:.2f} GiB")
         res["param_hash"] = param_hash(model)
@@ -282,13 +329,7 @@ def main():
         res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         log("error:", res["error"])
     sampler.stop = True
-    stats = getattr(ctypes.CDLL(None), "offload_stats_json", None)
-    if stats:  # liboffload's counters, when it is preloaded
-        stats.argtypes, stats.restype = [ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
-        buf = ctypes.create_string_buffer(1 << 20)
-        n = stats(buf, len(buf))
-        if n > 0:
-            res["offload"] = json.loads(buf.raw[:n].decode("utf-8", "replace")).get("residency")
+    res["offload"] = offload_stats()
     res["samples"] = sampler.samples
     res["peak_rise"] = max(res["step_peak_rise"], default=0)
     with open(a.out, "w") as f:

@@ -3,6 +3,14 @@
 For each run beside the workload's plain run: the first step and the median of the steady
 steps (from the fourth on), against plain; the highest rise of the device's used memory over
 the run against the budget; whether losses and final parameters are bitwise equal to plain's.
+
+With the link's rates (link.json from scripts/bench/link.py among the arguments), two lower
+bounds on a liboffload step, per phase: forward = max(forward compute, bytes out / D2H),
+backward = max(backward compute, bytes in / H2D), with plain's steady step split 1:2 between
+forward and backward (a training step's usual proportion; the planner's CUPTI split is not
+available without a trace). "moved" counts the bytes that crossed each way per steady step
+(liboffload's residency counters from the fourth step to the end); "least" counts only what
+any offload must move at that budget, plain's peak rise less the budget, each way.
 """
 import json
 import statistics
@@ -17,14 +25,33 @@ def steady(ms):
     return statistics.median(tail) if tail else float("nan")
 
 
+def moved_per_step(r):
+    """(bytes out, bytes in) per steady step from the residency counters, or None."""
+    a, b = r.get("offload_at_3"), r.get("offload")
+    n = len(r["step_ms"]) - 3
+    if not a or not b or n <= 0:
+        return None
+    return (b["bytes_out"] - a["bytes_out"]) / n, (b["bytes_in"] - a["bytes_in"]) / n
+
+
+def bound_ms(plain_ms, out_b, in_b, link):
+    fwd, bwd = plain_ms / 3, plain_ms * 2 / 3
+    return max(fwd, out_b / (link["d2h_gbps"] * 1e6)) + max(bwd, in_b / (link["h2d_gbps"] * 1e6))
+
+
 def main(paths):
     runs = defaultdict(dict)
+    link = None
     for p in paths:
         r = json.load(open(p))
+        if p.endswith("link.json"):
+            link = r
+            continue
         name = p.rsplit("/", 1)[-1][:-5]
         runs[r["workload"]][name.split("-", 1)[1] if "-" in name else name] = r
-    print("| workload | run | budget GiB | peak rise GiB | within | first step ms | steady ms/step | x plain | bitwise | error |")
-    print("|---|---|---:|---:|---|---:|---:|---:|---|---|")
+    print("| workload | run | budget GiB | peak rise GiB | within | first step ms | steady ms/step | x plain "
+          "| GiB out/in a step | x bound (moved) | x bound (least) | bitwise | error |")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
     for w, rs in sorted(runs.items()):
         plain = rs.get("plain")
         base = steady(plain["step_ms"]) if plain and plain["step_ms"] else float("nan")
@@ -38,8 +65,19 @@ def main(paths):
                                  (len(r["losses"]) < len(plain["losses"]) or r.get("param_hash") == plain.get("param_hash"))) else "NO"
             within = "-" if not budget else ("yes" if r["peak_rise"] <= budget else "NO")
             st = steady(ms) if ms else float("nan")
+            mv = moved_per_step(r) if budget and not r["error"] else None
+            moved = xb_moved = xb_least = "-"
+            if mv:
+                moved = f"{mv[0] / GiB:.2f} / {mv[1] / GiB:.2f}"
+            if mv and link and plain:
+                least = max(0, plain["peak_rise"] - budget)
+                xb_moved = f"{st / bound_ms(base, mv[0], mv[1], link):.2f}"
+                xb_least = f"{st / bound_ms(base, least, least, link):.2f}"
             print(f"| {w} | {name} | {budget / GiB:.2f} | {r['peak_rise'] / GiB:.2f} | {within} | "
-                  f"{ms[0] if ms else float('nan'):.1f} | {st:.1f} | {st / base:.2f} | {same} | {r['error'] or ''} |")
+                  f"{ms[0] if ms else float('nan'):.1f} | {st:.1f} | {st / base:.2f} | {moved} | {xb_moved} | "
+                  f"{xb_least} | {same} | {r['error'] or ''} |")
+    if link:
+        print(f"\nLink: H2D {link['h2d_gbps']:.2f} GB/s, D2H {link['d2h_gbps']:.2f} GB/s (scripts/bench/link.py).")
 
 
 if __name__ == "__main__":

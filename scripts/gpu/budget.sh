@@ -2,7 +2,9 @@
 # The device budget as a user meets it, on a GPU machine with PyTorch (scripts/bench/budget.py):
 #   scripts/gpu/budget.sh fit  WORKLOAD...   plain; plain and liboffload with the GPU's free memory
 #                                            held at 70% of plain's peak; managed memory there
-#   scripts/gpu/budget.sh fracs WORKLOAD...  plain, then liboffload at 90/75/50% of plain's peak
+#   scripts/gpu/budget.sh fracs WORKLOAD...  plain, the model with activation checkpointing (where the
+#                                            family has a form of it), then liboffload at 90/75/50%
+#                                            of plain's peak
 #   scripts/gpu/budget.sh exits             the exit paths of a process under the shim with a budget
 #                                            (scripts/bench/exit_paths.py): status and no abort
 # Env: SCALE (small|large), STEPS (20), MANAGED_STEPS (3), MARGIN (bytes subtracted from the free
@@ -27,6 +29,7 @@ if [ "$plan" = exits ]; then
   tar -C "$work" -czf "$out/budget-$plan.tgz" .
   exit 0
 fi
+python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log" || rm -f "$work/link.json"
 for w in "$@"; do
   py --workload "$w" --steps "${STEPS:-20}" --out "$work/$w-plain.json" 2> "$work/$w-plain.log"
   peak=$(peak_of "$work/$w-plain.json")
@@ -38,6 +41,7 @@ for w in "$@"; do
     [ "${MANAGED_STEPS:-3}" = 0 ] || PYTORCH_CUDA_ALLOC_CONF= py --workload "$w" --steps "${MANAGED_STEPS:-3}" \
       --hog-to "$free" --managed --out "$work/$w-managed.json" 2> "$work/$w-managed.log"
   else
+    py --workload "$w" --steps "${STEPS:-20}" --ckpt --out "$work/$w-ckpt.json" 2> "$work/$w-ckpt.log"
     for f in ${FRACS:-0.9 0.75 0.5}; do
       budget=$(python3 -c "print(int($peak * $f))")
       OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py --workload "$w" --steps "${STEPS:-20}" \
