@@ -1,6 +1,7 @@
 #include "cuda_driver.h"
 
 #include <cuda.h>
+#include <atomic>
 #undef cuGetProcAddress
 #include <dlfcn.h>
 
@@ -328,25 +329,49 @@ std::string CudaDriver::gpu_id() {
 }
 
 namespace {
-// The device's default stream-ordered pool (the one cudaMallocAsync draws from) and the loaded
-// libcuda's handle; nullptr when either is missing.
-CUmemoryPool default_pool(int dev, void** lib) {
+// The pool entry points, resolved once: pool queries run on the allocation path (every
+// allocation under the cap's size asks how much the pool holds), where a dlsym per query costs
+// more than the query.
+struct PoolApi {
+  decltype(&cuDeviceGetDefaultMemPool) get_pool = nullptr;
+  decltype(&cuMemPoolGetAttribute) get_attr = nullptr;
+  decltype(&cuMemPoolTrimTo) trim = nullptr;
+};
+
+const PoolApi* pool_api() {
+  static PoolApi api;
+  static std::atomic<bool> ready{false};
+  static std::mutex mu;
+  if (ready.load(std::memory_order_acquire)) return &api;
+  std::lock_guard<std::mutex> lk(mu);
+  if (ready.load(std::memory_order_relaxed)) return &api;
   void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  if (dev < 0 || !h) return nullptr;
-  auto get_pool = reinterpret_cast<decltype(&cuDeviceGetDefaultMemPool)>(hooks::real_dlsym(h, "cuDeviceGetDefaultMemPool"));
-  CUmemoryPool pool = nullptr;
-  if (!get_pool || get_pool(&pool, dev) != CUDA_SUCCESS) return nullptr;
-  *lib = h;
+  if (!h) return nullptr;  // libcuda not loaded yet: nothing has allocated from a pool either
+  api.get_pool = reinterpret_cast<decltype(api.get_pool)>(hooks::real_dlsym(h, "cuDeviceGetDefaultMemPool"));
+  api.get_attr = reinterpret_cast<decltype(api.get_attr)>(hooks::real_dlsym(h, "cuMemPoolGetAttribute"));
+  api.trim = reinterpret_cast<decltype(api.trim)>(hooks::real_dlsym(h, "cuMemPoolTrimTo"));
+  if (!api.get_pool || !api.get_attr || !api.trim) return nullptr;
+  ready.store(true, std::memory_order_release);
+  return &api;
+}
+
+// The device's default stream-ordered pool (the one cudaMallocAsync draws from), looked up once
+// per device; nullptr when the driver has none.
+CUmemoryPool default_pool(int dev, const PoolApi** api) {
+  constexpr int kDevices = 64;
+  static std::atomic<CUmemoryPool> pools[kDevices] = {};
+  *api = pool_api();
+  if (dev < 0 || dev >= kDevices || !*api) return nullptr;
+  CUmemoryPool pool = pools[dev].load(std::memory_order_acquire);
+  if (!pool && (*api)->get_pool(&pool, dev) == CUDA_SUCCESS) pools[dev].store(pool, std::memory_order_release);
   return pool;
 }
 
 uint64_t default_pool_attribute(int dev, CUmemPool_attribute what) {
-  void* h = nullptr;
-  CUmemoryPool pool = default_pool(dev, &h);
-  if (!pool) return 0;
-  auto get_attr = reinterpret_cast<decltype(&cuMemPoolGetAttribute)>(hooks::real_dlsym(h, "cuMemPoolGetAttribute"));
+  const PoolApi* api = nullptr;
+  CUmemoryPool pool = default_pool(dev, &api);
   cuuint64_t v = 0;
-  if (!get_attr || get_attr(pool, what, &v) != CUDA_SUCCESS) return 0;
+  if (!pool || api->get_attr(pool, what, &v) != CUDA_SUCCESS) return 0;
   return v;
 }
 }  // namespace
@@ -358,11 +383,9 @@ uint64_t CudaDriver::pool_reserved_current() {
 }
 
 bool CudaDriver::pool_trim(uint64_t keep) {
-  void* h = nullptr;
-  CUmemoryPool pool = default_pool(device(), &h);
-  if (!pool) return false;
-  auto trim = reinterpret_cast<decltype(&cuMemPoolTrimTo)>(hooks::real_dlsym(h, "cuMemPoolTrimTo"));
-  return trim && trim(pool, keep) == CUDA_SUCCESS;
+  const PoolApi* api = nullptr;
+  CUmemoryPool pool = default_pool(device(), &api);
+  return pool && api->trim(pool, keep) == CUDA_SUCCESS;
 }
 
 uint64_t CudaDriver::device_used_bytes() {

@@ -238,6 +238,7 @@ class Runtime final : private PlanContext {
   std::deque<Tracker::Marker> markers_;
   std::unique_ptr<PrivatePool> private_pool_;  // when no daemon can be reached
   int64_t last_cut_ns_ = 0;
+  std::atomic<int64_t> cap_started_ns_{0};  // the first allocation under the cap: where step 0's time starts
   std::atomic<bool> stop_{false};
   std::atomic<bool> worker_done_{false};
   const pid_t owner_pid_ = getpid();

@@ -94,7 +94,7 @@ void Residency::note_footprint() {
   st_.held = held_;
   st_.held_peak = std::max(st_.held_peak, held_);
   st_.pool_share = pool_share_;
-  st_.footprint_peak = std::max(st_.footprint_peak, held_ + pool_share_);
+  st_.footprint_peak = std::max(st_.footprint_peak, held_ + std::max(pool_share_, pool_seen_));
 }
 
 bool Residency::fits(uint64_t need) const {
@@ -453,23 +453,34 @@ void Residency::abandon(Range& r) {
 
 bool Residency::admit_small(uint64_t bytes) {
   std::lock_guard<std::mutex> lk(mu_);
+  // The pool's memory is counted as the larger of its share and what it holds: it holds more than
+  // its live bytes (blocks freed and kept, fragments), and grows by its own chunks.
   const uint64_t live = small_live_ + bytes;
-  if (live <= pool_share_) return true;
-  // The pool is about to need more than its share: the share grows first, by a quarter more
-  // than the pool then holds, so that a growing pool does not make room one allocation at a time.
+  uint64_t reserved = see_pool();
+  if (live <= pool_share_ && reserved + o_.pool_step <= pool_share_) return true;
+  if (reserved + o_.pool_step > pool_share_ && reserved > small_live_) {
+    ++st_.pool_trims;  // its unused blocks go back before the share grows
+    d_.pool_trim(0);
+    reserved = see_pool();
+  }
+  const uint64_t need = std::max(live, reserved + o_.pool_step);
+  if (need <= pool_share_) return true;
+  // The share grows by a quarter more than it needs, so that a growing pool does not make room
+  // one allocation at a time.
   const uint64_t old = pool_share_;
-  pool_share_ = std::min(round_up(live + live / 4, gran_), limit());
+  pool_share_ = std::min(round_up(need + need / 4, gran_), limit());
   std::string why;
-  if (live > pool_share_) {
+  if (need > pool_share_) {
     why = "more than the whole budget";
   } else if (held_ + pool_share_ > limit()) {
     make_room(0, nullptr, 0, &why);
   }
-  if (held_ + pool_share_ > limit() || live > pool_share_) {
+  if (held_ + pool_share_ > limit() || need > pool_share_) {
     pool_share_ = old;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "the allocator's pool needs %.2f GiB for allocations under %.1f MiB: ",
-                  live / kGiB, o_.min_bytes / double(1 << 20));
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "the allocator's pool needs %.2f GiB for allocations under %.1f MiB (%.2f GiB of them live): ",
+                  need / kGiB, o_.min_bytes / double(1 << 20), live / kGiB);
     error_ = buf + why;
     ++st_.refused_allocs;
     note_footprint();
@@ -477,6 +488,14 @@ bool Residency::admit_small(uint64_t bytes) {
   }
   note_footprint();
   return true;
+}
+
+uint64_t Residency::see_pool() {
+  const uint64_t reserved = d_.pool_reserved_current();
+  pool_seen_ = reserved;
+  st_.pool_reserved = reserved;
+  if (reserved > pool_share_) st_.pool_over = std::max(st_.pool_over, reserved - pool_share_);
+  return reserved;
 }
 
 void Residency::small_allocated(uint64_t bytes) {
@@ -507,17 +526,13 @@ void Residency::poll() {
     }
   }
   refresh_outside();
-  // The allocator's pool holds more than its share (fragments, frees it has not yet reused):
-  // its unused memory goes back; what it still holds after that becomes its share.
-  const uint64_t reserved = d_.pool_reserved_current();
-  st_.pool_reserved = reserved;
-  if (reserved > pool_share_) {
+  // The allocator's pool holds more than its share less a chunk (fragments, frees it has not yet
+  // reused): its unused memory goes back; what it still holds after that sets its share.
+  if (see_pool() + o_.pool_step > pool_share_) {
     ++st_.pool_trims;
-    d_.pool_trim(pool_share_);
-    const uint64_t now = d_.pool_reserved_current();
-    if (now > pool_share_) {
-      pool_share_ = std::min(round_up(now, gran_), limit());
-    }
+    d_.pool_trim(0);
+    const uint64_t now = see_pool();
+    if (now + o_.pool_step > pool_share_) pool_share_ = std::min(round_up(now + o_.pool_step, gran_), limit());
   }
   if (held_ + pool_share_ > limit()) {
     std::string why;

@@ -65,6 +65,9 @@ class Residency final : public LaunchGate {
     // Bytes set aside for the allocator's pool (allocations under min_bytes) at the start;
     // the share grows with what the pool holds, never past the budget less one range.
     uint64_t pool_floor = 64ull << 20;
+    // Room the share keeps above what the pool holds: between two looks at it, the pool grows by
+    // at most one chunk of its own (a small allocation that finds no free block).
+    uint64_t pool_step = 32ull << 20;
     // Kept free below the budget for device memory that grows outside the allocator between two
     // looks at it (modules loaded lazily, library workspaces): their growth since the first range
     // is measured (Driver::device_used_bytes) and taken off the budget too.
@@ -83,7 +86,8 @@ class Residency final : public LaunchGate {
     uint64_t reloads = 0, bytes_in = 0;      // demand reloads (page faults)
     uint64_t held = 0, held_peak = 0;        // physical bytes we hold
     uint64_t pool_share = 0, pool_reserved = 0, pool_trims = 0;
-    uint64_t footprint_peak = 0;             // held + the pool's share, at its highest
+    uint64_t pool_over = 0;                  // most the pool was seen holding above its share
+    uint64_t footprint_peak = 0;             // held + the larger of the pool's share and holding, at its highest
     uint64_t refused_allocs = 0, refused_launches = 0, host_full = 0;
     uint64_t outside = 0;                    // device memory grown outside us since the first range
     uint64_t waits = 0;                      // host waits for a copy out or a free
@@ -186,6 +190,7 @@ class Residency final : public LaunchGate {
   // What we and the pool may hold: the budget less the headroom and the outside growth.
   uint64_t limit() const { return o_.budget - std::min(o_.budget, outside_ + o_.headroom); }
   void refresh_outside();
+  uint64_t see_pool();  // what the pool holds now; notes it, and any excess over its share
   void close_inflight(InFlight& f);  // under mu_
   // Until a handle of `need` bytes fits the budget (or a spare of that size is held): ranges
   // copying out finish, spares of other sizes and freed ranges go back, and resident ranges
@@ -243,6 +248,7 @@ class Residency final : public LaunchGate {
   std::vector<uint32_t> scratch_;                    // before_launch's touched slots
   Stream copy_stream_ = 0;
   uint64_t small_live_ = 0;
+  uint64_t pool_seen_ = 0;  // what the pool held at the last look
   uint64_t pool_share_ = 0;
   uint64_t held_ = 0;
   uint64_t launches_seen_ = 0;

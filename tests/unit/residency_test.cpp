@@ -43,7 +43,8 @@ uint64_t* words(DevPtr p) { return reinterpret_cast<uint64_t*>(p); }
 // tracker (whose gate is the residency manager) and then the simulated GPU.
 struct CapRig {
   explicit CapRig(uint64_t budget, Residency::Options::Fault fault = Residency::Options::Fault::None)
-      : tr(sim, log), host(sim, host_options()), res(sim, host, options(budget, fault)) {
+      : CapRig(options(budget, fault)) {}
+  explicit CapRig(const Residency::Options& o) : tr(sim, log), host(sim, host_options()), res(sim, host, o) {
     tr.set_gate(&res);
     res.set_namer([](void* t, uint32_t k) { return static_cast<Tracker*>(t)->funcs().name(k); }, &tr);
     k1 = sim.add_kernel("one", {{0, 8}});
@@ -62,6 +63,7 @@ struct CapRig {
     Residency::Options o;
     o.budget = budget;
     o.pool_floor = 0;
+    o.pool_step = 0;  // the pool is not modelled unless a test says so (SimDriver::set_pool)
     o.fault = fault;
     return o;
   }
@@ -248,6 +250,40 @@ TEST(Residency, ThePoolsShareGrowsInsideTheBudget) {
   EXPECT_GE(s.evictions, 1u);
   // More than the whole budget: refused.
   EXPECT_FALSE(r.res.admit_small(4 * kGran));
+}
+
+// The pool holds more than its live bytes (blocks freed and kept, a chunk of its own for a small
+// allocation): what it holds counts against the budget, and its unused blocks are trimmed
+// before its share grows.
+TEST(Residency, WhatThePoolHoldsCountsAgainstTheBudget) {
+  constexpr uint64_t kBudget = 8 * kGran;
+  Residency::Options o = CapRig::options(kBudget, Residency::Options::Fault::None);
+  o.pool_step = kGran;  // the simulated pool's chunk below
+  CapRig r(o);
+  r.sim.set_pool(0, 0);
+  std::vector<DevPtr> t;
+  for (int i = 0; i < 4; ++i) {
+    t.push_back(r.alloc(kGran, kA));
+    r.kernel(kA, {t.back()}, fill(t.back(), kGran, i));
+  }
+  // Twelve small allocations, each given a fresh granule by the pool (none reused): the pool
+  // holds four times what is live, past the budget unless trimmed.
+  uint64_t reserved = 0, in_use = 0;
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(r.res.admit_small(kGran / 4)) << i << ": " << r.res.error();
+    r.res.small_allocated(kGran / 4);
+    reserved = r.sim.pool_reserved_current() + kGran;
+    in_use += kGran / 4;
+    r.sim.set_pool(reserved, in_use);
+    EXPECT_LE(r.sim.vmm_stats().physical_bytes + reserved, kBudget) << "after small allocation " << i;
+  }
+  const Residency::Stats s = r.res.stats();
+  EXPECT_GE(s.pool_trims, 1u);
+  EXPECT_LE(s.footprint_peak, kBudget);
+  // A pool whose blocks are all live and hold the whole budget: the next one is refused.
+  r.sim.set_pool(kBudget, kBudget);
+  EXPECT_FALSE(r.res.admit_small(kGran / 4));
+  EXPECT_NE(r.res.error().find("allocator's pool"), std::string::npos) << r.res.error();
 }
 
 TEST(Residency, MemoryGrownOutsideTheAllocatorComesOffTheBudget) {
