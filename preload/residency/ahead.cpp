@@ -1,21 +1,62 @@
 // Residency ahead of need: which range to evict (Belady's rule once the step's length is known,
 // else the least recently used), evictions started before an allocation needs the room, and
-// prefetches learned from the reloads the step before made on demand. residency.h says why.
+// prefetches of ranges whose next use is near. Next uses are predicted from the step before:
+// a range born where one was born a step earlier is used as that one was; a range living across
+// steps is used where it was a step earlier. residency.h says why.
 #include <algorithm>
 
 #include "residency/residency.h"
 
 namespace offload {
 
-uint64_t Residency::next_use_distance(const Range& r, uint64_t now) const {
-  if (!period_ || !r.nuses) return now - std::min(now, r.last_use);
+bool Residency::predicted_next_use(const Range& r, uint64_t now, uint64_t* dist) const {
+  if (!period_) return false;
+  // A range born in this step at a place a range was born at a step earlier: that one's uses.
+  if (r.key != kNoKey && now - r.birth < period_ && !r.pred.empty()) {
+    const uint64_t age = now - r.birth;
+    for (uint32_t off : r.pred)
+      if (off > age) {
+        *dist = off - age;
+        return true;
+      }
+    *dist = period_;  // no use left before the one born there was freed
+    return true;
+  }
+  // A range living across steps (weights, optimizer state): its uses recur a period later.
+  if (!r.nuses || now - r.birth < period_) return false;
   uint64_t next = UINT64_MAX;
   for (int i = 0; i < r.nuses; ++i) {
     const uint64_t u = r.uses[i];
     const uint64_t t = u + period_ * ((now >= u ? (now - u) / period_ : 0) + 1);
     next = std::min(next, t);
   }
-  return next - now;
+  *dist = next - now;
+  return true;
+}
+
+uint64_t Residency::next_use_distance(const Range& r, uint64_t now) const {
+  uint64_t d = 0;
+  if (predicted_next_use(r, now, &d)) return d;
+  return now - std::min(now, r.last_use);
+}
+
+void Residency::note_birth(Range& r, uint64_t size) {
+  const uint64_t now = last_launch_.load(std::memory_order_relaxed);
+  births_there_ = now == birth_launch_ ? births_there_ + 1 : 0;
+  birth_launch_ = now;
+  r.birth = now;
+  r.life.clear();
+  r.pred.clear();
+  r.key = kNoKey;
+  if (!period_) return;
+  r.key = (now % period_) << 32 | std::min<uint64_t>(births_there_, 255) << 24 |
+          std::min<uint64_t>(size / gran_, (1u << 24) - 1);
+  if (auto it = lives_.find(r.key); it != lives_.end()) r.pred.assign(it->second.begin(), it->second.end());
+}
+
+void Residency::note_death(const Range& r) {
+  if (!period_ || r.key == kNoKey || last_launch_.load(std::memory_order_relaxed) - r.birth >= period_) return;
+  lives_[r.key].assign(r.life.begin(), r.life.end());
 }
 
 void Residency::pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now) {
@@ -74,52 +115,28 @@ bool Residency::room_without_waiting(uint64_t need) {
   return fits();
 }
 
-void Residency::prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nkeep) {
-  (void)keep, (void)nkeep;
-  if (!period_ || !o_.prefetch || prefetch_at_.empty()) {
-    pf_next_ = launch_no + 1;
-    return;
-  }
-  // Every place in the step since the last launch looked at: launches that touch none of our
-  // ranges never reach here, and their places must not be skipped.
-  uint64_t from = pf_next_;
-  if (!from || from > launch_no || launch_no - from >= period_) from = launch_no;
-  pf_next_ = launch_no + 1;
-  for (uint64_t x = from; x <= launch_no; ++x) {
-    auto it = prefetch_at_.find(x % period_);
-    if (it == prefetch_at_.end()) continue;
-    for (uint32_t k : it->second) {
-      if (k >= slots_.size()) continue;
-      Range& r = slots_[k];
-      if (!r.live || r.state != State::OnHost) continue;
-      // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
-      if (!room_without_waiting(r.bytes)) {
-        ++st_.prefetch_no_room;
-        continue;
-      }
-      if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
-      std::string why;
-      if (!reload(k, prefetch_stream_, &why)) continue;
-      --st_.reloads;
-      st_.bytes_in -= r.bytes;
-      ++st_.prefetches;
-      st_.prefetch_bytes += r.bytes;
-      r.prefetched = true;
-    }
-  }
-}
-
-void Residency::schedule_prefetch(uint32_t slot, uint64_t use, uint64_t lead) {
+void Residency::prefetch_due(uint64_t launch_no) {
   if (!period_ || !o_.prefetch) return;
-  Range& r = slots_[slot];
-  lead = std::min<uint64_t>(lead, period_ / 4 + 1);
-  if (r.pf_key != UINT64_MAX) {
-    if (lead <= r.lead) return;  // already as early
-    std::erase(prefetch_at_[r.pf_key], slot);
+  if (!pf_lead_) pf_lead_ = o_.prefetch_lead;
+  for (uint32_t k = 0; k < slots_.size(); ++k) {
+    Range& r = slots_[k];
+    if (!r.live || r.state != State::OnHost) continue;
+    uint64_t d = 0;
+    if (!predicted_next_use(r, launch_no, &d) || d > pf_lead_) continue;
+    // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
+    if (!room_without_waiting(r.bytes)) {
+      ++st_.prefetch_no_room;
+      continue;
+    }
+    if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
+    std::string why;
+    if (!reload(k, prefetch_stream_, &why)) continue;
+    --st_.reloads;
+    st_.bytes_in -= r.bytes;
+    ++st_.prefetches;
+    st_.prefetch_bytes += r.bytes;
+    r.prefetched = true;
   }
-  r.lead = static_cast<uint32_t>(lead);
-  r.pf_key = (use + period_ - lead % period_) % period_;
-  prefetch_at_[r.pf_key].push_back(slot);
 }
 
 void Residency::set_period(uint64_t launches) {
@@ -142,8 +159,8 @@ void Residency::set_period(uint64_t launches) {
   if (launches == period_) return;
   period_ = launches;
   st_.period = launches;
-  prefetch_at_.clear();
-  for (Range& r : slots_) r.pf_key = UINT64_MAX;
+  lives_.clear();
+  pf_lead_ = 0;
 }
 
 }  // namespace offload

@@ -12,8 +12,6 @@ namespace {
 
 constexpr double kGiB = double(1ull << 30);
 thread_local bool tl_refused = false;
-// Launches ahead of a demand reload's place in the step that its prefetch is issued at.
-constexpr uint64_t kPrefetchLead = 24;
 
 }  // namespace
 
@@ -123,6 +121,7 @@ void Residency::refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, co
 
 void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc,
                               size_t n, uint8_t flags) {
+  last_launch_.store(launch_no, std::memory_order_relaxed);
   if (!any_.load(std::memory_order_acquire)) return;
   const bool blind = kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated));
   const bool ranges = n && acc[n - 1] >= kRangeIdBit;
@@ -156,7 +155,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   }
   // Prefetches due at or before this launch go first: one due for a range this launch touches
   // still beats a demand reload, by being on its own stream.
-  prefetch_due(launch_no, touched.data(), touched.size());
+  prefetch_due(launch_no);
   for (uint32_t k : touched)
     if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);
   for (uint32_t k : touched) {
@@ -167,8 +166,6 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
       refuse_launch(kernel, total, touched.size(), why);
       return;
     }
-    // Next step, reload it a little ahead of this launch.
-    schedule_prefetch(k, launch_no, kPrefetchLead);
   }
   InFlight& f = tl_inflight;
   if (f.owner == this) close_inflight(f);  // the hook did not report the last one forwarded
@@ -188,13 +185,16 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     }
     add_touch(r, s, launch_no);
     r.last_use = launch_no;
+    const uint64_t age = launch_no - r.birth;
+    if (r.life.size() < kLifeUses && age <= UINT32_MAX && (r.life.empty() || r.life.back() != age))
+      r.life.push_back(static_cast<uint32_t>(age));
     if (r.prefetched) {
       r.prefetched = false;
       ++st_.prefetch_hits;
-      // Still copying when its launch came: next step it starts twice as early.
+      // Still copying when its launch came: prefetches start twice as early from now on.
       if (r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1) {
         ++st_.prefetch_late;
-        schedule_prefetch(k, launch_no, 2 * r.lead);
+        pf_lead_ = std::min(2 * pf_lead_, period_ / 4 + 1);
       }
     }
     if (!r.nuses || r.uses[(r.upos + Range::kUses - 1) % Range::kUses] != launch_no) {

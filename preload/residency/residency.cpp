@@ -268,7 +268,6 @@ void Residency::release_freed(uint32_t slot) {
   by_va_.erase(r.va);
   drop_event(r.free_event);
   drop_event(r.copy_event);
-  if (r.pf_key != UINT64_MAX) std::erase(prefetch_at_[r.pf_key], slot);
   r = Range{};
   free_slots_.push_back(slot);
 }
@@ -336,6 +335,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
     if (r.free_stream != s) d_.stream_wait(s, r.free_event);
     r.live = true;
     r.last_use = launches_seen_;
+    note_birth(r, size);
     ++st_.reused;
     ++st_.ranges;
     st_.live_bytes += size;
@@ -370,6 +370,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   }
   r.live = true;
   r.last_use = launches_seen_;
+  note_birth(r, size);
   uint32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -395,6 +396,7 @@ bool Residency::free(DevPtr p, Stream s) {
   Range& r = slots_[slot];
   if (!r.live) return true;  // a second free of a freed range: nothing to forward
   r.live = false;
+  note_death(r);
   --st_.ranges;
   st_.live_bytes -= r.bytes;
   if (r.state == State::CopyingOut) abandon(r);  // on the host after it, if its handle was handed over
@@ -403,7 +405,6 @@ bool Residency::free(DevPtr p, Stream s) {
     d_.unreserve(r.va, r.bytes);
     by_va_.erase(it);
     drop_event(r.free_event);
-    if (r.pf_key != UINT64_MAX) std::erase(prefetch_at_[r.pf_key], slot);
     r = Range{};
     free_slots_.push_back(slot);
     return true;

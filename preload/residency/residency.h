@@ -75,7 +75,10 @@ class Residency final : public LaunchGate {
     // Kept free by evicting ahead, off the allocation path, so that a reload or an allocation
     // finds room without the host waiting for a copy out; 0: budget / 8.
     uint64_t low_water = 0;
-    bool prefetch = true;  // reload ahead what the last step reloaded on demand
+    bool prefetch = true;  // reload ahead what the step before predicts is used soon
+    // Launches ahead of its predicted use that a range is reloaded at first; doubled (up to a
+    // quarter of the step) each time a prefetch is still copying when its launch comes.
+    uint64_t prefetch_lead = 24;
     enum class Fault : uint8_t { None, SkipEvictWait };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
@@ -175,9 +178,16 @@ class Residency final : public LaunchGate {
     uint64_t uses[kUses] = {};  // the last launches that touched it
     uint8_t nuses = 0, upos = 0;
     bool prefetched = false;    // reloaded ahead and not yet touched
-    uint64_t pf_key = UINT64_MAX;  // its place in prefetch_at_, if any
-    uint32_t lead = 0;             // launches ahead of its use that the prefetch is issued
+    // Its life in the step: born at launch `birth`; `key` names its place of birth (phase in
+    // the step, order among the allocations at that launch, size) once the period is known;
+    // `life` the launches after birth that touched it; `pred` what the range born at the same
+    // place a step earlier was touched at (its predicted uses).
+    uint64_t birth = 0;
+    uint64_t key = kNoKey;
+    std::vector<uint32_t> life, pred;
   };
+  static constexpr uint64_t kNoKey = UINT64_MAX;
+  static constexpr size_t kLifeUses = 64;  // uses of one life remembered
   // Per stream: events recorded after its launches, with the launch number they follow.
   struct StreamRing {
     static constexpr size_t kSize = 64;
@@ -211,15 +221,17 @@ class Residency final : public LaunchGate {
   bool reload(uint32_t slot, Stream s, std::string* why);
   uint64_t event_after(Stream s, uint64_t launch);  // an event capturing `launch` on s
   uint64_t next_use_distance(const Range& r, uint64_t now) const;  // larger: a better victim
+  // Launches until the range's next use as the step's period predicts it; false: no prediction.
+  bool predicted_next_use(const Range& r, uint64_t now, uint64_t* dist) const;
+  void note_birth(Range& r, uint64_t size);  // its place in the step, and the uses predicted there
+  void note_death(const Range& r);           // a short life's uses become the prediction at its place
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
-  void prefetch_due(uint64_t launch_no, const uint32_t* keep, size_t nkeep);
+  void prefetch_due(uint64_t launch_no);  // reloads ranges whose predicted use is within the lead
   bool room_without_waiting(uint64_t need);
   bool fits(uint64_t need) const;  // a spare of that size, or room under the limit
   void release_spares_for(uint64_t need);  // spares of other sizes go until `need` fits  // spares and finished frees go; nothing is evicted
   void reap_copies();  // copies out known complete: their handles become spares
-  // Prefetch `slot` `lead` launches before the place of `use` in the step, from the next step on.
-  void schedule_prefetch(uint32_t slot, uint64_t use, uint64_t lead);
   void refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, const std::string& why);
   uint64_t new_event();
   void drop_event(uint64_t e);
@@ -258,14 +270,15 @@ class Residency final : public LaunchGate {
   uint64_t cached_bytes_ = 0, spare_bytes_ = 0;  // of freed ranges kept, of spare handles
   std::vector<uint32_t> copying_out_;       // their slots
   Stream prefetch_stream_ = 0;
-  uint64_t pf_next_ = 0;
-  uint64_t copy_touches_ = 0;
+  uint64_t pf_lead_ = 0;                    // launches ahead of a predicted use that it is reloaded
+  std::atomic<uint64_t> last_launch_{0};    // the last launch number any before_launch saw
+  uint64_t birth_launch_ = 0, births_there_ = 0;  // allocations since that launch, for keys
+  uint64_t copy_touches_ = 0;  // numbers the copy stream's touches of abandoned ranges
   struct Handover {
     uint64_t handle = 0, bytes = 0, event = 0;
-  } handover_;               // numbers the copy stream's touches of abandoned ranges                    // the next launch whose place prefetch_due looks at
-  // Phase in the step (launch number mod period) -> ranges reloaded on demand a little after it
-  // in an earlier step: reloaded ahead from there.
-  std::unordered_map<uint64_t, std::vector<uint32_t>> prefetch_at_;
+  } handover_;  // a handle taken from a range still copying out, until back_range maps it
+  // Place of birth in the step -> the launches after birth that touched the range last born there.
+  std::unordered_map<uint64_t, std::vector<uint32_t>> lives_;
   std::vector<uint32_t> victims_;           // scratch
   Stats st_;
   std::string error_;

@@ -347,6 +347,7 @@ TEST(Residency, APeriodThatLeavesMostBytesUntouchedIsNotUsed) {
 struct Outcome {
   std::vector<uint64_t> hashes;
   uint64_t evictions = 0, reloads = 0, peak = 0, misuses = 0, prefetches = 0, abandoned = 0, handovers = 0;
+  uint64_t late_demand = 0, late_prefetches = 0;  // demand reloads and prefetches in the last three steps
 };
 
 Outcome random_program(uint64_t seed, uint64_t budget) {
@@ -469,7 +470,9 @@ Outcome training_loop(uint64_t seed, uint64_t budget, bool periodic) {
     r.kernel(kA, {w[i]}, fill(w[i], wsize[i], seed + i));
   }
   if (periodic) r.res.set_period(2 * layers + 1);  // kernels per step
+  Residency::Stats at3;
   for (int step = 0; step < 6; ++step) {
+    if (step == 3) at3 = r.res.stats();
     std::vector<DevPtr> act(layers);
     for (int i = 0; i < layers; ++i) {
       act[i] = r.alloc(asize[i], kA);
@@ -508,6 +511,8 @@ Outcome training_loop(uint64_t seed, uint64_t budget, bool periodic) {
   o.peak = r.sim.vmm_stats().physical_peak;
   o.misuses = r.sim.vmm_stats().misuses;
   o.prefetches = s.prefetches;
+  o.late_demand = s.reloads - at3.reloads;
+  o.late_prefetches = s.prefetches - at3.prefetches;
   return o;
 }
 
@@ -529,6 +534,19 @@ TEST(Residency, TrainingLoopsWithPrefetchMatchTheUncappedRunBytewise) {
     }
   }
   EXPECT_GT(prefetches, 0u);  // the periodic runs reloaded ahead
+}
+
+// Activations are born afresh every step: a range born where one was born a step earlier is
+// predicted to be used as that one was, so that once the period is known the backward's reloads
+// come ahead of their launches, not on demand.
+TEST(Residency, RangesBornEachStepArePrefetchedFromTheStepBefore) {
+  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+    const Outcome lru = training_loop(seed, 9 * kGran, false);
+    const Outcome o = training_loop(seed, 9 * kGran, true);
+    ASSERT_GT(lru.late_demand, 0u) << "seed " << seed << ": the budget forces reloads";
+    EXPECT_GT(o.late_prefetches, 0u) << "seed " << seed;
+    EXPECT_LT(o.late_demand, lru.late_demand) << "seed " << seed << " prefetches " << o.late_prefetches;
+  }
 }
 
 TEST(Residency, HostStoreReusesSlotsAndRefusesPastItsLimit) {
