@@ -197,6 +197,8 @@ class Runtime final : private PlanContext {
   std::atomic<Residency*> cap_{nullptr};
   std::once_flag cap_once_;
   uint64_t cap_context_ = 0;             // the context (device) the budget holds on; 0 unknown
+  int cap_device_ = -1;                  // its device ordinal
+  std::atomic<bool> other_device_said_{false};
   Residency::Stats last_step_cap_;       // the cap's counters at the last step cut (worker)
   uint64_t capped_steps_logged_ = 0;
   size_t last_step_launches_ = 0;        // the last step's launches (worker)

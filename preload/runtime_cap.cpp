@@ -40,6 +40,7 @@ void Runtime::start_cap() {
   residency_->set_namer(kernel_name, &tracker_.funcs());
   tracker_.set_gate(residency_.get());
   cap_context_ = context();
+  cap_device_ = driver_.device();
   cap_.store(residency_.get(), std::memory_order_release);
   log().info("device budget {:.2f} GiB ({} bytes), held from the first allocation: allocations of at least {:.1f} MiB "
              "are moved to host memory (up to {:.1f} GiB, OFFLOAD_HOST_LIMIT) when the budget needs room",
@@ -54,8 +55,18 @@ Runtime::Placed Runtime::place_capped(uint64_t bytes, Stream s, void** p) {
     if (!r) return Placed::Forward;
   }
   // The budget is the first device's: another device's allocations (one process driving two
-  // GPUs) go to its allocator untouched.
-  if (cap_context_ && context() != cap_context_) return Placed::Forward;
+  // GPUs) go to its allocator untouched. A thread with no current context yet (PyTorch's
+  // autograd thread skips cudaSetDevice for device 0) allocates on the device the runtime then
+  // makes current: device 0's, which is ours when the budget is device 0's. Forwarding those
+  // let the backward's first allocation (the logits' gradient, GiBs) bypass the budget.
+  if (cap_context_) {
+    const uint64_t c = context();
+    if (c ? c != cap_context_ : cap_device_ != 0) {
+      if (bytes >= r->min_bytes() && !other_device_said_.exchange(true))
+        log().info("allocations on another device pass through untouched: the budget holds on device {}", cap_device_);
+      return Placed::Forward;
+    }
+  }
   if (bytes < r->min_bytes()) return r->admit_small(bytes) ? Placed::Forward : Placed::Refused;
   uint64_t tag = 0;
   bool refused = false;

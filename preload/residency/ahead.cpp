@@ -86,8 +86,8 @@ void Residency::evict_ahead(const uint32_t* keep, size_t nkeep) {
   pick_victims(&victims_, keep, nkeep, launches_seen_);
   for (uint32_t v : victims_) {
     if (projected() + low <= lim) break;
-    // Not what the next few launches use: that would come straight back.
-    if (period_ && next_use_distance(slots_[v], launches_seen_) < 8) break;
+    // Not what is used within the prefetch lead: a prefetch would bring it straight back.
+    if (period_ && next_use_distance(slots_[v], launches_seen_) <= std::max<uint64_t>(8, pf_lead_)) break;
     std::string why;
     if (!start_evict(v, &why)) break;
     ++st_.ahead;
@@ -117,7 +117,7 @@ bool Residency::room_without_waiting(uint64_t need) {
 
 void Residency::prefetch_due(uint64_t launch_no) {
   if (!period_ || !o_.prefetch) return;
-  if (!pf_lead_) pf_lead_ = o_.prefetch_lead;
+  if (!pf_lead_) pf_lead_ = std::min(o_.prefetch_lead, period_ / 4 + 1);
   for (uint32_t k = 0; k < slots_.size(); ++k) {
     Range& r = slots_[k];
     if (!r.live || r.state != State::OnHost) continue;

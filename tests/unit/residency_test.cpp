@@ -347,7 +347,7 @@ TEST(Residency, APeriodThatLeavesMostBytesUntouchedIsNotUsed) {
 struct Outcome {
   std::vector<uint64_t> hashes;
   uint64_t evictions = 0, reloads = 0, peak = 0, misuses = 0, prefetches = 0, abandoned = 0, handovers = 0;
-  uint64_t late_demand = 0, late_prefetches = 0;  // demand reloads and prefetches in the last three steps
+  uint64_t late_demand = 0, late_prefetches = 0, late_hits = 0;  // in the last three steps
 };
 
 Outcome random_program(uint64_t seed, uint64_t budget) {
@@ -513,6 +513,7 @@ Outcome training_loop(uint64_t seed, uint64_t budget, bool periodic) {
   o.prefetches = s.prefetches;
   o.late_demand = s.reloads - at3.reloads;
   o.late_prefetches = s.prefetches - at3.prefetches;
+  o.late_hits = s.prefetch_hits - at3.prefetch_hits;
   return o;
 }
 
@@ -546,6 +547,10 @@ TEST(Residency, RangesBornEachStepArePrefetchedFromTheStepBefore) {
     ASSERT_GT(lru.late_demand, 0u) << "seed " << seed << ": the budget forces reloads";
     EXPECT_GT(o.late_prefetches, 0u) << "seed " << seed;
     EXPECT_LT(o.late_demand, lru.late_demand) << "seed " << seed << " prefetches " << o.late_prefetches;
+    // A prefetched range is used before it goes out again: prefetches and evictions ahead do
+    // not undo each other.
+    EXPECT_GE(4 * o.late_hits, 3 * o.late_prefetches) << "seed " << seed << ": " << o.late_hits << " of "
+                                                      << o.late_prefetches << " prefetches used";
   }
 }
 
