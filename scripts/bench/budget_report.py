@@ -31,7 +31,8 @@ def moved_per_step(r):
     n = len(r["step_ms"]) - 3
     if not a or not b or n <= 0:
         return None
-    return (b["bytes_out"] - a["bytes_out"]) / n, (b["bytes_in"] - a["bytes_in"]) / n
+    into = (b["bytes_in"] + b.get("prefetch_bytes", 0)) - (a["bytes_in"] + a.get("prefetch_bytes", 0))
+    return (b["bytes_out"] - a["bytes_out"]) / n, into / n  # reloads on demand and prefetches
 
 
 def bound_ms(plain_ms, out_b, in_b, link):
@@ -63,7 +64,7 @@ def main(paths):
                 n = min(len(plain["losses"]), len(r["losses"]))
                 same = "yes" if (plain["losses"][:n] == r["losses"][:n] and
                                  (len(r["losses"]) < len(plain["losses"]) or r.get("param_hash") == plain.get("param_hash"))) else "NO"
-            within = "-" if not budget else ("yes" if r["peak_rise"] <= budget else "NO")
+            within = "-" if not budget or r["error"] else ("yes" if r["peak_rise"] <= budget else "NO")
             st = steady(ms) if ms else float("nan")
             mv = moved_per_step(r) if budget and not r["error"] else None
             moved = xb_moved = xb_least = "-"
