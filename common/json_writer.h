@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "offload/text.h"
+
 namespace offload {
 
 class JsonWriter {
@@ -99,29 +101,7 @@ class JsonWriter {
     if (!first_.back()) os_ << ',';
     first_.back() = false;
   }
-  void string(std::string_view s) {
-    os_ << '"';
-    for (const char c : s) {
-      switch (c) {
-        case '"': os_ << "\\\""; break;
-        case '\\': os_ << "\\\\"; break;
-        case '\b': os_ << "\\b"; break;
-        case '\f': os_ << "\\f"; break;
-        case '\n': os_ << "\\n"; break;
-        case '\r': os_ << "\\r"; break;
-        case '\t': os_ << "\\t"; break;
-        default:
-          if (static_cast<unsigned char>(c) < 0x20) {
-            char u[8];
-            std::snprintf(u, sizeof u, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-            os_ << u;
-          } else {
-            os_ << c;
-          }
-      }
-    }
-    os_ << '"';
-  }
+  void string(std::string_view s) { os_ << '"' << json_escape(s) << '"'; }
 
   std::ostringstream os_;
   std::vector<char> open_;   // per open container: the character that closes it

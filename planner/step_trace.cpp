@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "offload/trace_format.h"
+#include "offload/text.h"
 
 namespace offload {
 namespace {
@@ -31,16 +32,6 @@ bool kind_from(char c, EventKind* k) {
   }
 }
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  o.reserve(s.size());
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    o += c;
-  }
-  return o;
-}
 
 // A transfer's direction as the file names it; kinds other than these three read back as 0.
 const char* direction_name(uint8_t kind) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "offload/text.h"
 
 extern char** environ;
 
@@ -216,7 +217,7 @@ bool DaemonLink::connect_and_register(std::string* why) {
   r.device_budget = 0;
   r.host_limit = 0;
   r.prior_client = client_id_;
-  std::snprintf(r.command, sizeof r.command, "%s", command_.c_str());
+  copy_utf8(r.command, sizeof r.command, command_);
   auto rep = client_.register_client(r, why);
   if (!rep) {
     client_.connection().close();

@@ -5,6 +5,13 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 "$root/scripts/install-deps.sh"
+# promtool (Debian's prometheus package) checks the metrics page in the status tests.
+if ! command -v promtool > /dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus > /dev/null
+fi
+export OFFLOAD_REQUIRE_PROMTOOL=1
 jobs=$(nproc)
 for variant in plain address thread; do
   dir=build-test-$variant

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/ipc.h"
+#include "offload/text.h"
 
 using namespace offload;
 
@@ -30,15 +31,7 @@ std::string human(uint64_t b) {
   return s;
 }
 
-std::string json_str(const char* s) {
-  std::string o = "\"";
-  for (; *s; ++s) {
-    if (*s == '"' || *s == '\\') o += '\\';
-    if (static_cast<unsigned char>(*s) < 0x20) continue;
-    o += *s;
-  }
-  return o + "\"";
-}
+std::string json_str(const char* s) { return "\"" + json_escape(s) + "\""; }
 
 bool connect(DaemonClient* c, const std::string& socket) {
   std::string why, path = socket;
@@ -101,11 +94,11 @@ void print_table(const proto::StatusHead& h, const std::vector<proto::ClientStat
   if (node) printf(" %5s %7s  %s", "rank", "local", "gpu id");
   printf("\n");
   for (const proto::ClientStatus& c : cs) {
-    std::string cmd = c.command;
+    std::string cmd = utf8_clean(c.command);
     for (char& ch : cmd)  // a command line may hold newlines or tabs (python3 -c '...'): one row each
       if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = ' ';
     if (!c.connected) cmd += " (not connected)";
-    if (cmd.size() > 24) cmd = cmd.substr(0, 21) + "...";
+    if (cmd.size() > 24) cmd = cmd.substr(0, utf8_prefix(cmd, 21)) + "...";
     printf("%-8u %-24s %4d %11s %11s %11s %11s %9.1f %10.1f %7llu", c.pid, cmd.c_str(), c.gpu,
            human(c.leased_bytes).c_str(), human(c.fair_share).c_str(), human(c.last.resident_bytes).c_str(),
            human(c.last.evicted_bytes).c_str(), static_cast<double>(c.last.step_ns) / 1e6,

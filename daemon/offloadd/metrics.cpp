@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "offloadd/service.h"
+#include "offload/text.h"
 
 namespace offload {
 namespace {
@@ -25,19 +26,6 @@ int64_t now_ms() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1'000'000;
-}
-
-std::string label_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-      continue;
-    }
-    o += c;
-  }
-  return o;
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "common/files.h"
 #include "common/ipc.h"
 #include "common/log.h"
+#include "offload/text.h"
 
 namespace offload {
 namespace {
@@ -449,7 +450,7 @@ void Service::handle(int fd, Conn& conn, const proto::FrameHeader& h, const std:
       nc.pid = conn.pid;  // the kernel's word, not the payload's
       nc.gpu = r.gpu;
       nc.host_limit = r.host_limit;
-      nc.command = r.command;
+      nc.command = utf8_clean(r.command);  // another client's bytes: any, cut anywhere
       conn.client_id = id;
       proto::RegisterReply rep{};
       rep.status = static_cast<uint32_t>(proto::Status::Ok);
@@ -655,7 +656,7 @@ std::vector<unsigned char> Service::status_frame(uint64_t seq, uint32_t after_cl
     s.leased_bytes = table_->leased_by(id);
     s.fair_share = share;
     s.last = c.last;
-    std::snprintf(s.command, sizeof s.command, "%s", c.command.c_str());
+    copy_utf8(s.command, sizeof s.command, c.command);
     cs.push_back(s);
   }
   return proto::encode_status(seq, head, cs, flags);

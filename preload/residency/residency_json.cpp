@@ -2,17 +2,14 @@
 #include <cstdio>
 
 #include "residency/residency.h"
+#include "offload/text.h"
 
 namespace offload {
 
 std::string residency_json(const Residency* r) {
   if (!r) return "null";
   const Residency::Stats s = r->stats();
-  std::string err = r->error(), esc;
-  for (char c : err) {
-    if (c == '"' || c == '\\') esc += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) esc += c;
-  }
+  const std::string esc = json_escape(r->error());
   char buf[2048];
   std::snprintf(buf, sizeof buf,
                 "{\"budget\":%" PRIu64 ",\"min_bytes\":%" PRIu64 ",\"ranges\":%" PRIu64 ",\"live_bytes\":%" PRIu64

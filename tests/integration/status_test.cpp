@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 
+#include <fstream>
 #include <regex>
 #include <sstream>
 
 #include "fake_daemon.h"
 #include "it_support.h"
 #include "json_mini.h"
+#include "offload/text.h"
 
 namespace offload::it {
 namespace {
@@ -323,6 +325,63 @@ TEST(StatusIntegration, ACommandWithNewlinesStaysOnOneRow) {
   }
   EXPECT_EQ(rows, 1u) << r.out;
   EXPECT_EQ(r.out.find("import\tx"), std::string::npos) << r.out;
+}
+
+// A command line cut inside a character by its client (a frame's command field holds 63 bytes;
+// this client cuts bytes, as an older shim did) reaches the table, --json and the metrics page
+// as valid UTF-8: the JSON parses, and promtool accepts the page where it is installed (CI
+// installs it and sets OFFLOAD_REQUIRE_PROMTOOL).
+TEST(StatusIntegration, ACommandCutInsideACharacterStaysValidUtf8) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({"--no-prefault", "--pool-size", "64MiB", "--metrics-port", "0"}, &why)) << why;
+  std::string cmd = "python3 train.py --name ";  // 24 bytes, then 2-byte characters: byte 63 is inside one
+  for (int i = 0; i < 30; ++i) cmd += "\xc3\xa9";
+  Proc c;
+  ASSERT_TRUE(d.client(&c, &why, cmd, 0)) << why;
+  ASSERT_EQ(c.cmd("connect"), "ok");
+  ASSERT_EQ(split(c.cmd("register"))[0], "ok");
+  auto valid = [](const std::string& s) { return utf8_clean(s) == s; };
+
+  RunResult r = d.offloadctl({"status", "--json", "--socket", d.socket()});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(valid(r.out)) << r.out;
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err << "\n" << r.out;
+  ASSERT_EQ(j["clients"].items.size(), 1u) << r.out;
+  const std::string shown = j["clients"].items[0]["command"].text;
+  EXPECT_EQ(shown.rfind("python3 train.py --name \xc3\xa9", 0), 0u) << shown;
+  EXPECT_TRUE(valid(shown)) << shown;
+
+  r = d.offloadctl({"status", "--socket", d.socket()});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(valid(r.out)) << r.out;
+
+  std::smatch m;
+  const std::regex port_re("metrics on 127\\.0\\.0\\.1:([0-9]+)");
+  std::string log;
+  ASSERT_TRUE(poll_until([&] { return std::regex_search(log = d.log(), m, port_re); }, 5000)) << log;
+  std::string resp = http_get(static_cast<uint16_t>(std::stoul(m[1].str())), "/metrics", &why);
+  const size_t body_at = resp.find("\r\n\r\n");
+  ASSERT_NE(body_at, std::string::npos) << why << resp;
+  const std::string body = resp.substr(body_at + 4);
+  EXPECT_TRUE(valid(body)) << body;
+  EXPECT_NE(body.find("command=\"python3 train.py --name \xc3\xa9"), std::string::npos) << body;
+
+  const std::map<std::string, std::string> path = {{"PATH", getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin"}};
+  const bool have = run_program({"/bin/sh", "-c", "command -v promtool"}, path, d.dir()).exit_code() == 0;
+  if (!have) {
+    EXPECT_EQ(getenv("OFFLOAD_REQUIRE_PROMTOOL"), nullptr) << "promtool is required here and not installed";
+    return;
+  }
+  const std::string page = d.dir() + "/metrics.txt";
+  {
+    std::ofstream f(page, std::ios::binary);
+    f << body;
+  }
+  r = run_program({"/bin/sh", "-c", "promtool check metrics < " + page}, path, d.dir());
+  EXPECT_EQ(r.exit_code(), 0) << r.out << r.err;
 }
 
 // More clients than one reply holds (256): offloadctl lists them all, table and --json,
