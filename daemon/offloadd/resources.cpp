@@ -1,6 +1,7 @@
 #include "offloadd/resources.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
@@ -47,6 +48,29 @@ std::string pool_room_problem(uint64_t total, const MemoryRoom& room, const std:
     return "a pool of " + gib(total) + " is more than the memory available (" + gib(*room.mem_available) +
            ", MemAvailable): give a smaller --pool-size";
   return {};
+}
+
+uint32_t process_start(uint32_t pid) {
+  if (!pid) return 0;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields count from the last ')'.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i)
+    if (i == 22) return static_cast<uint32_t>(std::strtoull(field.c_str(), nullptr, 10));
+  return 0;
+}
+
+Liveness liveness(uint32_t pid, uint32_t start) {
+  if (!pid) return Liveness::Unknown;
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM) return Liveness::Gone;
+  if (!start) return Liveness::Alive;
+  const uint32_t now = process_start(pid);
+  return now && now != start ? Liveness::Gone : Liveness::Alive;
 }
 
 uint64_t raise_open_files_limit() {

@@ -20,6 +20,15 @@ MemoryRoom memory_room(const std::string& shm_dir = "/dev/shm");
 // Empty if `total` bytes fit; else a message for a person naming the limit.
 std::string pool_room_problem(uint64_t total, const MemoryRoom& room, const std::string& shm_dir = "/dev/shm");
 
+// A process as the daemon names it across its own restarts: the pid, and the low 32 bits of
+// its start time (field 22 of /proc/PID/stat, clock ticks after boot; 0 if unreadable).
+uint32_t process_start(uint32_t pid);
+enum class Liveness { Alive, Gone, Unknown };
+// Whether (pid, start) is still that process: Gone when no process has the pid, or when the
+// pid now belongs to a process started at another time (reused). Unknown for pid 0 (a peer in
+// another pid namespace, which SO_PEERCRED cannot name). A start of 0 is not compared.
+Liveness liveness(uint32_t pid, uint32_t start);
+
 // Raises the soft RLIMIT_NOFILE to the hard limit; the soft limit in force afterwards.
 uint64_t raise_open_files_limit();
 

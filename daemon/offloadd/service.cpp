@@ -33,7 +33,6 @@ int64_t now_ms() {
   return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1'000'000;
 }
 
-bool alive(uint32_t pid) { return pid && (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
 
 void prefault(unsigned char* p, uint64_t bytes) {
 #ifdef MADV_POPULATE_WRITE
@@ -216,10 +215,16 @@ std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* w
       Client& c = s->clients_[l.client_id];
       c.id = l.client_id;
       c.pid = l.pid;
+      c.pid_start = l.pid_start;
       s->next_id_ = std::max(s->next_id_, l.client_id + 1);
     }
     for (auto it = s->clients_.begin(); it != s->clients_.end();) {
-      if (!alive(it->second.pid)) {
+      const Liveness l = liveness(it->second.pid, it->second.pid_start);
+      if (l == Liveness::Unknown)  // it may still use its bytes: they stay (nothing lost)
+        log().warn("client {} is in another pid namespace: its leases stay until it re-registers or offloadd "
+                   "restarts with a fresh pool",
+                   it->first);
+      if (l == Liveness::Gone) {
         s->table_->release_all(it->first);
         it = s->clients_.erase(it);
       } else {
@@ -329,6 +334,7 @@ void Service::accept_client() {
       continue;
     }
     conns_[fd].pid = static_cast<uint32_t>(cred.pid);
+    conns_[fd].pid_start = process_start(conns_[fd].pid);
   }
 }
 
@@ -440,14 +446,17 @@ void Service::handle(int fd, Conn& conn, const proto::FrameHeader& h, const std:
       if (c) return send_error(fd, h.seq, proto::Status::BadRequest, "already registered");
       uint32_t id = 0;
       // A client re-attaching after a daemon restart keeps its id, and so its leases.
-      if (r.prior_client && clients_.count(r.prior_client) && clients_[r.prior_client].fd < 0 &&
-          clients_[r.prior_client].pid == conn.pid)
+      // The same process: the pid (0 names nobody) and, where both are known, its start time.
+      if (r.prior_client && conn.pid && clients_.count(r.prior_client) && clients_[r.prior_client].fd < 0 &&
+          clients_[r.prior_client].pid == conn.pid &&
+          (!clients_[r.prior_client].pid_start || !conn.pid_start || clients_[r.prior_client].pid_start == conn.pid_start))
         id = r.prior_client;
       if (!id) id = next_id_++;
       Client& nc = clients_[id];
       nc.fd = fd;
       nc.id = id;
       nc.pid = conn.pid;  // the kernel's word, not the payload's
+      nc.pid_start = conn.pid_start;
       nc.gpu = r.gpu;
       nc.host_limit = r.host_limit;
       nc.command = utf8_clean(r.command);  // another client's bytes: any, cut anywhere
@@ -489,7 +498,7 @@ void Service::handle(int fd, Conn& conn, const proto::FrameHeader& h, const std:
       proto::LeaseReply rep{};
       proto::Status st = l.bytes == 0 ? proto::Status::BadRequest : admit(*c, l.bytes);
       if (st == proto::Status::Ok) {
-        if (auto off = table_->lease(l.bytes, c->id, c->pid)) {
+        if (auto off = table_->lease(l.bytes, c->id, c->pid, c->pid_start)) {
           rep.offset = *off;
           rep.bytes = (l.bytes + kLeaseAlign - 1) / kLeaseAlign * kLeaseAlign;
         } else {
@@ -622,7 +631,7 @@ void Service::reap_dead() {
   last_reap_ms_ = t;
   // Adopted clients have no connection to hang up: watch their processes instead.
   for (auto it = clients_.begin(); it != clients_.end();) {
-    if (it->second.fd < 0 && !alive(it->second.pid)) {
+    if (it->second.fd < 0 && liveness(it->second.pid, it->second.pid_start) == Liveness::Gone) {
       uint64_t freed = table_->release_all(it->first);
       log().info("client {} (pid {}) is gone; {} bytes back in the pool", it->first, it->second.pid, freed);
       it = clients_.erase(it);

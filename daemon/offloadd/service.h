@@ -78,6 +78,7 @@ class Service {
     int fd = -1;  // -1: disconnected (adopted after a restart, or its process is gone)
     uint32_t id = 0;
     uint32_t pid = 0;
+    uint32_t pid_start = 0;  // with pid, names the process across restarts (process_start)
     int32_t gpu = -1;
     uint64_t host_limit = 0;
     std::string command;
@@ -91,6 +92,7 @@ class Service {
   struct Conn {
     proto::FrameReader reader;
     uint32_t pid = 0;        // from SO_PEERCRED
+    uint32_t pid_start = 0;  // its start time's low bits (process_start)
     uint32_t client_id = 0;  // 0 until it registers
     OutBuffer out;           // replies the socket has not taken yet
     bool closing = false;    // gone or over its output cap: dropped once its input is handled

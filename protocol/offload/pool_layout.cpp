@@ -62,7 +62,7 @@ std::vector<std::pair<uint64_t, uint64_t>> LeaseTable::used_extents() const {
   return v;
 }
 
-std::optional<uint64_t> LeaseTable::lease(uint64_t bytes, uint32_t client_id, uint32_t pid) {
+std::optional<uint64_t> LeaseTable::lease(uint64_t bytes, uint32_t client_id, uint32_t pid, uint32_t pid_start) {
   if (bytes == 0 || bytes > data_bytes_) return std::nullopt;
   bytes = round_up(bytes, kLeaseAlign);
   LeaseSlot* free_slot = nullptr;
@@ -75,7 +75,7 @@ std::optional<uint64_t> LeaseTable::lease(uint64_t bytes, uint32_t client_id, ui
     at = std::max(at, off + len);
   }
   if (at + bytes > data_bytes_) return std::nullopt;
-  *free_slot = LeaseSlot{1, client_id, pid, 0, at, bytes};
+  *free_slot = LeaseSlot{1, client_id, pid, pid_start, at, bytes};
   return at;
 }
 

@@ -39,8 +39,11 @@ static_assert(sizeof(PoolHeader) == 56);
 struct LeaseSlot {
   uint32_t used;       // 0 free, 1 leased
   uint32_t client_id;
-  uint32_t pid;
-  uint32_t reserved;
+  uint32_t pid;        // in the daemon's pid namespace; 0 when the client is not visible there
+  // The low 32 bits of the process's start time (clock ticks after boot, /proc/PID/stat): with
+  // the pid, it names the process, so that a reused pid does not keep a dead client's leases.
+  // 0: unknown (a table written before it was kept).
+  uint32_t pid_start;
   uint64_t offset;     // in the data area
   uint64_t bytes;
 };
@@ -76,7 +79,7 @@ class LeaseTable {
   static std::optional<LeaseTable> open(void* base, uint64_t total, std::string* why);
 
   // First fit, rounded up to kLeaseAlign. nullopt if no extent is large enough.
-  std::optional<uint64_t> lease(uint64_t bytes, uint32_t client_id, uint32_t pid);
+  std::optional<uint64_t> lease(uint64_t bytes, uint32_t client_id, uint32_t pid, uint32_t pid_start = 0);
   // Frees the lease that starts at `offset` and belongs to `client_id`; false if none does.
   bool release(uint64_t offset, uint32_t client_id);
   // Frees every lease of `client_id` (a slot out of bounds included); returns the bytes freed.

@@ -187,6 +187,59 @@ void status_json(const Daemon& d, testing::Json* j) {
   ASSERT_TRUE(j->has("clients")) << r.out;
 }
 
+// A lease names its process by pid and start time. Across a daemon restart, a lease whose pid
+// now belongs to a process started at another time (the pid was reused) is freed, even though
+// a process with that pid is alive; a lease whose pid is 0 (a client in another pid namespace,
+// which the daemon cannot watch) stays, since its process may still use the bytes.
+TEST(DaemonIntegration, AReadoptedLeaseNeedsItsProcessNotOnlyItsPid) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  Proc a, b, c;
+  ASSERT_TRUE(d.client(&a, &why, "reused")) << why;
+  ASSERT_TRUE(d.client(&b, &why, "elsewhere")) << why;
+  ASSERT_TRUE(d.client(&c, &why, "same")) << why;
+  uint32_t ida = 0, idb = 0, idc = 0;
+  ASSERT_NO_FATAL_FAILURE(attach(a, &ida));
+  ASSERT_NO_FATAL_FAILURE(attach(b, &idb));
+  ASSERT_NO_FATAL_FAILURE(attach(c, &idc));
+  Extent a1, b1, c1;
+  ASSERT_NO_FATAL_FAILURE(lease_fill(a, 4 * MiB, 11, &a1));
+  ASSERT_NO_FATAL_FAILURE(lease_fill(b, 8 * MiB, 12, &b1));
+  ASSERT_NO_FATAL_FAILURE(lease_fill(c, 2 * MiB, 13, &c1));
+  EXPECT_TRUE(WIFSIGNALED(d.proc().kill_and_wait(SIGKILL).value_or(0)));
+  {  // While no daemon runs: A's slot now names a process started at another time, B's pid 0.
+    SharedPoolMapping m;
+    ASSERT_TRUE(m.open(d.segment(), &why)) << why;
+    auto* h = reinterpret_cast<PoolHeader*>(m.base());
+    auto* slots = reinterpret_cast<LeaseSlot*>(m.base() + h->table_offset);
+    int seen = 0;
+    for (uint32_t i = 0; i < h->max_leases; ++i) {
+      if (!slots[i].used) continue;
+      ++seen;
+      EXPECT_NE(slots[i].pid_start, 0u) << "the daemon records the start time";
+      if (slots[i].client_id == ida) slots[i].pid_start ^= 0x5a5a;
+      if (slots[i].client_id == idb) slots[i].pid = 0;
+    }
+    EXPECT_EQ(seen, 3);
+  }
+  ASSERT_TRUE(d.start({}, &why)) << why;
+  testing::Json j;
+  ASSERT_NO_FATAL_FAILURE(status_json(d, &j));
+  EXPECT_EQ(json_client(j, a.pid()), nullptr) << "a reused pid kept a dead client's lease";
+  EXPECT_EQ(j["used_bytes"].num, static_cast<double>(10 * MiB)) << "B's and C's leases stay";
+  EXPECT_NE(json_client(j, c.pid()), nullptr);
+  EXPECT_NE(d.log().find("another pid namespace"), std::string::npos) << d.log();
+  EXPECT_EQ(check(b, b1, 12), "ok");
+  EXPECT_EQ(check(c, c1, 13), "ok");
+  // C, the same process, re-registers with its old id and gets it back.
+  std::vector<std::string> w;
+  ASSERT_OK_ANSWER(c.cmd("connect"), w);
+  ASSERT_OK_ANSWER(c.cmd("register " + std::to_string(idc)), w);
+  EXPECT_EQ(std::stoul(w[1]), idc);
+  EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
+}
+
 TEST(DaemonIntegration, KilledDaemonLeavesDataIntactAndANewOneReadoptsIt) {
   Daemon d;
   std::string why;
