@@ -62,6 +62,18 @@ void* next_after(const void* caller, const char* name) {
 
 OFFLOAD_EXPORT void* dlsym(void* handle, const char* name) {
   void* real = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name) : real_dlsym(handle, name);
+  // A search that reaches our own export (RTLD_DEFAULT, the program's handle) found the shim's
+  // wrapper, not the symbol: in a process without CUDA it would answer non-NULL, and a call
+  // would abort. The answer is the definition elsewhere, as without the shim, or none.
+  if (real) {
+    const HookEntry* e = find_symbol(name);
+    if (e && real == e->wrapper) {
+      real = find_loaded(name, real);
+      // Nothing else defines it: a failed lookup of our own leaves dlerror() its message
+      // (callers such as ctypes read it after a NULL).
+      if (!real) real = real_dlsym(RTLD_NEXT, name);
+    }
+  }
   return serve_symbol(name, real, kDlsym);
 }
 

@@ -399,13 +399,7 @@ TEST(ShimLinkIntegration, ASocketInADirectoryOthersMayWriteIsRefused) {
 namespace offload::it {
 namespace {
 
-// A training process forks (a data-loader worker) and is then killed: the child inherited
-// the daemon connection, and had it kept the socket open the daemon would not see the
-// parent die. The shim's fork handler closes it in the child, so the leases still come
-// back within a second.
-TEST(ShimLinkIntegration, AForkedChildDoesNotKeepADeadParentRegistered) {
-  // The interpreter itself, not a launcher script (pyenv's shims are shell scripts): the
-  // test kills this very process.
+std::string python_path() {
   std::string python;
   if (FILE* f = popen("python3 -c 'import sys; print(sys.executable)' 2>/dev/null", "r")) {
     char b[4096] = {};
@@ -413,6 +407,41 @@ TEST(ShimLinkIntegration, AForkedChildDoesNotKeepADeadParentRegistered) {
     pclose(f);
   }
   while (!python.empty() && (python.back() == '\n' || python.back() == ' ')) python.pop_back();
+  return python;
+}
+
+// Preloading the shim into a process without CUDA changes no lookup: dlsym on the program's
+// handle (ctypes' CDLL(None)) finds no CUDA entry point, as without the shim (the shim's own
+// exports answered before, and a call through one aborted).
+TEST(ShimLinkIntegration, APreloadedProcessWithoutCudaFindsNoCudaSymbol) {
+  const std::string python = python_path();
+  if (python.empty()) GTEST_SKIP() << "needs python3";
+#ifdef OFFLOAD_SANITIZED
+  GTEST_SKIP() << "a sanitizer-instrumented liboffload.so cannot be preloaded into an uninstrumented python "
+                  "(the plain build runs this test)";
+#endif
+  TempDir dir;
+  const char* script =
+      "import ctypes; lib = ctypes.CDLL(None); "
+      "print(*(hasattr(lib, n) for n in ('cuLaunchKernel', 'cuMemAlloc_v2', 'cudaMalloc', 'strlen')))";
+  std::map<std::string, std::string> env = {{"PATH", getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin"}};
+  const RunResult plain = run_program({python, "-c", script}, env, dir.path());
+  ASSERT_EQ(plain.exit_code(), 0) << plain.err;
+  EXPECT_EQ(plain.out, "False False False True\n") << "this machine's python finds CUDA without the shim";
+  env["LD_PRELOAD"] = OFFLOAD_LIB;
+  const RunResult shim = run_program({python, "-c", script}, env, dir.path());
+  ASSERT_EQ(shim.exit_code(), 0) << shim.err;
+  EXPECT_EQ(shim.out, plain.out) << shim.err;
+}
+
+// A training process forks (a data-loader worker) and is then killed: the child inherited
+// the daemon connection, and had it kept the socket open the daemon would not see the
+// parent die. The shim's fork handler closes it in the child, so the leases still come
+// back within a second.
+TEST(ShimLinkIntegration, AForkedChildDoesNotKeepADeadParentRegistered) {
+  // The interpreter itself, not a launcher script (pyenv's shims are shell scripts): the
+  // test kills this very process.
+  const std::string python = python_path();
   if (python.empty()) GTEST_SKIP() << "needs python3";
 #ifdef OFFLOAD_SANITIZED
   GTEST_SKIP() << "a sanitizer-instrumented liboffload.so cannot be preloaded into an uninstrumented python "
