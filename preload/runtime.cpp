@@ -28,6 +28,8 @@ namespace {
 std::atomic<Runtime*> g_runtime{nullptr};
 std::atomic<bool> g_pass_through{false};  // set at exit and in forked children
 const Settings* g_settings = nullptr;      // set once by the library constructor
+const std::string* g_settings_error = nullptr;  // or, with bad settings, what is wrong with them
+std::once_flag g_error_once;
 std::once_flag g_build_once;
 __attribute__((tls_model("initial-exec"))) thread_local bool t_in_hook = false;
 
@@ -66,7 +68,10 @@ HookGuard::~HookGuard() {
 Runtime* runtime() {
   if (g_pass_through.load(std::memory_order_relaxed)) return nullptr;
   if (Runtime* rt = g_runtime.load(std::memory_order_acquire)) return rt;
-  if (!g_settings) return nullptr;
+  if (!g_settings) {
+    if (g_settings_error) std::call_once(g_error_once, [] { log().error("{}", *g_settings_error); });
+    return nullptr;
+  }
   // Built on the first allocation or launch we see, so that processes which only inherit
   // LD_PRELOAD (compilers, data-loader workers) never pay for the rings or the worker.
   std::call_once(g_build_once, [] { g_runtime.store(new Runtime(*g_settings), std::memory_order_release); });
@@ -520,9 +525,12 @@ __attribute__((constructor)) void offload_init() {
   std::vector<std::string> errors;
   Settings s = read_settings([](const char* n) { return getenv(n); }, &errors);
   set_log_level(s.log_level);
-  for (const std::string& e : errors) log().error("{}", e);
   if (!errors.empty()) {
-    log().error("bad OFFLOAD_* settings: liboffload forwards every call and observes nothing");
+    // Said once, and only if the process uses CUDA (runtime() is asked): every preloaded
+    // child (compilers, shells, data-loader workers) would otherwise repeat it.
+    std::string line = "bad OFFLOAD_* settings (";
+    for (size_t i = 0; i < errors.size(); ++i) line += (i ? "; " : "") + errors[i];
+    g_settings_error = new std::string(line + "): liboffload forwards every call and observes nothing");
     return;
   }
   if (!s.enabled) return;

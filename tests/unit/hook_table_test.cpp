@@ -828,6 +828,25 @@ TEST_F(Hooks, ConcurrentHooksWithTheWorkerRunning) {
 
 // However the process ends while the worker runs, after hooks were in use, it ends with its own
 // status: no std::terminate from a thread left joinable (that would be SIGABRT), no hang.
+// A bad setting is said in one line, once, and only when the process uses CUDA: every child
+// that merely inherits LD_PRELOAD (a shell, a compiler, a data-loader worker) stays silent.
+TEST_F(Hooks, ABadSettingIsSaidOnceInOneLineWhenCudaIsUsed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: its constructor reads the setting
+  setenv("OFFLOAD_DEVICE_BUDGET", "lots", 1);
+  auto use_cuda = [] {
+    void* p = nullptr;
+    for (int i = 0; i < 3; ++i) {
+      (void)cudaMallocAsync(&p, 4096, nullptr);
+      (void)cudaFreeAsync(p, nullptr);
+    }
+    std::exit(0);
+  };
+  EXPECT_EXIT(use_cuda(), ::testing::ExitedWithCode(0),
+              "^\\[offload error\\] bad OFFLOAD_\\* settings \\(OFFLOAD_DEVICE_BUDGET='lots' is not valid[^\n]*\n$");
+  EXPECT_EXIT(std::exit(0), ::testing::ExitedWithCode(0), "^$");
+  unsetenv("OFFLOAD_DEVICE_BUDGET");
+}
+
 TEST_F(Hooks, ExitPathsEndWithTheirOwnStatusWhileTheWorkerRuns) {
   // Each child runs this test alone in a fresh process: a forked copy of this one would be a
   // pass-through child, with no runtime to end.
