@@ -18,10 +18,10 @@ std::optional<uint64_t> parse_size(const std::string& s) {
   for (size_t k = i; k < s.size(); ++k) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(s[k])));
   double mult;
   if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kib") mult = 1024.0;
-  else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "k" || unit == "ki" || unit == "kib") mult = 1024.0;
+  else if (unit == "m" || unit == "mi" || unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gi" || unit == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "ti" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
   else if (unit == "kb") mult = 1e3;
   else if (unit == "mb") mult = 1e6;
   else if (unit == "gb") mult = 1e9;

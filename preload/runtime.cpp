@@ -20,6 +20,7 @@
 #include "hooks/hook_table.h"
 #include "offload/offload.h"
 #include "planner/planner.h"
+#include "offload_version.h"
 
 namespace offload {
 
@@ -577,6 +578,10 @@ __attribute__((visibility("default"))) void offload_reset_peak(void) {
     if (offload::Runtime* rt = offload::runtime()) rt->reset_peak();
   } catch (...) {
   }
+}
+
+__attribute__((visibility("default"))) const char* offload_version(void) {
+  return OFFLOAD_VERSION " (commit " OFFLOAD_COMMIT ")";
 }
 
 __attribute__((visibility("default"))) int offload_stats_json(char* buf, size_t len) {

@@ -25,8 +25,16 @@ for variant in plain address thread; do
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu
 done
 echo "== a Release build with -Werror (GCC warns of some things only when optimising at -O3) (at ${SECONDS} s)"
-cmake -S . -B build-test-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_WERROR=ON > /dev/null
+cmake -S . -B build-test-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_WERROR=ON -DCMAKE_INSTALL_PREFIX=/usr > /dev/null
 cmake --build build-test-release -j "$jobs"
+echo "== install: offload-run's conventions, the Python package, and the Debian package (at ${SECONDS} s)"
+tests/scripts/offload_run_test.sh build-test-plain
+PYTHONPATH=python python3 tests/scripts/python_package_test.py build-test-plain/liboffload.so
+if [ "$(id -u)" = 0 ]; then
+  tests/scripts/package_test.sh build-test-release
+else
+  echo "the Debian package test needs root (dpkg -i): not run here"
+fi
 echo "== fuzz the wire protocol's decoder (bounded) (at ${SECONDS} s)"
 scripts/run-fuzz.sh "${FUZZ_SECONDS:-30}"
 echo "== the recorded traces: replay on the simulated driver and trace check (at ${SECONDS} s)"

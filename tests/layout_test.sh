@@ -4,7 +4,8 @@
 #
 # Every quoted include is resolved to the folder it comes from, by the include roots the
 # build uses: planner/X, common/X -> the repository root; offload/X -> protocol/ or include/;
-# offloadd/X, offloadctl/X -> daemon/; anything else that exists under preload/ -> preload/.
+# offloadd/X, offloadctl/X -> daemon/; offload_version.h -> common/ (made from
+# common/version.h.in); anything else that exists under preload/ -> preload/.
 # Each folder may then include only from the folders listed for it below. An include that
 # resolves nowhere fails the test, so that a new include root is added here on purpose.
 #
@@ -39,6 +40,7 @@ origin() {
       [ -f "protocol/$inc" ] && echo protocol && return
       [ -f "include/$inc" ] && echo include && return ;;
     offloadd/* | offloadctl/*) [ -f "daemon/$inc" ] && echo "${inc%%/*}" && return ;;
+    offload_version.h) [ -f common/version.h.in ] && echo common && return ;;  # generated from it
     *)
       if [ -f "preload/$inc" ]; then
         case "$inc" in

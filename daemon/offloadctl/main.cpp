@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "offload_version.h"
 
 int cmd_trace_show(const std::string& path, bool check);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
@@ -61,7 +62,7 @@ bool parse_budget(const std::string& s, uint64_t* bytes, double* fraction) {
 
 void usage(FILE* f) {
   fprintf(f,
-          "usage: offloadctl <command>\n"
+          "usage: offloadctl <command>   (offloadctl --version: the version and the source commit)\n"
           "  status [--json] [--watch [SECONDS]] [--socket PATH]\n"
           "                         the pool and every client (pid, command, GPU, leased, resident,\n"
           "                         evicted, step time, exposed stall, misses, rank, GPU id) and the\n"
@@ -112,6 +113,10 @@ int main(int argc, char** argv) {
   if (a.empty() || a[0] == "help" || a[0] == "--help" || a[0] == "-h") {
     usage(a.empty() ? stderr : stdout);
     return a.empty() ? 2 : 0;
+  }
+  if (a[0] == "--version") {
+    printf("offloadctl %s (commit %s)\n", OFFLOAD_VERSION, OFFLOAD_COMMIT);
+    return 0;
   }
   if (a[0] == "status" || a[0] == "stop") {
     std::string socket;

@@ -15,6 +15,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "offloadd/service.h"
+#include "offload_version.h"
 
 namespace {
 
@@ -39,6 +40,7 @@ void usage(FILE* f) {
           "  --no-prefault        do not fault the pool in at start\n"
           "  --socket-mode OCTAL  socket file mode (default 0600; other users are refused anyway)\n"
           "  --log-level LEVEL    debug, info, warn, error or off (default info)\n"
+          "  --version            the version and the source commit\n"
           "  --help\n");
 }
 
@@ -111,6 +113,9 @@ int main(int argc, char** argv) {
     long n = 0;
     if (k == "--help" || k == "-h") {
       usage(stdout);
+      return 0;
+    } else if (k == "--version") {
+      printf("offloadd %s (commit %s)\n", OFFLOAD_VERSION, OFFLOAD_COMMIT);
       return 0;
     } else if (k == "--pool-size") {
       if (!value(&v)) return bad("--pool-size needs a size, e.g. 64GiB");

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "offloadd/service.h"
 #include "offload/text.h"
+#include "offload_version.h"
 
 namespace offload {
 namespace {
@@ -90,6 +91,10 @@ void Service::expire_metrics(int64_t now) {
 std::string Service::metrics_text() const {
   std::ostringstream m;
   uint64_t used = table_->used_bytes();
+  m << "# HELP offload_build_info The running offloadd's version and source commit.\n"
+       "# TYPE offload_build_info gauge\n"
+    << "offload_build_info{version=\"" << label_escape(OFFLOAD_VERSION) << "\",commit=\"" << label_escape(OFFLOAD_COMMIT)
+    << "\"} 1\n";
   m << "# HELP offload_pool_bytes Size of the node's shared pinned host pool.\n# TYPE offload_pool_bytes gauge\n"
     << "offload_pool_bytes " << table_->data_bytes() << "\n"
     << "# HELP offload_pool_used_bytes Bytes of the pool leased to clients.\n# TYPE offload_pool_used_bytes gauge\n"

@@ -38,6 +38,9 @@ void offload_reset_peak(void);
  * Returns the length written, or -1 if len is too small. */
 int offload_stats_json(char* buf, size_t len);
 
+/* The library's version and the source commit it was built from, e.g. "0.1.0 (commit 1a2b3c4d5e6f)". */
+const char* offload_version(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,6 +29,11 @@ TEST(ParseSize, BinaryUnits) {
   EXPECT_EQ(parse_size("3M"), 3 * MiB);
   EXPECT_EQ(parse_size("1G"), GiB);
   EXPECT_EQ(parse_size("2TiB"), 2 * GiB * 1024);
+  // Kubernetes' and numfmt's spellings: the IEC prefix without the B.
+  EXPECT_EQ(parse_size("40Gi"), 40 * GiB);
+  EXPECT_EQ(parse_size("512Mi"), 512 * MiB);
+  EXPECT_EQ(parse_size("8ki"), 8 * KiB);
+  EXPECT_EQ(parse_size("1Ti"), GiB * 1024);
 }
 
 TEST(ParseSize, DecimalUnits) {
