@@ -1,5 +1,6 @@
 #include "common/env.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -137,6 +138,54 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     else st.host_limit = *size;
   }
   return st;
+}
+
+namespace {
+
+// Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
+constexpr const char* kKnownSettings[] = {
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_HOST_LIMIT",
+    "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
+    "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
+    "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",
+    "OFFLOAD_SOCKET",        "OFFLOAD_LOG_LEVEL", "OFFLOAD_DISABLE",     "OFFLOAD_LIB"};
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<std::string> unknown_settings(const char* const* env) {
+  std::vector<std::string> out;
+  for (; env && *env; ++env) {
+    const std::string kv = *env;
+    if (kv.rfind("OFFLOAD_", 0) != 0) continue;
+    const std::string name = kv.substr(0, kv.find('='));
+    if (std::find(std::begin(kKnownSettings), std::end(kKnownSettings), name) != std::end(kKnownSettings)) continue;
+    // The closest known name, if the two differ by a typo or a missing word.
+    const char* best = nullptr;
+    size_t best_d = 0;
+    for (const char* k : kKnownSettings) {
+      size_t d = edit_distance(name, k);
+      const std::string ks = k;
+      if (ks.find(name.substr(8)) != std::string::npos && name.size() > 10) d = std::min<size_t>(d, 3);  // a word left out
+      if (!best || d < best_d) best = k, best_d = d;
+    }
+    out.push_back(best && best_d <= 3 ? name + " (did you mean " + best + "?)" : name);
+  }
+  return out;
 }
 
 }  // namespace offload

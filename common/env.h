@@ -72,4 +72,9 @@ std::optional<uint64_t> parse_size(const std::string& s);
 Settings read_settings(const std::function<const char*(const char*)>& get,
                        std::vector<std::string>* errors);
 
+// The OFFLOAD_* variables of `env` (an environ-style array, NULL-ended) that liboffload does
+// not read, each as "NAME" or "NAME (did you mean KNOWN?)" when a known name is close: a typo
+// such as OFFLOAD_BUDGET would otherwise be ignored in silence.
+std::vector<std::string> unknown_settings(const char* const* env);
+
 }  // namespace offload

@@ -31,6 +31,7 @@ std::atomic<bool> g_pass_through{false};  // set at exit and in forked children
 const Settings* g_settings = nullptr;      // set once by the library constructor
 const std::string* g_settings_error = nullptr;  // or, with bad settings, what is wrong with them
 std::once_flag g_error_once;
+const std::string* g_settings_warning = nullptr;  // OFFLOAD_* names set but not read (typos)
 std::once_flag g_build_once;
 __attribute__((tls_model("initial-exec"))) thread_local bool t_in_hook = false;
 
@@ -75,7 +76,11 @@ Runtime* runtime() {
   }
   // Built on the first allocation or launch we see, so that processes which only inherit
   // LD_PRELOAD (compilers, data-loader workers) never pay for the rings or the worker.
-  std::call_once(g_build_once, [] { g_runtime.store(new Runtime(*g_settings), std::memory_order_release); });
+  std::call_once(g_build_once, [] {
+    // Said when the process first uses CUDA, as a bad setting is: not in every child.
+    if (g_settings_warning) log().warn("{}", *g_settings_warning);
+    g_runtime.store(new Runtime(*g_settings), std::memory_order_release);
+  });
   return g_runtime.load(std::memory_order_acquire);
 }
 
@@ -535,6 +540,12 @@ __attribute__((constructor)) void offload_init() {
     return;
   }
   if (!s.enabled) return;
+  std::vector<std::string> unknown = unknown_settings(environ);
+  if (!unknown.empty()) {
+    std::string line = "OFFLOAD_* variables liboffload does not read: ";
+    for (size_t i = 0; i < unknown.size(); ++i) line += (i ? "; " : "") + unknown[i];
+    g_settings_warning = new std::string(line);
+  }
   // A forked child (a data-loader worker) only forwards, and lets go of the daemon
   // connection and the pool mapping it inherited: were it to keep the socket open, the
   // daemon would not see the parent die until the child does.

@@ -11,7 +11,7 @@ if ! command -v promtool > /dev/null; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus > /dev/null
 fi
-export OFFLOAD_REQUIRE_PROMTOOL=1
+export LIBOFFLOAD_CI_PROMTOOL=1
 jobs=$(nproc)
 for variant in plain address thread; do
   dir=build-test-$variant

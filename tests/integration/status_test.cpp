@@ -330,7 +330,7 @@ TEST(StatusIntegration, ACommandWithNewlinesStaysOnOneRow) {
 // A command line cut inside a character by its client (a frame's command field holds 63 bytes;
 // this client cuts bytes, as an older shim did) reaches the table, --json and the metrics page
 // as valid UTF-8: the JSON parses, and promtool accepts the page where it is installed (CI
-// installs it and sets OFFLOAD_REQUIRE_PROMTOOL).
+// installs it and sets LIBOFFLOAD_CI_PROMTOOL).
 TEST(StatusIntegration, ACommandCutInsideACharacterStaysValidUtf8) {
   Daemon d;
   std::string why;
@@ -372,7 +372,7 @@ TEST(StatusIntegration, ACommandCutInsideACharacterStaysValidUtf8) {
   const std::map<std::string, std::string> path = {{"PATH", getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin"}};
   const bool have = run_program({"/bin/sh", "-c", "command -v promtool"}, path, d.dir()).exit_code() == 0;
   if (!have) {
-    EXPECT_EQ(getenv("OFFLOAD_REQUIRE_PROMTOOL"), nullptr) << "promtool is required here and not installed";
+    EXPECT_EQ(getenv("LIBOFFLOAD_CI_PROMTOOL"), nullptr) << "promtool is required here and not installed";
     return;
   }
   const std::string page = d.dir() + "/metrics.txt";

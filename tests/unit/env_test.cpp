@@ -371,5 +371,20 @@ TEST(Settings, BlockCacheTakesASizeOrOffAndRejectsTheRestByName) {
   }
 }
 
+// A typo in a variable's name would be ignored in silence: the names liboffload does not read
+// are listed, with the known name they are closest to.
+TEST(UnknownSettings, TyposAreNamedWithTheClosestKnownName) {
+  const char* env[] = {"PATH=/usr/bin", "OFFLOAD_DEVICE_BUDGET=40GiB", "OFFLOAD_BUDGET=40GiB",
+                       "OFFLOAD_TELEMTRY=off", "OFFLOAD_XYZZY_FOO=1", "OFFLOAD_LIB=/x.so", "NOT_OFFLOAD_X=1", nullptr};
+  const std::vector<std::string> got = unknown_settings(env);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], "OFFLOAD_BUDGET (did you mean OFFLOAD_DEVICE_BUDGET?)");
+  EXPECT_EQ(got[1], "OFFLOAD_TELEMTRY (did you mean OFFLOAD_TELEMETRY?)");
+  EXPECT_EQ(got[2], "OFFLOAD_XYZZY_FOO");
+  const char* clean[] = {"OFFLOAD_CAP=1", "HOME=/root", nullptr};
+  EXPECT_TRUE(unknown_settings(clean).empty());
+  EXPECT_TRUE(unknown_settings(nullptr).empty());
+}
+
 }  // namespace
 }  // namespace offload

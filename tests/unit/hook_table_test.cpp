@@ -826,6 +826,25 @@ TEST_F(Hooks, ConcurrentHooksWithTheWorkerRunning) {
 
 // --- the C API -----------------------------------------------------------------------------
 
+// A variable liboffload does not read (a typo) is named, with the known name it is closest
+// to, when the process first uses CUDA; a child that does not use it says nothing.
+TEST_F(Hooks, AnUnknownSettingIsNamedWhenCudaIsUsed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  setenv("OFFLOAD_BUDGET", "40GiB", 1);
+  setenv("OFFLOAD_TELEMETRY", "off", 1);
+  auto use_cuda = [] {
+    void* p = nullptr;
+    (void)cudaMallocAsync(&p, 4096, nullptr);
+    (void)cudaFreeAsync(p, nullptr);
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(use_cuda(), ::testing::ExitedWithCode(0),
+              "OFFLOAD_\\* variables liboffload does not read: OFFLOAD_BUDGET \\(did you mean OFFLOAD_DEVICE_BUDGET\\?\\)");
+  EXPECT_EXIT(std::_Exit(0), ::testing::ExitedWithCode(0), "^$");
+  unsetenv("OFFLOAD_BUDGET");
+  unsetenv("OFFLOAD_TELEMETRY");
+}
+
 // However the process ends while the worker runs, after hooks were in use, it ends with its own
 // status: no std::terminate from a thread left joinable (that would be SIGABRT), no hang.
 // A bad setting is said in one line, once, and only when the process uses CUDA: every child
