@@ -132,6 +132,11 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     if (!size || *size < (64ull << 10)) bad("OFFLOAD_CAP_MIN", v, "a size of at least 64KiB (e.g. 2MiB)");
     else st.cap_min = *size;
   }
+  if (const char* v = get("OFFLOAD_CAP_PIECE"); v && *v) {
+    auto size = parse_size(v);
+    if (!size) bad("OFFLOAD_CAP_PIECE", v, "a size (e.g. 64MiB), or 0 for one handle per range");
+    else st.cap_piece = *size;
+  }
   if (const char* v = get("OFFLOAD_HOST_LIMIT"); v && *v) {
     auto size = parse_size(v);
     if (!size || *size < (64ull << 20)) bad("OFFLOAD_HOST_LIMIT", v, "a size of at least 64MiB (e.g. 64GiB)");
@@ -144,7 +149,7 @@ namespace {
 
 // Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
 constexpr const char* kKnownSettings[] = {
-    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_HOST_LIMIT",
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_HOST_LIMIT",
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",

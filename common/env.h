@@ -43,6 +43,8 @@ struct Settings {
   // (1, the default); 0: the budget is met by a plan made after a traced step.
   bool cap = true;
   uint64_t cap_min = 0;     // OFFLOAD_CAP_MIN: 0 = the VMM granularity (2 MiB on the H200)
+  // OFFLOAD_CAP_PIECE: the largest physical handle a range is backed by; 0 = one per range.
+  uint64_t cap_piece = 64ull << 20;
   uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // The budget in bytes on a device of `total` bytes (0: none).

@@ -64,7 +64,7 @@ void Residency::pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, s
   std::vector<std::pair<uint64_t, uint32_t>> scored;
   for (uint32_t i = 0; i < slots_.size(); ++i) {
     const Range& r = slots_[i];
-    if (!r.live || !r.handle || r.inflight || (r.state != State::Resident && r.state != State::CopyingIn)) continue;
+    if (!r.live || !r.backed() || r.inflight || (r.state != State::Resident && r.state != State::CopyingIn)) continue;
     if (std::find(keep, keep + nkeep, i) != keep + nkeep) continue;
     scored.push_back({next_use_distance(r, now), i});
   }

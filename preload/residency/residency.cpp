@@ -1,6 +1,7 @@
 #include "residency/residency.h"
 
 #include <algorithm>
+#include <bit>
 #include <cinttypes>
 #include <cstdio>
 
@@ -18,6 +19,7 @@ Residency::Residency(Driver& d, HostStore& host, Options o) : d_(d), host_(host)
   gran_ = d_.vmm_granularity();
   if (!gran_) gran_ = 2ull << 20;
   if (!o_.min_bytes) o_.min_bytes = gran_;
+  o_.piece_max = round_up(o_.piece_max, gran_);
   pool_share_ = std::min(o_.pool_floor, o_.budget / 2);
   st_.pool_share = pool_share_;
 }
@@ -35,11 +37,12 @@ Residency::~Residency() {
       if (e) d_.event_sync(e);
   // Every mapping goes before any handle: a handle handed over is mapped twice until then.
   for (Range& r : slots_)
-    if (r.va && r.handle) d_.unmap(r.va, r.bytes);
-  if (handover_.handle) d_.release_physical(handover_.handle);  // given, not yet taken
+    if (r.va) unmap_pieces(r);
+  for (const Piece& p : handover_.pieces) d_.release_physical(p.handle);  // given, not yet taken
   for (Range& r : slots_) {
     if (!r.va) continue;
-    if (r.handle && !r.given) d_.release_physical(r.handle);
+    if (!r.given)
+      for (const Piece& p : r.pieces) d_.release_physical(p.handle);
     d_.unreserve(r.va, r.bytes);
     if (r.host) host_.give(r.host, r.bytes);
     if (r.copy_event) d_.destroy_event(r.copy_event);
@@ -97,24 +100,53 @@ void Residency::note_footprint() {
   st_.footprint_peak = std::max(st_.footprint_peak, held_ + std::max(pool_share_, pool_seen_));
 }
 
+uint64_t Residency::spare_cover(uint64_t need) const {
+  if (!o_.piece_max) return spares_.count(need) ? need : 0;  // one handle per range: its size only
+  uint64_t left = need;
+  for (auto it = spares_.rbegin(); it != spares_.rend() && left; ++it)
+    if (it->first <= left) left -= it->first;
+  return need - left;
+}
+
 bool Residency::fits(uint64_t need) const {
-  return (handover_.handle && handover_.bytes == need) || spares_.count(need) != 0 ||
-         held_ + pool_share_ + need <= limit();
+  if (handover_.any() && handover_.bytes == need) return true;
+  const uint64_t fresh = need - spare_cover(need);
+  return held_ + pool_share_ + fresh <= limit();
 }
 
 void Residency::release_spares_for(uint64_t need) {
-  for (auto it = spares_.begin(); it != spares_.end() && !fits(need);) {
-    if (it->first == need) {
+  // The spares the largest-first fill would use stay; the others go, the largest first.
+  uint64_t left = need;
+  for (auto it = std::make_reverse_iterator(spares_.end()); it != spares_.rend() && !fits(need);) {
+    if (o_.piece_max ? it->first <= left : it->first == left) {
+      left -= it->first;
       ++it;
       continue;
     }
-    settle_given(it->second);
-    d_.release_physical(it->second);
-    held_ -= it->first;
-    spare_bytes_ -= it->first;
+    auto fwd = std::prev(it.base());
+    settle_given(fwd->second);
+    d_.release_physical(fwd->second);
+    held_ -= fwd->first;
+    spare_bytes_ -= fwd->first;
     ++st_.released;
-    it = spares_.erase(it);
+    it = std::make_reverse_iterator(spares_.erase(fwd));
   }
+}
+
+void Residency::unmap_pieces(const Range& r) {
+  uint64_t off = 0;
+  for (const Piece& p : r.pieces) {
+    d_.unmap(r.va + off, p.bytes);
+    off += p.bytes;
+  }
+}
+
+void Residency::spare_pieces(Range& r) {
+  for (const Piece& p : r.pieces) {
+    spares_.emplace(p.bytes, p.handle);
+    spare_bytes_ += p.bytes;
+  }
+  r.pieces.clear();
 }
 
 bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why) {
@@ -140,7 +172,8 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
   pick_victims(&victims, keep, nkeep, launches_seen_);
   // Start as many copies as the shortfall needs, then finish them: the copies queue together.
   uint64_t freeing = 0;
-  const uint64_t short_by = held_ + pool_share_ + need - std::min(limit(), held_ + pool_share_ + need);
+  const uint64_t want = held_ + pool_share_ + need - spare_cover(need);
+  const uint64_t short_by = want - std::min(limit(), want);
   std::vector<uint32_t> started;
   for (uint32_t v : victims) {
     if (freeing >= short_by) break;
@@ -160,7 +193,7 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
   if (why && why->empty()) {
     uint64_t pinned = 0;
     for (const Range& r : slots_)
-      if (r.handle && (r.inflight || kept(uint32_t(&r - slots_.data())))) pinned += r.bytes;
+      if (r.backed() && (r.inflight || kept(uint32_t(&r - slots_.data())))) pinned += r.bytes;
     char buf[320];
     std::snprintf(buf, sizeof buf,
                   "%.2f GiB more cannot fit the device budget of %.2f GiB: %.2f GiB held, %.2f GiB of it in use by "
@@ -213,15 +246,15 @@ void Residency::finish_evict(uint32_t slot) {
     ++st_.waits;
     d_.event_sync(r.copy_event);
   }
-  d_.unmap(r.va, r.bytes);
-  if (r.given && handover_.handle == r.handle) handover_.event = 0;  // not taken yet: nothing to wait for now
+  unmap_pieces(r);
+  if (r.given && handover_.any() && handover_.pieces[0].handle == r.pieces[0].handle)
+    handover_.event = 0;  // not taken yet: nothing to wait for now
   if (!r.given) {
     out_bytes_ -= r.bytes;
-    spare_bytes_ += r.bytes;
-    spares_.emplace(r.bytes, r.handle);  // still counted in held_: the caller takes or releases it
+    spare_pieces(r);  // still counted in held_: the caller takes or releases them
   }
   r.given = false;
-  r.handle = 0;
+  r.pieces.clear();
   r.state = State::OnHost;
   r.touches.clear();
   drop_event(r.copy_event);
@@ -233,13 +266,15 @@ void Residency::finish_evict(uint32_t slot) {
 }
 
 bool Residency::take_handover(uint64_t need) {
-  if (handover_.handle) return handover_.bytes == need;
+  if (handover_.any()) return handover_.bytes == need;
   for (uint32_t slot : copying_out_) {
     Range& r = slots_[slot];
     if (r.given || r.bytes != need) continue;
     r.given = true;
     out_bytes_ -= r.bytes;  // no longer coming back to us: the taker counts it
-    handover_ = {r.handle, r.bytes, r.copy_event};
+    handover_.pieces = r.pieces;
+    handover_.bytes = r.bytes;
+    handover_.event = r.copy_event;
     ++st_.handovers;
     return true;
   }
@@ -247,11 +282,13 @@ bool Residency::take_handover(uint64_t need) {
 }
 
 void Residency::settle_given(uint64_t handle) {
-  for (size_t i = 0; i < copying_out_.size(); ++i)
-    if (slots_[copying_out_[i]].given && slots_[copying_out_[i]].handle == handle) {
+  for (size_t i = 0; i < copying_out_.size(); ++i) {
+    const Range& r = slots_[copying_out_[i]];
+    if (r.given && std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.handle == handle; })) {
       finish_evict(copying_out_[i]);
       return;
     }
+  }
 }
 
 void Residency::release_freed(uint32_t slot) {
@@ -261,9 +298,8 @@ void Residency::release_freed(uint32_t slot) {
     d_.event_sync(r.free_event);
   }
   if (r.copy_event) d_.event_sync(r.copy_event);
-  d_.unmap(r.va, r.bytes);
-  spare_bytes_ += r.bytes;
-  spares_.emplace(r.bytes, r.handle);
+  unmap_pieces(r);
+  spare_pieces(r);
   d_.unreserve(r.va, r.bytes);
   by_va_.erase(r.va);
   drop_event(r.free_event);
@@ -273,39 +309,66 @@ void Residency::release_freed(uint32_t slot) {
 }
 
 bool Residency::back_range(Range& r, Stream s, std::string* why) {
-  uint64_t h = 0;
-  if (handover_.handle && handover_.bytes == r.bytes) {
+  std::vector<Piece>& got = r.pieces;
+  got.clear();
+  if (handover_.any() && handover_.bytes == r.bytes) {
     // Still mapped where it is being copied out: work on `s` follows that copy.
-    h = handover_.handle;
+    got.swap(handover_.pieces);
     if (handover_.event) d_.stream_wait(s, handover_.event);
     handover_ = {};
-  } else if (auto it = spares_.find(r.bytes); it != spares_.end()) {
-    h = it->second;
-    spares_.erase(it);
-    spare_bytes_ -= r.bytes;
   } else {
-    h = d_.create_physical(r.bytes);
-    if (!h) {
-      if (why) {
-        char buf[256];
-        std::snprintf(buf, sizeof buf,
-                      "the device refused %.2f GiB with %.2f GiB held under a budget of %.2f GiB: memory outside "
-                      "the allocator (the CUDA context, libraries) leaves less than the budget",
-                      r.bytes / kGiB, held_ / kGiB, o_.budget / kGiB);
-        *why = buf;
-      }
-      return false;
+    // Spares first, the largest that fit; then new handles for the rest: whole pieces of
+    // piece_max, and one handle for the tail.
+    uint64_t left = r.bytes;
+    while (left) {
+      auto it = spares_.upper_bound(left);
+      if (it == spares_.begin()) break;
+      --it;
+      if (!o_.piece_max && it->first != left) break;
+      got.push_back({it->second, it->first});
+      left -= it->first;
+      spare_bytes_ -= it->first;
+      spares_.erase(it);
     }
-    held_ += r.bytes;
-    ++st_.created;
+    const uint64_t top = o_.piece_max ? std::max(o_.piece_max, gran_) : 0;
+    while (left) {
+      uint64_t size = left;
+      if (top && left >= top) size = top;
+      const uint64_t h = d_.create_physical(size);
+      if (!h) {
+        for (const Piece& p : got) {
+          spares_.emplace(p.bytes, p.handle);
+          spare_bytes_ += p.bytes;
+        }
+        got.clear();
+        if (why) {
+          char buf[256];
+          std::snprintf(buf, sizeof buf,
+                        "the device refused %.2f GiB with %.2f GiB held under a budget of %.2f GiB: memory outside "
+                        "the allocator (the CUDA context, libraries) leaves less than the budget",
+                        size / kGiB, held_ / kGiB, o_.budget / kGiB);
+          *why = buf;
+        }
+        return false;
+      }
+      got.push_back({h, size});
+      held_ += size;
+      left -= size;
+      ++st_.created;
+    }
   }
-  if (!d_.map(r.va, r.bytes, h)) {
-    spares_.emplace(r.bytes, h);
-    spare_bytes_ += r.bytes;
+  uint64_t off = 0;
+  for (size_t i = 0; i < got.size(); off += got[i++].bytes) {
+    if (d_.map(r.va + off, got[i].bytes, got[i].handle)) continue;
+    for (size_t j = 0, o = 0; j < i; o += got[j++].bytes) d_.unmap(r.va + o, got[j].bytes);
+    for (const Piece& p : got) {
+      spares_.emplace(p.bytes, p.handle);
+      spare_bytes_ += p.bytes;
+    }
+    got.clear();
     if (why) *why = "mapping a range failed";
     return false;
   }
-  r.handle = h;
   note_footprint();
   return true;
 }

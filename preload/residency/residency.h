@@ -1,8 +1,12 @@
 // Residency: the hard device budget, from the first allocation.
 //
 // With OFFLOAD_DEVICE_BUDGET set, every allocation of at least `min_bytes` is served here,
-// from birth, on a virtual range of its own backed by one physical handle. Each live range
-// is in one of four states:
+// from birth, on a virtual range of its own backed by physical handles mapped one after
+// another: handles of `piece_max` bytes and one for the rest, so that the handles one range
+// gives back back the next range of any size without a driver allocation (the device cannot
+// map part of a handle, and creating and releasing one costs 0.1-0.6 ms on the H200), while a
+// range needs few mappings (each costs about the same whatever its size). Each live range is
+// in one of four states:
 //
 //        alloc ──► RESIDENT ──evict──► COPYING_OUT ──copy done, unmapped──► ON_HOST
 //                    ▲   ▲                 │ touched: the eviction is              │
@@ -79,6 +83,10 @@ class Residency final : public LaunchGate {
     // Launches ahead of its predicted use that a range is reloaded at first; doubled (up to a
     // quarter of the step) each time a prefetch is still copying when its launch comes.
     uint64_t prefetch_lead = 24;
+    // The largest physical handle made: a range is backed by handles of this size and one for
+    // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
+    // backs only a range of its size.
+    uint64_t piece_max = 64ull << 20;
     enum class Fault : uint8_t { None, SkipEvictWait };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
@@ -151,10 +159,14 @@ class Residency final : public LaunchGate {
   struct InFlight;
 
  private:
+  struct Piece {
+    uint64_t handle, bytes;
+  };
   struct Range {
     DevPtr va = 0;
     uint64_t bytes = 0;   // rounded to the granularity: reserved, and mapped when backed
-    uint64_t handle = 0;  // 0 while on the host
+    std::vector<Piece> pieces;  // mapped one after another from va; empty while on the host
+    bool backed() const { return !pieces.empty(); }
     State state = State::Resident;
     bool live = false;    // false: freed, kept mapped for reuse (or a slot not in use)
     void* host = nullptr;
@@ -164,7 +176,7 @@ class Residency final : public LaunchGate {
     Stream free_stream = 0;
     uint64_t free_event = 0;
     uint32_t inflight = 0;      // launches between before_launch and after_launch
-    // Copying out, its handle handed to another range already: the copy still reads it here,
+    // Copying out, its handles handed to another range already: the copy still reads them here,
     // so the range cannot keep its bytes if touched; unmapped once the copy is done.
     bool given = false;
     // Streams that touched the range since it was made resident, each with the launch
@@ -202,18 +214,18 @@ class Residency final : public LaunchGate {
   void refresh_outside();
   uint64_t see_pool();  // what the pool holds now; notes it, and any excess over its share
   void close_inflight(InFlight& f);  // under mu_
-  // Until a handle of `need` bytes fits the budget (or a spare of that size is held): ranges
-  // copying out finish, spares of other sizes and freed ranges go back, and resident ranges
+  // Until `need` bytes fit the budget (spares that back them, or room for new handles): ranges
+  // copying out finish, spares that cannot back them and freed ranges go back, and resident ranges
   // not in `keep` nor in flight are evicted, least recently touched first.
   bool make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why);
   bool start_evict(uint32_t slot, std::string* why);  // queues the copy out
-  void finish_evict(uint32_t slot);  // waits for the copy out, unmaps; the handle is a spare
-  void release_freed(uint32_t slot);  // a freed range: waits for its free, unmaps; handle spare
+  void finish_evict(uint32_t slot);  // waits for the copy out, unmaps; the handles are spares
+  void release_freed(uint32_t slot);  // a freed range: waits for its free, unmaps; handles spare
   void abandon(Range& r);             // a range copying out is touched: it stays
-  // A handle mapped under r.va, for work queued on `s` (which waits for a handed-over handle's
+  // Handles mapped under r.va, for work queued on `s` (which waits for handed-over handles'
   // last copy out).
   bool back_range(Range& r, Stream s, std::string* why);
-  // A range copying out of exactly `need` bytes hands its handle to the next back_range: the
+  // A range copying out of exactly `need` bytes hands its handles to the next back_range: the
   // taker's stream waits for that copy on the GPU instead of the host waiting for it.
   bool take_handover(uint64_t need);
   // Before `handle` is released: a range it was handed over from unmaps it first.
@@ -229,8 +241,12 @@ class Residency final : public LaunchGate {
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
   void prefetch_due(uint64_t launch_no);  // reloads ranges whose predicted use is within the lead
   bool room_without_waiting(uint64_t need);
-  bool fits(uint64_t need) const;  // a spare of that size, or room under the limit
-  void release_spares_for(uint64_t need);  // spares of other sizes go until `need` fits  // spares and finished frees go; nothing is evicted
+  bool fits(uint64_t need) const;  // the handover, spares that tile it, and room under the limit
+  // Bytes of `need` that spare handles can back (the largest that fit first).
+  uint64_t spare_cover(uint64_t need) const;
+  void release_spares_for(uint64_t need);  // spares that cannot back `need` go until it fits
+  void unmap_pieces(const Range& r);
+  void spare_pieces(Range& r);  // its handles (unmapped) become spares
   void reap_copies();  // copies out known complete: their handles become spares
   void refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, const std::string& why);
   uint64_t new_event();
@@ -275,8 +291,10 @@ class Residency final : public LaunchGate {
   uint64_t birth_launch_ = 0, births_there_ = 0;  // allocations since that launch, for keys
   uint64_t copy_touches_ = 0;  // numbers the copy stream's touches of abandoned ranges
   struct Handover {
-    uint64_t handle = 0, bytes = 0, event = 0;
-  } handover_;  // a handle taken from a range still copying out, until back_range maps it
+    std::vector<Piece> pieces;
+    uint64_t bytes = 0, event = 0;
+    bool any() const { return !pieces.empty(); }
+  } handover_;  // handles taken from a range still copying out, until back_range maps them
   // Place of birth in the step -> the launches after birth that touched the range last born there.
   std::unordered_map<uint64_t, std::vector<uint32_t>> lives_;
   std::vector<uint32_t> victims_;           // scratch

@@ -154,6 +154,9 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_TRUE(one("OFFLOAD_HOST_POOL", "48GiB").host_pool_set);
   EXPECT_EQ(one("OFFLOAD_HOST_POOL", "48GiB").host_pool_bytes, 48ull << 30);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").host_pool_set) << "the default is not asked for";
+  EXPECT_EQ(one("OFFLOAD_CAP_PIECE", "32MiB").cap_piece, 32ull << 20);
+  EXPECT_EQ(one("OFFLOAD_CAP_PIECE", "0").cap_piece, 0u);
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_piece, 64ull << 20);
 }
 
 TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
@@ -162,6 +165,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_TRACE_STEPS", "many"},   {"OFFLOAD_TRACE_STEPS", "5x"},   {"OFFLOAD_TRACE_STEPS", "99999999999999999999"},
       {"OFFLOAD_TELEMETRY", "on"},       {"OFFLOAD_TELEMETRY", "CUPTI"},  {"OFFLOAD_TRACE_LEAD", "yes"},  {"OFFLOAD_LOG_LEVEL", "verbose"},
       {"OFFLOAD_LOG_LEVEL", "trace"},    {"OFFLOAD_DISABLE", "yes"},      {"OFFLOAD_DISABLE", "2"},
+      {"OFFLOAD_CAP_PIECE", "big"},
   };
   for (auto [var, val] : bad) {
     Env env;

@@ -554,6 +554,59 @@ TEST(Residency, RangesBornEachStepArePrefetchedFromTheStepBefore) {
   }
 }
 
+// Two pairs of ranges of four sizes take turns on a budget that holds one pair: each turn
+// evicts one pair to bring the other back. With handles of one size (the ranges are multiples
+// of it), the handles one pair gives back back the other, and after the first turns no handle
+// is made or dropped; with one handle per range, every turn drops two and makes two. The bytes
+// come back as written either way.
+struct Turns {
+  uint64_t late_created = 0, late_released = 0;
+  bool intact = true;
+};
+Turns pairs_taking_turns(uint64_t piece_max) {
+  Residency::Options o = CapRig::options(10 * kGran, Residency::Options::Fault::None);
+  o.piece_max = piece_max;
+  CapRig r(o);
+  const uint64_t size[4] = {4 * kGran, 6 * kGran, 2 * kGran, 8 * kGran};
+  DevPtr p[4];
+  for (int i = 0; i < 4; ++i) {
+    p[i] = r.alloc(size[i], kA);
+    if (!p[i]) return {0, 0, false};
+    r.kernel(kA, {p[i]}, fill(p[i], size[i], 10 + i));
+  }
+  Turns t;
+  Residency::Stats early{};
+  for (int turn = 0; turn < 8; ++turn) {
+    if (turn == 2) early = r.res.stats();
+    const int a = turn % 2 ? 2 : 0, b = a + 1;
+    uint64_t ha = 0, hb = 0;
+    if (!r.kernel(kA, {p[a], p[b]}, [&] { ha = hash(p[a], size[a]), hb = hash(p[b], size[b]); })) return {0, 0, false};
+    r.sim.run_all();
+    r.res.poll();
+    for (int i : {a, b}) {
+      std::vector<uint64_t> want(size[i] / 8);
+      for (uint64_t k = 0; k < want.size(); ++k) want[k] = mix(10 + i + k);
+      t.intact = t.intact && (i == a ? ha : hb) == hash(reinterpret_cast<DevPtr>(want.data()), size[i]);
+    }
+  }
+  t.late_created = r.res.stats().created - early.created;
+  t.late_released = r.res.stats().released - early.released;
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 10 * kGran);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  return t;
+}
+
+TEST(Residency, HandlesGivenBackBackRangesOfAnySize) {
+  const Turns pieces = pairs_taking_turns(2 * kGran);
+  EXPECT_TRUE(pieces.intact);
+  EXPECT_EQ(pieces.late_created, 0u);
+  EXPECT_EQ(pieces.late_released, 0u);
+  const Turns whole = pairs_taking_turns(0);  // one handle per range
+  EXPECT_TRUE(whole.intact);
+  EXPECT_EQ(whole.late_created, 12u);  // two a turn, six turns
+  EXPECT_EQ(whole.late_released, 12u);
+}
+
 TEST(Residency, HostStoreReusesSlotsAndRefusesPastItsLimit) {
   SimDriver sim;
   HostStore::Options o;
