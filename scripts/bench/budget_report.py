@@ -35,6 +35,15 @@ def moved_per_step(r):
     return (b["bytes_out"] - a["bytes_out"]) / n, into / n  # reloads on demand and prefetches
 
 
+def handles_per_step(r):
+    """Physical handles made and dropped per steady step (the residency counters), or "-"."""
+    a, b = r.get("offload_at_3"), r.get("offload")
+    n = len(r["step_ms"]) - 3
+    if not a or not b or n <= 0 or "created" not in b:
+        return "-"
+    return f"{(b['created'] - a['created']) / n:.0f} / {(b['released'] - a['released']) / n:.0f}"
+
+
 def bound_ms(plain_ms, out_b, in_b, link):
     fwd, bwd = plain_ms / 3, plain_ms * 2 / 3
     return max(fwd, out_b / (link["d2h_gbps"] * 1e6)) + max(bwd, in_b / (link["h2d_gbps"] * 1e6))
@@ -51,8 +60,8 @@ def main(paths):
         name = p.rsplit("/", 1)[-1][:-5]
         runs[r["workload"]][name.split("-", 1)[1] if "-" in name else name] = r
     print("| workload | run | budget GiB | peak rise GiB | within | first step ms | steady ms/step | x plain "
-          "| GiB out/in a step | x bound (moved) | x bound (least) | bitwise | error |")
-    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
+          "| GiB out/in a step | handles made/dropped a step | x bound (moved) | x bound (least) | bitwise | error |")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for w, rs in sorted(runs.items()):
         plain = rs.get("plain")
         base = steady(plain["step_ms"]) if plain and plain["step_ms"] else float("nan")
@@ -75,7 +84,8 @@ def main(paths):
                 xb_moved = f"{st / bound_ms(base, mv[0], mv[1], link):.2f}"
                 xb_least = f"{st / bound_ms(base, least, least, link):.2f}"
             print(f"| {w} | {name} | {budget / GiB:.2f} | {r['peak_rise'] / GiB:.2f} | {within} | "
-                  f"{ms[0] if ms else float('nan'):.1f} | {st:.1f} | {st / base:.2f} | {moved} | {xb_moved} | "
+                  f"{ms[0] if ms else float('nan'):.1f} | {st:.1f} | {st / base:.2f} | {moved} | "
+                  f"{handles_per_step(r) if budget and not r['error'] else '-'} | {xb_moved} | "
                   f"{xb_least} | {same} | {r['error'] or ''} |")
     if link:
         print(f"\nLink: H2D {link['h2d_gbps']:.2f} GB/s, D2H {link['d2h_gbps']:.2f} GB/s (scripts/bench/link.py).")

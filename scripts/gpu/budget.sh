@@ -8,7 +8,9 @@
 #   scripts/gpu/budget.sh exits             the exit paths of a process under the shim with a budget
 #                                            (scripts/bench/exit_paths.py): status and no abort
 # Env: SCALE (small|large), STEPS (20), MANAGED_STEPS (3), MARGIN (bytes subtracted from the free
-# memory for what never passes through the allocator, 1 GiB), FRACS ("0.9 0.75 0.5").
+# memory for what never passes through the allocator, 1 GiB), FRACS ("0.9 0.75 0.5"), CAP_ALSO
+# (more liboffload runs beside each, "tag:VAR=value,VAR=value ...", e.g. "piece0:OFFLOAD_CAP_PIECE=0";
+# their results are named cap<fraction>-<tag>).
 # Needs .carry/bin from scripts/gpu/prepare.sh. Leaves $OUT/budget-<plan>.tgz and prints a table.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -17,6 +19,17 @@ out=${OUT:-/tmp/out}; work=$(mktemp -d); mkdir -p "$out"
 lib=$root/.carry/bin/liboffload.so
 export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PYTHONUNBUFFERED=1 OFFLOAD_DAEMON=off
 py() { timeout "${RUN_TIMEOUT:-900}" python3 "$root/scripts/bench/budget.py" --scale "${SCALE:-small}" --workdir "$work" "$@"; }
+# cap NAME BUDGET ARGS...: liboffload at BUDGET, then once more for each CAP_ALSO arm.
+cap() {
+  local name=$1 budget=$2; shift 2
+  OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py "$@" --out "$work/$name.json" 2> "$work/$name.log"
+  local arm
+  for arm in ${CAP_ALSO:-}; do
+    local tag=${arm%%:*} vars=${arm#*:}
+    (export ${vars//,/ }; OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py "$@" --out "$work/$name-$tag.json" \
+      2> "$work/$name-$tag.log")
+  done
+}
 peak_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['peak_rise'])" "$1"; }
 if [ "$plan" = exits ]; then
   for m in normal oom raise sysexit child; do
@@ -36,16 +49,14 @@ for w in "$@"; do
   if [ "$plan" = fit ]; then
     free=$((peak * 7 / 10)); budget=$((free - ${MARGIN:-1073741824}))
     py --workload "$w" --steps 2 --hog-to "$free" --out "$work/$w-plain-hog.json" 2> "$work/$w-plain-hog.log"
-    OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py --workload "$w" --steps "${STEPS:-20}" --hog-to "$free" \
-      --out "$work/$w-cap.json" 2> "$work/$w-cap.log"
+    cap "$w-cap" "$budget" --workload "$w" --steps "${STEPS:-20}" --hog-to "$free"
     [ "${MANAGED_STEPS:-3}" = 0 ] || PYTORCH_CUDA_ALLOC_CONF= py --workload "$w" --steps "${MANAGED_STEPS:-3}" \
       --hog-to "$free" --managed --out "$work/$w-managed.json" 2> "$work/$w-managed.log"
   else
     py --workload "$w" --steps "${STEPS:-20}" --ckpt --out "$work/$w-ckpt.json" 2> "$work/$w-ckpt.log"
     for f in ${FRACS:-0.9 0.75 0.5}; do
       budget=$(python3 -c "print(int($peak * $f))")
-      OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py --workload "$w" --steps "${STEPS:-20}" \
-        --out "$work/$w-cap$f.json" 2> "$work/$w-cap$f.log"
+      cap "$w-cap$f" "$budget" --workload "$w" --steps "${STEPS:-20}"
     done
   fi
 done
