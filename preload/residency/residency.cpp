@@ -38,7 +38,6 @@ Residency::~Residency() {
   // Every mapping goes before any handle: a handle handed over is mapped twice until then.
   for (Range& r : slots_)
     if (r.va) unmap_pieces(r);
-  for (const Piece& p : handover_.pieces) d_.release_physical(p.handle);  // given, not yet taken
   for (Range& r : slots_) {
     if (!r.va) continue;
     if (!r.given)
@@ -48,7 +47,7 @@ Residency::~Residency() {
     if (r.copy_event) d_.destroy_event(r.copy_event);
     if (r.free_event) d_.destroy_event(r.free_event);
   }
-  for (auto& [bytes, h] : spares_) d_.release_physical(h);
+  for (auto& [bytes, sp] : spares_) d_.release_physical(sp.handle);
   for (auto& [s, ring] : rings_)
     for (uint64_t e : ring.events)
       if (e) d_.destroy_event(e);
@@ -109,7 +108,6 @@ uint64_t Residency::spare_cover(uint64_t need) const {
 }
 
 bool Residency::fits(uint64_t need) const {
-  if (handover_.any() && handover_.bytes == need) return true;
   const uint64_t fresh = need - spare_cover(need);
   return held_ + pool_share_ + fresh <= limit();
 }
@@ -124,8 +122,9 @@ void Residency::release_spares_for(uint64_t need) {
       continue;
     }
     auto fwd = std::prev(it.base());
-    settle_given(fwd->second);
-    d_.release_physical(fwd->second);
+    const uint64_t h = fwd->second.handle;
+    settle_given(h);  // a range it was given from, still copying out, unmaps it first
+    d_.release_physical(h);
     held_ -= fwd->first;
     spare_bytes_ -= fwd->first;
     ++st_.released;
@@ -143,7 +142,7 @@ void Residency::unmap_pieces(const Range& r) {
 
 void Residency::spare_pieces(Range& r) {
   for (const Piece& p : r.pieces) {
-    spares_.emplace(p.bytes, p.handle);
+    spares_.emplace(p.bytes, Spare{p.handle, 0});
     spare_bytes_ += p.bytes;
   }
   r.pieces.clear();
@@ -163,9 +162,14 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     cached_.erase(it);
     release_freed(slot);
   }
-  // Copies out still running: one of the size hands its handle over, else the oldest is waited for.
-  if (!fits() && take_handover(need)) return true;
-  while (!fits() && !copying_out_.empty()) finish_evict(copying_out_.front());
+  // Copies out still running give their handles (the taker's stream waits for them), else the
+  // oldest is waited for.
+  if (give_copies(need)) return true;
+  while (!fits()) {
+    auto it = std::find_if(copying_out_.begin(), copying_out_.end(), [&](uint32_t k) { return !slots_[k].given; });
+    if (it == copying_out_.end()) break;
+    finish_evict(*it);
+  }
   if (fits()) return true;
   // Resident ranges, the furthest next use (or the least recent use) first.
   std::vector<uint32_t>& victims = victims_;
@@ -181,7 +185,7 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     started.push_back(v);
     freeing += slots_[v].bytes;
   }
-  if (!fits() && take_handover(need)) return true;
+  if (give_copies(need)) return true;
   for (uint32_t v : started) {
     if (slots_[v].state != State::CopyingOut || slots_[v].given) continue;
     finish_evict(v);
@@ -247,9 +251,14 @@ void Residency::finish_evict(uint32_t slot) {
     d_.event_sync(r.copy_event);
   }
   unmap_pieces(r);
-  if (r.given && handover_.any() && handover_.pieces[0].handle == r.pieces[0].handle)
-    handover_.event = 0;  // not taken yet: nothing to wait for now
-  if (!r.given) {
+  if (r.given) {
+    // Its handles not taken yet: the copy is done, nothing to wait for (the event is reused).
+    for (const Piece& p : r.pieces) {
+      auto [lo, hi] = spares_.equal_range(p.bytes);
+      for (auto it = lo; it != hi; ++it)
+        if (it->second.handle == p.handle) it->second.event = 0;
+    }
+  } else {
     out_bytes_ -= r.bytes;
     spare_pieces(r);  // still counted in held_: the caller takes or releases them
   }
@@ -265,29 +274,34 @@ void Residency::finish_evict(uint32_t slot) {
   st_.bytes_out += r.bytes;
 }
 
-bool Residency::take_handover(uint64_t need) {
-  if (handover_.any()) return handover_.bytes == need;
+bool Residency::give_copies(uint64_t need) {
   for (uint32_t slot : copying_out_) {
+    if (fits(need)) return true;
     Range& r = slots_[slot];
-    if (r.given || r.bytes != need) continue;
+    if (r.given) continue;
+    // Only a range with a handle that can back part of `need` (of its size, with one handle per range).
+    const bool useful = o_.piece_max ? std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.bytes <= need; })
+                                     : r.bytes == need;
+    if (!useful) continue;
     r.given = true;
     out_bytes_ -= r.bytes;  // no longer coming back to us: the taker counts it
-    handover_.pieces = r.pieces;
-    handover_.bytes = r.bytes;
-    handover_.event = r.copy_event;
+    for (const Piece& p : r.pieces) {
+      spares_.emplace(p.bytes, Spare{p.handle, r.copy_event});
+      spare_bytes_ += p.bytes;
+    }
     ++st_.handovers;
-    return true;
   }
-  return false;
+  return fits(need);
 }
 
 void Residency::settle_given(uint64_t handle) {
-  for (size_t i = 0; i < copying_out_.size(); ++i) {
+  // Every range still copying out that maps it (a handle given on, mapped, and given again).
+  for (size_t i = 0; i < copying_out_.size();) {
     const Range& r = slots_[copying_out_[i]];
-    if (r.given && std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.handle == handle; })) {
-      finish_evict(copying_out_[i]);
-      return;
-    }
+    if (r.given && std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.handle == handle; }))
+      finish_evict(copying_out_[i]);  // erases it
+    else
+      ++i;
   }
 }
 
@@ -311,61 +325,56 @@ void Residency::release_freed(uint32_t slot) {
 bool Residency::back_range(Range& r, Stream s, std::string* why) {
   std::vector<Piece>& got = r.pieces;
   got.clear();
-  if (handover_.any() && handover_.bytes == r.bytes) {
-    // Still mapped where it is being copied out: work on `s` follows that copy.
-    got.swap(handover_.pieces);
-    if (handover_.event) d_.stream_wait(s, handover_.event);
-    handover_ = {};
-  } else {
-    // Spares first, the largest that fit; then new handles for the rest: whole pieces of
-    // piece_max, and one handle for the tail.
-    uint64_t left = r.bytes;
-    while (left) {
-      auto it = spares_.upper_bound(left);
-      if (it == spares_.begin()) break;
-      --it;
-      if (!o_.piece_max && it->first != left) break;
-      got.push_back({it->second, it->first});
-      left -= it->first;
-      spare_bytes_ -= it->first;
-      spares_.erase(it);
+  std::vector<uint64_t> events;  // of the spares taken: given back with them if mapping fails
+  auto give_back = [&] {
+    for (size_t i = 0; i < got.size(); ++i) {
+      spares_.emplace(got[i].bytes, Spare{got[i].handle, i < events.size() ? events[i] : 0});
+      spare_bytes_ += got[i].bytes;
     }
-    const uint64_t top = o_.piece_max ? std::max(o_.piece_max, gran_) : 0;
-    while (left) {
-      uint64_t size = left;
-      if (top && left >= top) size = top;
-      const uint64_t h = d_.create_physical(size);
-      if (!h) {
-        for (const Piece& p : got) {
-          spares_.emplace(p.bytes, p.handle);
-          spare_bytes_ += p.bytes;
-        }
-        got.clear();
-        if (why) {
-          char buf[256];
-          std::snprintf(buf, sizeof buf,
-                        "the device refused %.2f GiB with %.2f GiB held under a budget of %.2f GiB: memory outside "
-                        "the allocator (the CUDA context, libraries) leaves less than the budget",
-                        size / kGiB, held_ / kGiB, o_.budget / kGiB);
-          *why = buf;
-        }
-        return false;
+    got.clear();
+  };
+  // Spares first, the largest that fit (one of its size only, with one handle per range); a
+  // spare still being copied out of makes `s` wait for that copy. Then new handles for the
+  // rest: whole pieces of piece_max, and one handle for the tail.
+  uint64_t left = r.bytes;
+  while (left) {
+    auto it = spares_.upper_bound(left);
+    if (it == spares_.begin()) break;
+    --it;
+    if (!o_.piece_max && it->first != left) break;
+    if (it->second.event && o_.fault != Options::Fault::SkipGivenWait) d_.stream_wait(s, it->second.event);
+    got.push_back({it->second.handle, it->first});
+    events.push_back(it->second.event);
+    left -= it->first;
+    spare_bytes_ -= it->first;
+    spares_.erase(it);
+  }
+  const uint64_t top = o_.piece_max ? std::max(o_.piece_max, gran_) : 0;
+  while (left) {
+    const uint64_t size = top && left >= top ? top : left;
+    const uint64_t h = d_.create_physical(size);
+    if (!h) {
+      give_back();
+      if (why) {
+        char buf[256];
+        std::snprintf(buf, sizeof buf,
+                      "the device refused %.2f GiB with %.2f GiB held under a budget of %.2f GiB: memory outside "
+                      "the allocator (the CUDA context, libraries) leaves less than the budget",
+                      size / kGiB, held_ / kGiB, o_.budget / kGiB);
+        *why = buf;
       }
-      got.push_back({h, size});
-      held_ += size;
-      left -= size;
-      ++st_.created;
+      return false;
     }
+    got.push_back({h, size});
+    held_ += size;
+    left -= size;
+    ++st_.created;
   }
   uint64_t off = 0;
   for (size_t i = 0; i < got.size(); off += got[i++].bytes) {
     if (d_.map(r.va + off, got[i].bytes, got[i].handle)) continue;
     for (size_t j = 0, o = 0; j < i; o += got[j++].bytes) d_.unmap(r.va + o, got[j].bytes);
-    for (const Piece& p : got) {
-      spares_.emplace(p.bytes, p.handle);
-      spare_bytes_ += p.bytes;
-    }
-    got.clear();
+    give_back();
     if (why) *why = "mapping a range failed";
     return false;
   }

@@ -87,7 +87,7 @@ class Residency final : public LaunchGate {
     // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
     // backs only a range of its size.
     uint64_t piece_max = 64ull << 20;
-    enum class Fault : uint8_t { None, SkipEvictWait };  // tests: proves a missing wait is caught
+    enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   struct Stats {
@@ -102,7 +102,7 @@ class Residency final : public LaunchGate {
     uint64_t refused_allocs = 0, refused_launches = 0, host_full = 0;
     uint64_t outside = 0;                    // device memory grown outside us since the first range
     uint64_t waits = 0;                      // host waits for a copy out or a free
-    uint64_t handovers = 0;                  // handles taken from ranges still copying out
+    uint64_t handovers = 0;                  // ranges copying out whose handles were given to others
     uint64_t event_waits = 0;                // launches ordered after another stream's reload
     uint64_t ahead = 0, ahead_bytes = 0;     // evictions started ahead of need
     uint64_t prefetches = 0, prefetch_bytes = 0, prefetch_hits = 0;  // reloads ahead of use, and used
@@ -176,8 +176,9 @@ class Residency final : public LaunchGate {
     Stream free_stream = 0;
     uint64_t free_event = 0;
     uint32_t inflight = 0;      // launches between before_launch and after_launch
-    // Copying out, its handles handed to another range already: the copy still reads them here,
-    // so the range cannot keep its bytes if touched; unmapped once the copy is done.
+    // Copying out, its handles given to the spares (and maybe mapped by another range) already:
+    // the copy still reads them here, so the range cannot keep its bytes if touched; unmapped
+    // once the copy is done.
     bool given = false;
     // Streams that touched the range since it was made resident, each with the launch
     // number of its last touch there.
@@ -215,20 +216,20 @@ class Residency final : public LaunchGate {
   uint64_t see_pool();  // what the pool holds now; notes it, and any excess over its share
   void close_inflight(InFlight& f);  // under mu_
   // Until `need` bytes fit the budget (spares that back them, or room for new handles): ranges
-  // copying out finish, spares that cannot back them and freed ranges go back, and resident ranges
+  // copying out give their handles or finish, spares that cannot back them and freed ranges go
+  // back, and resident ranges
   // not in `keep` nor in flight are evicted, least recently touched first.
   bool make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why);
   bool start_evict(uint32_t slot, std::string* why);  // queues the copy out
   void finish_evict(uint32_t slot);  // waits for the copy out, unmaps; the handles are spares
   void release_freed(uint32_t slot);  // a freed range: waits for its free, unmaps; handles spare
   void abandon(Range& r);             // a range copying out is touched: it stays
-  // Handles mapped under r.va, for work queued on `s` (which waits for handed-over handles'
-  // last copy out).
+  // Handles mapped under r.va, for work queued on `s` (which waits for given handles' copy out).
   bool back_range(Range& r, Stream s, std::string* why);
-  // A range copying out of exactly `need` bytes hands its handles to the next back_range: the
-  // taker's stream waits for that copy on the GPU instead of the host waiting for it.
-  bool take_handover(uint64_t need);
-  // Before `handle` is released: a range it was handed over from unmaps it first.
+  // Ranges still copying out give their handles to the spares, with their copy's event, until
+  // `need` fits: the stream that maps one waits for that copy on the GPU, and the host does not.
+  bool give_copies(uint64_t need);
+  // Before `handle` is released: a range it was given from unmaps it first.
   void settle_given(uint64_t handle);
   bool reload(uint32_t slot, Stream s, std::string* why);
   uint64_t event_after(Stream s, uint64_t launch);  // an event capturing `launch` on s
@@ -263,7 +264,11 @@ class Residency final : public LaunchGate {
   std::vector<uint32_t> free_slots_;
   std::map<DevPtr, uint32_t> by_va_;                 // live and cached ranges
   std::multimap<uint64_t, uint32_t> cached_;         // freed ranges kept mapped, by size
-  std::multimap<uint64_t, uint64_t> spares_;         // unmapped handles still held, by size
+  struct Spare {
+    uint64_t handle;
+    uint64_t event;  // the copy out still reading it (its range was given), 0: none
+  };
+  std::multimap<uint64_t, Spare> spares_;            // handles held and free to map, by size
   std::unordered_map<Stream, StreamRing> rings_;
   std::unordered_map<AllocId, std::vector<AllocId>> tables_;  // pointer tables' range targets
   std::vector<uint64_t> spare_events_;
@@ -290,11 +295,6 @@ class Residency final : public LaunchGate {
   std::atomic<uint64_t> last_launch_{0};    // the last launch number any before_launch saw
   uint64_t birth_launch_ = 0, births_there_ = 0;  // allocations since that launch, for keys
   uint64_t copy_touches_ = 0;  // numbers the copy stream's touches of abandoned ranges
-  struct Handover {
-    std::vector<Piece> pieces;
-    uint64_t bytes = 0, event = 0;
-    bool any() const { return !pieces.empty(); }
-  } handover_;  // handles taken from a range still copying out, until back_range maps them
   // Place of birth in the step -> the launches after birth that touched the range last born there.
   std::unordered_map<uint64_t, std::vector<uint32_t>> lives_;
   std::vector<uint32_t> victims_;           // scratch
