@@ -37,6 +37,7 @@ bool Residency::take_refusal() {
 void Residency::after_launch() {
   InFlight& f = tl_inflight;
   if (f.owner != this) return;
+  Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   close_inflight(f);
 }
@@ -126,6 +127,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   const bool blind = kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated));
   const bool ranges = n && acc[n - 1] >= kRangeIdBit;
   if (!ranges && !blind && !has_tables_.load(std::memory_order_acquire)) return;
+  Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   launches_seen_ = launch_no;
   std::vector<uint32_t>& touched = scratch_;
@@ -251,8 +253,7 @@ void Residency::prepare_access(DevPtr p) {
     log().error("reloading a range for a pointer query failed: {}", why);
     return;
   }
-  ++st_.waits;
-  d_.event_sync(r.copy_event);
+  wait_event(r.copy_event);
   r.state = State::Resident;
 }
 

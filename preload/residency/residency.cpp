@@ -4,6 +4,7 @@
 #include <bit>
 #include <cinttypes>
 #include <cstdio>
+#include <ctime>
 
 #include "common/log.h"
 
@@ -57,6 +58,19 @@ Residency::~Residency() {
     d_.destroy_event(p.event);
   }
   for (uint64_t e : spare_events_) d_.destroy_event(e);
+}
+
+uint64_t Residency::mono_now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+}
+
+void Residency::wait_event(uint64_t e) {
+  const uint64_t t0 = mono_now_ns();
+  ++st_.waits;
+  d_.event_sync(e);
+  st_.wait_ns += mono_now_ns() - t0;
 }
 
 uint64_t Residency::new_event() {
@@ -247,8 +261,7 @@ void Residency::finish_evict(uint32_t slot) {
   Range& r = slots_[slot];
   std::erase(copying_out_, slot);
   if (d_.event_query(r.copy_event) != 1) {
-    ++st_.waits;
-    d_.event_sync(r.copy_event);
+    wait_event(r.copy_event);
   }
   unmap_pieces(r);
   if (r.given) {
@@ -308,8 +321,7 @@ void Residency::settle_given(uint64_t handle) {
 void Residency::release_freed(uint32_t slot) {
   Range& r = slots_[slot];
   if (r.free_event && d_.event_query(r.free_event) != 1) {
-    ++st_.waits;
-    d_.event_sync(r.free_event);
+    wait_event(r.free_event);
   }
   if (r.copy_event) d_.event_sync(r.copy_event);
   unmap_pieces(r);
@@ -388,6 +400,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   *refused = false;
   if (bytes < o_.min_bytes) return 0;
   const uint64_t size = round_up(bytes, gran_);
+  Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   ++st_.allocs;
   // A freed range of the size, on this stream first (stream order makes it usable at once).
@@ -461,6 +474,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
 }
 
 bool Residency::free(DevPtr p, Stream s) {
+  Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   auto it = by_va_.find(p);
   if (it == by_va_.end()) return false;
@@ -525,6 +539,7 @@ void Residency::abandon(Range& r) {
 }
 
 bool Residency::admit_small(uint64_t bytes) {
+  Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   // The pool's memory is counted as the larger of its share and what it holds: it holds more than
   // its live bytes (blocks freed and kept, fragments), and grows by its own chunks.
@@ -620,6 +635,7 @@ void Residency::poll() {
 Residency::Stats Residency::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   Stats s = st_;
+  s.busy_ns = busy_ns_.load(std::memory_order_relaxed);
   s.held = held_;
   s.pool_share = pool_share_;
   return s;

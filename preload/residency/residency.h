@@ -102,6 +102,8 @@ class Residency final : public LaunchGate {
     uint64_t refused_allocs = 0, refused_launches = 0, host_full = 0;
     uint64_t outside = 0;                    // device memory grown outside us since the first range
     uint64_t waits = 0;                      // host waits for a copy out or a free
+    uint64_t wait_ns = 0;                    // the host's time in them
+    uint64_t busy_ns = 0;                    // the host's time in the hooks' calls here (waits included)
     uint64_t handovers = 0;                  // ranges copying out whose handles were given to others
     uint64_t event_waits = 0;                // launches ordered after another stream's reload
     uint64_t ahead = 0, ahead_bytes = 0;     // evictions started ahead of need
@@ -154,6 +156,7 @@ class Residency final : public LaunchGate {
   // (Belady's rule); without it, the least recently touched.
   void set_period(uint64_t launches);
   Stats stats() const;
+  HostStore::Stats host_stats() const { return host_.stats(); }
   std::string error() const;  // the last refusal, said plainly; "" if none
   State state_of(DevPtr p) const;  // tests (the range holding p; Resident if not ours)
   struct InFlight;
@@ -303,6 +306,16 @@ class Residency final : public LaunchGate {
   Namer namer_ = nullptr;
   void* namer_ctx_ = nullptr;
   std::atomic<bool> any_{false};  // a range exists: launches must be looked at
+  std::atomic<uint64_t> busy_ns_{0};
+  // Adds the time from its making to its end to busy_ns_ (made before the lock: waiting for it counts).
+  struct Busy {
+    std::atomic<uint64_t>& sum;
+    uint64_t t0;
+    explicit Busy(std::atomic<uint64_t>& s) : sum(s), t0(mono_now_ns()) {}
+    ~Busy() { sum.fetch_add(mono_now_ns() - t0, std::memory_order_relaxed); }
+  };
+  static uint64_t mono_now_ns();
+  void wait_event(uint64_t e);  // the host waits for `e`; counted
   std::atomic<bool> has_tables_{false};
 };
 

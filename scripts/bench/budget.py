@@ -320,8 +320,11 @@ def main():
             torch.cuda.synchronize()
             res["step_ms"].append((time.perf_counter() - t0) * 1e3)
             res["step_peak_rise"].append(sampler.take() - base)
+            counters = offload_stats()
+            if counters is not None:  # every step's, to see where a step's time goes
+                res.setdefault("offload_steps", []).append(counters)
             if k == 2:  # the counters at the start of the steady steps (budget_report.py's from the fourth)
-                res["offload_at_3"] = offload_stats()
+                res["offload_at_3"] = counters
             log(f"{a.workload} step {k}: loss {res['losses'][-1]:.6f} {res['step_ms'][-1]:.1f} ms "
                 f"peak +{res['step_peak_rise'][-1] / 2**30:.2f} GiB")
         res["param_hash"] = param_hash(model)
