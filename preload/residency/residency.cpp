@@ -237,6 +237,11 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
     }
     return false;
   }
+  if (r.prefetched) {  // brought in ahead and going out unused: the lead outran the room
+    r.prefetched = false;
+    ++st_.prefetch_wasted;
+    pf_lead_ = std::max<uint64_t>(std::min<uint64_t>(8, period_ / 4 + 1), pf_lead_ - pf_lead_ / 4);
+  }
   if (!copy_stream_) copy_stream_ = d_.create_stream();
   if (o_.fault != Options::Fault::SkipEvictWait) {
     for (const Range::Touch& t : r.touches)
@@ -636,6 +641,7 @@ Residency::Stats Residency::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   Stats s = st_;
   s.busy_ns = busy_ns_.load(std::memory_order_relaxed);
+  s.prefetch_lead = pf_lead_;
   s.held = held_;
   s.pool_share = pool_share_;
   return s;

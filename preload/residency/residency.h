@@ -81,7 +81,9 @@ class Residency final : public LaunchGate {
     uint64_t low_water = 0;
     bool prefetch = true;  // reload ahead what the step before predicts is used soon
     // Launches ahead of its predicted use that a range is reloaded at first; doubled (up to a
-    // quarter of the step) each time a prefetch is still copying when its launch comes.
+    // quarter of the step) each time a prefetch is still copying when its launch comes, and a
+    // quarter shorter each time one is evicted again before its use (the room cannot hold
+    // what a lead that long brings in).
     uint64_t prefetch_lead = 24;
     // The largest physical handle made: a range is backed by handles of this size and one for
     // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
@@ -109,6 +111,8 @@ class Residency final : public LaunchGate {
     uint64_t ahead = 0, ahead_bytes = 0;     // evictions started ahead of need
     uint64_t prefetches = 0, prefetch_bytes = 0, prefetch_hits = 0;  // reloads ahead of use, and used
     uint64_t prefetch_late = 0;              // used before their copy was known complete
+    uint64_t prefetch_wasted = 0;            // evicted again before their use
+    uint64_t prefetch_lead = 0;              // the lead now, in launches
     uint64_t prefetch_no_room = 0;           // due but skipped: no free room
     uint64_t period = 0;                     // launches per step, once known
     uint64_t periods_refused = 0;            // step lengths that left most live bytes untouched
