@@ -157,7 +157,9 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   }
   // Prefetches due at or before this launch go first: one due for a range this launch touches
   // still beats a demand reload, by being on its own stream.
+  uint64_t t0 = mono_now_ns();
   prefetch_due(launch_no);
+  st_.ahead_ns += mono_now_ns() - t0;
   for (uint32_t k : touched)
     if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);
   for (uint32_t k : touched) {
@@ -209,7 +211,9 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
       f.slots[f.n++] = k;
     }
   }
+  t0 = mono_now_ns();
   evict_ahead(touched.data(), touched.size());
+  st_.ahead_ns += mono_now_ns() - t0;
 }
 
 void Residency::note_pointer_table(AllocId table, const AllocId* targets, size_t n) {

@@ -138,7 +138,9 @@ void Residency::release_spares_for(uint64_t need) {
     auto fwd = std::prev(it.base());
     const uint64_t h = fwd->second.handle;
     settle_given(h);  // a range it was given from, still copying out, unmaps it first
+    const uint64_t t0 = mono_now_ns();
     d_.release_physical(h);
+    st_.release_ns += mono_now_ns() - t0;
     held_ -= fwd->first;
     spare_bytes_ -= fwd->first;
     ++st_.released;
@@ -147,11 +149,14 @@ void Residency::release_spares_for(uint64_t need) {
 }
 
 void Residency::unmap_pieces(const Range& r) {
+  const uint64_t t0 = mono_now_ns();
   uint64_t off = 0;
   for (const Piece& p : r.pieces) {
     d_.unmap(r.va + off, p.bytes);
     off += p.bytes;
   }
+  st_.unmaps += r.pieces.size();
+  st_.unmap_ns += mono_now_ns() - t0;
 }
 
 void Residency::spare_pieces(Range& r) {
@@ -369,7 +374,9 @@ bool Residency::back_range(Range& r, Stream s, std::string* why) {
   const uint64_t top = o_.piece_max ? std::max(o_.piece_max, gran_) : 0;
   while (left) {
     const uint64_t size = top && left >= top ? top : left;
+    const uint64_t t0 = mono_now_ns();
     const uint64_t h = d_.create_physical(size);
+    st_.create_ns += mono_now_ns() - t0;
     if (!h) {
       give_back();
       if (why) {
@@ -388,13 +395,16 @@ bool Residency::back_range(Range& r, Stream s, std::string* why) {
     ++st_.created;
   }
   uint64_t off = 0;
+  const uint64_t t0 = mono_now_ns();
   for (size_t i = 0; i < got.size(); off += got[i++].bytes) {
+    ++st_.maps;
     if (d_.map(r.va + off, got[i].bytes, got[i].handle)) continue;
     for (size_t j = 0, o = 0; j < i; o += got[j++].bytes) d_.unmap(r.va + o, got[j].bytes);
     give_back();
     if (why) *why = "mapping a range failed";
     return false;
   }
+  st_.map_ns += mono_now_ns() - t0;
   note_footprint();
   return true;
 }
