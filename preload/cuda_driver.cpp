@@ -459,6 +459,30 @@ bool CudaDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
   return false;
 }
 
+// One access grant over the whole run: the grant costs about as much as a mapping, and one
+// over several mappings is what PyTorch's expandable segments do too.
+bool CudaDriver::map_run(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) {
+  int dev = device();
+  if (dev < 0) return false;
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  if (!scope) return false;
+  uint64_t off = 0;
+  size_t i = 0;
+  for (; i < n; off += sizes[i++])
+    if (a->map(va + off, sizes[i], 0, handles[i], 0) != CUDA_SUCCESS) break;
+  if (i == n) {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (a->set_access(va, off, &access, 1) == CUDA_SUCCESS) return true;
+  }
+  // A mapping nobody may access would only fault later, in some kernel: take them back.
+  for (size_t j = 0, o = 0; j < i; o += sizes[j++]) a->unmap(va + o, sizes[j]);
+  return false;
+}
+
 bool CudaDriver::unmap(DevPtr va, uint64_t bytes) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());

@@ -41,6 +41,7 @@ class CudaDriver final : public Driver {
   uint64_t create_physical(uint64_t bytes) override;
   void release_physical(uint64_t handle) override;
   bool map(DevPtr va, uint64_t bytes, uint64_t handle) override;
+  bool map_run(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) override;
   bool unmap(DevPtr va, uint64_t bytes) override;
   Stream create_stream() override;
   uint64_t create_event() override;

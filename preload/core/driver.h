@@ -85,6 +85,17 @@ class Driver {
   virtual void release_physical(uint64_t handle) = 0;
   // Maps [va, va+bytes) onto the start of `handle` and grants this device read/write.
   virtual bool map(DevPtr va, uint64_t bytes, uint64_t handle) = 0;
+  // Maps n whole handles one after another from `va` and grants this device read/write over
+  // them all; on failure nothing stays mapped.
+  virtual bool map_run(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) {
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; off += sizes[i++]) {
+      if (map(va + off, sizes[i], handles[i])) continue;
+      for (size_t j = 0, o = 0; j < i; o += sizes[j++]) unmap(va + o, sizes[j]);
+      return false;
+    }
+    return true;
+  }
   // Unmaps [va, va+bytes); the range stays reserved. The caller has made sure no queued
   // work still touches it.
   virtual bool unmap(DevPtr va, uint64_t bytes) = 0;

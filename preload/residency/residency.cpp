@@ -113,12 +113,33 @@ void Residency::note_footprint() {
   st_.footprint_peak = std::max(st_.footprint_peak, held_ + std::max(pool_share_, pool_seen_));
 }
 
-uint64_t Residency::spare_cover(uint64_t need) const {
-  if (!o_.piece_max) return spares_.count(need) ? need : 0;  // one handle per range: its size only
-  uint64_t left = need;
-  for (auto it = spares_.rbegin(); it != spares_.rend() && left; ++it)
-    if (it->first <= left) left -= it->first;
-  return need - left;
+uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_t, Spare>::const_iterator>* out) const {
+  out->clear();
+  if (!o_.piece_max) {  // one handle per range: one of its size only
+    if (auto it = spares_.find(need); it != spares_.end()) out->push_back(it);
+    return out->empty() ? 0 : need;
+  }
+  const uint64_t top = o_.piece_max, tail = need % top;
+  uint64_t got = 0;
+  auto [lo, hi] = spares_.equal_range(top);
+  for (auto it = lo; it != hi && got + top <= need - tail; ++it) {
+    out->push_back(it);
+    got += top;
+  }
+  if (!tail) return got;
+  if (auto it = spares_.find(tail); it != spares_.end()) {
+    out->push_back(it);
+    return got + tail;
+  }
+  uint64_t left = tail;
+  int n = 0;
+  for (auto it = std::make_reverse_iterator(spares_.upper_bound(tail)); it != spares_.rend() && left && n < 3; ++it)
+    if (it->first <= left) {
+      out->push_back(std::prev(it.base()));
+      left -= it->first;
+      ++n;
+    }
+  return got + tail - left;
 }
 
 bool Residency::fits(uint64_t need) const {
@@ -127,24 +148,22 @@ bool Residency::fits(uint64_t need) const {
 }
 
 void Residency::release_spares_for(uint64_t need) {
-  // The spares the largest-first fill would use stay; the others go, the largest first.
-  uint64_t left = need;
-  for (auto it = std::make_reverse_iterator(spares_.end()); it != spares_.rend() && !fits(need);) {
-    if (o_.piece_max ? it->first <= left : it->first == left) {
-      left -= it->first;
-      ++it;
-      continue;
-    }
-    auto fwd = std::prev(it.base());
-    const uint64_t h = fwd->second.handle;
+  if (fits(need)) return;
+  // The spares `need` would map stay; the others go, the largest first.
+  pick_spares(need, &picks_);
+  std::vector<std::multimap<uint64_t, Spare>::const_iterator> others;
+  for (auto it = spares_.begin(); it != spares_.end(); ++it)
+    if (std::find(picks_.begin(), picks_.end(), it) == picks_.end()) others.push_back(it);
+  for (auto k = others.rbegin(); k != others.rend() && !fits(need); ++k) {
+    const uint64_t bytes = (*k)->first, h = (*k)->second.handle;
     settle_given(h);  // a range it was given from, still copying out, unmaps it first
     const uint64_t t0 = mono_now_ns();
     d_.release_physical(h);
     st_.release_ns += mono_now_ns() - t0;
-    held_ -= fwd->first;
-    spare_bytes_ -= fwd->first;
+    held_ -= bytes;
+    spare_bytes_ -= bytes;
     ++st_.released;
-    it = std::make_reverse_iterator(spares_.erase(fwd));
+    spares_.erase(*k);
   }
 }
 
@@ -355,22 +374,17 @@ bool Residency::back_range(Range& r, Stream s, std::string* why) {
     }
     got.clear();
   };
-  // Spares first, the largest that fit (one of its size only, with one handle per range); a
-  // spare still being copied out of makes `s` wait for that copy. Then new handles for the
-  // rest: whole pieces of piece_max, and one handle for the tail.
-  uint64_t left = r.bytes;
-  while (left) {
-    auto it = spares_.upper_bound(left);
-    if (it == spares_.begin()) break;
-    --it;
-    if (!o_.piece_max && it->first != left) break;
+  // Spares first (pick_spares); one still being copied out of makes `s` wait for that copy.
+  // Then new handles for the rest: whole pieces of piece_max, and one handle for the tail.
+  uint64_t left = r.bytes - pick_spares(r.bytes, &picks_);
+  for (auto it : picks_) {
     if (it->second.event && o_.fault != Options::Fault::SkipGivenWait) d_.stream_wait(s, it->second.event);
     got.push_back({it->second.handle, it->first});
     events.push_back(it->second.event);
-    left -= it->first;
     spare_bytes_ -= it->first;
     spares_.erase(it);
   }
+  picks_.clear();
   const uint64_t top = o_.piece_max ? std::max(o_.piece_max, gran_) : 0;
   while (left) {
     const uint64_t size = top && left >= top ? top : left;
@@ -394,12 +408,14 @@ bool Residency::back_range(Range& r, Stream s, std::string* why) {
     left -= size;
     ++st_.created;
   }
-  uint64_t off = 0;
   const uint64_t t0 = mono_now_ns();
-  for (size_t i = 0; i < got.size(); off += got[i++].bytes) {
-    ++st_.maps;
-    if (d_.map(r.va + off, got[i].bytes, got[i].handle)) continue;
-    for (size_t j = 0, o = 0; j < i; o += got[j++].bytes) d_.unmap(r.va + o, got[j].bytes);
+  std::vector<uint64_t>& hs = run_handles_;
+  std::vector<uint64_t>& sz = run_sizes_;
+  hs.clear();
+  sz.clear();
+  for (const Piece& p : got) hs.push_back(p.handle), sz.push_back(p.bytes);
+  st_.maps += got.size();
+  if (!d_.map_run(r.va, hs.data(), sz.data(), got.size())) {
     give_back();
     if (why) *why = "mapping a range failed";
     return false;

@@ -172,6 +172,10 @@ class Residency final : public LaunchGate {
   struct Piece {
     uint64_t handle, bytes;
   };
+  struct Spare {
+    uint64_t handle;
+    uint64_t event;  // the copy out still reading it (its range was given), 0: none
+  };
   struct Range {
     DevPtr va = 0;
     uint64_t bytes = 0;   // rounded to the granularity: reserved, and mapped when backed
@@ -253,8 +257,11 @@ class Residency final : public LaunchGate {
   void prefetch_due(uint64_t launch_no);  // reloads ranges whose predicted use is within the lead
   bool room_without_waiting(uint64_t need);
   bool fits(uint64_t need) const;  // the handover, spares that tile it, and room under the limit
-  // Bytes of `need` that spare handles can back (the largest that fit first).
-  uint64_t spare_cover(uint64_t need) const;
+  // The spares a range of `need` bytes maps (cleared first): spares of piece_max for its whole
+  // pieces, and for the rest one of its size or at most three smaller ones; their bytes.
+  // Ranges of few pieces keep the mappings few (each costs about the same whatever its size).
+  uint64_t pick_spares(uint64_t need, std::vector<std::multimap<uint64_t, Spare>::const_iterator>* out) const;
+  uint64_t spare_cover(uint64_t need) const { return pick_spares(need, &picks_); }
   void release_spares_for(uint64_t need);  // spares that cannot back `need` go until it fits
   void unmap_pieces(const Range& r);
   void spare_pieces(Range& r);  // its handles (unmapped) become spares
@@ -274,11 +281,9 @@ class Residency final : public LaunchGate {
   std::vector<uint32_t> free_slots_;
   std::map<DevPtr, uint32_t> by_va_;                 // live and cached ranges
   std::multimap<uint64_t, uint32_t> cached_;         // freed ranges kept mapped, by size
-  struct Spare {
-    uint64_t handle;
-    uint64_t event;  // the copy out still reading it (its range was given), 0: none
-  };
   std::multimap<uint64_t, Spare> spares_;            // handles held and free to map, by size
+  mutable std::vector<std::multimap<uint64_t, Spare>::const_iterator> picks_;  // scratch
+  std::vector<uint64_t> run_handles_, run_sizes_;                               // scratch
   std::unordered_map<Stream, StreamRing> rings_;
   std::unordered_map<AllocId, std::vector<AllocId>> tables_;  // pointer tables' range targets
   std::vector<uint64_t> spare_events_;
