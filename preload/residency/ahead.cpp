@@ -99,18 +99,15 @@ bool Residency::room_without_waiting(uint64_t need) {
   auto fits = [&] { return this->fits(need); };
   if (fits()) return true;
   reap_copies();
-  // Spares of other sizes, then freed ranges whose last work is known done.
+  // Spares that cannot back it, then freed ranges (let go: their last work is waited for on the
+  // GPU by whoever maps their handles).
   release_spares_for(need);
-  for (auto it = cached_.begin(); it != cached_.end() && !fits();) {
-    const Range& r = slots_[it->second];
-    if ((r.free_event && d_.event_query(r.free_event) != 1) || (r.copy_event && d_.event_query(r.copy_event) != 1)) {
-      ++it;
-      continue;
-    }
+  while (!fits() && !cached_.empty()) {
+    auto it = cached_.begin();
     const uint32_t slot = it->second;
-    cached_bytes_ -= r.bytes;
-    it = cached_.erase(it);
-    release_freed(slot);
+    cached_bytes_ -= slots_[slot].bytes;
+    cached_.erase(it);
+    let_go_freed(slot);
   }
   return fits();
 }

@@ -89,6 +89,11 @@ void Residency::drop_event(uint64_t e) {
 // ---- Budget ---------------------------------------------------------------------------------
 
 void Residency::reap_copies() {
+  for (size_t i = 0; i < retiring_.size();) {
+    const uint32_t slot = retiring_[i];
+    if (d_.event_query(slots_[slot].free_event) == 1) retire_done(slot);  // erases it
+    else ++i;
+  }
   for (size_t i = 0; i < copying_out_.size();) {
     const uint32_t slot = copying_out_[i];
     if (d_.event_query(slots_[slot].copy_event) == 1) finish_evict(slot);  // erases it
@@ -198,7 +203,7 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     const uint32_t slot = it->second;
     cached_bytes_ -= slots_[slot].bytes;
     cached_.erase(it);
-    release_freed(slot);
+    let_go_freed(slot);
   }
   // Copies out still running give their handles (the taker's stream waits for them), else the
   // oldest is waited for.
@@ -294,12 +299,7 @@ void Residency::finish_evict(uint32_t slot) {
   }
   unmap_pieces(r);
   if (r.given) {
-    // Its handles not taken yet: the copy is done, nothing to wait for (the event is reused).
-    for (const Piece& p : r.pieces) {
-      auto [lo, hi] = spares_.equal_range(p.bytes);
-      for (auto it = lo; it != hi; ++it)
-        if (it->second.handle == p.handle) it->second.event = 0;
-    }
+    no_wait_for(r, r.copy_event);  // the copy is done (and its event is reused)
   } else {
     out_bytes_ -= r.bytes;
     spare_pieces(r);  // still counted in held_: the caller takes or releases them
@@ -336,7 +336,54 @@ bool Residency::give_copies(uint64_t need) {
   return fits(need);
 }
 
+void Residency::no_wait_for(const Range& r, uint64_t event) {
+  for (const Piece& p : r.pieces) {
+    auto [lo, hi] = spares_.equal_range(p.bytes);
+    for (auto it = lo; it != hi; ++it)
+      if (it->second.handle == p.handle && it->second.event == event) it->second.event = 0;
+  }
+}
+
+void Residency::let_go_freed(uint32_t slot) {
+  Range& r = slots_[slot];
+  if (!r.free_event || d_.event_query(r.free_event) == 1) {
+    release_freed(slot);
+    return;
+  }
+  // Its last work is still queued: the handles are mapped here until it ends, and a range that
+  // maps one meanwhile has its stream wait for the free's event (which covers every stream that
+  // touched the range: free() made the freeing stream wait for them).
+  ++st_.freed_given;
+  for (const Piece& p : r.pieces) {
+    spares_.emplace(p.bytes, Spare{p.handle, r.free_event});
+    spare_bytes_ += p.bytes;
+  }
+  r.given = true;
+  by_va_.erase(r.va);
+  retiring_.push_back(slot);
+}
+
+void Residency::retire_done(uint32_t slot) {
+  Range& r = slots_[slot];
+  std::erase(retiring_, slot);
+  if (d_.event_query(r.free_event) != 1) wait_event(r.free_event);
+  unmap_pieces(r);
+  no_wait_for(r, r.free_event);
+  d_.unreserve(r.va, r.bytes);
+  drop_event(r.free_event);
+  drop_event(r.copy_event);
+  r = Range{};
+  free_slots_.push_back(slot);
+}
+
 void Residency::settle_given(uint64_t handle) {
+  for (size_t i = 0; i < retiring_.size();) {
+    const Range& r = slots_[retiring_[i]];
+    if (std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.handle == handle; }))
+      retire_done(retiring_[i]);  // erases it
+    else
+      ++i;
+  }
   // Every range still copying out that maps it (a handle given on, mapped, and given again).
   for (size_t i = 0; i < copying_out_.size();) {
     const Range& r = slots_[copying_out_[i]];

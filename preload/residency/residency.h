@@ -110,6 +110,7 @@ class Residency final : public LaunchGate {
     uint64_t maps = 0, unmaps = 0, map_ns = 0, unmap_ns = 0, create_ns = 0, release_ns = 0;
     uint64_t ahead_ns = 0;                   // in the scans for prefetches and evictions ahead, at launches
     uint64_t handovers = 0;                  // ranges copying out whose handles were given to others
+    uint64_t freed_given = 0;                // freed ranges whose handles were given before their free ended
     uint64_t event_waits = 0;                // launches ordered after another stream's reload
     uint64_t ahead = 0, ahead_bytes = 0;     // evictions started ahead of need
     uint64_t prefetches = 0, prefetch_bytes = 0, prefetch_hits = 0;  // reloads ahead of use, and used
@@ -237,6 +238,13 @@ class Residency final : public LaunchGate {
   bool start_evict(uint32_t slot, std::string* why);  // queues the copy out
   void finish_evict(uint32_t slot);  // waits for the copy out, unmaps; the handles are spares
   void release_freed(uint32_t slot);  // a freed range: waits for its free, unmaps; handles spare
+  // A freed range (taken out of cached_) whose free may not be complete: its handles become
+  // spares with its free's event at once, and it is unmapped once the free is (retire_done).
+  void let_go_freed(uint32_t slot);
+  void retire_done(uint32_t slot);  // waits for the free if need be, unmaps, gives the slot back
+  // Its handles still spare with `event` (the copy or free it gave them before): nothing left to
+  // wait for. A handle given on since then carries another range's event, which stays.
+  void no_wait_for(const Range& r, uint64_t event);
   void abandon(Range& r);             // a range copying out is touched: it stays
   // Handles mapped under r.va, for work queued on `s` (which waits for given handles' copy out).
   bool back_range(Range& r, Stream s, std::string* why);
@@ -305,6 +313,7 @@ class Residency final : public LaunchGate {
   uint64_t out_bytes_ = 0;                  // bytes of ranges copying out
   uint64_t cached_bytes_ = 0, spare_bytes_ = 0;  // of freed ranges kept, of spare handles
   std::vector<uint32_t> copying_out_;       // their slots
+  std::vector<uint32_t> retiring_;          // freed ranges let go (let_go_freed), still mapped
   Stream prefetch_stream_ = 0;
   uint64_t pf_lead_ = 0;                    // launches ahead of a predicted use that it is reloaded
   std::atomic<uint64_t> last_launch_{0};    // the last launch number any before_launch saw
