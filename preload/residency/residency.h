@@ -265,9 +265,8 @@ class Residency final : public LaunchGate {
   void prefetch_due(uint64_t launch_no);  // reloads ranges whose predicted use is within the lead
   bool room_without_waiting(uint64_t need);
   bool fits(uint64_t need) const;  // the handover, spares that tile it, and room under the limit
-  // The spares a range of `need` bytes maps (cleared first): spares of piece_max for its whole
-  // pieces, and for the rest one of its size or at most three smaller ones; their bytes.
-  // Ranges of few pieces keep the mappings few (each costs about the same whatever its size).
+  // The spares a range of `need` bytes maps (cleared first), the largest that fit first; their
+  // bytes.
   uint64_t pick_spares(uint64_t need, std::vector<std::multimap<uint64_t, Spare>::const_iterator>* out) const;
   uint64_t spare_cover(uint64_t need) const { return pick_spares(need, &picks_); }
   void release_spares_for(uint64_t need);  // spares that cannot back `need` go until it fits
