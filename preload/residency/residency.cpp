@@ -13,6 +13,15 @@ namespace {
 
 constexpr double kGiB = double(1ull << 30);
 
+// A size for a message: GiB from 1 GiB up, else MiB (a 2 MiB allocation is not "0.00 GiB").
+struct Size {
+  char s[32];
+  explicit Size(uint64_t b) {
+    if (b >= (1ull << 30)) std::snprintf(s, sizeof s, "%.2f GiB", b / kGiB);
+    else std::snprintf(s, sizeof s, "%.1f MiB", b / double(1 << 20));
+  }
+};
+
 
 }  // namespace
 
@@ -231,9 +240,9 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
       if (r.backed() && (r.inflight || kept(uint32_t(&r - slots_.data())))) pinned += r.bytes;
     char buf[320];
     std::snprintf(buf, sizeof buf,
-                  "%.2f GiB more cannot fit the device budget of %.2f GiB: %.2f GiB held, %.2f GiB of it in use by "
+                  "%s more cannot fit the device budget of %.2f GiB: %.2f GiB held, %.2f GiB of it in use by "
                   "launches in flight, %.2f GiB set aside for the allocator's pool",
-                  need / kGiB, o_.budget / kGiB, held_ / kGiB, pinned / kGiB, pool_share_ / kGiB);
+                  Size(need).s, o_.budget / kGiB, held_ / kGiB, pinned / kGiB, pool_share_ / kGiB);
     *why = buf;
   }
   return false;
@@ -499,9 +508,9 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
     if (why.empty()) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
-                    "an allocation of %.2f GiB cannot fit the device budget of %.2f GiB (%.2f GiB set aside for "
+                    "an allocation of %s cannot fit the device budget of %.2f GiB (%.2f GiB set aside for "
                     "the allocator's pool)",
-                    size / kGiB, o_.budget / kGiB, pool_share_ / kGiB);
+                    Size(size).s, o_.budget / kGiB, pool_share_ / kGiB);
       why = buf;
     }
     error_ = why;

@@ -213,6 +213,7 @@ TEST(Residency, AnAllocationLargerThanTheBudgetIsRefused) {
   EXPECT_EQ(r.res.alloc(3 * kGran, kA, &tag, &refused), 0u);
   EXPECT_TRUE(refused);
   EXPECT_NE(r.res.error().find("cannot fit the device budget"), std::string::npos) << r.res.error();
+  EXPECT_NE(r.res.error().find("an allocation of 0.2 MiB"), std::string::npos) << "a small size in MiB: " << r.res.error();
   // Smaller than the threshold: not ours, not refused.
   EXPECT_EQ(r.res.alloc(kGran / 2, kA, &tag, &refused), 0u);
   EXPECT_FALSE(refused);
