@@ -1,0 +1,228 @@
+// Residency's physical handles: spares picked to back a range, new handles made for the rest,
+// and handles given on by ranges still copying out or freed with work still queued (the taker's
+// stream waits for that work). residency.h says why ranges are backed by pieces.
+#include <algorithm>
+#include <cstdio>
+
+#include "residency/residency.h"
+
+namespace offload {
+namespace {
+
+constexpr double kGiB = double(1ull << 30);
+
+}  // namespace
+
+uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_t, Spare>::const_iterator>* out) const {
+  out->clear();
+  if (!o_.piece_max) {  // one handle per range: one of its size only
+    if (auto it = spares_.find(need); it != spares_.end()) out->push_back(it);
+    return out->empty() ? 0 : need;
+  }
+  // The largest that fit first. A mapping costs the H200 about 0.1 ms and making a 64 MiB handle
+  // about 1.3 ms (docs/results.md), so tiling from small spares beats making whole pieces.
+  uint64_t left = need;
+  for (auto it = std::make_reverse_iterator(spares_.upper_bound(need)); it != spares_.rend() && left; ++it)
+    if (it->first <= left) {
+      out->push_back(std::prev(it.base()));
+      left -= it->first;
+    }
+  return need - left;
+}
+
+void Residency::release_spares_for(uint64_t need) {
+  if (fits(need)) return;
+  // The spares `need` would map stay; the others go, the largest first.
+  pick_spares(need, &picks_);
+  std::vector<std::multimap<uint64_t, Spare>::const_iterator> others;
+  for (auto it = spares_.begin(); it != spares_.end(); ++it)
+    if (std::find(picks_.begin(), picks_.end(), it) == picks_.end()) others.push_back(it);
+  for (auto k = others.rbegin(); k != others.rend() && !fits(need); ++k) {
+    const uint64_t bytes = (*k)->first, h = (*k)->second.handle;
+    settle_given(h);  // a range it was given from, still copying out, unmaps it first
+    const uint64_t t0 = mono_now_ns();
+    d_.release_physical(h);
+    st_.release_ns += mono_now_ns() - t0;
+    held_ -= bytes;
+    spare_bytes_ -= bytes;
+    ++st_.released;
+    spares_.erase(*k);
+  }
+}
+
+void Residency::unmap_pieces(const Range& r) {
+  const uint64_t t0 = mono_now_ns();
+  uint64_t off = 0;
+  for (const Piece& p : r.pieces) {
+    d_.unmap(r.va + off, p.bytes);
+    off += p.bytes;
+  }
+  st_.unmaps += r.pieces.size();
+  st_.unmap_ns += mono_now_ns() - t0;
+}
+
+void Residency::spare_pieces(Range& r) {
+  for (const Piece& p : r.pieces) {
+    spares_.emplace(p.bytes, Spare{p.handle, 0});
+    spare_bytes_ += p.bytes;
+  }
+  r.pieces.clear();
+}
+
+bool Residency::give_copies(uint64_t need) {
+  for (uint32_t slot : copying_out_) {
+    if (fits(need)) return true;
+    Range& r = slots_[slot];
+    if (r.given) continue;
+    // Only a range with a handle that can back part of `need` (of its size, with one handle per range).
+    const bool useful = o_.piece_max ? std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.bytes <= need; })
+                                     : r.bytes == need;
+    if (!useful) continue;
+    r.given = true;
+    out_bytes_ -= r.bytes;  // no longer coming back to us: the taker counts it
+    for (const Piece& p : r.pieces) {
+      spares_.emplace(p.bytes, Spare{p.handle, r.copy_event});
+      spare_bytes_ += p.bytes;
+    }
+    ++st_.handovers;
+  }
+  return fits(need);
+}
+
+void Residency::no_wait_for(const Range& r, uint64_t event) {
+  for (const Piece& p : r.pieces) {
+    auto [lo, hi] = spares_.equal_range(p.bytes);
+    for (auto it = lo; it != hi; ++it)
+      if (it->second.handle == p.handle && it->second.event == event) it->second.event = 0;
+  }
+}
+
+void Residency::let_go_freed(uint32_t slot) {
+  Range& r = slots_[slot];
+  if (!r.free_event || d_.event_query(r.free_event) == 1) {
+    release_freed(slot);
+    return;
+  }
+  // Its last work is still queued: the handles are mapped here until it ends, and a range that
+  // maps one meanwhile has its stream wait for the free's event (which covers every stream that
+  // touched the range: free() made the freeing stream wait for them).
+  ++st_.freed_given;
+  for (const Piece& p : r.pieces) {
+    spares_.emplace(p.bytes, Spare{p.handle, r.free_event});
+    spare_bytes_ += p.bytes;
+  }
+  r.given = true;
+  by_va_.erase(r.va);
+  retiring_.push_back(slot);
+}
+
+void Residency::retire_done(uint32_t slot) {
+  Range& r = slots_[slot];
+  std::erase(retiring_, slot);
+  if (d_.event_query(r.free_event) != 1) wait_event(r.free_event);
+  unmap_pieces(r);
+  no_wait_for(r, r.free_event);
+  d_.unreserve(r.va, r.bytes);
+  drop_event(r.free_event);
+  drop_event(r.copy_event);
+  r = Range{};
+  free_slots_.push_back(slot);
+}
+
+void Residency::settle_given(uint64_t handle) {
+  for (size_t i = 0; i < retiring_.size();) {
+    const Range& r = slots_[retiring_[i]];
+    if (std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.handle == handle; }))
+      retire_done(retiring_[i]);  // erases it
+    else
+      ++i;
+  }
+  // Every range still copying out that maps it (a handle given on, mapped, and given again).
+  for (size_t i = 0; i < copying_out_.size();) {
+    const Range& r = slots_[copying_out_[i]];
+    if (r.given && std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.handle == handle; }))
+      finish_evict(copying_out_[i]);  // erases it
+    else
+      ++i;
+  }
+}
+
+void Residency::release_freed(uint32_t slot) {
+  Range& r = slots_[slot];
+  if (r.free_event && d_.event_query(r.free_event) != 1) {
+    wait_event(r.free_event);
+  }
+  if (r.copy_event) d_.event_sync(r.copy_event);
+  unmap_pieces(r);
+  spare_pieces(r);
+  d_.unreserve(r.va, r.bytes);
+  by_va_.erase(r.va);
+  drop_event(r.free_event);
+  drop_event(r.copy_event);
+  r = Range{};
+  free_slots_.push_back(slot);
+}
+
+bool Residency::back_range(Range& r, Stream s, std::string* why) {
+  std::vector<Piece>& got = r.pieces;
+  got.clear();
+  std::vector<uint64_t> events;  // of the spares taken: given back with them if mapping fails
+  auto give_back = [&] {
+    for (size_t i = 0; i < got.size(); ++i) {
+      spares_.emplace(got[i].bytes, Spare{got[i].handle, i < events.size() ? events[i] : 0});
+      spare_bytes_ += got[i].bytes;
+    }
+    got.clear();
+  };
+  // Spares first (pick_spares); one still being copied out of makes `s` wait for that copy.
+  // Then new handles for the rest: whole pieces of piece_max, and one handle for the tail.
+  uint64_t left = r.bytes - pick_spares(r.bytes, &picks_);
+  for (auto it : picks_) {
+    if (it->second.event && o_.fault != Options::Fault::SkipGivenWait) d_.stream_wait(s, it->second.event);
+    got.push_back({it->second.handle, it->first});
+    events.push_back(it->second.event);
+    spare_bytes_ -= it->first;
+    spares_.erase(it);
+  }
+  picks_.clear();
+  const uint64_t top = o_.piece_max ? std::max(o_.piece_max, gran_) : 0;
+  while (left) {
+    const uint64_t size = top && left >= top ? top : left;
+    const uint64_t t0 = mono_now_ns();
+    const uint64_t h = d_.create_physical(size);
+    st_.create_ns += mono_now_ns() - t0;
+    if (!h) {
+      give_back();
+      if (why) {
+        char buf[256];
+        std::snprintf(buf, sizeof buf,
+                      "the device refused %.2f GiB with %.2f GiB held under a budget of %.2f GiB: memory outside "
+                      "the allocator (the CUDA context, libraries) leaves less than the budget",
+                      size / kGiB, held_ / kGiB, o_.budget / kGiB);
+        *why = buf;
+      }
+      return false;
+    }
+    got.push_back({h, size});
+    held_ += size;
+    left -= size;
+    ++st_.created;
+  }
+  const uint64_t t0 = mono_now_ns();
+  std::vector<uint64_t>& hs = run_handles_;
+  std::vector<uint64_t>& sz = run_sizes_;
+  hs.clear();
+  sz.clear();
+  for (const Piece& p : got) hs.push_back(p.handle), sz.push_back(p.bytes);
+  st_.maps += got.size();
+  if (!d_.map_run(r.va, hs.data(), sz.data(), got.size())) {
+    give_back();
+    if (why) *why = "mapping a range failed";
+    return false;
+  }
+  st_.map_ns += mono_now_ns() - t0;
+  note_footprint();
+  return true;
+}
+
+}  // namespace offload
