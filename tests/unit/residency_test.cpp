@@ -451,6 +451,43 @@ TEST(Residency, PrefetchesFromPlacesThatLaunchesWithoutRangesPass) {
   EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
 }
 
+// A prefetched range that goes out again before its use means the lead brought it in too soon
+// for the room: the lead shortens by a quarter (it only doubles when a prefetch is late).
+TEST(Residency, APrefetchEvictedUnusedShortensTheLead) {
+  CapRig r(3 * kGran);
+  const DevPtr x = r.alloc(kGran, kA), z = r.alloc(kGran, kA);
+  r.kernel(kA, {x}, fill(x, kGran, 1));
+  r.kernel(kA, {z}, fill(z, kGran, 3));
+  const DevPtr y = r.alloc(2 * kGran, kA);  // x goes out
+  r.kernel(kA, {y}, fill(y, 2 * kGran, 2));
+  r.res.set_period(40);
+  uint64_t sink = 0;
+  Residency::Stats before{};
+  for (int step = 0; step < 5; ++step)
+    for (uint64_t i = 0; i < 40; ++i) {
+      if (step == 4 && i == 22) {
+        before = r.res.stats();
+        ASSERT_TRUE(before.prefetch_lead > 8 && r.res.state_of(x) != Residency::State::OnHost)
+            << "x is prefetched ahead of its use at 25 (lead " << before.prefetch_lead << ")";
+        const DevPtr w = r.alloc(3 * kGran, kA);  // the whole budget: x goes out unused
+        ASSERT_NE(w, 0u) << r.res.error();
+        r.free(w, kA);
+      }
+      if (i == 0) r.kernel(kA, {y}, [&] { sink += words(y)[0]; });
+      else if (i == 25) r.kernel(kA, {x}, [&] { sink += words(x)[0]; });
+      else if (i % 5 == 0) r.kernel(kA, {z}, [&] { sink += words(z)[0]; });
+      else r.kernel(kA, {}, [] {});
+      if (i % 5 == 4) r.sim.run_all();
+      if (step == 4 && i == 22) {
+        const Residency::Stats after = r.res.stats();
+        EXPECT_EQ(after.prefetch_wasted, before.prefetch_wasted + 1);
+        EXPECT_EQ(after.prefetch_lead, before.prefetch_lead - before.prefetch_lead / 4);
+      }
+    }
+  r.sim.run_all();
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+}
+
 // A training loop's shape: weights born once; each step allocates activations, runs a forward
 // over them (activation i from activation i-1 and weight i), a backward that updates each weight
 // from its activation in reverse, and frees the activations. With the step's length given, the
