@@ -19,6 +19,7 @@
 //   offloadctl plan --trace FILE --persistent
 //                                   what outlives the step (weights, optimizer state): how long
 //                                   each sits unused, and whether its copies would fit there
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -60,60 +61,106 @@ bool parse_budget(const std::string& s, uint64_t* bytes, double* fraction) {
   return true;
 }
 
+struct HelpBlock {
+  const char* command;
+  const char* text;
+};
+// The usage, a block per command line (a command may have several).
+constexpr HelpBlock kHelp[] = {
+    {"status",
+     "  status [--json] [--watch [SECONDS]] [--socket PATH]\n"
+     "                         the pool and every client (pid, command, GPU, leased, resident,\n"
+     "                         evicted, step time, exposed stall, misses, rank, GPU id) and the\n"
+     "                         GPUs sharing the node's host link; --watch refreshes\n"},
+    {"stop",
+     "  stop [--socket PATH]   stop offloadd\n"},
+    {"trace",
+     "  trace show PATH        summarise a trace directory (OFFLOAD_TRACE=DIR) or one step file\n"},
+    {"trace",
+     "  trace check PATH       check visibility (shim launches == CUPTI kernels) and that every\n"
+     "                         activation is touched in the backward; exit 1 if a check fails\n"},
+    {"replay",
+     "  replay FILE [--steps N] [--offload FRACTION] [--scale DIV]\n"
+     "                         replay a recorded step on the simulated driver (default N=6); with\n"
+     "                         --offload, the executor too, under a budget of FRACTION of the step's\n"
+     "                         peak (N=12 by default), sizes divided by DIV (default 256), every\n"
+     "                         launch's data checked; exit 1 on a mismatch or over the budget\n"},
+    {"plan",
+     "  plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE [--read-only] [--max-weight-wait S]]\n"
+     "       [--segments N] [--arenas|--json]\n"
+     "       [--html FILE] [--pool-overhead F]\n"
+     "                         the plan the planner makes for a recorded step under a device budget:\n"
+     "                         a size (12GiB) or a share of the step's footprint without offload\n"
+     "                         (75% or 0.75); none: the largest offload the compute hides.\n"
+     "                         --arenas lists the arenas; --json prints the figures as one JSON\n"
+     "                         object instead of text; --html writes the predicted step's timeline\n"
+     "                         (compute, copy queues, footprint) as a self-contained page;\n"
+     "                         --persistent-min: what outlives the step and is at least SIZE is the\n"
+     "                         shim's own (OFFLOAD_PERSISTENT_MIN), and such weights may be streamed\n"
+     "                         out and back between their uses when activations alone miss the budget;\n"
+     "                         --read-only: those weights are marked read-only (a frozen base, as\n"
+     "                         offload_mark_read_only marks it): they cost no copy out;\n"
+     "                         --max-weight-wait SHARE: how much of the step a weight plan may wait for\n"
+     "                         reloads to meet the budget (default 0.10, as the shim; 0: never);\n"
+     "                         --pool-overhead: what the allocator holds for the live bytes outside the\n"
+     "                         arenas, as a factor of them (default 1.15, the shim's floor; a run's\n"
+     "                         figure is its pool's reserved high over its used high)\n"},
+    {"plan",
+     "  plan --trace FILE --sweep [--segments N] [--json] [--pool-overhead F]\n"
+     "                         the plan at budgets of 100%, 95%, ... 30% of that footprint, a row each\n"
+     "                         (peak, moved, step against compute and its lower bound); it stops\n"
+     "                         after two budgets in a row that no plan meets\n"},
+    {"plan",
+     "  plan --trace FILE --persistent\n"
+     "                         what outlives the step (weights, kept gradients, optimizer state): how\n"
+     "                         long each sits unused in GPU time across the step boundary, and\n"
+     "                         whether a copy out and back would fit there\n"},
+    {"help",
+     "  help                   this text\n"},
+};
+constexpr const char* kHeader = "usage: offloadctl <command>   (offloadctl --version: the version and the source commit)\n";
+
 void usage(FILE* f) {
-  fprintf(f,
-          "usage: offloadctl <command>   (offloadctl --version: the version and the source commit)\n"
-          "  status [--json] [--watch [SECONDS]] [--socket PATH]\n"
-          "                         the pool and every client (pid, command, GPU, leased, resident,\n"
-          "                         evicted, step time, exposed stall, misses, rank, GPU id) and the\n"
-          "                         GPUs sharing the node's host link; --watch refreshes\n"
-          "  stop [--socket PATH]   stop offloadd\n"
-          "  trace show PATH        summarise a trace directory (OFFLOAD_TRACE=DIR) or one step file\n"
-          "  trace check PATH       check visibility (shim launches == CUPTI kernels) and that every\n"
-          "                         activation is touched in the backward; exit 1 if a check fails\n"
-          "  replay FILE [--steps N] [--offload FRACTION] [--scale DIV]\n"
-          "                         replay a recorded step on the simulated driver (default N=6); with\n"
-          "                         --offload, the executor too, under a budget of FRACTION of the step's\n"
-          "                         peak (N=12 by default), sizes divided by DIV (default 256), every\n"
-          "                         launch's data checked; exit 1 on a mismatch or over the budget\n"
-          "  plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE [--read-only] [--max-weight-wait S]]\n"
-          "       [--segments N] [--arenas|--json]\n"
-          "       [--html FILE] [--pool-overhead F]\n"
-          "                         the plan the planner makes for a recorded step under a device budget:\n"
-          "                         a size (12GiB) or a share of the step's footprint without offload\n"
-          "                         (75%% or 0.75); none: the largest offload the compute hides.\n"
-          "                         --arenas lists the arenas; --json prints the figures as one JSON\n"
-          "                         object instead of text; --html writes the predicted step's timeline\n"
-          "                         (compute, copy queues, footprint) as a self-contained page;\n"
-          "                         --persistent-min: what outlives the step and is at least SIZE is the\n"
-          "                         shim's own (OFFLOAD_PERSISTENT_MIN), and such weights may be streamed\n"
-          "                         out and back between their uses when activations alone miss the budget;\n"
-          "                         --read-only: those weights are marked read-only (a frozen base, as\n"
-          "                         offload_mark_read_only marks it): they cost no copy out;\n"
-          "                         --max-weight-wait SHARE: how much of the step a weight plan may wait for\n"
-          "                         reloads to meet the budget (default 0.10, as the shim; 0: never);\n"
-          "                         --pool-overhead: what the allocator holds for the live bytes outside the\n"
-          "                         arenas, as a factor of them (default 1.15, the shim's floor; a run's\n"
-          "                         figure is its pool's reserved high over its used high)\n"
-          "  plan --trace FILE --sweep [--segments N] [--json] [--pool-overhead F]\n"
-          "                         the plan at budgets of 100%%, 95%%, ... 30%% of that footprint, a row each\n"
-          "                         (peak, moved, step against compute and its lower bound); it stops\n"
-          "                         after two budgets in a row that no plan meets\n"
-          "  plan --trace FILE --persistent\n"
-          "                         what outlives the step (weights, kept gradients, optimizer state): how\n"
-          "                         long each sits unused in GPU time across the step boundary, and\n"
-          "                         whether a copy out and back would fit there\n"
-          "  help                   this text\n");
+  fprintf(f, "%s", kHeader);
+  for (const HelpBlock& b : kHelp) fprintf(f, "%s", b.text);
 }
+
+// COMMAND --help: that command's lines of the usage, or false for an unknown command.
+bool usage_of(const std::string& command) {
+  bool any = false;
+  for (const HelpBlock& b : kHelp)
+    if (command == b.command) {
+      if (!any) printf("usage: offloadctl\n");
+      printf("%s", b.text);
+      any = true;
+    }
+  return any;
+}
+
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> a(argv + 1, argv + argc);
+  // --option=value is --option value.
+  std::vector<std::string> a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos && eq > 2) {
+      a.push_back(arg.substr(0, eq));
+      a.push_back(arg.substr(eq + 1));
+    } else {
+      a.push_back(arg);
+    }
+  }
   if (a.empty() || a[0] == "help" || a[0] == "--help" || a[0] == "-h") {
     usage(a.empty() ? stderr : stdout);
     return a.empty() ? 2 : 0;
   }
+  // COMMAND ... --help: that command's part of the usage.
+  if (std::any_of(a.begin() + 1, a.end(), [](const std::string& x) { return x == "--help" || x == "-h"; }) &&
+      usage_of(a[0]))
+    return 0;
   if (a[0] == "--version") {
     printf("offloadctl %s (commit %s)\n", OFFLOAD_VERSION, OFFLOAD_COMMIT);
     return 0;

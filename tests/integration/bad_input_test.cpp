@@ -548,6 +548,44 @@ TEST(BadInputIntegration, ASegmentServedByAnotherDaemonIsNotAdopted) {
   EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
 }
 
+// Each command's --help prints that command's part of the usage on stdout and exits 0, and
+// --option=value means --option value.
+TEST(BadInputIntegration, OffloadctlHelpsPerCommandAndTakesOptionEqualsValue) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  std::string xdg = dir.path() + "/xdg";
+  ASSERT_EQ(mkdir(xdg.c_str(), 0700), 0);
+  const std::string none = dir.path() + "/nobody-here.sock";
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), OFFLOADCTL_BIN);
+    return run_program(args, {{"XDG_RUNTIME_DIR", xdg}, {"OFFLOAD_SOCKET", ""}}, dir.path());
+  };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> helps = {
+      {{"plan", "--help"}, "plan --trace FILE --sweep"},
+      {{"status", "--help"}, "status [--json]"},
+      {{"replay", "--help"}, "replay FILE [--steps N]"},
+      {{"trace", "-h"}, "trace check PATH"},
+      {{"stop", "--socket", none, "--help"}, "stop [--socket PATH]"},
+  };
+  for (const auto& [args, want] : helps) {
+    SCOPED_TRACE(args[0]);
+    RunResult r = run(args);
+    EXPECT_EQ(r.exit_code(), 0) << describe_status(r.status) << "\nstderr: " << r.err;
+    EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(args[0] == "status" ? "replay FILE" : "status [--json]"), std::string::npos)
+        << "only that command's lines: " << r.out;
+  }
+  RunResult r = run({"plan", "--trace=" + none, "--budget=50%", "--sweep"});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_NE(r.err.find("--sweep chooses its own budgets"), std::string::npos) << r.err;
+  r = run({"status", "--socket=" + none});
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_NE(r.err.find("no offloadd at " + none), std::string::npos) << r.err;
+  r = run({"plan", "--trace=" + none, "--pool-overhead=0.9"});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_NE(r.err.find("--pool-overhead '0.9' is not valid"), std::string::npos) << r.err;
+}
+
 TEST(BadInputIntegration, OffloadctlRejectsBadCommandsClearly) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
