@@ -66,7 +66,7 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
   if (const char* v = get("OFFLOAD_CUPTI_LIB"); v && *v) st.cupti_lib = v;
   if (const char* v = get("OFFLOAD_LOG_LEVEL"); v && *v) {
     std::string s = v;
-    if (s == "debug" || s == "info" || s == "warn" || s == "error" || s == "off") st.log_level = s;
+    if (s == "debug" || s == "info" || s == "warn" || s == "error" || s == "off") st.log_level = s, st.log_level_set = true;
     else bad("OFFLOAD_LOG_LEVEL", v, "one of debug, info, warn, error, off");
   }
   if (const char* v = get("OFFLOAD_DISABLE"); v && *v) {

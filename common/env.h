@@ -19,6 +19,10 @@ struct Settings {
   bool telemetry_sampled = false;  // OFFLOAD_TELEMETRY=sampled: traced only while needed (TelemetrySampler)
   std::string cupti_lib;         // OFFLOAD_CUPTI_LIB: path of libcupti.so ("" = search)
   std::string log_level = "info";// OFFLOAD_LOG_LEVEL=debug|info|warn|error|off
+  bool log_level_set = false;     // OFFLOAD_LOG_LEVEL given
+  // The level a process logs at: the one given, else info on a job's rank 0 (or outside a job,
+  // rank < 0) and warn on its other ranks, so that a job of eight processes says each step once.
+  std::string log_level_for(int rank) const { return log_level_set || rank <= 0 ? log_level : "warn"; }
   bool enabled = true;           // OFFLOAD_DISABLE=1: forward everything, track nothing
   std::string daemon = "auto";   // OFFLOAD_DAEMON=auto|connect|off
   std::string daemon_bin;        // OFFLOAD_DAEMON_BIN: offloadd to start ("" = search)

@@ -530,7 +530,8 @@ namespace {
 __attribute__((constructor)) void offload_init() {
   std::vector<std::string> errors;
   Settings s = read_settings([](const char* n) { return getenv(n); }, &errors);
-  set_log_level(s.log_level);
+  const char* rank = getenv("RANK");  // torchrun's
+  set_log_level(s.log_level_for(rank && *rank ? atoi(rank) : -1));
   if (!errors.empty()) {
     // Said once, and only if the process uses CUDA (runtime() is asked): every preloaded
     // child (compilers, shells, data-loader workers) would otherwise repeat it.

@@ -141,6 +141,12 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_TRUE(one("OFFLOAD_TELEMETRY", "sampled").telemetry_sampled);
   EXPECT_FALSE(one("OFFLOAD_TELEMETRY", "off").telemetry_sampled);
   for (const char* l : {"debug", "info", "warn", "error", "off"}) EXPECT_EQ(one("OFFLOAD_LOG_LEVEL", l).log_level, l);
+  // A job's ranks other than 0 log warnings and errors only, unless a level is given.
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").log_level_for(-1), "info");
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").log_level_for(0), "info");
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").log_level_for(3), "warn");
+  EXPECT_EQ(one("OFFLOAD_LOG_LEVEL", "info").log_level_for(3), "info");
+  EXPECT_EQ(one("OFFLOAD_LOG_LEVEL", "debug").log_level_for(0), "debug");
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "true").enabled);
   EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").enabled);
   EXPECT_TRUE(one("OFFLOAD_DISABLE", "false").enabled);
