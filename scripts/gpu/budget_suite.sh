@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The hard-cap measurements in one GPU call, each part leaving its own archive under $OUT as soon
-# as it ends (a call cut short keeps what finished):
+# The hard-cap measurements in one command on the GPU machine, each part leaving its own archive
+# under $OUT as soon as it ends (a run cut short keeps what finished):
 #   scripts/gpu/budget_suite.sh fit           the three families at SCALE=large (budget.sh fit)
 #   scripts/gpu/budget_suite.sh fracs W...    budget.sh fracs, one workload at a time
 # Env as budget.sh; DEADLINE (seconds from the start) skips a part that would start after it.

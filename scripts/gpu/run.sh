@@ -4,7 +4,7 @@
 #   scripts/gpu/run.sh smoke        every workload, small shapes, under the shim
 #   scripts/gpu/run.sh reference    determinism, shim on both routes, cost of observing, baselines
 #   scripts/gpu/run.sh conv_llama   the same for the convnet and the Llama-from-config model
-#   scripts/gpu/run.sh all_eager    reference (determinism, shim, cost) + conv_llama, in one call
+#   scripts/gpu/run.sh all_eager    reference (determinism, shim, cost) + conv_llama, in one run
 #   scripts/gpu/run.sh compiled     the Llama model under torch.compile
 #   scripts/gpu/run.sh cost         cost of observing: reference and convnet, CUPTI on and off
 #   scripts/gpu/run.sh traces       record the step traces kept in tests/data/traces/
@@ -105,7 +105,7 @@ plan=${1:-smoke}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$root/out}
 # The runs' files gather outside $OUT (the device machine returns at most 8 files from it) and
-# $OUT/results-<plan>.tgz is rewritten after every run, so that a call stopped at its limit
+# $OUT/results-<plan>.tgz is rewritten after every run, so that a run stopped at its limit
 # still returns what its finished runs wrote.
 work=${RUN_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/offload-run-$plan.XXXXXX")}
 mkdir -p "$OUT" "$work"
@@ -323,7 +323,7 @@ case $plan in
     done
     ;;
   all_eager)
-    # One call's worth: every eager workload's determinism and visibility, the cost of
+    # One run's worth: every eager workload's determinism and visibility, the cost of
     # observing, and the convnet/llama baselines.
     run reference_det_a 0 --workload reference --steps 10 --warmup 3 --deterministic
     run reference_det_r1 1 --workload reference --steps 10 --warmup 3 --deterministic
@@ -470,7 +470,7 @@ case $plan in
     "$ctl" stop > /dev/null 2>&1
     ;;
   planner)
-    # The GPU-time planner on the reference workload, side by side in one call: plain, ckpt,
+    # The GPU-time planner on the reference workload, side by side in one run: plain, ckpt,
     # save_on_cpu, and offload at 90%, 75% and 50% of plain's footprint and at the largest
     # offload the planner says the compute hides (its predicted footprint as the budget).
     # The link is measured first (pinned copies, each way and both at once).
@@ -785,7 +785,7 @@ case $plan in
     ;;
   weights_ab)
     # The hand-written baseline against the shim (frozen base marked, OFFLOAD_TELEMETRY=sampled)
-    # at 20 GiB, alternately B S S B so that a drift over the call falls on both arms alike; 12
+    # at 20 GiB, alternately B S S B so that a drift over the run falls on both arms alike; 12
     # timed steps each, per-step GPU times from events; ab_report.py pools them per arm (< 8 min).
     # WEIGHTS_AB_ARMS picks the runs in order (default "stream_1 shim_1 shim_2 stream_2"):
     # stream_N the baseline, shim_N the shim streaming, floor_N the shim's own floor (the same
@@ -794,7 +794,7 @@ case $plan in
     # without the shim, shimc_N the shim with OFFLOAD_BLOCK_CACHE. Each arm with two runs is
     # reported against the baseline, the shim against its floor, the observed baseline and
     # shimc_N, the observed against cma_N.
-    # An 8-step run takes 70-105 s: five or six fit one call.
+    # An 8-step run takes 70-105 s: five or six fit one run (10 minutes).
     restart_daemon
     d=(--workload lora --deterministic --steps ${WEIGHTS_AB_STEPS:-12} --warmup 6 --mark-steps)
     budget=20GiB
