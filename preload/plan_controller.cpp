@@ -1,22 +1,11 @@
 #include "plan_controller.h"
 
-#include <time.h>
-
 #include <algorithm>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace offload {
-
-namespace {
-
-int64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
-
-}  // namespace
 
 PlanController::PlanController(Driver& driver, Executor& executor, const Settings& settings, BlockCache& cache,
                                PersistentPool* persistent, PlanContext& context)

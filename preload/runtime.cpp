@@ -17,6 +17,7 @@
 #include "common/files.h"
 #include "common/json_writer.h"
 #include "common/log.h"
+#include "common/clock.h"
 #include "hooks/hook_table.h"
 #include "offload/offload.h"
 #include "planner/planner.h"
@@ -34,12 +35,6 @@ std::once_flag g_error_once;
 const std::string* g_settings_warning = nullptr;  // OFFLOAD_* names set but not read (typos)
 std::once_flag g_build_once;
 __attribute__((tls_model("initial-exec"))) thread_local bool t_in_hook = false;
-
-int64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
 
 constexpr size_t kSummariesKept = 256;
 

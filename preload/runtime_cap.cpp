@@ -2,8 +2,8 @@
 // it serves the allocation hooks and gates every launch. The policy lives in Residency.
 #include <cinttypes>
 #include <cstdlib>
-#include <ctime>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "runtime.h"
 
@@ -19,9 +19,7 @@ std::string kernel_name(void* ctx, uint32_t kernel) {
 }  // namespace
 
 void Runtime::start_cap() {
-  timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  cap_started_ns_.store(int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec, std::memory_order_relaxed);
+  cap_started_ns_.store(mono_ns(), std::memory_order_relaxed);
   driver_.learn_context();
   const uint64_t total = driver_.device_total_bytes();
   const uint64_t budget = settings_.budget_bytes(total);

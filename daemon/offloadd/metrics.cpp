@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <sstream>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "offloadd/service.h"
 #include "offload/text.h"
@@ -23,11 +24,6 @@ constexpr size_t kMaxMetricsConns = 32;
 // A request is read up to its blank line, or this many bytes.
 constexpr size_t kMaxRequestBytes = 8192;
 
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1'000'000;
-}
 
 }  // namespace
 
@@ -42,7 +38,7 @@ void Service::accept_metrics() {
       close(fd);
       continue;
     }
-    metrics_conns_[fd].deadline_ms = now_ms() + opt_.metrics_deadline_ms;
+    metrics_conns_[fd].deadline_ms = mono_ms() + opt_.metrics_deadline_ms;
   }
 }
 

@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/clock.h"
 #include "common/files.h"
 #include "common/ipc.h"
 #include "common/log.h"
@@ -27,11 +28,6 @@
 namespace offload {
 namespace {
 
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1'000'000;
-}
 
 
 void prefault(unsigned char* p, uint64_t bytes) {
@@ -281,13 +277,13 @@ int Service::run() {
     for (auto& [fd, c] : conns_)
       fds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
     for (auto& [fd, m] : metrics_conns_) fds.push_back({fd, static_cast<short>(m.answered ? POLLOUT : POLLIN), 0});
-    int n = poll(fds.data(), fds.size(), poll_timeout_ms(now_ms()));
+    int n = poll(fds.data(), fds.size(), poll_timeout_ms(mono_ms()));
     if (n < 0 && errno != EINTR) {
       log().error("poll: {}", strerror(errno));
       return 1;
     }
     reap_dead();
-    expire_metrics(now_ms());
+    expire_metrics(mono_ms());
     if (n <= 0) continue;
     for (const pollfd& p : fds) {
       if (!p.revents) continue;
@@ -367,7 +363,7 @@ bool Service::refuse_for_descriptors(int listen_fd, bool framed) {
   }
   if (!spare_fd_.take()) refused = false;  // nothing in reserve: wait for the next round
   // Rate-limited: a flood of refusals must not flood the log too.
-  int64_t t = now_ms();
+  int64_t t = mono_ms();
   if (fd_refusals_ && t - fd_warned_ms_ >= 10'000) {
     log().warn("out of file descriptors: refused {} connection(s) since the last warning ({} open)", fd_refusals_,
                conns_.size() + metrics_conns_.size());
@@ -626,7 +622,7 @@ void Service::drop(int fd) {
 }
 
 void Service::reap_dead() {
-  int64_t t = now_ms();
+  int64_t t = mono_ms();
   if (t - last_reap_ms_ < 250) return;
   last_reap_ms_ = t;
   // Adopted clients have no connection to hang up: watch their processes instead.

@@ -1,20 +1,15 @@
 #include "residency/host_store.h"
 
 #include <sys/mman.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 
+#include "common/clock.h"
+
 namespace offload {
 namespace {
-
-int64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 constexpr uint64_t kSlotAlign = 4096;
 
@@ -75,10 +70,10 @@ void* HostStore::take(uint64_t bytes) {
     return nullptr;
   }
   auto* base = static_cast<unsigned char*>(m);
-  const int64_t t0 = now_ns();
+  const int64_t t0 = mono_ns();
   for (uint64_t off = 0; off < size; off += o_.pin_piece)
     if (!d_.pin_host(base + off, std::min(o_.pin_piece, size - off))) ++st_.pin_failures;
-  st_.pin_ns += now_ns() - t0;
+  st_.pin_ns += mono_ns() - t0;
   chunks_.push_back({base, size, bytes});
   st_.mapped += size;
   ++st_.chunks;

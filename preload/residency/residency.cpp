@@ -1,10 +1,8 @@
 #include "residency/residency.h"
 
 #include <algorithm>
-#include <bit>
 #include <cinttypes>
 #include <cstdio>
-#include <ctime>
 
 #include "common/log.h"
 
@@ -67,12 +65,6 @@ Residency::~Residency() {
     d_.destroy_event(p.event);
   }
   for (uint64_t e : spare_events_) d_.destroy_event(e);
-}
-
-uint64_t Residency::mono_now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
 }
 
 void Residency::wait_event(uint64_t e) {

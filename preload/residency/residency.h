@@ -52,6 +52,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/clock.h"
 #include "core/driver.h"
 #include "core/event_log.h"
 #include "core/executor.h"
@@ -334,7 +335,7 @@ class Residency final : public LaunchGate {
     explicit Busy(std::atomic<uint64_t>& s) : sum(s), t0(mono_now_ns()) {}
     ~Busy() { sum.fetch_add(mono_now_ns() - t0, std::memory_order_relaxed); }
   };
-  static uint64_t mono_now_ns();
+  static uint64_t mono_now_ns() { return static_cast<uint64_t>(mono_ns()); }
   void wait_event(uint64_t e);  // the host waits for `e`; counted
   std::atomic<bool> has_tables_{false};
 };
