@@ -32,12 +32,13 @@ uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_
 
 void Residency::release_spares_for(uint64_t need) {
   if (fits(need)) return;
-  // The spares `need` would map stay; the others go, the largest first.
-  pick_spares(need, &picks_);
+  // The spares `need` would map stay; the others go, the largest first. Releasing those leaves
+  // the pick, and so the bytes still to be made, as they are: only what is held changes.
+  const uint64_t fresh = need - pick_spares(need, &picks_);
   std::vector<std::multimap<uint64_t, Spare>::const_iterator> others;
   for (auto it = spares_.begin(); it != spares_.end(); ++it)
     if (std::find(picks_.begin(), picks_.end(), it) == picks_.end()) others.push_back(it);
-  for (auto k = others.rbegin(); k != others.rend() && !fits(need); ++k) {
+  for (auto k = others.rbegin(); k != others.rend() && held_ + pool_share_ + fresh > limit(); ++k) {
     const uint64_t bytes = (*k)->first, h = (*k)->second.handle;
     settle_given(h);  // a range it was given from, still copying out, unmaps it first
     const uint64_t t0 = mono_now_ns();
@@ -62,10 +63,7 @@ void Residency::unmap_pieces(const Range& r) {
 }
 
 void Residency::spare_pieces(Range& r) {
-  for (const Piece& p : r.pieces) {
-    spares_.emplace(p.bytes, Spare{p.handle, 0});
-    spare_bytes_ += p.bytes;
-  }
+  add_spares(r.pieces, 0);
   r.pieces.clear();
 }
 
@@ -80,10 +78,7 @@ bool Residency::give_copies(uint64_t need) {
     if (!useful) continue;
     r.given = true;
     out_bytes_ -= r.bytes;  // no longer coming back to us: the taker counts it
-    for (const Piece& p : r.pieces) {
-      spares_.emplace(p.bytes, Spare{p.handle, r.copy_event});
-      spare_bytes_ += p.bytes;
-    }
+    add_spares(r.pieces, r.copy_event);
     ++st_.handovers;
   }
   return fits(need);
@@ -107,10 +102,7 @@ void Residency::let_go_freed(uint32_t slot) {
   // maps one meanwhile has its stream wait for the free's event (which covers every stream that
   // touched the range: free() made the freeing stream wait for them).
   ++st_.freed_given;
-  for (const Piece& p : r.pieces) {
-    spares_.emplace(p.bytes, Spare{p.handle, r.free_event});
-    spare_bytes_ += p.bytes;
-  }
+  add_spares(r.pieces, r.free_event);
   r.given = true;
   by_va_.erase(r.va);
   retiring_.push_back(slot);
@@ -130,17 +122,19 @@ void Residency::retire_done(uint32_t slot) {
 }
 
 void Residency::settle_given(uint64_t handle) {
+  auto maps = [&](uint32_t slot) {
+    const std::vector<Piece>& ps = slots_[slot].pieces;
+    return std::any_of(ps.begin(), ps.end(), [&](const Piece& p) { return p.handle == handle; });
+  };
   for (size_t i = 0; i < retiring_.size();) {
-    const Range& r = slots_[retiring_[i]];
-    if (std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.handle == handle; }))
+    if (maps(retiring_[i]))
       retire_done(retiring_[i]);  // erases it
     else
       ++i;
   }
   // Every range still copying out that maps it (a handle given on, mapped, and given again).
   for (size_t i = 0; i < copying_out_.size();) {
-    const Range& r = slots_[copying_out_[i]];
-    if (r.given && std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.handle == handle; }))
+    if (slots_[copying_out_[i]].given && maps(copying_out_[i]))
       finish_evict(copying_out_[i]);  // erases it
     else
       ++i;
@@ -168,10 +162,7 @@ bool Residency::back_range(Range& r, Stream s, std::string* why) {
   got.clear();
   std::vector<uint64_t> events;  // of the spares taken: given back with them if mapping fails
   auto give_back = [&] {
-    for (size_t i = 0; i < got.size(); ++i) {
-      spares_.emplace(got[i].bytes, Spare{got[i].handle, i < events.size() ? events[i] : 0});
-      spare_bytes_ += got[i].bytes;
-    }
+    for (size_t i = 0; i < got.size(); ++i) add_spare(got[i].bytes, got[i].handle, i < events.size() ? events[i] : 0);
     got.clear();
   };
   // Spares first (pick_spares); one still being copied out of makes `s` wait for that copy.

@@ -272,6 +272,14 @@ class Residency final : public LaunchGate {
   uint64_t spare_cover(uint64_t need) const { return pick_spares(need, &picks_); }
   void release_spares_for(uint64_t need);  // spares that cannot back `need` go until it fits
   void unmap_pieces(const Range& r);
+  // Handles become spares; `event`: work that still uses them, which whoever maps one waits for.
+  void add_spare(uint64_t bytes, uint64_t handle, uint64_t event) {
+    spares_.emplace(bytes, Spare{handle, event});
+    spare_bytes_ += bytes;
+  }
+  void add_spares(const std::vector<Piece>& pieces, uint64_t event) {
+    for (const Piece& p : pieces) add_spare(p.bytes, p.handle, event);
+  }
   void spare_pieces(Range& r);  // its handles (unmapped) become spares
   void reap_copies();  // copies out known complete: their handles become spares
   void refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, const std::string& why);
