@@ -587,8 +587,7 @@ void Executor::ensure_resident(uint32_t i, Stream s, bool demand) {
     case State::Resident:
       break;
   }
-  if (a.h2d_pending && opt_.fault != Options::Fault::SkipReloadWait) driver_.stream_wait(s, a.ev_h2d);
-  add_stream(a, s);
+  used_on(a, s);
 }
 
 }  // namespace offload

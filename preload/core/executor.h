@@ -308,6 +308,11 @@ class Executor final : public LaunchGate {
   template <class T> bool copy(T& a, bool to_host, Stream s);  // in pieces that respect the pinned chunks
   template <class T> bool record_all(T& a);  // one event per listed stream
   template <class T> bool all_done(T& a);
+  // An arena or weight whose reload was just queued on the prefetch stream: reloading, used by
+  // that stream alone so far.
+  template <class T> void reload_queued(T& a);
+  // Work about to be queued on `s` uses `a`: it follows a's reload, and `s` is one of a's streams.
+  template <class T> void used_on(T& a, Stream s);
   // Weights. install_weights: lends the plan's weights from the pool (keeping those lent
   // already); give_back_weights: every resident one goes back (false if one is not resident).
   bool install_weights(std::string* why);

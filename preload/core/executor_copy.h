@@ -40,6 +40,21 @@ bool Executor::record_all(T& a) {
 }
 
 template <class T>
+void Executor::reload_queued(T& a) {
+  a.h2d_pending = true;
+  a.nstreams = 0;
+  a.overflow = false;
+  add_stream(a, prefetch_stream_);
+  a.state = State::Reloading;
+}
+
+template <class T>
+void Executor::used_on(T& a, Stream s) {
+  if (a.h2d_pending && opt_.fault != Options::Fault::SkipReloadWait) driver_.stream_wait(s, a.ev_h2d);
+  add_stream(a, s);
+}
+
+template <class T>
 bool Executor::all_done(T& a) {
   for (int i = 0; i < a.nstreams; ++i)
     if (driver_.event_query(a.events[i]) == 0) return false;

@@ -55,11 +55,7 @@ bool Executor::reload(uint32_t i) {
     std::abort();
   }
   a.handle = h;
-  a.h2d_pending = true;
-  a.nstreams = 0;
-  a.overflow = false;
-  add_stream(a, prefetch_stream_);
-  a.state = State::Reloading;
+  reload_queued(a);
   mark_busy(i);
   ++st_.reloads;
   st_.bytes_in += a.used;

@@ -545,11 +545,7 @@ bool Executor::reload_weight(uint32_t i, bool demand) {
     log().critical("cannot reload an evicted weight of {} MiB (the driver refused the copy): aborting", w.size >> 20);
     std::abort();
   }
-  w.h2d_pending = true;
-  w.nstreams = 0;
-  w.overflow = false;
-  add_stream(w, prefetch_stream_);
-  w.state = State::Reloading;
+  reload_queued(w);
   mark_weight_busy(i);
   ++st_.weight_reloads;
   st_.weight_bytes_in += w.used;
@@ -584,8 +580,7 @@ void Executor::ensure_weight(uint32_t i, Stream s, bool demand) {
     default:
       return;  // given back
   }
-  if (w.h2d_pending && opt_.fault != Options::Fault::SkipReloadWait) driver_.stream_wait(s, w.ev_h2d);
-  add_stream(w, s);
+  used_on(w, s);
 }
 
 }  // namespace offload
