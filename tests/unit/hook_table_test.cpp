@@ -845,8 +845,6 @@ TEST_F(Hooks, AnUnknownSettingIsNamedWhenCudaIsUsed) {
   unsetenv("OFFLOAD_TELEMETRY");
 }
 
-// However the process ends while the worker runs, after hooks were in use, it ends with its own
-// status: no std::terminate from a thread left joinable (that would be SIGABRT), no hang.
 // A bad setting is said in one line, once, and only when the process uses CUDA: every child
 // that merely inherits LD_PRELOAD (a shell, a compiler, a data-loader worker) stays silent.
 TEST_F(Hooks, ABadSettingIsSaidOnceInOneLineWhenCudaIsUsed) {
@@ -866,6 +864,8 @@ TEST_F(Hooks, ABadSettingIsSaidOnceInOneLineWhenCudaIsUsed) {
   unsetenv("OFFLOAD_DEVICE_BUDGET");
 }
 
+// However the process ends while the worker runs, after hooks were in use, it ends with its own
+// status: no std::terminate from a thread left joinable (that would be SIGABRT), no hang.
 TEST_F(Hooks, ExitPathsEndWithTheirOwnStatusWhileTheWorkerRuns) {
   // Each child runs this test alone in a fresh process: a forked copy of this one would be a
   // pass-through child, with no runtime to end.

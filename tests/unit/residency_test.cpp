@@ -423,27 +423,38 @@ TEST(Residency, RandomProgramsMatchTheUncappedRunBytewise) {
   EXPECT_GT(handovers, 0u);  // handles taken from ranges still copying out
 }
 
+// Steps of 40 launches on a budget of three granules: `y` (two granules) at the first, `x` at
+// the 26th, `z` at every fifth place between, and launches touching none of our ranges at the
+// others. x is on the host at the start (y pushed it out).
+struct FortyLaunchSteps {
+  CapRig r{3 * kGran};
+  DevPtr x = 0, y = 0, z = 0;
+  uint64_t sink = 0;
+  FortyLaunchSteps() {
+    x = r.alloc(kGran, kA), z = r.alloc(kGran, kA);
+    r.kernel(kA, {x}, fill(x, kGran, 1));
+    r.kernel(kA, {z}, fill(z, kGran, 3));
+    y = r.alloc(2 * kGran, kA);  // x goes out
+    r.kernel(kA, {y}, fill(y, 2 * kGran, 2));
+    r.res.set_period(40);
+  }
+  void launch(uint64_t i) {
+    if (i == 0) r.kernel(kA, {y}, [this] { sink += words(y)[0]; });
+    else if (i == 25) r.kernel(kA, {x}, [this] { sink += words(x)[0]; });
+    else if (i % 5 == 0) r.kernel(kA, {z}, [this] { sink += words(z)[0]; });
+    else r.kernel(kA, {}, [] {});
+    if (i % 5 == 4) r.sim.run_all();  // the GPU catches up: copies complete
+  }
+};
+
 // A range reloaded on demand is prefetched in the next step from a place before its use, even
 // when the launch at that place touches none of our ranges (small kernels): the first launch
-// after it that does looks at every place it skipped. Steps of 40 launches: `y` (two granules)
-// at the first, `x` at the 26th, `z` at every fifth place between; the budget holds three.
+// after it that does looks at every place it skipped.
 TEST(Residency, PrefetchesFromPlacesThatLaunchesWithoutRangesPass) {
-  CapRig r(3 * kGran);
-  const DevPtr x = r.alloc(kGran, kA), z = r.alloc(kGran, kA);
-  r.kernel(kA, {x}, fill(x, kGran, 1));
-  r.kernel(kA, {z}, fill(z, kGran, 3));
-  const DevPtr y = r.alloc(2 * kGran, kA);  // x goes out
-  r.kernel(kA, {y}, fill(y, 2 * kGran, 2));
-  r.res.set_period(40);
-  uint64_t sink = 0;
+  FortyLaunchSteps t;
+  CapRig& r = t.r;
   for (int step = 0; step < 4; ++step)
-    for (uint64_t i = 0; i < 40; ++i) {
-      if (i == 0) r.kernel(kA, {y}, [&] { sink += words(y)[0]; });
-      else if (i == 25) r.kernel(kA, {x}, [&] { sink += words(x)[0]; });
-      else if (i % 5 == 0) r.kernel(kA, {z}, [&] { sink += words(z)[0]; });
-      else r.kernel(kA, {}, [] {});
-      if (i % 5 == 4) r.sim.run_all();  // the GPU catches up: copies complete
-    }
+    for (uint64_t i = 0; i < 40; ++i) t.launch(i);
   r.sim.run_all();
   const Residency::Stats s = r.res.stats();
   EXPECT_GT(s.prefetches, 0u) << "reloads " << s.reloads << " no room " << s.prefetch_no_room << " ahead " << s.ahead;
@@ -454,36 +465,22 @@ TEST(Residency, PrefetchesFromPlacesThatLaunchesWithoutRangesPass) {
 // A prefetched range that goes out again before its use means the lead brought it in too soon
 // for the room: the lead shortens by a quarter (it only doubles when a prefetch is late).
 TEST(Residency, APrefetchEvictedUnusedShortensTheLead) {
-  CapRig r(3 * kGran);
-  const DevPtr x = r.alloc(kGran, kA), z = r.alloc(kGran, kA);
-  r.kernel(kA, {x}, fill(x, kGran, 1));
-  r.kernel(kA, {z}, fill(z, kGran, 3));
-  const DevPtr y = r.alloc(2 * kGran, kA);  // x goes out
-  r.kernel(kA, {y}, fill(y, 2 * kGran, 2));
-  r.res.set_period(40);
-  uint64_t sink = 0;
-  Residency::Stats before{};
-  for (int step = 0; step < 5; ++step)
-    for (uint64_t i = 0; i < 40; ++i) {
-      if (step == 4 && i == 22) {
-        before = r.res.stats();
-        ASSERT_TRUE(before.prefetch_lead > 8 && r.res.state_of(x) != Residency::State::OnHost)
-            << "x is prefetched ahead of its use at 25 (lead " << before.prefetch_lead << ")";
-        const DevPtr w = r.alloc(3 * kGran, kA);  // the whole budget: x goes out unused
-        ASSERT_NE(w, 0u) << r.res.error();
-        r.free(w, kA);
-      }
-      if (i == 0) r.kernel(kA, {y}, [&] { sink += words(y)[0]; });
-      else if (i == 25) r.kernel(kA, {x}, [&] { sink += words(x)[0]; });
-      else if (i % 5 == 0) r.kernel(kA, {z}, [&] { sink += words(z)[0]; });
-      else r.kernel(kA, {}, [] {});
-      if (i % 5 == 4) r.sim.run_all();
-      if (step == 4 && i == 22) {
-        const Residency::Stats after = r.res.stats();
-        EXPECT_EQ(after.prefetch_wasted, before.prefetch_wasted + 1);
-        EXPECT_EQ(after.prefetch_lead, before.prefetch_lead - before.prefetch_lead / 4);
-      }
-    }
+  FortyLaunchSteps t;
+  CapRig& r = t.r;
+  for (int step = 0; step < 4; ++step)
+    for (uint64_t i = 0; i < 40; ++i) t.launch(i);
+  for (uint64_t i = 0; i < 22; ++i) t.launch(i);
+  const Residency::Stats before = r.res.stats();
+  ASSERT_TRUE(before.prefetch_lead > 8 && r.res.state_of(t.x) != Residency::State::OnHost)
+      << "x is prefetched ahead of its use at 25 (lead " << before.prefetch_lead << ")";
+  const DevPtr w = r.alloc(3 * kGran, kA);  // the whole budget: x goes out unused
+  ASSERT_NE(w, 0u) << r.res.error();
+  r.free(w, kA);
+  t.launch(22);
+  const Residency::Stats after = r.res.stats();
+  EXPECT_EQ(after.prefetch_wasted, before.prefetch_wasted + 1);
+  EXPECT_EQ(after.prefetch_lead, before.prefetch_lead - before.prefetch_lead / 4);
+  for (uint64_t i = 23; i < 40; ++i) t.launch(i);
   r.sim.run_all();
   EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
 }
