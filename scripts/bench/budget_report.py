@@ -25,22 +25,30 @@ def steady(ms):
     return statistics.median(tail) if tail else float("nan")
 
 
-def moved_per_step(r):
-    """(bytes out, bytes in) per steady step from the residency counters, or None."""
+def steady_counters(r):
+    """The residency counters at the start of the steady steps and at the end, and the steady
+    steps between them; None without them."""
     a, b = r.get("offload_at_3"), r.get("offload")
     n = len(r["step_ms"]) - 3
-    if not a or not b or n <= 0:
+    return (a, b, n) if a and b and n > 0 else None
+
+
+def moved_per_step(r):
+    """(bytes out, bytes in) per steady step from the residency counters, or None."""
+    c = steady_counters(r)
+    if not c:
         return None
+    a, b, n = c
     into = (b["bytes_in"] + b.get("prefetch_bytes", 0)) - (a["bytes_in"] + a.get("prefetch_bytes", 0))
     return (b["bytes_out"] - a["bytes_out"]) / n, into / n  # reloads on demand and prefetches
 
 
 def handles_per_step(r):
     """Physical handles made and dropped per steady step (the residency counters), or "-"."""
-    a, b = r.get("offload_at_3"), r.get("offload")
-    n = len(r["step_ms"]) - 3
-    if not a or not b or n <= 0 or "created" not in b:
+    c = steady_counters(r)
+    if not c or "created" not in c[1]:
         return "-"
+    a, b, n = c
     return f"{(b['created'] - a['created']) / n:.0f} / {(b['released'] - a['released']) / n:.0f}"
 
 
