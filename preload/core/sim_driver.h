@@ -81,6 +81,12 @@ class SimDriver final : public Driver {
   uint64_t create_physical(uint64_t bytes) override;
   void release_physical(uint64_t handle) override;
   bool map(DevPtr va, uint64_t bytes, uint64_t handle) override;
+  bool map_run(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) override {
+    if (on_map_run) on_map_run(sizes, n);
+    return Driver::map_run(va, handles, sizes, n);
+  }
+  // Sees the handle sizes of every run mapped (tests: how many pieces back a range).
+  std::function<void(const uint64_t* sizes, size_t n)> on_map_run;
   bool unmap(DevPtr va, uint64_t bytes) override;
 
   // 0 (the driver cannot tell) or a multiple of the page size; default 64 KiB. Aborts

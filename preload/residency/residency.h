@@ -4,8 +4,9 @@
 // from birth, on a virtual range of its own backed by physical handles mapped one after
 // another: handles of `piece_max` bytes and one for the rest, so that the handles one range
 // gives back back the next range of any size without a driver allocation (the device cannot
-// map part of a handle, and creating and releasing one costs 0.1-0.6 ms on the H200), while a
-// range needs few mappings (each costs about the same whatever its size). Each live range is
+// map part of a handle), while a range needs few mappings: each costs about the same whatever
+// its size, and is paid every time the range comes back, so a range maps at most one piece
+// more than the fewest that back it. Each live range is
 // in one of four states:
 //
 //        alloc ──► RESIDENT ──evict──► COPYING_OUT ──copy done, unmapped──► ON_HOST
@@ -266,8 +267,8 @@ class Residency final : public LaunchGate {
   void prefetch_due(uint64_t launch_no);  // reloads ranges whose predicted use is within the lead
   bool room_without_waiting(uint64_t need);
   bool fits(uint64_t need) const;  // the handover, spares that tile it, and room under the limit
-  // The spares a range of `need` bytes maps (cleared first), the largest that fit first; their
-  // bytes.
+  // The spares a range of `need` bytes maps (cleared first), the largest that fit first, in at
+  // most one piece more than the fewest that back it; their bytes.
   uint64_t pick_spares(uint64_t need, std::vector<std::multimap<uint64_t, Spare>::const_iterator>* out) const;
   uint64_t spare_cover(uint64_t need) const { return pick_spares(need, &picks_); }
   void release_spares_for(uint64_t need);  // spares that cannot back `need` go until it fits

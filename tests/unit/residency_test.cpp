@@ -349,21 +349,37 @@ struct Outcome {
   std::vector<uint64_t> hashes;
   uint64_t evictions = 0, reloads = 0, peak = 0, misuses = 0, prefetches = 0, abandoned = 0, handovers = 0;
   uint64_t late_demand = 0, late_prefetches = 0, late_hits = 0;  // in the last three steps
+  uint64_t runs_over = 0;  // ranges mapped in more pieces than the fewest that back them, plus one
+  uint64_t created = 0, maps = 0;
 };
 
-Outcome random_program(uint64_t seed, uint64_t budget) {
-  CapRig r(budget);
+struct Shape {
+  uint64_t piece_max = Residency::Options{}.piece_max;
+  uint64_t most_grans = 3;  // ranges of 1 to this many granules
+};
+
+Outcome random_program(uint64_t seed, uint64_t budget, Shape shape = {}) {
+  Outcome o;
+  Residency::Options opt = CapRig::options(budget, Residency::Options::Fault::None);
+  opt.piece_max = shape.piece_max;
+  CapRig r(opt);
+  // Every range maps at most one piece more than the fewest that back it (whole pieces, a tail).
+  const uint64_t top = std::max(shape.piece_max, kGran);
+  r.sim.on_map_run = [&](const uint64_t* sizes, size_t n) {
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) bytes += sizes[i];
+    if (n > (bytes + top - 1) / top + 1) ++o.runs_over;
+  };
   std::mt19937_64 prog(seed), gpu(seed * 7 + 1);
   std::vector<std::pair<DevPtr, uint64_t>> live;
   Stream last = kA;
-  Outcome o;
   for (int step = 0; step < 300; ++step) {
     const int what = std::uniform_int_distribution<int>(0, 9)(prog);
     const Stream s = std::bernoulli_distribution(0.3)(prog) ? kB : kA;
     if (s != last) r.join(last, s);
     last = s;
     if (live.size() < 3 || what == 0) {
-      const uint64_t bytes = kGran * std::uniform_int_distribution<uint64_t>(1, 3)(prog);
+      const uint64_t bytes = kGran * std::uniform_int_distribution<uint64_t>(1, shape.most_grans)(prog);
       const DevPtr p = r.alloc(bytes, s);
       if (!p) {
         ADD_FAILURE() << r.res.error();
@@ -399,6 +415,8 @@ Outcome random_program(uint64_t seed, uint64_t budget) {
   o.reloads = s.reloads;
   o.abandoned = s.abandoned;
   o.handovers = s.handovers;
+  o.created = s.created;
+  o.maps = s.maps;
   o.peak = r.sim.vmm_stats().physical_peak;
   o.misuses = r.sim.vmm_stats().misuses;
   return o;
@@ -421,6 +439,23 @@ TEST(Residency, RandomProgramsMatchTheUncappedRunBytewise) {
   }
   EXPECT_GT(abandoned, 0u);  // ranges evicted ahead and touched again before their copy ended
   EXPECT_GT(handovers, 0u);  // handles taken from ranges still copying out
+}
+
+// The same with ranges of one to seven granules backed by pieces of two: spares of every size
+// tile the ranges, each in at most one piece more than the fewest (a mapping and an unmapping
+// each time the range comes back cost more than making the handle once).
+TEST(Residency, RandomProgramsInPiecesMapFewPiecesAndMatchBytewise) {
+  const Shape pieces{2 * kGran, 7};
+  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+    const uint64_t budget = 24 * kGran;
+    const Outcome capped = random_program(seed, budget, pieces);
+    const Outcome free_run = random_program(seed, 1ull << 30, pieces);
+    EXPECT_GT(capped.evictions, 0u) << "seed " << seed;
+    EXPECT_LE(capped.peak, budget) << "seed " << seed;
+    EXPECT_EQ(capped.misuses, 0u) << "seed " << seed;
+    EXPECT_EQ(capped.runs_over, 0u) << "seed " << seed;
+    EXPECT_EQ(capped.hashes, free_run.hashes) << "seed " << seed;
+  }
 }
 
 // Steps of 40 launches on a budget of three granules: `y` (two granules) at the first, `x` at
@@ -692,9 +727,9 @@ TEST(Residency, ARangeCopyingOutGivesItsHandlesWithoutTheHostWaiting) {
   EXPECT_GT(corrupted, 0) << "without the stream's wait, some order of the GPU's work corrupts x";
 }
 
-// A range is backed by the spares that tile it, whatever their sizes, before any handle is made:
-// making a handle costs the driver about ten mappings.
-TEST(Residency, ARangeIsTiledFromSparesBeforeAHandleIsMade) {
+// A range is backed by the spares that tile it, whatever their sizes, in at most one piece more
+// than the fewest that back it: the rest is one handle made new.
+TEST(Residency, ARangeIsTiledFromSparesInFewPieces) {
   Residency::Options o = CapRig::options(8 * kGran, Residency::Options::Fault::None);
   o.piece_max = 2 * kGran;
   CapRig r(o);
@@ -702,11 +737,16 @@ TEST(Residency, ARangeIsTiledFromSparesBeforeAHandleIsMade) {
   for (int i = 0; i < 8; ++i) small.push_back(r.alloc(kGran, kA));
   for (DevPtr p : small) r.free(p, kA);
   r.sim.run_all();
-  const Residency::Stats before = r.res.stats();
-  const DevPtr big = r.alloc(5 * kGran, kA);
-  ASSERT_NE(big, 0u) << r.res.error();
+  Residency::Stats before = r.res.stats();
+  const DevPtr two = r.alloc(2 * kGran, kA);  // two spares: the fewest (one) plus one
+  ASSERT_NE(two, 0u) << r.res.error();
   EXPECT_EQ(r.res.stats().created, before.created);
-  EXPECT_EQ(r.res.stats().maps - before.maps, 5u);
+  EXPECT_EQ(r.res.stats().maps - before.maps, 2u);
+  before = r.res.stats();
+  const DevPtr big = r.alloc(5 * kGran, kA);  // three spares and a new handle of two granules
+  ASSERT_NE(big, 0u) << r.res.error();
+  EXPECT_EQ(r.res.stats().created - before.created, 1u);
+  EXPECT_EQ(r.res.stats().maps - before.maps, 4u);
   ASSERT_TRUE(r.kernel(kA, {big}, fill(big, 5 * kGran, 9)));
   uint64_t got = 0;
   ASSERT_TRUE(r.kernel(kA, {big}, [&] { got = hash(big, 5 * kGran); }));
