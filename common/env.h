@@ -49,6 +49,9 @@ struct Settings {
   uint64_t cap_min = 0;     // OFFLOAD_CAP_MIN: 0 = the VMM granularity (2 MiB on the H200)
   // OFFLOAD_CAP_PIECE: the largest physical handle a range is backed by; 0 = one per range.
   uint64_t cap_piece = 64ull << 20;
+  // OFFLOAD_CAP_EXTRA_PIECES: how many pieces more than the fewest that back it a range may map
+  // from spare handles before the rest is a handle made new.
+  uint64_t cap_extra_pieces = 1;
   uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // The budget in bytes on a device of `total` bytes (0: none).

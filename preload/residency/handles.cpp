@@ -20,12 +20,12 @@ uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_
     return out->empty() ? 0 : need;
   }
   // The largest that fit first, but no more pieces than the fewest that back `need` (whole
-  // pieces and one tail) plus one: the rest is made new. Each piece costs a mapping and an
+  // pieces and one tail) plus extra_pieces: the rest is made new. Each piece costs a mapping and an
   // unmapping every time the range comes back (about 0.12 ms together on the H200), while a
   // handle is made once, for about 0.02 ms a MiB (docs/results.md, "Where the time goes").
   const uint64_t top = std::max(o_.piece_max, gran_);
   auto fewest = [top](uint64_t bytes) { return (bytes + top - 1) / top; };
-  const uint64_t most = fewest(need) + 1;
+  const uint64_t most = fewest(need) + o_.extra_pieces;
   uint64_t left = need;
   for (auto it = std::make_reverse_iterator(spares_.upper_bound(need)); it != spares_.rend() && left; ++it) {
     if (it->first > left) continue;
@@ -38,13 +38,15 @@ uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_
 
 void Residency::release_spares_for(uint64_t need) {
   if (fits(need)) return;
-  // The spares `need` would map stay; the others go, the largest first. Releasing those leaves
-  // the pick, and so the bytes still to be made, as they are: only what is held changes.
+  // The spares `need` would map stay; the others go, the smallest first: those are what the cap
+  // on pieces leaves out, while a larger one backs a later range whole (releasing the largest
+  // first made and dropped about 400 handles of 64 MiB a Llama step, at 0.85 ms each to make:
+  // docs/results.md). Releasing leaves the pick, and so the bytes still to be made, as they are.
   const uint64_t fresh = need - pick_spares(need, &picks_);
   std::vector<std::multimap<uint64_t, Spare>::const_iterator> others;
   for (auto it = spares_.begin(); it != spares_.end(); ++it)
     if (std::find(picks_.begin(), picks_.end(), it) == picks_.end()) others.push_back(it);
-  for (auto k = others.rbegin(); k != others.rend() && held_ + pool_share_ + fresh > limit(); ++k) {
+  for (auto k = others.begin(); k != others.end() && held_ + pool_share_ + fresh > limit(); ++k) {
     const uint64_t bytes = (*k)->first, h = (*k)->second.handle;
     settle_given(h);  // a range it was given from, still copying out, unmaps it first
     const uint64_t t0 = mono_now_ns();

@@ -109,12 +109,17 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
 
 void Residency::refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, const std::string& why) {
   const std::string name = namer_ ? namer_(namer_ctx_, kernel) : std::string("kernel ") + std::to_string(kernel);
-  char buf[512];
+  // What else the budget holds: the pool's share, and memory grown outside the allocator.
+  char other[160];
+  const int len = std::snprintf(other, sizeof other, "%.2f GiB set aside for the allocator's pool", pool_share_ / kGiB);
+  if (outside_ + o_.headroom)
+    std::snprintf(other + len, sizeof other - len, ", %.2f GiB used outside the allocator (libraries, kernels)",
+                  (outside_ + o_.headroom) / kGiB);
+  char buf[640];
   std::snprintf(buf, sizeof buf,
-                "%s touches %.2f GiB in %zu ranges, which the device budget of %.2f GiB cannot hold at once (%.2f "
-                "GiB set aside for the allocator's pool)%s%s: the launch is refused with out-of-memory",
-                name.c_str(), bytes / kGiB, ranges, o_.budget / kGiB, pool_share_ / kGiB, why.empty() ? "" : "; ",
-                why.c_str());
+                "%s touches %.2f GiB in %zu ranges, which the device budget of %.2f GiB cannot hold at once (%s)%s%s: "
+                "the launch is refused with out-of-memory",
+                name.c_str(), bytes / kGiB, ranges, o_.budget / kGiB, other, why.empty() ? "" : "; ", why.c_str());
   error_ = buf;
   if (st_.refused_launches++ == 0) log().error("{}", error_);
   tl_refused = true;

@@ -91,6 +91,9 @@ class Residency final : public LaunchGate {
     // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
     // backs only a range of its size.
     uint64_t piece_max = 64ull << 20;
+    // Pieces more than the fewest that back it (whole pieces and one tail) a range may map from
+    // spares: each costs a mapping and an unmapping every time the range comes back.
+    uint64_t extra_pieces = 1;
     enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };

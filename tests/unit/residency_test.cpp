@@ -304,6 +304,12 @@ TEST(Residency, MemoryGrownOutsideTheAllocatorComesOffTheBudget) {
   EXPECT_LE(s.held + s.pool_share, 4 * kGran);
   EXPECT_GE(s.evictions, 1u);
   EXPECT_LE(r.sim.device_used_bytes() - 10 * kGran, 6 * kGran);
+  // Four more leave room for two granules: a launch touching three is refused, and the error
+  // says where the rest of the budget went.
+  r.sim.set_outside(14 * kGran);
+  r.res.poll();
+  EXPECT_FALSE(r.kernel(kA, {t[0], t[1], t[2]}, [] {}));
+  EXPECT_NE(r.res.error().find("used outside the allocator"), std::string::npos) << r.res.error();
 }
 
 // With the step's length known, the victim is the range used furthest in the future, not the
@@ -635,11 +641,13 @@ struct Turns {
   uint64_t late_created = 0, late_released = 0;
   bool intact = true;
 };
-Turns pairs_taking_turns(uint64_t piece_max) {
-  Residency::Options o = CapRig::options(10 * kGran, Residency::Options::Fault::None);
+Turns pairs_taking_turns(uint64_t piece_max, const uint64_t (&grans)[4] = {4, 6, 2, 8}) {
+  uint64_t size[4];
+  for (int i = 0; i < 4; ++i) size[i] = grans[i] * kGran;
+  const uint64_t budget = std::max(size[0] + size[1], size[2] + size[3]);
+  Residency::Options o = CapRig::options(budget, Residency::Options::Fault::None);
   o.piece_max = piece_max;
   CapRig r(o);
-  const uint64_t size[4] = {4 * kGran, 6 * kGran, 2 * kGran, 8 * kGran};
   DevPtr p[4];
   for (int i = 0; i < 4; ++i) {
     p[i] = r.alloc(size[i], kA);
@@ -663,7 +671,7 @@ Turns pairs_taking_turns(uint64_t piece_max) {
   }
   t.late_created = r.res.stats().created - early.created;
   t.late_released = r.res.stats().released - early.released;
-  EXPECT_LE(r.sim.vmm_stats().physical_peak, 10 * kGran);
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, budget);
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
   return t;
 }
@@ -677,6 +685,13 @@ TEST(Residency, HandlesGivenBackBackRangesOfAnySize) {
   EXPECT_TRUE(whole.intact);
   EXPECT_EQ(whole.late_created, 12u);  // two a turn, six turns
   EXPECT_EQ(whole.late_released, 12u);
+  // Sizes that are not multiples of the piece: a range of seven granules leaves a tail of three
+  // that the other pair (six and six) cannot use within the cap on pieces; it goes before a whole
+  // piece does, and once the handles fit both pairs none is made or dropped.
+  const Turns tails = pairs_taking_turns(4 * kGran, {7, 5, 6, 6});
+  EXPECT_TRUE(tails.intact);
+  EXPECT_EQ(tails.late_created, 0u);
+  EXPECT_EQ(tails.late_released, 0u);
 }
 
 // A range copying out gives its handles to an allocation of another size: the host does not
