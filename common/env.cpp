@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <string_view>
 
 namespace offload {
 
@@ -140,7 +141,9 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
   if (const char* v = get("OFFLOAD_CAP_EXTRA_PIECES"); v && *v) {
     char* end = nullptr;
     const unsigned long long n = std::strtoull(v, &end, 10);
-    if (*v == '-' || end == v || *end || n > 1024) bad("OFFLOAD_CAP_EXTRA_PIECES", v, "a count from 0 to 1024 (e.g. 1)");
+    if (std::string_view(v) == "any") st.cap_extra_pieces = Settings::kAnyPieces;
+    else if (*v == '-' || end == v || *end || n > 1024)
+      bad("OFFLOAD_CAP_EXTRA_PIECES", v, "a count from 0 to 1024, or any");
     else st.cap_extra_pieces = n;
   }
   if (const char* v = get("OFFLOAD_HOST_LIMIT"); v && *v) {

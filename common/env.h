@@ -50,8 +50,11 @@ struct Settings {
   // OFFLOAD_CAP_PIECE: the largest physical handle a range is backed by; 0 = one per range.
   uint64_t cap_piece = 64ull << 20;
   // OFFLOAD_CAP_EXTRA_PIECES: how many pieces more than the fewest that back it a range may map
-  // from spare handles before the rest is a handle made new.
-  uint64_t cap_extra_pieces = 1;
+  // from spare handles before the rest is made new; "any" (the default): no limit. On the H200
+  // a limit of one made and dropped about 400 handles of 64 MiB a Llama step, which cost more
+  // than the mappings it saved (docs/results.md).
+  static constexpr uint64_t kAnyPieces = 1ull << 20;
+  uint64_t cap_extra_pieces = kAnyPieces;
   uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // The budget in bytes on a device of `total` bytes (0: none).

@@ -165,7 +165,8 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_piece, 64ull << 20);
   EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "3").cap_extra_pieces, 3u);
   EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "0").cap_extra_pieces, 0u);
-  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_extra_pieces, 1u);
+  EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "any").cap_extra_pieces, Settings::kAnyPieces);
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_extra_pieces, Settings::kAnyPieces);
 }
 
 TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {

@@ -5,6 +5,7 @@
 
 #include <sys/wait.h>
 
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -355,26 +356,34 @@ struct Outcome {
   std::vector<uint64_t> hashes;
   uint64_t evictions = 0, reloads = 0, peak = 0, misuses = 0, prefetches = 0, abandoned = 0, handovers = 0;
   uint64_t late_demand = 0, late_prefetches = 0, late_hits = 0;  // in the last three steps
-  uint64_t runs_over = 0;  // ranges mapped in more pieces than the fewest that back them, plus one
+  uint64_t runs_over = 0;  // ranges mapped in more pieces than the fewest that back them, plus the extra
+  uint64_t odd_sizes = 0;  // handles mapped of neither the piece's size nor a power of two granules
   uint64_t created = 0, maps = 0;
 };
 
 struct Shape {
   uint64_t piece_max = Residency::Options{}.piece_max;
   uint64_t most_grans = 3;  // ranges of 1 to this many granules
+  uint64_t extra_pieces = Residency::Options{}.extra_pieces;
 };
 
 Outcome random_program(uint64_t seed, uint64_t budget, Shape shape = {}) {
   Outcome o;
   Residency::Options opt = CapRig::options(budget, Residency::Options::Fault::None);
   opt.piece_max = shape.piece_max;
+  opt.extra_pieces = shape.extra_pieces;
   CapRig r(opt);
-  // Every range maps at most one piece more than the fewest that back it (whole pieces, a tail).
+  // Pieces beyond the fewest that back each range (whole pieces, a tail), and handles of sizes
+  // other than the piece or a power of two granules.
   const uint64_t top = std::max(shape.piece_max, kGran);
   r.sim.on_map_run = [&](const uint64_t* sizes, size_t n) {
     uint64_t bytes = 0;
-    for (size_t i = 0; i < n; ++i) bytes += sizes[i];
-    if (n > (bytes + top - 1) / top + 1) ++o.runs_over;
+    for (size_t i = 0; i < n; ++i) {
+      bytes += sizes[i];
+      const uint64_t g = sizes[i] / kGran;
+      if (sizes[i] != top && (g & (g - 1))) ++o.odd_sizes;
+    }
+    if (n > bytes / top + std::popcount(bytes % top / kGran) + shape.extra_pieces) ++o.runs_over;
   };
   std::mt19937_64 prog(seed), gpu(seed * 7 + 1);
   std::vector<std::pair<DevPtr, uint64_t>> live;
@@ -447,20 +456,24 @@ TEST(Residency, RandomProgramsMatchTheUncappedRunBytewise) {
   EXPECT_GT(handovers, 0u);  // handles taken from ranges still copying out
 }
 
-// The same with ranges of one to seven granules backed by pieces of two: spares of every size
-// tile the ranges, each in at most one piece more than the fewest (a mapping and an unmapping
-// each time the range comes back cost more than making the handle once).
-TEST(Residency, RandomProgramsInPiecesMapFewPiecesAndMatchBytewise) {
-  const Shape pieces{2 * kGran, 7};
-  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
-    const uint64_t budget = 24 * kGran;
-    const Outcome capped = random_program(seed, budget, pieces);
-    const Outcome free_run = random_program(seed, 1ull << 30, pieces);
-    EXPECT_GT(capped.evictions, 0u) << "seed " << seed;
-    EXPECT_LE(capped.peak, budget) << "seed " << seed;
-    EXPECT_EQ(capped.misuses, 0u) << "seed " << seed;
-    EXPECT_EQ(capped.runs_over, 0u) << "seed " << seed;
-    EXPECT_EQ(capped.hashes, free_run.hashes) << "seed " << seed;
+// The same with ranges of one to twenty granules backed by pieces of eight: handles are whole
+// pieces or a power of two granules (so that what one range gives back backs another, and the
+// handles do not get smaller step after step), and with extra_pieces set each range maps at
+// most that many pieces more than the fewest.
+TEST(Residency, RandomProgramsInPiecesMatchBytewiseWithHandlesOfFewSizes) {
+  for (uint64_t extra : {Residency::Options{}.extra_pieces, uint64_t{1}}) {
+    const Shape pieces{8 * kGran, 20, extra};
+    for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+      const uint64_t budget = 64 * kGran;
+      const Outcome capped = random_program(seed, budget, pieces);
+      const Outcome free_run = random_program(seed, 1ull << 30, pieces);
+      EXPECT_GT(capped.evictions, 0u) << "seed " << seed;
+      EXPECT_LE(capped.peak, budget) << "seed " << seed;
+      EXPECT_EQ(capped.misuses, 0u) << "seed " << seed;
+      EXPECT_EQ(capped.runs_over, 0u) << "seed " << seed << " extra " << extra;
+      EXPECT_EQ(capped.odd_sizes, 0u) << "seed " << seed << " extra " << extra;
+      EXPECT_EQ(capped.hashes, free_run.hashes) << "seed " << seed;
+    }
   }
 }
 
@@ -742,11 +755,12 @@ TEST(Residency, ARangeCopyingOutGivesItsHandlesWithoutTheHostWaiting) {
   EXPECT_GT(corrupted, 0) << "without the stream's wait, some order of the GPU's work corrupts x";
 }
 
-// A range is backed by the spares that tile it, whatever their sizes, in at most one piece more
+// With extra_pieces = 1, a range is backed by the spares that tile it, whatever their sizes, in at most one piece more
 // than the fewest that back it: the rest is one handle made new.
 TEST(Residency, ARangeIsTiledFromSparesInFewPieces) {
   Residency::Options o = CapRig::options(8 * kGran, Residency::Options::Fault::None);
   o.piece_max = 2 * kGran;
+  o.extra_pieces = 1;
   CapRig r(o);
   std::vector<DevPtr> small;
   for (int i = 0; i < 8; ++i) small.push_back(r.alloc(kGran, kA));
