@@ -2,7 +2,6 @@
 // and handles given on by ranges still copying out or freed with work still queued (the taker's
 // stream waits for that work). residency.h says why ranges are backed by pieces.
 #include <algorithm>
-#include <bit>
 #include <cstdio>
 
 #include "residency/residency.h"
@@ -11,7 +10,6 @@ namespace offload {
 namespace {
 
 constexpr double kGiB = double(1ull << 30);
-
 
 }  // namespace
 
@@ -27,14 +25,12 @@ uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_
   // the H200; with a limit of one, the handles made cost more than the mappings saved
   // (docs/results.md, "Where the time goes").
   const uint64_t top = std::max(o_.piece_max, gran_);
-  auto fewest = [this, top](uint64_t bytes) {  // as back_range makes them: whole pieces, then powers of two
-    return bytes / top + static_cast<uint64_t>(std::popcount(bytes % top / gran_));
-  };
+  auto fewest = [top](uint64_t bytes) { return (bytes + top - 1) / top; };  // whole pieces, one tail
   const uint64_t most = fewest(need) + o_.extra_pieces;
   uint64_t left = need;
   for (auto it = std::make_reverse_iterator(spares_.upper_bound(need)); it != spares_.rend() && left; ++it) {
     if (it->first > left) continue;
-    if (out->size() + 1 + fewest(left - it->first) > most) continue;
+    if (out->size() + 1 + fewest(left - it->first) > most) break;  // so would every smaller one
     out->push_back(std::prev(it.base()));
     left -= it->first;
   }
@@ -179,10 +175,9 @@ bool Residency::back_range(Range& r, Stream s, std::string* why) {
     got.clear();
   };
   // Spares first (pick_spares); one still being copied out of makes `s` wait for that copy.
-  // Then new handles for the rest: whole pieces of piece_max, and the tail in handles of a
-  // power of two granules, the largest first. Tails of any size made the handles ever smaller:
-  // on the H200 a Llama step's mappings grew from 1,900 to 6,100 over 20 steps (docs/results.md);
-  // sizes from a fixed set are interchangeable, so what one range gives back backs another.
+  // Then new handles for the rest: whole pieces of piece_max, and one handle for the tail.
+  // (Tails in handles of a power of two granules were slower on the H200 and did not stop the
+  // handles held from growing step after step: docs/results.md.)
   uint64_t left = r.bytes - pick_spares(r.bytes, &picks_);
   for (auto it : picks_) {
     if (it->second.event && o_.fault != Options::Fault::SkipGivenWait) d_.stream_wait(s, it->second.event);
@@ -194,7 +189,7 @@ bool Residency::back_range(Range& r, Stream s, std::string* why) {
   picks_.clear();
   const uint64_t top = o_.piece_max ? std::max(o_.piece_max, gran_) : 0;
   while (left) {
-    const uint64_t size = !top ? left : left >= top ? top : tail_piece(left);
+    const uint64_t size = top && left >= top ? top : left;
     const uint64_t t0 = mono_now_ns();
     const uint64_t h = d_.create_physical(size);
     st_.create_ns += mono_now_ns() - t0;

@@ -2,11 +2,10 @@
 //
 // With OFFLOAD_DEVICE_BUDGET set, every allocation of at least `min_bytes` is served here,
 // from birth, on a virtual range of its own backed by physical handles mapped one after
-// another: handles of `piece_max` bytes and, for the rest, handles of a power of two granules,
-// so that the handles one range gives back back the next range of any size without a driver
-// allocation (the device cannot map part of a handle, and making a 64 MiB handle costs about
-// as much as ten mappings), while a range needs few mappings. Sizes from a fixed set keep the
-// handles from getting smaller step after step. Each live range is in one of four states:
+// another: handles of `piece_max` bytes and one for the rest, so that the handles one range
+// gives back back the next range of any size without a driver allocation (the device cannot
+// map part of a handle, and making a 64 MiB handle costs about as much as ten mappings), while
+// a range needs few mappings. Each live range is in one of four states:
 //
 //        alloc ──► RESIDENT ──evict──► COPYING_OUT ──copy done, unmapped──► ON_HOST
 //                    ▲   ▲                 │ touched: the eviction is              │
@@ -90,7 +89,7 @@ class Residency final : public LaunchGate {
     // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
     // backs only a range of its size.
     uint64_t piece_max = 64ull << 20;
-    // Pieces more than the fewest that back it (whole pieces, then powers of two) a range may map from
+    // Pieces more than the fewest that back it (whole pieces and one tail) a range may map from
     // spares: each costs a mapping and an unmapping every time the range comes back, while the
     // rest is made new (and as many bytes of spares dropped). Default: no limit.
     uint64_t extra_pieces = 1ull << 20;
@@ -274,13 +273,7 @@ class Residency final : public LaunchGate {
   // most extra_pieces more than the fewest that back it; their bytes.
   uint64_t pick_spares(uint64_t need, std::vector<std::multimap<uint64_t, Spare>::const_iterator>* out) const;
   uint64_t spare_cover(uint64_t need) const { return pick_spares(need, &picks_); }
-  void release_spares_for(uint64_t need);
-  // The largest handle of a power of two granules within `left` (a multiple of the granularity).
-  uint64_t tail_piece(uint64_t left) const {
-    uint64_t p = gran_;
-    while (p * 2 <= left) p *= 2;
-    return p;
-  }  // spares that cannot back `need` go until it fits
+  void release_spares_for(uint64_t need);  // spares that cannot back `need` go until it fits
   void unmap_pieces(const Range& r);
   // Handles become spares; `event`: work that still uses them, which whoever maps one waits for.
   void add_spare(uint64_t bytes, uint64_t handle, uint64_t event) {
