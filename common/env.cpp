@@ -146,6 +146,11 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
       bad("OFFLOAD_CAP_EXTRA_PIECES", v, "a count from 0 to 1024, or any");
     else st.cap_extra_pieces = n;
   }
+  if (const char* v = get("OFFLOAD_CAP_TILE"); v && *v) {
+    if (std::string_view(v) == "exact") st.cap_tile_exact = true;
+    else if (std::string_view(v) == "any") st.cap_tile_exact = false;
+    else bad("OFFLOAD_CAP_TILE", v, "exact or any");
+  }
   if (const char* v = get("OFFLOAD_HOST_LIMIT"); v && *v) {
     auto size = parse_size(v);
     if (!size || *size < (64ull << 20)) bad("OFFLOAD_HOST_LIMIT", v, "a size of at least 64MiB (e.g. 64GiB)");
@@ -158,7 +163,7 @@ namespace {
 
 // Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
 constexpr const char* kKnownSettings[] = {
-    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_HOST_LIMIT",
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_HOST_LIMIT",
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",

@@ -55,6 +55,9 @@ struct Settings {
   // than the mappings it saved (docs/results.md).
   static constexpr uint64_t kAnyPieces = 1ull << 20;
   uint64_t cap_extra_pieces = kAnyPieces;
+  // OFFLOAD_CAP_TILE=exact|any: spares back a range only where they tile it exactly, else whole
+  // pieces and its tail's size (exact); or any spares, the remainder made new (any, the default).
+  bool cap_tile_exact = false;
   uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // The budget in bytes on a device of `total` bytes (0: none).

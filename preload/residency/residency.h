@@ -93,12 +93,19 @@ class Residency final : public LaunchGate {
     // spares: each costs a mapping and an unmapping every time the range comes back, while the
     // rest is made new (and as many bytes of spares dropped). Default: no limit.
     uint64_t extra_pieces = 1ull << 20;
+    // Spares back a range only where they tile all of it, or as whole pieces and a tail of its
+    // exact size, the rest made as whole pieces and one tail: every handle has a size some range
+    // has, and a loop's handles stop growing in number. false (the default, the one measured on
+    // the GPU): any spares, and the remainder made at whatever size they leave, which fewer
+    // handles are made for but which makes the handles held smaller step after step.
+    bool tile_exact = false;
     enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   struct Stats {
     uint64_t ranges = 0, live_bytes = 0;     // live ranges and their rounded bytes
     uint64_t allocs = 0, reused = 0, created = 0, released = 0;
+    uint64_t created_bytes = 0;              // of the handles made (making costs about its size)
     uint64_t evictions = 0, abandoned = 0, bytes_out = 0;
     uint64_t reloads = 0, bytes_in = 0;      // demand reloads (page faults)
     uint64_t held = 0, held_peak = 0;        // physical bytes we hold

@@ -167,6 +167,9 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "0").cap_extra_pieces, 0u);
   EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "any").cap_extra_pieces, Settings::kAnyPieces);
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_extra_pieces, Settings::kAnyPieces);
+  EXPECT_FALSE(one("OFFLOAD_CAP_TILE", "any").cap_tile_exact);
+  EXPECT_TRUE(one("OFFLOAD_CAP_TILE", "exact").cap_tile_exact);
+  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_tile_exact);
 }
 
 TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
@@ -176,7 +179,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_TELEMETRY", "on"},       {"OFFLOAD_TELEMETRY", "CUPTI"},  {"OFFLOAD_TRACE_LEAD", "yes"},  {"OFFLOAD_LOG_LEVEL", "verbose"},
       {"OFFLOAD_LOG_LEVEL", "trace"},    {"OFFLOAD_DISABLE", "yes"},      {"OFFLOAD_DISABLE", "2"},
       {"OFFLOAD_CAP_PIECE", "big"},      {"OFFLOAD_CAP_EXTRA_PIECES", "-1"}, {"OFFLOAD_CAP_EXTRA_PIECES", "many"},
-      {"OFFLOAD_CAP_EXTRA_PIECES", "2000"},
+      {"OFFLOAD_CAP_EXTRA_PIECES", "2000"}, {"OFFLOAD_CAP_TILE", "some"},
   };
   for (auto [var, val] : bad) {
     Env env;

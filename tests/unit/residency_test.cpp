@@ -778,6 +778,83 @@ TEST(Residency, ARangeIsTiledFromSparesInFewPieces) {
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
+// A training loop (weights, gradients and optimizer state living across steps, activations of
+// several sizes born in the forward and freed in the backward) under a budget of about two
+// thirds of its peak, with pieces of eight granules. With tile_exact, once the handles fit the
+// step their number and the mappings a step stop growing. With spares of any size tiling ranges
+// and the remainder made at whatever size they leave (the default), the handles get smaller and
+// more numerous step after step, as they did on the H200 (docs/results.md).
+struct LoopHandles {
+  uint64_t held_mid = 0, held_end = 0, maps_mid = 0, maps_end = 0;  // a step's mappings, over five
+};
+LoopHandles loop_of_many_sizes(bool tile_exact) {
+  Residency::Options o = CapRig::options(500 * kGran, Residency::Options::Fault::None);
+  o.piece_max = 8 * kGran;
+  o.tile_exact = tile_exact;
+  CapRig r(o);
+  auto fail = [](CapRig& rig) {
+    ADD_FAILURE() << rig.res.error();
+    return LoopHandles{};
+  };
+  constexpr int kLayers = 4;
+  const uint64_t wsz[4] = {8, 8, 21, 21}, asz[6] = {4, 4, 11, 11, 1, 6};  // granules
+  std::vector<DevPtr> w, g, m;
+  std::vector<uint64_t> wb;
+  for (int i = 0; i < kLayers * 4; ++i) {
+    wb.push_back(wsz[i % 4] * kGran);
+    w.push_back(r.alloc(wb.back(), kA));
+    g.push_back(r.alloc(wb.back(), kA));
+    m.push_back(r.alloc(wb.back(), kA));
+    if (!w.back() || !g.back() || !m.back()) return fail(r);
+  }
+  LoopHandles out;
+  std::vector<Residency::Stats> at;
+  for (int step = 0; step < 30; ++step) {
+    const uint64_t first = r.tr.launches();
+    std::vector<std::vector<DevPtr>> acts(kLayers);
+    for (int l = 0; l < kLayers; ++l)
+      for (uint64_t s : asz) {
+        acts[l].push_back(r.alloc(s * kGran, kA));
+        if (!acts[l].back() || !r.kernel(kA, {w[l * 4 + acts[l].size() % 4], acts[l].back()}, [] {})) return fail(r);
+      }
+    for (int l = kLayers; l-- > 0;) {
+      for (size_t k = acts[l].size(); k-- > 0;) {
+        const DevPtr t = r.alloc(asz[k] * kGran, kA);
+        if (!t || !r.kernel(kA, {acts[l][k], w[l * 4 + k % 4], t}, [] {})) return fail(r);
+        r.free(t, kA);
+        r.free(acts[l][k], kA);
+      }
+      for (int k = 0; k < 4; ++k)
+        if (!r.kernel(kA, {g[l * 4 + k], w[l * 4 + k]}, [] {})) return fail(r);
+    }
+    for (size_t i = 0; i < w.size(); ++i)
+      if (!r.kernel(kA, {w[i], g[i], m[i]}, [] {})) return fail(r);
+    r.sim.run_all();
+    r.res.poll();
+    if (step == 2) r.res.set_period(r.tr.launches() - first);
+    at.push_back(r.res.stats());
+  }
+  auto held = [&](int s) { return at[s].created - at[s].released; };
+  out.held_mid = held(14);
+  out.held_end = held(29);
+  out.maps_mid = at[14].maps - at[9].maps;
+  out.maps_end = at[29].maps - at[24].maps;
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 500 * kGran);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  return out;
+}
+
+TEST(Residency, WithExactTilingALoopsHandlesStopGrowing) {
+  const LoopHandles exact = loop_of_many_sizes(true);
+  ASSERT_GT(exact.held_mid, 0u) << "the loop ran";
+  EXPECT_LE(exact.held_end, exact.held_mid + 4);
+  EXPECT_LE(exact.maps_end * 10, exact.maps_mid * 11);
+  const LoopHandles any = loop_of_many_sizes(false);  // the remainder made at any size
+  ASSERT_GT(any.held_mid, 0u) << "the loop ran";
+  EXPECT_GT(any.held_end, any.held_mid + 20);
+  EXPECT_GT(any.maps_end * 10, any.maps_mid * 11);
+}
+
 TEST(Residency, HostStoreReusesSlotsAndRefusesPastItsLimit) {
   SimDriver sim;
   HostStore::Options o;
