@@ -301,6 +301,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   Range r;
   r.bytes = size;
   r.va = d_.reserve(size);
+  const uint64_t maps_before = st_.maps;
   if (!r.va || !back_range(r, s, &why)) {
     if (r.va) d_.unreserve(r.va, size);
     error_ = why.empty() ? "reserving address space failed" : why;
@@ -308,6 +309,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
     *refused = true;
     return 0;
   }
+  st_.alloc_maps += st_.maps - maps_before;
   r.live = true;
   r.last_use = launches_seen_;
   note_birth(r, size);

@@ -119,6 +119,7 @@ class Residency final : public LaunchGate {
     uint64_t busy_ns = 0;                    // the host's time in the hooks' calls here (waits included)
     // The driver's virtual-memory calls: how many, and the host's time in them.
     uint64_t maps = 0, unmaps = 0, map_ns = 0, unmap_ns = 0, create_ns = 0, release_ns = 0;
+    uint64_t alloc_maps = 0;                 // of the maps, those that back a new allocation (not a reload)
     uint64_t ahead_ns = 0;                   // in the scans for prefetches and evictions ahead, at launches
     uint64_t handovers = 0;                  // ranges copying out whose handles were given to others
     uint64_t freed_given = 0;                // freed ranges whose handles were given before their free ended
