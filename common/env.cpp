@@ -147,10 +147,12 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     else st.cap_extra_pieces = n;
   }
   if (const char* v = get("OFFLOAD_CAP_TILE"); v && *v) {
-    if (std::string_view(v) == "exact") st.cap_tile_exact = true;
-    else if (std::string_view(v) == "any") st.cap_tile_exact = false;
-    else bad("OFFLOAD_CAP_TILE", v, "exact or any");
+    if (std::string_view(v) == "exact") st.cap_tile_exact = true, st.cap_size_classes = false;
+    else if (std::string_view(v) == "class") st.cap_tile_exact = true, st.cap_size_classes = true;
+    else if (std::string_view(v) == "any") st.cap_tile_exact = false, st.cap_size_classes = false;
+    else bad("OFFLOAD_CAP_TILE", v, "exact, class or any");
   }
+  flag("OFFLOAD_CAP_REFIT", st.cap_refit);
   if (const char* v = get("OFFLOAD_HOST_LIMIT"); v && *v) {
     auto size = parse_size(v);
     if (!size || *size < (64ull << 20)) bad("OFFLOAD_HOST_LIMIT", v, "a size of at least 64MiB (e.g. 64GiB)");
@@ -163,7 +165,7 @@ namespace {
 
 // Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
 constexpr const char* kKnownSettings[] = {
-    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_HOST_LIMIT",
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_HOST_LIMIT",
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",

@@ -58,6 +58,10 @@ struct Settings {
   // OFFLOAD_CAP_TILE=exact|any: spares back a range only where they tile it exactly, else whole
   // pieces and its tail's size (exact); or any spares, the remainder made new (any, the default).
   bool cap_tile_exact = false;
+  bool cap_size_classes = false;  // OFFLOAD_CAP_TILE=class: exact, with tails rounded up to size classes
+  // OFFLOAD_CAP_REFIT=1|0: a freed range of another size serves an allocation by its own address,
+  // its mappings changed only where the sizes differ (1, the default).
+  bool cap_refit = true;
   uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // The budget in bytes on a device of `total` bytes (0: none).

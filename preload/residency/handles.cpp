@@ -140,7 +140,7 @@ void Residency::retire_done(uint32_t slot) {
   if (d_.event_query(r.free_event) != 1) wait_event(r.free_event);
   unmap_pieces(r);
   no_wait_for(r, r.free_event);
-  d_.unreserve(r.va, r.bytes);
+  d_.unreserve(r.va, r.cap);
   drop_event(r.free_event);
   drop_event(r.copy_event);
   r = Range{};
@@ -175,7 +175,7 @@ void Residency::release_freed(uint32_t slot) {
   if (r.copy_event) d_.event_sync(r.copy_event);
   unmap_pieces(r);
   spare_pieces(r);
-  d_.unreserve(r.va, r.bytes);
+  d_.unreserve(r.va, r.cap);
   by_va_.erase(r.va);
   drop_event(r.free_event);
   drop_event(r.copy_event);
@@ -183,19 +183,22 @@ void Residency::release_freed(uint32_t slot) {
   free_slots_.push_back(slot);
 }
 
-bool Residency::back_range(Range& r, Stream s, std::string* why) {
+bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) {
   std::vector<Piece>& got = r.pieces;
-  got.clear();
+  if (!from) got.clear();
+  const size_t first = got.size();  // the pieces mapped before `from` stay
   std::vector<uint64_t> events;  // of the spares taken: given back with them if mapping fails
   auto give_back = [&] {
-    for (size_t i = 0; i < got.size(); ++i) add_spare(got[i].bytes, got[i].handle, i < events.size() ? events[i] : 0);
-    got.clear();
+    for (size_t i = first; i < got.size(); ++i)
+      add_spare(got[i].bytes, got[i].handle, i - first < events.size() ? events[i - first] : 0);
+    got.resize(first);
   };
   // Spares first (pick_spares); one still being copied out of makes `s` wait for that copy.
   // Then new handles for the rest: whole pieces of piece_max, and one handle for the tail.
   // (Tails in handles of a power of two granules were slower on the H200 and did not stop the
   // handles held from growing step after step: docs/results.md.)
-  uint64_t left = r.bytes - pick_spares(r.bytes, &picks_);
+  const uint64_t need = r.bytes - from;
+  uint64_t left = need - pick_spares(need, &picks_);
   for (auto it : picks_) {
     if (it->second.event && o_.fault != Options::Fault::SkipGivenWait) d_.stream_wait(s, it->second.event);
     got.push_back({it->second.handle, it->first});
@@ -233,9 +236,9 @@ bool Residency::back_range(Range& r, Stream s, std::string* why) {
   std::vector<uint64_t>& sz = run_sizes_;
   hs.clear();
   sz.clear();
-  for (const Piece& p : got) hs.push_back(p.handle), sz.push_back(p.bytes);
-  st_.maps += got.size();
-  if (!d_.map_run(r.va, hs.data(), sz.data(), got.size())) {
+  for (size_t i = first; i < got.size(); ++i) hs.push_back(got[i].handle), sz.push_back(got[i].bytes);
+  st_.maps += hs.size();
+  if (!d_.map_run(r.va + from, hs.data(), sz.data(), hs.size())) {
     give_back();
     if (why) *why = "mapping a range failed";
     return false;
@@ -243,6 +246,91 @@ bool Residency::back_range(Range& r, Stream s, std::string* why) {
   st_.map_ns += mono_now_ns() - t0;
   note_footprint();
   return true;
+}
+
+
+uint64_t Residency::range_size(uint64_t bytes) const {
+  const uint64_t size = round_up(bytes, gran_);
+  const uint64_t top = std::max(o_.piece_max, gran_);
+  if (!o_.size_classes || !o_.piece_max || size % top == 0) return size;
+  const uint64_t tail = size % top;
+  // Classes of 2^k and 3 * 2^(k-1) granules: each at most 1.5x the one below it.
+  uint64_t c = gran_;
+  for (uint64_t p = gran_; c < tail; p *= 2) {
+    if (p >= tail) c = p;
+    else if (p >= 2 * gran_ && p + p / 2 >= tail) c = p + p / 2;
+  }
+  c = std::min(c, top);
+  return (c - tail) * 8 <= size ? size - tail + c : size;
+}
+
+bool Residency::refit_plan(const Range& r, uint64_t size, size_t* keep, uint64_t* kept) const {
+  if (size > r.cap || r.pieces.empty()) return false;
+  uint64_t end = 0;
+  size_t i = 0;
+  while (i < r.pieces.size() && end + r.pieces[i].bytes <= size) end += r.pieces[i++].bytes;
+  // The piece across `size` stays when little of it lies past (held unused until the next free):
+  // dropping it would cost an unmapping and a mapping of a tail.
+  if (i < r.pieces.size() && end < size && end + r.pieces[i].bytes - size <= std::max(gran_, size / 8))
+    end += r.pieces[i++].bytes;
+  if (!end) return false;
+  *keep = i;
+  *kept = end;
+  return true;
+}
+
+int32_t Residency::refit_cached(uint64_t size, Stream s, std::string* why, bool* refused) {
+  *refused = false;
+  if (size + pool_share_ > limit()) return -1;  // the new range's path says why
+  // The freed range whose refit costs least, if less than a new range: bytes mapped after the
+  // pieces kept, and a quarter of those dropped past the new size (an unmapping costs about a
+  // third of a mapping on the H200, and a freed range is unmapped sooner or later anyway).
+  auto best = cached_.end();
+  uint64_t best_cost = size, best_kept = 0;
+  size_t best_keep = 0;
+  for (auto it = cached_.begin(); it != cached_.end() && best_cost; ++it) {
+    const Range& r = slots_[it->second];
+    size_t keep = 0;
+    uint64_t kept = 0;
+    if (!refit_plan(r, size, &keep, &kept)) continue;
+    const uint64_t cost = (r.bytes - kept) / 4 + (size > kept ? size - kept : 0);
+    if (cost >= best_cost) continue;
+    // Pieces are unmapped only once the free is known complete: its work may still use them.
+    if (keep < r.pieces.size() && r.free_event && o_.fault != Options::Fault::SkipRefitFreeCheck &&
+        d_.event_query(r.free_event) != 1)
+      continue;
+    best = it, best_cost = cost, best_keep = keep, best_kept = kept;
+  }
+  if (best == cached_.end()) return -1;
+  const uint32_t slot = best->second;
+  Range& r = slots_[slot];
+  cached_.erase(best);
+  cached_bytes_ -= r.bytes;
+  if (r.free_stream != s) d_.stream_wait(s, r.free_event);
+  if (best_keep < r.pieces.size()) {
+    const uint64_t t0 = mono_now_ns();
+    uint64_t off = best_kept;
+    for (size_t i = best_keep; i < r.pieces.size(); ++i) {
+      d_.unmap(r.va + off, r.pieces[i].bytes);
+      off += r.pieces[i].bytes;
+      add_spare(r.pieces[i].bytes, r.pieces[i].handle, 0);
+      ++st_.unmaps;
+    }
+    st_.unmap_ns += mono_now_ns() - t0;
+    r.pieces.resize(best_keep);
+  }
+  r.bytes = best_kept;
+  if (size > best_kept) {
+    r.bytes = size;
+    if (!make_room(size - best_kept, nullptr, 0, why) || !back_range(r, s, why, best_kept)) {
+      r.bytes = best_kept;  // freed again, as it was kept
+      cached_.emplace(r.bytes, slot);
+      cached_bytes_ += r.bytes;
+      *refused = true;
+      return -1;
+    }
+  }
+  return int32_t(slot);
 }
 
 }  // namespace offload

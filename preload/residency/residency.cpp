@@ -50,7 +50,7 @@ Residency::~Residency() {
     if (!r.va) continue;
     if (!r.given)
       for (const Piece& p : r.pieces) d_.release_physical(p.handle);
-    d_.unreserve(r.va, r.bytes);
+    d_.unreserve(r.va, r.cap);
     if (r.host) host_.give(r.host, r.bytes);
     if (r.copy_event) d_.destroy_event(r.copy_event);
     if (r.free_event) d_.destroy_event(r.free_event);
@@ -254,7 +254,7 @@ void Residency::finish_evict(uint32_t slot) {
 DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) {
   *refused = false;
   if (bytes < o_.min_bytes) return 0;
-  const uint64_t size = round_up(bytes, gran_);
+  const uint64_t size = range_size(bytes);
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   ++st_.allocs;
@@ -284,6 +284,29 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   }
   std::string why;
   if (outside_base_ == UINT64_MAX) refresh_outside();  // the first range: what is outside now is the base
+  if (o_.refit && !cached_.empty()) {
+    const uint64_t maps_before = st_.maps;
+    bool no_room = false;
+    const int32_t slot = refit_cached(size, s, &why, &no_room);
+    st_.alloc_maps += st_.maps - maps_before;
+    if (slot >= 0) {
+      Range& r = slots_[slot];
+      r.live = true;
+      r.last_use = launches_seen_;
+      note_birth(r, size);
+      ++st_.refits;
+      ++st_.ranges;
+      st_.live_bytes += r.bytes;
+      *tag = kRangeTag | uint32_t(slot);
+      return r.va;
+    }
+    if (no_room) {
+      error_ = why;
+      ++st_.refused_allocs;
+      *refused = true;
+      return 0;
+    }
+  }
   if (size + pool_share_ > limit() || !make_room(size, nullptr, 0, &why)) {
     if (why.empty()) {
       char buf[256];
@@ -300,10 +323,12 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   }
   Range r;
   r.bytes = size;
-  r.va = d_.reserve(size);
+  // Room to grow into when it is refitted for a larger allocation later (address space is cheap).
+  r.cap = o_.refit ? 2 * size : size;
+  r.va = d_.reserve(r.cap);
   const uint64_t maps_before = st_.maps;
   if (!r.va || !back_range(r, s, &why)) {
-    if (r.va) d_.unreserve(r.va, size);
+    if (r.va) d_.unreserve(r.va, r.cap);
     error_ = why.empty() ? "reserving address space failed" : why;
     ++st_.refused_allocs;
     *refused = true;
@@ -345,7 +370,7 @@ bool Residency::free(DevPtr p, Stream s) {
   if (r.state == State::CopyingOut) abandon(r);  // on the host after it, if its handle was handed over
   if (r.state == State::OnHost) {
     host_.give(r.host, r.bytes);
-    d_.unreserve(r.va, r.bytes);
+    d_.unreserve(r.va, r.cap);
     by_va_.erase(it);
     drop_event(r.free_event);
     r = Range{};

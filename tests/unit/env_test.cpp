@@ -169,6 +169,11 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_extra_pieces, Settings::kAnyPieces);
   EXPECT_FALSE(one("OFFLOAD_CAP_TILE", "any").cap_tile_exact);
   EXPECT_TRUE(one("OFFLOAD_CAP_TILE", "exact").cap_tile_exact);
+  EXPECT_FALSE(one("OFFLOAD_CAP_TILE", "exact").cap_size_classes);
+  EXPECT_TRUE(one("OFFLOAD_CAP_TILE", "class").cap_tile_exact);
+  EXPECT_TRUE(one("OFFLOAD_CAP_TILE", "class").cap_size_classes);
+  EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").cap_refit);
+  EXPECT_FALSE(one("OFFLOAD_CAP_REFIT", "0").cap_refit);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_tile_exact);
 }
 
@@ -179,7 +184,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_TELEMETRY", "on"},       {"OFFLOAD_TELEMETRY", "CUPTI"},  {"OFFLOAD_TRACE_LEAD", "yes"},  {"OFFLOAD_LOG_LEVEL", "verbose"},
       {"OFFLOAD_LOG_LEVEL", "trace"},    {"OFFLOAD_DISABLE", "yes"},      {"OFFLOAD_DISABLE", "2"},
       {"OFFLOAD_CAP_PIECE", "big"},      {"OFFLOAD_CAP_EXTRA_PIECES", "-1"}, {"OFFLOAD_CAP_EXTRA_PIECES", "many"},
-      {"OFFLOAD_CAP_EXTRA_PIECES", "2000"}, {"OFFLOAD_CAP_TILE", "some"},
+      {"OFFLOAD_CAP_EXTRA_PIECES", "2000"}, {"OFFLOAD_CAP_TILE", "some"}, {"OFFLOAD_CAP_REFIT", "yes"},
   };
   for (auto [var, val] : bad) {
     Env env;

@@ -356,13 +356,15 @@ struct Outcome {
   uint64_t evictions = 0, reloads = 0, peak = 0, misuses = 0, prefetches = 0, abandoned = 0, handovers = 0;
   uint64_t late_demand = 0, late_prefetches = 0, late_hits = 0;  // in the last three steps
   uint64_t runs_over = 0;  // ranges mapped in more pieces than the fewest that back them, plus the extra
-  uint64_t created = 0, maps = 0;
+  uint64_t created = 0, maps = 0, refits = 0;
 };
 
 struct Shape {
   uint64_t piece_max = Residency::Options{}.piece_max;
   uint64_t most_grans = 3;  // ranges of 1 to this many granules
   uint64_t extra_pieces = Residency::Options{}.extra_pieces;
+  bool refit = Residency::Options{}.refit;
+  bool classes = false;  // tile_exact with size classes
 };
 
 Outcome random_program(uint64_t seed, uint64_t budget, Shape shape = {}) {
@@ -370,6 +372,8 @@ Outcome random_program(uint64_t seed, uint64_t budget, Shape shape = {}) {
   Residency::Options opt = CapRig::options(budget, Residency::Options::Fault::None);
   opt.piece_max = shape.piece_max;
   opt.extra_pieces = shape.extra_pieces;
+  opt.refit = shape.refit;
+  opt.tile_exact = opt.size_classes = shape.classes;
   CapRig r(opt);
   // Ranges mapped in more pieces than the fewest that back them (whole pieces, a tail) allow.
   const uint64_t top = std::max(shape.piece_max, kGran);
@@ -420,6 +424,7 @@ Outcome random_program(uint64_t seed, uint64_t budget, Shape shape = {}) {
   }
   const Residency::Stats s = r.res.stats();
   o.evictions = s.evictions;
+  o.refits = s.refits;
   o.reloads = s.reloads;
   o.abandoned = s.abandoned;
   o.handovers = s.handovers;
@@ -449,12 +454,15 @@ TEST(Residency, RandomProgramsMatchTheUncappedRunBytewise) {
   EXPECT_GT(handovers, 0u);  // handles taken from ranges still copying out
 }
 
-// The same with ranges of one to twenty granules backed by pieces of eight, with no limit on
-// the spares a range maps and with extra_pieces = 1 (then each range maps at most one piece
-// more than the fewest that back it).
+// The same with ranges of one to twenty granules backed by pieces of eight: with no limit on
+// the spares a range maps, with extra_pieces = 1 (then each range maps at most one piece more
+// than the fewest that back it), without refitting freed ranges, and with size classes.
 TEST(Residency, RandomProgramsInPiecesMatchBytewise) {
-  for (uint64_t extra : {Residency::Options{}.extra_pieces, uint64_t{1}}) {
-    const Shape pieces{8 * kGran, 20, extra};
+  const uint64_t any = Residency::Options{}.extra_pieces;
+  for (const Shape pieces : {Shape{8 * kGran, 20, any}, Shape{8 * kGran, 20, 1}, Shape{8 * kGran, 20, any, false},
+                             Shape{8 * kGran, 20, any, true, true}}) {
+    const uint64_t extra = pieces.extra_pieces;
+    uint64_t refits = 0;
     for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
       const uint64_t budget = 64 * kGran;
       const Outcome capped = random_program(seed, budget, pieces);
@@ -464,7 +472,9 @@ TEST(Residency, RandomProgramsInPiecesMatchBytewise) {
       EXPECT_EQ(capped.misuses, 0u) << "seed " << seed;
       EXPECT_EQ(capped.runs_over, 0u) << "seed " << seed << " extra " << extra;
       EXPECT_EQ(capped.hashes, free_run.hashes) << "seed " << seed;
+      refits += capped.refits;
     }
+    EXPECT_EQ(refits > 0, pieces.refit) << "freed ranges refitted";
   }
 }
 
@@ -752,6 +762,7 @@ TEST(Residency, ARangeIsTiledFromSparesInFewPieces) {
   Residency::Options o = CapRig::options(8 * kGran, Residency::Options::Fault::None);
   o.piece_max = 2 * kGran;
   o.extra_pieces = 1;
+  o.refit = false;  // the spares, not a freed range's own address
   CapRig r(o);
   std::vector<DevPtr> small;
   for (int i = 0; i < 8; ++i) small.push_back(r.alloc(kGran, kA));
@@ -787,10 +798,12 @@ TEST(Residency, ARangeIsTiledFromSparesInFewPieces) {
 struct LoopHandles {
   uint64_t held_mid = 0, held_end = 0, maps_mid = 0, maps_end = 0;  // a step's mappings, over five
 };
-LoopHandles loop_of_many_sizes(bool tile_exact) {
+LoopHandles loop_of_many_sizes(bool tile_exact, bool refit = false, bool classes = false) {
   Residency::Options o = CapRig::options(500 * kGran, Residency::Options::Fault::None);
   o.piece_max = 8 * kGran;
   o.tile_exact = tile_exact;
+  o.refit = refit;
+  o.size_classes = classes;
   CapRig r(o);
   auto fail = [](CapRig& rig) {
     ADD_FAILURE() << rig.res.error();
@@ -853,6 +866,96 @@ TEST(Residency, WithExactTilingALoopsHandlesStopGrowing) {
   ASSERT_GT(any.held_mid, 0u) << "the loop ran";
   EXPECT_GT(any.held_end, any.held_mid + 20);
   EXPECT_GT(any.maps_end * 10, any.maps_mid * 11);
+}
+
+// A freed range serves an allocation of another size at its own address: a larger one maps only
+// the pieces after those it has, a smaller one unmaps only the pieces past its size.
+TEST(Residency, AFreedRangeIsRefittedToAnotherSizeAtItsAddress) {
+  Residency::Options o = CapRig::options(64 * kGran, Residency::Options::Fault::None);
+  o.piece_max = 2 * kGran;
+  CapRig r(o);
+  const DevPtr a = r.alloc(4 * kGran, kA);  // two pieces of two granules
+  ASSERT_NE(a, 0u) << r.res.error();
+  ASSERT_TRUE(r.kernel(kA, {a}, fill(a, 4 * kGran, 3)));
+  r.free(a, kA);
+  r.sim.run_all();
+  Residency::Stats before = r.res.stats();
+  const DevPtr b = r.alloc(5 * kGran, kA);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(r.res.stats().refits - before.refits, 1u);
+  EXPECT_EQ(r.res.stats().maps - before.maps, 1u);  // the fifth granule only
+  EXPECT_EQ(r.res.stats().unmaps - before.unmaps, 0u);
+  ASSERT_TRUE(r.kernel(kA, {b}, fill(b, 5 * kGran, 4)));
+  uint64_t got = 0;
+  ASSERT_TRUE(r.kernel(kA, {b}, [&] { got = hash(b, 5 * kGran); }));
+  r.sim.run_all();
+  std::vector<uint64_t> want(5 * kGran / 8);
+  for (uint64_t k = 0; k < want.size(); ++k) want[k] = mix(4 + k);
+  EXPECT_EQ(got, hash(reinterpret_cast<DevPtr>(want.data()), 5 * kGran));
+  r.free(b, kB);  // another stream: the next user waits for this free on the GPU
+  r.sim.run_all();
+  before = r.res.stats();
+  const DevPtr c = r.alloc(2 * kGran, kA);  // keeps the first piece, drops the other two
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(r.res.stats().maps - before.maps, 0u);
+  EXPECT_EQ(r.res.stats().unmaps - before.unmaps, 2u);
+  before = r.res.stats();
+  const DevPtr d = r.alloc(3 * kGran, kA);  // nothing freed: a new range, on the dropped handles
+  EXPECT_NE(d, a);
+  EXPECT_EQ(r.res.stats().created - before.created, 0u);
+  r.sim.run_all();
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  // Growing past the address space reserved (twice the first size) is a new range.
+  r.free(c, kA);
+  r.sim.run_all();
+  const DevPtr e = r.alloc(10 * kGran, kA);
+  EXPECT_NE(e, a);
+}
+
+// With size classes a range's tail past its whole pieces is rounded up to 1, 2, 3, 4, 6, 8, ...
+// granules where that adds at most an eighth of the range; a rounded tail is one handle.
+TEST(Residency, SizeClassesRoundATailUpByAtMostAnEighth) {
+  Residency::Options o = CapRig::options(64 * kGran, Residency::Options::Fault::None);
+  o.piece_max = 8 * kGran;
+  o.tile_exact = true;
+  o.size_classes = true;
+  CapRig r(o);
+  auto live_after = [&](uint64_t granules) {
+    const uint64_t before = r.res.stats().live_bytes;
+    EXPECT_NE(r.alloc(granules * kGran - 100, kA), 0u) << r.res.error();
+    return (r.res.stats().live_bytes - before) / kGran;
+  };
+  EXPECT_EQ(live_after(13), 14u);  // 8 + a tail of 5 in a class of 6
+  EXPECT_EQ(live_after(3), 3u);    // a class of its own
+  EXPECT_EQ(live_after(5), 5u);    // 6 would add more than an eighth
+  EXPECT_EQ(live_after(16), 16u);  // whole pieces
+  EXPECT_EQ(live_after(23), 24u);  // 16 + 7 in 8
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
+// A freed range's pieces are unmapped for a smaller allocation only once the free is known
+// complete: the work queued before the free still writes them. Without that check the queued
+// kernel writes unmapped memory (the simulated driver faults, as the GPU would).
+void refit_while_its_free_is_queued(Residency::Options::Fault fault) {
+  Residency::Options o = CapRig::options(64 * kGran, fault);
+  o.piece_max = 2 * kGran;
+  CapRig r(o);
+  const DevPtr a = r.alloc(4 * kGran, kA);
+  ASSERT_NE(a, 0u);
+  ASSERT_TRUE(r.kernel(kA, {a}, fill(a, 4 * kGran, 5)));  // queued, not run
+  r.free(a, kA);
+  const DevPtr b = r.alloc(2 * kGran, kB);
+  ASSERT_NE(b, 0u);
+  if (fault == Residency::Options::Fault::None) {
+    EXPECT_NE(b, a);
+  }
+  r.sim.run_all();
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
+TEST(Residency, ARefitUnmapsNothingThatQueuedWorkStillUses) {
+  refit_while_its_free_is_queued(Residency::Options::Fault::None);
+  EXPECT_DEATH(refit_while_its_free_is_queued(Residency::Options::Fault::SkipRefitFreeCheck), "");
 }
 
 TEST(Residency, HostStoreReusesSlotsAndRefusesPastItsLimit) {
