@@ -22,3 +22,12 @@ FAKE_EXPORT int cudaGetLastError() {
   return 0;
 }
 FAKE_EXPORT int offload_fake_last_error_calls() { return g_last_error_calls; }
+
+// CUPTI's activity registration, as PyTorch's libcupti (loaded locally with libtorch_cuda)
+// exports it to Kineto; it counts its calls.
+static int g_cupti_register_calls = 0;
+FAKE_EXPORT int cuptiActivityRegisterCallbacks(void*, void*) {
+  ++g_cupti_register_calls;
+  return 0;  // CUPTI_SUCCESS
+}
+FAKE_EXPORT int offload_fake_cupti_register_calls() { return g_cupti_register_calls; }

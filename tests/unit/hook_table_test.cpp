@@ -6,6 +6,7 @@
 // so every test starts by installing one fake per name (once per process, before anything
 // else can resolve a slot): the tests then pass in any order and alone.
 #include <cuda.h>
+#include <cupti.h>
 #undef cuGetProcAddress
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -409,6 +410,21 @@ TEST_F(Hooks, ARealInALocallyLoadedLibraryIsFound) {
   auto fn = reinterpret_cast<int (*)()>(find_loaded("offload_test_next_symbol", e.wrapper));
   ASSERT_NE(fn, nullptr);
   EXPECT_EQ(fn(), 1);
+}
+
+// torch.profiler's Kineto registers for CUPTI's activity buffers through a libcupti that
+// Python loaded locally (a dependency of libtorch_cuda), while its call binds to our export:
+// the registration must reach that library, or the profiler records no CUDA activity.
+void test_buffer_request(uint8_t**, size_t*, size_t*) {}
+void test_buffer_complete(CUcontext, uint32_t, uint8_t*, size_t, size_t) {}
+TEST_F(Hooks, AProfilersCuptiRegistrationReachesALocallyLoadedCupti) {
+  auto calls = reinterpret_cast<int (*)()>(fake_lib_sym("offload_fake_cupti_register_calls"));
+  ASSERT_NE(calls, nullptr);
+  ASSERT_EQ(real_dlsym(RTLD_NEXT, "cuptiActivityRegisterCallbacks"), nullptr)
+      << "a CUPTI in the global scope: this test would not see the local one";
+  const int before = calls();
+  EXPECT_EQ(cuptiActivityRegisterCallbacks(test_buffer_request, test_buffer_complete), CUPTI_SUCCESS);
+  EXPECT_EQ(calls(), before + 1);
 }
 
 cuuint64_t gpa_flags(bool ptsz) {
