@@ -11,6 +11,13 @@ if ! command -v promtool > /dev/null; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus > /dev/null
 fi
+# pip, setuptools and wheel (Debian's python3-pip) install the Python package offline in the
+# install tests; Debian's python3 runs them, as a python3 earlier on PATH may lack wheel.
+if ! { /usr/bin/python3 -m pip --version && /usr/bin/python3 -c "import setuptools, wheel"; } > /dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-pip python3-setuptools > /dev/null
+fi
 export LIBOFFLOAD_CI_PROMTOOL=1
 jobs=$(nproc)
 for variant in plain address thread; do
@@ -27,9 +34,10 @@ done
 echo "== a Release build with -Werror (GCC warns of some things only when optimising at -O3) (at ${SECONDS} s)"
 cmake -S . -B build-test-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_WERROR=ON -DCMAKE_INSTALL_PREFIX=/usr > /dev/null
 cmake --build build-test-release -j "$jobs"
-echo "== install: offload-run's conventions, the Python package, and the Debian package (at ${SECONDS} s)"
+echo "== install: offload-run's conventions, the Python package (its callbacks, pip install), and the Debian package (at ${SECONDS} s)"
 tests/scripts/offload_run_test.sh build-test-plain
 PYTHONPATH=python python3 tests/scripts/python_package_test.py build-test-plain/liboffload.so
+/usr/bin/python3 tests/scripts/python_integrations_test.py build-test-plain/liboffload.so
 if [ "$(id -u)" = 0 ]; then
   tests/scripts/package_test.sh build-test-release
 else

@@ -13,7 +13,8 @@ dpkg -i "$deb" > /dev/null
 files=$(dpkg -L liboffload)
 for f in '/usr/lib/(x86_64-linux-gnu/)?liboffload.so' /usr/bin/offloadd /usr/bin/offloadctl /usr/bin/offload-run \
          /usr/include/offload/offload.h '/usr/lib/(x86_64-linux-gnu/)?pkgconfig/liboffload.pc' \
-         /usr/lib/systemd/user/offloadd.service /usr/lib/python3/dist-packages/liboffload/__init__.py; do
+         /usr/lib/systemd/user/offloadd.service /usr/lib/python3/dist-packages/liboffload/__init__.py \
+         /usr/lib/python3/dist-packages/liboffload/integrations/{hf,lightning}.py; do
   grep -Eqx "$f" <<< "$files" || { echo "package test: $f is not in the package" >&2; exit 1; }
 done
 so=$(grep -E '/liboffload\.so$' <<< "$files")
