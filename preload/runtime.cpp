@@ -274,19 +274,19 @@ HostPool& Runtime::host_pool() {
 }
 
 void Runtime::push_step(uint64_t step, uint64_t step_ns, uint64_t launches) {
-  proto::Telemetry tm{};
-  tm.step = step;
-  tm.step_ns = step_ns;
-  tm.resident_bytes = tracker_.allocs().live_bytes();
-  tm.launches = launches;
+  // Under the cap the device bytes we hold; otherwise the live allocations.
+  Residency* r = cap_.load(std::memory_order_acquire);
+  link_.push(step_telemetry_.make(step, step_ns, launches, r ? r->stats().held : tracker_.allocs().live_bytes()));
+}
+
+void Runtime::cut_step_telemetry() {
   if (Residency* r = cap_.load(std::memory_order_acquire)) {
-    // Under the cap: the bytes out and the demand reloads so far (offloadctl status's columns).
-    const Residency::Stats c = r->stats();
-    tm.evicted_bytes = c.bytes_out;
-    tm.misses = c.reloads;
-    tm.resident_bytes = c.held;
+    step_telemetry_.cut(move_totals(r->stats()));
+  } else if (offloading_) {
+    const Executor::Moves m = executor_.moves();
+    step_telemetry_.cut({m.bytes_out, static_cast<uint64_t>(static_cast<double>(m.wait_cycles) * ns_per_tsc_cycle()),
+                         m.misses});
   }
-  link_.push(tm);
 }
 
 void Runtime::time_steps_with_markers() {
@@ -345,6 +345,7 @@ void Runtime::emit(StepTrace& t) {
     last_step_launches_ = t.launches.size();
     log_capped_step(t.step, now - (last_cut_ns_ ? last_cut_ns_ : cap_started_ns_.load(std::memory_order_relaxed)));
   }
+  cut_step_telemetry();
   push_step(t.step, t.gpu_busy_ns > 0 ? static_cast<uint64_t>(t.gpu_busy_ns) : static_cast<uint64_t>(now - last_cut_ns_),
             t.launches.size());
   last_cut_ns_ = now;

@@ -38,6 +38,7 @@
 #include "plan_controller.h"
 #include "planner/planner.h"
 #include "residency/residency.h"
+#include "step_telemetry.h"
 
 namespace offload {
 
@@ -234,6 +235,9 @@ class Runtime final : private PlanContext {
   std::vector<GpuRecord> gpu_;
   void time_steps_with_markers();
   void push_step(uint64_t step, uint64_t step_ns, uint64_t launches);  // telemetry to offloadd
+  // At each step cut, before its push: that step's bytes out and host waits (step_telemetry.h).
+  void cut_step_telemetry();
+  StepTelemetry step_telemetry_;
   DaemonLink link_;
   bool event_timing_ = false;
   bool pin_failed_ = false;

@@ -107,10 +107,10 @@ std::string Service::metrics_text() const {
   };
   const Metric ms[] = {
       {"offload_client_leased_bytes", "Pool bytes leased by the client.", "gauge"},
-      {"offload_client_resident_bytes", "Offloadable bytes resident on the GPU.", "gauge"},
-      {"offload_client_evicted_bytes", "Bytes evicted to the pool.", "gauge"},
+      {"offload_client_resident_bytes", "Device bytes the client holds for offloadable data (under the hard cap: its ranges' memory).", "gauge"},
+      {"offload_client_evicted_bytes", "Bytes copied out to host memory in the last step.", "gauge"},
       {"offload_client_step_seconds", "Last step time.", "gauge"},
-      {"offload_client_exposed_stall_seconds", "Transfer time not hidden by compute, last step.", "gauge"},
+      {"offload_client_exposed_stall_seconds", "Host time spent waiting for copies or frees in the last step.", "gauge"},
       {"offload_client_misses_total", "Demand reloads (launches that found data not resident).", "counter"},
   };
   for (const Metric& x : ms) {

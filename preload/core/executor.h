@@ -191,6 +191,12 @@ class Executor final : public LaunchGate {
   // True once the installed plan was turned off by a deviation (the worker re-plans).
   bool deviated() const { return deviated_.load(std::memory_order_relaxed); }
   uint64_t misses();  // launches that found what they touch not resident, and late reloads
+  // For the telemetry pushed to offloadd, without stats()'s copies, so far: bytes copied out
+  // (weights' included), the host's waits for the budget (TSC cycles), and misses().
+  struct Moves {
+    uint64_t bytes_out = 0, wait_cycles = 0, misses = 0;
+  };
+  Moves moves();
   // True when no arena holds members or physical memory (a new plan can go in).
   bool idle();
   // Worker: turns the plan off as a deviation would (demand mode until the arenas drain), so

@@ -175,6 +175,11 @@ uint64_t Executor::misses() {
   return st_.misses + st_.late_reloads;
 }
 
+Executor::Moves Executor::moves() {
+  std::lock_guard lock(mu_);
+  return {st_.bytes_out + st_.weight_bytes_out, wait_cycles_, st_.misses + st_.late_reloads};
+}
+
 void Executor::poll() {
   if (!installed_.load(std::memory_order_acquire)) return;
   std::lock_guard lock(mu_);

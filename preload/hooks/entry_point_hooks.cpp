@@ -7,6 +7,10 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <cstddef>
+#include <cstring>
+#include <mutex>
+
 #include "hooks/hook.h"
 
 #define OFFLOAD_EXPORT extern "C" __attribute__((visibility("default")))
@@ -40,7 +44,8 @@ void* next_after(const void* caller, const char* name) {
   // the first after the caller. (Tools preloaded after us, such as compute-sanitizer's
   // injection libraries, resolve through dlsym(RTLD_NEXT) constantly: a dlopen per loaded
   // object on every call is too slow for them.)
-  if (void* p = real_dlsym(RTLD_NEXT, name)) {
+  void* const after_us = real_dlsym(RTLD_NEXT, name);
+  if (void* p = after_us) {
     Dl_info pi;
     link_map* plm = nullptr;
     if (dladdr1(p, &pi, reinterpret_cast<void**>(&plm), RTLD_DL_LINKMAP) && plm)
@@ -56,12 +61,90 @@ void* next_after(const void* caller, const char* name) {
     dlclose(h);
     if (p) return p;
   }
-  return nullptr;
+  // Defined nowhere after us: the lookup again, for dlerror()'s message (the dlclose above
+  // cleared it); callers such as ctypes read it after a NULL.
+  return after_us ? nullptr : real_dlsym(RTLD_NEXT, name);
+}
+
+// The loader's count of objects loaded and unloaded so far: an answer found by walking the
+// load order holds while it is unchanged. dl_iterate_phdr reports it with the first object.
+struct LoadGeneration {
+  unsigned long long adds = 0, subs = 0;
+  bool operator==(const LoadGeneration&) const = default;
+};
+LoadGeneration load_generation() {
+  LoadGeneration g;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t size, void* out) {
+        if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
+          *static_cast<LoadGeneration*>(out) = {info->dlpi_adds, info->dlpi_subs};
+        return 1;  // the first object carries the counts
+      },
+      &g);
+  return g;
+}
+
+// dlsym(RTLD_NEXT) answers, kept per calling site and name until an object is loaded or
+// unloaded: interposers ask for the same names constantly, and a walk of the load order costs
+// about 100 times libc's lookup (docs/reliability.md). Fixed slots, no allocation; only
+// found answers are kept, so that a failed lookup still leaves dlerror() its message.
+class NextCache {
+ public:
+  void* find(const void* caller, const char* name, LoadGeneration g) {
+    std::lock_guard<std::mutex> lock(m_);
+    const Slot& s = slots_[slot_of(caller, name)];
+    return s.caller == caller && s.gen == g && std::strcmp(s.name, name) == 0 ? s.answer : nullptr;
+  }
+  void keep(const void* caller, const char* name, LoadGeneration g, void* answer) {
+    const size_t n = std::strlen(name);
+    if (n >= kName) return;
+    std::lock_guard<std::mutex> lock(m_);
+    Slot& s = slots_[slot_of(caller, name)];
+    s.caller = caller;
+    s.gen = g;
+    std::memcpy(s.name, name, n + 1);
+    s.answer = answer;
+    ++walks_;
+  }
+  uint64_t walks() {
+    std::lock_guard<std::mutex> lock(m_);
+    return walks_;
+  }
+
+ private:
+  static constexpr size_t kSlots = 256, kName = 64;
+  struct Slot {
+    const void* caller = nullptr;
+    LoadGeneration gen;
+    char name[kName] = {};
+    void* answer = nullptr;
+  };
+  static size_t slot_of(const void* caller, const char* name) {
+    uint64_t h = reinterpret_cast<uintptr_t>(caller) * 0x9E3779B97F4A7C15ull;
+    for (const char* c = name; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001B3ull;
+    return (h ^ (h >> 29)) % kSlots;
+  }
+  std::mutex m_;
+  Slot slots_[kSlots];
+  uint64_t walks_ = 0;
+};
+constinit NextCache next_cache;
+
+void* next_after_cached(const void* caller, const char* name) {
+  const LoadGeneration g = load_generation();
+  if (void* p = next_cache.find(caller, name, g)) return p;
+  void* p = next_after(caller, name);
+  if (p) next_cache.keep(caller, name, g, p);
+  return p;
 }
 }  // namespace
 
+namespace offload::hooks {
+uint64_t dlsym_next_walks() { return next_cache.walks(); }
+}  // namespace offload::hooks
+
 OFFLOAD_EXPORT void* dlsym(void* handle, const char* name) {
-  void* real = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name) : real_dlsym(handle, name);
+  void* real = handle == RTLD_NEXT ? next_after_cached(__builtin_return_address(0), name) : real_dlsym(handle, name);
   // A search that reaches our own export (RTLD_DEFAULT, the program's handle) found the shim's
   // wrapper, not the symbol: in a process without CUDA it would answer non-NULL, and a call
   // would abort. The answer is the definition elsewhere, as without the shim, or none.

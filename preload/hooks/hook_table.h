@@ -124,6 +124,10 @@ void* real_dlsym(void* handle, const char* name);
 // dlopen per library): for entry points resolved once.
 void* find_loaded(const char* name, const void* self);
 
+// dlsym(RTLD_NEXT) lookups answered by walking the load order (those not answered from the
+// answers kept per calling site and name).
+uint64_t dlsym_next_walks();
+
 // Counters for routes that handed out a real, unwrapped entry point of a listed name
 // (a version we do not wrap): launches through it are invisible to us.
 uint64_t unwrapped_routes();

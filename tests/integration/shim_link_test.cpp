@@ -11,9 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/sim_driver.h"
 #include "fake_daemon.h"
 #include "host_pool.h"
 #include "it_support.h"
+#include "residency/host_store.h"
+#include "residency/residency.h"
+#include "step_telemetry.h"
 
 namespace offload::it {
 namespace {
@@ -149,6 +153,60 @@ TEST(ShimLinkIntegration, ReattachesWithItsLeasesAfterADaemonRestart) {
   r.link->release(*a);
   ASSERT_TRUE(r.d.status(&s, &why)) << why;
   EXPECT_EQ(s.head.used_bytes, 0u);
+}
+
+// What a process under the hard cap pushes after a step reaches offloadctl status and the
+// metrics: the bytes its residency manager copied out in that step, the host's waits in it,
+// and its demand reloads so far (made here on the simulated driver: allocations past the
+// budget evict the least recently used ranges).
+TEST(ShimLinkIntegration, AStepsMovesUnderTheCapReachStatus) {
+  LinkRig r;
+  std::string why;
+  ASSERT_TRUE(r.d.start({}, &why)) << why;
+  ASSERT_TRUE(r.connect(&why)) << why;
+  constexpr uint64_t kGran = 64 << 10;
+  SimDriver sim;
+  sim.set_granularity(kGran);
+  HostStore::Options ho;
+  ho.chunk_bytes = 1 << 20;
+  ho.limit = 64 << 20;
+  HostStore host(sim, ho);
+  Residency::Options o;
+  o.budget = 4 * kGran;
+  o.pool_floor = o.pool_step = 0;
+  Residency res(sim, host, o);
+  StepTelemetry telemetry;
+  std::vector<DevPtr> ranges;
+  auto step = [&](uint64_t n, uint64_t no) {
+    for (uint64_t i = 0; i < n; ++i) {
+      uint64_t tag = 0;
+      bool refused = false;
+      ranges.push_back(res.alloc(kGran, 0x2000, &tag, &refused));
+      ASSERT_NE(ranges.back(), 0u) << res.error();
+    }
+    sim.run_all();
+    res.poll();
+    telemetry.cut(move_totals(res.stats()));
+    r.link->push(telemetry.make(no, 5'000'000, 10 * no, res.stats().held));
+  };
+  step(10, 1);
+  const Residency::Stats first = res.stats();
+  ASSERT_GT(first.bytes_out, 0u) << "nothing was evicted";
+  step(3, 2);
+  const Residency::Stats second = res.stats();
+  ASSERT_GT(second.bytes_out, first.bytes_out);
+  StatusView s;
+  ASSERT_TRUE(r.d.status(&s, &why)) << why;  // the daemon answers pushes in order
+  const proto::ClientStatus* me = s.by_pid(getpid());
+  ASSERT_NE(me, nullptr);
+  EXPECT_EQ(me->last.step, 2u);
+  EXPECT_EQ(me->last.evicted_bytes, second.bytes_out - first.bytes_out) << "the second step's, not the total";
+  EXPECT_EQ(me->last.exposed_stall_ns, second.wait_ns - first.wait_ns);
+  EXPECT_EQ(me->last.misses, second.reloads);
+  EXPECT_EQ(me->last.resident_bytes, second.held);
+  EXPECT_LE(me->last.resident_bytes, 4 * kGran);
+  for (DevPtr p : ranges) res.free(p, 0x2000);
+  sim.run_all();
 }
 
 // The node as the daemon sees it, from a fresh connection.

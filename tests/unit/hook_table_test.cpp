@@ -395,6 +395,36 @@ TEST_F(Hooks, DlsymRtldNextStaysRelativeToTheCaller) {
                                   "handing the caller its own definition back";
 }
 
+// Interposers ask dlsym(RTLD_NEXT) for the same names constantly: the answer is kept per
+// calling site and name, and found again only when an object was loaded or unloaded since
+// (the next definition may then be another, or gone).
+TEST_F(Hooks, DlsymRtldNextIsKeptPerCallerUntilTheLoadOrderChanges) {
+  using Named = void* (*)(void* (*)(void*, const char*), const char*);
+  auto lookup = reinterpret_cast<Named>(real_dlsym(RTLD_DEFAULT, "offload_test_lookup_next_named"));
+  ASSERT_NE(lookup, nullptr);
+  void* const first = lookup(&::dlsym, "offload_test_next_symbol");
+  ASSERT_NE(first, nullptr);
+  const uint64_t walks = dlsym_next_walks();
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(lookup(&::dlsym, "offload_test_next_symbol"), first);
+  EXPECT_EQ(dlsym_next_walks(), walks) << "the load order was walked again for an answer already found";
+
+  // A definition loaded after the caller becomes the answer, and stops being it once unloaded.
+  EXPECT_EQ(lookup(&::dlsym, "offload_test_late_symbol"), nullptr);
+  for (int round = 0; round < 2; ++round) {
+    void* late = dlopen(OFFLOAD_NEXT_LATE_LIB, RTLD_NOW | RTLD_GLOBAL);
+    ASSERT_NE(late, nullptr) << dlerror();
+    void* found = lookup(&::dlsym, "offload_test_late_symbol");
+    EXPECT_EQ(found, real_dlsym(late, "offload_test_late_symbol"));
+    ASSERT_NE(found, nullptr);
+    EXPECT_EQ(reinterpret_cast<int (*)()>(found)(), 3);
+    ASSERT_EQ(dlclose(late), 0);
+    EXPECT_EQ(lookup(&::dlsym, "offload_test_late_symbol"), nullptr)
+        << "an answer from an unloaded library was kept";
+    EXPECT_NE(dlerror(), nullptr) << "a failed lookup leaves dlerror() its message";
+  }
+  EXPECT_EQ(lookup(&::dlsym, "offload_test_next_symbol"), first);
+}
+
 // PyTorch's libnccl is a dependency of libtorch_cuda, which Python loads with RTLD_LOCAL: not
 // in the global scope that RTLD_NEXT searches, while libtorch_cuda's calls still bind to our
 // exported collectives. The fake library stands for it here (loaded RTLD_LOCAL).

@@ -9,3 +9,8 @@ extern "C" __attribute__((visibility("default"))) void* offload_test_lookup_next
     void* (*lookup)(void*, const char*)) {
   return lookup(RTLD_NEXT, "offload_test_next_symbol");
 }
+
+extern "C" __attribute__((visibility("default"))) void* offload_test_lookup_next_named(
+    void* (*lookup)(void*, const char*), const char* name) {
+  return lookup(RTLD_NEXT, name);
+}

@@ -17,6 +17,7 @@
 #include "residency/host_store.h"
 #include "residency/residency.h"
 #include "sanitizers.h"
+#include "step_telemetry.h"
 
 namespace offload {
 namespace {
@@ -153,6 +154,43 @@ TEST(Residency, AllocationsPastTheBudgetEvictAndComeBackIntact) {
   EXPECT_GE(r.res.stats().reloads, 6u);
   EXPECT_LE(r.sim.vmm_stats().physical_peak, 4 * kGran);
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
+// The telemetry pushed to offloadd after each step (step_telemetry.h) counts that step's share:
+// a step that filled ten ranges under a budget of four reports what it copied out, the next
+// one, which touched them all again, what it copied out then and the demand reloads so far.
+TEST(Residency, EachStepsTelemetryCountsThatStepsMoves) {
+  CapRig r(4 * kGran);
+  StepTelemetry telemetry;
+  std::vector<DevPtr> t;
+  for (int i = 0; i < 10; ++i) {
+    t.push_back(r.alloc(kGran, kA));
+    ASSERT_TRUE(r.kernel(kA, {t.back()}, fill(t.back(), kGran, i)));
+  }
+  r.sim.run_all();
+  r.res.poll();
+  const Residency::Stats first = r.res.stats();
+  telemetry.cut(move_totals(first));
+  proto::Telemetry m = telemetry.make(1, 7, 10, first.held);
+  EXPECT_EQ(m.evicted_bytes, first.bytes_out);
+  EXPECT_GE(m.evicted_bytes, 6 * kGran);
+  EXPECT_EQ(m.exposed_stall_ns, first.wait_ns);
+  EXPECT_EQ(m.misses, 0u);
+  EXPECT_EQ(m.step, 1u);
+  EXPECT_EQ(m.step_ns, 7u);
+  EXPECT_EQ(m.launches, 10u);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(r.kernel(kA, {t[i]}, [] {}));
+  r.sim.run_all();
+  r.res.poll();
+  const Residency::Stats second = r.res.stats();
+  telemetry.cut(move_totals(second));
+  m = telemetry.make(2, 7, 10, second.held);
+  EXPECT_EQ(m.evicted_bytes, second.bytes_out - first.bytes_out);
+  EXPECT_GT(m.evicted_bytes, 0u);
+  EXPECT_EQ(m.exposed_stall_ns, second.wait_ns - first.wait_ns);
+  EXPECT_EQ(m.misses, second.reloads);
+  EXPECT_GE(m.misses, 6u);
+  EXPECT_EQ(m.resident_bytes, second.held);
 }
 
 // A range written on stream A and then on stream B (the program orders B after A) is evicted
