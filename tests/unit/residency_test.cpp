@@ -9,7 +9,9 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <thread>
 #include <vector>
+#include <atomic>
 
 #include "core/event_log.h"
 #include "core/sim_driver.h"
@@ -1012,6 +1014,66 @@ TEST(Residency, HostStoreReusesSlotsAndRefusesPastItsLimit) {
   EXPECT_EQ(h.take(1 << 20), nullptr);  // past the limit
   EXPECT_EQ(h.stats().refused, 1u);
   EXPECT_EQ(sim.pinned().size(), 2u);
+}
+
+// A freed slot serves a smaller request too (the smallest that holds it), and what is left of
+// it stays free: evicted sizes vary as ranges are refitted, and exact sizes alone made the
+// store grow on every step.
+TEST(Residency, HostStoreServesASmallerRequestFromAFreedSlot) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 4 << 20;
+  o.limit = 4 << 20;
+  HostStore h(sim, o);
+  auto* big = static_cast<unsigned char*>(h.take(3 << 20));
+  void* small = h.take(1 << 20);
+  ASSERT_TRUE(big && small);
+  EXPECT_EQ(h.take(4096), nullptr) << "the chunk is full and the limit reached";
+  h.give(big, 3 << 20);
+  EXPECT_EQ(h.take(1 << 20), big);
+  EXPECT_EQ(h.take(2 << 20), big + (1 << 20)) << "the rest of the freed slot";
+  EXPECT_EQ(h.stats().chunks, 1u);
+  EXPECT_EQ(h.stats().in_use, 4u << 20);
+}
+
+// grow_ahead maps and pins chunks before take() needs them, from another thread, as fast as
+// the store's use grows: the takes that follow find room and map nothing themselves.
+TEST(Residency, HostStoreGrowsAheadOfItsUseFromAnotherThread) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.limit = 256 << 20;
+  HostStore h(sim, o);
+  EXPECT_EQ(h.grow_ahead(), 0u) << "nothing taken yet: nothing to grow for";
+  for (int i = 0; i < 4; ++i) ASSERT_NE(h.take(1 << 20), nullptr);
+  EXPECT_EQ(h.stats().grown_in_take, 4u);
+  EXPECT_GE(h.grow_ahead(), 16u << 20) << "room for four times the growth since the last look";
+  const uint64_t before = h.stats().grown_in_take;
+  for (int i = 0; i < 16; ++i) ASSERT_NE(h.take(1 << 20), nullptr);
+  EXPECT_EQ(h.stats().grown_in_take, before) << "a take mapped a chunk itself";
+  // Concurrently: one thread takes and gives, another grows; every slot is pinned memory.
+  std::atomic<bool> done{false};
+  std::thread grower([&] {
+    while (!done.load()) h.grow_ahead();
+  });
+  std::vector<void*> held;
+  for (int i = 0; i < 200; ++i) {
+    void* p = h.take((1 + i % 3) << 18);
+    ASSERT_NE(p, nullptr);
+    static_cast<unsigned char*>(p)[0] = 1;
+    held.push_back(p);
+    if (i % 4 == 3) {
+      h.give(held.front(), (1 + (i - 3) % 3) << 18);
+      held.erase(held.begin());
+    }
+  }
+  done = true;
+  grower.join();
+  const HostStore::Stats st = h.stats();
+  EXPECT_GT(st.grown_ahead, 0u);
+  EXPECT_LE(st.mapped, o.limit);
+  EXPECT_EQ(sim.pinned().size(), st.chunks);
+  EXPECT_EQ(st.pin_failures, 0u);
 }
 
 }  // namespace
