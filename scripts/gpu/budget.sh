@@ -10,7 +10,8 @@
 # Env: SCALE (small|large), STEPS (20), MANAGED_STEPS (3), MARGIN (bytes subtracted from the free
 # memory for what never passes through the allocator, 1 GiB), FRACS ("0.9 0.75 0.5"), CAP_ALSO
 # (more liboffload runs beside each, "tag:VAR=value,VAR=value ...", e.g. "piece0:OFFLOAD_CAP_PIECE=0";
-# their results are named cap<fraction>-<tag>).
+# their results are named cap<fraction>-<tag>; ARM_LIB=path in an arm's variables runs that
+# arm with another build of liboffload.so, e.g. the previous commit's, side by side).
 # Needs .carry/bin from scripts/gpu/prepare.sh. Leaves $OUT/budget-<plan>.tgz and prints a table.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -26,7 +27,7 @@ cap() {
   local arm
   for arm in ${CAP_ALSO:-}; do
     local tag=${arm%%:*} vars=${arm#*:}
-    (export ${vars//,/ }; OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py "$@" --out "$work/$name-$tag.json" \
+    (export ${vars//,/ }; OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=${ARM_LIB:-$lib} py "$@" --out "$work/$name-$tag.json" \
       2> "$work/$name-$tag.log")
   done
 }
