@@ -454,9 +454,24 @@ bool SimDriver::event_sync(uint64_t e) {
   }
 }
 
+void SimDriver::check_host_range_locked(const void* p, uint64_t bytes) {
+  // A copy's host side in part of a pinned registration and beyond it: a real driver may take
+  // it for pinned memory it is not (or stage it as pageable), so it is a misuse here.
+  const auto* a = static_cast<const unsigned char*>(p);
+  for (const auto& [base, size] : pinned_) {
+    const auto* b = static_cast<const unsigned char*>(base);
+    const bool overlaps = a < b + size && b < a + bytes;
+    if (overlaps && (a < b || a + bytes > b + size)) {
+      ++stats_.misuses;
+      return;
+    }
+  }
+}
+
 bool SimDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
   if (bytes != 0 && (dst == nullptr || src == 0)) return false;
   std::lock_guard lock(mu_);
+  check_host_range_locked(dst, bytes);
   enqueue(s, Op{Op::kCopy, [dst, src, bytes] { std::memcpy(dst, as_ptr(src), bytes); }, {}, 0});
   return true;
 }
@@ -464,6 +479,7 @@ bool SimDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
 bool SimDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) {
   if (bytes != 0 && (dst == 0 || src == nullptr)) return false;
   std::lock_guard lock(mu_);
+  check_host_range_locked(src, bytes);
   enqueue(s, Op{Op::kCopy, [dst, src, bytes] { std::memcpy(as_ptr(dst), src, bytes); }, {}, 0});
   return true;
 }

@@ -13,6 +13,8 @@
 //     never reloaded reads 0xA5 garbage. Misuses (mapping outside a reservation, over a
 //     mapping, part of a handle (the H200 refuses that too), misaligned; unmapping what is
 //     not mapped exactly; releasing a handle still mapped) fail and are counted.
+//     A copy whose host side lies partly in a pinned registration (pin_host) and partly
+//     beyond it is counted as a misuse too: a real driver may take it for pinned memory.
 //   - A GPU that runs later. Every stream (any value, 0 and 2 included, all independent:
 //     no legacy-stream implicit synchronisation) is a FIFO of ops — kernels (launch()),
 //     copies, event records and waits — that runs only when a test calls step(), run_all()
@@ -187,6 +189,7 @@ class SimDriver final : public Driver {
   };
   int64_t clock_ns_ = 0;
   std::vector<std::pair<void*, uint64_t>> pinned_;
+  void check_host_range_locked(const void* p, uint64_t bytes);
   uint64_t next_marker_ = 1;
   std::unordered_map<uint64_t, Marker> markers_;
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "common/clock.h"
 
@@ -46,7 +47,7 @@ void* HostStore::take(uint64_t bytes) {
   std::lock_guard<std::mutex> lk(mu_);
   if (void* p = take_locked(bytes)) return p;
   // Out of room: grown here, on the caller's thread (grow_ahead keeps this rare).
-  const uint64_t size = std::max(bytes, o_.chunk_bytes);
+  const uint64_t size = bytes > o_.pin_piece ? bytes : std::max(bytes, std::min(o_.chunk_bytes, o_.pin_piece));
   if (st_.mapped + growing_ + size > o_.limit) {
     ++st_.refused;
     return nullptr;
@@ -58,13 +59,23 @@ void* HostStore::take(uint64_t bytes) {
   }
   ++st_.grown_in_take;
   add_chunk(base, size);
+  if (bytes > o_.pin_piece) {  // its own chunk, whole
+    chunks_.back().used = size;
+    tails_ -= size;
+    note_taken(bytes);
+    return base;
+  }
   return take_locked(bytes);
 }
 
 void* HostStore::take_locked(uint64_t bytes) {
   // The smallest freed slot that holds it (exact sizes recur in a training step); the rest of a
-  // larger one stays free.
-  if (auto it = free_.lower_bound(bytes); it != free_.end()) {
+  // larger one stays free. A slot over pin_piece had a chunk of its own, registered in pieces
+  // from its start: it is taken whole by its own size only, so that no copy, split in pieces
+  // from its slot's start, spans two registrations.
+  auto it = free_.lower_bound(bytes);
+  if (it != free_.end() && it->first > o_.pin_piece && it->first != bytes) it = free_.find(bytes);
+  if (it != free_.end()) {
     auto* p = static_cast<unsigned char*>(it->second);
     const uint64_t have = it->first;
     free_.erase(it);
@@ -73,8 +84,9 @@ void* HostStore::take_locked(uint64_t bytes) {
     note_taken(bytes);
     return p;
   }
+  if (bytes > o_.pin_piece) return nullptr;  // a chunk of its own
   for (Chunk& c : chunks_)
-    if (c.bytes - c.used >= bytes) {
+    if (c.bytes <= o_.pin_piece && c.bytes - c.used >= bytes) {
       void* p = c.base + c.used;
       c.used += bytes;
       tails_ -= bytes;
@@ -90,13 +102,18 @@ void HostStore::note_taken(uint64_t bytes) {
 }
 
 unsigned char* HostStore::map_chunk(uint64_t size) {
+  unsigned char* base = map_unpinned(size);
+  if (base) pin_chunk(base, size);
+  return base;
+}
+
+unsigned char* HostStore::map_unpinned(uint64_t size) {
   const int64_t t0 = mono_ns();
   void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return nullptr;
   auto* base = static_cast<unsigned char*>(m);
-  // Transparent huge pages where the system allows them on request: faulting a chunk in 2 MiB
-  // pages costs a fraction of 4 KiB pages (docs/results.md), and pinning fewer pages is faster.
-  madvise(base, size, MADV_HUGEPAGE);
+  // Faulted in before pinning, in the system's default page size: asking for transparent huge
+  // pages made it about twice as slow on the H200's host (direct compaction; docs/results.md).
 #ifdef MADV_POPULATE_WRITE
   const bool populated = madvise(base, size, MADV_POPULATE_WRITE) == 0;
 #else
@@ -104,16 +121,19 @@ unsigned char* HostStore::map_chunk(uint64_t size) {
 #endif
   if (!populated)
     for (uint64_t off = 0; off < size; off += 4096) base[off] = 0;
-  const int64_t t1 = mono_ns();
+  std::lock_guard<std::mutex> lk(stats_mu_);
+  st_.populate_ns += mono_ns() - t0;
+  return base;
+}
+
+void HostStore::pin_chunk(unsigned char* base, uint64_t size) {
+  const int64_t t0 = mono_ns();
   uint64_t failures = 0;
   for (uint64_t off = 0; off < size; off += o_.pin_piece)
     if (!d_.pin_host(base + off, std::min(o_.pin_piece, size - off))) ++failures;
-  const int64_t t2 = mono_ns();
   std::lock_guard<std::mutex> lk(stats_mu_);
-  st_.populate_ns += t1 - t0;
-  st_.pin_ns += t2 - t1;
+  st_.pin_ns += mono_ns() - t0;
   st_.pin_failures += failures;
-  return base;
 }
 
 void HostStore::add_chunk(unsigned char* base, uint64_t size) {
@@ -136,17 +156,34 @@ uint64_t HostStore::grow_ahead() {
     const uint64_t want = std::max(o_.chunk_bytes, 4 * rate_);
     const uint64_t room = tails_ + free_bytes_ + growing_;
     if (room >= want) return 0;
-    size = round_up(std::min(want - room, o_.max_ahead), o_.chunk_bytes);
-    if (st_.mapped + growing_ + size > o_.limit) return 0;
+    // Chunks of chunk_bytes (at most pin_piece: one registration each), a few at a time.
+    const uint64_t chunk = std::min(o_.chunk_bytes, o_.pin_piece);
+    size = std::min(round_up(want - room, chunk), kAheadChunks * chunk);
+    while (size && st_.mapped + growing_ + size > o_.limit) size -= chunk;
+    if (!size) return 0;
     growing_ += size;
   }
-  unsigned char* base = map_chunk(size);  // outside the lock: takes go on meanwhile
-  std::lock_guard<std::mutex> lk(mu_);
-  growing_ -= size;
-  if (!base) return 0;
-  add_chunk(base, size);
-  ++st_.grown_ahead;
-  return size;
+  // Outside the lock, so that takes go on meanwhile; the chunks faulted in on threads of their
+  // own (faulting memory in runs at about 3.5 GB/s a thread on the H200's host), pinned here.
+  const uint64_t chunk = std::min(o_.chunk_bytes, o_.pin_piece);
+  const size_t n = size / chunk;
+  unsigned char* bases[kAheadChunks] = {};
+  {
+    std::thread faulting[kAheadChunks];
+    for (size_t i = 0; i < n; ++i) faulting[i] = std::thread([&, i] { bases[i] = map_unpinned(chunk); });
+    for (size_t i = 0; i < n; ++i) faulting[i].join();
+  }
+  uint64_t added = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (bases[i]) pin_chunk(bases[i], chunk);
+    std::lock_guard<std::mutex> lk(mu_);
+    growing_ -= chunk;
+    if (!bases[i]) continue;
+    add_chunk(bases[i], chunk);
+    ++st_.grown_ahead;
+    added += chunk;
+  }
+  return added;
 }
 
 void HostStore::give(void* p, uint64_t bytes) {

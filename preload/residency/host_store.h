@@ -8,13 +8,17 @@
 // by size and reused first, the smallest that holds a request (a training step evicts the
 // same sizes again and again), so the store grows to about the most bytes that were ever out
 // at once, plus the rounding of its chunks. grow_ahead, from another thread, maps and pins the
-// next chunks before they are needed: faulting memory in and pinning it cost about 80 ms/GiB
-// on the H200's host, which a training thread that evicts should not wait for.
+// next chunks before they are needed: faulting memory in and pinning it took most of a capped
+// Llama's first step on the H200 (docs/results.md), time the evicting thread should not wait.
+//
+// A copy never spans two pinned registrations (a driver may take such a copy for pinned memory
+// it is not): a chunk of at most pin_piece is one registration, and a larger one holds one
+// slot, registered in pieces of pin_piece from its start, as copies are split.
 //
 // `limit` bounds the store (0: MemAvailable at construction less a quarter). take() returns
 // nullptr past it: the caller says how much more was needed.
 //
-// Thread-safe: one mutex. Never called from a hook while another of its locks is held.
+// Thread-safe: one mutex (and one for the times). Never called from a hook while another of its locks is held.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +36,6 @@ class HostStore {
     uint64_t chunk_bytes = 256ull << 20;
     uint64_t pin_piece = 1ull << 30;  // registrations and copies never span more
     uint64_t limit = 0;                // bytes mapped at most; 0: from MemAvailable
-    uint64_t max_ahead = 4ull << 30;   // grown by one grow_ahead() at most
   };
   struct Stats {
     uint64_t mapped = 0, in_use = 0, peak_in_use = 0, chunks = 0, pin_failures = 0;
@@ -69,6 +72,9 @@ class HostStore {
   void* take_locked(uint64_t bytes);
   void note_taken(uint64_t bytes);
   unsigned char* map_chunk(uint64_t size);  // mapped, faulted in and pinned; no lock held
+  unsigned char* map_unpinned(uint64_t size);
+  void pin_chunk(unsigned char* base, uint64_t size);
+  static constexpr size_t kAheadChunks = 8;  // grown by one grow_ahead() at most
   void add_chunk(unsigned char* base, uint64_t size);
 
   Driver& d_;

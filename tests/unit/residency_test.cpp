@@ -1047,9 +1047,9 @@ TEST(Residency, HostStoreGrowsAheadOfItsUseFromAnotherThread) {
   EXPECT_EQ(h.grow_ahead(), 0u) << "nothing taken yet: nothing to grow for";
   for (int i = 0; i < 4; ++i) ASSERT_NE(h.take(1 << 20), nullptr);
   EXPECT_EQ(h.stats().grown_in_take, 4u);
-  EXPECT_GE(h.grow_ahead(), 16u << 20) << "room for four times the growth since the last look";
+  EXPECT_EQ(h.grow_ahead(), 8u << 20) << "room for four times the growth since the last look, 8 chunks at a time";
   const uint64_t before = h.stats().grown_in_take;
-  for (int i = 0; i < 16; ++i) ASSERT_NE(h.take(1 << 20), nullptr);
+  for (int i = 0; i < 8; ++i) ASSERT_NE(h.take(1 << 20), nullptr);
   EXPECT_EQ(h.stats().grown_in_take, before) << "a take mapped a chunk itself";
   // Concurrently: one thread takes and gives, another grows; every slot is pinned memory.
   std::atomic<bool> done{false};
@@ -1074,6 +1074,46 @@ TEST(Residency, HostStoreGrowsAheadOfItsUseFromAnotherThread) {
   EXPECT_LE(st.mapped, o.limit);
   EXPECT_EQ(sim.pinned().size(), st.chunks);
   EXPECT_EQ(st.pin_failures, 0u);
+}
+
+// Copies split in pieces of pin_piece from a slot's start never span two pinned registrations,
+// whatever the sizes taken and given and however the store grew (the simulated driver counts
+// such a copy as a misuse: a real one may take it for pinned memory it is not, and on the H200
+// training then diverged).
+TEST(Residency, NoCopyIntoTheHostStoreSpansTwoRegistrations) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 256 << 10;
+  o.pin_piece = 1 << 20;
+  o.limit = 1ull << 30;
+  HostStore h(sim, o);
+  const DevPtr dev = sim.reserve(4 << 20);
+  const uint64_t handle = sim.create_physical(4 << 20);
+  ASSERT_TRUE(sim.map(dev, 4 << 20, handle));
+  std::mt19937_64 rng(7);
+  std::vector<std::pair<void*, uint64_t>> held;
+  for (int i = 0; i < 400; ++i) {
+    if (i % 16 == 0) h.grow_ahead();
+    if (!held.empty() && rng() % 3 == 0) {
+      const size_t k = rng() % held.size();
+      h.give(held[k].first, held[k].second);
+      held.erase(held.begin() + static_cast<long>(k));
+      continue;
+    }
+    // Sizes from 4 KiB to 3.5 MiB: under a chunk, over one, and over pin_piece.
+    const uint64_t bytes = 4096 * (1 + rng() % 896);
+    auto* p = static_cast<unsigned char*>(h.take(bytes));
+    ASSERT_NE(p, nullptr);
+    for (uint64_t off = 0; off < bytes; off += o.pin_piece)
+      sim.copy_to_host(p + off, dev, std::min(o.pin_piece, bytes - off), 0x2000);
+    held.push_back({p, bytes});
+  }
+  sim.run_all();
+  EXPECT_EQ(sim.vmm_stats().misuses, 0u);
+  EXPECT_GT(h.stats().grown_ahead, 0u);
+  ASSERT_TRUE(sim.unmap(dev, 4 << 20));
+  sim.release_physical(handle);
+  sim.unreserve(dev, 4 << 20);
 }
 
 }  // namespace
