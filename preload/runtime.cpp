@@ -217,12 +217,7 @@ void Runtime::pump(bool no_wait) {
     if (offloading_) plan_.on_step(t, assembler_.marked());
   }
   if (offloading_) executor_.poll();
-  if (Residency* r = cap_.load(std::memory_order_acquire)) {
-    r->poll();
-    // The hard cap's host store maps and pins its next chunks here, not on the training thread
-    // that evicts into it (cap_ is published after host_store_ is set).
-    if (!no_wait) host_store_->grow_ahead();
-  }
+  if (Residency* r = cap_.load(std::memory_order_acquire)) r->poll();
   check_allocations_seen();
   sample_telemetry();
   time_steps_with_markers();

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 
 #include "common/clock.h"
 
@@ -46,9 +45,9 @@ void* HostStore::take(uint64_t bytes) {
   bytes = round_up(std::max<uint64_t>(bytes, 1), kSlotAlign);
   std::lock_guard<std::mutex> lk(mu_);
   if (void* p = take_locked(bytes)) return p;
-  // Out of room: grown here, on the caller's thread (grow_ahead keeps this rare).
+  // Out of room: a chunk more.
   const uint64_t size = bytes > o_.pin_piece ? bytes : std::max(bytes, std::min(o_.chunk_bytes, o_.pin_piece));
-  if (st_.mapped + growing_ + size > o_.limit) {
+  if (st_.mapped + size > o_.limit) {
     ++st_.refused;
     return nullptr;
   }
@@ -57,11 +56,9 @@ void* HostStore::take(uint64_t bytes) {
     ++st_.refused;
     return nullptr;
   }
-  ++st_.grown_in_take;
   add_chunk(base, size);
   if (bytes > o_.pin_piece) {  // its own chunk, whole
     chunks_.back().used = size;
-    tails_ -= size;
     note_taken(bytes);
     return base;
   }
@@ -80,7 +77,6 @@ void* HostStore::take_locked(uint64_t bytes) {
     const uint64_t have = it->first;
     free_.erase(it);
     if (have > bytes) free_.emplace(have - bytes, p + bytes);
-    free_bytes_ -= bytes;
     note_taken(bytes);
     return p;
   }
@@ -89,7 +85,6 @@ void* HostStore::take_locked(uint64_t bytes) {
     if (c.bytes <= o_.pin_piece && c.bytes - c.used >= bytes) {
       void* p = c.base + c.used;
       c.used += bytes;
-      tails_ -= bytes;
       note_taken(bytes);
       return p;
     }
@@ -102,88 +97,24 @@ void HostStore::note_taken(uint64_t bytes) {
 }
 
 unsigned char* HostStore::map_chunk(uint64_t size) {
-  unsigned char* base = map_unpinned(size);
-  if (base) pin_chunk(base, size);
-  return base;
-}
-
-unsigned char* HostStore::map_unpinned(uint64_t size) {
   const int64_t t0 = mono_ns();
-  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (m == MAP_FAILED) return nullptr;
   auto* base = static_cast<unsigned char*>(m);
-  // Faulted in before pinning, in the system's default page size: asking for transparent huge
+  // Faulted in (MAP_POPULATE) in the system's default page size: asking for transparent huge
   // pages made it about twice as slow on the H200's host (direct compaction; docs/results.md).
-#ifdef MADV_POPULATE_WRITE
-  const bool populated = madvise(base, size, MADV_POPULATE_WRITE) == 0;
-#else
-  const bool populated = false;
-#endif
-  if (!populated)
-    for (uint64_t off = 0; off < size; off += 4096) base[off] = 0;
-  std::lock_guard<std::mutex> lk(stats_mu_);
-  st_.populate_ns += mono_ns() - t0;
-  return base;
-}
-
-void HostStore::pin_chunk(unsigned char* base, uint64_t size) {
-  const int64_t t0 = mono_ns();
-  uint64_t failures = 0;
+  const int64_t t1 = mono_ns();
   for (uint64_t off = 0; off < size; off += o_.pin_piece)
-    if (!d_.pin_host(base + off, std::min(o_.pin_piece, size - off))) ++failures;
-  std::lock_guard<std::mutex> lk(stats_mu_);
-  st_.pin_ns += mono_ns() - t0;
-  st_.pin_failures += failures;
+    if (!d_.pin_host(base + off, std::min(o_.pin_piece, size - off))) ++st_.pin_failures;
+  st_.populate_ns += t1 - t0;
+  st_.pin_ns += mono_ns() - t1;
+  return base;
 }
 
 void HostStore::add_chunk(unsigned char* base, uint64_t size) {
   chunks_.push_back({base, size, 0});
   st_.mapped += size;
   ++st_.chunks;
-  tails_ += size;
-}
-
-uint64_t HostStore::grow_ahead() {
-  uint64_t size = 0;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    // The room to keep: what the store's use grew by between two looks, at most, a few times
-    // over, decaying once the use stops growing; never under one chunk while it grows at all.
-    const uint64_t grew = st_.peak_in_use - std::min(st_.peak_in_use, peak_seen_);
-    peak_seen_ = st_.peak_in_use;
-    rate_ = std::max(rate_ - rate_ / 8, grew);
-    if (!rate_) return 0;
-    const uint64_t want = std::max(o_.chunk_bytes, 4 * rate_);
-    const uint64_t room = tails_ + free_bytes_ + growing_;
-    if (room >= want) return 0;
-    // Chunks of chunk_bytes (at most pin_piece: one registration each), a few at a time.
-    const uint64_t chunk = std::min(o_.chunk_bytes, o_.pin_piece);
-    size = std::min(round_up(want - room, chunk), kAheadChunks * chunk);
-    while (size && st_.mapped + growing_ + size > o_.limit) size -= chunk;
-    if (!size) return 0;
-    growing_ += size;
-  }
-  // Outside the lock, so that takes go on meanwhile; the chunks faulted in on threads of their
-  // own (faulting memory in runs at about 3.5 GB/s a thread on the H200's host), pinned here.
-  const uint64_t chunk = std::min(o_.chunk_bytes, o_.pin_piece);
-  const size_t n = size / chunk;
-  unsigned char* bases[kAheadChunks] = {};
-  {
-    std::thread faulting[kAheadChunks];
-    for (size_t i = 0; i < n; ++i) faulting[i] = std::thread([&, i] { bases[i] = map_unpinned(chunk); });
-    for (size_t i = 0; i < n; ++i) faulting[i].join();
-  }
-  uint64_t added = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (bases[i]) pin_chunk(bases[i], chunk);
-    std::lock_guard<std::mutex> lk(mu_);
-    growing_ -= chunk;
-    if (!bases[i]) continue;
-    add_chunk(bases[i], chunk);
-    ++st_.grown_ahead;
-    added += chunk;
-  }
-  return added;
 }
 
 void HostStore::give(void* p, uint64_t bytes) {
@@ -191,13 +122,11 @@ void HostStore::give(void* p, uint64_t bytes) {
   bytes = round_up(std::max<uint64_t>(bytes, 1), kSlotAlign);
   std::lock_guard<std::mutex> lk(mu_);
   free_.emplace(bytes, p);
-  free_bytes_ += bytes;
   st_.in_use -= std::min(st_.in_use, bytes);
 }
 
 HostStore::Stats HostStore::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
-  std::lock_guard<std::mutex> sk(stats_mu_);
   return st_;
 }
 

@@ -7,9 +7,7 @@
 // spans two chunks; a slot larger than a chunk gets a chunk of its own. Freed slots are kept
 // by size and reused first, the smallest that holds a request (a training step evicts the
 // same sizes again and again), so the store grows to about the most bytes that were ever out
-// at once, plus the rounding of its chunks. grow_ahead, from another thread, maps and pins the
-// next chunks before they are needed: faulting memory in and pinning it took most of a capped
-// Llama's first step on the H200 (docs/results.md), time the evicting thread should not wait.
+// at once, plus the rounding of its chunks.
 //
 // A copy never spans two pinned registrations (a driver may take such a copy for pinned memory
 // it is not): a chunk of at most pin_piece is one registration, and a larger one holds one
@@ -18,7 +16,7 @@
 // `limit` bounds the store (0: MemAvailable at construction less a quarter). take() returns
 // nullptr past it: the caller says how much more was needed.
 //
-// Thread-safe: one mutex (and one for the times). Never called from a hook while another of its locks is held.
+// Thread-safe: one mutex. Never called from a hook while another of its locks is held.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +38,6 @@ class HostStore {
   struct Stats {
     uint64_t mapped = 0, in_use = 0, peak_in_use = 0, chunks = 0, pin_failures = 0;
     uint64_t refused = 0;                     // take() past the limit
-    uint64_t grown_in_take = 0, grown_ahead = 0;  // chunks mapped by take() (the caller waited) and ahead
     int64_t populate_ns = 0, pin_ns = 0;      // wall time faulting chunks in, and pinning them
   };
 
@@ -52,10 +49,6 @@ class HostStore {
   // `bytes` of pinned host memory, or nullptr past the limit (or when the OS refuses).
   void* take(uint64_t bytes);
   void give(void* p, uint64_t bytes);
-  // From a thread that may wait (the shim's worker, every few ms): maps and pins a chunk ahead
-  // of need when the free room is less than a few times what the store's use grew by since the
-  // last look, so that take() rarely maps on the caller's thread. Returns the bytes added.
-  uint64_t grow_ahead();
   uint64_t limit() const { return o_.limit; }
   uint64_t pin_piece() const { return o_.pin_piece; }
   Stats stats() const;
@@ -71,21 +64,14 @@ class HostStore {
   };
   void* take_locked(uint64_t bytes);
   void note_taken(uint64_t bytes);
-  unsigned char* map_chunk(uint64_t size);  // mapped, faulted in and pinned; no lock held
-  unsigned char* map_unpinned(uint64_t size);
-  void pin_chunk(unsigned char* base, uint64_t size);
-  static constexpr size_t kAheadChunks = 8;  // grown by one grow_ahead() at most
+  unsigned char* map_chunk(uint64_t size);  // mapped, faulted in and pinned
   void add_chunk(unsigned char* base, uint64_t size);
 
   Driver& d_;
   Options o_;
   mutable std::mutex mu_;
-  mutable std::mutex stats_mu_;  // the times and failures map_chunk adds (after mu_)
   std::vector<Chunk> chunks_;
   std::multimap<uint64_t, void*> free_;  // size -> slot
-  uint64_t free_bytes_ = 0, tails_ = 0;  // in free_, and in the chunks' unused tails
-  uint64_t growing_ = 0;                 // being mapped by grow_ahead
-  uint64_t peak_seen_ = 0, rate_ = 0;    // grow_ahead's last look at peak_in_use, and the growth it keeps room for
   Stats st_;
 };
 
