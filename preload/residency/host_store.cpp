@@ -97,17 +97,17 @@ void HostStore::note_taken(uint64_t bytes) {
 }
 
 unsigned char* HostStore::map_chunk(uint64_t size) {
-  const int64_t t0 = mono_ns();
-  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return nullptr;
   auto* base = static_cast<unsigned char*>(m);
-  // Faulted in (MAP_POPULATE) in the system's default page size: asking for transparent huge
-  // pages made it about twice as slow on the H200's host (direct compaction; docs/results.md).
-  const int64_t t1 = mono_ns();
+  // Pinning faults the pages in itself: on the H200's host that made memory ready in about 340
+  // ms/GiB, against 350-510 faulted in first (MAP_POPULATE) and then pinned, and transparent
+  // huge pages were slower still (scripts/gpu/pin_probe.cpp; docs/results.md). A chunk that
+  // could not be pinned is faulted in by its first copy, as pageable memory.
+  const int64_t t0 = mono_ns();
   for (uint64_t off = 0; off < size; off += o_.pin_piece)
     if (!d_.pin_host(base + off, std::min(o_.pin_piece, size - off))) ++st_.pin_failures;
-  st_.populate_ns += t1 - t0;
-  st_.pin_ns += mono_ns() - t1;
+  st_.pin_ns += mono_ns() - t0;
   return base;
 }
 

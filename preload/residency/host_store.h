@@ -2,7 +2,7 @@
 //
 // With a device budget, what the cap forces out must have somewhere to go, and how much that
 // is becomes known only as the process allocates. The store maps anonymous memory in chunks
-// (pre-faulted, then pinned with Driver::pin_host in pieces of at most `pin_piece` bytes:
+// (pinned with Driver::pin_host, which faults them in, in pieces of at most `pin_piece` bytes:
 // one huge registration fails or takes minutes) and hands out slots inside them. A slot never
 // spans two chunks; a slot larger than a chunk gets a chunk of its own. Freed slots are kept
 // by size and reused first, the smallest that holds a request (a training step evicts the
@@ -38,7 +38,7 @@ class HostStore {
   struct Stats {
     uint64_t mapped = 0, in_use = 0, peak_in_use = 0, chunks = 0, pin_failures = 0;
     uint64_t refused = 0;                     // take() past the limit
-    int64_t populate_ns = 0, pin_ns = 0;      // wall time faulting chunks in, and pinning them
+    int64_t pin_ns = 0;                       // wall time pinning chunks (which faults them in)
   };
 
   HostStore(Driver& d, Options o);
