@@ -209,4 +209,16 @@ std::vector<std::string> unknown_settings(const char* const* env) {
   return out;
 }
 
+std::optional<int> env_int(const char* v, int lo, int hi) {
+  if (!v || !*v) return std::nullopt;
+  int64_t x = 0;
+  for (const char* p = v; *p; ++p) {
+    if (*p < '0' || *p > '9') return std::nullopt;
+    x = x * 10 + (*p - '0');
+    if (x > hi) return std::nullopt;
+  }
+  if (x < lo) return std::nullopt;
+  return static_cast<int>(x);
+}
+
 }  // namespace offload

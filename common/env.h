@@ -96,4 +96,8 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
 // such as OFFLOAD_BUDGET would otherwise be ignored in silence.
 std::vector<std::string> unknown_settings(const char* const* env);
 
+// A plain decimal in [lo, hi] (a rank from the environment); nullopt otherwise (empty, sign,
+// spaces, overflow).
+std::optional<int> env_int(const char* v, int lo, int hi);
+
 }  // namespace offload

@@ -43,4 +43,9 @@ spdlog::logger& log() {
 
 void set_log_level(const std::string& level) { log().set_level(spdlog::level::from_str(level)); }
 
+void set_log_origin(int rank) {
+  // %P is the process id at each line: a forked child says its own.
+  log().set_pattern(rank >= 0 ? "[offload %l] rank " + std::to_string(rank) + " pid %P: %v" : "[offload %l] pid %P: %v");
+}
+
 }  // namespace offload

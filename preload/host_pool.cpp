@@ -25,18 +25,6 @@ extern char** environ;
 namespace offload {
 namespace {
 
-// A plain decimal in [lo, hi]; nullopt otherwise (empty, sign, spaces, overflow).
-std::optional<int> env_int(const char* v, int lo, int hi) {
-  if (!v || !*v) return std::nullopt;
-  int64_t x = 0;
-  for (const char* p = v; *p; ++p) {
-    if (*p < '0' || *p > '9') return std::nullopt;
-    x = x * 10 + (*p - '0');
-    if (x > hi) return std::nullopt;
-  }
-  if (x < lo) return std::nullopt;
-  return static_cast<int>(x);
-}
 
 // Closes every descriptor from `first` up. Async-signal-safe.
 void close_from(int first) {

@@ -526,8 +526,12 @@ namespace {
 __attribute__((constructor)) void offload_init() {
   std::vector<std::string> errors;
   Settings s = read_settings([](const char* n) { return getenv(n); }, &errors);
-  const char* rank = getenv("RANK");  // torchrun's
-  set_log_level(s.log_level_for(rank && *rank ? atoi(rank) : -1));
+  // torchrun's: info on each node's first rank (LOCAL_RANK 0), warn on the others; every line
+  // names the rank (RANK, the job's) and the pid.
+  auto rank_of = [](const char* name) { return env_int(getenv(name), 0, INT32_MAX).value_or(-1); };
+  const int local_rank = rank_of("LOCAL_RANK"), rank = rank_of("RANK");
+  set_log_level(s.log_level_for(local_rank >= 0 ? local_rank : rank));
+  set_log_origin(rank >= 0 ? rank : local_rank);
   if (!errors.empty()) {
     // Said once, and only if the process uses CUDA (runtime() is asked): every preloaded
     // child (compilers, shells, data-loader workers) would otherwise repeat it.

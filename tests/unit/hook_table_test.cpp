@@ -905,8 +905,15 @@ TEST_F(Hooks, ABadSettingIsSaidOnceInOneLineWhenCudaIsUsed) {
     std::exit(0);
   };
   EXPECT_EXIT(use_cuda(), ::testing::ExitedWithCode(0),
-              "^\\[offload error\\] bad OFFLOAD_\\* settings \\(OFFLOAD_DEVICE_BUDGET='lots' is not valid[^\n]*\n$");
+              "^\\[offload error\\] pid [0-9]+: bad OFFLOAD_\\* settings \\(OFFLOAD_DEVICE_BUDGET='lots' is not valid[^\n]*\n$");
   EXPECT_EXIT(std::exit(0), ::testing::ExitedWithCode(0), "^$");
+  // One rank of a job: its lines name it.
+  setenv("RANK", "3", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  EXPECT_EXIT(use_cuda(), ::testing::ExitedWithCode(0),
+              "^\\[offload error\\] rank 3 pid [0-9]+: bad OFFLOAD_\\* settings \\(OFFLOAD_DEVICE_BUDGET='lots'[^\n]*\n$");
+  unsetenv("RANK");
+  unsetenv("LOCAL_RANK");
   unsetenv("OFFLOAD_DEVICE_BUDGET");
 }
 
