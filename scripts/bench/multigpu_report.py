@@ -841,7 +841,7 @@ def fair_shares(d, results, logs, status, pid_rank, ranks, rows):
     for rk in ranks:
         plan = executor(runs.get(rk)).get("plan")
         print(f"- rank {rk}: {plan or 'n/a'}")
-    lines = log_lines(logs["ddp_share"], ("] plan:", "host pool refused", "fair share", "share the host link",
+    lines = log_lines(logs["ddp_share"], (": plan:", "host pool refused", "fair share", "share the host link",
                                           "not offloading", "[offload warn", "[offload error"))
     if lines:
         print("\nddp_share.log, the plans', the pool's and the link's lines (torchrun interleaves the ranks; "

@@ -179,7 +179,7 @@ run() {
   [ -n "$smi" ] && log "  gpu: $(python3 "$root/scripts/bench/gpu_state.py" "$work/$name.smi" | cut -d: -f2-)"
   [ $rc = 0 ] || tail -n 25 "$work/$name.log"
   if [ "$shim" = o ]; then
-    grep -E '^\[offload (warn|error)\]|^\[offload info\] (plan|not offloading|host pool|step deviates)|\[bench\] (executor|WARNING)' \
+    grep -E '^\[offload (warn|error)\]|^\[offload info\] ([^:]*: )?(plan|not offloading|host pool|step deviates)|\[bench\] (executor|WARNING)' \
       "$work/$name.log" | head -n 12 | cut -c1-600
   fi
   if [ -d "$work/trace_$name" ]; then
@@ -645,7 +645,7 @@ case $plan in
       local rc=$?
       log "  rc=$rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (timed out)')"
       grep -E 'ERROR SUMMARY' "$work/$name.txt" || log "  no ERROR SUMMARY line"
-      grep -E '^\[offload (warn|error)\]|^\[offload info\] plan|\[bench\] (executor|[0-9.]+ ms/step)' \
+      grep -E '^\[offload (warn|error)\]|^\[offload info\] ([^:]*: )?plan|\[bench\] (executor|[0-9.]+ ms/step)' \
         "$work/$name.txt" | head -n 8 | cut -c1-600
       [ $rc = 0 ] || tail -n 15 "$work/$name.txt"
       [ -f "$work/$name.json" ] && check_pair reference_plain "$name"
