@@ -3,8 +3,8 @@
 //   offloadctl status [--json] [--watch [SECONDS]] [--socket PATH]
 //                                   the pool and every client, from offloadd
 //   offloadctl stop [--socket PATH]  stop offloadd (leases in use stay in the segment)
-//   offloadctl trace show PATH      summarise a trace directory (OFFLOAD_TRACE) or step file
-//   offloadctl trace check PATH     visibility and activation checks; exit 1 if one fails
+//   offloadctl trace show PATH [--json]   summarise a trace directory (OFFLOAD_TRACE) or step file
+//   offloadctl trace check PATH [--json]  visibility and activation checks; exit 1 if one fails
 //   offloadctl replay FILE [--steps N] [--offload FRACTION] [--scale DIV]
 //                                   replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw; with --offload, the
@@ -31,7 +31,7 @@
 #include "common/env.h"
 #include "offload_version.h"
 
-int cmd_trace_show(const std::string& path, bool check);
+int cmd_trace_show(const std::string& path, bool check, bool json);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
              const std::string& html, bool json, bool sweep, uint64_t persistent_min, double pool_overhead,
@@ -75,9 +75,12 @@ constexpr HelpBlock kHelp[] = {
     {"stop",
      "  stop [--socket PATH]   stop offloadd\n"},
     {"trace",
-     "  trace show PATH        summarise a trace directory (OFFLOAD_TRACE=DIR) or one step file\n"},
+     "  trace show PATH [--json]\n"
+     "                         summarise a trace directory (OFFLOAD_TRACE=DIR) or one step file;\n"
+     "                         --json: the steps, the last step's top kernels, as one JSON object\n"},
     {"trace",
-     "  trace check PATH       check visibility (shim launches == CUPTI kernels) and that every\n"
+     "  trace check PATH [--json]\n"
+     "                         check visibility (shim launches == CUPTI kernels) and that every\n"
      "                         activation is touched in the backward; exit 1 if a check fails\n"},
     {"replay",
      "  replay FILE [--steps N] [--offload FRACTION] [--scale DIV]\n"
@@ -193,8 +196,8 @@ int main(int argc, char** argv) {
     }
     return a[0] == "status" ? cmd_status(socket, json, watch) : cmd_stop(socket);
   }
-  if (a[0] == "trace" && a.size() == 3 && (a[1] == "show" || a[1] == "check"))
-    return cmd_trace_show(a[2], a[1] == "check");
+  if (a[0] == "trace" && (a.size() == 3 || (a.size() == 4 && a[3] == "--json")) && (a[1] == "show" || a[1] == "check"))
+    return cmd_trace_show(a[2], a[1] == "check", a.size() == 4);
   if (a[0] == "replay" && a.size() >= 2) {
     int steps = 0;
     double fraction = 0;

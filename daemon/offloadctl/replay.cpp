@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json_writer.h"
 #include "core/replay.h"
 #include "core/tracker.h"
 #include "planner/step_trace.h"
@@ -37,7 +38,40 @@ double gib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024);
 
 }  // namespace
 
-int cmd_trace_show(const std::string& path, bool check) {
+namespace {
+
+// One recorded step, as trace show prints it.
+struct StepRow {
+  std::string file;
+  uint64_t step = 0;
+  size_t launches = 0, kernels = 0, born = 0;
+  int64_t cupti_kernels = -1, gpu_busy_ns = -1;  // -1: no GPU-time telemetry in the trace
+  ActivationReport act;
+};
+
+void print_rows(const std::vector<StepRow>& rows) {
+  printf("%-6s %9s %8s %13s %8s %11s %7s %14s %13s %15s\n", "step", "launches", "kernels", "cupti_kernels",
+         "seen", "gpu_busy_ms", "allocs", "activations", "no_bwd_access", "tiny(no_bwd)");
+  for (const StepRow& r : rows) {
+    char seen[32] = "-", busy[32] = "-", cupti[32] = "-";
+    if (r.cupti_kernels >= 0) {
+      snprintf(cupti, sizeof cupti, "%lld", static_cast<long long>(r.cupti_kernels));
+      snprintf(seen, sizeof seen, "%.1f%%",
+               r.cupti_kernels ? 100.0 * static_cast<double>(r.kernels) / static_cast<double>(r.cupti_kernels) : 100.0);
+      snprintf(busy, sizeof busy, "%.2f", static_cast<double>(r.gpu_busy_ns) / 1e6);
+    }
+    char acts[48], tiny[32];
+    snprintf(acts, sizeof acts, "%zu/%.2fGiB", r.act.activations, gib(r.act.activation_bytes));
+    snprintf(tiny, sizeof tiny, "%zu(%zu)", r.act.small, r.act.small_without_backward_access);
+    if (rows.size() > 1 && r.file.rfind("step-", 0) != 0) printf("%s:\n", r.file.c_str());
+    printf("%-6llu %9zu %8zu %13s %8s %11s %7zu %14s %13zu %15s\n", static_cast<unsigned long long>(r.step),
+           r.launches, r.kernels, cupti, seen, busy, r.born, acts, r.act.without_backward_access.size(), tiny);
+  }
+}
+
+}  // namespace
+
+int cmd_trace_show(const std::string& path, bool check, bool json) {
   std::vector<fs::path> files;
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
@@ -51,42 +85,36 @@ int cmd_trace_show(const std::string& path, bool check) {
     fprintf(stderr, "offloadctl: no step traces (*.trace) in %s\n", path.c_str());
     return 1;
   }
-  printf("%-6s %9s %8s %13s %8s %11s %7s %14s %13s %15s\n", "step", "launches", "kernels", "cupti_kernels",
-         "seen", "gpu_busy_ms", "allocs", "activations", "no_bwd_access", "tiny(no_bwd)");
-  int failures = 0, checked = 0;
+  std::vector<StepRow> rows;
+  std::vector<std::string> failures;
+  int checked = 0;
   StepTrace last;
   for (const fs::path& f : files) {
     StepTrace t;
     if (!load_step_trace(f, &t)) return 1;
-    ActivationReport act = analyse_activations(t);
-    size_t k = t.kernel_launches();
-    char seen[32] = "-", busy[32] = "-", cupti[32] = "-";
-    if (t.cupti_kernels >= 0) {
-      snprintf(cupti, sizeof cupti, "%lld", static_cast<long long>(t.cupti_kernels));
-      snprintf(seen, sizeof seen, "%.1f%%", t.cupti_kernels ? 100.0 * static_cast<double>(k) / static_cast<double>(t.cupti_kernels) : 100.0);
-      snprintf(busy, sizeof busy, "%.2f", static_cast<double>(t.gpu_busy_ns) / 1e6);
-    }
-    size_t born = static_cast<size_t>(std::count_if(t.allocs.begin(), t.allocs.end(), [](auto& a) { return a.alloc_pos >= 0; }));
-    char acts[48];
-    snprintf(acts, sizeof acts, "%zu/%.2fGiB", act.activations, gib(act.activation_bytes));
-    char tiny[32];
-    snprintf(tiny, sizeof tiny, "%zu(%zu)", act.small, act.small_without_backward_access);
-    if (files.size() > 1 && f.stem().string().rfind("step-", 0) != 0) printf("%s:\n", f.filename().c_str());
-    printf("%-6llu %9zu %8zu %13s %8s %11s %7zu %14s %13zu %15s\n", static_cast<unsigned long long>(t.step),
-           t.launches.size(), k, cupti, seen, busy, born, acts, act.without_backward_access.size(), tiny);
+    StepRow r;
+    r.file = f.filename().string();
+    r.step = t.step;
+    r.launches = t.launches.size();
+    r.kernels = t.kernel_launches();
+    r.born = static_cast<size_t>(std::count_if(t.allocs.begin(), t.allocs.end(), [](auto& a) { return a.alloc_pos >= 0; }));
+    r.act = analyse_activations(t);
+    if (t.cupti_kernels >= 0) r.cupti_kernels = t.cupti_kernels, r.gpu_busy_ns = t.gpu_busy_ns;
     if (check && t.cupti_kernels >= 0) {
       ++checked;
-      if (static_cast<int64_t>(k) != t.cupti_kernels) {
-        ++failures;
-        printf("  FAIL step %llu: the shim saw %zu kernel launches, CUPTI recorded %lld kernels\n",
-               static_cast<unsigned long long>(t.step), k, static_cast<long long>(t.cupti_kernels));
+      char buf[256];
+      if (static_cast<int64_t>(r.kernels) != t.cupti_kernels) {
+        snprintf(buf, sizeof buf, "step %llu: the shim saw %zu kernel launches, CUPTI recorded %lld kernels",
+                 static_cast<unsigned long long>(t.step), r.kernels, static_cast<long long>(t.cupti_kernels));
+        failures.push_back(buf);
       }
-      for (uint32_t o : act.without_backward_access) {
-        ++failures;
-        printf("  FAIL step %llu: activation #%u (%llu bytes) has no access after the forward\n",
-               static_cast<unsigned long long>(t.step), o, static_cast<unsigned long long>(t.allocs[o].bytes));
+      for (uint32_t o : r.act.without_backward_access) {
+        snprintf(buf, sizeof buf, "step %llu: activation #%u (%llu bytes) has no access after the forward",
+                 static_cast<unsigned long long>(t.step), o, static_cast<unsigned long long>(t.allocs[o].bytes));
+        failures.push_back(buf);
       }
     }
+    rows.push_back(std::move(r));
     last = std::move(t);
   }
   // Where the GPU time of the last step went.
@@ -96,27 +124,52 @@ int cmd_trace_show(const std::string& path, bool check) {
       by_kernel[l.kernel].first += l.gpu_ns;
       by_kernel[l.kernel].second += 1;
     }
-  if (!by_kernel.empty()) {
-    std::vector<std::pair<int64_t, uint32_t>> top;
-    for (auto& [id, v] : by_kernel) top.emplace_back(v.first, id);
-    std::sort(top.rbegin(), top.rend());
+  std::vector<std::pair<int64_t, uint32_t>> top;
+  for (auto& [id, v] : by_kernel) top.emplace_back(v.first, id);
+  std::sort(top.rbegin(), top.rend());
+  if (top.size() > 8) top.resize(8);
+  const bool failed = check && (checked == 0 || !failures.empty());
+  if (json) {
+    JsonWriter w;
+    w.object().field("version", 1).array("steps");
+    for (const StepRow& r : rows) {
+      w.object().field("file", r.file).field("step", r.step).field("launches", r.launches).field("kernels", r.kernels);
+      if (r.cupti_kernels >= 0) w.field("cupti_kernels", r.cupti_kernels).field("gpu_busy_ns", r.gpu_busy_ns);
+      else w.key("cupti_kernels").null().key("gpu_busy_ns").null();
+      w.field("allocs_born", r.born).field("activations", r.act.activations)
+          .field("activation_bytes", r.act.activation_bytes)
+          .field("activations_without_backward_access", r.act.without_backward_access.size())
+          .field("small_activations", r.act.small)
+          .field("small_without_backward_access", r.act.small_without_backward_access).end();
+    }
+    w.end().object("top_kernels_last_step").field("step", last.step).array("kernels");
+    for (const auto& [ns, id] : top)
+      w.object().field("name", last.kernels[id]).field("gpu_ns", ns).field("launches", by_kernel[id].second).end();
+    w.end().end();
+    if (check) {
+      w.object("check").field("ok", !failed).field("steps_checked", checked).array("failures");
+      for (const std::string& f : failures) w.value(f);
+      w.end().end();
+    }
+    w.end();
+    printf("%s\n", w.str().c_str());
+    return failed ? 1 : 0;
+  }
+  print_rows(rows);
+  for (const std::string& f : failures) printf("  FAIL %s\n", f.c_str());
+  if (!top.empty()) {
     printf("\nGPU time by kernel, step %llu (top 8):\n", static_cast<unsigned long long>(last.step));
-    for (size_t i = 0; i < top.size() && i < 8; ++i) {
-      std::string name = last.kernels[top[i].second];
+    for (const auto& [ns, id] : top) {
+      std::string name = last.kernels[id];
       if (name.size() > 90) name = name.substr(0, 87) + "...";
-      printf("  %9.3f ms  %5d x  %s\n", static_cast<double>(top[i].first) / 1e6, by_kernel[top[i].second].second,
-             name.c_str());
+      printf("  %9.3f ms  %5d x  %s\n", static_cast<double>(ns) / 1e6, by_kernel[id].second, name.c_str());
     }
   }
   if (check) {
-    if (checked == 0) {
-      printf("\ncheck: FAIL: no step has GPU-time telemetry to check against\n");
-      return 1;
-    }
-    printf("\ncheck: %s (%d steps checked, %d failures)\n", failures ? "FAIL" : "ok", checked, failures);
-    return failures ? 1 : 0;
+    if (checked == 0) printf("\ncheck: FAIL: no step has GPU-time telemetry to check against\n");
+    else printf("\ncheck: %s (%d steps checked, %zu failures)\n", failed ? "FAIL" : "ok", checked, failures.size());
   }
-  return 0;
+  return failed ? 1 : 0;
 }
 
 namespace {

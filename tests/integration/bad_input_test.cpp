@@ -6,11 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "it_support.h"
+#include "json_mini.h"
 
 namespace offload::it {
 namespace {
@@ -718,6 +720,45 @@ TEST(OffloadctlPlan, KeepsRoomForOneMoreHandleAsTheShimDoes) {
   EXPECT_LE(std::stoull(peak) + std::stoull(spare), budget);
   RunResult text = run_program({OFFLOADCTL_BIN, "plan", "--trace", trace, "--budget", std::to_string(budget)}, {}, dir.path());
   EXPECT_NE(text.out.find("room for one more handle"), std::string::npos) << text.out;
+}
+
+// trace show and trace check print one JSON object with --json: a row per recorded step, the
+// last step's kernels by GPU time, and (check) the verdict with its failures.
+TEST(OffloadctlTrace, ShowAndCheckPrintJson) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  size_t traces = 0;
+  for (const auto& e : std::filesystem::directory_iterator(OFFLOAD_TRACES_DIR))
+    traces += e.path().extension() == ".trace";
+  ASSERT_GT(traces, 0u);
+  for (const std::string cmd : {"show", "check"}) {
+    SCOPED_TRACE(cmd);
+    RunResult r = run_program({OFFLOADCTL_BIN, "trace", cmd, OFFLOAD_TRACES_DIR, "--json"}, {}, dir.path());
+    ASSERT_EQ(r.exit_code(), 0) << describe_status(r.status) << "\nstderr: " << r.err;
+    testing::Json j;
+    std::string err;
+    ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err << "\n" << r.out;
+    EXPECT_EQ(j["version"].num, 1);
+    ASSERT_EQ(j["steps"].items.size(), traces);
+    for (const testing::Json& s : j["steps"].items) {
+      SCOPED_TRACE(s["file"].text);
+      EXPECT_GE(s["launches"].num, s["kernels"].num);
+      EXPECT_GT(s["kernels"].num, 0);
+      EXPECT_EQ(s["cupti_kernels"].num, s["kernels"].num) << "the recorded steps saw every kernel";
+      EXPECT_GT(s["gpu_busy_ns"].num, 0);
+      EXPECT_GE(s["activations"].num, s["activations_without_backward_access"].num);
+    }
+    EXPECT_FALSE(j["top_kernels_last_step"]["kernels"].items.empty());
+    if (cmd == "check") {
+      EXPECT_TRUE(j["check"]["ok"].b);
+      EXPECT_EQ(j["check"]["steps_checked"].num, static_cast<double>(traces));
+      EXPECT_TRUE(j["check"]["failures"].items.empty());
+    } else {
+      EXPECT_EQ(j.fields.count("check"), 0u);
+    }
+  }
+  RunResult r = run_program({OFFLOADCTL_BIN, "trace", "show", OFFLOAD_TRACES_DIR, "--jsn"}, {}, dir.path());
+  EXPECT_EQ(r.exit_code(), 2) << "an unknown option is a usage error";
 }
 
 }  // namespace
