@@ -167,6 +167,7 @@ int cmd_status(const std::string& socket, bool json, double watch_s) {
   DaemonClient c;
   if (!connect(&c, socket)) return 1;
   bool ask_node = true;  // until the daemon shows it has no node to tell of
+  bool first = true;
   for (;;) {
     proto::StatusHead h{};
     std::vector<proto::ClientStatus> cs;
@@ -193,7 +194,10 @@ int cmd_status(const std::string& socket, bool json, double watch_s) {
       }
     }
     const NodeView* nv = node ? &*node : nullptr;
-    if (watch_s > 0 && !json) printf("\033[H\033[2J");
+    // A terminal is cleared between refreshes; a pipe or a file gets the tables one after
+    // another, a blank line apart, with no terminal codes in them.
+    if (watch_s > 0 && !json) printf(isatty(STDOUT_FILENO) ? "\033[H\033[2J" : (first ? "" : "\n"));
+    first = false;
     json ? print_json(h, cs, nv, complete) : print_table(h, cs, nv, complete);
     fflush(stdout);
     if (watch_s <= 0) return 0;

@@ -501,5 +501,37 @@ TEST(StatusIntegration, AnotherUserIsRefused) {
   }
 }
 
+// status --watch into a pipe or a file: the tables one after another, and no terminal codes
+// (clearing the screen is for a terminal).
+TEST(StatusIntegration, WatchIntoAFileWritesNoTerminalCodes) {
+  Daemon d;
+  std::string why;
+  ASSERT_TRUE(d.start({"--no-prefault", "--pool-size", "64MiB"}, &why)) << why;
+  const std::string out = d.dir() + "/watch.txt";
+  Proc w;
+  Proc::Options o;
+  o.argv = {OFFLOADCTL_BIN, "status", "--watch", "0.1", "--socket", d.socket()};
+  o.env = d.env();
+  o.stdout_file = out;
+  o.stderr_file = d.dir() + "/watch.err";
+  ASSERT_TRUE(w.start(o, &why)) << why;
+  auto tables = [&] {
+    std::ifstream is(out);
+    std::stringstream ss;
+    ss << is.rdbuf();
+    return ss.str();
+  };
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+    return n;
+  };
+  EXPECT_TRUE(poll_until([&] { return count(tables(), "pool: ") >= 3; }, 10000)) << tables() << read_file(d.dir() + "/watch.err");
+  w.kill_and_wait(SIGTERM);
+  const std::string text = tables();
+  EXPECT_EQ(text.find('\033'), std::string::npos) << "terminal codes in a file";
+  EXPECT_GE(count(text, "\n\npool: "), 2u) << "refreshes a blank line apart:\n" << text;
+}
+
 }  // namespace
 }  // namespace offload::it
