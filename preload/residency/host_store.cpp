@@ -66,17 +66,12 @@ void* HostStore::take(uint64_t bytes) {
 }
 
 void* HostStore::take_locked(uint64_t bytes) {
-  // The smallest freed slot that holds it (exact sizes recur in a training step); the rest of a
-  // larger one stays free. A slot over pin_piece had a chunk of its own, registered in pieces
-  // from its start: it is taken whole by its own size only, so that no copy, split in pieces
-  // from its slot's start, spans two registrations.
-  auto it = free_.lower_bound(bytes);
-  if (it != free_.end() && it->first > o_.pin_piece && it->first != bytes) it = free_.find(bytes);
-  if (it != free_.end()) {
-    auto* p = static_cast<unsigned char*>(it->second);
-    const uint64_t have = it->first;
+  // A freed slot of the same size (a training step evicts the same sizes again and again).
+  // Slots are never split: one over pin_piece had a chunk of its own, registered in pieces from
+  // its start, and a piece of it elsewhere would put a copy across two registrations.
+  if (auto it = free_.find(bytes); it != free_.end()) {
+    void* p = it->second;
     free_.erase(it);
-    if (have > bytes) free_.emplace(have - bytes, p + bytes);
     note_taken(bytes);
     return p;
   }

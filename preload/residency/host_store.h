@@ -5,9 +5,8 @@
 // (pinned with Driver::pin_host, which faults them in, in pieces of at most `pin_piece` bytes:
 // one huge registration fails or takes minutes) and hands out slots inside them. A slot never
 // spans two chunks; a slot larger than a chunk gets a chunk of its own. Freed slots are kept
-// by size and reused first, the smallest that holds a request (a training step evicts the
-// same sizes again and again), so the store grows to about the most bytes that were ever out
-// at once, plus the rounding of its chunks.
+// by size and reused first (a training step evicts the same sizes again and again), so the
+// store grows to the most bytes that were ever out at once, plus the rounding of its chunks.
 //
 // A copy never spans two pinned registrations (a driver may take such a copy for pinned memory
 // it is not): a chunk of at most pin_piece is one registration, and a larger one holds one

@@ -1016,26 +1016,6 @@ TEST(Residency, HostStoreReusesSlotsAndRefusesPastItsLimit) {
   EXPECT_EQ(sim.pinned().size(), 2u);
 }
 
-// A freed slot serves a smaller request too (the smallest that holds it), and what is left of
-// it stays free: evicted sizes vary as ranges are refitted, and exact sizes alone made the
-// store grow on every step.
-TEST(Residency, HostStoreServesASmallerRequestFromAFreedSlot) {
-  SimDriver sim;
-  HostStore::Options o;
-  o.chunk_bytes = 4 << 20;
-  o.limit = 4 << 20;
-  HostStore h(sim, o);
-  auto* big = static_cast<unsigned char*>(h.take(3 << 20));
-  void* small = h.take(1 << 20);
-  ASSERT_TRUE(big && small);
-  EXPECT_EQ(h.take(4096), nullptr) << "the chunk is full and the limit reached";
-  h.give(big, 3 << 20);
-  EXPECT_EQ(h.take(1 << 20), big);
-  EXPECT_EQ(h.take(2 << 20), big + (1 << 20)) << "the rest of the freed slot";
-  EXPECT_EQ(h.stats().chunks, 1u);
-  EXPECT_EQ(h.stats().in_use, 4u << 20);
-}
-
 // Copies split in pieces of pin_piece from a slot's start never span two pinned registrations,
 // whatever the sizes taken and given (the simulated driver counts
 // such a copy as a misuse: a real one may take it for pinned memory it is not, and on the H200
