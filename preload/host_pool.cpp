@@ -25,7 +25,6 @@ extern char** environ;
 namespace offload {
 namespace {
 
-
 // Closes every descriptor from `first` up. Async-signal-safe.
 void close_from(int first) {
 #ifdef SYS_close_range

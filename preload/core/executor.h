@@ -192,7 +192,7 @@ class Executor final : public LaunchGate {
   bool deviated() const { return deviated_.load(std::memory_order_relaxed); }
   uint64_t misses();  // launches that found what they touch not resident, and late reloads
   // For the telemetry pushed to offloadd, without stats()'s copies, so far: bytes copied out
-  // (weights' included), the host's waits for the budget (TSC cycles), and misses().
+  // (weights' included), the host's waits for the budget (TSC cycles), and the misses.
   struct Moves {
     uint64_t bytes_out = 0, wait_cycles = 0, misses = 0;
   };

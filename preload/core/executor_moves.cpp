@@ -170,10 +170,7 @@ void Executor::release_handle(int h) {
   ++st_.handles_released;
 }
 
-uint64_t Executor::misses() {
-  std::lock_guard lock(mu_);
-  return st_.misses + st_.late_reloads;
-}
+uint64_t Executor::misses() { return moves().misses; }
 
 Executor::Moves Executor::moves() {
   std::lock_guard lock(mu_);

@@ -36,8 +36,8 @@ class HostStore {
   };
   struct Stats {
     uint64_t mapped = 0, in_use = 0, peak_in_use = 0, chunks = 0, pin_failures = 0;
-    uint64_t refused = 0;                     // take() past the limit
-    int64_t pin_ns = 0;                       // wall time pinning chunks (which faults them in)
+    uint64_t refused = 0;  // take() past the limit
+    int64_t pin_ns = 0;    // wall time pinning chunks (which faults them in)
   };
 
   HostStore(Driver& d, Options o);
@@ -63,7 +63,7 @@ class HostStore {
   };
   void* take_locked(uint64_t bytes);
   void note_taken(uint64_t bytes);
-  unsigned char* map_chunk(uint64_t size);  // mapped, faulted in and pinned
+  unsigned char* map_chunk(uint64_t size);  // mapped and pinned (which faults it in)
   void add_chunk(unsigned char* base, uint64_t size);
 
   Driver& d_;

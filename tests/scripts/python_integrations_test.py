@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+from checks import Checks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FRAMEWORKS = ("transformers", "lightning", "pytorch_lightning")
 
@@ -249,20 +251,13 @@ def check_pip(lib, expect):
 
 def main():
     lib = os.path.abspath(sys.argv[1])
-    failures = []
-
-    def expect(what, cond):
-        if not cond:
-            failures.append(what)
+    checks = Checks()
+    expect = checks.expect
 
     check_callbacks("source tree", os.path.join(ROOT, "python"), lib, expect)
     check_missing(os.path.join(ROOT, "python"), lib, expect)
     check_pip(lib, expect)
-    for f in failures:
-        print("FAIL", f, file=sys.stderr)
-    if not failures:
-        print("python integrations and pip install: all checks passed")
-    sys.exit(1 if failures else 0)
+    checks.finish("python integrations and pip install")
 
 
 if __name__ == "__main__":

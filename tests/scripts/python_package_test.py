@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+from checks import Checks
+
 PROBE = r"""
 import json, liboffload
 print(json.dumps({
@@ -43,11 +45,8 @@ def run(preload):
 
 def main():
     lib = os.path.abspath(sys.argv[1])
-    failures = []
-
-    def expect(what, cond):
-        if not cond:
-            failures.append(what)
+    checks = Checks()
+    expect = checks.expect
 
     got, enable = run(lib)
     expect(f"loaded under the preload: {got}", got["loaded"] is True)
@@ -62,11 +61,7 @@ def main():
     expect(f"stats() empty without the preload: {got}", got["stats_version"] is None)
     expect(f"enable() says how to relaunch: {enable}", enable.startswith("refused:") and "offload-run" in enable)
 
-    for f in failures:
-        print("FAIL", f, file=sys.stderr)
-    if not failures:
-        print("python package: all checks passed")
-    sys.exit(1 if failures else 0)
+    checks.finish("python package")
 
 
 if __name__ == "__main__":
