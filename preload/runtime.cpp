@@ -351,6 +351,9 @@ void Runtime::emit(StepTrace& t) {
   last_cut_ns_ = now;
   if (summaries_.size() > kSummariesKept) summaries_.pop_front();
   if (!settings_.trace_dir.empty() && steps_written_ < settings_.trace_steps) {
+    // The step's zero as Unix time: the records' clock now against the host's, read together.
+    if (auto clock = telemetry_.clock(); clock && t.gpu_origin_ns >= 0)
+      t.base_unix_ns = unix_ns() - static_cast<int64_t>(clock()) + t.gpu_origin_ns;
     write_trace(t, "/step-", true);
     ++steps_written_;
   }
