@@ -433,6 +433,13 @@ std::string Runtime::stats_json_locked() {
       if (r & (1u << b)) w.value(route_names[b]);
     w.end();
   }
+  // The streams the shim copies on, with CUPTI's ids: a profiler's trace names them by those.
+  w.end().array("copy_streams");
+  for (Stream st : driver_.created_streams()) {
+    char hex[32];
+    snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(st));
+    w.object().field("handle", hex).field("cupti_id", telemetry_.stream_id(st)).end();
+  }
   w.end().array("recent_steps");
   for (const StepSummary& s : summaries_)
     w.object().field("step", s.step).field("launches", s.launches).field("kernels", s.kernels)
