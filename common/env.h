@@ -1,5 +1,5 @@
 // OFFLOAD_* settings: parsed once at start, with a clear message for every bad value.
-// The README's configuration table lists the same variables; keep them in step.
+// docs/configuration.md lists the same variables; keep them in step.
 #pragma once
 
 #include <algorithm>
