@@ -243,15 +243,18 @@ class NoCheckpointing(Exception):
     pass
 
 
-def offload_stats():
-    """liboffload's residency counters when it is preloaded, else None."""
+def offload_stats(key="residency"):
+    """liboffload's counters under `key` (all of them for None) when it is preloaded, else None."""
     stats = getattr(ctypes.CDLL(None), "offload_stats_json", None)
     if not stats:
         return None
     stats.argtypes, stats.restype = [ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
     buf = ctypes.create_string_buffer(1 << 20)
     n = stats(buf, len(buf))
-    return json.loads(buf.raw[:n].decode("utf-8", "replace")).get("residency") if n > 0 else None
+    if n <= 0:
+        return None
+    stats = json.loads(buf.raw[:n].decode("utf-8", "replace"))
+    return stats if key is None else stats.get(key)
 
 
 def param_hash(model):
@@ -270,7 +273,7 @@ def main():
     ap.add_argument("--hog-to", type=int, default=0, help="leave only this many bytes free")
     ap.add_argument("--managed", action="store_true")
     ap.add_argument("--ckpt", action="store_true", help="the model with activation checkpointing")
-    ap.add_argument("--sample-ms", type=float, default=2.0)
+    ap.add_argument("--sample-ms", type=float, default=2.0, help="0: no sampling (for timing)")
     ap.add_argument("--no-shim-stats", action="store_true",
                     help="do not read the shim's counters each step (they cost it a pump): for timing")
     ap.add_argument("--out", required=True)
@@ -301,7 +304,8 @@ def main():
                 raise SystemExit("could not hold the device memory")
     torch.cuda.synchronize()
     base = sampler.used()
-    sampler.start()
+    if a.sample_ms > 0:  # 0: no sampling thread at all (it takes the GIL every sample)
+        sampler.start()
     res = {"workload": a.workload, "scale": a.scale, "steps": a.steps, "base_used": base, "hog_to": a.hog_to,
            "managed": a.managed, "ckpt": a.ckpt, "preload": os.environ.get("LD_PRELOAD", ""),
            "budget_env": os.environ.get("OFFLOAD_DEVICE_BUDGET", ""), "losses": [], "step_ms": [],
@@ -335,6 +339,10 @@ def main():
         log("error:", res["error"])
     sampler.stop = True
     res["offload"] = offload_stats()
+    shim = offload_stats(None)
+    if shim:
+        res["shim_mode"] = {"observe": shim.get("observe"), "telemetry": shim.get("telemetry"),
+                            "scanned": shim["counters"]["kernels"], "unscanned": shim["counters"].get("unscanned_launches")}
     res["samples"] = sampler.samples
     res["peak_rise"] = max(res["step_peak_rise"], default=0)
     with open(a.out, "w") as f:

@@ -3,7 +3,8 @@
 # scripts/bench workloads, SCALE=small by default) run plain, under the shim as a user who only
 # watches gets it (no budget: light observation), and with OFFLOAD_OBSERVE=full (every launch
 # scanned, CUPTI on), one after the other, ROUNDS times (alternated). Median step time of the
-# steps after the first STEPS/3. Needs .carry/bin from scripts/gpu/prepare.sh.
+# steps after the first STEPS/3, then the median over rounds; no sampling thread and no reading
+# of the shim's counters during the steps. Needs .carry/bin from scripts/gpu/prepare.sh.
 #   scripts/gpu/observe_cost.sh [WORKLOAD...]      leaves $OUT/observe/*.json and observe.md
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -15,7 +16,7 @@ export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
 arm() {  # arm TAG WORKLOAD ROUND [VAR=value...]
   local tag=$1 w=$2 r=$3; shift 3
   env "$@" timeout 300 python3 "$root/scripts/bench/budget.py" --workload "$w" --scale "$scale" --steps "$steps" \
-    --no-shim-stats --out "$out/$w-$tag-$r.json" > "$out/$w-$tag-$r.log" 2>&1 || echo "$w $tag round $r: failed ($?)"
+    --no-shim-stats --sample-ms 0 --out "$out/$w-$tag-$r.json" > "$out/$w-$tag-$r.log" 2>&1 || echo "$w $tag round $r: failed ($?)"
 }
 for w in "$@"; do
   for r in $(seq 1 "$rounds"); do
@@ -35,9 +36,9 @@ for f in sorted(glob.glob(os.path.join(out, "*.json"))):
     ms = r.get("step_ms", [])[steps // 3:]
     if ms:
         runs.setdefault(w, {}).setdefault(tag, []).append(statistics.median(ms))
-    shim = r.get("offload") or {}
-    if shim:
-        modes.add((tag, shim.get("observe"), shim.get("telemetry"), (shim.get("counters") or {}).get("kernels", 0) > 0))
+    m = r.get("shim_mode")
+    if m:
+        modes.add((tag, m["observe"], m["telemetry"], m["scanned"] > 0))
 print("| workload | plain ms | watched (light) ms | cost | full observation ms | cost |")
 print("|---|---:|---:|---:|---:|---:|")
 for w, t in runs.items():
@@ -51,3 +52,5 @@ print()
 for m in sorted(modes, key=str):
     print(f"- {m[0]}: observe {m[1]}, telemetry {m[2]}, launches scanned: {m[3]}")
 PY
+cp "$out/observe.md" "$out/../observe.md"
+tar czf "$out.tgz" -C "$(dirname "$out")" observe && rm -rf "$out"
