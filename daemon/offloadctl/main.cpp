@@ -3,6 +3,8 @@
 //   offloadctl status [--json] [--watch [SECONDS]] [--socket PATH]
 //                                   the pool and every client, from offloadd
 //   offloadctl stop [--socket PATH]  stop offloadd (leases in use stay in the segment)
+//   offloadctl doctor [--json] [--cudart PATH]
+//                                   what this machine and environment lack to run under liboffload
 //   offloadctl trace show PATH [--json]   summarise a trace directory (OFFLOAD_TRACE) or step file
 //   offloadctl trace check PATH [--json]  visibility and activation checks; exit 1 if one fails
 //   offloadctl replay FILE [--steps N] [--offload FRACTION] [--scale DIV]
@@ -19,6 +21,8 @@
 //   offloadctl plan --trace FILE --persistent
 //                                   what outlives the step (weights, optimizer state): how long
 //                                   each sits unused, and whether its copies would fit there
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,6 +34,9 @@
 
 #include "common/env.h"
 #include "offload_version.h"
+#include "offloadctl/doctor.h"
+
+extern char** environ;
 
 int cmd_trace_show(const std::string& path, bool check, bool json);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
@@ -74,6 +81,14 @@ constexpr HelpBlock kHelp[] = {
      "                         GPUs sharing the node's host link; --watch refreshes\n"},
     {"stop",
      "  stop [--socket PATH]   stop offloadd\n"},
+    {"doctor",
+     "  doctor [--json] [--cudart PATH]\n"
+     "                         check what running under liboffload needs, a line each (ok, warn, fail)\n"
+     "                         with what to do: the driver and a GPU, CUPTI (the file the shim would\n"
+     "                         load), PyTorch's allocator setting, /dev/shm against the host pool,\n"
+     "                         glibc, liboffload.so and LD_PRELOAD, unknown OFFLOAD_* variables; exit 1\n"
+     "                         if a check fails. --cudart: the libcudart PyTorch loads (CUPTI of its\n"
+     "                         CUDA is looked for first); --json: {\"ok\", \"checks\": [...]}\n"},
     {"trace",
      "  trace show PATH [--json]\n"
      "                         summarise a trace directory (OFFLOAD_TRACE=DIR) or one step file;\n"
@@ -142,6 +157,36 @@ bool usage_of(const std::string& command) {
 
 
 using Args = std::vector<std::string>;
+
+// A usage error: one line, a pointer to the command's --help, status 2.
+int usage_error(const std::string& command, const std::string& message) {
+  fprintf(stderr, "offloadctl: %s\n(offloadctl %s --help lists its options)\n", message.c_str(), command.c_str());
+  return 2;
+}
+
+int run_doctor(const Args& a) {
+  bool json = false;
+  std::string cudart;
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (a[i] == "--json") {
+      json = true;
+    } else if (a[i] == "--cudart") {
+      if (i + 1 >= a.size() || a[i + 1].empty()) return usage_error("doctor", "--cudart needs the path of a libcudart");
+      cudart = a[++i];
+      if (access(cudart.c_str(), R_OK) != 0) return usage_error("doctor", "--cudart '" + cudart + "': no such file");
+    } else if (a[i].rfind("-", 0) == 0) {
+      return usage_error("doctor", "unknown option '" + a[i] + "' for doctor");
+    } else {
+      return usage_error("doctor", "doctor takes no argument ('" + a[i] + "')");
+    }
+  }
+  offload::doctor::ProbeOptions o;
+  o.get = [](const char* n) { return static_cast<const char*>(getenv(n)); };
+  o.env = environ;
+  o.libdir = OFFLOAD_INSTALL_LIBDIR;
+  o.cudart = cudart;
+  return offload::doctor::run(o, json);
+}
 
 int run_status_or_stop(const Args& a) {
   std::string socket;
@@ -352,6 +397,7 @@ int main(int argc, char** argv) {
     return cmd_trace_show(a[2], a[1] == "check", a.size() == 4);
   if (a[0] == "replay" && a.size() >= 2) return run_replay(a);
   if (a[0] == "plan") return run_plan(a);
+  if (a[0] == "doctor") return run_doctor(a);
   std::string joined;
   for (auto& s : a) joined += (joined.empty() ? "" : " ") + s;
   fprintf(stderr, "offloadctl: unknown command '%s'\n", joined.c_str());

@@ -1,0 +1,127 @@
+// offloadctl's commands as a person or a script runs them: doctor's verdicts and its JSON.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "it_support.h"
+#include "json_mini.h"
+
+namespace offload::it {
+namespace {
+
+std::string make_file(const std::string& path) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path) << "";
+  return path;
+}
+
+// An environment without the host's settings that doctor reads.
+std::map<std::string, std::string> clean_env(const TempDir& dir) {
+  return {{"XDG_RUNTIME_DIR", dir.path() + "/xdg"},
+          {"OFFLOAD_SOCKET", ""},
+          {"OFFLOAD_CUPTI_LIB", ""},
+          {"OFFLOAD_TELEMETRY", ""},
+          {"CUDA_HOME", ""},
+          {"LD_PRELOAD", ""},
+          {"PYTORCH_ALLOC_CONF", ""},
+          {"PYTORCH_CUDA_ALLOC_CONF", ""}};
+}
+
+// doctor --json: one object, a check per line of the text, the exit status its verdict. Here
+// the allocator setting picks another backend (a failure) and a variable is misspelt (a warning),
+// and CUPTI is looked for for a cu12 wheel's runtime.
+TEST(OffloadctlDoctor, JsonGivesEachChecksVerdictAndTheExitStatusFollowsThem) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string cudart = make_file(dir.path() + "/sp/nvidia/cuda_runtime/lib/libcudart.so.12");
+  make_file(dir.path() + "/sp/nvidia/cuda_cupti/lib/libcupti.so.12");
+  std::map<std::string, std::string> env = clean_env(dir);
+  env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:native";
+  env["OFFLOAD_BUDGET"] = "40GiB";
+#ifdef OFFLOAD_LIB
+  env["OFFLOAD_LIB"] = OFFLOAD_LIB;
+#endif
+  RunResult r = run_program({OFFLOADCTL_BIN, "doctor", "--json", "--cudart=" + cudart}, env, dir.path());
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err << "\n" << r.out << "\nstderr: " << r.err;
+  EXPECT_FALSE(j["ok"].b);
+  EXPECT_EQ(r.exit_code(), 1) << describe_status(r.status);
+  std::map<std::string, const testing::Json*> by_name;
+  std::vector<std::string> names;
+  for (const testing::Json& c : j["checks"].items) {
+    names.push_back(c["name"].text);
+    by_name[c["name"].text] = &c;
+    const std::string& st = c["status"].text;
+    EXPECT_TRUE(st == "ok" || st == "warn" || st == "fail") << st;
+    EXPECT_FALSE(c["detail"].text.empty()) << c["name"].text;
+    if (st != "ok") {
+      EXPECT_FALSE(c["fix"].text.empty()) << c["name"].text << " says what is wrong, not what to do";
+    }
+  }
+  const std::vector<std::string> want = {"driver", "cupti", "allocator", "shm", "glibc", "liboffload", "preload", "settings"};
+  ASSERT_EQ(names, want);
+  EXPECT_EQ((*by_name["allocator"])["status"].text, "fail");
+  EXPECT_NE((*by_name["allocator"])["detail"].text.find("picks the native allocator"), std::string::npos);
+  EXPECT_EQ((*by_name["settings"])["status"].text, "warn");
+  EXPECT_NE((*by_name["settings"])["detail"].text.find("OFFLOAD_BUDGET (did you mean OFFLOAD_DEVICE_BUDGET?)"),
+            std::string::npos)
+      << (*by_name["settings"])["detail"].text;
+  EXPECT_EQ((*by_name["preload"])["status"].text, "warn");
+  EXPECT_NE((*by_name["cupti"])["status"].text, "fail") << "no CUPTI costs GPU times, never the run";
+  EXPECT_NE((*by_name["cupti"])["detail"].text.find("for " + cudart + " (--cudart)"), std::string::npos)
+      << (*by_name["cupti"])["detail"].text;
+#ifdef OFFLOAD_LIB
+  EXPECT_EQ((*by_name["liboffload"])["status"].text, "ok");
+  EXPECT_EQ((*by_name["liboffload"])["detail"].text, OFFLOAD_LIB);
+#endif
+
+  // The text: a line per check, in the same order and with the same verdicts, then a summary.
+  RunResult text = run_program({OFFLOADCTL_BIN, "doctor", "--cudart", cudart}, env, dir.path());
+  EXPECT_EQ(text.exit_code(), 1);
+  std::istringstream lines(text.out);
+  std::string line;
+  for (const testing::Json& c : j["checks"].items) {
+    ASSERT_TRUE(std::getline(lines, line)) << text.out;
+    EXPECT_EQ(line.rfind(c["status"].text + " ", 0), 0u) << line;
+    EXPECT_NE(line.find(" " + c["name"].text + " "), std::string::npos) << line;
+  }
+  ASSERT_TRUE(std::getline(lines, line));
+  EXPECT_EQ(line.rfind("doctor: 8 checks, ", 0), 0u) << line;
+  EXPECT_FALSE(std::getline(lines, line)) << "nothing after the summary: " << line;
+}
+
+TEST(OffloadctlDoctor, UsageErrorsAreOneLineAndAPointerToHelp) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::map<std::string, std::string> env = clean_env(dir);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"doctor", "--bogus"}, "unknown option '--bogus' for doctor"},
+      {{"doctor", "now"}, "doctor takes no argument ('now')"},
+      {{"doctor", "--cudart"}, "--cudart needs the path of a libcudart"},
+      {{"doctor", "--cudart", dir.path() + "/none.so.12"}, "--cudart '" + dir.path() + "/none.so.12': no such file"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(args.back());
+    std::vector<std::string> argv = {OFFLOADCTL_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    RunResult r = run_program(argv, env, dir.path());
+    EXPECT_EQ(r.exit_code(), 2) << describe_status(r.status);
+    EXPECT_EQ(r.err, "offloadctl: " + message + "\n(offloadctl doctor --help lists its options)\n");
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  RunResult r = run_program({OFFLOADCTL_BIN, "doctor", "--help"}, env, dir.path());
+  EXPECT_EQ(r.exit_code(), 0);
+  EXPECT_NE(r.out.find("doctor [--json] [--cudart PATH]"), std::string::npos) << r.out;
+  r = run_program({OFFLOADCTL_BIN, "--help"}, env, dir.path());
+  EXPECT_NE(r.out.find("doctor [--json]"), std::string::npos) << "the usage lists doctor";
+}
+
+}  // namespace
+}  // namespace offload::it
