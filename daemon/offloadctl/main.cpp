@@ -7,7 +7,7 @@
 //                                   what this machine and environment lack to run under liboffload
 //   offloadctl trace show PATH [--json]   summarise a trace directory (OFFLOAD_TRACE) or step file
 //   offloadctl trace check PATH [--json]  visibility and activation checks; exit 1 if one fails
-//   offloadctl replay FILE [--steps N] [--offload FRACTION] [--scale DIV]
+//   offloadctl replay FILE [--steps N] [--offload FRACTION] [--scale DIV] [--json]
 //                                   replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw; with --offload, the
 //                                   executor too, under a budget, with every launch's data checked
@@ -39,7 +39,7 @@
 extern char** environ;
 
 int cmd_trace_show(const std::string& path, bool check, bool json);
-int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
+int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor, bool json);
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
              const std::string& html, bool json, bool sweep, uint64_t persistent_min, double pool_overhead,
              bool read_only, double max_weight_wait);
@@ -98,11 +98,13 @@ constexpr HelpBlock kHelp[] = {
      "                         check visibility (shim launches == CUPTI kernels) and that every\n"
      "                         activation is touched in the backward; exit 1 if a check fails\n"},
     {"replay",
-     "  replay FILE [--steps N] [--offload FRACTION] [--scale DIV]\n"
+     "  replay FILE [--steps N] [--offload FRACTION] [--scale DIV] [--json]\n"
      "                         replay a recorded step on the simulated driver (default N=6); with\n"
      "                         --offload, the executor too, under a budget of FRACTION of the step's\n"
      "                         peak (N=12 by default), sizes divided by DIV (default 256), every\n"
-     "                         launch's data checked; exit 1 on a mismatch or over the budget\n"},
+     "                         launch's data checked; exit 1 on a mismatch or over the budget;\n"
+     "                         --json: the same figures as one JSON object (bytes at the recording's\n"
+     "                         size, not scaled)\n"},
     {"plan",
      "  plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE [--read-only] [--max-weight-wait S]]\n"
      "       [--segments N] [--arenas|--json]\n"
@@ -221,9 +223,12 @@ int run_replay(const Args& a) {
   int steps = 0;
   double fraction = 0;
   uint32_t divisor = 256;
+  bool json = false;
   for (size_t i = 2; i < a.size(); ++i) {
     char* end = nullptr;
-    if (a[i] == "--steps" && i + 1 < a.size()) {
+    if (a[i] == "--json") {
+      json = true;
+    } else if (a[i] == "--steps" && i + 1 < a.size()) {
       long n = strtol(a[++i].c_str(), &end, 10);
       if (*end || n < 3 || n > 1000) {
         fprintf(stderr, "offloadctl: --steps '%s' is not valid: expected a count from 3 to 1000\n", a[i].c_str());
@@ -250,7 +255,7 @@ int run_replay(const Args& a) {
       return 2;
     }
   }
-  return cmd_replay(a[1], steps, fraction, divisor);
+  return cmd_replay(a[1], steps, fraction, divisor, json);
 }
 
 // What `plan` was asked for, as given on the command line.

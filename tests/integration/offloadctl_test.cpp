@@ -1,7 +1,9 @@
-// offloadctl's commands as a person or a script runs them: doctor's verdicts and its JSON.
+// offloadctl's commands as a person or a script runs them: doctor's verdicts and its JSON,
+// replay's JSON against its text.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -121,6 +123,95 @@ TEST(OffloadctlDoctor, UsageErrorsAreOneLineAndAPointerToHelp) {
   EXPECT_NE(r.out.find("doctor [--json] [--cudart PATH]"), std::string::npos) << r.out;
   r = run_program({OFFLOADCTL_BIN, "--help"}, env, dir.path());
   EXPECT_NE(r.out.find("doctor [--json]"), std::string::npos) << "the usage lists doctor";
+}
+
+// "%.2f" of bytes in GiB, as replay's text prints them.
+std::string gib2(double bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", bytes / (1024.0 * 1024 * 1024));
+  return s;
+}
+
+// replay --json gives the figures the text prints: the recording, both replays, and under
+// --offload the plan, every step's row of the table, the steady state and the verdict.
+TEST(OffloadctlReplay, JsonCarriesTheFiguresTheTextPrints) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string trace = std::string(OFFLOAD_TRACES_DIR) + "/reference.trace";
+  RunResult text = run_program({OFFLOADCTL_BIN, "replay", trace, "--offload", "0.75"}, {}, dir.path(), 120000);
+  RunResult js = run_program({OFFLOADCTL_BIN, "replay", trace, "--offload=0.75", "--json"}, {}, dir.path(), 120000);
+  ASSERT_EQ(text.exit_code(), 0) << describe_status(text.status) << "\n" << text.err;
+  ASSERT_EQ(js.exit_code(), 0) << describe_status(js.status) << "\n" << js.err;
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(js.out, &j, &err)) << err << "\n" << js.out;
+  EXPECT_TRUE(j["ok"].b);
+  const testing::Json& rec = j["recorded"];
+  const std::string first = "recorded step " + rec["step"].text + " of " + trace + ": " + rec["launches"].text +
+                            " launches (" + rec["kernels"].text + " kernels, " + rec["distinct_kernels"].text +
+                            " distinct), " + rec["allocations"].text + " allocations, " + rec["activations"].text +
+                            " activations (" + gib2(rec["activation_bytes"].num) + " GiB)";
+  EXPECT_EQ(text.out.substr(0, text.out.find('\n')), first);
+  ASSERT_EQ(j["replays"].items.size(), 2u);
+  const testing::Json& marked = j["replays"].items[0];
+  EXPECT_EQ(marked["boundaries"].text, "marked");
+  EXPECT_NE(text.out.find("accesses): " + marked["matching_steps"].text + " of " + marked["steps_cut"].text),
+            std::string::npos);
+  const testing::Json& detected = j["replays"].items[1];
+  EXPECT_NE(text.out.find("detector period: " + detected["detector_period"].text + " launches"), std::string::npos);
+
+  const testing::Json& off = j["offload"];
+  EXPECT_TRUE(off["installed"].b);
+  EXPECT_NE(text.out.find("budget " + gib2(off["budget_bytes"].num) + " GiB of a " +
+                          gib2(off["recorded_peak_bytes"].num) + " GiB peak"),
+            std::string::npos);
+  EXPECT_NE(text.out.find("plan (scaled bytes): " + off["plan"].text + "\n"), std::string::npos);
+  EXPECT_NE(text.out.find("plan, rescaled: " + off["arenas"].text + " arenas, " + off["handles"].text + " handles"),
+            std::string::npos);
+  ASSERT_EQ(off["per_step"].items.size(), static_cast<size_t>(off["steps"].num));
+  for (const testing::Json& s : off["per_step"].items) {
+    char row[160];
+    std::snprintf(row, sizeof row, "  %4s %6s %9s %7s %6s %5s %9s %17s %17s\n", s["step"].text.c_str(),
+                  s["plan"].text.c_str(), s["evictions"].text.c_str(), s["reloads"].text.c_str(),
+                  s["misses"].text.c_str(), s["late"].text.c_str(), s["abandoned"].text.c_str(),
+                  gib2(s["footprint_peak_bytes"].num).c_str(),
+                  s["executor_peak_bytes"].type == testing::Json::Null ? "-"
+                                                                      : gib2(s["executor_peak_bytes"].num).c_str());
+    EXPECT_NE(text.out.find(row), std::string::npos) << "no row " << row << "in\n" << text.out;
+  }
+  const testing::Json& steady = off["steady"];
+  EXPECT_TRUE(steady["within_budget"].b);
+  EXPECT_NE(text.out.find("steady state (" + steady["steps"].text + " steps): footprint peak " +
+                          gib2(steady["footprint_peak_bytes"].num) + " GiB"),
+            std::string::npos);
+  const testing::Json& ex = off["executor"];
+  EXPECT_NE(text.out.find("executor: " + ex["evictions"].text + " evictions (" + ex["evictions_abandoned"].text +
+                          " abandoned), " + ex["reloads"].text + " reloads"),
+            std::string::npos);
+  EXPECT_NE(text.out.find("content checks: " + off["launches_verified"].text + " launches verified (" +
+                          off["words_checked"].text + " words), " + off["mismatches"].text + " mismatches"),
+            std::string::npos);
+}
+
+// A budget no plan meets: the JSON says which check failed, and the exit status is 1 as for text.
+TEST(OffloadctlReplay, JsonOfAFailedReplaySaysWhatFailed) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string trace = std::string(OFFLOAD_TRACES_DIR) + "/reference.trace";
+  RunResult r = run_program({OFFLOADCTL_BIN, "replay", trace, "--offload", "0.05", "--json"}, {}, dir.path(), 120000);
+  EXPECT_EQ(r.exit_code(), 1) << describe_status(r.status);
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err << "\n" << r.out;
+  EXPECT_FALSE(j["ok"].b);
+  EXPECT_FALSE(j["offload"]["ok"].b);
+  EXPECT_FALSE(j["offload"]["steady"]["within_budget"].b);
+  EXPECT_TRUE(j["replays"].items[0]["ok"].b) << "the observing replays pass";
+  r = run_program({OFFLOADCTL_BIN, "replay", trace, "--json"}, {}, dir.path(), 120000);
+  EXPECT_EQ(r.exit_code(), 0);
+  testing::Json plain;
+  ASSERT_TRUE(testing::parse_json(r.out, &plain, &err)) << err;
+  EXPECT_EQ(plain["offload"].type, testing::Json::Null) << "no --offload, no offload figures";
 }
 
 }  // namespace
