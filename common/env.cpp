@@ -153,6 +153,13 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     else bad("OFFLOAD_CAP_TILE", v, "exact, class or any");
   }
   flag("OFFLOAD_CAP_REFIT", st.cap_refit);
+  if (const char* v = get("OFFLOAD_OBSERVE"); v && *v) {
+    const std::string o = v;
+    if (o != "light" && o != "full") bad("OFFLOAD_OBSERVE", v, "light or full");
+    else if (o == "light" && st.offload())
+      bad("OFFLOAD_OBSERVE", v, "full, or unset, with OFFLOAD_DEVICE_BUDGET (a budget needs every launch scanned)");
+    else st.observe = o;
+  }
   if (const char* v = get("OFFLOAD_HOST_LIMIT"); v && *v) {
     auto size = parse_size(v);
     if (!size || *size < (64ull << 20)) bad("OFFLOAD_HOST_LIMIT", v, "a size of at least 64MiB (e.g. 64GiB)");
@@ -169,7 +176,8 @@ constexpr const char* kKnownSettings[] = {
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",
-    "OFFLOAD_SOCKET",        "OFFLOAD_LOG_LEVEL", "OFFLOAD_DISABLE",     "OFFLOAD_LIB"};
+    "OFFLOAD_SOCKET",        "OFFLOAD_LOG_LEVEL", "OFFLOAD_DISABLE",     "OFFLOAD_LIB",
+    "OFFLOAD_OBSERVE"};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);

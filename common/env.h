@@ -64,6 +64,12 @@ struct Settings {
   bool cap_refit = true;
   uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
   bool offload() const { return device_budget || device_budget_fraction > 0; }
+  // OFFLOAD_OBSERVE=light|full. Full: every launch is scanned for the allocations it touches,
+  // and steps are found and timed (CUPTI), as a budget and OFFLOAD_TRACE need. Light: launches
+  // are only counted; allocations, frees and the footprint are still tracked. Unset: full with
+  // a budget or OFFLOAD_TRACE, else light, so that watching costs next to nothing.
+  std::string observe;
+  bool observe_full() const { return observe == "full" || (observe.empty() && (offload() || !trace_dir.empty())); }
   // The budget in bytes on a device of `total` bytes (0: none).
   uint64_t budget_bytes(uint64_t total) const {
     return device_budget ? device_budget : static_cast<uint64_t>(device_budget_fraction * static_cast<double>(total));

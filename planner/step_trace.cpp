@@ -1,6 +1,9 @@
 #include "planner/step_trace.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <istream>
 #include <ostream>
@@ -74,6 +77,7 @@ void StepTrace::write(std::ostream& os) const {
   os << "step " << step << " launches " << launches.size() << " allocs " << allocs.size()
      << " kernels " << kernels.size() << " gpu_busy_ns " << gpu_busy_ns << " cupti_kernels "
      << cupti_kernels << '\n';
+  if (base_unix_ns) os << "base " << *base_unix_ns << '\n';
   for (const auto& [id, name] : kernels) os << "kernel " << id << ' ' << name << '\n';
   for (const TraceAlloc& a : allocs)
     os << "alloc " << a.ordinal << ' ' << a.bytes << ' ' << std::hex << a.stream << std::dec << ' '
@@ -136,7 +140,12 @@ bool StepTrace::read(std::istream& is, StepTrace* out, std::string* error) {
     std::string tag;
     ss >> tag;
     if (tag == "end") break;
-    if (tag == "kernel") {
+    if (tag == "base") {
+      int64_t b = 0;
+      std::string more;
+      if (!(ss >> b) || (ss >> more) || b < 0) return fail(ln, "malformed base line (base <unix_ns>)");
+      out->base_unix_ns = b;
+    } else if (tag == "kernel") {
       uint32_t id;
       if (!(ss >> id)) return fail(ln, "malformed kernel line");
       std::string name;
@@ -189,24 +198,119 @@ bool StepTrace::read(std::istream& is, StepTrace* out, std::string* error) {
   return true;
 }
 
-void StepTrace::write_chrome_json(std::ostream& os) const {
-  os << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
-  os << "{\"ph\":\"M\",\"pid\":0,\"name\":\"process_name\",\"args\":{\"name\":\"step " << step
-     << " (GPU time, CUPTI)\"}}";
-  for (const TraceLaunch& l : launches) {
-    if (l.gpu_start_ns < 0 || l.gpu_ns < 0) continue;
-    std::string name = l.kind == EventKind::Kernel ? (kernels.count(l.kernel) ? kernels.at(l.kernel) : "?")
-                     : l.kind == EventKind::Copy   ? "memcpy"
-                     : l.kind == EventKind::Memset ? "memset"
-                                                   : "graph";
-    os << ",\n{\"ph\":\"X\",\"pid\":0,\"tid\":\"stream 0x" << std::hex << l.stream << std::dec
-       << "\",\"name\":\"" << json_escape(name) << "\",\"ts\":" << micros(l.gpu_start_ns)
-       << ",\"dur\":" << micros(l.gpu_ns) << ",\"args\":{\"pos\":" << l.pos
-       << ",\"allocs\":" << l.allocs.size() << "}}";
+void StepTrace::write_chrome_json(std::ostream& os) const { write_chrome_trace({*this}, os); }
+
+std::string demangle(const std::string& symbol) {
+  if (symbol.rfind("_Z", 0) != 0) return symbol;
+  int status = 0;
+  char* d = abi::__cxa_demangle(symbol.c_str(), nullptr, nullptr, &status);
+  std::string out = status == 0 && d ? d : symbol;
+  free(d);
+  return out;
+}
+
+namespace {
+
+// Thread ids of the Chrome trace: small integers, each named by a metadata event.
+constexpr int kStepsTid = 1;
+constexpr int kFirstCopyTid = 2;     // + a direction's index
+constexpr int kFirstStreamTid = 10;  // streams in order of first appearance
+
+int copy_index(uint8_t kind) { return kind == 1 ? 0 : kind == 2 ? 1 : kind == 8 ? 2 : 3; }
+
+// Where a step ends, from its time zero: its last kernel or copy end.
+int64_t step_span(const StepTrace& t) {
+  int64_t end = 0;
+  for (const TraceLaunch& l : t.launches)
+    if (l.gpu_start_ns >= 0 && l.gpu_ns >= 0) end = std::max(end, l.gpu_start_ns + l.gpu_ns);
+  for (const TraceTransfer& x : t.transfers) end = std::max(end, x.gpu_start_ns + x.gpu_ns);
+  return end;
+}
+
+// Live bytes of the tracked allocations before each launch position.
+std::vector<int64_t> live_bytes(const StepTrace& t) {
+  std::vector<int64_t> delta(t.launches.size() + 1, 0);
+  int64_t live = 0;
+  for (const TraceAlloc& a : t.allocs) {
+    const auto b = static_cast<int64_t>(a.bytes);
+    if (a.alloc_pos < 0) live += b;
+    else if (static_cast<size_t>(a.alloc_pos) < delta.size()) delta[static_cast<size_t>(a.alloc_pos)] += b;
+    if (a.free_pos >= 0 && static_cast<size_t>(a.free_pos) < delta.size()) delta[static_cast<size_t>(a.free_pos)] -= b;
   }
-  for (const TraceTransfer& x : transfers)
-    os << ",\n{\"ph\":\"X\",\"pid\":0,\"tid\":\"copies " << direction_name(x.copy_kind) << "\",\"name\":\"copy\",\"ts\":"
-       << micros(x.gpu_start_ns) << ",\"dur\":" << micros(x.gpu_ns) << ",\"args\":{\"bytes\":" << x.bytes << "}}";
+  std::vector<int64_t> out(t.launches.size());
+  for (size_t p = 0; p < t.launches.size(); ++p) out[p] = live += delta[p];
+  return out;
+}
+
+void thread_name(std::ostream& os, int tid, const std::string& name) {
+  os << ",\n{\"ph\":\"M\",\"pid\":0,\"tid\":" << tid << ",\"name\":\"thread_name\",\"args\":{\"name\":\""
+     << json_escape(name) << "\"}}";
+}
+
+}  // namespace
+
+void write_chrome_trace(const std::vector<StepTrace>& steps, std::ostream& os) {
+  std::optional<int64_t> base0;
+  for (const StepTrace& t : steps)
+    if (t.base_unix_ns) {
+      base0 = t.base_unix_ns;
+      break;
+    }
+  os << "{\"displayTimeUnit\":\"ns\",";
+  if (base0) os << "\"baseTimeNanoseconds\":" << *base0 << ',';
+  os << "\"traceEvents\":[\n";
+  os << "{\"ph\":\"M\",\"pid\":0,\"name\":\"process_name\",\"args\":{\"name\":\"liboffload: GPU time (CUPTI)\"}}";
+  thread_name(os, kStepsTid, "steps");
+  bool copy_named[4] = {};
+  std::map<Stream, int> stream_tid;
+  int64_t next = 0;  // where a step without a base time starts
+  for (const StepTrace& t : steps) {
+    const int64_t span = step_span(t);
+    const int64_t off = t.base_unix_ns && base0 ? *t.base_unix_ns - *base0 : next;
+    next = std::max(next, off + span + 1000);
+    if (t.gpu_busy_ns >= 0)
+      os << ",\n{\"ph\":\"X\",\"pid\":0,\"tid\":" << kStepsTid << ",\"name\":\"step " << t.step
+         << "\",\"ts\":" << micros(off) << ",\"dur\":" << micros(span) << ",\"args\":{\"gpu_busy_ns\":"
+         << t.gpu_busy_ns << ",\"launches\":" << t.launches.size() << "}}";
+    std::map<uint32_t, std::string> names;
+    const std::vector<int64_t> live = live_bytes(t);
+    int64_t last_live = -1;
+    for (const TraceLaunch& l : t.launches) {
+      if (l.gpu_start_ns < 0 || l.gpu_ns < 0) continue;
+      auto [it, fresh] = stream_tid.try_emplace(l.stream, kFirstStreamTid + static_cast<int>(stream_tid.size()));
+      if (fresh) {
+        char b[40];
+        snprintf(b, sizeof b, "stream 0x%llx", static_cast<unsigned long long>(l.stream));
+        thread_name(os, it->second, b);
+      }
+      std::string name;
+      if (l.kind == EventKind::Kernel) {
+        auto n = names.find(l.kernel);
+        if (n == names.end()) n = names.emplace(l.kernel, demangle(t.kernels.count(l.kernel) ? t.kernels.at(l.kernel) : "?")).first;
+        name = n->second;
+      } else {
+        name = l.kind == EventKind::Copy ? "memcpy" : l.kind == EventKind::Memset ? "memset" : "graph";
+      }
+      os << ",\n{\"ph\":\"X\",\"pid\":0,\"tid\":" << it->second << ",\"name\":\"" << json_escape(name)
+         << "\",\"ts\":" << micros(off + l.gpu_start_ns) << ",\"dur\":" << micros(l.gpu_ns)
+         << ",\"args\":{\"step\":" << t.step << ",\"pos\":" << l.pos << ",\"allocs\":" << l.allocs.size() << "}}";
+      if (live[l.pos] != last_live) {
+        last_live = live[l.pos];
+        os << ",\n{\"ph\":\"C\",\"pid\":0,\"name\":\"live bytes (tracked allocations)\",\"ts\":"
+           << micros(off + l.gpu_start_ns) << ",\"args\":{\"bytes\":" << last_live << "}}";
+      }
+    }
+    for (const TraceTransfer& x : t.transfers) {
+      const int i = copy_index(x.copy_kind);
+      if (!copy_named[i]) {
+        copy_named[i] = true;
+        thread_name(os, kFirstCopyTid + i, std::string("copies ") + direction_name(x.copy_kind));
+      }
+      os << ",\n{\"ph\":\"X\",\"pid\":0,\"tid\":" << kFirstCopyTid + i << ",\"name\":\"copy "
+         << direction_name(x.copy_kind) << "\",\"ts\":" << micros(off + x.gpu_start_ns) << ",\"dur\":"
+         << micros(x.gpu_ns) << ",\"args\":{\"step\":" << t.step << ",\"bytes\":" << x.bytes << "}}";
+    }
+  }
   os << "\n]}\n";
 }
 

@@ -62,15 +62,30 @@ struct StepTrace {
   std::vector<TraceTransfer> transfers;     // by start (1.2)
   int64_t gpu_busy_ns = -1;                 // union of kernel intervals; -1: not measured
   int64_t cupti_kernels = -1;               // CUPTI kernel records in the step; -1: none
+  // The step's time zero (its first kernel start) on the GPU records' clock (not written).
+  int64_t gpu_origin_ns = -1;
+  // The same instant as Unix time in ns (1.3): a trace then lines up with another profiler's.
+  std::optional<int64_t> base_unix_ns;
 
   size_t kernel_launches() const;
 
   void write(std::ostream& os) const;
   // Parses one step; on error returns false and says why in *error.
   static bool read(std::istream& is, StepTrace* out, std::string* error);
-  // One step as Chrome/Perfetto trace-event JSON: kernels per stream with GPU times.
+  // One step as Chrome/Perfetto trace-event JSON (write_chrome_trace of this step alone).
   void write_chrome_json(std::ostream& os) const;
 };
+
+// Steps as one Chrome/Perfetto trace-event JSON: kernels per stream (integer thread ids,
+// each named) under their demangled names, the copies per direction, a span per step, and a
+// counter of the tracked allocations' live bytes. Steps with a Unix base time are placed by
+// it, and the trace's baseTimeNanoseconds is the first one's, as torch.profiler writes it;
+// steps without one follow each other. Untimed launches are left out.
+void write_chrome_trace(const std::vector<StepTrace>& steps, std::ostream& os);
+
+// A kernel's symbol as a person reads it ("void at::native::foo<float>(int)"); the symbol
+// itself when it is not a mangled C++ name.
+std::string demangle(const std::string& symbol);
 
 // Activations, as seen from the trace alone: allocations of at least `min_bytes` born in the
 // step before its peak of live bytes and freed after the first launch that follows it (saved

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "hooks/hook_table.h"
+#include "nvtx_marks.h"
 
 namespace offload {
 
@@ -494,7 +495,16 @@ Stream CudaDriver::create_stream() {
   CtxScope scope(a, context());
   CUstream s = nullptr;
   if (!scope || a->stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 0;
+  nvtx::name_stream(reinterpret_cast<Stream>(s), "liboffload copies");
+  if (size_t i = n_created_.fetch_add(1); i < kStreamsKept) created_[i].store(reinterpret_cast<Stream>(s));
   return reinterpret_cast<Stream>(s);
+}
+
+std::vector<Stream> CudaDriver::created_streams() const {
+  std::vector<Stream> v;
+  for (size_t i = 0; i < std::min(n_created_.load(), kStreamsKept); ++i)
+    if (Stream s = created_[i].load()) v.push_back(s);
+  return v;
 }
 
 uint64_t CudaDriver::create_event() {
@@ -564,12 +574,14 @@ bool CudaDriver::event_sync(uint64_t e) {
 bool CudaDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
+  nvtx::Range range(nvtx::Move::Evict, bytes);
   return scope && a->dtoh(dst, src, bytes, as_stream(s)) == CUDA_SUCCESS;
 }
 
 bool CudaDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
+  nvtx::Range range(nvtx::Move::Reload, bytes);
   return scope && a->htod(dst, src, bytes, as_stream(s)) == CUDA_SUCCESS;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <vector>
 
 #include "core/driver.h"
 
@@ -44,6 +45,9 @@ class CudaDriver final : public Driver {
   bool map_run(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) override;
   bool unmap(DevPtr va, uint64_t bytes) override;
   Stream create_stream() override;
+  // The streams create_stream made (the shim's own copies run on them), at most kStreamsKept.
+  std::vector<Stream> created_streams() const;
+  static constexpr size_t kStreamsKept = 16;
   uint64_t create_event() override;
   void destroy_event(uint64_t e) override;
   bool record_event(uint64_t e, Stream s) override;
@@ -54,6 +58,8 @@ class CudaDriver final : public Driver {
   bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) override;
 
  private:
+  std::atomic<Stream> created_[kStreamsKept] = {};
+  std::atomic<size_t> n_created_{0};
   bool ready();
   using GetParamInfo = int (*)(uint64_t, size_t, size_t*, size_t*);
   using GetName = int (*)(const char**, uint64_t);

@@ -280,4 +280,13 @@ namespace offload {
 bool CuptiTelemetry::is_our_callback(const void* request_fn) {
   return request_fn == reinterpret_cast<const void*>(&request_cb);
 }
+int64_t CuptiTelemetry::stream_id(uint64_t stream) const {
+  if (!lib_) return -1;
+  using Fn = int (*)(CUcontext, CUstream, uint8_t, uint32_t*);
+  static const auto get = reinterpret_cast<Fn>(hooks::real_dlsym(lib_, "cuptiGetStreamIdEx"));
+  uint32_t id = 0;
+  if (!get || get(nullptr, reinterpret_cast<CUstream>(stream), 0, &id) != CUPTI_SUCCESS) return -1;
+  return id;
+}
+
 }  // namespace offload

@@ -58,6 +58,9 @@ class CuptiTelemetry final : public Telemetry {
   std::string state() const override;
   // Record counts, for telling "no records" from "records we could not join".
   std::string counters_json() const;
+  // CUPTI's id for a stream (what its records and torch.profiler's trace call "stream"); -1
+  // when no CUPTI is loaded or it does not know the stream.
+  int64_t stream_id(uint64_t stream) const;
 
  private:
   void on_buffer(uint8_t* buf, size_t valid);

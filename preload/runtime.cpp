@@ -104,6 +104,7 @@ Runtime::Runtime(Settings s)
       tracker_(driver_, log_),
       executor_(driver_, Executor::Options{}),
       offloading_requested_(settings_.offload()),
+      light_(!settings_.observe_full()),
       offloading_(settings_.offload() && !settings_.cap),
       persistent_(persistent_pool(driver_, settings_)),
       plan_(driver_, executor_, settings_, cache_, persistent_.get(), *this),
@@ -167,7 +168,7 @@ void Runtime::pump(bool no_wait) {
   std::lock_guard lock(pump_mu_);
   // CUPTI starts once the process has launched on the GPU, never in processes that only
   // inherited LD_PRELOAD (compilers, data-loader workers).
-  if (!telemetry_started_ && settings_.telemetry && tracker_.counters().kernels.load() > 0) {
+  if (!telemetry_started_ && settings_.telemetry && !light_ && tracker_.counters().kernels.load() > 0) {
     telemetry_started_ = true;
     if (telemetry_.start()) {
       assembler_.gpu_times_from(log_.appended() + 1);
@@ -351,6 +352,9 @@ void Runtime::emit(StepTrace& t) {
   last_cut_ns_ = now;
   if (summaries_.size() > kSummariesKept) summaries_.pop_front();
   if (!settings_.trace_dir.empty() && steps_written_ < settings_.trace_steps) {
+    // The step's zero as Unix time: the records' clock now against the host's, read together.
+    if (auto clock = telemetry_.clock(); clock && t.gpu_origin_ns >= 0)
+      t.base_unix_ns = unix_ns() - static_cast<int64_t>(clock()) + t.gpu_origin_ns;
     write_trace(t, "/step-", true);
     ++steps_written_;
   }
@@ -399,7 +403,8 @@ std::string Runtime::stats_json_locked() {
   TrackerCounters& c = tracker_.counters();
   auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   JsonWriter w;
-  w.object().field("version", 1).field("pid", getpid()).field("telemetry", telemetry_.state());
+  w.object().field("version", 1).field("pid", getpid()).field("observe", light_ ? "light" : "full")
+      .field("telemetry", light_ ? std::string("off: light observation") : telemetry_.state());
   w.key("cupti").raw(telemetry_.counters_json());
   w.field("host_pool", private_pool_ ? private_pool_->describe() : link_.describe())
       .field("step_detection", assembler_.marked() ? "offload_mark_step" : "automatic")
@@ -414,7 +419,7 @@ std::string Runtime::stats_json_locked() {
       .field("unknown_frees", ld(c.unknown_frees)).field("opaque_kernels", ld(c.opaque_kernels))
       .field("dropped_events", log_.dropped()).field("unwrapped_routes", hooks::unwrapped_routes())
       .field("live_allocs", tracker_.allocs().size()).field("live_bytes", tracker_.allocs().live_bytes())
-      .field("functions", tracker_.funcs().count()).end();
+      .field("functions", tracker_.funcs().count()).field("unscanned_launches", ld(c.unscanned)).end();
   w.field("hook_ns_mean", c.hook_ns_mean());
   executor_json(w.key("executor"));
   w.key("residency").raw(residency_json(cap_.load(std::memory_order_acquire)));
@@ -429,6 +434,13 @@ std::string Runtime::stats_json_locked() {
     for (int b = 0; b < 4; ++b)
       if (r & (1u << b)) w.value(route_names[b]);
     w.end();
+  }
+  // The streams the shim copies on, with CUPTI's ids: a profiler's trace names them by those.
+  w.end().array("copy_streams");
+  for (Stream st : driver_.created_streams()) {
+    char hex[32];
+    snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(st));
+    w.object().field("handle", hex).field("cupti_id", telemetry_.stream_id(st)).end();
   }
   w.end().array("recent_steps");
   for (const StepSummary& s : summaries_)

@@ -131,6 +131,9 @@ class Runtime final : private PlanContext {
   // The launch hooks' calls around a forwarded launch. refused: the residency manager refused the
   // launch the tracker just saw (its working set cannot fit the budget); the hook answers
   // out-of-memory instead of forwarding it. launched: it was forwarded.
+  // Light observation: the launch hooks only count (Settings::observe_full says when).
+  bool light() const { return light_; }
+  void count_unscanned() { tracker_.counters().unscanned.fetch_add(1, std::memory_order_relaxed); }
   bool refused() { return cap_.load(std::memory_order_relaxed) && Residency::take_refusal(); }
   void launched() {
     if (Residency* r = cap_.load(std::memory_order_relaxed)) r->after_launch();
@@ -191,6 +194,7 @@ class Runtime final : private PlanContext {
   Tracker tracker_;
   Executor executor_;
   const bool offloading_requested_;      // OFFLOAD_DEVICE_BUDGET given
+  const bool light_;                     // OFFLOAD_OBSERVE=light (the default without a budget)
   const bool offloading_;                // and met by a plan of arenas (OFFLOAD_CAP=0)
   // The hard cap (OFFLOAD_CAP, the default with a budget): built at the first allocation.
   std::unique_ptr<HostStore> host_store_;

@@ -401,6 +401,7 @@ void StepAssembler::finish(Cut& c) {
   }
   if (open) busy += static_cast<int64_t>(cur_e - cur_s);
   t.gpu_busy_ns = busy;
+  t.gpu_origin_ns = t0;
   take_transfers(t, static_cast<uint64_t>(t0), cur_e);  // cur_e: the last kernel end
 }
 

@@ -32,6 +32,7 @@ struct TrackerCounters {
   std::atomic<uint64_t> kernels{0}, copies{0}, memsets{0}, graphs{0}, collectives{0};
   std::atomic<uint64_t> allocs{0}, frees{0}, unknown_frees{0}, opaque_kernels{0};
   std::atomic<uint64_t> hook_cycles{0}, hooked{0};  // host time in our launch bookkeeping
+  std::atomic<uint64_t> unscanned{0};  // launches only counted (OFFLOAD_OBSERVE=light)
   double hook_ns_mean() const;
 };
 

@@ -2,7 +2,8 @@
 // core. The hook files hold nothing but one-line uses of these.
 //
 //   launch<Id>(observe, call): observe(tracker) records the launch and what it touches,
-//       then call(real) forwards; nested or pass-through calls only forward.
+//       then call(real) forwards; nested or pass-through calls only forward, and under light
+//       observation the launch is only counted.
 //   after_ok<Id>(call, observe): forwards, then observes if the call succeeded (allocs).
 //   before<Id>(observe, call): observes, then forwards (frees).
 //
@@ -31,6 +32,10 @@ inline auto launch(Observe&& observe, Call&& call) {
   HookGuard guard;
   Runtime* rt = guard.outermost() ? runtime() : nullptr;
   if (!rt) return call(fn);
+  if (rt->light()) {
+    rt->count_unscanned();
+    return call(fn);
+  }
   observe(rt->tracker());
   using R = decltype(call(fn));
   // Refused under the device budget: out of memory (CUDA_ERROR_OUT_OF_MEMORY,

@@ -4,6 +4,7 @@
 //
 //   offload-trace <major>.<minor>
 //   step <index> launches <n> allocs <n> kernels <n> gpu_busy_ns <ns> cupti_kernels <n>
+//   base <unix_ns>                                              (1.3; optional)
 //   kernel <kernel-id> <name>                                  (one per distinct kernel)
 //   alloc <ordinal> <bytes> <stream> <alloc_pos> <free_pos>    (alloc_pos -1: born before the
 //                                                              step; free_pos -1: outlives it)
@@ -28,6 +29,10 @@
 // first kernel start and may be negative (a copy in the gap before it). <direction> is h2d,
 // d2h, d2d or other.
 //
+// The base (from 1.3) is the step's time zero as Unix time in nanoseconds, when the shim could
+// relate the GPU records' clock to the host's: a reader lays the step over another profiler's
+// trace with it (torch.profiler's trace carries its own as baseTimeNanoseconds).
+//
 // Readers reject another major version; a reader of minor m reads files of minor <= m.
 #pragma once
 
@@ -36,5 +41,5 @@
 namespace offload::trace_format {
 inline constexpr const char* kMagic = "offload-trace";
 inline constexpr uint32_t kMajor = 1;
-inline constexpr uint32_t kMinor = 2;
+inline constexpr uint32_t kMinor = 3;
 }  // namespace offload::trace_format

@@ -12,4 +12,11 @@ for f in liboffload.so offloadd offloadctl; do strip -o "$root/.carry/bin/$f" "$
 commit=$(git -C "$root" rev-parse HEAD)
 [ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ] || commit="$commit+dirty"
 echo "$commit" > "$root/.carry/commit"
+# DEB=1: the Debian package too (.carry/liboffload.deb), for scripts/gpu/installed_check.sh.
+if [ "${DEB:-0}" = 1 ]; then
+  cmake -S "$root" -B "$build" -DCMAKE_INSTALL_PREFIX=/usr > /dev/null
+  cmake --build "$build" -j"$(nproc)"
+  (cd "$build" && cpack -G DEB > cpack.log) || { cat "$build/cpack.log"; exit 1; }
+  cp "$(ls -t "$build"/liboffload_*.deb | head -1)" "$root/.carry/liboffload.deb"
+fi
 echo "prepared .carry/bin at $commit"

@@ -317,6 +317,50 @@ TEST(Planner, OffloadPlannerChoosesTheBuiltInPlanOrSaysWhatIsAccepted) {
   }
 }
 
+// Watching alone is light (launches counted, not scanned); a budget or a trace needs every
+// launch scanned, so they make it full unless OFFLOAD_OBSERVE says otherwise.
+TEST(Observe, LightWithoutABudgetOrATraceFullWithEitherOrWhenAsked) {
+  struct Case {
+    std::map<std::string, std::string> vars;
+    bool full;
+  };
+  const Case cases[] = {
+      {{}, false},
+      {{{"OFFLOAD_DEVICE_BUDGET", "40GiB"}}, true},
+      {{{"OFFLOAD_DEVICE_BUDGET", "50%"}}, true},
+      {{{"OFFLOAD_TRACE", "/tmp/t"}}, true},
+      {{{"OFFLOAD_OBSERVE", "full"}}, true},
+      {{{"OFFLOAD_OBSERVE", "light"}}, false},
+      {{{"OFFLOAD_OBSERVE", "light"}, {"OFFLOAD_TRACE", "/tmp/t"}}, false},
+      {{{"OFFLOAD_OBSERVE", "full"}, {"OFFLOAD_DEVICE_BUDGET", "40GiB"}}, true},
+  };
+  for (const Case& c : cases) {
+    Env env;
+    env.vars = c.vars;
+    std::vector<std::string> errors;
+    Settings s = read(env, &errors);
+    EXPECT_TRUE(errors.empty()) << (errors.empty() ? "" : errors[0]);
+    EXPECT_EQ(s.observe_full(), c.full) << ::testing::PrintToString(c.vars);
+  }
+}
+
+TEST(Observe, BadValuesAndLightUnderABudgetAreErrors) {
+  for (const char* v : {"Light", "none", "1"}) {
+    Env env;
+    env.vars["OFFLOAD_OBSERVE"] = v;
+    std::vector<std::string> errors;
+    read(env, &errors);
+    ASSERT_EQ(errors.size(), 1u) << v;
+    EXPECT_NE(errors[0].find("light or full"), std::string::npos) << errors[0];
+  }
+  Env env;
+  env.vars = {{"OFFLOAD_OBSERVE", "light"}, {"OFFLOAD_DEVICE_BUDGET", "40GiB"}};
+  std::vector<std::string> errors;
+  read(env, &errors);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("a budget needs every launch scanned"), std::string::npos) << errors[0];
+}
+
 TEST(Planner, OffloadPoolRefineIsOnUnlessTurnedOffAndSaysWhatIsAccepted) {
   {
     Env env;

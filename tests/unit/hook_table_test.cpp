@@ -52,6 +52,7 @@ void* offload_test_lookup_next(void* (*lookup)(void*, const char*));
 __attribute__((constructor(101))) static void hook_test_env() {
   setenv("OFFLOAD_TELEMETRY", "off", 0);
   setenv("OFFLOAD_DAEMON", "off", 0);  // hermetic: no daemon is started from these tests
+  setenv("OFFLOAD_OBSERVE", "full", 0);  // the launch hooks scan: what most tests here check
 }
 
 namespace {
@@ -868,6 +869,32 @@ TEST_F(Hooks, ConcurrentHooksWithTheWorkerRunning) {
   ASSERT_GT(offload_stats_json(buf.data(), buf.size()), 0);
   ASSERT_TRUE(offload::testing::parse_json(buf.data(), &j, &err)) << err;
   EXPECT_EQ(j["counters"]["dropped_events"].num, 0);
+}
+
+// Light observation (the default without a budget or a trace): a launch is forwarded as it
+// is and counted, and nothing scans it; allocations are still tracked.
+TEST_F(Hooks, UnderLightObservationALaunchIsCountedNotScanned) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process reads OFFLOAD_OBSERVE
+  setenv("OFFLOAD_OBSERVE", "light", 1);
+  auto light = [] {
+    Runtime* r = runtime();
+    if (!r || !r->light()) std::_Exit(2);
+    TrackerCounters& c = r->tracker().counters();
+    uint64_t arg = 42;
+    void* params[] = {&arg};
+    const size_t forwarded = g_launches.size();
+    if (cuLaunchKernel(reinterpret_cast<CUfunction>(0x5a5a0), 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr) != CUDA_SUCCESS)
+      std::_Exit(3);
+    void* p = nullptr;
+    if (cudaMallocAsync(&p, 4096, nullptr) != cudaSuccess) std::_Exit(4);
+    const bool ok = g_launches.size() == forwarded + 1 && g_launches.back().params == params &&
+                    c.unscanned.load() == 1 && c.kernels.load() == 0 && c.allocs.load() == 1;
+    (void)cudaFreeAsync(p, nullptr);
+    std::_Exit(ok ? 0 : 5);
+  };
+  EXPECT_EXIT(light(), ::testing::ExitedWithCode(0), "");
+  setenv("OFFLOAD_OBSERVE", "full", 1);
+  EXPECT_FALSE(rt()->light()) << "this process observes in full";
 }
 
 // --- the C API -----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ StepTrace sample() {
   t.launches = {l0, l1, l2, l3, l4, l5};
   t.gpu_busy_ns = 14846;
   t.cupti_kernels = 3;
+  t.base_unix_ns = 1'764'748'800'123'456'789;
   return t;
 }
 
@@ -47,6 +48,7 @@ void expect_equal(const StepTrace& a, const StepTrace& b) {
   EXPECT_EQ(a.kernels, b.kernels);
   EXPECT_EQ(a.gpu_busy_ns, b.gpu_busy_ns);
   EXPECT_EQ(a.cupti_kernels, b.cupti_kernels);
+  EXPECT_EQ(a.base_unix_ns, b.base_unix_ns);
   ASSERT_EQ(a.allocs.size(), b.allocs.size());
   for (size_t i = 0; i < a.allocs.size(); ++i) {
     SCOPED_TRACE("alloc " + std::to_string(i));
@@ -111,6 +113,22 @@ TEST(TraceIo, RoundTripKeepsEveryField) {
   ASSERT_TRUE(read_text(s, &back, &err)) << err;
   expect_equal(t, back);
   EXPECT_EQ(text(back), s) << "writing what was read gives the same bytes";
+}
+
+TEST(TraceIo, ABaseIsWrittenOnlyWhenKnownAndAMalformedOneIsRefused) {
+  StepTrace t = sample();
+  auto v = lines(text(t));
+  EXPECT_EQ(v[find_line(v, "base ")], "base 1764748800123456789");
+  t.base_unix_ns.reset();
+  for (const std::string& l : lines(text(t))) EXPECT_NE(l.rfind("base", 0), 0u) << l;
+  for (const char* bad : {"base", "base x", "base 1 2", "base -5"}) {
+    auto w = lines(text(sample()));
+    w[find_line(w, "base ")] = bad;
+    StepTrace out;
+    std::string err;
+    EXPECT_FALSE(read_text(join(w), &out, &err)) << bad;
+    EXPECT_NE(err.find("malformed base line"), std::string::npos) << bad << ": " << err;
+  }
 }
 
 TEST(TraceIo, RoundTripOfAnEmptyStep) {
@@ -323,31 +341,57 @@ TEST(TraceIo, RejectsMalformedRecords) {
 
 // --- Chrome JSON ------------------------------------------------------------------------
 
-Json chrome(const StepTrace& t) {
+Json chrome_of(const std::vector<StepTrace>& steps) {
   std::ostringstream os;
-  t.write_chrome_json(os);
+  write_chrome_trace(steps, os);
   Json j;
   std::string err;
   EXPECT_TRUE(parse_json(os.str(), &j, &err)) << err << "\n" << os.str();
   return j;
 }
+Json chrome(const StepTrace& t) { return chrome_of({t}); }
 
-std::vector<const Json*> x_events(const Json& j) {
+std::vector<const Json*> events(const Json& j, const std::string& ph) {
   std::vector<const Json*> v;
   if (!j.has("traceEvents") || j["traceEvents"].type != Json::Array) {
     ADD_FAILURE() << "no traceEvents array";
     return v;
   }
   for (const Json& e : j["traceEvents"].items)
-    if (e.has("ph") && e["ph"].text == "X") v.push_back(&e);
+    if (e.has("ph") && e["ph"].text == ph) v.push_back(&e);
   return v;
 }
 
-TEST(ChromeJson, OneCompleteEventPerTimedLaunch) {
+// Thread id -> its name, from the thread_name metadata events; every id is an integer.
+std::map<int, std::string> thread_names(const Json& j) {
+  std::map<int, std::string> m;
+  for (const Json* e : events(j, "M"))
+    if ((*e)["name"].text == "thread_name") {
+      EXPECT_EQ((*e)["tid"].type, Json::Number);
+      m[static_cast<int>((*e)["tid"].num)] = (*e)["args"]["name"].text;
+    }
+  return m;
+}
+
+// The complete events on threads named `prefix`...
+std::vector<const Json*> x_on(const Json& j, const std::string& prefix) {
+  auto names = thread_names(j);
+  std::vector<const Json*> v;
+  for (const Json* e : events(j, "X")) {
+    EXPECT_EQ((*e)["tid"].type, Json::Number) << "thread ids are integers";
+    auto it = names.find(static_cast<int>((*e)["tid"].num));
+    EXPECT_TRUE(it != names.end()) << "every thread with events is named";
+    if (it != names.end() && it->second.rfind(prefix, 0) == 0) v.push_back(e);
+  }
+  return v;
+}
+
+TEST(ChromeJson, OneCompleteEventPerTimedLaunchOnItsNamedStream) {
   const StepTrace t = sample();
   Json j = chrome(t);
   ASSERT_EQ(j.type, Json::Object);
-  auto xs = x_events(j);
+  auto xs = x_on(j, "stream ");
+  auto names = thread_names(j);
   std::vector<const TraceLaunch*> timed;
   for (const TraceLaunch& l : t.launches)
     if (l.gpu_start_ns >= 0 && l.gpu_ns >= 0) timed.push_back(&l);
@@ -360,6 +404,7 @@ TEST(ChromeJson, OneCompleteEventPerTimedLaunch) {
     EXPECT_DOUBLE_EQ(e["ts"].num, static_cast<double>(l.gpu_start_ns) / 1000.0);
     EXPECT_DOUBLE_EQ(e["dur"].num, static_cast<double>(l.gpu_ns) / 1000.0);
     EXPECT_EQ(e["args"]["pos"].num, l.pos);
+    EXPECT_EQ(e["args"]["step"].num, t.step);
     EXPECT_EQ(e["args"]["allocs"].num, l.allocs.size());
     const char* expected_name = l.kind == EventKind::Copy     ? "memcpy"
                                 : l.kind == EventKind::Memset ? "memset"
@@ -368,8 +413,25 @@ TEST(ChromeJson, OneCompleteEventPerTimedLaunch) {
     EXPECT_EQ(e["name"].text, expected_name ? expected_name : t.kernels.at(l.kernel));
     std::ostringstream tid;
     tid << "stream 0x" << std::hex << l.stream;
-    EXPECT_EQ(e["tid"].text, tid.str());
+    EXPECT_EQ(names[static_cast<int>(e["tid"].num)], tid.str());
   }
+  ASSERT_EQ(x_on(j, "steps").size(), 1u);
+  EXPECT_EQ((*x_on(j, "steps")[0])["name"].text, "step 42");
+  EXPECT_DOUBLE_EQ((*x_on(j, "steps")[0])["dur"].num, 30.001) << "to the last kernel's end";
+}
+
+TEST(ChromeJson, KernelNamesAreDemangledAndOthersKept) {
+  EXPECT_EQ(demangle("_ZN2at6native3fooEv"), "at::native::foo()");
+  EXPECT_EQ(demangle("_Z6kernelPfi"), "kernel(float*, int)");
+  EXPECT_EQ(demangle("ampere_sgemm_128x64_nn"), "ampere_sgemm_128x64_nn");
+  EXPECT_EQ(demangle("_Znot a symbol"), "_Znot a symbol");
+  StepTrace t;
+  t.kernels[1] = "_Z6kernelPfi";
+  t.launches.push_back(TraceLaunch{0, EventKind::Kernel, 1, 0, 0, 10, {}, std::nullopt, 0});
+  Json j = chrome(t);
+  auto xs = x_on(j, "stream ");
+  ASSERT_EQ(xs.size(), 1u);
+  EXPECT_EQ((*xs[0])["name"].text, "kernel(float*, int)");
 }
 
 TEST(ChromeJson, NamesAreEscaped) {
@@ -377,7 +439,7 @@ TEST(ChromeJson, NamesAreEscaped) {
   t.kernels[1] = "void k<\"quoted\", C:\\path>(int)";
   t.launches.push_back(TraceLaunch{0, EventKind::Kernel, 1, 0, 0, 10, {}, std::nullopt, 0});
   Json j = chrome(t);
-  auto xs = x_events(j);
+  auto xs = x_on(j, "stream ");
   ASSERT_EQ(xs.size(), 1u);
   EXPECT_EQ((*xs[0])["name"].text, t.kernels[1]);
 }
@@ -385,8 +447,9 @@ TEST(ChromeJson, NamesAreEscaped) {
 TEST(ChromeJson, UntimedStepIsStillValidJson) {
   StepTrace t = sample();
   for (TraceLaunch& l : t.launches) l.gpu_start_ns = l.gpu_ns = -1;
+  t.gpu_busy_ns = -1;
   Json j = chrome(t);
-  EXPECT_TRUE(x_events(j).empty());
+  EXPECT_TRUE(events(j, "X").empty());
 }
 
 // Steps last from milliseconds to seconds and kernels a few microseconds: the timeline
@@ -397,7 +460,7 @@ TEST(ChromeJson, TimestampsKeepNanosecondResolutionLateInAStep) {
   t.launches.push_back(TraceLaunch{0, EventKind::Kernel, 1, 0, 0, 2500, {}, std::nullopt, 0});
   t.launches.push_back(TraceLaunch{1, EventKind::Kernel, 1, 0, 1'234'567'891, 4'321, {}, std::nullopt, 0});
   Json j = chrome(t);
-  auto xs = x_events(j);
+  auto xs = x_on(j, "stream ");
   ASSERT_EQ(xs.size(), 2u);
   EXPECT_NEAR((*xs[1])["ts"].num, 1234567.891, 0.0005) << "ts written as " << (*xs[1])["ts"].text;
   EXPECT_NEAR((*xs[1])["dur"].num, 4.321, 0.0005);
@@ -407,14 +470,65 @@ TEST(ChromeJson, TransfersGetATrackPerDirectionAndKeepTheSignOfAnEarlyStart) {
   StepTrace t;
   t.transfers = {{-1500, 2000, 4096, 1}, {7, 3, 64, 2}};
   Json j = chrome(t);
-  auto xs = x_events(j);
+  auto h2d = x_on(j, "copies h2d");
+  auto d2h = x_on(j, "copies d2h");
+  ASSERT_EQ(h2d.size(), 1u);
+  ASSERT_EQ(d2h.size(), 1u);
+  EXPECT_NE((*h2d[0])["tid"].num, (*d2h[0])["tid"].num);
+  EXPECT_DOUBLE_EQ((*h2d[0])["ts"].num, -1.5) << "written as " << (*h2d[0])["ts"].text;
+  EXPECT_DOUBLE_EQ((*h2d[0])["dur"].num, 2.0);
+  EXPECT_EQ((*h2d[0])["args"]["bytes"].num, 4096);
+  EXPECT_DOUBLE_EQ((*d2h[0])["ts"].num, 0.007);
+}
+
+StepTrace one_kernel_step(uint64_t step, int64_t start, int64_t ns) {
+  StepTrace t;
+  t.step = step;
+  t.kernels[1] = "k";
+  t.launches.push_back(TraceLaunch{0, EventKind::Kernel, 1, 0, start, ns, {}, std::nullopt, 0});
+  t.gpu_busy_ns = ns;
+  return t;
+}
+
+// torch.profiler writes baseTimeNanoseconds and times from it; ours do the same, so that
+// the difference of the two bases lays one trace over the other.
+TEST(ChromeJson, StepsWithABaseTimeArePlacedByItAndTheTraceCarriesTheFirst) {
+  StepTrace a = one_kernel_step(7, 0, 1000), b = one_kernel_step(8, 100, 2000);
+  a.base_unix_ns = 1'764'748'800'000'000'000;
+  b.base_unix_ns = *a.base_unix_ns + 5'000'000;
+  Json j = chrome_of({a, b});
+  ASSERT_TRUE(j.has("baseTimeNanoseconds"));
+  EXPECT_EQ(j["baseTimeNanoseconds"].text, "1764748800000000000");
+  auto xs = x_on(j, "stream ");
   ASSERT_EQ(xs.size(), 2u);
-  EXPECT_EQ((*xs[0])["tid"].text, "copies h2d");
-  EXPECT_DOUBLE_EQ((*xs[0])["ts"].num, -1.5) << "written as " << (*xs[0])["ts"].text;
-  EXPECT_DOUBLE_EQ((*xs[0])["dur"].num, 2.0);
-  EXPECT_EQ((*xs[0])["args"]["bytes"].num, 4096);
-  EXPECT_EQ((*xs[1])["tid"].text, "copies d2h");
-  EXPECT_DOUBLE_EQ((*xs[1])["ts"].num, 0.007);
+  EXPECT_DOUBLE_EQ((*xs[0])["ts"].num, 0.0);
+  EXPECT_DOUBLE_EQ((*xs[1])["ts"].num, 5000.1) << "5 ms after the first step's zero, plus its start";
+  EXPECT_EQ(x_on(j, "steps").size(), 2u);
+}
+
+TEST(ChromeJson, StepsWithoutABaseTimeFollowEachOther) {
+  Json j = chrome_of({one_kernel_step(1, 0, 1000), one_kernel_step(2, 0, 1000)});
+  EXPECT_FALSE(j.has("baseTimeNanoseconds"));
+  auto xs = x_on(j, "stream ");
+  ASSERT_EQ(xs.size(), 2u);
+  EXPECT_GE((*xs[1])["ts"].num, (*xs[0])["ts"].num + (*xs[0])["dur"].num) << "no overlap";
+}
+
+// The counter follows the tracked allocations' live bytes at each timed launch's start.
+TEST(ChromeJson, ACounterTrackFollowsTheLiveBytes) {
+  StepTrace t;
+  t.kernels[1] = "k";
+  t.allocs = {{0, 100, 0, -1, -1}, {1, 50, 0, 1, 2}};  // 100 throughout; 50 from launch 1 to 2
+  for (uint32_t p = 0; p < 3; ++p) t.launches.push_back(TraceLaunch{p, EventKind::Kernel, 1, 0, p * 10, 5, {}, std::nullopt, 0});
+  t.gpu_busy_ns = 15;
+  Json j = chrome(t);
+  auto cs = events(j, "C");
+  ASSERT_EQ(cs.size(), 3u);
+  const double want[] = {100, 150, 100};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_DOUBLE_EQ((*cs[i])["args"]["bytes"].num, want[i]) << i;
+    EXPECT_DOUBLE_EQ((*cs[i])["ts"].num, static_cast<double>(i) * 0.01) << i;
+  }
 }
 
 // --- analyse_activations -----------------------------------------------------------------
