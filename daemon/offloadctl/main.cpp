@@ -7,6 +7,7 @@
 //                                   what this machine and environment lack to run under liboffload
 //   offloadctl trace show PATH [--json]   summarise a trace directory (OFFLOAD_TRACE) or step file
 //   offloadctl trace check PATH [--json]  visibility and activation checks; exit 1 if one fails
+//   offloadctl trace chrome PATH [-o FILE] the steps as one Chrome/Perfetto trace (stdout by default)
 //   offloadctl replay FILE [--steps N] [--offload FRACTION] [--scale DIV] [--json]
 //                                   replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw; with --offload, the
@@ -39,6 +40,7 @@
 extern char** environ;
 
 int cmd_trace_show(const std::string& path, bool check, bool json);
+int cmd_trace_chrome(const std::string& path, const std::string& out);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor, bool json);
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
              const std::string& html, bool json, bool sweep, uint64_t persistent_min, double pool_overhead,
@@ -97,6 +99,11 @@ constexpr HelpBlock kHelp[] = {
      "  trace check PATH [--json]\n"
      "                         check visibility (shim launches == CUPTI kernels) and that every\n"
      "                         activation is touched in the backward; exit 1 if a check fails\n"},
+    {"trace",
+     "  trace chrome PATH [-o FILE]\n"
+     "                         the steps of a trace directory or step file as one Chrome/Perfetto trace\n"
+     "                         (ui.perfetto.dev, chrome://tracing): kernels per stream, copies, a span\n"
+     "                         per step, live bytes; on stdout, or written to FILE\n"},
     {"replay",
      "  replay FILE [--steps N] [--offload FRACTION] [--scale DIV] [--json]\n"
      "                         replay a recorded step on the simulated driver (default N=6); with\n"
@@ -164,6 +171,24 @@ using Args = std::vector<std::string>;
 int usage_error(const std::string& command, const std::string& message) {
   fprintf(stderr, "offloadctl: %s\n(offloadctl %s --help lists its options)\n", message.c_str(), command.c_str());
   return 2;
+}
+
+int run_trace_chrome(const Args& a) {
+  std::string path, out;
+  for (size_t i = 2; i < a.size(); ++i) {
+    if (a[i] == "-o" || a[i] == "--output") {
+      if (i + 1 >= a.size() || a[i + 1].empty()) return usage_error("trace", a[i] + " needs a file name");
+      out = a[++i];
+    } else if (a[i].size() > 1 && a[i][0] == '-') {
+      return usage_error("trace", "unknown option '" + a[i] + "' for trace chrome");
+    } else if (path.empty()) {
+      path = a[i];
+    } else {
+      return usage_error("trace", "trace chrome takes one PATH ('" + path + "', then '" + a[i] + "')");
+    }
+  }
+  if (path.empty()) return usage_error("trace", "trace chrome needs a trace directory or step file");
+  return cmd_trace_chrome(path, out);
 }
 
 int run_doctor(const Args& a) {
@@ -400,6 +425,7 @@ int main(int argc, char** argv) {
   if (a[0] == "status" || a[0] == "stop") return run_status_or_stop(a);
   if (a[0] == "trace" && (a.size() == 3 || (a.size() == 4 && a[3] == "--json")) && (a[1] == "show" || a[1] == "check"))
     return cmd_trace_show(a[2], a[1] == "check", a.size() == 4);
+  if (a[0] == "trace" && a.size() >= 2 && a[1] == "chrome") return run_trace_chrome(a);
   if (a[0] == "replay" && a.size() >= 2) return run_replay(a);
   if (a[0] == "plan") return run_plan(a);
   if (a[0] == "doctor") return run_doctor(a);

@@ -1,5 +1,5 @@
 // offloadctl's commands as a person or a script runs them: doctor's verdicts and its JSON,
-// replay's JSON against its text.
+// replay's JSON against its text, trace chrome's trace.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -212,6 +212,92 @@ TEST(OffloadctlReplay, JsonOfAFailedReplaySaysWhatFailed) {
   testing::Json plain;
   ASSERT_TRUE(testing::parse_json(r.out, &plain, &err)) << err;
   EXPECT_EQ(plain["offload"].type, testing::Json::Null) << "no --offload, no offload figures";
+}
+
+// trace chrome on a directory of step files: one trace-event JSON with a span per step and the
+// kernels under their demangled names, the same on stdout and in -o's file.
+TEST(OffloadctlTraceChrome, ADirectoryOfStepsBecomesOneTrace) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  size_t traces = 0;
+  for (const auto& e : std::filesystem::directory_iterator(OFFLOAD_TRACES_DIR))
+    traces += e.path().extension() == ".trace";
+  ASSERT_GT(traces, 1u);
+  RunResult r = run_program({OFFLOADCTL_BIN, "trace", "chrome", OFFLOAD_TRACES_DIR}, {}, dir.path());
+  ASSERT_EQ(r.exit_code(), 0) << describe_status(r.status) << "\n" << r.err;
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err;
+  size_t spans = 0, kernels = 0, mangled = 0, native = 0;
+  for (const testing::Json& e : j["traceEvents"].items) {
+    if (e["ph"].text != "X") continue;
+    EXPECT_GE(e["dur"].num, 0) << e["name"].text;
+    if (e["tid"].num == 1) ++spans;
+    if (e["tid"].num >= 10) {
+      ++kernels;
+      mangled += e["name"].text.rfind("_Z", 0) == 0;
+      native += e["name"].text.find("at::native::") != std::string::npos;
+    }
+  }
+  EXPECT_EQ(spans, traces) << "a span per step";
+  EXPECT_GT(kernels, 1000u);
+  EXPECT_GT(native, 0u) << "kernel names demangled";
+  // convnet's recording holds one cutlass symbol that neither __cxa_demangle nor c++filt reads.
+  EXPECT_LT(mangled * 100, kernels) << "kernel names demangled";
+
+  const std::string out = dir.path() + "/steps.json";
+  RunResult w = run_program({OFFLOADCTL_BIN, "trace", "chrome", OFFLOAD_TRACES_DIR, "-o", out}, {}, dir.path());
+  ASSERT_EQ(w.exit_code(), 0) << w.err;
+  EXPECT_TRUE(w.out.empty()) << "the trace goes to the file only";
+  EXPECT_EQ(read_file(out), r.out);
+
+  RunResult one =
+      run_program({OFFLOADCTL_BIN, "trace", "chrome", std::string(OFFLOAD_TRACES_DIR) + "/reference.trace"}, {}, dir.path());
+  ASSERT_EQ(one.exit_code(), 0) << one.err;
+  testing::Json j1;
+  ASSERT_TRUE(testing::parse_json(one.out, &j1, &err)) << err;
+  EXPECT_LT(j1["traceEvents"].items.size(), j["traceEvents"].items.size());
+}
+
+TEST(OffloadctlTraceChrome, BadPathsAndOptionsAreSaid) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string none = dir.path() + "/no-such-trace";
+  RunResult r = run_program({OFFLOADCTL_BIN, "trace", "chrome", none}, {}, dir.path());
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_EQ(r.err, "offloadctl: cannot open " + none + ": No such file or directory\n");
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  ASSERT_EQ(mkdir((dir.path() + "/empty").c_str(), 0700), 0);
+  r = run_program({OFFLOADCTL_BIN, "trace", "chrome", dir.path() + "/empty"}, {}, dir.path());
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_NE(r.err.find("no step traces (*.trace) in " + dir.path() + "/empty"), std::string::npos) << r.err;
+  std::ofstream(dir.path() + "/bad.trace") << "not a trace\n";
+  r = run_program({OFFLOADCTL_BIN, "trace", "chrome", dir.path() + "/bad.trace"}, {}, dir.path());
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_EQ(r.err.rfind("offloadctl: " + dir.path() + "/bad.trace: ", 0), 0u) << r.err;
+  r = run_program({OFFLOADCTL_BIN, "trace", "chrome", OFFLOAD_TRACES_DIR, "-o", dir.path() + "/no/dir/x.json"}, {},
+                  dir.path());
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_NE(r.err.find("cannot write " + dir.path() + "/no/dir/x.json"), std::string::npos) << r.err;
+
+  const std::vector<std::pair<std::vector<std::string>, std::string>> usage = {
+      {{"trace", "chrome"}, "trace chrome needs a trace directory or step file"},
+      {{"trace", "chrome", none, "-o"}, "-o needs a file name"},
+      {{"trace", "chrome", none, "--json"}, "unknown option '--json' for trace chrome"},
+      {{"trace", "chrome", none, none}, "trace chrome takes one PATH"},
+  };
+  for (const auto& [args, message] : usage) {
+    SCOPED_TRACE(args.back());
+    std::vector<std::string> argv = {OFFLOADCTL_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    r = run_program(argv, {}, dir.path());
+    EXPECT_EQ(r.exit_code(), 2);
+    EXPECT_EQ(r.err.rfind("offloadctl: " + message, 0), 0u) << r.err;
+    EXPECT_NE(r.err.find("(offloadctl trace --help lists its options)"), std::string::npos) << r.err;
+  }
+  r = run_program({OFFLOADCTL_BIN, "trace", "--help"}, {}, dir.path());
+  EXPECT_EQ(r.exit_code(), 0);
+  EXPECT_NE(r.out.find("trace chrome PATH [-o FILE]"), std::string::npos) << r.out;
 }
 
 }  // namespace
