@@ -41,17 +41,24 @@ std::string default_segment_name(const std::string& socket) {
   return "offload-pool-" + std::to_string(getuid()) + "-" + tail;
 }
 
+Paths paths_from_env(const std::function<const char*(const char*)>& get) {
+  Paths p;
+  const char* xdg = get("XDG_RUNTIME_DIR");
+  p.dir = (xdg && *xdg) ? std::string(xdg) + "/liboffload" : "/tmp/liboffload-" + std::to_string(getuid());
+  const char* sock = get("OFFLOAD_SOCKET");
+  p.socket = (sock && *sock) ? sock : p.dir + "/offloadd.sock";
+  p.segment = default_segment_name(p.socket);
+  return p;
+}
+
 bool default_paths(Paths* out, std::string* why) {
-  const char* xdg = getenv("XDG_RUNTIME_DIR");
-  out->dir = (xdg && *xdg) ? std::string(xdg) + "/liboffload" : "/tmp/liboffload-" + std::to_string(getuid());
+  *out = paths_from_env([](const char* n) { return getenv(n); });
   if (!ensure_private_dir(out->dir, kNoGroupOrOther, why)) return false;
   const char* sock = getenv("OFFLOAD_SOCKET");
   if (sock && *sock && !check_private_dir(dir_of(sock), kNoGroupOrOtherWrite, why)) {
     *why = "OFFLOAD_SOCKET=" + std::string(sock) + ": " + *why;
     return false;
   }
-  out->socket = (sock && *sock) ? sock : out->dir + "/offloadd.sock";
-  out->segment = default_segment_name(out->socket);
   return true;
 }
 

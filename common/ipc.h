@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ struct Paths {
   std::string dir, socket, segment;
 };
 bool default_paths(Paths* out, std::string* why);
+// The same paths, read through `get` (getenv in production), without making or checking the
+// directory: for reporting where they are (offloadctl doctor), never for using them.
+Paths paths_from_env(const std::function<const char*(const char*)>& get);
 
 // The POSIX shared-memory name of the pool of the daemon serving `socket`: one per user and
 // socket ("offload-pool-<uid>-<hash of the socket path>"). A daemon restarted on the same

@@ -1,15 +1,18 @@
 #include "cupti_telemetry.h"
 
 #include <cupti.h>
+#include <cupti_activity_deprecated.h>
 #undef cuGetProcAddress
 #include <dlfcn.h>
 #include <link.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "common/cupti_lookup.h"
 #include "common/log.h"
 #include "hooks/hook_table.h"
 
@@ -26,24 +29,36 @@ constexpr int kSilentCollectsForTakeover = 100;  // ~2 s of polls with launches,
 constexpr int kOurKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                              CUPTI_ACTIVITY_KIND_MEMSET};
 
-// Directory of a loaded library whose name contains `needle` ("" if none).
-std::string loaded_dir(const char* needle) {
+// The records are read through CUDA 13's structs. CUPTI 12 hands out CUpti_ActivityKernel9,
+// CUpti_ActivityMemcpy5 (CUpti_ActivityMemcpy6 from 12.8) and CUpti_ActivityMemset4, as 13 does
+// for memsets: the fields read sit at the same offsets in each, so one reading serves both.
+template <class A, class B>
+constexpr bool same_times = offsetof(A, kind) == offsetof(B, kind) && offsetof(A, start) == offsetof(B, start) &&
+                            offsetof(A, end) == offsetof(B, end) &&
+                            offsetof(A, correlationId) == offsetof(B, correlationId);
+static_assert(same_times<CUpti_ActivityKernel10, CUpti_ActivityKernel9> &&
+              offsetof(CUpti_ActivityKernel10, name) == offsetof(CUpti_ActivityKernel9, name));
+static_assert(same_times<CUpti_ActivityMemcpy6, CUpti_ActivityMemcpy5> &&
+              offsetof(CUpti_ActivityMemcpy6, bytes) == offsetof(CUpti_ActivityMemcpy5, bytes) &&
+              offsetof(CUpti_ActivityMemcpy6, copyKind) == offsetof(CUpti_ActivityMemcpy5, copyKind));
+
+// Path of a loaded library whose name contains `needle` ("" if none), as the loader names it.
+std::string loaded_path(const char* needle) {
   struct Ctx {
     const char* needle;
-    std::string dir;
+    std::string path;
   } ctx{needle, {}};
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* p) -> int {
         auto* c = static_cast<Ctx*>(p);
         if (info->dlpi_name && std::strstr(info->dlpi_name, c->needle)) {
-          std::string path = info->dlpi_name;
-          c->dir = path.substr(0, path.rfind('/'));
+          c->path = info->dlpi_name;
           return 1;
         }
         return 0;
       },
       &ctx);
-  return ctx.dir;
+  return ctx.path;
 }
 
 // cuptiGetTimestamp, once start() found it: the clock of the activity records.
@@ -68,24 +83,22 @@ CuptiTelemetry::~CuptiTelemetry() {
 }
 
 bool CuptiTelemetry::start() {
-  std::vector<std::string> candidates;
-  if (!lib_hint_.empty()) candidates.push_back(lib_hint_);
-  candidates.push_back("libcupti.so.13");
-  // Next to the CUDA runtime the process loaded (pip wheels ship CUPTI beside it).
-  if (std::string d = loaded_dir("libcudart.so"); !d.empty()) candidates.push_back(d + "/libcupti.so.13");
   const char* home = getenv("CUDA_HOME");
-  for (std::string root : {std::string(home ? home : ""), std::string("/usr/local/cuda")}) {
-    if (root.empty()) continue;
-    candidates.push_back(root + "/extras/CUPTI/lib64/libcupti.so.13");
-    candidates.push_back(root + "/lib64/libcupti.so.13");
-  }
-  for (const std::string& c : candidates)
-    if ((lib_ = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+  const CuptiSearch search{lib_hint_, loaded_path("libcudart.so"), home ? home : ""};
+  std::string path;
+  for (const std::string& c : cupti_candidates(search))
+    if ((lib_ = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL))) {
+      path = c;
+      break;
+    }
   std::lock_guard lock(mu_);
   if (!lib_) {
-    state_ = "off: libcupti.so.13 not found (set OFFLOAD_CUPTI_LIB)";
+    const int major = preferred_cupti_major(search);
+    state_ = "off: no libcupti.so." + std::to_string(major) + " (nor of another supported CUDA) found " +
+             "(set OFFLOAD_CUPTI_LIB; `offloadctl doctor` lists where it looks)";
     return false;
   }
+  log().debug("GPU-time telemetry: CUPTI from {}", path);
   auto sym = [&](const char* n) { return hooks::real_dlsym(lib_, n); };
   auto enable = reinterpret_cast<int (*)(int)>(sym("cuptiActivityEnable"));
   auto reg = reinterpret_cast<int (*)(void*, void*)>(sym("cuptiActivityRegisterCallbacks"));

@@ -3,9 +3,12 @@
 //   offloadctl status [--json] [--watch [SECONDS]] [--socket PATH]
 //                                   the pool and every client, from offloadd
 //   offloadctl stop [--socket PATH]  stop offloadd (leases in use stay in the segment)
+//   offloadctl doctor [--json] [--cudart PATH]
+//                                   what this machine and environment lack to run under liboffload
 //   offloadctl trace show PATH [--json]   summarise a trace directory (OFFLOAD_TRACE) or step file
 //   offloadctl trace check PATH [--json]  visibility and activation checks; exit 1 if one fails
-//   offloadctl replay FILE [--steps N] [--offload FRACTION] [--scale DIV]
+//   offloadctl trace chrome PATH [-o FILE] the steps as one Chrome/Perfetto trace (stdout by default)
+//   offloadctl replay FILE [--steps N] [--offload FRACTION] [--scale DIV] [--json]
 //                                   replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw; with --offload, the
 //                                   executor too, under a budget, with every launch's data checked
@@ -19,6 +22,8 @@
 //   offloadctl plan --trace FILE --persistent
 //                                   what outlives the step (weights, optimizer state): how long
 //                                   each sits unused, and whether its copies would fit there
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,9 +35,13 @@
 
 #include "common/env.h"
 #include "offload_version.h"
+#include "offloadctl/doctor.h"
+
+extern char** environ;
 
 int cmd_trace_show(const std::string& path, bool check, bool json);
-int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor);
+int cmd_trace_chrome(const std::string& path, const std::string& out);
+int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor, bool json);
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
              const std::string& html, bool json, bool sweep, uint64_t persistent_min, double pool_overhead,
              bool read_only, double max_weight_wait);
@@ -74,6 +83,14 @@ constexpr HelpBlock kHelp[] = {
      "                         GPUs sharing the node's host link; --watch refreshes\n"},
     {"stop",
      "  stop [--socket PATH]   stop offloadd\n"},
+    {"doctor",
+     "  doctor [--json] [--cudart PATH]\n"
+     "                         check what running under liboffload needs, a line each (ok, warn, fail)\n"
+     "                         with what to do: the driver and a GPU, CUPTI (the file the shim would\n"
+     "                         load), PyTorch's allocator setting, /dev/shm against the host pool,\n"
+     "                         glibc, liboffload.so and LD_PRELOAD, unknown OFFLOAD_* variables; exit 1\n"
+     "                         if a check fails. --cudart: the libcudart PyTorch loads (CUPTI of its\n"
+     "                         CUDA is looked for first); --json: {\"ok\", \"checks\": [...]}\n"},
     {"trace",
      "  trace show PATH [--json]\n"
      "                         summarise a trace directory (OFFLOAD_TRACE=DIR) or one step file;\n"
@@ -82,12 +99,19 @@ constexpr HelpBlock kHelp[] = {
      "  trace check PATH [--json]\n"
      "                         check visibility (shim launches == CUPTI kernels) and that every\n"
      "                         activation is touched in the backward; exit 1 if a check fails\n"},
+    {"trace",
+     "  trace chrome PATH [-o FILE]\n"
+     "                         the steps of a trace directory or step file as one Chrome/Perfetto trace\n"
+     "                         (ui.perfetto.dev, chrome://tracing): kernels per stream, copies, a span\n"
+     "                         per step, live bytes; on stdout, or written to FILE\n"},
     {"replay",
-     "  replay FILE [--steps N] [--offload FRACTION] [--scale DIV]\n"
+     "  replay FILE [--steps N] [--offload FRACTION] [--scale DIV] [--json]\n"
      "                         replay a recorded step on the simulated driver (default N=6); with\n"
      "                         --offload, the executor too, under a budget of FRACTION of the step's\n"
      "                         peak (N=12 by default), sizes divided by DIV (default 256), every\n"
-     "                         launch's data checked; exit 1 on a mismatch or over the budget\n"},
+     "                         launch's data checked; exit 1 on a mismatch or over the budget;\n"
+     "                         --json: the same figures as one JSON object (bytes at the recording's\n"
+     "                         size, not scaled)\n"},
     {"plan",
      "  plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE [--read-only] [--max-weight-wait S]]\n"
      "       [--segments N] [--arenas|--json]\n"
@@ -141,11 +165,241 @@ bool usage_of(const std::string& command) {
 }
 
 
+using Args = std::vector<std::string>;
+
+// A usage error: one line, a pointer to the command's --help, status 2.
+int usage_error(const std::string& command, const std::string& message) {
+  fprintf(stderr, "offloadctl: %s\n(offloadctl %s --help lists its options)\n", message.c_str(), command.c_str());
+  return 2;
+}
+
+int run_trace_chrome(const Args& a) {
+  std::string path, out;
+  for (size_t i = 2; i < a.size(); ++i) {
+    if (a[i] == "-o" || a[i] == "--output") {
+      if (i + 1 >= a.size() || a[i + 1].empty()) return usage_error("trace", a[i] + " needs a file name");
+      out = a[++i];
+    } else if (a[i].size() > 1 && a[i][0] == '-') {
+      return usage_error("trace", "unknown option '" + a[i] + "' for trace chrome");
+    } else if (path.empty()) {
+      path = a[i];
+    } else {
+      return usage_error("trace", "trace chrome takes one PATH ('" + path + "', then '" + a[i] + "')");
+    }
+  }
+  if (path.empty()) return usage_error("trace", "trace chrome needs a trace directory or step file");
+  return cmd_trace_chrome(path, out);
+}
+
+int run_doctor(const Args& a) {
+  bool json = false;
+  std::string cudart;
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (a[i] == "--json") {
+      json = true;
+    } else if (a[i] == "--cudart") {
+      if (i + 1 >= a.size() || a[i + 1].empty()) return usage_error("doctor", "--cudart needs the path of a libcudart");
+      cudart = a[++i];
+      if (access(cudart.c_str(), R_OK) != 0) return usage_error("doctor", "--cudart '" + cudart + "': no such file");
+    } else if (a[i].rfind("-", 0) == 0) {
+      return usage_error("doctor", "unknown option '" + a[i] + "' for doctor");
+    } else {
+      return usage_error("doctor", "doctor takes no argument ('" + a[i] + "')");
+    }
+  }
+  offload::doctor::ProbeOptions o;
+  o.get = [](const char* n) { return static_cast<const char*>(getenv(n)); };
+  o.env = environ;
+  o.libdir = OFFLOAD_INSTALL_LIBDIR;
+  o.cudart = cudart;
+  return offload::doctor::run(o, json);
+}
+
+int run_status_or_stop(const Args& a) {
+  std::string socket;
+  bool json = false;
+  double watch = 0;
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (a[i] == "--socket" && i + 1 < a.size()) {
+      socket = a[++i];
+    } else if (a[0] == "status" && a[i] == "--json") {
+      json = true;
+    } else if (a[0] == "status" && a[i] == "--watch") {
+      watch = 2;
+      if (i + 1 < a.size() && a[i + 1][0] != '-') {
+        char* end = nullptr;
+        watch = strtod(a[i + 1].c_str(), &end);
+        if (*end || watch < 0.1 || watch > 3600) {
+          fprintf(stderr, "offloadctl: --watch '%s' is not valid: expected seconds from 0.1 to 3600\n", a[i + 1].c_str());
+          return 2;
+        }
+        ++i;
+      }
+    } else {
+      fprintf(stderr, "offloadctl: unknown option '%s' for %s\n", a[i].c_str(), a[0].c_str());
+      usage(stderr);
+      return 2;
+    }
+  }
+  return a[0] == "status" ? cmd_status(socket, json, watch) : cmd_stop(socket);
+}
+
+int run_replay(const Args& a) {
+  int steps = 0;
+  double fraction = 0;
+  uint32_t divisor = 256;
+  bool json = false;
+  for (size_t i = 2; i < a.size(); ++i) {
+    char* end = nullptr;
+    if (a[i] == "--json") {
+      json = true;
+    } else if (a[i] == "--steps" && i + 1 < a.size()) {
+      long n = strtol(a[++i].c_str(), &end, 10);
+      if (*end || n < 3 || n > 1000) {
+        fprintf(stderr, "offloadctl: --steps '%s' is not valid: expected a count from 3 to 1000\n", a[i].c_str());
+        return 2;
+      }
+      steps = static_cast<int>(n);
+    } else if (a[i] == "--offload" && i + 1 < a.size()) {
+      fraction = strtod(a[++i].c_str(), &end);
+      if (*end || !(fraction > 0 && fraction <= 1)) {
+        fprintf(stderr, "offloadctl: --offload '%s' is not valid: expected a fraction of the peak, 0 < F <= 1\n",
+                a[i].c_str());
+        return 2;
+      }
+    } else if (a[i] == "--scale" && i + 1 < a.size()) {
+      long d = strtol(a[++i].c_str(), &end, 10);
+      if (*end || d < 1 || d > 1024) {
+        fprintf(stderr, "offloadctl: --scale '%s' is not valid: expected a divisor from 1 to 1024\n", a[i].c_str());
+        return 2;
+      }
+      divisor = static_cast<uint32_t>(d);
+    } else {
+      fprintf(stderr, "offloadctl: unknown option '%s' for replay\n", a[i].c_str());
+      usage(stderr);
+      return 2;
+    }
+  }
+  return cmd_replay(a[1], steps, fraction, divisor, json);
+}
+
+// What `plan` was asked for, as given on the command line.
+struct PlanArgs {
+  std::string trace, html;
+  uint64_t budget = 0, persistent_min = 0;
+  double fraction = 0, pool_overhead = 0, max_weight_wait = -1;
+  bool arenas = false, json = false, sweep = false, budget_given = false, persistent = false, read_only = false;
+  uint32_t segments = 0;
+};
+
+// Reads plan's options into *p; 0, or the exit status of a usage error already said.
+int parse_plan(const Args& a, PlanArgs* p) {
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (a[i] == "--trace" && i + 1 < a.size()) {
+      p->trace = a[++i];
+    } else if (a[i] == "--budget" && i + 1 < a.size()) {
+      p->budget_given = true;
+      if (!parse_budget(a[++i], &p->budget, &p->fraction)) {
+        fprintf(stderr,
+                "offloadctl: --budget '%s' is not valid: expected a size such as 12GiB, or a share of the "
+                "footprint without offload above 0 and at most 100%% (75%% or 0.75)\n",
+                a[i].c_str());
+        return 2;
+      }
+    } else if (a[i] == "--arenas") {
+      p->arenas = true;
+    } else if (a[i] == "--json") {
+      p->json = true;
+    } else if (a[i] == "--sweep") {
+      p->sweep = true;
+    } else if (a[i] == "--persistent-min" && i + 1 < a.size()) {
+      auto b = offload::parse_size(a[++i]);
+      if (!b || *b == 0) {
+        fprintf(stderr, "offloadctl: --persistent-min '%s' is not valid: expected a size such as 2MiB\n", a[i].c_str());
+        return 2;
+      }
+      p->persistent_min = *b;
+    } else if (a[i] == "--pool-overhead" && i + 1 < a.size()) {
+      char* end = nullptr;
+      double v = strtod(a[++i].c_str(), &end);
+      if (*end || a[i].empty() || !(v >= 1.0 && v <= 3.0)) {
+        fprintf(stderr, "offloadctl: --pool-overhead '%s' is not valid: expected a factor from 1 to 3, such as 1.08\n",
+                a[i].c_str());
+        return 2;
+      }
+      p->pool_overhead = v;
+    } else if (a[i] == "--read-only") {
+      p->read_only = true;
+    } else if (a[i] == "--max-weight-wait" && i + 1 < a.size()) {
+      char* end = nullptr;
+      double v = strtod(a[++i].c_str(), &end);
+      if (*end || a[i].empty() || !(v >= 0.0 && v <= 0.5)) {
+        fprintf(stderr, "offloadctl: --max-weight-wait '%s' is not valid: expected a share of the step from 0 to 0.5, "
+                        "such as 0.05\n",
+                a[i].c_str());
+        return 2;
+      }
+      p->max_weight_wait = v;
+    } else if (a[i] == "--persistent") {
+      p->persistent = true;
+    } else if (a[i] == "--html" && i + 1 < a.size()) {
+      p->html = a[++i];
+      if (p->html.empty()) {
+        fprintf(stderr, "offloadctl: --html needs a file name\n");
+        return 2;
+      }
+    } else if (a[i] == "--segments" && i + 1 < a.size()) {
+      char* end = nullptr;
+      long v = strtol(a[++i].c_str(), &end, 10);
+      if (*end || v < 1 || v > 4096) {
+        fprintf(stderr, "offloadctl: --segments '%s' is not valid: expected a count from 1 to 4096\n", a[i].c_str());
+        return 2;
+      }
+      p->segments = static_cast<uint32_t>(v);
+    } else {
+      fprintf(stderr, "offloadctl: unknown option '%s' for plan\n", a[i].c_str());
+      usage(stderr);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+int run_plan(const Args& a) {
+  PlanArgs p;
+  if (int rc = parse_plan(a, &p)) return rc;
+  if (p.trace.empty()) {
+    fprintf(stderr, "offloadctl: plan needs --trace FILE\n");
+    return 2;
+  }
+  if (p.json && p.arenas) {
+    fprintf(stderr, "offloadctl: --arenas lists arenas as text; --json gives only their count\n");
+    return 2;
+  }
+  if (p.sweep && (p.budget_given || p.arenas || !p.html.empty())) {
+    fprintf(stderr, "offloadctl: --sweep chooses its own budgets and prints one table: it takes no --budget, "
+                    "--arenas or --html\n");
+    return 2;
+  }
+  if ((p.read_only || p.max_weight_wait >= 0) && !p.persistent_min) {
+    fprintf(stderr, "offloadctl: --read-only and --max-weight-wait are about streamed weights: they need --persistent-min\n");
+    return 2;
+  }
+  if (p.persistent && (p.budget_given || p.arenas || p.json || p.sweep || !p.html.empty() || p.segments ||
+                       p.persistent_min || p.pool_overhead > 0)) {
+    fprintf(stderr, "offloadctl: --persistent prints one table of its own: it takes no other option\n");
+    return 2;
+  }
+  if (p.persistent) return cmd_plan_persistent(p.trace);
+  return cmd_plan(p.trace, p.budget, p.fraction, p.arenas, p.segments, p.html, p.json, p.sweep, p.persistent_min,
+                  p.pool_overhead, p.read_only, p.max_weight_wait);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // --option=value is --option value.
-  std::vector<std::string> a;
+  Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const size_t eq = arg.find('=');
@@ -168,171 +422,13 @@ int main(int argc, char** argv) {
     printf("offloadctl %s (commit %s)\n", OFFLOAD_VERSION, OFFLOAD_COMMIT);
     return 0;
   }
-  if (a[0] == "status" || a[0] == "stop") {
-    std::string socket;
-    bool json = false;
-    double watch = 0;
-    for (size_t i = 1; i < a.size(); ++i) {
-      if (a[i] == "--socket" && i + 1 < a.size()) {
-        socket = a[++i];
-      } else if (a[0] == "status" && a[i] == "--json") {
-        json = true;
-      } else if (a[0] == "status" && a[i] == "--watch") {
-        watch = 2;
-        if (i + 1 < a.size() && a[i + 1][0] != '-') {
-          char* end = nullptr;
-          watch = strtod(a[i + 1].c_str(), &end);
-          if (*end || watch < 0.1 || watch > 3600) {
-            fprintf(stderr, "offloadctl: --watch '%s' is not valid: expected seconds from 0.1 to 3600\n", a[i + 1].c_str());
-            return 2;
-          }
-          ++i;
-        }
-      } else {
-        fprintf(stderr, "offloadctl: unknown option '%s' for %s\n", a[i].c_str(), a[0].c_str());
-        usage(stderr);
-        return 2;
-      }
-    }
-    return a[0] == "status" ? cmd_status(socket, json, watch) : cmd_stop(socket);
-  }
+  if (a[0] == "status" || a[0] == "stop") return run_status_or_stop(a);
   if (a[0] == "trace" && (a.size() == 3 || (a.size() == 4 && a[3] == "--json")) && (a[1] == "show" || a[1] == "check"))
     return cmd_trace_show(a[2], a[1] == "check", a.size() == 4);
-  if (a[0] == "replay" && a.size() >= 2) {
-    int steps = 0;
-    double fraction = 0;
-    uint32_t divisor = 256;
-    for (size_t i = 2; i < a.size(); ++i) {
-      char* end = nullptr;
-      if (a[i] == "--steps" && i + 1 < a.size()) {
-        long n = strtol(a[++i].c_str(), &end, 10);
-        if (*end || n < 3 || n > 1000) {
-          fprintf(stderr, "offloadctl: --steps '%s' is not valid: expected a count from 3 to 1000\n", a[i].c_str());
-          return 2;
-        }
-        steps = static_cast<int>(n);
-      } else if (a[i] == "--offload" && i + 1 < a.size()) {
-        fraction = strtod(a[++i].c_str(), &end);
-        if (*end || !(fraction > 0 && fraction <= 1)) {
-          fprintf(stderr, "offloadctl: --offload '%s' is not valid: expected a fraction of the peak, 0 < F <= 1\n",
-                  a[i].c_str());
-          return 2;
-        }
-      } else if (a[i] == "--scale" && i + 1 < a.size()) {
-        long d = strtol(a[++i].c_str(), &end, 10);
-        if (*end || d < 1 || d > 1024) {
-          fprintf(stderr, "offloadctl: --scale '%s' is not valid: expected a divisor from 1 to 1024\n", a[i].c_str());
-          return 2;
-        }
-        divisor = static_cast<uint32_t>(d);
-      } else {
-        fprintf(stderr, "offloadctl: unknown option '%s' for replay\n", a[i].c_str());
-        usage(stderr);
-        return 2;
-      }
-    }
-    return cmd_replay(a[1], steps, fraction, divisor);
-  }
-  if (a[0] == "plan") {
-    std::string trace, html;
-    uint64_t budget = 0, persistent_min = 0;
-    double fraction = 0, pool_overhead = 0, max_weight_wait = -1;
-    bool arenas = false, json = false, sweep = false, budget_given = false, persistent = false, read_only = false;
-    uint32_t segments = 0;
-    for (size_t i = 1; i < a.size(); ++i) {
-      if (a[i] == "--trace" && i + 1 < a.size()) {
-        trace = a[++i];
-      } else if (a[i] == "--budget" && i + 1 < a.size()) {
-        budget_given = true;
-        if (!parse_budget(a[++i], &budget, &fraction)) {
-          fprintf(stderr,
-                  "offloadctl: --budget '%s' is not valid: expected a size such as 12GiB, or a share of the "
-                  "footprint without offload above 0 and at most 100%% (75%% or 0.75)\n",
-                  a[i].c_str());
-          return 2;
-        }
-      } else if (a[i] == "--arenas") {
-        arenas = true;
-      } else if (a[i] == "--json") {
-        json = true;
-      } else if (a[i] == "--sweep") {
-        sweep = true;
-      } else if (a[i] == "--persistent-min" && i + 1 < a.size()) {
-        auto b = offload::parse_size(a[++i]);
-        if (!b || *b == 0) {
-          fprintf(stderr, "offloadctl: --persistent-min '%s' is not valid: expected a size such as 2MiB\n", a[i].c_str());
-          return 2;
-        }
-        persistent_min = *b;
-      } else if (a[i] == "--pool-overhead" && i + 1 < a.size()) {
-        char* end = nullptr;
-        double v = strtod(a[++i].c_str(), &end);
-        if (*end || a[i].empty() || !(v >= 1.0 && v <= 3.0)) {
-          fprintf(stderr, "offloadctl: --pool-overhead '%s' is not valid: expected a factor from 1 to 3, such as 1.08\n",
-                  a[i].c_str());
-          return 2;
-        }
-        pool_overhead = v;
-      } else if (a[i] == "--read-only") {
-        read_only = true;
-      } else if (a[i] == "--max-weight-wait" && i + 1 < a.size()) {
-        char* end = nullptr;
-        double v = strtod(a[++i].c_str(), &end);
-        if (*end || a[i].empty() || !(v >= 0.0 && v <= 0.5)) {
-          fprintf(stderr, "offloadctl: --max-weight-wait '%s' is not valid: expected a share of the step from 0 to 0.5, "
-                          "such as 0.05\n",
-                  a[i].c_str());
-          return 2;
-        }
-        max_weight_wait = v;
-      } else if (a[i] == "--persistent") {
-        persistent = true;
-      } else if (a[i] == "--html" && i + 1 < a.size()) {
-        html = a[++i];
-        if (html.empty()) {
-          fprintf(stderr, "offloadctl: --html needs a file name\n");
-          return 2;
-        }
-      } else if (a[i] == "--segments" && i + 1 < a.size()) {
-        char* end = nullptr;
-        long v = strtol(a[++i].c_str(), &end, 10);
-        if (*end || v < 1 || v > 4096) {
-          fprintf(stderr, "offloadctl: --segments '%s' is not valid: expected a count from 1 to 4096\n", a[i].c_str());
-          return 2;
-        }
-        segments = static_cast<uint32_t>(v);
-      } else {
-        fprintf(stderr, "offloadctl: unknown option '%s' for plan\n", a[i].c_str());
-        usage(stderr);
-        return 2;
-      }
-    }
-    if (trace.empty()) {
-      fprintf(stderr, "offloadctl: plan needs --trace FILE\n");
-      return 2;
-    }
-    if (json && arenas) {
-      fprintf(stderr, "offloadctl: --arenas lists arenas as text; --json gives only their count\n");
-      return 2;
-    }
-    if (sweep && (budget_given || arenas || !html.empty())) {
-      fprintf(stderr, "offloadctl: --sweep chooses its own budgets and prints one table: it takes no --budget, "
-                      "--arenas or --html\n");
-      return 2;
-    }
-    if ((read_only || max_weight_wait >= 0) && !persistent_min) {
-      fprintf(stderr, "offloadctl: --read-only and --max-weight-wait are about streamed weights: they need --persistent-min\n");
-      return 2;
-    }
-    if (persistent && (budget_given || arenas || json || sweep || !html.empty() || segments || persistent_min ||
-                       pool_overhead > 0)) {
-      fprintf(stderr, "offloadctl: --persistent prints one table of its own: it takes no other option\n");
-      return 2;
-    }
-    if (persistent) return cmd_plan_persistent(trace);
-    return cmd_plan(trace, budget, fraction, arenas, segments, html, json, sweep, persistent_min, pool_overhead, read_only,
-                    max_weight_wait);
-  }
+  if (a[0] == "trace" && a.size() >= 2 && a[1] == "chrome") return run_trace_chrome(a);
+  if (a[0] == "replay" && a.size() >= 2) return run_replay(a);
+  if (a[0] == "plan") return run_plan(a);
+  if (a[0] == "doctor") return run_doctor(a);
   std::string joined;
   for (auto& s : a) joined += (joined.empty() ? "" : " ") + s;
   fprintf(stderr, "offloadctl: unknown command '%s'\n", joined.c_str());

@@ -1,212 +1,106 @@
-// offloadctl's trace commands: read what the shim recorded, check it, replay it.
-#include <algorithm>
-#include <cstdlib>
+// offloadctl replay: a recorded step through the shim's pipeline on the simulated driver.
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <map>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/json_writer.h"
 #include "core/replay.h"
 #include "core/tracker.h"
-#include "planner/step_trace.h"
 #include "offloadctl/trace_file.h"
 #include "planner/planner.h"
+#include "planner/step_trace.h"
 
-namespace fs = std::filesystem;
 using namespace offload;
-
-bool offload::load_step_trace(const std::string& path, StepTrace* t) {
-  std::ifstream is(path);
-  if (!is) {
-    fprintf(stderr, "offloadctl: cannot open %s\n", path.c_str());
-    return false;
-  }
-  std::string err;
-  if (!StepTrace::read(is, t, &err)) {
-    fprintf(stderr, "offloadctl: %s: %s\n", path.c_str(), err.c_str());
-    return false;
-  }
-  return true;
-}
 
 namespace {
 
 double gib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); }
 
-}  // namespace
-
-namespace {
-
-// One recorded step, as trace show prints it.
-struct StepRow {
-  std::string file;
-  uint64_t step = 0;
-  size_t launches = 0, kernels = 0, born = 0;
-  int64_t cupti_kernels = -1, gpu_busy_ns = -1;  // -1: no GPU-time telemetry in the trace
-  ActivationReport act;
+// One replay of the recording through the observing pipeline.
+struct ObserveRun {
+  bool marked = false;  // step boundaries from offload_mark_step(), else detected
+  ReplayResult r;
+  bool ok = false;
 };
 
-void print_rows(const std::vector<StepRow>& rows) {
-  printf("%-6s %9s %8s %13s %8s %11s %7s %14s %13s %15s\n", "step", "launches", "kernels", "cupti_kernels",
-         "seen", "gpu_busy_ms", "allocs", "activations", "no_bwd_access", "tiny(no_bwd)");
-  for (const StepRow& r : rows) {
-    char seen[32] = "-", busy[32] = "-", cupti[32] = "-";
-    if (r.cupti_kernels >= 0) {
-      snprintf(cupti, sizeof cupti, "%lld", static_cast<long long>(r.cupti_kernels));
-      snprintf(seen, sizeof seen, "%.1f%%",
-               r.cupti_kernels ? 100.0 * static_cast<double>(r.kernels) / static_cast<double>(r.cupti_kernels) : 100.0);
-      snprintf(busy, sizeof busy, "%.2f", static_cast<double>(r.gpu_busy_ns) / 1e6);
-    }
-    char acts[48], tiny[32];
-    snprintf(acts, sizeof acts, "%zu/%.2fGiB", r.act.activations, gib(r.act.activation_bytes));
-    snprintf(tiny, sizeof tiny, "%zu(%zu)", r.act.small, r.act.small_without_backward_access);
-    if (rows.size() > 1 && r.file.rfind("step-", 0) != 0) printf("%s:\n", r.file.c_str());
-    printf("%-6llu %9zu %8zu %13s %8s %11s %7zu %14s %13zu %15s\n", static_cast<unsigned long long>(r.step),
-           r.launches, r.kernels, cupti, seen, busy, r.born, acts, r.act.without_backward_access.size(), tiny);
-  }
-}
-
-}  // namespace
-
-int cmd_trace_show(const std::string& path, bool check, bool json) {
-  std::vector<fs::path> files;
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    for (const auto& e : fs::directory_iterator(path, ec))
-      if (e.path().extension() == ".trace") files.push_back(e.path());
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(path);
-  }
-  if (files.empty()) {
-    fprintf(stderr, "offloadctl: no step traces (*.trace) in %s\n", path.c_str());
-    return 1;
-  }
-  std::vector<StepRow> rows;
-  std::vector<std::string> failures;
-  int checked = 0;
-  StepTrace last;
-  for (const fs::path& f : files) {
-    StepTrace t;
-    if (!load_step_trace(f, &t)) return 1;
-    StepRow r;
-    r.file = f.filename().string();
-    r.step = t.step;
-    r.launches = t.launches.size();
-    r.kernels = t.kernel_launches();
-    r.born = static_cast<size_t>(std::count_if(t.allocs.begin(), t.allocs.end(), [](auto& a) { return a.alloc_pos >= 0; }));
-    r.act = analyse_activations(t);
-    if (t.cupti_kernels >= 0) r.cupti_kernels = t.cupti_kernels, r.gpu_busy_ns = t.gpu_busy_ns;
-    if (check && t.cupti_kernels >= 0) {
-      ++checked;
-      char buf[256];
-      if (static_cast<int64_t>(r.kernels) != t.cupti_kernels) {
-        snprintf(buf, sizeof buf, "step %llu: the shim saw %zu kernel launches, CUPTI recorded %lld kernels",
-                 static_cast<unsigned long long>(t.step), r.kernels, static_cast<long long>(t.cupti_kernels));
-        failures.push_back(buf);
-      }
-      for (uint32_t o : r.act.without_backward_access) {
-        snprintf(buf, sizeof buf, "step %llu: activation #%u (%llu bytes) has no access after the forward",
-                 static_cast<unsigned long long>(t.step), o, static_cast<unsigned long long>(t.allocs[o].bytes));
-        failures.push_back(buf);
-      }
-    }
-    rows.push_back(std::move(r));
-    last = std::move(t);
-  }
-  // Where the GPU time of the last step went.
-  std::map<uint32_t, std::pair<int64_t, int>> by_kernel;
-  for (const TraceLaunch& l : last.launches)
-    if (l.kind == EventKind::Kernel && l.gpu_ns >= 0) {
-      by_kernel[l.kernel].first += l.gpu_ns;
-      by_kernel[l.kernel].second += 1;
-    }
-  std::vector<std::pair<int64_t, uint32_t>> top;
-  for (auto& [id, v] : by_kernel) top.emplace_back(v.first, id);
-  std::sort(top.rbegin(), top.rend());
-  if (top.size() > 8) top.resize(8);
-  const bool failed = check && (checked == 0 || !failures.empty());
-  if (json) {
-    JsonWriter w;
-    w.object().field("version", 1).array("steps");
-    for (const StepRow& r : rows) {
-      w.object().field("file", r.file).field("step", r.step).field("launches", r.launches).field("kernels", r.kernels);
-      if (r.cupti_kernels >= 0) w.field("cupti_kernels", r.cupti_kernels).field("gpu_busy_ns", r.gpu_busy_ns);
-      else w.key("cupti_kernels").null().key("gpu_busy_ns").null();
-      w.field("allocs_born", r.born).field("activations", r.act.activations)
-          .field("activation_bytes", r.act.activation_bytes)
-          .field("activations_without_backward_access", r.act.without_backward_access.size())
-          .field("small_activations", r.act.small)
-          .field("small_without_backward_access", r.act.small_without_backward_access).end();
-    }
-    w.end().object("top_kernels_last_step").field("step", last.step).array("kernels");
-    for (const auto& [ns, id] : top)
-      w.object().field("name", last.kernels[id]).field("gpu_ns", ns).field("launches", by_kernel[id].second).end();
-    w.end().end();
-    if (check) {
-      w.object("check").field("ok", !failed).field("steps_checked", checked).array("failures");
-      for (const std::string& f : failures) w.value(f);
-      w.end().end();
-    }
-    w.end();
-    printf("%s\n", w.str().c_str());
-    return failed ? 1 : 0;
-  }
-  print_rows(rows);
-  for (const std::string& f : failures) printf("  FAIL %s\n", f.c_str());
-  if (!top.empty()) {
-    printf("\nGPU time by kernel, step %llu (top 8):\n", static_cast<unsigned long long>(last.step));
-    for (const auto& [ns, id] : top) {
-      std::string name = last.kernels[id];
-      if (name.size() > 90) name = name.substr(0, 87) + "...";
-      printf("  %9.3f ms  %5d x  %s\n", static_cast<double>(ns) / 1e6, by_kernel[id].second, name.c_str());
-    }
-  }
-  if (check) {
-    if (checked == 0) printf("\ncheck: FAIL: no step has GPU-time telemetry to check against\n");
-    else printf("\ncheck: %s (%d steps checked, %zu failures)\n", failed ? "FAIL" : "ok", checked, failures.size());
-  }
-  return failed ? 1 : 0;
-}
-
-namespace {
-
 // Offload mode: the executor on the simulated driver, every launch's data checked.
-int replay_offload(const StepTrace& rec, int repeats, double fraction, uint32_t divisor, bool gpu_times) {
+struct OffloadRun {
   ReplayOptions o;
-  o.repeats = repeats;
-  o.mark_steps = true;
-  o.offload = true;
-  o.budget_fraction = fraction;
-  o.size_divisor = divisor;
-  if (gpu_times) o.planner = plan_scaled;
-  ReplayResult r = replay(rec, o);
-  const ReplayOffload& ro = r.offload;
-  const double d = ro.divisor;
-  auto rescaled = [&](uint64_t scaled) { return gib(scaled) * d; };
-  auto mib = [](uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024); };
-  printf("\noffload: the executor on the simulated driver, %d steps, budget %.2f of the step's peak\n", repeats,
-         fraction);
-  printf("  sizes / %u, VMM granularity %llu KiB; host memory pinned in chunks of %.1f KiB (copies split at\n"
-         "  the chunk boundaries); the simulated GPU runs 0-%u ops after each launch, in a seeded random\n"
-         "  order (seed %llu), copies only when nothing else can run\n",
-         ro.divisor, static_cast<unsigned long long>(ro.granularity >> 10), static_cast<double>(ro.host_chunk) / 1024,
-         o.gpu_ops_max, static_cast<unsigned long long>(o.seed));
-  printf("  budget %.2f GiB of a %.2f GiB peak (scaled: %.1f of %.1f MiB)\n", rescaled(ro.budget),
-         rescaled(ro.recorded_peak), mib(ro.budget), mib(ro.recorded_peak));
-  printf("  planner: %s\n", gpu_times ? "GPU time (the recorded kernel times; the link scaled like the bytes)" : "built-in");
-  printf("  plan (scaled bytes): %s\n", ro.plan.c_str());
-  if (!ro.installed) {
-    printf("  FAIL: no plan was installed\n");
-    return 1;
+  ReplayResult r;
+  bool gpu_times = false;  // the GPU-time planner (else the built-in plan)
+};
+
+// Everything `replay` found, printed as text or as JSON.
+struct Replayed {
+  std::string path;
+  StepTrace rec;
+  ActivationReport act;
+  int repeats = 0;
+  std::vector<ObserveRun> runs;
+  std::optional<OffloadRun> offload;
+};
+
+// The offload run's verdicts; ok() is the exit status's.
+struct OffloadVerdict {
+  bool installed = false, steady = false, within = false, vmm_ok = false, content_ok = false;
+  bool ok() const { return installed && steady && within && vmm_ok && content_ok; }
+};
+
+OffloadVerdict verdict_of(const ReplayOffload& ro) {
+  OffloadVerdict v;
+  v.installed = ro.installed;
+  v.steady = ro.steady_steps > 0;
+  v.within = v.steady && ro.steady_footprint <= ro.budget;
+  v.vmm_ok = ro.vmm_misuses == 0;
+  v.content_ok = ro.mismatches == 0;
+  return v;
+}
+
+bool replayed_ok(const Replayed& rp) {
+  for (const ObserveRun& run : rp.runs)
+    if (!run.ok) return false;
+  return !rp.offload || verdict_of(rp.offload->r.offload).ok();
+}
+
+Replayed run_replay(const std::string& path, StepTrace rec, int steps, double fraction, uint32_t divisor) {
+  Replayed rp;
+  rp.path = path;
+  rp.rec = std::move(rec);
+  rp.act = analyse_activations(rp.rec);
+  rp.repeats = steps ? steps : 6;
+  for (bool marked : {true, false}) {
+    ReplayOptions ro;
+    ro.repeats = rp.repeats;
+    ro.mark_steps = marked;
+    ObserveRun run{marked, replay(rp.rec, ro), false};
+    if (marked)
+      run.ok = run.r.matching_steps + 1 >= run.r.steps.size() && run.r.matching_steps >= static_cast<size_t>(rp.repeats) - 1;
+    else
+      run.ok = run.r.period == rp.rec.launches.size();
+    rp.runs.push_back(std::move(run));
   }
-  printf("  plan, rescaled: %u arenas, %u handles of %.0f MiB, %.2f GiB moved each way per step, predicted peak\n"
-         "  %.2f GiB (%s)\n",
-         ro.arenas, ro.handles, mib(ro.handle_bytes) * d, rescaled(ro.moved_per_step), rescaled(ro.predicted_peak),
-         ro.meets_budget ? "meets the budget" : "does NOT meet the budget");
+  if (fraction > 0) {
+    // The planner when the recording has GPU times, as in the shim (OFFLOAD_PLANNER=builtin: the
+    // built-in plan).
+    const char* planner = getenv("OFFLOAD_PLANNER");
+    OffloadRun off;
+    off.gpu_times = gpu_timeline(rp.rec).measured >= 0.5 && !(planner && std::string(planner) == "builtin");
+    off.o.repeats = steps ? steps : 12;
+    off.o.mark_steps = true;
+    off.o.offload = true;
+    off.o.budget_fraction = fraction;
+    off.o.size_divisor = divisor;
+    if (off.gpu_times) off.o.planner = plan_scaled;
+    off.r = replay(rp.rec, off.o);
+    rp.offload = std::move(off);
+  }
+  return rp;
+}
+
+void print_offload_steps(const ReplayOffload& ro) {
+  auto rescaled = [&](uint64_t scaled) { return gib(scaled) * ro.divisor; };
   printf("\n  %4s %6s %9s %7s %6s %5s %9s %17s %17s\n", "step", "plan", "evictions", "reloads", "misses", "late",
          "abandoned", "footprint GiB", "executor GiB");
   for (size_t i = 0; i < ro.steps.size(); ++i) {
@@ -221,21 +115,11 @@ int replay_offload(const StepTrace& rec, int repeats, double fraction, uint32_t 
   }
   printf("  (footprint: live allocations outside arenas + physical handles the simulated driver holds, its\n"
          "  peak in the step; executor: its own reckoning, ExecutorStats::device_peak; both rescaled)\n");
-  int rc = 0;
+}
+
+void print_executor_stats(const ReplayOffload& ro) {
+  auto rescaled = [&](uint64_t scaled) { return gib(scaled) * ro.divisor; };
   const ExecutorStats& st = ro.stats;
-  if (ro.steady_steps == 0) {
-    printf("\n  FAIL: the plan never reached a steady step (more --steps?)\n");
-    rc = 1;
-  } else {
-    bool within = ro.steady_footprint <= ro.budget;
-    printf("\n  steady state (%zu steps): footprint peak %.2f GiB (scaled %.1f MiB) vs budget %.2f GiB: %s;\n"
-           "  executor device peak %.2f GiB, predicted %.2f GiB; misses %llu%s\n",
-           ro.steady_steps, rescaled(ro.steady_footprint), mib(ro.steady_footprint), rescaled(ro.budget),
-           within ? "within" : "OVER THE BUDGET  <-- FAIL", rescaled(ro.steady_device_peak),
-           rescaled(ro.predicted_peak), static_cast<unsigned long long>(ro.steady_misses),
-           ro.steady_misses ? "  <-- demand reloads" : "");
-    if (!within) rc = 1;
-  }
   printf("  executor: %llu evictions (%llu abandoned), %llu reloads, %llu misses, %llu late; %.2f GiB out, %.2f GiB\n"
          "  in; handles %llu created, %llu over budget, %llu budget waits; %llu placed, %llu served by the\n"
          "  allocator (arena busy %llu, no handle %llu); %llu deviations, %llu copy failures\n",
@@ -255,64 +139,179 @@ int replay_offload(const StepTrace& rec, int repeats, double fraction, uint32_t 
            static_cast<double>(st.gate_cycles - st.gate_wait_cycles) * ns / static_cast<double>(st.gate_calls),
            static_cast<double>(st.wait_cycles) * ns / 1e6);
   }
-  if (ro.vmm_misuses) {
-    printf("  FAIL: %llu misuses of the VMM API (simulated driver)\n", static_cast<unsigned long long>(ro.vmm_misuses));
-    rc = 1;
+}
+
+void print_offload(const OffloadRun& off) {
+  const ReplayOffload& ro = off.r.offload;
+  const double d = ro.divisor;
+  auto rescaled = [&](uint64_t scaled) { return gib(scaled) * d; };
+  auto mib = [](uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024); };
+  const OffloadVerdict v = verdict_of(ro);
+  printf("\noffload: the executor on the simulated driver, %d steps, budget %.2f of the step's peak\n", off.o.repeats,
+         off.o.budget_fraction);
+  printf("  sizes / %u, VMM granularity %llu KiB; host memory pinned in chunks of %.1f KiB (copies split at\n"
+         "  the chunk boundaries); the simulated GPU runs 0-%u ops after each launch, in a seeded random\n"
+         "  order (seed %llu), copies only when nothing else can run\n",
+         ro.divisor, static_cast<unsigned long long>(ro.granularity >> 10), static_cast<double>(ro.host_chunk) / 1024,
+         off.o.gpu_ops_max, static_cast<unsigned long long>(off.o.seed));
+  printf("  budget %.2f GiB of a %.2f GiB peak (scaled: %.1f of %.1f MiB)\n", rescaled(ro.budget),
+         rescaled(ro.recorded_peak), mib(ro.budget), mib(ro.recorded_peak));
+  printf("  planner: %s\n", off.gpu_times ? "GPU time (the recorded kernel times; the link scaled like the bytes)" : "built-in");
+  printf("  plan (scaled bytes): %s\n", ro.plan.c_str());
+  if (!v.installed) {
+    printf("  FAIL: no plan was installed\n");
+    return;
   }
-  printf("  re-recorded steps identical to the (scaled) recording: %zu of %zu\n", r.matching_steps, r.steps.size());
+  printf("  plan, rescaled: %u arenas, %u handles of %.0f MiB, %.2f GiB moved each way per step, predicted peak\n"
+         "  %.2f GiB (%s)\n",
+         ro.arenas, ro.handles, mib(ro.handle_bytes) * d, rescaled(ro.moved_per_step), rescaled(ro.predicted_peak),
+         ro.meets_budget ? "meets the budget" : "does NOT meet the budget");
+  print_offload_steps(ro);
+  if (!v.steady) {
+    printf("\n  FAIL: the plan never reached a steady step (more --steps?)\n");
+  } else {
+    printf("\n  steady state (%zu steps): footprint peak %.2f GiB (scaled %.1f MiB) vs budget %.2f GiB: %s;\n"
+           "  executor device peak %.2f GiB, predicted %.2f GiB; misses %llu%s\n",
+           ro.steady_steps, rescaled(ro.steady_footprint), mib(ro.steady_footprint), rescaled(ro.budget),
+           v.within ? "within" : "OVER THE BUDGET  <-- FAIL", rescaled(ro.steady_device_peak),
+           rescaled(ro.predicted_peak), static_cast<unsigned long long>(ro.steady_misses),
+           ro.steady_misses ? "  <-- demand reloads" : "");
+  }
+  print_executor_stats(ro);
+  if (!v.vmm_ok)
+    printf("  FAIL: %llu misuses of the VMM API (simulated driver)\n", static_cast<unsigned long long>(ro.vmm_misuses));
+  printf("  re-recorded steps identical to the (scaled) recording: %zu of %zu\n", off.r.matching_steps,
+         off.r.steps.size());
   printf("  content checks: %llu launches verified (%llu words), %llu mismatches%s\n",
          static_cast<unsigned long long>(ro.launches_verified), static_cast<unsigned long long>(ro.words_checked),
          static_cast<unsigned long long>(ro.mismatches), ro.mismatches ? "  <-- FAIL" : "");
-  if (ro.mismatches) {
-    printf("  first mismatch: %s\n", ro.first_mismatch.c_str());
-    rc = 1;
-  }
-  return rc;
+  if (!v.content_ok) printf("  first mismatch: %s\n", ro.first_mismatch.c_str());
 }
 
-}  // namespace
-
-int cmd_replay(const std::string& path, int steps, double offload_fraction, uint32_t divisor) {
-  const int repeats = steps ? steps : 6;
-  StepTrace rec;
-  if (!load_step_trace(path, &rec)) return 1;
-  ActivationReport act = analyse_activations(rec);
+void print_text(const Replayed& rp) {
+  const StepTrace& rec = rp.rec;
   printf("recorded step %llu of %s: %zu launches (%zu kernels, %zu distinct), %zu allocations, "
          "%zu activations (%.2f GiB)\n",
-         static_cast<unsigned long long>(rec.step), path.c_str(), rec.launches.size(), rec.kernel_launches(),
-         rec.kernels.size(), rec.allocs.size(), act.activations, gib(act.activation_bytes));
-  int rc = 0;
-  for (bool marked : {true, false}) {
-    ReplayOptions ro;
-    ro.repeats = repeats;
-    ro.mark_steps = marked;
-    ReplayResult r = replay(rec, ro);
-    printf("\nreplay, %d steps, step boundaries from %s:\n", repeats,
-           marked ? "offload_mark_step()" : "automatic detection");
+         static_cast<unsigned long long>(rec.step), rp.path.c_str(), rec.launches.size(), rec.kernel_launches(),
+         rec.kernels.size(), rec.allocs.size(), rp.act.activations, gib(rp.act.activation_bytes));
+  for (const ObserveRun& run : rp.runs) {
+    const ReplayResult& r = run.r;
+    printf("\nreplay, %d steps, step boundaries from %s:\n", rp.repeats,
+           run.marked ? "offload_mark_step()" : "automatic detection");
     printf("  tracker time per launch: %.0f ns\n", r.hook_ns_mean);
     printf("  steps cut: %zu; launches per step:", r.steps.size());
     for (const StepTrace& t : r.steps) printf(" %zu", t.launches.size());
     printf("\n");
-    if (marked) {
-      bool ok = r.matching_steps + 1 >= r.steps.size() && r.matching_steps >= static_cast<size_t>(repeats) - 1;
+    if (run.marked) {
       printf("  re-recorded steps identical to the recording (allocations, launches, accesses): %zu of %zu%s\n",
              r.matching_steps, r.steps.size(),
-             ok ? (r.matching_steps < r.steps.size() ? " (the first also holds the set-up allocations)" : "")
-                : "  <-- MISMATCH");
-      if (!ok && !r.first_mismatch.empty()) printf("  first difference: %s\n", r.first_mismatch.c_str());
-      if (!ok) rc = 1;
+             run.ok ? (r.matching_steps < r.steps.size() ? " (the first also holds the set-up allocations)" : "")
+                    : "  <-- MISMATCH");
+      if (!run.ok && !r.first_mismatch.empty()) printf("  first difference: %s\n", r.first_mismatch.c_str());
     } else {
-      bool ok = r.period == rec.launches.size();
       printf("  detector period: %zu launches (recorded step: %zu)%s\n", r.period, rec.launches.size(),
-             ok ? "" : "  <-- MISMATCH");
-      if (!ok) rc = 1;
+             run.ok ? "" : "  <-- MISMATCH");
     }
   }
-  printf("\nactivations without an access after the forward: %zu\n", act.without_backward_access.size());
-  // The planner when the recording has GPU times, as in the shim (OFFLOAD_PLANNER=builtin: the
-  // built-in plan).
-  const char* planner = getenv("OFFLOAD_PLANNER");
-  const bool gpu_times = gpu_timeline(rec).measured >= 0.5 && !(planner && std::string(planner) == "builtin");
-  if (offload_fraction > 0 && replay_offload(rec, steps ? steps : 12, offload_fraction, divisor, gpu_times) != 0) rc = 1;
-  return rc;
+  printf("\nactivations without an access after the forward: %zu\n", rp.act.without_backward_access.size());
+  if (rp.offload) print_offload(*rp.offload);
+}
+
+// Scaled bytes as the recording's bytes.
+uint64_t unscaled(const ReplayOffload& ro, uint64_t scaled) { return scaled * ro.divisor; }
+
+void offload_json(JsonWriter& w, const OffloadRun& off) {
+  const ReplayOffload& ro = off.r.offload;
+  const OffloadVerdict v = verdict_of(ro);
+  w.object("offload").field("ok", v.ok()).field("steps", off.o.repeats).field("budget_fraction", off.o.budget_fraction)
+      .field("size_divisor", ro.divisor).field("granularity", ro.granularity).field("host_chunk", ro.host_chunk)
+      .field("gpu_ops_max", off.o.gpu_ops_max).field("seed", off.o.seed)
+      .field("budget_bytes", unscaled(ro, ro.budget)).field("recorded_peak_bytes", unscaled(ro, ro.recorded_peak))
+      .field("planner", off.gpu_times ? "gpu_time" : "builtin").field("plan", ro.plan).field("installed", ro.installed);
+  if (ro.installed) {
+    w.field("arenas", ro.arenas).field("handles", ro.handles).field("handle_bytes", unscaled(ro, ro.handle_bytes))
+        .field("moved_per_step_bytes", unscaled(ro, ro.moved_per_step))
+        .field("predicted_peak_bytes", unscaled(ro, ro.predicted_peak)).field("meets_budget", ro.meets_budget);
+    w.array("per_step");
+    for (size_t i = 0; i < ro.steps.size(); ++i) {
+      const ReplayOffloadStep& s = ro.steps[i];
+      w.object().field("step", i).field("plan", !s.active ? "-" : static_cast<int>(i) == ro.first_active ? "first" : "steady")
+          .field("evictions", s.evictions).field("reloads", s.reloads).field("misses", s.misses)
+          .field("late", s.late_reloads).field("abandoned", s.abandoned)
+          .field("footprint_peak_bytes", unscaled(ro, s.footprint_peak));
+      if (s.active) w.field("executor_peak_bytes", unscaled(ro, s.device_peak));
+      else w.key("executor_peak_bytes").null();
+      w.end();
+    }
+    w.end();
+    if (v.steady)
+      w.object("steady").field("steps", ro.steady_steps).field("footprint_peak_bytes", unscaled(ro, ro.steady_footprint))
+          .field("within_budget", v.within).field("executor_peak_bytes", unscaled(ro, ro.steady_device_peak))
+          .field("misses", ro.steady_misses).end();
+    else
+      w.key("steady").null();
+    const ExecutorStats& st = ro.stats;
+    w.object("executor").field("evictions", st.evictions).field("evictions_abandoned", st.evictions_abandoned)
+        .field("reloads", st.reloads).field("misses", st.misses).field("late_reloads", st.late_reloads)
+        .field("bytes_out", unscaled(ro, st.bytes_out)).field("bytes_in", unscaled(ro, st.bytes_in))
+        .field("handles_created", st.handles_created).field("over_budget", st.over_budget)
+        .field("budget_waits", st.budget_waits).field("placed", st.placed)
+        .field("served_by_allocator", st.arena_busy + st.no_handle).field("arena_busy", st.arena_busy)
+        .field("no_handle", st.no_handle).field("deviations", st.deviations).field("copy_failures", st.copy_failures);
+    if (st.gate_calls) {
+      const double ns = ns_per_tsc_cycle();
+      w.field("gate_ns_per_launch",
+              static_cast<double>(st.gate_cycles - st.gate_wait_cycles) * ns / static_cast<double>(st.gate_calls))
+          .field("budget_wait_ms", static_cast<double>(st.wait_cycles) * ns / 1e6);
+    }
+    w.end().field("vmm_misuses", ro.vmm_misuses).field("matching_steps", off.r.matching_steps)
+        .field("steps_replayed", off.r.steps.size()).field("launches_verified", ro.launches_verified)
+        .field("words_checked", ro.words_checked).field("mismatches", ro.mismatches);
+    if (ro.mismatches) w.field("first_mismatch", ro.first_mismatch);
+    else w.key("first_mismatch").null();
+  }
+  w.end();
+}
+
+void print_json(const Replayed& rp) {
+  const StepTrace& rec = rp.rec;
+  JsonWriter w;
+  w.object().field("version", 1).field("ok", replayed_ok(rp)).field("file", rp.path);
+  w.object("recorded").field("step", rec.step).field("launches", rec.launches.size())
+      .field("kernels", rec.kernel_launches()).field("distinct_kernels", rec.kernels.size())
+      .field("allocations", rec.allocs.size()).field("activations", rp.act.activations)
+      .field("activation_bytes", rp.act.activation_bytes)
+      .field("activations_without_backward_access", rp.act.without_backward_access.size()).end();
+  w.array("replays");
+  for (const ObserveRun& run : rp.runs) {
+    const ReplayResult& r = run.r;
+    w.object().field("boundaries", run.marked ? "marked" : "detected").field("ok", run.ok).field("steps", rp.repeats)
+        .field("tracker_ns_per_launch", r.hook_ns_mean).field("steps_cut", r.steps.size()).array("launches_per_step");
+    for (const StepTrace& t : r.steps) w.value(t.launches.size());
+    w.end();
+    if (run.marked) {
+      w.field("matching_steps", r.matching_steps);
+      if (!run.ok && !r.first_mismatch.empty()) w.field("first_difference", r.first_mismatch);
+      else w.key("first_difference").null();
+    } else {
+      w.field("detector_period", r.period);
+    }
+    w.end();
+  }
+  w.end();
+  if (rp.offload) offload_json(w, *rp.offload);
+  else w.key("offload").null();
+  w.end();
+  printf("%s\n", w.str().c_str());
+}
+
+}  // namespace
+
+int cmd_replay(const std::string& path, int steps, double offload_fraction, uint32_t divisor, bool json) {
+  StepTrace rec;
+  if (!load_step_trace(path, &rec)) return 1;
+  const Replayed rp = run_replay(path, std::move(rec), steps, offload_fraction, divisor);
+  if (json) print_json(rp);
+  else print_text(rp);
+  return replayed_ok(rp) ? 0 : 1;
 }
