@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -172,6 +173,14 @@ int usage_error(const std::string& command, const std::string& message) {
   fprintf(stderr, "offloadctl: %s\n(offloadctl %s --help lists its options)\n", message.c_str(), command.c_str());
   return 2;
 }
+[[gnu::format(printf, 2, 3)]] int usage_errorf(const char* command, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char line[512];
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  return usage_error(command, line);
+}
 
 int run_trace_chrome(const Args& a) {
   std::string path, out;
@@ -230,15 +239,12 @@ int run_status_or_stop(const Args& a) {
         char* end = nullptr;
         watch = strtod(a[i + 1].c_str(), &end);
         if (*end || watch < 0.1 || watch > 3600) {
-          fprintf(stderr, "offloadctl: --watch '%s' is not valid: expected seconds from 0.1 to 3600\n", a[i + 1].c_str());
-          return 2;
+          return usage_errorf(a[0].c_str(), "--watch '%s' is not valid: expected seconds from 0.1 to 3600", a[i + 1].c_str());
         }
         ++i;
       }
     } else {
-      fprintf(stderr, "offloadctl: unknown option '%s' for %s\n", a[i].c_str(), a[0].c_str());
-      usage(stderr);
-      return 2;
+      return usage_errorf(a[0].c_str(), "unknown option '%s' for %s", a[i].c_str(), a[0].c_str());
     }
   }
   return a[0] == "status" ? cmd_status(socket, json, watch) : cmd_stop(socket);
@@ -256,28 +262,23 @@ int run_replay(const Args& a) {
     } else if (a[i] == "--steps" && i + 1 < a.size()) {
       long n = strtol(a[++i].c_str(), &end, 10);
       if (*end || n < 3 || n > 1000) {
-        fprintf(stderr, "offloadctl: --steps '%s' is not valid: expected a count from 3 to 1000\n", a[i].c_str());
-        return 2;
+        return usage_errorf("replay", "--steps '%s' is not valid: expected a count from 3 to 1000", a[i].c_str());
       }
       steps = static_cast<int>(n);
     } else if (a[i] == "--offload" && i + 1 < a.size()) {
       fraction = strtod(a[++i].c_str(), &end);
       if (*end || !(fraction > 0 && fraction <= 1)) {
-        fprintf(stderr, "offloadctl: --offload '%s' is not valid: expected a fraction of the peak, 0 < F <= 1\n",
+        return usage_errorf("replay", "--offload '%s' is not valid: expected a fraction of the peak, 0 < F <= 1",
                 a[i].c_str());
-        return 2;
       }
     } else if (a[i] == "--scale" && i + 1 < a.size()) {
       long d = strtol(a[++i].c_str(), &end, 10);
       if (*end || d < 1 || d > 1024) {
-        fprintf(stderr, "offloadctl: --scale '%s' is not valid: expected a divisor from 1 to 1024\n", a[i].c_str());
-        return 2;
+        return usage_errorf("replay", "--scale '%s' is not valid: expected a divisor from 1 to 1024", a[i].c_str());
       }
       divisor = static_cast<uint32_t>(d);
     } else {
-      fprintf(stderr, "offloadctl: unknown option '%s' for replay\n", a[i].c_str());
-      usage(stderr);
-      return 2;
+      return usage_errorf("replay", "unknown option '%s' for replay", a[i].c_str());
     }
   }
   return cmd_replay(a[1], steps, fraction, divisor, json);
@@ -300,11 +301,9 @@ int parse_plan(const Args& a, PlanArgs* p) {
     } else if (a[i] == "--budget" && i + 1 < a.size()) {
       p->budget_given = true;
       if (!parse_budget(a[++i], &p->budget, &p->fraction)) {
-        fprintf(stderr,
-                "offloadctl: --budget '%s' is not valid: expected a size such as 12GiB, or a share of the "
-                "footprint without offload above 0 and at most 100%% (75%% or 0.75)\n",
+        return usage_errorf("plan", "--budget '%s' is not valid: expected a size such as 12GiB, or a share of the "
+                "footprint without offload above 0 and at most 100%% (75%% or 0.75)",
                 a[i].c_str());
-        return 2;
       }
     } else if (a[i] == "--arenas") {
       p->arenas = true;
@@ -315,17 +314,15 @@ int parse_plan(const Args& a, PlanArgs* p) {
     } else if (a[i] == "--persistent-min" && i + 1 < a.size()) {
       auto b = offload::parse_size(a[++i]);
       if (!b || *b == 0) {
-        fprintf(stderr, "offloadctl: --persistent-min '%s' is not valid: expected a size such as 2MiB\n", a[i].c_str());
-        return 2;
+        return usage_errorf("plan", "--persistent-min '%s' is not valid: expected a size such as 2MiB", a[i].c_str());
       }
       p->persistent_min = *b;
     } else if (a[i] == "--pool-overhead" && i + 1 < a.size()) {
       char* end = nullptr;
       double v = strtod(a[++i].c_str(), &end);
       if (*end || a[i].empty() || !(v >= 1.0 && v <= 3.0)) {
-        fprintf(stderr, "offloadctl: --pool-overhead '%s' is not valid: expected a factor from 1 to 3, such as 1.08\n",
+        return usage_errorf("plan", "--pool-overhead '%s' is not valid: expected a factor from 1 to 3, such as 1.08",
                 a[i].c_str());
-        return 2;
       }
       p->pool_overhead = v;
     } else if (a[i] == "--read-only") {
@@ -334,10 +331,9 @@ int parse_plan(const Args& a, PlanArgs* p) {
       char* end = nullptr;
       double v = strtod(a[++i].c_str(), &end);
       if (*end || a[i].empty() || !(v >= 0.0 && v <= 0.5)) {
-        fprintf(stderr, "offloadctl: --max-weight-wait '%s' is not valid: expected a share of the step from 0 to 0.5, "
-                        "such as 0.05\n",
+        return usage_errorf("plan", "--max-weight-wait '%s' is not valid: expected a share of the step from 0 to 0.5, "
+                        "such as 0.05",
                 a[i].c_str());
-        return 2;
       }
       p->max_weight_wait = v;
     } else if (a[i] == "--persistent") {
@@ -345,21 +341,17 @@ int parse_plan(const Args& a, PlanArgs* p) {
     } else if (a[i] == "--html" && i + 1 < a.size()) {
       p->html = a[++i];
       if (p->html.empty()) {
-        fprintf(stderr, "offloadctl: --html needs a file name\n");
-        return 2;
+        return usage_errorf("plan", "--html needs a file name");
       }
     } else if (a[i] == "--segments" && i + 1 < a.size()) {
       char* end = nullptr;
       long v = strtol(a[++i].c_str(), &end, 10);
       if (*end || v < 1 || v > 4096) {
-        fprintf(stderr, "offloadctl: --segments '%s' is not valid: expected a count from 1 to 4096\n", a[i].c_str());
-        return 2;
+        return usage_errorf("plan", "--segments '%s' is not valid: expected a count from 1 to 4096", a[i].c_str());
       }
       p->segments = static_cast<uint32_t>(v);
     } else {
-      fprintf(stderr, "offloadctl: unknown option '%s' for plan\n", a[i].c_str());
-      usage(stderr);
-      return 2;
+      return usage_errorf("plan", "unknown option '%s' for plan", a[i].c_str());
     }
   }
   return 0;
@@ -369,26 +361,21 @@ int run_plan(const Args& a) {
   PlanArgs p;
   if (int rc = parse_plan(a, &p)) return rc;
   if (p.trace.empty()) {
-    fprintf(stderr, "offloadctl: plan needs --trace FILE\n");
-    return 2;
+    return usage_errorf("plan", "plan needs --trace FILE");
   }
   if (p.json && p.arenas) {
-    fprintf(stderr, "offloadctl: --arenas lists arenas as text; --json gives only their count\n");
-    return 2;
+    return usage_errorf("plan", "--arenas lists arenas as text; --json gives only their count");
   }
   if (p.sweep && (p.budget_given || p.arenas || !p.html.empty())) {
-    fprintf(stderr, "offloadctl: --sweep chooses its own budgets and prints one table: it takes no --budget, "
-                    "--arenas or --html\n");
-    return 2;
+    return usage_errorf("plan", "--sweep chooses its own budgets and prints one table: it takes no --budget, "
+                    "--arenas or --html");
   }
   if ((p.read_only || p.max_weight_wait >= 0) && !p.persistent_min) {
-    fprintf(stderr, "offloadctl: --read-only and --max-weight-wait are about streamed weights: they need --persistent-min\n");
-    return 2;
+    return usage_errorf("plan", "--read-only and --max-weight-wait are about streamed weights: they need --persistent-min");
   }
   if (p.persistent && (p.budget_given || p.arenas || p.json || p.sweep || !p.html.empty() || p.segments ||
                        p.persistent_min || p.pool_overhead > 0)) {
-    fprintf(stderr, "offloadctl: --persistent prints one table of its own: it takes no other option\n");
-    return 2;
+    return usage_errorf("plan", "--persistent prints one table of its own: it takes no other option");
   }
   if (p.persistent) return cmd_plan_persistent(p.trace);
   return cmd_plan(p.trace, p.budget, p.fraction, p.arenas, p.segments, p.html, p.json, p.sweep, p.persistent_min,
@@ -423,15 +410,22 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (a[0] == "status" || a[0] == "stop") return run_status_or_stop(a);
-  if (a[0] == "trace" && (a.size() == 3 || (a.size() == 4 && a[3] == "--json")) && (a[1] == "show" || a[1] == "check"))
-    return cmd_trace_show(a[2], a[1] == "check", a.size() == 4);
-  if (a[0] == "trace" && a.size() >= 2 && a[1] == "chrome") return run_trace_chrome(a);
-  if (a[0] == "replay" && a.size() >= 2) return run_replay(a);
+  if (a[0] == "trace") {
+    if (a.size() >= 2 && (a[1] == "show" || a[1] == "check")) {
+      if (a.size() == 3 || (a.size() == 4 && a[3] == "--json")) return cmd_trace_show(a[2], a[1] == "check", a.size() == 4);
+      return usage_error("trace", "trace " + a[1] + " takes a PATH, then --json or nothing");
+    }
+    if (a.size() >= 2 && a[1] == "chrome") return run_trace_chrome(a);
+    return usage_error("trace", "trace needs show, check or chrome");
+  }
+  if (a[0] == "replay") {
+    if (a.size() < 2 || a[1].rfind("--", 0) == 0) return usage_error("replay", "replay needs a step FILE first");
+    return run_replay(a);
+  }
   if (a[0] == "plan") return run_plan(a);
   if (a[0] == "doctor") return run_doctor(a);
   std::string joined;
   for (auto& s : a) joined += (joined.empty() ? "" : " ") + s;
-  fprintf(stderr, "offloadctl: unknown command '%s'\n", joined.c_str());
-  usage(stderr);
+  fprintf(stderr, "offloadctl: unknown command '%s'\n(offloadctl --help lists the commands)\n", joined.c_str());
   return 2;
 }

@@ -1,6 +1,8 @@
 // Bad input to the real binaries: malformed frames on offloadd's socket, bad options and
 // values on the command lines of offloadd and offloadctl.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -600,7 +602,14 @@ TEST(BadInputIntegration, OffloadctlRejectsBadCommandsClearly) {
       {{"status", "--frobnicate"}, 2, "unknown option '--frobnicate' for status"},
       {{"stop", "--json"}, 2, "unknown option '--json' for stop"},
       {{"frobnicate"}, 2, "unknown command 'frobnicate'"},
-      {{"trace"}, 2, "unknown command 'trace'"},
+      {{"trace"}, 2, "trace needs show, check or chrome"},
+      {{"trace", "show"}, 2, "trace show takes a PATH"},
+      {{"trace", "check", "a", "b"}, 2, "trace check takes a PATH"},
+      {{"replay"}, 2, "replay needs a step FILE"},
+      {{"replay", "--steps", "4"}, 2, "replay needs a step FILE"},
+      {{"replay", none, "--steps", "abc"}, 2, "--steps 'abc' is not valid"},
+      {{"replay", none, "--frobnicate"}, 2, "unknown option '--frobnicate' for replay"},
+      {{"plan"}, 2, "plan needs --trace FILE"},
       {{}, 2, "usage: offloadctl"},
       {{"status", "--socket", none}, 1, "no offloadd at " + none},
       {{"status", "--json", "--socket", none}, 1, "no offloadd at " + none},
@@ -635,6 +644,13 @@ TEST(BadInputIntegration, OffloadctlRejectsBadCommandsClearly) {
     EXPECT_EQ(r.exit_code(), c.exit_code) << describe_status(r.status) << "\nstderr: " << r.err;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << "stderr: " << r.err;
     EXPECT_TRUE(r.out.empty()) << "stdout: " << r.out;
+    // A usage error (status 2, with arguments): its line, then where the options are listed.
+    if (c.exit_code == 2 && !c.args.empty()) {
+      const size_t nl = r.err.find('\n');
+      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 2) << "stderr: " << r.err;
+      EXPECT_EQ(r.err.rfind("offloadctl: ", 0), 0u) << "stderr: " << r.err;
+      EXPECT_NE(r.err.find("--help lists", nl), std::string::npos) << "stderr: " << r.err;
+    }
   }
 }
 
