@@ -19,7 +19,7 @@
 //                                   text, as JSON, and as a timeline page
 //   offloadctl plan --trace FILE --sweep [--segments N] [--json]
 //                                   the plan at budgets from 100% down to 30% of the footprint
-//   offloadctl plan --trace FILE --persistent
+//   offloadctl plan --trace FILE --persistent [--json]
 //                                   what outlives the step (weights, optimizer state): how long
 //                                   each sits unused, and whether its copies would fit there
 #include <unistd.h>
@@ -46,7 +46,7 @@ int cmd_replay(const std::string& path, int repeats, double offload_fraction, ui
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
              const std::string& html, bool json, bool sweep, uint64_t persistent_min, double pool_overhead,
              bool read_only, double max_weight_wait);
-int cmd_plan_persistent(const std::string& path);
+int cmd_plan_persistent(const std::string& path, bool json);
 int cmd_status(const std::string& socket, bool json, double watch_s);
 int cmd_stop(const std::string& socket);
 
@@ -139,7 +139,7 @@ constexpr HelpBlock kHelp[] = {
      "                         (peak, moved, step against compute and its lower bound); it stops\n"
      "                         after two budgets in a row that no plan meets\n"},
     {"plan",
-     "  plan --trace FILE --persistent\n"
+     "  plan --trace FILE --persistent [--json]\n"
      "                         what outlives the step (weights, kept gradients, optimizer state): how\n"
      "                         long each sits unused in GPU time across the step boundary, and\n"
      "                         whether a copy out and back would fit there\n"},
@@ -373,11 +373,11 @@ int run_plan(const Args& a) {
   if ((p.read_only || p.max_weight_wait >= 0) && !p.persistent_min) {
     return usage_errorf("plan", "--read-only and --max-weight-wait are about streamed weights: they need --persistent-min");
   }
-  if (p.persistent && (p.budget_given || p.arenas || p.json || p.sweep || !p.html.empty() || p.segments ||
+  if (p.persistent && (p.budget_given || p.arenas || p.sweep || !p.html.empty() || p.segments ||
                        p.persistent_min || p.pool_overhead > 0)) {
-    return usage_errorf("plan", "--persistent prints one table of its own: it takes no other option");
+    return usage_errorf("plan", "--persistent prints one table of its own: it takes no other option but --json");
   }
-  if (p.persistent) return cmd_plan_persistent(p.trace);
+  if (p.persistent) return cmd_plan_persistent(p.trace, p.json);
   return cmd_plan(p.trace, p.budget, p.fraction, p.arenas, p.segments, p.html, p.json, p.sweep, p.persistent_min,
                   p.pool_overhead, p.read_only, p.max_weight_wait);
 }

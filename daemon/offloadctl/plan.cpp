@@ -13,6 +13,7 @@
 #include "planner/plan.h"
 #include "planner/planner.h"
 #include "planner/step_trace.h"
+#include "common/json_writer.h"
 #include "offloadctl/trace_file.h"
 
 using namespace offload;
@@ -430,13 +431,25 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
 }
 
 // --persistent: what outlives the step, and how long each allocation of it sits unused.
-int cmd_plan_persistent(const std::string& path) {
+int cmd_plan_persistent(const std::string& path, bool json) {
   StepTrace t;
   if (!load_step_trace(path, &t)) return 1;
   const LinkModel link;
   const PersistentReport r = persistent_windows(t, link);
   size_t hidden = 0;
   for (const PersistentWindow& w : r.windows) hidden += w.hides;
+  if (json) {
+    JsonWriter w;
+    w.object().field("step", t.step).field("step_ns", r.step_ns).field("bytes", r.bytes)
+        .field("unused_bytes", r.unused_bytes).field("hidden_bytes", r.hidden_bytes).field("hidden", hidden)
+        .field("link_busy_ns", r.link_busy_ns).field("d2h_gbps", link.d2h).field("h2d_gbps", link.h2d).array("allocations");
+    for (const PersistentWindow& x : r.windows)
+      w.object().field("ordinal", x.ordinal).field("bytes", x.bytes).field("uses", x.uses).field("idle_after", x.after)
+          .field("idle_before", x.before).field("idle_ns", x.idle_ns).field("copy_ns", x.copy_ns).field("fits", x.hides).end();
+    w.end().end();
+    printf("%s\n", w.str().c_str());
+    return 0;
+  }
   printf("step %llu of %s: %.1f ms of GPU time\n", ull(t.step), path.c_str(), ms(r.step_ns));
   printf("outliving the step (at least 2 MiB): %zu allocations, %.2f GiB (%.2f GiB never touched in the step)\n",
          r.windows.size(), gib(r.bytes), gib(r.unused_bytes));

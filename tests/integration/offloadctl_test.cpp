@@ -134,6 +134,30 @@ std::string gib2(double bytes) {
 
 // replay --json gives the figures the text prints: the recording, both replays, and under
 // --offload the plan, every step's row of the table, the steady state and the verdict.
+// plan --persistent --json: the figures of its text as one object, every allocation listed.
+TEST(OffloadctlPlan, PersistentJsonCarriesTheFiguresTheTextPrints) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string trace = std::string(OFFLOAD_TRACES_DIR) + "/lora.trace";
+  RunResult text = run_program({OFFLOADCTL_BIN, "plan", "--trace", trace, "--persistent"}, {}, dir.path(), 120000);
+  RunResult js = run_program({OFFLOADCTL_BIN, "plan", "--trace=" + trace, "--persistent", "--json"}, {}, dir.path(), 120000);
+  ASSERT_EQ(text.exit_code(), 0) << text.err;
+  ASSERT_EQ(js.exit_code(), 0) << js.err;
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(js.out, &j, &err)) << err << "\n" << js.out;
+  const size_t n = j["allocations"].items.size();
+  ASSERT_GT(n, 0u);
+  const std::string line = "outliving the step (at least 2 MiB): " + std::to_string(n) + " allocations, " +
+                           gib2(j["bytes"].num) + " GiB (" + gib2(j["unused_bytes"].num) + " GiB never touched in the step)";
+  EXPECT_NE(text.out.find(line), std::string::npos) << line << "\n" << text.out;
+  EXPECT_NE(text.out.find(gib2(j["hidden_bytes"].num) + " GiB in " + j["hidden"].text + " allocations"), std::string::npos)
+      << text.out;
+  size_t fits = 0;
+  for (const testing::Json& a : j["allocations"].items) fits += a["fits"].b;
+  EXPECT_EQ(std::to_string(fits), j["hidden"].text);
+}
+
 TEST(OffloadctlReplay, JsonCarriesTheFiguresTheTextPrints) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
