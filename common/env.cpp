@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <string_view>
 
@@ -32,6 +33,34 @@ std::optional<uint64_t> parse_size(const std::string& s) {
   double bytes = v * mult;
   if (bytes >= 18446744073709551615.0) return std::nullopt;
   return static_cast<uint64_t>(bytes);
+}
+
+std::optional<BudgetSpec> parse_budget(const std::string& s) {
+  BudgetSpec b;
+  std::string num = s;
+  bool percent = false;
+  for (auto [suffix, of] : {std::pair{"%step", BudgetSpec::Of::Step}, {"%gpu", BudgetSpec::Of::Gpu}, {"%", BudgetSpec::Of::Gpu}})
+    if (num.size() > strlen(suffix) && num.compare(num.size() - strlen(suffix), std::string::npos, suffix) == 0) {
+      num.resize(num.size() - strlen(suffix));
+      b.of = of;
+      percent = true;
+      break;
+    }
+  const bool decimal = num.find('.') != std::string::npos && num.find_first_not_of("0123456789.") == std::string::npos;
+  if (percent || decimal) {
+    char* end = nullptr;
+    double f = std::strtod(num.c_str(), &end);
+    if (percent) f /= 100;
+    if (num.empty() || *end || !std::isfinite(f) || f <= 0 || f > 1 || num.find_first_not_of("0123456789.") != std::string::npos)
+      return std::nullopt;
+    if (!percent) b.of = BudgetSpec::Of::Gpu;
+    b.share = f;
+    return b;
+  }
+  auto size = parse_size(s);
+  if (!size || *size == 0) return std::nullopt;
+  b.bytes = *size;
+  return b;
 }
 
 Settings read_settings(const std::function<const char*(const char*)>& get,
@@ -91,22 +120,14 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     }
   }
   if (const char* v = get("OFFLOAD_DEVICE_BUDGET"); v && *v) {
-    std::string s = v;
-    const char* accepted = "a size of at least 16MiB (e.g. 40GiB) or a fraction of the GPU's memory (0.5 or 50%)";
-    bool percent = !s.empty() && s.back() == '%';
-    bool fraction = percent || (s.find('.') != std::string::npos && s.find_first_not_of("0123456789.") == std::string::npos);
-    if (fraction) {
-      std::string num = percent ? s.substr(0, s.size() - 1) : s;
-      char* end = nullptr;
-      double f = num.empty() ? -1 : std::strtod(num.c_str(), &end);
-      if (percent) f /= 100;
-      if (num.empty() || *end || !std::isfinite(f) || f <= 0 || f > 1) bad("OFFLOAD_DEVICE_BUDGET", v, accepted);
-      else st.device_budget_fraction = f;
-    } else {
-      auto size = parse_size(s);
-      if (!size || *size < (16ull << 20)) bad("OFFLOAD_DEVICE_BUDGET", v, accepted);
-      else st.device_budget = *size;
-    }
+    const auto b = parse_budget(v);
+    if (b && b->of == BudgetSpec::Of::Step)
+      bad("OFFLOAD_DEVICE_BUDGET", v,
+          "a size or a share of the GPU's memory: the budget holds from the first allocation, before any step is seen");
+    else if (!b || (b->of == BudgetSpec::Of::Bytes && b->bytes < (16ull << 20)))
+      bad("OFFLOAD_DEVICE_BUDGET", v, "a size of at least 16MiB (e.g. 40GiB) or a share of the GPU's memory (50%, 50%gpu or 0.5)");
+    else if (b->of == BudgetSpec::Of::Gpu) st.device_budget_fraction = b->share;
+    else st.device_budget = b->bytes;
   }
   if (const char* v = get("OFFLOAD_PERSISTENT_MIN"); v && *v) {
     std::string s = v;

@@ -92,6 +92,18 @@ struct Settings {
 // Parses a byte size: "1048576", "512MiB", "40GiB", "1.5GB", "64k". nullopt if malformed.
 std::optional<uint64_t> parse_size(const std::string& s);
 
+// A budget, as the shim, offload-run and offloadctl all read it: a size ("40GiB"); or a share of
+// the GPU's memory ("50%", "50%gpu", "0.5"); or, where a recorded step is at hand (offloadctl
+// plan), a share of the step's footprint without offload ("50%step"). A share is over 0 and at
+// most 1. nullopt: none of these.
+struct BudgetSpec {
+  enum class Of { Bytes, Gpu, Step };
+  Of of = Of::Bytes;
+  uint64_t bytes = 0;
+  double share = 0;
+};
+std::optional<BudgetSpec> parse_budget(const std::string& s);
+
 // Reads the settings through `get` (getenv in production). Every malformed value adds a
 // message naming the variable, the value and what is accepted.
 Settings read_settings(const std::function<const char*(const char*)>& get,

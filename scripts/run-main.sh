@@ -33,7 +33,7 @@ else
   # The planner on the reference step: what it would offload at 75% of the step's footprint,
   # the step time it predicts, and a picture (plan-reference-75.html).
   echo; echo "== the planner on the recorded reference step, at 75% of its footprint"
-  "$ctl" plan --trace tests/data/traces/reference.trace --budget 75% --html build/plan-reference-75.html
+  "$ctl" plan --trace tests/data/traces/reference.trace --budget 75%step --html build/plan-reference-75.html
   echo "(picture: build/plan-reference-75.html)"
   # What outlives the step there (weights, optimizer state), and how long each sits unused.
   echo; echo "== what outlives the recorded reference step, and how long it sits unused"

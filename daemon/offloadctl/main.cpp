@@ -12,7 +12,7 @@
 //                                   replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw; with --offload, the
 //                                   executor too, under a budget, with every launch's data checked
-//   offloadctl plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE [--read-only] [--max-weight-wait S]]
+//   offloadctl plan --trace FILE [--budget SIZE|SHARE [--gpu-memory SIZE]] [--persistent-min SIZE [--read-only] [--max-weight-wait S]]
 //                   [--segments N] [--pool-overhead F]
 //                   [--arenas|--json] [--html FILE]
 //                                   the planner's plan for a recorded step, without a GPU: as
@@ -51,25 +51,6 @@ int cmd_status(const std::string& socket, bool json, double watch_s);
 int cmd_stop(const std::string& socket);
 
 namespace {
-
-// A plan budget, read as OFFLOAD_DEVICE_BUDGET is: a size, or with '%' or a decimal point a
-// share of the footprint (0 < share <= 1), returned in *fraction.
-bool parse_budget(const std::string& s, uint64_t* bytes, double* fraction) {
-  const bool percent = !s.empty() && s.back() == '%';
-  if (percent || (s.find('.') != std::string::npos && s.find_first_not_of("0123456789.") == std::string::npos)) {
-    const std::string num = percent ? s.substr(0, s.size() - 1) : s;
-    char* end = nullptr;
-    double f = num.empty() ? -1 : strtod(num.c_str(), &end);
-    if (percent) f /= 100;
-    if (num.empty() || *end || !std::isfinite(f) || f <= 0 || f > 1) return false;
-    *fraction = f, *bytes = 0;
-    return true;
-  }
-  auto b = offload::parse_size(s);
-  if (!b || *b == 0) return false;
-  *bytes = *b, *fraction = 0;
-  return true;
-}
 
 struct HelpBlock {
   const char* command;
@@ -114,12 +95,14 @@ constexpr HelpBlock kHelp[] = {
      "                         --json: the same figures as one JSON object (bytes at the recording's\n"
      "                         size, not scaled)\n"},
     {"plan",
-     "  plan --trace FILE [--budget SIZE|SHARE] [--persistent-min SIZE [--read-only] [--max-weight-wait S]]\n"
-     "       [--segments N] [--arenas|--json]\n"
+     "  plan --trace FILE [--budget SIZE|SHARE [--gpu-memory SIZE]] [--persistent-min SIZE [--read-only]\n"
+     "       [--max-weight-wait S]] [--segments N] [--arenas|--json]\n"
      "       [--html FILE] [--pool-overhead F]\n"
      "                         the plan the planner makes for a recorded step under a device budget:\n"
-     "                         a size (12GiB) or a share of the step's footprint without offload\n"
-     "                         (75% or 0.75); none: the largest offload the compute hides.\n"
+     "                         a size (12GiB), a share of the step's footprint without offload\n"
+     "                         (75%step), or, as OFFLOAD_DEVICE_BUDGET reads it, a share of the GPU's\n"
+     "                         memory (75%, 75%gpu or 0.75) with --gpu-memory giving that memory;\n"
+     "                         none: the largest offload the compute hides.\n"
      "                         --arenas lists the arenas; --json prints the figures as one JSON\n"
      "                         object instead of text; --html writes the predicted step's timeline\n"
      "                         (compute, copy queues, footprint) as a self-contained page;\n"
@@ -286,8 +269,9 @@ int run_replay(const Args& a) {
 
 // What `plan` was asked for, as given on the command line.
 struct PlanArgs {
-  std::string trace, html;
-  uint64_t budget = 0, persistent_min = 0;
+  std::string trace, html, budget_text;
+  offload::BudgetSpec spec;
+  uint64_t budget = 0, persistent_min = 0, gpu_memory = 0;
   double fraction = 0, pool_overhead = 0, max_weight_wait = -1;
   bool arenas = false, json = false, sweep = false, budget_given = false, persistent = false, read_only = false;
   uint32_t segments = 0;
@@ -300,11 +284,19 @@ int parse_plan(const Args& a, PlanArgs* p) {
       p->trace = a[++i];
     } else if (a[i] == "--budget" && i + 1 < a.size()) {
       p->budget_given = true;
-      if (!parse_budget(a[++i], &p->budget, &p->fraction)) {
-        return usage_errorf("plan", "--budget '%s' is not valid: expected a size such as 12GiB, or a share of the "
-                "footprint without offload above 0 and at most 100%% (75%% or 0.75)",
-                a[i].c_str());
-      }
+      p->budget_text = a[++i];
+      const auto b = offload::parse_budget(a[i]);
+      if (!b)
+        return usage_errorf("plan", "--budget '%s' is not valid: expected a size such as 12GiB, a share of the "
+                                    "step's footprint without offload (75%%step), or of the GPU's memory with "
+                                    "--gpu-memory (75%%, 75%%gpu or 0.75)",
+                            a[i].c_str());
+      p->spec = *b;
+    } else if (a[i] == "--gpu-memory" && i + 1 < a.size()) {
+      const auto m = offload::parse_size(a[++i]);
+      if (!m || *m == 0)
+        return usage_errorf("plan", "--gpu-memory '%s' is not valid: expected a size such as 141GiB", a[i].c_str());
+      p->gpu_memory = *m;
     } else if (a[i] == "--arenas") {
       p->arenas = true;
     } else if (a[i] == "--json") {
@@ -360,6 +352,20 @@ int parse_plan(const Args& a, PlanArgs* p) {
 int run_plan(const Args& a) {
   PlanArgs p;
   if (int rc = parse_plan(a, &p)) return rc;
+  // One meaning of a share everywhere: of the GPU's memory, as OFFLOAD_DEVICE_BUDGET reads it;
+  // "%step" says a share of the recorded step's footprint.
+  if (p.gpu_memory && !(p.budget_given && p.spec.of == offload::BudgetSpec::Of::Gpu))
+    return usage_errorf("plan", "--gpu-memory only sizes a --budget given as a share of the GPU's memory");
+  if (p.budget_given) {
+    using Of = offload::BudgetSpec::Of;
+    if (p.spec.of == Of::Bytes) p.budget = p.spec.bytes;
+    else if (p.spec.of == Of::Step) p.fraction = p.spec.share;
+    else if (!p.gpu_memory)
+      return usage_errorf("plan", "--budget '%s' is a share of the GPU's memory, which a trace does not record: give "
+                                  "--gpu-memory SIZE, or write %g%%step for a share of the step's footprint",
+                          p.budget_text.c_str(), p.spec.share * 100);
+    else p.budget = static_cast<uint64_t>(p.spec.share * static_cast<double>(p.gpu_memory));
+  }
   if (p.trace.empty()) {
     return usage_errorf("plan", "plan needs --trace FILE");
   }

@@ -579,7 +579,7 @@ TEST(BadInputIntegration, OffloadctlHelpsPerCommandAndTakesOptionEqualsValue) {
     EXPECT_EQ(r.out.find(args[0] == "status" ? "replay FILE" : "status [--json]"), std::string::npos)
         << "only that command's lines: " << r.out;
   }
-  RunResult r = run({"plan", "--trace=" + none, "--budget=50%", "--sweep"});
+  RunResult r = run({"plan", "--trace=" + none, "--budget=50%step", "--sweep"});
   EXPECT_EQ(r.exit_code(), 2);
   EXPECT_NE(r.err.find("--sweep chooses its own budgets"), std::string::npos) << r.err;
   r = run({"status", "--socket=" + none});
@@ -615,10 +615,17 @@ TEST(BadInputIntegration, OffloadctlRejectsBadCommandsClearly) {
       {{"status", "--json", "--socket", none}, 1, "no offloadd at " + none},
       {{"status"}, 1, "no offloadd at " + xdg + "/liboffload/offloadd.sock"},
       {{"stop", "--socket", none}, 1, "no offloadd at " + none},
-      {{"plan", "--trace", none, "--sweep", "--budget", "50%"}, 2, "--sweep chooses its own budgets"},
+      {{"plan", "--trace", none, "--sweep", "--budget", "50%step"}, 2, "--sweep chooses its own budgets"},
       {{"plan", "--trace", none, "--sweep", "--html", none}, 2, "--sweep chooses its own budgets"},
       {{"plan", "--trace", none, "--arenas", "--sweep"}, 2, "--sweep chooses its own budgets"},
-      {{"plan", "--trace", none, "--persistent", "--budget", "50%"}, 2, "--persistent prints one table"},
+      {{"plan", "--trace", none, "--persistent", "--budget", "50%step"}, 2, "--persistent prints one table"},
+      // One meaning of a share: of the GPU's memory, as OFFLOAD_DEVICE_BUDGET reads it.
+      {{"plan", "--trace", none, "--budget", "50%"}, 2, "is a share of the GPU's memory, which a trace does not record"},
+      {{"plan", "--trace", none, "--budget", "0.5"}, 2, "is a share of the GPU's memory"},
+      {{"plan", "--trace", none, "--budget", "12GiB", "--gpu-memory", "80GiB"}, 2, "--gpu-memory only sizes"},
+      {{"plan", "--trace", none, "--budget", "50%", "--gpu-memory", "lots"}, 2, "--gpu-memory 'lots' is not valid"},
+      {{"plan", "--trace", none, "--budget", "50%", "--gpu-memory", "80GiB"}, 1, "cannot open " + none},
+      {{"plan", "--trace", none, "--budget", "50%step"}, 1, "cannot open " + none},
       {{"plan", "--trace", none, "--persistent", "--arenas"}, 2, "--persistent prints one table"},
       {{"plan", "--trace", none, "--persistent", "--json"}, 1, "cannot open " + none},
       {{"plan", "--trace", none, "--persistent"}, 1, "cannot open " + none},

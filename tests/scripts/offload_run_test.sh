@@ -19,6 +19,7 @@ check "sets the preload and the allocator" "$lib|backend:cudaMallocAsync|||" "$(
 check "--opt value" "$lib|backend:cudaMallocAsync|40GiB|64GiB|warn|" "$(env_of --budget 40GiB --host-limit 64GiB --log-level warn)|"
 check "--opt=value" "$lib|backend:cudaMallocAsync|75%|||" "$(env_of --budget=75%)|"
 check "Gi" "$lib|backend:cudaMallocAsync|40Gi|||" "$(env_of --budget 40Gi)|"
+check "a share of the GPU, said so" "$lib|backend:cudaMallocAsync|75%gpu|||" "$(env_of --budget 75%gpu)|"
 check "keeps other allocator options" "$lib|garbage_collection_threshold:0.8,backend:cudaMallocAsync|||" \
   "$(PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8 "$run" -- sh -c 'echo "$LD_PRELOAD|$PYTORCH_CUDA_ALLOC_CONF|||"')"
 check "keeps the user's preloads after ours" "$lib /x.so" "$(LD_PRELOAD=/x.so "$run" -- sh -c 'echo "$LD_PRELOAD"' 2>/dev/null)"
@@ -34,6 +35,7 @@ refuse "unknown option" "$run" --bogus -- true
 refuse "no command" "$run" --budget 1GiB
 refuse "bad budget" "$run" --budget lots -- true
 refuse "budget over 100%" "$run" --budget 150% -- true
+refuse "a share of a step" "$run" --budget 75%step -- true
 refuse "bad host limit" "$run" --host-limit much -- true
 refuse "bad log level" "$run" --log-level loud -- true
 refuse "a missing value" "$run" --budget

@@ -281,7 +281,7 @@ TEST(DeviceBudget, BadValuesAreErrorsThatSayWhatIsAccepted) {
     Settings s = read(env, &errors);
     ASSERT_EQ(errors.size(), 1u) << v;
     EXPECT_NE(errors[0].find("OFFLOAD_DEVICE_BUDGET"), std::string::npos) << errors[0];
-    EXPECT_NE(errors[0].find("fraction"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("a share of the GPU's memory"), std::string::npos) << errors[0];
     EXPECT_FALSE(s.offload()) << v;
   }
 }
@@ -315,6 +315,46 @@ TEST(Planner, OffloadPlannerChoosesTheBuiltInPlanOrSaysWhatIsAccepted) {
     EXPECT_NE(errors[0].find("OFFLOAD_PLANNER"), std::string::npos) << errors[0];
     EXPECT_NE(errors[0].find("auto or builtin"), std::string::npos) << errors[0];
   }
+}
+
+// One meaning of a share everywhere: of the GPU's memory ("50%", "50%gpu", "0.5"); "%step" says
+// a share of a recorded step's footprint, which the shim refuses (no step is known at the start).
+TEST(DeviceBudget, ASharesMeaningIsTheSameEverywhereAndStepSharesAreExplicit) {
+  using Of = BudgetSpec::Of;
+  struct Case {
+    const char* text;
+    std::optional<Of> of;
+    double share;
+    uint64_t bytes;
+  };
+  const Case cases[] = {
+      {"40GiB", Of::Bytes, 0, 40ull << 30}, {"50%", Of::Gpu, 0.5, 0},     {"50%gpu", Of::Gpu, 0.5, 0},
+      {"0.5", Of::Gpu, 0.5, 0},             {"50%step", Of::Step, 0.5, 0}, {"100%step", Of::Step, 1.0, 0},
+      {"12.5%", Of::Gpu, 0.125, 0},         {"150%", std::nullopt, 0, 0},  {"0%step", std::nullopt, 0, 0},
+      {"%step", std::nullopt, 0, 0},        {"50%cpu", std::nullopt, 0, 0}, {"1.5", std::nullopt, 0, 0},
+      {"x%", std::nullopt, 0, 0},           {"0", std::nullopt, 0, 0},
+  };
+  for (const Case& c : cases) {
+    const auto b = parse_budget(c.text);
+    ASSERT_EQ(b.has_value(), c.of.has_value()) << c.text;
+    if (!b) continue;
+    EXPECT_EQ(b->of, *c.of) << c.text;
+    EXPECT_DOUBLE_EQ(b->share, c.share) << c.text;
+    EXPECT_EQ(b->bytes, c.bytes) << c.text;
+  }
+  for (const char* v : {"50%gpu", "50%"}) {
+    Env env;
+    env.vars["OFFLOAD_DEVICE_BUDGET"] = v;
+    std::vector<std::string> errors;
+    EXPECT_DOUBLE_EQ(read(env, &errors).device_budget_fraction, 0.5) << v;
+    EXPECT_TRUE(errors.empty()) << v;
+  }
+  Env env;
+  env.vars["OFFLOAD_DEVICE_BUDGET"] = "50%step";
+  std::vector<std::string> errors;
+  EXPECT_FALSE(read(env, &errors).offload());
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("before any step is seen"), std::string::npos) << errors[0];
 }
 
 // Watching alone is light (launches counted, not scanned); a budget or a trace needs every
