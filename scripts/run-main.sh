@@ -56,13 +56,17 @@ else
   done
 fi
 
-echo; echo "== offloadd: the shim starts it, registers, and offloadctl shows the client"
-XDG_RUNTIME_DIR=$(mktemp -d) OFFLOAD_HOST_POOL=256MiB OFFLOAD_TELEMETRY=off \
+echo; echo "== offloadd: a shim connects, registers, and offloadctl shows the client"
+# Only a plan of arenas (OFFLOAD_CAP=0) has the shim start offloadd; any shim connects to one running.
+pool_dir=$(mktemp -d)
+XDG_RUNTIME_DIR=$pool_dir build/offloadd --pool-size 256MiB --no-prefault > "$pool_dir/offloadd.log" 2>&1 &
+for _ in $(seq 1 50); do XDG_RUNTIME_DIR=$pool_dir "$ctl" status > /dev/null 2>&1 && break; sleep 0.1; done
+XDG_RUNTIME_DIR=$pool_dir OFFLOAD_TELEMETRY=off \
   LD_PRELOAD=$root/build/liboffload.so python3 - "$root/$ctl" <<'PY'
 import ctypes, json, subprocess, sys, time
 shim = ctypes.CDLL(None)
 buf = ctypes.create_string_buffer(1 << 16)
-for _ in range(50):  # the shim's worker connects (starting offloadd) in the background
+for _ in range(50):  # the shim's worker connects in the background
     shim.offload_stats_json(buf, len(buf))
     if "offloadd at" in json.loads(buf.value)["host_pool"]:
         break
