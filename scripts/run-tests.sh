@@ -31,8 +31,9 @@ for variant in plain address thread; do
   cmake --build "$dir" -j "$jobs"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu
 done
-echo "== a Release build with -Werror (GCC warns of some things only when optimising at -O3) (at ${SECONDS} s)"
-cmake -S . -B build-test-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_WERROR=ON -DCMAKE_INSTALL_PREFIX=/usr > /dev/null
+echo "== a Release build of the product with -Werror (GCC warns of some things only when optimising at -O3) (at ${SECONDS} s)"
+# The tests were built with -Werror above; the product is what the Debian package is made from.
+cmake -S . -B build-test-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DOFFLOAD_WERROR=ON -DOFFLOAD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=/usr > /dev/null
 cmake --build build-test-release -j "$jobs"
 echo "== install: offload-run's conventions, the Python package (its callbacks, pip install), and the Debian package (at ${SECONDS} s)"
 tests/scripts/offload_run_test.sh build-test-plain
