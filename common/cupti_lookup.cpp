@@ -19,10 +19,6 @@ std::string parent(const std::string& path) {
   return slash == std::string::npos ? std::string() : path.substr(0, slash);
 }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 }  // namespace
 
 int so_major(const std::string& path) {
@@ -60,7 +56,7 @@ std::vector<std::string> cupti_candidates(const CuptiSearch& s) {
     if (!cudart_dir.empty()) {
       add(cudart_dir + "/" + lib);
       // cu12 wheels: site-packages/nvidia/cuda_runtime/lib beside nvidia/cuda_cupti/lib.
-      if (ends_with(cudart_dir, "/cuda_runtime/lib")) add(parent(parent(cudart_dir)) + "/cuda_cupti/lib/" + lib);
+      if (cudart_dir.ends_with("/cuda_runtime/lib")) add(parent(parent(cudart_dir)) + "/cuda_cupti/lib/" + lib);
     }
     for (std::string root : {s.cuda_home, std::string("/usr/local/cuda")}) {
       while (root.size() > 1 && root.back() == '/') root.pop_back();

@@ -40,7 +40,7 @@ std::optional<BudgetSpec> parse_budget(const std::string& s) {
   std::string num = s;
   bool percent = false;
   for (auto [suffix, of] : {std::pair{"%step", BudgetSpec::Of::Step}, {"%gpu", BudgetSpec::Of::Gpu}, {"%", BudgetSpec::Of::Gpu}})
-    if (num.size() > strlen(suffix) && num.compare(num.size() - strlen(suffix), std::string::npos, suffix) == 0) {
+    if (num.ends_with(suffix)) {
       num.resize(num.size() - strlen(suffix));
       b.of = of;
       percent = true;

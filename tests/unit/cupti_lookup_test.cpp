@@ -3,15 +3,14 @@
 #include "common/cupti_lookup.h"
 
 #include <gtest/gtest.h>
-#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
+
+#include "scratch_dir.h"
 
 namespace offload {
 namespace {
@@ -23,25 +22,7 @@ long index_of(const std::vector<std::string>& v, const std::string& path) {
 }
 
 // A scratch directory holding fake libraries (empty files: the lookup never opens them).
-class CuptiLookupTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/offload-cupti-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-  }
-  void TearDown() override {
-    nftw(root_.c_str(), [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
-  }
-  std::string touch(const std::string& rel) {
-    const std::string path = root_ + "/" + rel;
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-    std::ofstream(path) << "";
-    return path;
-  }
-  std::string root_;
-};
+class CuptiLookupTest : public testing::ScratchDirTest {};
 
 TEST(CuptiLookup, SoMajorReadsTheFileNamesVersion) {
   EXPECT_EQ(so_major("/x/nvidia/cuda_runtime/lib/libcudart.so.12"), 12);

@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <gnu/libc-version.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 
 #include "common/ipc.h"
 #include "json_mini.h"
+#include "scratch_dir.h"
 
 namespace offload::doctor {
 namespace {
@@ -57,28 +57,7 @@ class FakeEnv {
   std::vector<const char*> env_;
 };
 
-class DoctorProbeTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/offload-doctor-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-  }
-  void TearDown() override {
-    nftw(root_.c_str(), [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
-  }
-  std::string touch(const std::string& rel, uint64_t bytes = 0) {
-    const std::string path = root_ + "/" + rel;
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-    std::ofstream(path) << "";
-    if (bytes) {
-      EXPECT_EQ(truncate(path.c_str(), static_cast<off_t>(bytes)), 0);
-    }
-    return path;
-  }
-  std::string root_;
-};
+class DoctorProbeTest : public testing::ScratchDirTest {};
 
 TEST(DoctorDriver, SaysWhyThereIsNoDriverOrGpu) {
   DriverFacts f;
