@@ -34,7 +34,6 @@ const std::string* g_settings_error = nullptr;  // or, with bad settings, what i
 std::once_flag g_error_once;
 const std::string* g_settings_warning = nullptr;  // OFFLOAD_* names set but not read (typos)
 std::once_flag g_build_once;
-__attribute__((tls_model("initial-exec"))) thread_local bool t_in_hook = false;
 
 constexpr size_t kSummariesKept = 256;
 
@@ -56,11 +55,6 @@ std::string command_line() {
 const char* route_names[] = {"export", "dlsym", "cuGetProcAddress", "cudaGetDriverEntryPoint"};
 
 }  // namespace
-
-HookGuard::HookGuard() : outermost_(!t_in_hook) { t_in_hook = true; }
-HookGuard::~HookGuard() {
-  if (outermost_) t_in_hook = false;
-}
 
 Runtime* runtime() {
   if (g_pass_through.load(std::memory_order_relaxed)) return nullptr;

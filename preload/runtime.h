@@ -4,8 +4,9 @@
 // life is the PlanController's (plan_controller.h): the runtime forwards each step cut and each
 // mark to it, and answers its questions as its PlanContext (host pool, node share, launches).
 //
-// Hooks reach it through runtime(), which returns nullptr when the shim is disabled, not
-// yet built, shutting down, or in a forked child (which only forwards).
+// Hooks reach it through shim.h's free functions, never this header; runtime() returns nullptr
+// when the shim is disabled, not yet built, shutting down, or in a forked child (which only
+// forwards).
 //
 // Preload safety: the worker starts with every signal blocked; the exit handler only sets
 // a flag; the fork handler turns the child into a pass-through.
@@ -38,6 +39,7 @@
 #include "plan_controller.h"
 #include "planner/planner.h"
 #include "residency/residency.h"
+#include "shim.h"
 #include "step_telemetry.h"
 
 namespace offload {
@@ -258,17 +260,5 @@ class Runtime final : private PlanContext {
 };
 
 Runtime* runtime();
-
-// The hooks' reentrancy guard: true while this thread is inside one of our hooks.
-struct HookGuard {
-  HookGuard();
-  ~HookGuard();
-  bool outermost() const { return outermost_; }
-  HookGuard(const HookGuard&) = delete;
-  HookGuard& operator=(const HookGuard&) = delete;
-
- private:
-  bool outermost_;
-};
 
 }  // namespace offload

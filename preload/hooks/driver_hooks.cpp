@@ -20,7 +20,7 @@ inline DevPtr host(const void*) { return 0; }  // host side of a copy: not ours 
   OFFLOAD_EXPORT CUresult NAME(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,    \
                                unsigned by, unsigned bz, unsigned smem, CUstream s, void** p, void** e) { \
     return launch<HookId::NAME, decltype(&::cuLaunchKernel)>(                                       \
-        [&](Tracker& t) { return t.on_kernel(fn(f), stream_id(s, PTSZ), p, e); },                   \
+        [&](Runtime& rt) { shim::on_kernel(rt, fn(f), stream_id(s, PTSZ), p, e); },                   \
         [&](auto real) { return real(f, gx, gy, gz, bx, by, bz, smem, s, p, e); });                 \
   }
 LAUNCH_KERNEL(cuLaunchKernel, false)
@@ -29,7 +29,7 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz, true)
 #define LAUNCH_KERNEL_EX(NAME, PTSZ)                                                                \
   OFFLOAD_EXPORT CUresult NAME(const CUlaunchConfig* c, CUfunction f, void** p, void** e) {         \
     return launch<HookId::NAME, decltype(&::cuLaunchKernelEx)>(                                     \
-        [&](Tracker& t) { return t.on_kernel(fn(f), stream_id(c ? c->hStream : nullptr, PTSZ), p, e); }, \
+        [&](Runtime& rt) { shim::on_kernel(rt, fn(f), stream_id(c ? c->hStream : nullptr, PTSZ), p, e); }, \
         [&](auto real) { return real(c, f, p, e); });                                               \
   }
 LAUNCH_KERNEL_EX(cuLaunchKernelEx, false)
@@ -39,7 +39,7 @@ LAUNCH_KERNEL_EX(cuLaunchKernelEx_ptsz, true)
   OFFLOAD_EXPORT CUresult NAME(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,    \
                                unsigned by, unsigned bz, unsigned smem, CUstream s, void** p) {     \
     return launch<HookId::NAME, decltype(&::cuLaunchCooperativeKernel)>(                            \
-        [&](Tracker& t) { return t.on_kernel(fn(f), stream_id(s, PTSZ), p, nullptr); },             \
+        [&](Runtime& rt) { shim::on_kernel(rt, fn(f), stream_id(s, PTSZ), p, nullptr); },             \
         [&](auto real) { return real(f, gx, gy, gz, bx, by, bz, smem, s, p); });                    \
   }
 LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel, false)
@@ -49,7 +49,7 @@ LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz, true)
 #define COPY(NAME, BASE, PTSZ, PARAMS, ARGS, DST, SRC, BYTES, HSRC)                                 \
   OFFLOAD_EXPORT CUresult NAME PARAMS {                                                             \
     return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
-        [&](Tracker& t) { return t.on_copy(DST, SRC, BYTES, stream_id(s, PTSZ), HSRC); },           \
+        [&](Runtime& rt) { shim::on_copy(rt, DST, SRC, BYTES, stream_id(s, PTSZ), HSRC); },           \
         [&](auto real) { return real ARGS; });                                                      \
   }
 COPY(cuMemcpyAsync, cuMemcpyAsync, false, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s),
@@ -82,7 +82,7 @@ COPY(cuMemcpy2DAsync_v2_ptsz, cuMemcpy2DAsync_v2, true, (const CUDA_MEMCPY2D* c,
 #define MEMSET(NAME, BASE, PTSZ, T, UNIT)                                                           \
   OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, T v, size_t n, CUstream s) {                          \
     return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
-        [&](Tracker& t) { return t.on_memset(dev(d), n * UNIT, stream_id(s, PTSZ)); },              \
+        [&](Runtime& rt) { shim::on_memset(rt, dev(d), n * UNIT, stream_id(s, PTSZ)); },              \
         [&](auto real) { return real(d, v, n, s); });                                               \
   }
 MEMSET(cuMemsetD8Async, cuMemsetD8Async, false, unsigned char, 1)
@@ -95,7 +95,7 @@ MEMSET(cuMemsetD32Async_ptsz, cuMemsetD32Async, true, unsigned int, 4)
 #define MEMSET2D(NAME, BASE, PTSZ, T, UNIT)                                                         \
   OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h, CUstream s) {  \
     return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
-        [&](Tracker& t) { return t.on_memset(dev(d), pitch * h, stream_id(s, PTSZ)); },             \
+        [&](Runtime& rt) { shim::on_memset(rt, dev(d), pitch * h, stream_id(s, PTSZ)); },             \
         [&](auto real) { return real(d, pitch, v, w, h, s); });                                     \
   }
 MEMSET2D(cuMemsetD2D8Async, cuMemsetD2D8Async, false, unsigned char, 1)
@@ -108,7 +108,7 @@ MEMSET2D(cuMemsetD2D32Async_ptsz, cuMemsetD2D32Async, true, unsigned int, 4)
 #define GRAPH_LAUNCH(NAME, PTSZ)                                                                    \
   OFFLOAD_EXPORT CUresult NAME(CUgraphExec g, CUstream s) {                                         \
     return launch<HookId::NAME, decltype(&::cuGraphLaunch)>(                                        \
-        [&](Tracker& t) { return t.on_graph(stream_id(s, PTSZ)); },                                 \
+        [&](Runtime& rt) { shim::on_graph(rt, stream_id(s, PTSZ)); },                                 \
         [&](auto real) { return real(g, s); });                                                     \
   }
 GRAPH_LAUNCH(cuGraphLaunch, false)

@@ -144,45 +144,54 @@ uint64_t dlsym_next_walks() { return next_cache.walks(); }
 }  // namespace offload::hooks
 
 OFFLOAD_EXPORT void* dlsym(void* handle, const char* name) {
-  void* real = handle == RTLD_NEXT ? next_after_cached(__builtin_return_address(0), name) : real_dlsym(handle, name);
-  // A search that reaches our own export (RTLD_DEFAULT, the program's handle) found the shim's
-  // wrapper, not the symbol: in a process without CUDA it would answer non-NULL, and a call
-  // would abort. The answer is the definition elsewhere, as without the shim, or none.
-  if (real) {
-    const HookEntry* e = find_symbol(name);
-    if (e && real == e->wrapper) {
-      real = find_loaded(name, real);
-      // Nothing else defines it: a failed lookup of our own leaves dlerror() its message
-      // (callers such as ctypes read it after a NULL).
-      if (!real) real = real_dlsym(RTLD_NEXT, name);
+  void* caller = __builtin_return_address(0);  // read here: the lambda below has its own
+  return no_throw([&]() -> void* {
+    void* real = handle == RTLD_NEXT ? next_after_cached(caller, name) : real_dlsym(handle, name);
+    // A search that reaches our own export (RTLD_DEFAULT, the program's handle) found the shim's
+    // wrapper, not the symbol: in a process without CUDA it would answer non-NULL, and a call
+    // would abort. The answer is the definition elsewhere, as without the shim, or none.
+    if (real) {
+      const HookEntry* e = find_symbol(name);
+      if (e && real == e->wrapper) {
+        real = find_loaded(name, real);
+        // Nothing else defines it: a failed lookup of our own leaves dlerror() its message
+        // (callers such as ctypes read it after a NULL).
+        if (!real) real = real_dlsym(RTLD_NEXT, name);
+      }
     }
-  }
-  return serve_symbol(name, real, kDlsym);
+    return serve_symbol(name, real, kDlsym);
+  });
 }
 
 // dlvsym is not interposed: the real dlsym is bootstrapped through it, and CUDA's entry
 // points are not looked up by version string.
 
 OFFLOAD_EXPORT CUresult cuGetProcAddress(const char* sym, void** pfn, int ver, cuuint64_t flags) {
-  CUresult r = reinterpret_cast<GpaV1>(real(HookId::cuGetProcAddress))(sym, pfn, ver, flags);
-  if (r == CUDA_SUCCESS && pfn) *pfn = serve_proc(sym, *pfn, ver, ptds(flags), kGetProcAddress);
-  return r;
+  return no_throw([&] {
+    CUresult r = reinterpret_cast<GpaV1>(real(HookId::cuGetProcAddress))(sym, pfn, ver, flags);
+    if (r == CUDA_SUCCESS && pfn) *pfn = serve_proc(sym, *pfn, ver, ptds(flags), kGetProcAddress);
+    return r;
+  });
 }
 
 OFFLOAD_EXPORT CUresult cuGetProcAddress_v2(const char* sym, void** pfn, int ver, cuuint64_t flags,
                                             CUdriverProcAddressQueryResult* status) {
-  CUresult r = reinterpret_cast<GpaV2>(real(HookId::cuGetProcAddress_v2))(sym, pfn, ver, flags, status);
-  if (r == CUDA_SUCCESS && pfn) *pfn = serve_proc(sym, *pfn, ver, ptds(flags), kGetProcAddress);
-  return r;
+  return no_throw([&] {
+    CUresult r = reinterpret_cast<GpaV2>(real(HookId::cuGetProcAddress_v2))(sym, pfn, ver, flags, status);
+    if (r == CUDA_SUCCESS && pfn) *pfn = serve_proc(sym, *pfn, ver, ptds(flags), kGetProcAddress);
+    return r;
+  });
 }
 
 #define RT_ENTRY(NAME, PTSZ)                                                                        \
   OFFLOAD_EXPORT cudaError_t NAME(const char* sym, void** pfn, unsigned long long flags,            \
                                   cudaDriverEntryPointQueryResult* status) {                        \
-    cudaError_t r = reinterpret_cast<RtEntry>(real(HookId::NAME))(sym, pfn, flags, status);         \
-    if (r == cudaSuccess && pfn)                                                                    \
-      *pfn = serve_proc(sym, *pfn, CUDART_VERSION, rt_ptds(flags, PTSZ), kRuntimeEntryPoint);       \
-    return r;                                                                                       \
+    return no_throw([&] {                                                                           \
+      cudaError_t r = reinterpret_cast<RtEntry>(real(HookId::NAME))(sym, pfn, flags, status);       \
+      if (r == cudaSuccess && pfn)                                                                  \
+        *pfn = serve_proc(sym, *pfn, CUDART_VERSION, rt_ptds(flags, PTSZ), kRuntimeEntryPoint);     \
+      return r;                                                                                     \
+    });                                                                                             \
   }
 RT_ENTRY(cudaGetDriverEntryPoint, false)
 RT_ENTRY(cudaGetDriverEntryPoint_ptsz, true)
@@ -190,10 +199,12 @@ RT_ENTRY(cudaGetDriverEntryPoint_ptsz, true)
 #define RT_ENTRY_BY_VERSION(NAME, PTSZ)                                                             \
   OFFLOAD_EXPORT cudaError_t NAME(const char* sym, void** pfn, unsigned int ver,                    \
                                   unsigned long long flags, cudaDriverEntryPointQueryResult* status) { \
-    cudaError_t r = reinterpret_cast<RtEntryV>(real(HookId::NAME))(sym, pfn, ver, flags, status);   \
-    if (r == cudaSuccess && pfn)                                                                    \
-      *pfn = serve_proc(sym, *pfn, static_cast<int>(ver), rt_ptds(flags, PTSZ), kRuntimeEntryPoint); \
-    return r;                                                                                       \
+    return no_throw([&] {                                                                           \
+      cudaError_t r = reinterpret_cast<RtEntryV>(real(HookId::NAME))(sym, pfn, ver, flags, status); \
+      if (r == cudaSuccess && pfn)                                                                  \
+        *pfn = serve_proc(sym, *pfn, static_cast<int>(ver), rt_ptds(flags, PTSZ), kRuntimeEntryPoint); \
+      return r;                                                                                     \
+    });                                                                                             \
   }
 RT_ENTRY_BY_VERSION(cudaGetDriverEntryPointByVersion, false)
 RT_ENTRY_BY_VERSION(cudaGetDriverEntryPointByVersion_ptsz, true)

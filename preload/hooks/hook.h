@@ -1,25 +1,32 @@
 // What every hook does, once: guard, resolve the real entry point, forward, and tell the
-// core. The hook files hold nothing but one-line uses of these.
+// shim (shim.h). The hook files hold nothing but one-line uses of these.
 //
-//   launch<Id>(observe, call): observe(tracker) records the launch and what it touches,
-//       then call(real) forwards; nested or pass-through calls only forward, and under light
+//   launch<Id>(observe, call): observe(rt) records the launch and what it touches, then
+//       call(real) forwards; nested or pass-through calls only forward, and under light
 //       observation the launch is only counted.
-//   after_ok<Id>(call, observe): forwards, then observes if the call succeeded (allocs).
-//   before<Id>(observe, call): observes, then forwards (frees).
+//   allocate<Id>(p, bytes, stream, call[, free_kept]): the shim's router places it.
+//   release<Id>(p, stream, call): a free; the shim's own stay with it.
+//   query<Id>(ptr, call): a question about a pointer that announces a use.
 //
-// Nothing here allocates, throws, or takes a lock another hook may hold.
+// Nothing here allocates, throws, or takes a lock another hook may hold. Every exported wrapper
+// runs its body in a noexcept function (these templates, or no_throw for the hand-written
+// ones): the C declarations cannot say noexcept, and an exception must never unwind into C.
 #pragma once
 
 #include <cstddef>
 #include <type_traits>
 
+#include "core/driver.h"  // kPerThreadStream
 #include "hooks/hook_table.h"
-#include "runtime.h"
+#include "shim.h"
 
 namespace offload::hooks {
 
-template <auto Fn>
-using FnPtr = decltype(Fn);
+// The body of a hand-written exported wrapper: f(), and std::terminate rather than unwinding.
+template <class F>
+inline auto no_throw(F&& f) noexcept {
+  return f();
+}
 
 template <HookId Id, class Sig>
 inline Sig real_as() {
@@ -27,101 +34,68 @@ inline Sig real_as() {
 }
 
 template <HookId Id, class Sig, class Observe, class Call>
-inline auto launch(Observe&& observe, Call&& call) {
+inline auto launch(Observe&& observe, Call&& call) noexcept {
   Sig fn = real_as<Id, Sig>();
   HookGuard guard;
-  Runtime* rt = guard.outermost() ? runtime() : nullptr;
-  if (!rt) return call(fn);
-  if (rt->light()) {
-    rt->count_unscanned();
-    return call(fn);
-  }
-  observe(rt->tracker());
+  Runtime* rt = guard.outermost() ? shim::active() : nullptr;
+  if (!rt || shim::counted_light(*rt)) return call(fn);
+  observe(*rt);
   using R = decltype(call(fn));
   // Refused under the device budget: out of memory (CUDA_ERROR_OUT_OF_MEMORY,
   // cudaErrorMemoryAllocation and ncclSystemError are all 2), and the launch never runs.
-  if (rt->refused()) return static_cast<R>(2);
+  if (shim::refused(*rt)) return static_cast<R>(2);
   R result = call(fn);
-  rt->launched();
+  shim::launched(*rt);
   return result;
 }
 
-template <HookId Id, class Sig, class Call, class Observe>
-inline auto after_ok(Call&& call, Observe&& observe) {
+// The allocator of one allocation hook, for the shim's router: call(real) forwards; with
+// free_kept (the stream-ordered allocator's entry points, not a named pool's), blocks the shim
+// kept can be handed back to the allocator when it is found full.
+template <class Sig, class Call, class FreeKept>
+class HookAllocator final : public shim::Allocator {
+ public:
+  HookAllocator(Sig fn, Call& call, FreeKept& free_kept) : fn_(fn), call_(call), free_kept_(free_kept) {}
+  int forward() noexcept override { return static_cast<int>(call_(fn_)); }
+  bool can_free_kept() const noexcept override { return kKeeps; }
+  void free_kept(const std::pair<DevPtr, Stream>* blocks, size_t n) noexcept override {
+    if constexpr (kKeeps) free_kept_(blocks, n);
+  }
+
+ private:
+  static constexpr bool kKeeps = !std::is_same_v<std::decay_t<FreeKept>, std::nullptr_t>;
+  Sig fn_;
+  Call& call_;
+  FreeKept& free_kept_;
+};
+
+template <HookId Id, class Sig, class Call, class FreeKept = std::nullptr_t>
+inline auto allocate(void** p, uint64_t bytes, Stream s, Call&& call, FreeKept&& free_kept = nullptr) noexcept {
   Sig fn = real_as<Id, Sig>();
   HookGuard guard;
-  auto result = call(fn);
-  Runtime* rt = guard.outermost() ? runtime() : nullptr;
-  if (rt && result == decltype(result){}) observe(rt->tracker());
-  return result;
+  Runtime* rt = guard.outermost() ? shim::active() : nullptr;
+  if (!rt) return call(fn);
+  using R = decltype(call(fn));
+  HookAllocator<Sig, Call, FreeKept> a(fn, call, free_kept);
+  return static_cast<R>(shim::allocate(*rt, bytes, s, p, a));
 }
 
-template <HookId Id, class Sig, class Observe, class Call>
-inline auto before(Observe&& observe, Call&& call) {
+template <HookId Id, class Sig, class Call>
+inline auto release(void* p, Stream s, Call&& call) noexcept {
   Sig fn = real_as<Id, Sig>();
   HookGuard guard;
-  if (Runtime* rt = guard.outermost() ? runtime() : nullptr) observe(rt->tracker());
+  Runtime* rt = guard.outermost() ? shim::active() : nullptr;
+  using R = decltype(call(fn));
+  if (rt && shim::release(*rt, p, s)) return R{};
   return call(fn);
 }
 
-// allocate<Id>(p, bytes, stream, call[, forward_kept]): the executor may serve the allocation
-// from an arena (a planned one); otherwise it is forwarded. The tracker sees it either way.
-// With forward_kept (the stream-ordered allocator's entry points, not a named pool's), a block
-// the BlockCache kept (OFFLOAD_BLOCK_CACHE) is tried before the allocator; when the allocator
-// fails and the cache holds blocks, forward_kept(blocks) frees them through the allocator and
-// clears the failure from the runtime's last error (the caller sees only the second answer),
-// and the allocator is asked once more.
-template <HookId Id, class Sig, class Call, class ForwardKept = std::nullptr_t>
-inline auto allocate(void** p, uint64_t bytes, Stream s, Call&& call, ForwardKept&& forward_kept = nullptr) {
-  constexpr bool cache = !std::is_same_v<std::decay_t<ForwardKept>, std::nullptr_t>;
-  Sig fn = real_as<Id, Sig>();
-  HookGuard guard;
-  Runtime* rt = guard.outermost() ? runtime() : nullptr;
-  using R = decltype(call(fn));
-  if (rt) switch (rt->place(bytes, s, p)) {
-      case Runtime::Placed::Served: return R{};
-      case Runtime::Placed::Refused: return static_cast<R>(2);  // cudaErrorMemoryAllocation
-      case Runtime::Placed::Forward: break;
-    }
-  if constexpr (cache) {
-    if (rt && rt->cached(bytes, s, p)) return R{};
-  }
-  R result = call(fn);
-  if constexpr (cache) {
-    if (rt && result != R{}) {
-      auto kept = rt->drain_cache();
-      if (!kept.empty()) {
-        forward_kept(kept);
-        result = call(fn);
-      }
-    }
-  }
-  if (rt && result == R{}) {
-    rt->track_alloc(*p, bytes, s);
-    if constexpr (cache) rt->forwarded(*p, s);
-  }
-  return result;
-}
-
-// release<Id>(p, stream, call): an arena member's free stays with the executor; any other
-// is forwarded. The tracker sees it either way.
+// An evicted range is mapped back before the question is forwarded.
 template <HookId Id, class Sig, class Call>
-inline auto release(void* p, Stream s, Call&& call) {
+inline auto query(DevPtr ptr, Call&& call) noexcept {
   Sig fn = real_as<Id, Sig>();
   HookGuard guard;
-  Runtime* rt = guard.outermost() ? runtime() : nullptr;
-  using R = decltype(call(fn));
-  if (rt && rt->release(p, s)) return R{};
-  return call(fn);
-}
-
-// query<Id>(ptr, call): a question about `ptr` (its attributes) that announces a use: the
-// executor maps an evicted arena back first, then the question is forwarded.
-template <HookId Id, class Sig, class Call>
-inline auto query(DevPtr ptr, Call&& call) {
-  Sig fn = real_as<Id, Sig>();
-  HookGuard guard;
-  if (Runtime* rt = guard.outermost() ? runtime() : nullptr) rt->prepare_access(ptr);
+  if (Runtime* rt = guard.outermost() ? shim::active() : nullptr) shim::prepare_access(*rt, ptr);
   return call(fn);
 }
 

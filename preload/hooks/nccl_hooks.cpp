@@ -43,7 +43,7 @@ using RecvFn = int (*)(void*, size_t, int, int, Comm, CudaStream);
 
 #define COLLECTIVE(ID, FN, SEND, RECV, BYTES, ARGS)                                                   \
   launch<HookId::ID, FN>(                                                                           \
-      [&](Tracker& t) { return t.on_collective(dptr(SEND), dptr(RECV), BYTES, stream_id(s, false)); }, \
+      [&](Runtime& rt) { shim::on_collective(rt, dptr(SEND), dptr(RECV), BYTES, stream_id(s, false)); }, \
       [&](auto real) { return real ARGS; })
 
 OFFLOAD_EXPORT int ncclAllReduce(const void* sb, void* rb, size_t n, int dt, int op, Comm c, CudaStream s) {

@@ -7,7 +7,6 @@
 #include <cuda_runtime_api.h>
 
 #include <utility>
-#include <vector>
 
 #include "hooks/hook.h"
 #include "offload/offload.h"
@@ -20,15 +19,15 @@ using namespace offload::hooks;
 namespace {
 inline DevPtr dptr(const void* p) { return reinterpret_cast<DevPtr>(p); }
 
-// The device was full with blocks kept by the BlockCache: their frees go to the allocator, and
-// the failure that found it full is taken off the runtime's last error.
-void forward_kept(const std::vector<std::pair<DevPtr, Stream>>& kept) {
+// The device was full with blocks the shim kept: their frees go to the allocator, and the
+// failure that found it full is taken off the runtime's last error.
+void free_kept(const std::pair<DevPtr, Stream>* kept, size_t n) noexcept {
   auto free_async = real_as<HookId::cudaFreeAsync, decltype(&::cudaFreeAsync)>();
-  for (auto [q, qs] : kept)
-    if (free_async) free_async(reinterpret_cast<void*>(q), reinterpret_cast<cudaStream_t>(qs));
+  for (size_t i = 0; i < n; ++i)
+    if (free_async) free_async(reinterpret_cast<void*>(kept[i].first), reinterpret_cast<cudaStream_t>(kept[i].second));
   // Found as the real entry points are: in whichever library defines it, loaded locally or not.
   static auto get_last = reinterpret_cast<decltype(&::cudaGetLastError)>(
-      find_loaded("cudaGetLastError", reinterpret_cast<const void*>(&forward_kept)));
+      find_loaded("cudaGetLastError", reinterpret_cast<const void*>(&free_kept)));
   if (get_last) (void)get_last();
 }
 }  // namespace
@@ -36,7 +35,7 @@ void forward_kept(const std::vector<std::pair<DevPtr, Stream>>& kept) {
 #define MALLOC_ASYNC(NAME, PTSZ)                                                                    \
   OFFLOAD_EXPORT cudaError_t NAME(void** p, size_t n, cudaStream_t s) {                             \
     return allocate<HookId::NAME, decltype(&::cudaMallocAsync)>(                                    \
-        p, n, stream_id(s, PTSZ), [&](auto real) { return real(p, n, s); }, forward_kept);          \
+        p, n, stream_id(s, PTSZ), [&](auto real) { return real(p, n, s); }, free_kept);          \
   }
 MALLOC_ASYNC(cudaMallocAsync, false)
 MALLOC_ASYNC(cudaMallocAsync_ptsz, true)
@@ -64,7 +63,7 @@ OFFLOAD_EXPORT void* offload_malloc(size_t size, int, void* stream) {
   void* p = nullptr;
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t r = allocate<HookId::cudaMallocAsync, decltype(&::cudaMallocAsync)>(
-      &p, size, dptr(stream), [&](auto real) { return real(&p, size, s); }, forward_kept);
+      &p, size, dptr(stream), [&](auto real) { return real(&p, size, s); }, free_kept);
   return r == cudaSuccess ? p : nullptr;
 }
 

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "hooks/hook.h"
 #include "hooks/hook_table.h"
 #include "json_mini.h"
 #include "offload/offload.h"
@@ -1067,3 +1068,17 @@ TEST(CuptiYield, AnotherClientFirstMeansOursNeverStarts) {
 
 }  // namespace
 }  // namespace offload
+
+// Every exported wrapper runs in a noexcept body: an exception thrown by what a hook calls ends
+// the process there instead of unwinding into the C caller (undefined behaviour).
+namespace {
+using LaunchSig = decltype(&::cuLaunchKernel);
+auto throwing_call = [](auto) -> CUresult { throw 1; };
+auto observe_nothing = [](offload::Runtime&) {};
+static_assert(noexcept(offload::hooks::launch<offload::hooks::HookId::cuLaunchKernel, LaunchSig>(observe_nothing, throwing_call)));
+static_assert(noexcept(offload::hooks::release<offload::hooks::HookId::cudaFreeAsync, decltype(&::cudaFreeAsync)>(
+    nullptr, 0, [](auto) -> cudaError_t { throw 1; })));
+static_assert(noexcept(offload::hooks::query<offload::hooks::HookId::cuPointerGetAttribute, decltype(&::cuPointerGetAttribute)>(
+    0, throwing_call)));
+static_assert(noexcept(offload::hooks::no_throw([]() -> int { throw 1; })));
+}  // namespace

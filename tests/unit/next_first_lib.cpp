@@ -7,10 +7,14 @@ extern "C" __attribute__((visibility("default"))) int offload_test_next_symbol()
 
 extern "C" __attribute__((visibility("default"))) void* offload_test_lookup_next(
     void* (*lookup)(void*, const char*)) {
-  return lookup(RTLD_NEXT, "offload_test_next_symbol");
+  void* r = lookup(RTLD_NEXT, "offload_test_next_symbol");
+  asm volatile("" ::: "memory");  // no tail call: the lookup's caller must be this library
+  return r;
 }
 
 extern "C" __attribute__((visibility("default"))) void* offload_test_lookup_next_named(
     void* (*lookup)(void*, const char*), const char* name) {
-  return lookup(RTLD_NEXT, name);
+  void* r = lookup(RTLD_NEXT, name);
+  asm volatile("" ::: "memory");  // as above
+  return r;
 }
