@@ -5,13 +5,55 @@
 #undef cuGetProcAddress
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <mutex>
 #include <type_traits>
 
+#include "common/log.h"
 #include "hooks/hook_table.h"
 #include "nvtx_marks.h"
 
 namespace offload {
+namespace {
+
+// The driver's name of `result` (e.g. "CUDA_ERROR_OUT_OF_MEMORY"), nullptr when it has none.
+// Resolved on the first failure: libcuda is loaded by then, as something of it just failed.
+const char* cu_error_name(int result) noexcept {
+  static const auto get_name = [] {
+    void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    return h ? reinterpret_cast<decltype(&cuGetErrorName)>(hooks::real_dlsym(h, "cuGetErrorName")) : nullptr;
+  }();
+  const char* name = nullptr;
+  if (!get_name || get_name(static_cast<CUresult>(result), &name) != CUDA_SUCCESS) return nullptr;
+  return name;
+}
+
+// True when `result` is CUDA_SUCCESS; otherwise logs `fn` and the result and returns false.
+// The first kLoudFailures of the process at warn level, later ones at debug: a call failing
+// every step must not flood the terminal. Never throws: it runs inside the hooks.
+bool cu_ok(int result, const char* fn) noexcept {
+  if (result == CUDA_SUCCESS) return true;
+  constexpr uint64_t kLoudFailures = 32;
+  static std::atomic<uint64_t> failures{0};
+  try {
+    const auto level = failures.fetch_add(1, std::memory_order_relaxed) < kLoudFailures ? spdlog::level::warn
+                                                                                         : spdlog::level::debug;
+    if (const char* name = cu_error_name(result))
+      log().log(level, "{} failed: CUresult {} ({})", fn, result, name);
+    else
+      log().log(level, "{} failed: CUresult {}", fn, result);
+  } catch (...) {
+  }
+  return false;
+}
+
+// A query's answer: 1 done, 0 not yet (CUDA_ERROR_NOT_READY, an answer, not logged), -1 failed.
+int cu_query(int result, const char* fn) noexcept {
+  if (result == CUDA_ERROR_NOT_READY) return 0;
+  return cu_ok(result, fn) ? 1 : -1;
+}
+
+}  // namespace
 
 CudaDriver::CudaDriver() = default;
 
@@ -33,7 +75,7 @@ void CudaDriver::learn_context() {
   if (ctx_.load(std::memory_order_relaxed)) return;
   if (const EventApi* a = events()) {
     void* c = nullptr;
-    if (a->get_ctx(&c) == CUDA_SUCCESS && c) ctx_.store(c, std::memory_order_relaxed);
+    if (cu_ok(a->get_ctx(&c), "cuCtxGetCurrent") && c) ctx_.store(c, std::memory_order_relaxed);
   }
 }
 
@@ -107,9 +149,10 @@ uint64_t CudaDriver::record_marker(Stream s) {
   if (!a) return 0;
   void* ctx = nullptr;
   void* ev = nullptr;
-  if (a->get_ctx(&ctx) != CUDA_SUCCESS || !ctx || a->create(&ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return 0;
-  if (a->record(ev, reinterpret_cast<void*>(s)) != CUDA_SUCCESS) {
-    a->destroy(ev);
+  if (!cu_ok(a->get_ctx(&ctx), "cuCtxGetCurrent") || !ctx || !cu_ok(a->create(&ev, CU_EVENT_DEFAULT), "cuEventCreate"))
+    return 0;
+  if (!cu_ok(a->record(ev, reinterpret_cast<void*>(s)), "cuEventRecord")) {
+    cu_ok(a->destroy(ev), "cuEventDestroy_v2");
     return 0;
   }
   return reinterpret_cast<uint64_t>(new MarkerRec{ev, ctx});
@@ -121,14 +164,14 @@ int64_t CudaDriver::marker_elapsed_ns(uint64_t from, uint64_t to) {
   auto* f = reinterpret_cast<MarkerRec*>(from);
   auto* t = reinterpret_cast<MarkerRec*>(to);
   // The worker thread has no context of its own: borrow the markers'.
-  if (a->push_ctx(f->ctx) != CUDA_SUCCESS) return -1;
+  if (!cu_ok(a->push_ctx(f->ctx), "cuCtxPushCurrent_v2")) return -1;
   float ms = 0;
   int64_t ns = -1;
-  if (a->query(f->event) == CUDA_SUCCESS && a->query(t->event) == CUDA_SUCCESS &&
-      a->elapsed(&ms, f->event, t->event) == CUDA_SUCCESS)
+  if (cu_query(a->query(f->event), "cuEventQuery") > 0 && cu_query(a->query(t->event), "cuEventQuery") > 0 &&
+      cu_ok(a->elapsed(&ms, f->event, t->event), "cuEventElapsedTime_v2"))
     ns = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
   void* popped = nullptr;
-  a->pop_ctx(&popped);
+  cu_ok(a->pop_ctx(&popped), "cuCtxPopCurrent_v2");
   return ns;
 }
 
@@ -136,10 +179,10 @@ void CudaDriver::release_marker(uint64_t m) {
   const EventApi* a = events();
   if (!a || !m) return;
   auto* r = reinterpret_cast<MarkerRec*>(m);
-  if (a->push_ctx(r->ctx) == CUDA_SUCCESS) {
-    a->destroy(r->event);
+  if (cu_ok(a->push_ctx(r->ctx), "cuCtxPushCurrent_v2")) {
+    cu_ok(a->destroy(r->event), "cuEventDestroy_v2");
     void* popped = nullptr;
-    a->pop_ctx(&popped);
+    cu_ok(a->pop_ctx(&popped), "cuCtxPopCurrent_v2");
   }
   delete r;
 }
@@ -150,10 +193,10 @@ namespace offload {
 bool CudaDriver::pin_host(void* p, uint64_t bytes) {
   const EventApi* a = events();
   void* ctx = ctx_.load(std::memory_order_relaxed);
-  if (!a || !a->host_register || !ctx || a->push_ctx(ctx) != CUDA_SUCCESS) return false;
-  bool ok = a->host_register(p, static_cast<size_t>(bytes), CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+  if (!a || !a->host_register || !ctx || !cu_ok(a->push_ctx(ctx), "cuCtxPushCurrent_v2")) return false;
+  bool ok = cu_ok(a->host_register(p, static_cast<size_t>(bytes), CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister_v2");
   void* popped = nullptr;
-  a->pop_ctx(&popped);
+  cu_ok(a->pop_ctx(&popped), "cuCtxPopCurrent_v2");
   return ok;
 }
 }  // namespace offload
@@ -244,15 +287,15 @@ class CtxScope {
   CtxScope(const ExecApi* a, void* ctx) : a_(a) {
     if (!a) return;
     CUcontext cur = nullptr;
-    if (a->get_ctx(&cur) == CUDA_SUCCESS && cur) {
+    if (cu_ok(a->get_ctx(&cur), "cuCtxGetCurrent") && cur) {
       ok_ = true;
-    } else if (ctx && a->push_ctx(static_cast<CUcontext>(ctx)) == CUDA_SUCCESS) {
+    } else if (ctx && cu_ok(a->push_ctx(static_cast<CUcontext>(ctx)), "cuCtxPushCurrent_v2")) {
       ok_ = pushed_ = true;
     }
   }
   ~CtxScope() {
     CUcontext popped = nullptr;
-    if (pushed_) a_->pop_ctx(&popped);
+    if (pushed_) cu_ok(a_->pop_ctx(&popped), "cuCtxPopCurrent_v2");
   }
   CtxScope(const CtxScope&) = delete;
   CtxScope& operator=(const CtxScope&) = delete;
@@ -282,11 +325,11 @@ int CudaDriver::device() {
   if (d >= 0) return d;
   const ExecApi* a = exec_api();
   void* ctx = context();
-  if (!a || !ctx || a->push_ctx(static_cast<CUcontext>(ctx)) != CUDA_SUCCESS) return -1;
+  if (!a || !ctx || !cu_ok(a->push_ctx(static_cast<CUcontext>(ctx)), "cuCtxPushCurrent_v2")) return -1;
   CUdevice dev = -1;
-  if (a->get_device(&dev) != CUDA_SUCCESS) dev = -1;
+  if (!cu_ok(a->get_device(&dev), "cuCtxGetDevice")) dev = -1;
   CUcontext popped = nullptr;
-  a->pop_ctx(&popped);
+  cu_ok(a->pop_ctx(&popped), "cuCtxPopCurrent_v2");
   if (dev >= 0) device_.store(dev, std::memory_order_relaxed);
   return dev;
 }
@@ -300,7 +343,9 @@ uint64_t CudaDriver::vmm_granularity() {
   CtxScope scope(a, context());
   CUmemAllocationProp prop = device_memory(dev);
   size_t n = 0;
-  if (!scope || a->granularity(&n, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return 0;
+  if (!scope ||
+      !cu_ok(a->granularity(&n, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity"))
+    return 0;
   granularity_.store(n, std::memory_order_relaxed);
   return n;
 }
@@ -313,7 +358,7 @@ uint64_t CudaDriver::device_total_bytes() {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
   size_t n = 0;
-  if (!scope || a->total_mem(&n, dev) != CUDA_SUCCESS) return 0;
+  if (!scope || !cu_ok(a->total_mem(&n, dev), "cuDeviceTotalMem_v2")) return 0;
   total_bytes_.store(n, std::memory_order_relaxed);
   return n;
 }
@@ -325,7 +370,7 @@ std::string CudaDriver::gpu_id() {
   using BusIdFn = CUresult (*)(char*, int, CUdevice);
   auto bus_id = reinterpret_cast<BusIdFn>(hooks::real_dlsym(h, "cuDeviceGetPCIBusId"));
   char buf[32] = {};
-  if (!bus_id || bus_id(buf, sizeof buf, dev) != CUDA_SUCCESS) return {};
+  if (!bus_id || !cu_ok(bus_id(buf, sizeof buf, dev), "cuDeviceGetPCIBusId")) return {};
   return buf;
 }
 
@@ -357,14 +402,17 @@ const PoolApi* pool_api() {
 }
 
 // The device's default stream-ordered pool (the one cudaMallocAsync draws from), looked up once
-// per device; nullptr when the driver has none.
+// per device; nullptr when the driver has none (CUDA_ERROR_NOT_SUPPORTED: an answer, not logged).
 CUmemoryPool default_pool(int dev, const PoolApi** api) {
   constexpr int kDevices = 64;
   static std::atomic<CUmemoryPool> pools[kDevices] = {};
   *api = pool_api();
   if (dev < 0 || dev >= kDevices || !*api) return nullptr;
   CUmemoryPool pool = pools[dev].load(std::memory_order_acquire);
-  if (!pool && (*api)->get_pool(&pool, dev) == CUDA_SUCCESS) pools[dev].store(pool, std::memory_order_release);
+  if (pool) return pool;
+  const CUresult r = (*api)->get_pool(&pool, dev);
+  if (r == CUDA_ERROR_NOT_SUPPORTED || !cu_ok(r, "cuDeviceGetDefaultMemPool")) return nullptr;
+  pools[dev].store(pool, std::memory_order_release);
   return pool;
 }
 
@@ -372,7 +420,7 @@ uint64_t default_pool_attribute(int dev, CUmemPool_attribute what) {
   const PoolApi* api = nullptr;
   CUmemoryPool pool = default_pool(dev, &api);
   cuuint64_t v = 0;
-  if (!pool || api->get_attr(pool, what, &v) != CUDA_SUCCESS) return 0;
+  if (!pool || !cu_ok(api->get_attr(pool, what, &v), "cuMemPoolGetAttribute")) return 0;
   return v;
 }
 }  // namespace
@@ -386,7 +434,7 @@ uint64_t CudaDriver::pool_reserved_current() {
 bool CudaDriver::pool_trim(uint64_t keep) {
   const PoolApi* api = nullptr;
   CUmemoryPool pool = default_pool(device(), &api);
-  return pool && api->trim(pool, keep) == CUDA_SUCCESS;
+  return pool && cu_ok(api->trim(pool, keep), "cuMemPoolTrimTo");
 }
 
 uint64_t CudaDriver::device_used_bytes() {
@@ -398,7 +446,7 @@ uint64_t CudaDriver::device_used_bytes() {
   if (!get || !a) return 0;
   CtxScope scope(a, context());
   size_t free = 0, total = 0;
-  if (!scope || get(&free, &total) != CUDA_SUCCESS || free > total) return 0;
+  if (!scope || !cu_ok(get(&free, &total), "cuMemGetInfo_v2") || free > total) return 0;
   return total - free;
 }
 
@@ -406,10 +454,10 @@ uint64_t CudaDriver::device_used_bytes() {
 bool CudaDriver::synchronize() {
   const ExecApi* a = exec_api();
   void* ctx = context();
-  if (!a || !ctx || a->push_ctx(static_cast<CUcontext>(ctx)) != CUDA_SUCCESS) return false;
-  const bool ok = a->ctx_sync() == CUDA_SUCCESS;
+  if (!a || !ctx || !cu_ok(a->push_ctx(static_cast<CUcontext>(ctx)), "cuCtxPushCurrent_v2")) return false;
+  const bool ok = cu_ok(a->ctx_sync(), "cuCtxSynchronize");
   CUcontext popped = nullptr;
-  a->pop_ctx(&popped);
+  cu_ok(a->pop_ctx(&popped), "cuCtxPopCurrent_v2");
   return ok;
 }
 
@@ -417,14 +465,14 @@ DevPtr CudaDriver::reserve(uint64_t bytes) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
   CUdeviceptr va = 0;
-  if (!scope || a->reserve(&va, bytes, 0, 0, 0) != CUDA_SUCCESS) return 0;
+  if (!scope || !cu_ok(a->reserve(&va, bytes, 0, 0, 0), "cuMemAddressReserve")) return 0;
   return va;
 }
 
 void CudaDriver::unreserve(DevPtr va, uint64_t bytes) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
-  if (scope && va) a->free_va(va, bytes);
+  if (scope && va) cu_ok(a->free_va(va, bytes), "cuMemAddressFree");
 }
 
 uint64_t CudaDriver::create_physical(uint64_t bytes) {
@@ -434,14 +482,14 @@ uint64_t CudaDriver::create_physical(uint64_t bytes) {
   CtxScope scope(a, context());
   CUmemAllocationProp prop = device_memory(dev);
   CUmemGenericAllocationHandle h = 0;
-  if (!scope || a->create(&h, bytes, &prop, 0) != CUDA_SUCCESS) return 0;
+  if (!scope || !cu_ok(a->create(&h, bytes, &prop, 0), "cuMemCreate")) return 0;
   return h;
 }
 
 void CudaDriver::release_physical(uint64_t handle) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
-  if (scope && handle) a->release(handle);
+  if (scope && handle) cu_ok(a->release(handle), "cuMemRelease");
 }
 
 bool CudaDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
@@ -449,14 +497,14 @@ bool CudaDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
   if (dev < 0) return false;
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
-  if (!scope || a->map(va, bytes, 0, handle, 0) != CUDA_SUCCESS) return false;
+  if (!scope || !cu_ok(a->map(va, bytes, 0, handle, 0), "cuMemMap")) return false;
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = dev;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (a->set_access(va, bytes, &access, 1) == CUDA_SUCCESS) return true;
+  if (cu_ok(a->set_access(va, bytes, &access, 1), "cuMemSetAccess")) return true;
   // A mapping nobody may access would only fault later, in some kernel: take it back.
-  a->unmap(va, bytes);
+  cu_ok(a->unmap(va, bytes), "cuMemUnmap");
   return false;
 }
 
@@ -471,30 +519,30 @@ bool CudaDriver::map_run(DevPtr va, const uint64_t* handles, const uint64_t* siz
   uint64_t off = 0;
   size_t i = 0;
   for (; i < n; off += sizes[i++])
-    if (a->map(va + off, sizes[i], 0, handles[i], 0) != CUDA_SUCCESS) break;
+    if (!cu_ok(a->map(va + off, sizes[i], 0, handles[i], 0), "cuMemMap")) break;
   if (i == n) {
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = dev;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (a->set_access(va, off, &access, 1) == CUDA_SUCCESS) return true;
+    if (cu_ok(a->set_access(va, off, &access, 1), "cuMemSetAccess")) return true;
   }
   // A mapping nobody may access would only fault later, in some kernel: take them back.
-  for (size_t j = 0, o = 0; j < i; o += sizes[j++]) a->unmap(va + o, sizes[j]);
+  for (size_t j = 0, o = 0; j < i; o += sizes[j++]) cu_ok(a->unmap(va + o, sizes[j]), "cuMemUnmap");
   return false;
 }
 
 bool CudaDriver::unmap(DevPtr va, uint64_t bytes) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
-  return scope && a->unmap(va, bytes) == CUDA_SUCCESS;
+  return scope && cu_ok(a->unmap(va, bytes), "cuMemUnmap");
 }
 
 Stream CudaDriver::create_stream() {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
   CUstream s = nullptr;
-  if (!scope || a->stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 0;
+  if (!scope || !cu_ok(a->stream_create(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) return 0;
   nvtx::name_stream(reinterpret_cast<Stream>(s), "liboffload copies");
   if (size_t i = n_created_.fetch_add(1); i < kStreamsKept) created_[i].store(reinterpret_cast<Stream>(s));
   return reinterpret_cast<Stream>(s);
@@ -511,42 +559,40 @@ uint64_t CudaDriver::create_event() {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
   CUevent e = nullptr;
-  if (!scope || a->event_create(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return 0;
+  if (!scope || !cu_ok(a->event_create(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate")) return 0;
   return reinterpret_cast<uint64_t>(e);
 }
 
 void CudaDriver::destroy_event(uint64_t e) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
-  if (scope && e) a->event_destroy(as_event(e));
+  if (scope && e) cu_ok(a->event_destroy(as_event(e)), "cuEventDestroy_v2");
 }
 
 bool CudaDriver::record_event(uint64_t e, Stream s) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
-  return scope && e && a->event_record(as_event(e), as_stream(s)) == CUDA_SUCCESS;
+  return scope && e && cu_ok(a->event_record(as_event(e), as_stream(s)), "cuEventRecord");
 }
 
 bool CudaDriver::stream_wait(Stream s, uint64_t e) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
-  return scope && e && a->stream_wait(as_stream(s), as_event(e), 0) == CUDA_SUCCESS;
+  return scope && e && cu_ok(a->stream_wait(as_stream(s), as_event(e), 0), "cuStreamWaitEvent");
 }
 
 int CudaDriver::event_query(uint64_t e) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
   if (!scope || !e) return -1;
-  CUresult r = a->event_query(as_event(e));
-  return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -1;
+  return cu_query(a->event_query(as_event(e)), "cuEventQuery");
 }
 
 int CudaDriver::stream_query(Stream s) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
   if (!scope || !a->stream_query) return -1;
-  CUresult r = a->stream_query(as_stream(s));
-  return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -1;
+  return cu_query(a->stream_query(as_stream(s)), "cuStreamQuery");
 }
 
 int CudaDriver::stream_capturing(Stream s) {
@@ -561,28 +607,28 @@ int CudaDriver::stream_capturing(Stream s) {
 uint64_t CudaDriver::current_context() {
   const ExecApi* a = exec_api();
   CUcontext c = nullptr;
-  if (!a || a->get_ctx(&c) != CUDA_SUCCESS) return 0;
+  if (!a || !cu_ok(a->get_ctx(&c), "cuCtxGetCurrent")) return 0;
   return reinterpret_cast<uint64_t>(c);
 }
 
 bool CudaDriver::event_sync(uint64_t e) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
-  return scope && e && a->event_sync(as_event(e)) == CUDA_SUCCESS;
+  return scope && e && cu_ok(a->event_sync(as_event(e)), "cuEventSynchronize");
 }
 
 bool CudaDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
   nvtx::Range range(nvtx::Move::Evict, bytes);
-  return scope && a->dtoh(dst, src, bytes, as_stream(s)) == CUDA_SUCCESS;
+  return scope && cu_ok(a->dtoh(dst, src, bytes, as_stream(s)), "cuMemcpyDtoHAsync_v2");
 }
 
 bool CudaDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
   nvtx::Range range(nvtx::Move::Reload, bytes);
-  return scope && a->htod(dst, src, bytes, as_stream(s)) == CUDA_SUCCESS;
+  return scope && cu_ok(a->htod(dst, src, bytes, as_stream(s)), "cuMemcpyHtoDAsync_v2");
 }
 
 }  // namespace offload
