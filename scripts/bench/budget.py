@@ -19,6 +19,8 @@ Workload families (seeded, nothing downloaded):
   lstm          a 3-layer cuDNN LSTM language model, Adam
   embed_cat     an embedding bag of many tables joined by a many-input torch.cat, foreach Adam
   compiled_mlp  a torch.compile'd MLP, AdamW
+  launches      the hooks' cost per launch: 2000 in-place adds on a small tensor a step, no allocation
+  allocs        the hooks' cost per allocation: 2000 1 MiB tensors made and freed a step, no launch
 """
 
 import argparse
@@ -132,7 +134,7 @@ class Checkpointed(nn.Module):
 
 def build(name, seed, scale, ckpt=False):
     torch.manual_seed(seed)
-    if ckpt and name in ("lstm", "embed_cat"):
+    if ckpt and name in ("lstm", "embed_cat", "launches", "allocs"):
         raise NoCheckpointing(name)
     dev = "cuda"
     gen = torch.Generator(device=dev)
@@ -223,6 +225,21 @@ def build(name, seed, scale, ckpt=False):
         def step_fn(k):
             x = torch.randn(batch, d, generator=g(k), device=dev)
             return cmodel(x).float().pow(2).mean()
+        return model, opt, step_fn
+    if name in ("launches", "allocs"):  # host-bound by design: what each hook costs, per operation
+        model = nn.Module()
+        model.w = nn.Parameter(torch.ones(16, device=dev))
+        buf = torch.zeros(16, device=dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+
+        def step_fn(k):
+            with torch.no_grad():
+                for _ in range(2000):
+                    if name == "launches":
+                        buf.add_(1.0)
+                    else:
+                        torch.empty(1 << 18, device=dev)
+            return (model.w * 1.0).sum()
         return model, opt, step_fn
     # The benchmark workloads (workloads.py), in their plain mode, or checkpointed with `:ckpt`.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

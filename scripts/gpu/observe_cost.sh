@@ -4,13 +4,16 @@
 # watches gets it (no budget: light observation), and with OFFLOAD_OBSERVE=full (every launch
 # scanned, CUPTI on), one after the other, ROUNDS times (alternated). Median step time of the
 # steps after the first STEPS/3, then the median over rounds; no sampling thread and no reading
-# of the shim's counters during the steps. Needs .carry/bin from scripts/gpu/prepare.sh.
+# of the shim's counters during the steps. ARMS="plain off light full" adds `off`: preloaded
+# with OFFLOAD_DISABLE=1, the hooks forwarding alone (what interposing costs by itself). The
+# workloads `launches` and `allocs` do 2000 of one operation a step: their cost is also given
+# per operation. Needs .carry/bin from scripts/gpu/prepare.sh.
 #   scripts/gpu/observe_cost.sh [WORKLOAD...]      leaves $OUT/observe/*.json and observe.md
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/out}/observe; mkdir -p "$out"
 lib=$root/.carry/bin/liboffload.so
-steps=${STEPS:-30} scale=${SCALE:-small} rounds=${ROUNDS:-1} start=$SECONDS
+steps=${STEPS:-30} scale=${SCALE:-small} rounds=${ROUNDS:-1} start=$SECONDS arms=${ARMS:-plain light full}
 [ $# -gt 0 ] || set -- hf_llama resnet50 lstm embed_cat compiled_mlp reference convnet llama lora moe
 export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
 arm() {  # arm TAG WORKLOAD ROUND [VAR=value...]
@@ -21,14 +24,20 @@ arm() {  # arm TAG WORKLOAD ROUND [VAR=value...]
 for w in "$@"; do
   for r in $(seq 1 "$rounds"); do
     if [ $((SECONDS - start)) -gt "${DEADLINE:-500}" ]; then echo "skipped $w round $r: past the deadline"; continue; fi
-    arm plain "$w" "$r"
-    arm light "$w" "$r" LD_PRELOAD="$lib"
-    arm full "$w" "$r" LD_PRELOAD="$lib" OFFLOAD_OBSERVE=full
+    for a in $arms; do
+      case $a in
+        plain) arm plain "$w" "$r" ;;
+        off) arm off "$w" "$r" LD_PRELOAD="$lib" OFFLOAD_DISABLE=1 ;;
+        light) arm light "$w" "$r" LD_PRELOAD="$lib" ;;
+        full) arm full "$w" "$r" LD_PRELOAD="$lib" OFFLOAD_OBSERVE=full ;;
+      esac
+    done
   done
 done
-python3 - "$out" "$steps" <<'PY' | tee "$out/observe.md"
+python3 - "$out" "$steps" "$arms" <<'PY' | tee "$out/observe.md"
 import glob, json, os, statistics, sys
-out, steps = sys.argv[1], int(sys.argv[2])
+out, steps, arms = sys.argv[1], int(sys.argv[2]), [a for a in sys.argv[3].split() if a != "plain"]
+names = {"off": "preloaded, disabled", "light": "watched (light)", "full": "full observation"}
 runs, modes = {}, set()
 for f in sorted(glob.glob(os.path.join(out, "*.json"))):
     w, tag, _ = os.path.basename(f)[:-5].rsplit("-", 2)
@@ -39,14 +48,17 @@ for f in sorted(glob.glob(os.path.join(out, "*.json"))):
     m = r.get("shim_mode")
     if m:
         modes.add((tag, m["observe"], m["telemetry"], m["scanned"] > 0))
-print("| workload | plain ms | watched (light) ms | cost | full observation ms | cost |")
-print("|---|---:|---:|---:|---:|---:|")
+print("| workload | plain ms | " + " | ".join(f"{names[a]} ms | cost" for a in arms) + " |")
+print("|---|---:|" + "---:|---:|" * len(arms))
 for w, t in runs.items():
     p = statistics.median(t.get("plain", [0])) or float("nan")
     row = [w, f"{p:.2f}"]
-    for tag in ("light", "full"):
+    for tag in arms:
         v = statistics.median(t[tag]) if tag in t else float("nan")
-        row += [f"{v:.2f}", f"{(v / p - 1) * 100:+.1f}%"]
+        cost = f"{(v / p - 1) * 100:+.1f}%"
+        if w in ("launches", "allocs"):  # 2000 operations a step
+            cost += f" ({(v - p) / 2000 * 1e3:+.2f} us each)"
+        row += [f"{v:.2f}", cost]
     print("| " + " | ".join(row) + " |")
 print()
 for m in sorted(modes, key=str):
