@@ -16,9 +16,27 @@ lib=$root/.carry/bin/liboffload.so
 steps=${STEPS:-30} scale=${SCALE:-small} rounds=${ROUNDS:-1} start=$SECONDS arms=${ARMS:-plain light full}
 [ $# -gt 0 ] || set -- hf_llama resnet50 lstm embed_cat compiled_mlp reference convnet llama lora moe
 export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+# Every arm runs on the same few CPUs of the GPU's own NUMA node (PIN_CPUS, else the first four
+# of the GPU's local_cpulist): unpinned, arms that run the same code moved by up to 30% a step.
+cpus=${PIN_CPUS:-$(python3 - <<'PY'
+import subprocess
+try:
+    bus = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
+                         capture_output=True, text=True).stdout.strip().lower()[-12:]
+    spec = open(f"/sys/bus/pci/devices/{bus}/local_cpulist").read().strip()
+    cpus = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cpus += range(int(lo), int(hi or lo) + 1)
+    print(",".join(map(str, cpus[:4])))
+except Exception:
+    print("")
+PY
+)}
+echo "arms pinned to CPUs: ${cpus:-none (not found)}"
 arm() {  # arm TAG WORKLOAD ROUND [VAR=value...]
   local tag=$1 w=$2 r=$3; shift 3
-  env "$@" timeout 300 python3 "$root/scripts/bench/budget.py" --workload "$w" --scale "$scale" --steps "$steps" \
+  env "$@" timeout 300 ${cpus:+taskset -c "$cpus"} python3 "$root/scripts/bench/budget.py" --workload "$w" --scale "$scale" --steps "$steps" \
     --no-shim-stats --sample-ms 0 --out "$out/$w-$tag-$r.json" > "$out/$w-$tag-$r.log" 2>&1 || echo "$w $tag round $r: failed ($?)"
 }
 for w in "$@"; do
@@ -38,7 +56,7 @@ python3 - "$out" "$steps" "$arms" <<'PY' | tee "$out/observe.md"
 import glob, json, os, statistics, sys
 out, steps, arms = sys.argv[1], int(sys.argv[2]), [a for a in sys.argv[3].split() if a != "plain"]
 names = {"off": "preloaded, disabled", "light": "watched (light)", "full": "full observation"}
-runs, modes = {}, set()
+runs, modes, counts = {}, set(), {}
 for f in sorted(glob.glob(os.path.join(out, "*.json"))):
     w, tag, _ = os.path.basename(f)[:-5].rsplit("-", 2)
     r = json.load(open(f))
@@ -48,6 +66,8 @@ for f in sorted(glob.glob(os.path.join(out, "*.json"))):
     m = r.get("shim_mode")
     if m:
         modes.add((tag, m["observe"], m["telemetry"], m["scanned"] > 0))
+        if tag == "light" and r.get("steps"):
+            counts[w] = ((m["unscanned"] or 0) / r["steps"], (m.get("allocs") or 0) / r["steps"])
 print("| workload | plain ms | " + " | ".join(f"{names[a]} ms | cost" for a in arms) + " |")
 print("|---|---:|" + "---:|---:|" * len(arms))
 for w, t in runs.items():
@@ -61,6 +81,8 @@ for w, t in runs.items():
         row += [f"{v:.2f}", cost]
     print("| " + " | ".join(row) + " |")
 print()
+for w, (l, n) in sorted(counts.items()):
+    print(f"- {w}: {l:.0f} launches and {n:.0f} allocations a step")
 for m in sorted(modes, key=str):
     print(f"- {m[0]}: observe {m[1]}, telemetry {m[2]}, launches scanned: {m[3]}")
 PY
