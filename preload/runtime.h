@@ -135,6 +135,7 @@ class Runtime final : private PlanContext {
   // out-of-memory instead of forwarding it. launched: it was forwarded.
   // Light observation: the launch hooks only count (Settings::observe_full says when).
   bool light() const { return light_; }
+  bool holds_budget() const { return offloading_requested_; }  // OFFLOAD_DEVICE_BUDGET given
   void count_unscanned() { tracker_.counters().unscanned.fetch_add(1, std::memory_order_relaxed); }
   bool refused() { return cap_.load(std::memory_order_relaxed) && Residency::take_refusal(); }
   void launched() {

@@ -2,6 +2,8 @@
 // allocation router.
 #include "shim.h"
 
+#include <atomic>
+
 #include "cupti_telemetry.h"
 #include "runtime.h"
 
@@ -9,6 +11,7 @@ namespace offload {
 
 namespace {
 __attribute__((tls_model("initial-exec"))) thread_local bool t_in_hook = false;
+std::atomic<bool> g_paused{false};  // offload_pause_observation
 }  // namespace
 
 HookGuard::HookGuard() noexcept : outermost_(!t_in_hook) { t_in_hook = true; }
@@ -18,7 +21,7 @@ HookGuard::~HookGuard() {
 
 namespace shim {
 
-Runtime* active() noexcept { return runtime(); }
+Runtime* active() noexcept { return g_paused.load(std::memory_order_relaxed) ? nullptr : runtime(); }
 
 bool counted_light(Runtime& rt) noexcept {
   if (!rt.light()) return false;
@@ -76,3 +79,10 @@ void cupti_registering(const void* request) noexcept {
 
 }  // namespace shim
 }  // namespace offload
+
+extern "C" __attribute__((visibility("default"))) int offload_pause_observation(int paused) {
+  offload::Runtime* rt = offload::runtime();
+  if (!rt || rt->holds_budget()) return -1;
+  offload::g_paused.store(paused != 0, std::memory_order_relaxed);
+  return 0;
+}

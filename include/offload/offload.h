@@ -34,6 +34,12 @@ int offload_mark_read_only(const void* ptr, size_t bytes);
  * memory arenas hold). For benchmarks that measure the steady state after warm-up. */
 void offload_reset_peak(void);
 
+/* Without a device budget: paused nonzero, every hook forwards and observes nothing (allocations
+ * made meanwhile are not tracked, and their frees are counted as unknown) until it is called again
+ * with 0. For an A/B of what watching costs inside one process. Returns 0, or -1 with a budget (it
+ * needs every allocation and launch) or when the shim is not active. */
+int offload_pause_observation(int paused);
+
 /* Writes the shim's counters as one JSON object into buf (NUL-terminated).
  * Returns the length written, or -1 if len is too small. */
 int offload_stats_json(char* buf, size_t len);

@@ -295,6 +295,9 @@ def main():
     ap.add_argument("--sample-ms", type=float, default=2.0, help="0: no sampling (for timing)")
     ap.add_argument("--no-shim-stats", action="store_true",
                     help="do not read the shim's counters each step (they cost it a pump): for timing")
+    ap.add_argument("--ab-pause", action="store_true",
+                    help="under the shim without a budget: every other step with observation paused "
+                         "(offload_pause_observation), an A/B of watching inside one process")
     ap.add_argument("--out", required=True)
     ap.add_argument("--workdir", default="/tmp")
     a = ap.parse_args()
@@ -335,7 +338,12 @@ def main():
         except NoCheckpointing:
             log(f"{a.workload} has no natural form of activation checkpointing")
             sys.exit(3)
+        pause = getattr(ctypes.CDLL(None), "offload_pause_observation", None) if a.ab_pause else None
+        if a.ab_pause and not pause:
+            raise SystemExit("--ab-pause needs liboffload preloaded")
         for k in range(a.steps):
+            if pause:  # odd steps paused: both halves in the same process, interleaved
+                pause(k % 2)
             t0 = time.perf_counter()
             loss = step_fn(k)
             loss.backward()
@@ -344,6 +352,9 @@ def main():
             res["losses"].append(loss.item())  # the host waits for the step here, as a user's log would
             torch.cuda.synchronize()
             res["step_ms"].append((time.perf_counter() - t0) * 1e3)
+            if pause:
+                pause(0)
+                res.setdefault("paused_steps", []).append(k % 2 == 1)
             res["step_peak_rise"].append(sampler.take() - base)
             counters = None if a.no_shim_stats else offload_stats()
             if counters is not None:  # every step's, to see where a step's time goes

@@ -7,7 +7,10 @@
 # of the shim's counters during the steps. ARMS="plain off light full" adds `off`: preloaded
 # with OFFLOAD_DISABLE=1, the hooks forwarding alone (what interposing costs by itself). The
 # workloads `launches` and `allocs` do 2000 of one operation a step: their cost is also given
-# per operation. Needs .carry/bin from scripts/gpu/prepare.sh.
+# per operation. The arm `ab` runs light observation paused on every other step
+# (offload_pause_observation) and compares the two halves inside one process: the hooks' cost
+# without the noise between processes (the worker runs in both halves). Needs .carry/bin from
+# scripts/gpu/prepare.sh.
 #   scripts/gpu/observe_cost.sh [WORKLOAD...]      leaves $OUT/observe/*.json and observe.md
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -34,10 +37,12 @@ except Exception:
 PY
 )}
 echo "arms pinned to CPUs: ${cpus:-none (not found)}"
-arm() {  # arm TAG WORKLOAD ROUND [VAR=value...]
-  local tag=$1 w=$2 r=$3; shift 3
-  env "$@" timeout 300 ${cpus:+taskset -c "$cpus"} python3 "$root/scripts/bench/budget.py" --workload "$w" --scale "$scale" --steps "$steps" \
-    --no-shim-stats --sample-ms 0 --out "$out/$w-$tag-$r.json" > "$out/$w-$tag-$r.log" 2>&1 || echo "$w $tag round $r: failed ($?)"
+arm() {  # arm TAG WORKLOAD ROUND [VAR=value...] [-- budget.py ARGS]
+  local tag=$1 w=$2 r=$3 vars=() extra=(); shift 3
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
+  [ $# -gt 0 ] && { shift; extra=("$@"); }
+  env "${vars[@]}" timeout 300 ${cpus:+taskset -c "$cpus"} python3 "$root/scripts/bench/budget.py" --workload "$w" --scale "$scale" --steps "$steps" \
+    --no-shim-stats --sample-ms 0 "${extra[@]}" --out "$out/$w-$tag-$r.json" > "$out/$w-$tag-$r.log" 2>&1 || echo "$w $tag round $r: failed ($?)"
 }
 for w in "$@"; do
   for r in $(seq 1 "$rounds"); do
@@ -48,6 +53,7 @@ for w in "$@"; do
         off) arm off "$w" "$r" LD_PRELOAD="$lib" OFFLOAD_DISABLE=1 ;;
         light) arm light "$w" "$r" LD_PRELOAD="$lib" ;;
         full) arm full "$w" "$r" LD_PRELOAD="$lib" OFFLOAD_OBSERVE=full ;;
+        ab) arm ab "$w" "$r" LD_PRELOAD="$lib" -- --ab-pause ;;
       esac
     done
   done
@@ -56,17 +62,24 @@ python3 - "$out" "$steps" "$arms" <<'PY' | tee "$out/observe.md"
 import glob, json, os, statistics, sys
 out, steps, arms = sys.argv[1], int(sys.argv[2]), [a for a in sys.argv[3].split() if a != "plain"]
 names = {"off": "preloaded, disabled", "light": "watched (light)", "full": "full observation"}
-runs, modes, counts = {}, set(), {}
+arms = [a for a in arms if a != "ab"]
+runs, modes, counts, ab = {}, set(), {}, {}
 for f in sorted(glob.glob(os.path.join(out, "*.json"))):
     w, tag, _ = os.path.basename(f)[:-5].rsplit("-", 2)
     r = json.load(open(f))
     ms = r.get("step_ms", [])[steps // 3:]
-    if ms:
+    if tag == "ab" and r.get("paused_steps"):
+        paused = r["paused_steps"][steps // 3:]
+        on = [m for m, p in zip(ms, paused) if not p]
+        off = [m for m, p in zip(ms, paused) if p]
+        if on and off:
+            ab.setdefault(w, []).append((statistics.median(off), statistics.median(on)))
+    elif ms:
         runs.setdefault(w, {}).setdefault(tag, []).append(statistics.median(ms))
     m = r.get("shim_mode")
     if m:
         modes.add((tag, m["observe"], m["telemetry"], m["scanned"] > 0))
-        if tag == "light" and r.get("steps"):
+        if tag in ("light", "ab") and r.get("steps"):
             counts[w] = ((m["unscanned"] or 0) / r["steps"], (m.get("allocs") or 0) / r["steps"])
 print("| workload | plain ms | " + " | ".join(f"{names[a]} ms | cost" for a in arms) + " |")
 print("|---|---:|" + "---:|---:|" * len(arms))
@@ -81,6 +94,15 @@ for w, t in runs.items():
         row += [f"{v:.2f}", cost]
     print("| " + " | ".join(row) + " |")
 print()
+if ab:
+    print()
+    print("| workload | paused steps ms | watched steps ms (light) | cost |")
+    print("|---|---:|---:|---:|")
+    for w, pairs in ab.items():
+        p = statistics.median(x for x, _ in pairs)
+        o = statistics.median(y for _, y in pairs)
+        print(f"| {w} | {p:.2f} | {o:.2f} | {(o / p - 1) * 100:+.1f}% |")
+    print()
 for w, (l, n) in sorted(counts.items()):
     print(f"- {w}: {l:.0f} launches and {n:.0f} allocations a step")
 for m in sorted(modes, key=str):

@@ -574,6 +574,30 @@ bool driver_loaded() {
   return h != nullptr;
 }
 
+// Paused (no budget here), a launch and an allocation are forwarded and not seen; resumed, both are.
+TEST_F(Hooks, APausedShimForwardsWithoutObservingUntilResumed) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  TrackerCounters& c = r->tracker().counters();
+  auto f = reinterpret_cast<CUfunction>(0x5a5a0);
+  ASSERT_EQ(offload_pause_observation(1), 0);
+  const uint64_t kernels = c.kernels.load(), allocs = c.allocs.load();
+  EXPECT_EQ(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr), CUDA_SUCCESS);
+  void* p = nullptr;
+  EXPECT_EQ(cudaMallocAsync(&p, 4096, nullptr), cudaSuccess);
+  EXPECT_EQ(g_launches.size(), 1u) << "forwarded all the same";
+  EXPECT_EQ(c.kernels.load(), kernels);
+  EXPECT_EQ(c.allocs.load(), allocs);
+  EXPECT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
+
+  ASSERT_EQ(offload_pause_observation(0), 0);
+  EXPECT_EQ(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(cudaMallocAsync(&p, 4096, nullptr), cudaSuccess);
+  EXPECT_EQ(c.kernels.load(), kernels + 1);
+  EXPECT_EQ(c.allocs.load(), allocs + 1);
+  EXPECT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
+}
+
 TEST_F(Hooks, LaunchKernelForwardsItsArgumentsAndIsCounted) {
   Runtime* r = rt();
   ASSERT_NE(r, nullptr);
