@@ -322,6 +322,26 @@ GpuTimeline dilated(const GpuTimeline& g, double factor);
 // whichever has the lowest peak.
 PlannerResult plan_step(const StepTrace& t, const PlannerOptions& o);
 
+// Activation checkpointing of the step's repeated layers instead, estimated from the step: the
+// layers' forward runs again in the backward (its GPU time is added), and of the activations the
+// layers leave live at the turn only the largest layer's stays (each layer's input, which
+// checkpointing keeps, is not counted: the footprint is a floor). Known only when the forward
+// has repeated layers (layer_boundaries) and GPU times.
+struct CheckpointEstimate {
+  bool known = false;
+  size_t layers = 0;
+  int64_t recompute_ns = 0;  // the layers' forward, once more
+  int64_t step_ns = 0;       // the step's GPU time plus that
+  uint64_t footprint = 0;    // at least, with the allocator's overhead
+};
+CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhead);
+
+// The link cannot hide the copies: the predicted step is more than 10% over its compute.
+// Checkpointing the layers (estimate_checkpointing) may then be the faster way to the budget.
+inline bool link_bound(const Prediction& pr) {
+  return pr.compute_ns > 0 && static_cast<double>(pr.step_ns) > 1.10 * static_cast<double>(pr.compute_ns);
+}
+
 // The planner where the built-in plan's options are at hand (the replay on the simulated
 // driver): same budget, granularity, thresholds and pool overhead. Sizes there are the
 // recorded ones / `divisor`, so the link is slowed alike and copies take the GPU's time.

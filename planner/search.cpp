@@ -369,3 +369,35 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
 }
 
 }  // namespace offload::planner_detail
+
+namespace offload {
+
+CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhead) {
+  CheckpointEstimate e;
+  const size_t n = t.launches.size();
+  if (n < 2) return e;
+  const GpuTimeline g = gpu_timeline(t);
+  if (g.measured <= 0) return e;
+  const StepFacts f = step_facts(t, kActivationMinBytes);
+  const Boundaries b = layer_boundaries(step_tokens(t), f.peak_pos);
+  if (!b.period) return e;
+  // A layer: one period from a segment start (the first segment is what precedes the layers).
+  int64_t grown = 0, largest = 0;
+  for (size_t i = 1; i < b.starts.size(); ++i) {
+    const size_t from = static_cast<size_t>(b.starts[i]), to = from + b.period;
+    if (to > static_cast<size_t>(f.peak_pos) || to >= n) break;
+    const int64_t growth = std::max<int64_t>(0, f.live[to] - f.live[from]);
+    grown += growth;
+    largest = std::max(largest, growth);
+    e.recompute_ns += g.start[to] - g.start[from];
+    ++e.layers;
+  }
+  if (e.layers < 2) return CheckpointEstimate{};
+  e.known = true;
+  e.step_ns = g.total + e.recompute_ns;
+  const int64_t kept = std::max<int64_t>(0, static_cast<int64_t>(f.peak) - grown + largest);
+  e.footprint = static_cast<uint64_t>(static_cast<double>(std::min<int64_t>(kept, static_cast<int64_t>(f.peak))) * pool_overhead);
+  return e;
+}
+
+}  // namespace offload

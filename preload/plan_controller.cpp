@@ -250,6 +250,12 @@ void PlanController::put_in(const StepTrace& t, Plan plan, const Extent& ext, co
                "hide meets the budget",
                static_cast<double>(m.wait_ns) / 1e6, 100 * m.wait_share);
   if (!meets) log().warn("OFFLOAD_DEVICE_BUDGET cannot be met by what the plan can move; the rest stays resident");
+  if (timed && link_bound(predicted_))
+    if (const CheckpointEstimate c = estimate_checkpointing(t, po.pool_overhead); c.known)
+      log().info("the link cannot hide this plan's copies ({:.1f} ms a step predicted, {:.1f} ms of compute): "
+                 "checkpointing the model's {} layers would take about {:.1f} ms a step and keep at least {:.2f} GiB",
+                 static_cast<double>(predicted_.step_ns) / 1e6, static_cast<double>(predicted_.compute_ns) / 1e6,
+                 c.layers, static_cast<double>(c.step_ns) / 1e6, static_cast<double>(c.footprint) / (1 << 30));
 }
 
 void PlanController::watch_pool(const StepTrace& t) {

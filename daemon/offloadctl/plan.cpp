@@ -74,7 +74,25 @@ void print_wait(const PlannerResult& r) {
            100 * r.stall_share);
 }
 
-void print_json(const std::string& path, const StepTrace& t, const PlannerResult& r, uint64_t budget) {
+// Where the link cannot hide the plan's copies, checkpointing the layers may be the faster way
+// to the budget: its estimate beside the plan.
+void print_checkpointing(const CheckpointEstimate& c, const Prediction& pr, uint64_t budget) {
+  if (!c.known || !link_bound(pr)) return;
+  printf("  checkpointing instead  ~%6.1f ms a step (the %zu layers' forward again: %.1f ms), at least %.2f GiB: %s\n",
+         ms(c.step_ns), c.layers, ms(c.recompute_ns), gib(c.footprint),
+         budget && c.footprint > budget ? "over the budget alone (with offload of the rest, at least that long)"
+         : c.step_ns < pr.step_ns       ? "faster than this plan"
+                                        : "no faster than this plan");
+}
+
+std::string checkpointing_json(const CheckpointEstimate& c) {
+  if (!c.known) return "null";
+  return fmt("{\"step_ns\":%lld,\"recompute_ns\":%lld,\"layers\":%zu,\"footprint_at_least\":%llu}", ll(c.step_ns),
+             ll(c.recompute_ns), c.layers, ull(c.footprint));
+}
+
+void print_json(const std::string& path, const StepTrace& t, const PlannerResult& r, uint64_t budget,
+                const CheckpointEstimate& c) {
   const Plan& p = r.plan;
   const Prediction& pr = r.prediction;
   printf("{\"trace\":%s,\"step\":%llu,\"budget\":%llu,\"plain_footprint\":%llu,\"predicted_peak\":%llu,"
@@ -82,13 +100,13 @@ void print_json(const std::string& path, const StepTrace& t, const PlannerResult
          "\"backward_ns\":%lld,\"lower_bound_ns\":%lld,\"hidden_bytes\":%llu,\"hidden_peak\":%llu,"
          "\"hidden_step_ns\":%lld,\"period\":%u,\"segments\":%zu,\"handles\":%u,\"handle_bytes\":%llu,\"spare\":%llu,"
          "\"arenas\":%zu,\"weights\":%zu,\"weight_bytes\":%llu,\"windows\":%zu,\"weight_bytes_mapped\":%llu,"
-         "\"weight_wait_ns\":%lld,\"why\":%s}\n",
+         "\"weight_wait_ns\":%lld,\"link_bound\":%s,\"checkpointing\":%s,\"why\":%s}\n",
          json_string(path).c_str(), ull(t.step), ull(budget), ull(r.plain_footprint), ull(pr.peak_bytes),
          meets(r, budget) ? "true" : "false", ull(pr.bytes_out), ll(pr.step_ns), ll(pr.compute_ns), ll(pr.forward_ns),
          ll(pr.backward_ns), ll(pr.lower_bound_ns), ull(r.hidden_bytes), ull(r.hidden_peak), ll(r.hidden_step_ns),
          r.boundaries.period, r.boundaries.starts.size(), p.handles, ull(p.handle_bytes), ull(p.spare), p.arenas.size(),
          p.weights.size(), ull(weight_bytes(p)), p.windows.size(), ull(p.weight_bytes_mapped), ll(r.stall_ns),
-         p.empty() ? json_string(r.why).c_str() : "null");
+         link_bound(pr) ? "true" : "false", checkpointing_json(c).c_str(), p.empty() ? json_string(r.why).c_str() : "null");
 }
 
 // --sweep: the step planned at 100%, 95%, ... 30% of its footprint without offload, one row
@@ -362,8 +380,9 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
       return 1;
     }
   }
+  const CheckpointEstimate ckpt = estimate_checkpointing(t, o.pool_overhead);
   if (json) {
-    print_json(path, t, r, budget);
+    print_json(path, t, r, budget, ckpt);
     return 0;
   }
   printf("step %llu of %s: %zu launches, %zu allocations, %.1f ms of GPU time (%.0f%% of kernels timed)\n",
@@ -389,6 +408,7 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
     printf("  step                   %8.1f ms predicted (compute %.1f ms; lower bound %.1f ms)\n", ms(pr.step_ns),
            ms(pr.compute_ns), ms(pr.lower_bound_ns));
     print_wait(r);
+    print_checkpointing(ckpt, pr, budget);
     if (!p.meets_budget) printf("  %s\n", r.why.c_str());
   } else {
     printf("plan: %s\n", p.describe().c_str());
@@ -406,6 +426,7 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
     printf("  step                   %8.1f ms predicted (compute %.1f ms: forward %.1f, backward %.1f; lower bound %.1f ms)\n",
            ms(pr.step_ns), ms(pr.compute_ns), ms(pr.forward_ns), ms(pr.backward_ns), ms(pr.lower_bound_ns));
     print_wait(r);
+    print_checkpointing(ckpt, pr, budget);
   }
   if (arenas && !p.arenas.empty()) {
     printf("\n  arena  segment   MiB  evict-after reload-at first-use  out(ms)        in(ms)         stall(ms)\n");

@@ -529,6 +529,25 @@ TEST(PlannerSynthetic, LayerBoundariesFollowTheForwardMotif) {
   }
 }
 
+// Checkpointing instead: each layer's forward (6 kernels) once more, and of the 12 layers'
+// activations (3 x act_bytes each, all live at the turn) only one layer's.
+TEST(PlannerSynthetic, CheckpointingIsEstimatedFromTheLayersForwardAndActivations) {
+  SynthSpec s;
+  const Synth x = synthetic(s);
+  const CheckpointEstimate c = estimate_checkpointing(x.trace, 1.0);
+  ASSERT_TRUE(c.known);
+  EXPECT_EQ(c.layers, 12u);
+  EXPECT_EQ(c.recompute_ns, 12 * 6 * (s.fwd_layer_ns / 6));
+  EXPECT_EQ(c.step_ns, gpu_timeline(x.trace).total + c.recompute_ns);
+  EXPECT_EQ(c.footprint, step_facts(x.trace, kActivationMinBytes).peak - 11 * 3 * s.act_bytes);
+  EXPECT_EQ(estimate_checkpointing(x.trace, 1.5).footprint, static_cast<uint64_t>(1.5 * static_cast<double>(c.footprint)));
+  s.timed = false;  // no GPU times: nothing to estimate the recomputation with
+  EXPECT_FALSE(estimate_checkpointing(synthetic(s).trace, 1.0).known);
+  s.timed = true;
+  s.periodic = false;  // no repeated layers
+  EXPECT_FALSE(estimate_checkpointing(synthetic(s).trace, 1.0).known);
+}
+
 TEST(PlannerSynthetic, WithoutAMotifSegmentsByBytes) {
   SynthSpec s;
   s.periodic = false;
