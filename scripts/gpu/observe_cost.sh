@@ -79,10 +79,12 @@ for f in sorted(glob.glob(os.path.join(out, "*.json"))):
     m = r.get("shim_mode")
     if m:
         modes.add((tag, m["observe"], m["telemetry"], m["scanned"] > 0))
-        if tag in ("light", "ab") and r.get("steps"):
-            counts[w] = ((m["unscanned"] or 0) / r["steps"], (m.get("allocs") or 0) / r["steps"])
-print("| workload | plain ms | " + " | ".join(f"{names[a]} ms | cost" for a in arms) + " |")
-print("|---|---:|" + "---:|---:|" * len(arms))
+        seen = r.get("steps", 0) - sum(r.get("paused_steps", []))  # paused steps are not counted
+        if tag in ("light", "ab") and seen > 0:
+            counts[w] = ((m["unscanned"] or 0) / seen, (m.get("allocs") or 0) / seen)
+if runs:
+    print("| workload | plain ms | " + " | ".join(f"{names[a]} ms | cost" for a in arms) + " |")
+    print("|---|---:|" + "---:|---:|" * len(arms))
 for w, t in runs.items():
     p = statistics.median(t.get("plain", [0])) or float("nan")
     row = [w, f"{p:.2f}"]
