@@ -338,8 +338,9 @@ CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhe
 
 // The link cannot hide the copies: the predicted step is more than 10% over its compute.
 // Checkpointing the layers (estimate_checkpointing) may then be the faster way to the budget.
+inline constexpr double kLinkBoundShare = 1.10;
 inline bool link_bound(const Prediction& pr) {
-  return pr.compute_ns > 0 && static_cast<double>(pr.step_ns) > 1.10 * static_cast<double>(pr.compute_ns);
+  return pr.compute_ns > 0 && static_cast<double>(pr.step_ns) > kLinkBoundShare * static_cast<double>(pr.compute_ns);
 }
 
 // The planner where the built-in plan's options are at hand (the replay on the simulated

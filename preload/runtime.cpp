@@ -338,7 +338,7 @@ void Runtime::emit(StepTrace& t) {
     // manager predicts next uses with.
     if (!t.launches.empty() && t.launches.size() == last_step_launches_) r->set_period(t.launches.size());
     last_step_launches_ = t.launches.size();
-    log_capped_step(t.step, now - (last_cut_ns_ ? last_cut_ns_ : cap_started_ns_.load(std::memory_order_relaxed)));
+    log_capped_step(t, now - (last_cut_ns_ ? last_cut_ns_ : cap_started_ns_.load(std::memory_order_relaxed)));
   }
   cut_step_telemetry();
   push_step(t.step, t.gpu_busy_ns > 0 ? static_cast<uint64_t>(t.gpu_busy_ns) : static_cast<uint64_t>(now - last_cut_ns_),

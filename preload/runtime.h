@@ -172,7 +172,10 @@ class Runtime final : private PlanContext {
   // routed here): the budget is not held, and the log says so once, with the fix.
   void check_allocations_seen();
   bool said_no_allocations_ = false;
-  void log_capped_step(uint64_t step, int64_t wall_ns);  // the first steps under the cap, one line each
+  // The first steps under the cap, one line each; once, where the link is the bound, the
+  // estimate of checkpointing the layers instead.
+  void log_capped_step(const StepTrace& t, int64_t wall_ns);
+  bool said_checkpointing_ = false;
   // PlanContext: what the plan controller asks of the process.
   HostPool& host_pool() override;  // offloadd's, or this process's own without a daemon
   bool host_pool_ready() override { return private_pool_ || link_.connected(); }

@@ -114,7 +114,8 @@ void Runtime::check_allocations_seen() {
               kLaunchesBeforeNoAllocations, conf ? conf : "unset");
 }
 
-void Runtime::log_capped_step(uint64_t step, int64_t wall_ns) {
+void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
+  const uint64_t step = t.step;
   const Residency::Stats now = residency_->stats();
   const Residency::Stats& was = last_step_cap_;
   if (capped_steps_logged_ < kCappedStepsLogged) {
@@ -126,7 +127,18 @@ void Runtime::log_capped_step(uint64_t step, int64_t wall_ns) {
                (now.prefetch_bytes - was.prefetch_bytes) / kGiB, now.prefetch_hits - was.prefetch_hits,
                now.waits - was.waits, now.handovers - was.handovers, now.footprint_peak / kGiB, residency_->budget() / kGiB);
   }
+  const bool moved = now.bytes_out != was.bytes_out || now.bytes_in != was.bytes_in;
   last_step_cap_ = now;
+  // A step past the first few that moved bytes and took over 1.1x its GPU time: the link is the
+  // bound, and checkpointing the layers may be faster (the planner's estimate, docs/design.md).
+  if (said_checkpointing_ || !moved || capped_steps_logged_ < 3 || t.gpu_busy_ns <= 0) return;
+  if (static_cast<double>(wall_ns) <= kLinkBoundShare * static_cast<double>(t.gpu_busy_ns)) return;
+  said_checkpointing_ = true;
+  if (const CheckpointEstimate c = estimate_checkpointing(t, 1.0); c.known)
+    log().info("step {} took {:.1f} ms under the budget for {:.1f} ms of GPU work: the link is the bound. Checkpointing "
+               "the model's {} layers would take about {:.1f} ms a step and need at least {:.2f} GiB (budget {:.2f} GiB)",
+               step, wall_ns / 1e6, t.gpu_busy_ns / 1e6, c.layers, c.step_ns / 1e6, c.footprint / kGiB,
+               residency_->budget() / kGiB);
 }
 
 }  // namespace offload
