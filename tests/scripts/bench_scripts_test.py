@@ -15,6 +15,21 @@ root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(root, "scripts", "bench"))
 
 
+def expect_match(failures, out, pattern, what, flags=0, show_out=False):
+    """Records a failure when `pattern` is not found in a report's output `out`."""
+    if not re.search(pattern, out, flags):
+        failures.append(f"{what}: no match for {pattern!r}" + (f" in:\n{out}" if show_out else ""))
+
+
+def finish(failures, out=None):
+    """Prints the report (when given) and every failure; the check's exit status."""
+    if out is not None:
+        print(out)
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
 def check_ab_report():
     """scripts/bench/ab_report.py on made-up runs: a clear difference is called one, a difference
     smaller than the spread between runs of one arm is not, and a difference within the steps'
@@ -98,8 +113,7 @@ def check_gaps_at():
             f.write("plan budget=1\nwindow weight=0 evict_after=2 reload_at=12 use=5\n")
         # How long before a use the last copy before it ended: launch 13 starts 3 us after launch
         # 12 and its copy end; nothing is copied before launch 5.
-        sys.path.insert(0, os.path.dirname(script))
-        import gaps_at  # noqa: E402
+        import gaps_at  # scripts/bench is on the path
         slack_13 = gaps_at.slack_of(os.path.join(tmp, "step-000002.trace"), {13})
         slack_5 = gaps_at.slack_of(os.path.join(tmp, "step-000002.trace"), {5})
         out = subprocess.run([sys.executable, script, tmp, "--before", "0,1", "--under", "2,3", "--plan", plan,
@@ -108,8 +122,7 @@ def check_gaps_at():
 
     failures = []
     def expect(pattern, what):
-        if not re.search(pattern, out):
-            failures.append(f"{what}: no match for {pattern!r}")
+        expect_match(failures, out, pattern, what)
 
     # 17 launches 1 us later (0.017 ms), two 18 us later (0.036 ms): 0.038 -> 0.091 ms of gaps.
     expect(r"all: gaps 0\.04 -> 0\.09 ms, kernels 2\.00 -> 2\.01 ms", "totals")
@@ -140,10 +153,7 @@ def check_gaps_at():
         failures.append("the baseline steps have no transfers: no link lines for them")
     if re.search(r"^before:", out, re.M):
         failures.append("the steps before the plan have no leads: no line for them")
-    print(out)
-    for f in failures:
-        print("FAIL", f)
-    return 1 if failures else 0
+    return finish(failures, out)
 
 
 def check_cache_whatif():
@@ -169,8 +179,7 @@ def check_cache_whatif():
 
     failures = []
     def expect(pattern, what):
-        if not re.search(pattern, out):
-            failures.append(f"{what}: no match for {pattern!r}")
+        expect_match(failures, out, pattern, what)
 
     expect(r"5 allocations born and freed in the step, 0\.00 GiB live across it", "header")
     expect(r"bound 1 MiB: 5 of 5 allocations from kept blocks; 0 allocations and 0 frees left to the allocator \(of 10: 0%\)",
@@ -189,10 +198,7 @@ def check_cache_whatif():
     small = cache_whatif.replay(inside, 1000, 1 << 20, 3, max_block=100)
     if (small["hits"], small["forwarded"]) != (3, 2):
         failures.append(f"blocks of at most 100 bytes {small}: want 3 hits, 2 frees forwarded")
-    print(out)
-    for f in failures:
-        print("FAIL", f)
-    return 1 if failures else 0
+    return finish(failures, out)
 
 
 def check_gpu_state():
@@ -253,8 +259,7 @@ def check_calls_report():
 
     failures = []
     def expect(out, pattern, what):
-        if not re.search(pattern, out, re.M):
-            failures.append(f"{what}: no match for {pattern!r} in:\n{out}")
+        expect_match(failures, out, pattern, what, re.M, show_out=True)
 
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -274,10 +279,9 @@ def check_calls_report():
         one = report(tmp, [("c1", [[4100, 4100]], [[4090, 4090]])])
         expect(one, r"^shim - base over calls: -10\.0 ms a step, 1 call: one value: no interval\.$", "one call")
 
-    for f in failures:
-        print("FAIL", f)
+    status = finish(failures)
     print("calls_report.py:", "ok" if not failures else f"{len(failures)} failures")
-    return 1 if failures else 0
+    return status
 
 
 def check_link_use():
