@@ -3,13 +3,14 @@
 #include "common/files.h"
 
 #include <gtest/gtest.h>
-#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include "scratch_dir.h"
 
 namespace offload {
 namespace {
@@ -21,33 +22,30 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-class FilesTest : public ::testing::Test {
+class FilesTest : public testing::ScratchDirTest {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/offload-files-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ScratchDirTest::SetUp();
     // What an attacker would like overwritten: a file of the user's, outside the directory.
-    victim_ = dir_ + "/victim";
+    victim_ = root_ + "/victim";
     std::ofstream(victim_) << "precious";
   }
   void TearDown() override {
-    chmod(dir_.c_str(), 0700);
-    nftw(dir_.c_str(), [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
+    chmod(root_.c_str(), 0700);  // its own mode back before everything in it is removed
+    ScratchDirTest::TearDown();
   }
-  std::string dir_, victim_;
+  std::string victim_;
 };
 
 TEST_F(FilesTest, WriteDoesNotFollowASymlinkPlantedAtTheName) {
-  const std::string target = dir_ + "/step-000001.trace";
+  const std::string target = root_ + "/step-000001.trace";
   ASSERT_EQ(symlink(victim_.c_str(), target.c_str()), 0);
   std::string why;
   EXPECT_FALSE(write_file_nofollow(target, "trace", &why));
   EXPECT_NE(why.find("symlink"), std::string::npos) << why;
   EXPECT_EQ(slurp(victim_), "precious");
 
-  const std::string plain = dir_ + "/step-000002.trace";
+  const std::string plain = root_ + "/step-000002.trace";
   ASSERT_TRUE(write_file_nofollow(plain, "one", &why)) << why;
   ASSERT_TRUE(write_file_nofollow(plain, "two", &why)) << why;
   EXPECT_EQ(slurp(plain), "two") << "an existing regular file is truncated and rewritten";
@@ -57,7 +55,7 @@ TEST_F(FilesTest, WriteDoesNotFollowASymlinkPlantedAtTheName) {
 }
 
 TEST_F(FilesTest, ReplaceSwapsASymlinkForTheFileAndLeavesItsTargetAlone) {
-  const std::string target = dir_ + "/summary.json";
+  const std::string target = root_ + "/summary.json";
   // Symlinks at the name and at the fixed temporary name an older writer used.
   ASSERT_EQ(symlink(victim_.c_str(), target.c_str()), 0);
   ASSERT_EQ(symlink(victim_.c_str(), (target + ".tmp").c_str()), 0);
@@ -73,7 +71,7 @@ TEST_F(FilesTest, ReplaceSwapsASymlinkForTheFileAndLeavesItsTargetAlone) {
 }
 
 TEST_F(FilesTest, ADirectoryOthersMayWriteIsRefused) {
-  const std::string open_dir = dir_ + "/traces";
+  const std::string open_dir = root_ + "/traces";
   ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
   ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
   std::string why;
@@ -87,7 +85,7 @@ TEST_F(FilesTest, ADirectoryOthersMayWriteIsRefused) {
 }
 
 TEST_F(FilesTest, ADirectoryOfAnotherOwnerIsRefusedSayingWhoOwnsIt) {
-  const std::string d = dir_ + "/traces";
+  const std::string d = root_ + "/traces";
   ASSERT_EQ(mkdir(d.c_str(), 0700), 0);
   std::string why;
   EXPECT_TRUE(prepare_trace_dir(d, &why)) << why;
@@ -108,15 +106,15 @@ TEST_F(FilesTest, ADirectoryOfAnotherOwnerIsRefusedSayingWhoOwnsIt) {
 }
 
 TEST_F(FilesTest, ASymlinkToADirectoryIsRefusedAndAMissingOneIsMade) {
-  const std::string real = dir_ + "/real";
+  const std::string real = root_ + "/real";
   ASSERT_EQ(mkdir(real.c_str(), 0700), 0);
-  const std::string link = dir_ + "/link";
+  const std::string link = root_ + "/link";
   ASSERT_EQ(symlink(real.c_str(), link.c_str()), 0);
   std::string why;
   EXPECT_FALSE(prepare_trace_dir(link, &why));
   EXPECT_NE(why.find("not a directory"), std::string::npos) << why;
 
-  const std::string fresh = dir_ + "/fresh";
+  const std::string fresh = root_ + "/fresh";
   ASSERT_TRUE(prepare_trace_dir(fresh, &why)) << why;
   struct stat st;
   ASSERT_EQ(lstat(fresh.c_str(), &st), 0);
