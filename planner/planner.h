@@ -336,12 +336,12 @@ struct CheckpointEstimate {
 };
 CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhead);
 
-// The link cannot hide the copies: the predicted step is more than 10% over its compute.
+// The link cannot hide the copies: the step (predicted, or measured) more than 10% over its compute.
 // Checkpointing the layers (estimate_checkpointing) may then be the faster way to the budget.
-inline constexpr double kLinkBoundShare = 1.10;
-inline bool link_bound(const Prediction& pr) {
-  return pr.compute_ns > 0 && static_cast<double>(pr.step_ns) > kLinkBoundShare * static_cast<double>(pr.compute_ns);
+inline bool link_bound(int64_t step_ns, int64_t compute_ns) {
+  return compute_ns > 0 && static_cast<double>(step_ns) > 1.10 * static_cast<double>(compute_ns);
 }
+inline bool link_bound(const Prediction& pr) { return link_bound(pr.step_ns, pr.compute_ns); }
 
 // The planner where the built-in plan's options are at hand (the replay on the simulated
 // driver): same budget, granularity, thresholds and pool overhead. Sizes there are the

@@ -395,8 +395,8 @@ CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhe
   if (e.layers < 2) return CheckpointEstimate{};
   e.known = true;
   e.step_ns = g.total + e.recompute_ns;
-  const int64_t kept = std::max<int64_t>(0, static_cast<int64_t>(f.peak) - grown + largest);
-  e.footprint = static_cast<uint64_t>(static_cast<double>(std::min<int64_t>(kept, static_cast<int64_t>(f.peak))) * pool_overhead);
+  const int64_t kept = std::max<int64_t>(0, static_cast<int64_t>(f.peak) - grown + largest);  // <= peak
+  e.footprint = static_cast<uint64_t>(static_cast<double>(kept) * pool_overhead);
   return e;
 }
 

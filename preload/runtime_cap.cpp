@@ -131,8 +131,7 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
   last_step_cap_ = now;
   // A step past the first few that moved bytes and took over 1.1x its GPU time: the link is the
   // bound, and checkpointing the layers may be faster (the planner's estimate, docs/design.md).
-  if (said_checkpointing_ || !moved || capped_steps_logged_ < 3 || t.gpu_busy_ns <= 0) return;
-  if (static_cast<double>(wall_ns) <= kLinkBoundShare * static_cast<double>(t.gpu_busy_ns)) return;
+  if (said_checkpointing_ || !moved || capped_steps_logged_ < 3 || !link_bound(wall_ns, t.gpu_busy_ns)) return;
   said_checkpointing_ = true;
   if (const CheckpointEstimate c = estimate_checkpointing(t, 1.0); c.known)
     log().info("step {} took {:.1f} ms under the budget for {:.1f} ms of GPU work: the link is the bound. Checkpointing "

@@ -81,8 +81,12 @@ void cupti_registering(const void* request) noexcept {
 }  // namespace offload
 
 extern "C" __attribute__((visibility("default"))) int offload_pause_observation(int paused) {
-  offload::Runtime* rt = offload::runtime();
-  if (!rt || rt->holds_budget()) return -1;
-  offload::g_paused.store(paused != 0, std::memory_order_relaxed);
-  return 0;
+  try {  // nothing is thrown across the C boundary (building the runtime may throw)
+    offload::Runtime* rt = offload::runtime();
+    if (!rt || rt->holds_budget()) return -1;
+    offload::g_paused.store(paused != 0, std::memory_order_relaxed);
+    return 0;
+  } catch (...) {
+    return -1;
+  }
 }
