@@ -3,6 +3,8 @@
 For each run beside the workload's plain run: the first step and the median of the steady
 steps (from the fourth on), against plain; the highest rise of the device's used memory over
 the run against the budget; whether losses and final parameters are bitwise equal to plain's.
+A checkpointed model under liboffload (a run named ckpt-...) is compared with the checkpointed
+run ("ckpt") instead: its time, its bitwise equality and its link bound.
 
 With the link's rates (link.json from scripts/bench/link.py among the arguments), two lower
 bounds on a liboffload step, per phase: forward = max(forward compute, bytes out / D2H),
@@ -67,13 +69,13 @@ def main(paths):
             continue
         name = p.rsplit("/", 1)[-1][:-5]
         runs[r["workload"]][name.split("-", 1)[1] if "-" in name else name] = r
-    print("| workload | run | budget GiB | peak rise GiB | within | first step ms | steady ms/step | x plain "
+    print("| workload | run | budget GiB | peak rise GiB | within | first step ms | steady ms/step | x plain (ckpt-: x ckpt) "
           "| GiB out/in a step | handles made/dropped a step | x bound (moved) | x bound (least) | bitwise | error |")
     print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for w, rs in sorted(runs.items()):
-        plain = rs.get("plain")
-        base = steady(plain["step_ms"]) if plain and plain["step_ms"] else float("nan")
         for name, r in sorted(rs.items(), key=lambda kv: (kv[0] != "plain", kv[0])):
+            plain = rs.get("ckpt") if name.startswith("ckpt-") else rs.get("plain")
+            base = steady(plain["step_ms"]) if plain and plain["step_ms"] else float("nan")
             budget = int(r["budget_env"]) if r["budget_env"].isdigit() else 0
             ms = r["step_ms"]
             same = "-"

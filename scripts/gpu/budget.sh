@@ -5,6 +5,9 @@
 #   scripts/gpu/budget.sh fracs WORKLOAD...  plain, the model with activation checkpointing (where the
 #                                            family has a form of it), then liboffload at 90/75/50%
 #                                            of plain's peak
+#   scripts/gpu/budget.sh ckpt WORKLOAD...   plain, the model with activation checkpointing, then that
+#                                            checkpointed model under liboffload at 50% and 35%
+#                                            (CKPT_FRACS) of the checkpointed model's peak
 #   scripts/gpu/budget.sh exits             the exit paths of a process under the shim with a budget
 #                                            (scripts/bench/exit_paths.py): status and no abort
 # Env: SCALE (small|large), STEPS (20), MANAGED_STEPS (3), MARGIN (bytes subtracted from the free
@@ -53,6 +56,13 @@ for w in "$@"; do
     cap "$w-cap" "$budget" --workload "$w" --steps "${STEPS:-20}" --hog-to "$free"
     [ "${MANAGED_STEPS:-3}" = 0 ] || PYTORCH_CUDA_ALLOC_CONF= py --workload "$w" --steps "${MANAGED_STEPS:-3}" \
       --hog-to "$free" --managed --out "$work/$w-managed.json" 2> "$work/$w-managed.log"
+  elif [ "$plan" = ckpt ]; then
+    py --workload "$w" --steps "${STEPS:-20}" --ckpt --out "$work/$w-ckpt.json" 2> "$work/$w-ckpt.log"
+    ckpt_peak=$(peak_of "$work/$w-ckpt.json")
+    for f in ${CKPT_FRACS:-0.5 0.35}; do
+      budget=$(python3 -c "print(int($ckpt_peak * $f))")
+      cap "$w-ckpt-cap$f" "$budget" --workload "$w" --steps "${STEPS:-20}" --ckpt
+    done
   else
     py --workload "$w" --steps "${STEPS:-20}" --ckpt --out "$work/$w-ckpt.json" 2> "$work/$w-ckpt.log"
     for f in ${FRACS:-0.9 0.75 0.5}; do
