@@ -63,57 +63,71 @@ std::optional<BudgetSpec> parse_budget(const std::string& s) {
   return b;
 }
 
-Settings read_settings(const std::function<const char*(const char*)>& get,
-                       std::vector<std::string>* errors) {
-  Settings st;
-  auto bad = [&](const char* var, const char* val, const char* accepted) {
+namespace {
+
+// Reads the variables one at a time; what is wrong with each is said in the order read.
+struct SettingsReader {
+  const std::function<const char*(const char*)>& get;
+  std::vector<std::string>* errors;
+
+  void bad(const char* var, const char* val, const char* accepted) const {
     errors->push_back(std::string(var) + "='" + val + "' is not valid: expected " + accepted);
-  };
-  if (const char* v = get("OFFLOAD_TRACE"); v && *v) st.trace_dir = v;
-  if (const char* v = get("OFFLOAD_TRACE_STEPS"); v && *v) {
-    char* end = nullptr;
-    long n = std::strtol(v, &end, 10);
-    if (*end || n < 1 || n > 100000) bad("OFFLOAD_TRACE_STEPS", v, "a step count from 1 to 100000");
-    else st.trace_steps = static_cast<uint32_t>(n);
   }
   // A switch: 1 or true turns it on, 0 or false leaves it off; anything else is said.
-  auto flag = [&](const char* var, bool& on) {
+  void flag(const char* var, bool& on) const {
     const char* v = get(var);
     if (!v || !*v) return;
     const std::string s = v;
     if (s == "1" || s == "true") on = true;
     else if (s == "0" || s == "false") on = false;
     else bad(var, v, "0, 1, true or false");
-  };
-  flag("OFFLOAD_TRACE_LEAD", st.trace_lead);
+  }
+};
+
+// The trace, telemetry, logging and daemon settings.
+void read_tooling(const SettingsReader& in, Settings& st) {
+  const auto& get = in.get;
+  if (const char* v = get("OFFLOAD_TRACE"); v && *v) st.trace_dir = v;
+  if (const char* v = get("OFFLOAD_TRACE_STEPS"); v && *v) {
+    char* end = nullptr;
+    long n = std::strtol(v, &end, 10);
+    if (*end || n < 1 || n > 100000) in.bad("OFFLOAD_TRACE_STEPS", v, "a step count from 1 to 100000");
+    else st.trace_steps = static_cast<uint32_t>(n);
+  }
+  in.flag("OFFLOAD_TRACE_LEAD", st.trace_lead);
   if (const char* v = get("OFFLOAD_TELEMETRY"); v && *v) {
     std::string s = v;
     if (s == "cupti") st.telemetry = true;
     else if (s == "sampled") st.telemetry = st.telemetry_sampled = true;
     else if (s == "off") st.telemetry = false;
-    else bad("OFFLOAD_TELEMETRY", v, "'cupti', 'sampled' or 'off'");
+    else in.bad("OFFLOAD_TELEMETRY", v, "'cupti', 'sampled' or 'off'");
   }
   if (const char* v = get("OFFLOAD_CUPTI_LIB"); v && *v) st.cupti_lib = v;
   if (const char* v = get("OFFLOAD_LOG_LEVEL"); v && *v) {
     std::string s = v;
     if (s == "debug" || s == "info" || s == "warn" || s == "error" || s == "off") st.log_level = s, st.log_level_set = true;
-    else bad("OFFLOAD_LOG_LEVEL", v, "one of debug, info, warn, error, off");
+    else in.bad("OFFLOAD_LOG_LEVEL", v, "one of debug, info, warn, error, off");
   }
   if (const char* v = get("OFFLOAD_DISABLE"); v && *v) {
     std::string s = v;
     if (s == "1" || s == "true") st.enabled = false;
     else if (s == "0" || s == "false") st.enabled = true;
-    else bad("OFFLOAD_DISABLE", v, "0, 1, true or false");
+    else in.bad("OFFLOAD_DISABLE", v, "0, 1, true or false");
   }
   if (const char* v = get("OFFLOAD_DAEMON"); v && *v) {
     std::string s = v;
     if (s == "auto" || s == "connect" || s == "off") st.daemon = s;
-    else bad("OFFLOAD_DAEMON", v, "'auto' (connect, else start offloadd), 'connect' (only connect) or 'off'");
+    else in.bad("OFFLOAD_DAEMON", v, "'auto' (connect, else start offloadd), 'connect' (only connect) or 'off'");
   }
   if (const char* v = get("OFFLOAD_DAEMON_BIN"); v && *v) st.daemon_bin = v;
+}
+
+// The memory settings: the host pool, the device budget, the weights, the block cache, the planner.
+void read_memory(const SettingsReader& in, Settings& st) {
+  const auto& get = in.get;
   if (const char* v = get("OFFLOAD_HOST_POOL"); v && *v) {
     auto size = parse_size(v);
-    if (!size || *size < (64ull << 20)) bad("OFFLOAD_HOST_POOL", v, "a size of at least 64MiB, e.g. 32GiB");
+    if (!size || *size < (64ull << 20)) in.bad("OFFLOAD_HOST_POOL", v, "a size of at least 64MiB, e.g. 32GiB");
     else {
       st.host_pool_bytes = *size;
       st.host_pool_set = true;
@@ -122,10 +136,10 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
   if (const char* v = get("OFFLOAD_DEVICE_BUDGET"); v && *v) {
     const auto b = parse_budget(v);
     if (b && b->of == BudgetSpec::Of::Step)
-      bad("OFFLOAD_DEVICE_BUDGET", v,
-          "a size or a share of the GPU's memory: the budget holds from the first allocation, before any step is seen");
+      in.bad("OFFLOAD_DEVICE_BUDGET", v,
+             "a size or a share of the GPU's memory: the budget holds from the first allocation, before any step is seen");
     else if (!b || (b->of == BudgetSpec::Of::Bytes && b->bytes < (16ull << 20)))
-      bad("OFFLOAD_DEVICE_BUDGET", v, "a size of at least 16MiB (e.g. 40GiB) or a share of the GPU's memory (50%, 50%gpu or 0.5)");
+      in.bad("OFFLOAD_DEVICE_BUDGET", v, "a size of at least 16MiB (e.g. 40GiB) or a share of the GPU's memory (50%, 50%gpu or 0.5)");
     else if (b->of == BudgetSpec::Of::Gpu) st.device_budget_fraction = b->share;
     else st.device_budget = b->bytes;
   }
@@ -133,30 +147,35 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     std::string s = v;
     auto size = s == "off" ? std::optional<uint64_t>(0) : parse_size(s);
     if (!size || (*size && *size < (2ull << 20)))
-      bad("OFFLOAD_PERSISTENT_MIN", v, "a size of at least 2MiB (e.g. 32MiB), or off (0)");
+      in.bad("OFFLOAD_PERSISTENT_MIN", v, "a size of at least 2MiB (e.g. 32MiB), or off (0)");
     else st.persistent_min = *size;
   }
   if (const char* v = get("OFFLOAD_BLOCK_CACHE"); v && *v) {
     std::string s = v;
     auto size = s == "off" ? std::optional<uint64_t>(0) : parse_size(s);
-    if (!size) bad("OFFLOAD_BLOCK_CACHE", v, "a size (e.g. 8GiB: freed blocks kept at most), or off (0)");
+    if (!size) in.bad("OFFLOAD_BLOCK_CACHE", v, "a size (e.g. 8GiB: freed blocks kept at most), or off (0)");
     else st.block_cache = *size;
   }
   if (const char* v = get("OFFLOAD_PLANNER"); v && *v) {
     std::string s = v;
     if (s == "builtin") st.builtin_plan = true;
-    else if (s != "auto") bad("OFFLOAD_PLANNER", v, "auto or builtin");
+    else if (s != "auto") in.bad("OFFLOAD_PLANNER", v, "auto or builtin");
   }
-  flag("OFFLOAD_POOL_REFINE", st.pool_refine);
-  flag("OFFLOAD_CAP", st.cap);
+  in.flag("OFFLOAD_POOL_REFINE", st.pool_refine);
+}
+
+// The cap's settings.
+void read_cap(const SettingsReader& in, Settings& st) {
+  const auto& get = in.get;
+  in.flag("OFFLOAD_CAP", st.cap);
   if (const char* v = get("OFFLOAD_CAP_MIN"); v && *v) {
     auto size = parse_size(v);
-    if (!size || *size < (64ull << 10)) bad("OFFLOAD_CAP_MIN", v, "a size of at least 64KiB (e.g. 2MiB)");
+    if (!size || *size < (64ull << 10)) in.bad("OFFLOAD_CAP_MIN", v, "a size of at least 64KiB (e.g. 2MiB)");
     else st.cap_min = *size;
   }
   if (const char* v = get("OFFLOAD_CAP_PIECE"); v && *v) {
     auto size = parse_size(v);
-    if (!size) bad("OFFLOAD_CAP_PIECE", v, "a size (e.g. 64MiB), or 0 for one handle per range");
+    if (!size) in.bad("OFFLOAD_CAP_PIECE", v, "a size (e.g. 64MiB), or 0 for one handle per range");
     else st.cap_piece = *size;
   }
   if (const char* v = get("OFFLOAD_CAP_EXTRA_PIECES"); v && *v) {
@@ -164,26 +183,38 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     const unsigned long long n = std::strtoull(v, &end, 10);
     if (std::string_view(v) == "any") st.cap_extra_pieces = Settings::kAnyPieces;
     else if (*v == '-' || end == v || *end || n > 1024)
-      bad("OFFLOAD_CAP_EXTRA_PIECES", v, "a count from 0 to 1024, or any");
+      in.bad("OFFLOAD_CAP_EXTRA_PIECES", v, "a count from 0 to 1024, or any");
     else st.cap_extra_pieces = n;
   }
   if (const char* v = get("OFFLOAD_CAP_TILE"); v && *v) {
     if (std::string_view(v) == "exact") st.cap_tile_exact = true, st.cap_size_classes = false;
     else if (std::string_view(v) == "class") st.cap_tile_exact = true, st.cap_size_classes = true;
     else if (std::string_view(v) == "any") st.cap_tile_exact = false, st.cap_size_classes = false;
-    else bad("OFFLOAD_CAP_TILE", v, "exact, class or any");
+    else in.bad("OFFLOAD_CAP_TILE", v, "exact, class or any");
   }
-  flag("OFFLOAD_CAP_REFIT", st.cap_refit);
+  in.flag("OFFLOAD_CAP_REFIT", st.cap_refit);
+}
+
+}  // namespace
+
+Settings read_settings(const std::function<const char*(const char*)>& get,
+                       std::vector<std::string>* errors) {
+  Settings st;
+  const SettingsReader in{get, errors};
+  read_tooling(in, st);
+  read_memory(in, st);
+  read_cap(in, st);
+  // After the budget: light observation is refused under one.
   if (const char* v = get("OFFLOAD_OBSERVE"); v && *v) {
     const std::string o = v;
-    if (o != "light" && o != "full") bad("OFFLOAD_OBSERVE", v, "light or full");
+    if (o != "light" && o != "full") in.bad("OFFLOAD_OBSERVE", v, "light or full");
     else if (o == "light" && st.offload())
-      bad("OFFLOAD_OBSERVE", v, "full, or unset, with OFFLOAD_DEVICE_BUDGET (a budget needs every launch scanned)");
+      in.bad("OFFLOAD_OBSERVE", v, "full, or unset, with OFFLOAD_DEVICE_BUDGET (a budget needs every launch scanned)");
     else st.observe = o;
   }
   if (const char* v = get("OFFLOAD_HOST_LIMIT"); v && *v) {
     auto size = parse_size(v);
-    if (!size || *size < (64ull << 20)) bad("OFFLOAD_HOST_LIMIT", v, "a size of at least 64MiB (e.g. 64GiB)");
+    if (!size || *size < (64ull << 20)) in.bad("OFFLOAD_HOST_LIMIT", v, "a size of at least 64MiB (e.g. 64GiB)");
     else st.host_limit = *size;
   }
   return st;

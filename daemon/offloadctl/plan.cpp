@@ -170,87 +170,123 @@ double tick_step(double range, int want) {
   return 10 * e;
 }
 
-// The predicted step on one time axis: compute by segment with its stalls, the D2H and H2D
-// queues (an arena a rectangle), and the footprint below. Self-contained: inline SVG and CSS.
-std::string html_page(const std::string& path, const StepTrace& t, const PlannerResult& r, const PlannerOptions& o,
-                      uint64_t budget, double fraction) {
-  const Plan& p = r.plan;
-  const Prediction& pr = r.prediction;
-  const GpuTimeline g = gpu_timeline(t);
-  const StepFacts f = step_facts(t, o.min_bytes);
-  const size_t n = std::min(t.launches.size(), pr.launch_start.size()), na = pr.arenas.size();
-  const size_t turn = std::min(n, static_cast<size_t>(f.peak_pos + 1));
-  const int64_t compute_end = n ? pr.launch_start[n - 1] + g.dur[n - 1] : 0;
-  int64_t end = std::max<int64_t>({1, pr.step_ns, compute_end});
-  for (const ArenaTiming& a : pr.arenas) end = std::max({end, a.evict_end, a.reload_end});
-  const double L = 110, W = 1100;  // label column and plot width, px
-  auto x = [&](int64_t ns) { return L + W * static_cast<double>(ns) / static_cast<double>(end); };
-  std::ostringstream s;
-  s.setf(std::ios::fixed);
-  s.precision(1);
-  auto rect = [&](double y, double h, int64_t a, int64_t b, const char* fill, const std::string& title) {
+// The predicted step drawn on one time axis: the figures it is drawn from, the axis and the
+// SVG written so far.
+struct StepDrawing {
+  StepDrawing(const StepTrace& trace, const PlannerResult& result, const PlannerOptions& options)
+      : t(trace), r(result), o(options), p(r.plan), pr(r.prediction), g(gpu_timeline(t)), f(step_facts(t, o.min_bytes)),
+        n(std::min(t.launches.size(), pr.launch_start.size())), na(pr.arenas.size()),
+        turn(std::min(n, static_cast<size_t>(f.peak_pos + 1))),
+        compute_end(n ? pr.launch_start[n - 1] + g.dur[n - 1] : 0) {
+    end = std::max<int64_t>({1, pr.step_ns, compute_end});
+    for (const ArenaTiming& a : pr.arenas) end = std::max({end, a.evict_end, a.reload_end});
+    s.setf(std::ios::fixed);
+    s.precision(1);
+  }
+  static constexpr double L = 110, W = 1100;  // label column and plot width, px
+  static constexpr double Y = 150, H = 220;   // the footprint's top and height, px
+
+  double x(int64_t ns) const { return L + W * static_cast<double>(ns) / static_cast<double>(end); }
+  void rect(double y, double h, int64_t a, int64_t b, const char* fill, const std::string& title) {
     s << "<rect x=\"" << x(a) << "\" y=\"" << y << "\" width=\"" << std::max(1.0, x(b) - x(a)) << "\" height=\"" << h
       << "\" fill=\"" << fill << "\"><title>" << xml_escape(title) << "</title></rect>\n";
-  };
-  auto label = [&](double x0, double y, const char* anchor, const std::string& text) {
+  }
+  void label(double x0, double y, const char* anchor, const std::string& text) {
     s << "<text x=\"" << x0 << "\" y=\"" << y << "\" text-anchor=\"" << anchor << "\">" << xml_escape(text) << "</text>\n";
-  };
+  }
 
-  // Compute: the forward by layer segment, the backward cut where each arena is first used.
+  const StepTrace& t;
+  const PlannerResult& r;
+  const PlannerOptions& o;
+  const Plan& p;
+  const Prediction& pr;
+  const GpuTimeline g;
+  const StepFacts f;
+  const size_t n, na, turn;
+  const int64_t compute_end;
+  int64_t end = 0;
+  std::ostringstream s;
+};
+
+// Compute: the forward by layer segment, the backward cut where each arena is first used.
+void draw_compute(StepDrawing& d) {
+  const PlannerResult& r = d.r;
+  const Prediction& pr = d.pr;
+  const size_t n = d.n, turn = d.turn;
   std::vector<size_t> cuts = {0, turn, n};
   for (int64_t b : r.boundaries.starts)
     if (b > 0 && static_cast<size_t>(b) < turn) cuts.push_back(static_cast<size_t>(b));
-  for (const ArenaPlan& a : p.arenas)
+  for (const ArenaPlan& a : d.p.arenas)
     if (a.first_use > static_cast<int64_t>(turn) && static_cast<size_t>(a.first_use) < n) cuts.push_back(static_cast<size_t>(a.first_use));
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  label(L - 8, 38, "end", "compute");
+  d.label(d.L - 8, 38, "end", "compute");
   for (size_t k = 0, seg = 0; k + 1 < cuts.size(); ++k) {
     const size_t a = cuts[k], b = cuts[k + 1];
-    const int64_t t0 = pr.launch_start[a], t1 = b < n ? pr.launch_start[b] : compute_end;
+    const int64_t t0 = pr.launch_start[a], t1 = b < n ? pr.launch_start[b] : d.compute_end;
     const bool fwd = a < turn;
-    rect(20, 28, t0, t1, fwd ? (seg % 2 ? "#7b9fc9" : "#4e79a7") : (k % 2 ? "#8cc97f" : "#59a14f"),
-         fmt("%s %zu: launches %zu-%zu, %.2f-%.2f ms", fwd ? "forward segment" : "backward part", fwd ? seg : k - seg, a,
-             b - 1, ms(t0), ms(t1)));
+    d.rect(20, 28, t0, t1, fwd ? (seg % 2 ? "#7b9fc9" : "#4e79a7") : (k % 2 ? "#8cc97f" : "#59a14f"),
+           fmt("%s %zu: launches %zu-%zu, %.2f-%.2f ms", fwd ? "forward segment" : "backward part", fwd ? seg : k - seg, a,
+               b - 1, ms(t0), ms(t1)));
     if (fwd) ++seg;
   }
-  // Stalls: where a launch starts later than the unshifted timeline plus the stalls before it.
-  for (size_t i = 0; i < n; ++i) {
+}
+
+// Stalls: where a launch starts later than the unshifted timeline plus the stalls before it.
+void draw_stalls(StepDrawing& d) {
+  const StepTrace& t = d.t;
+  const Prediction& pr = d.pr;
+  const GpuTimeline& g = d.g;
+  for (size_t i = 0; i < d.n; ++i) {
     const int64_t shift = pr.launch_start[i] - g.start[i], before = i ? pr.launch_start[i - 1] - g.start[i - 1] : 0;
     if (shift <= before) continue;
     std::string why;
-    for (size_t j = 0; j < na; ++j)
+    for (size_t j = 0; j < d.na; ++j)
       if (pr.arenas[j].stall > 0 && pr.arenas[j].use == pr.launch_start[i]) why += fmt(" %zu", j);
     const TraceLaunch& l = t.launches[i];
     auto name = t.kernels.find(l.kernel);
-    rect(20, 28, pr.launch_start[i] - (shift - before), pr.launch_start[i], "#e15759",
-         fmt("stall of %.3f ms before launch %zu", ms(shift - before), i) +
-             (l.kind == EventKind::Kernel && name != t.kernels.end() ? " (" + name->second + ")" : "") +
-             (why.empty() ? ": waiting for a handle or a copy out" : ": waiting for the reload of arena" + why));
+    d.rect(20, 28, pr.launch_start[i] - (shift - before), pr.launch_start[i], "#e15759",
+           fmt("stall of %.3f ms before launch %zu", ms(shift - before), i) +
+               (l.kind == EventKind::Kernel && name != t.kernels.end() ? " (" + name->second + ")" : "") +
+               (why.empty() ? ": waiting for a handle or a copy out" : ": waiting for the reload of arena" + why));
   }
-  if (pr.step_ns > compute_end)
-    rect(20, 28, compute_end, pr.step_ns, "#e15759",
-         fmt("%.3f ms after the last launch: copies out still running hold the next step", ms(pr.step_ns - compute_end)));
+  if (pr.step_ns > d.compute_end)
+    d.rect(20, 28, d.compute_end, pr.step_ns, "#e15759",
+           fmt("%.3f ms after the last launch: copies out still running hold the next step", ms(pr.step_ns - d.compute_end)));
+}
 
-  // The copy queues, one rectangle per arena; the same numbers on both.
-  label(L - 8, 72, "end", "D2H (out)");
-  label(L - 8, 100, "end", "H2D (back)");
-  for (size_t i = 0; i < na; ++i) {
+// The copy queues, one rectangle per arena; the same numbers on both.
+void draw_copies(StepDrawing& d) {
+  const PlannerResult& r = d.r;
+  const Prediction& pr = d.pr;
+  d.label(d.L - 8, 72, "end", "D2H (out)");
+  d.label(d.L - 8, 100, "end", "H2D (back)");
+  for (size_t i = 0; i < d.na; ++i) {
     const ArenaTiming& a = pr.arenas[i];
     const std::string what =
         fmt("arena %zu, segment %lld: %.1f MiB; born %.2f ms; out %.2f-%.2f ms (ready %.2f); reload issued %.2f ms, "
             "in %.2f-%.2f ms; first use %.2f ms; stall %.3f ms",
-            i, ll(i < r.arena_segment.size() ? r.arena_segment[i] : -1), static_cast<double>(p.arenas[i].used) / (1 << 20),
+            i, ll(i < r.arena_segment.size() ? r.arena_segment[i] : -1), static_cast<double>(d.p.arenas[i].used) / (1 << 20),
             ms(a.born), ms(a.evict_start), ms(a.evict_end), ms(a.evict_ready), ms(a.reload_issue), ms(a.reload_start),
             ms(a.reload_end), ms(a.use), ms(a.stall));
-    rect(58, 20, a.evict_start, a.evict_end, i % 2 ? "#f5a85c" : "#f28e2b", what);
-    rect(86, 20, a.reload_start, a.reload_end, a.stall > 0 ? "#e15759" : (i % 2 ? "#c99cbd" : "#b07aa1"), what);
+    d.rect(58, 20, a.evict_start, a.evict_end, i % 2 ? "#f5a85c" : "#f28e2b", what);
+    d.rect(86, 20, a.reload_start, a.reload_end, a.stall > 0 ? "#e15759" : (i % 2 ? "#c99cbd" : "#b07aa1"), what);
   }
+}
 
-  // The footprint: resident bytes * pool overhead + handles in use, with the plan (by its
-  // simulated times) and without (by the measured ones). A handle is held from an arena's
-  // birth to its copy out's end, and from its reload to its last member's free.
-  std::vector<int64_t> freed(na, compute_end);
+// The footprint: resident bytes * pool overhead + handles in use, with the plan (by its
+// simulated times) and without (by the measured ones). A handle is held from an arena's
+// birth to its copy out's end, and from its reload to its last member's free.
+void draw_footprint(StepDrawing& d, uint64_t budget) {
+  const StepTrace& t = d.t;
+  const PlannerResult& r = d.r;
+  const PlannerOptions& o = d.o;
+  const Plan& p = d.p;
+  const Prediction& pr = d.pr;
+  const size_t n = d.n, na = d.na;
+  const double L = d.L, W = d.W, Y = d.Y, H = d.H;
+  std::ostringstream& s = d.s;
+  std::vector<int64_t> freed(na, d.compute_end);
   for (size_t i = 0; i < na; ++i) {
     int64_t last = -1;
     for (uint32_t m : p.arenas[i].members) last = t.allocs[m].free_pos < 0 ? static_cast<int64_t>(n) : std::max(last, t.allocs[m].free_pos);
@@ -263,18 +299,17 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
       held += (pr.arenas[j].born <= at && at < pr.arenas[j].evict_end) || (pr.arenas[j].reload_issue <= at && at < freed[j]);
     return static_cast<double>(pr.resident[i]) * o.pool_overhead + static_cast<double>(held * p.handle_bytes);
   };
-  auto plain = [&](size_t i) { return static_cast<double>(f.live[i]) * o.pool_overhead; };
+  auto plain = [&](size_t i) { return static_cast<double>(d.f.live[i]) * o.pool_overhead; };
   double top = static_cast<double>(std::max({r.plain_footprint, budget, pr.peak_bytes}));
   for (size_t i = 0; i < n; ++i) top = std::max({top, with_plan(i), plain(i)});
   top = std::max(top * 1.05, 1.0);
-  const double Y = 150, H = 220;
   auto y = [&](double bytes) { return Y + H - H * bytes / top; };
   // One point per pixel column, the column's largest value: peaks survive any trace length.
   auto series = [&](auto when, auto value, int64_t until, const char* stroke, const char* title) {
-    const size_t cols = static_cast<size_t>(std::ceil(x(until) - L)) + 1;
+    const size_t cols = static_cast<size_t>(std::ceil(d.x(until) - L)) + 1;
     std::vector<double> col(cols, -1);
     for (size_t i = 0; i < n; ++i) {
-      size_t c = std::min(cols - 1, static_cast<size_t>(std::max(0.0, x(when(i)) - L)));
+      size_t c = std::min(cols - 1, static_cast<size_t>(std::max(0.0, d.x(when(i)) - L)));
       col[c] = std::max(col[c], value(i));
     }
     s << "<polyline fill=\"none\" stroke=\"" << stroke << "\" stroke-width=\"1.5\" points=\"";
@@ -288,33 +323,42 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
   for (double v = 0; v * (1 << 30) < top; v += gstep) {
     s << "<line x1=\"" << L << "\" x2=\"" << L + W << "\" y1=\"" << y(v * (1 << 30)) << "\" y2=\"" << y(v * (1 << 30))
       << "\" stroke=\"#ddd\"/>\n";
-    label(L - 8, y(v * (1 << 30)) + 4, "end", fmt("%g GiB", v));
+    d.label(L - 8, y(v * (1 << 30)) + 4, "end", fmt("%g GiB", v));
   }
   auto level = [&](uint64_t bytes, const char* stroke, const char* name, double dy, const std::string& what) {
     const double ly = y(static_cast<double>(bytes));
     s << "<line x1=\"" << L << "\" x2=\"" << L + W << "\" y1=\"" << ly << "\" y2=\"" << ly << "\" stroke=\"" << stroke
       << "\" stroke-dasharray=\"6 4\"><title>" << xml_escape(what) << "</title></line>\n";
-    label(L + W + 4, ly + dy, "start", fmt("%s %.2f GiB", name, gib(bytes)));
+    d.label(L + W + 4, ly + dy, "start", fmt("%s %.2f GiB", name, gib(bytes)));
   };
-  series([&](size_t i) { return g.start[i]; }, plain, g.total, "#999", "footprint without offload (measured times)");
+  series([&](size_t i) { return d.g.start[i]; }, plain, d.g.total, "#999", "footprint without offload (measured times)");
   if (na)
     series([&](size_t i) { return pr.launch_start[i]; },
            [&](size_t i) { return static_cast<double>(pr.resident[i]) * o.pool_overhead + static_cast<double>(uint64_t{p.handles} * p.handle_bytes); },
-           compute_end, "#a9c1dc", "resident * pool overhead + every handle kept: what the predicted peak counts");
-  series([&](size_t i) { return pr.launch_start[i]; }, with_plan, compute_end, "#4e79a7",
+           d.compute_end, "#a9c1dc", "resident * pool overhead + every handle kept: what the predicted peak counts");
+  series([&](size_t i) { return pr.launch_start[i]; }, with_plan, d.compute_end, "#4e79a7",
          "footprint with the plan: resident * pool overhead + handles in use (simulated times)");
   if (budget) level(budget, "#e15759", "budget", -3, fmt("budget: %.2f GiB", gib(budget)));
   level(pr.peak_bytes, "#4e79a7", "peak", 12,
         fmt("predicted peak: %.2f GiB (the largest resident * pool overhead, plus every handle kept)", gib(pr.peak_bytes)));
-  const double tstep = tick_step(ms(end), 10);
-  for (double v = 0; v <= ms(end); v += tstep) {
-    const double tx = x(static_cast<int64_t>(v * 1e6));
-    s << "<line x1=\"" << tx << "\" x2=\"" << tx << "\" y1=\"16\" y2=\"" << Y + H << "\" stroke=\"#eee\"/>\n";
-    label(tx, 124, "middle", fmt("%g", v));
-    label(tx, Y + H + 16, "middle", fmt("%g ms", v));
-  }
+}
 
-  // The header: the figures, as the text output gives them.
+// The time ticks, over the compute and under the footprint.
+void draw_time_axis(StepDrawing& d) {
+  const double tstep = tick_step(ms(d.end), 10);
+  for (double v = 0; v <= ms(d.end); v += tstep) {
+    const double tx = d.x(static_cast<int64_t>(v * 1e6));
+    d.s << "<line x1=\"" << tx << "\" x2=\"" << tx << "\" y1=\"16\" y2=\"" << d.Y + d.H << "\" stroke=\"#eee\"/>\n";
+    d.label(tx, 124, "middle", fmt("%g", v));
+    d.label(tx, d.Y + d.H + 16, "middle", fmt("%g ms", v));
+  }
+}
+
+// The page's header: the figures, as the text output gives them.
+std::string header_table(const std::string& path, const StepTrace& t, const PlannerResult& r, uint64_t budget,
+                         double fraction) {
+  const Plan& p = r.plan;
+  const Prediction& pr = r.prediction;
   std::string head = "<table>\n";
   auto row = [&](const char* k, const std::string& v) { head += "<tr><th>" + std::string(k) + "</th><td>" + xml_escape(v) + "</td></tr>\n"; };
   row("trace", fmt("step %llu of ", ull(t.step)) + path + fmt(": %zu launches, %zu allocations", t.launches.size(), t.allocs.size()));
@@ -323,7 +367,7 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
                                                  : fmt("%.2f GiB", gib(budget)));
   row("footprint without offload", fmt("%.2f GiB", gib(r.plain_footprint)));
   row("predicted peak", fmt("%.2f GiB", gib(pr.peak_bytes)) + (budget ? (meets(r, budget) ? " (meets the budget)" : " (does NOT meet the budget)") : ""));
-  row("moved per step", fmt("%.2f GiB each way in %zu arenas, %u handles of %llu MiB", gib(pr.bytes_out), na, p.handles, ull(p.handle_bytes >> 20)));
+  row("moved per step", fmt("%.2f GiB each way in %zu arenas, %u handles of %llu MiB", gib(pr.bytes_out), pr.arenas.size(), p.handles, ull(p.handle_bytes >> 20)));
   row("predicted step", fmt("%.1f ms (%.1f ms exposed)", ms(pr.step_ns), ms(pr.exposed_ns())));
   row("compute", fmt("%.1f ms: forward %.1f, backward %.1f", ms(pr.compute_ns), ms(pr.forward_ns), ms(pr.backward_ns)));
   row("lower bound", fmt("%.1f ms", ms(pr.lower_bound_ns)));
@@ -331,6 +375,20 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
                                                      r.hidden_arenas, gib(r.hidden_peak), ms(r.hidden_step_ns))
                                                : "none");
   head += "</table>\n";
+  return head;
+}
+
+// The predicted step on one time axis: compute by segment with its stalls, the D2H and H2D
+// queues (an arena a rectangle), and the footprint below. Self-contained: inline SVG and CSS.
+std::string html_page(const std::string& path, const StepTrace& t, const PlannerResult& r, const PlannerOptions& o,
+                      uint64_t budget, double fraction) {
+  StepDrawing d(t, r, o);
+  draw_compute(d);
+  draw_stalls(d);
+  draw_copies(d);
+  draw_footprint(d, budget);
+  draw_time_axis(d);
+  const std::string head = header_table(path, t, r, budget, fraction);
   return "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"/><title>offloadctl plan: " + xml_escape(path) +
          "</title>\n<style>body{font:13px sans-serif;margin:16px}th{text-align:left;padding-right:12px;font-weight:600}"
          "svg text{font:11px sans-serif;fill:#333}</style></head>\n<body>\n<h3>Predicted step</h3>\n" + head +
@@ -338,21 +396,13 @@ std::string html_page(const std::string& path, const StepTrace& t, const Planner
          "rectangle per arena (red: its reload stalled the compute). Below: grey without offload, blue with the "
          "plan (light blue: counting every handle kept, as the predicted peak does); dashed: budget, predicted "
          "peak.</p>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" +
-         std::to_string(static_cast<int>(L + W + 160)) + "\" height=\"" + std::to_string(static_cast<int>(Y + H + 30)) +
-         "\">\n" + s.str() + "</svg>\n</body></html>\n";
+         std::to_string(static_cast<int>(d.L + d.W + 160)) + "\" height=\"" + std::to_string(static_cast<int>(d.Y + d.H + 30)) +
+         "\">\n" + d.s.str() + "</svg>\n</body></html>\n";
 }
-}  // namespace
 
-// budget: bytes, or 0 for none; fraction (> 0): the budget is that share of the step's
-// footprint without offload instead.
-// sweep: a row per budget from 100% to 30% of that footprint instead of one plan.
-// persistent_min (> 0): weights of at least that many bytes may be streamed instead; read_only:
-// all of them marked read-only; max_weight_wait (>= 0): PlannerOptions::max_weight_stall.
-int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
-             const std::string& html, bool json, bool sweep_budgets, uint64_t persistent_min, double pool_overhead,
-             bool read_only, double max_weight_wait) {
-  StepTrace t;
-  if (!load_step_trace(path, &t)) return 1;
+// As the shim plans, with the command line's choices.
+PlannerOptions plan_options(const StepTrace& t, uint32_t segments, uint64_t persistent_min, double pool_overhead,
+                            bool read_only, double max_weight_wait) {
   PlannerOptions o;
   o.spare_handle = true;  // as the shim plans
   if (segments) o.fallback_segments = segments;
@@ -362,39 +412,13 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
   if (read_only && persistent_min)  // as the shim lists the marked weights: ordinals ascending
     for (const TraceAlloc& a : t.allocs)
       if (a.persistent(persistent_min)) o.read_only.push_back(a.ordinal);
-  // As plan_step computes PlannerResult::plain_footprint.
-  const uint64_t plain = static_cast<uint64_t>(static_cast<double>(step_facts(t, o.min_bytes).peak) * o.pool_overhead);
-  if (sweep_budgets) return sweep(path, t, o, plain, json);
-  if (fraction > 0) {
-    budget = std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(plain) * fraction));
-  }
-  o.budget = budget;
-  PlannerResult r = plan_step(t, o);
+  return o;
+}
+
+// The plan in text: none and why, a plan of streamed weights alone, or one of arenas.
+void print_plan(const PlannerResult& r, uint64_t budget, const CheckpointEstimate& ckpt) {
   const Plan& p = r.plan;
   const Prediction& pr = r.prediction;
-  if (!html.empty()) {
-    std::ofstream os(html, std::ios::trunc);
-    os << html_page(path, t, r, o, budget, fraction);
-    if (!os.flush()) {
-      fprintf(stderr, "offloadctl: cannot write %s\n", html.c_str());
-      return 1;
-    }
-  }
-  const CheckpointEstimate ckpt = estimate_checkpointing(t, o.pool_overhead);
-  if (json) {
-    print_json(path, t, r, budget, ckpt);
-    return 0;
-  }
-  printf("step %llu of %s: %zu launches, %zu allocations, %.1f ms of GPU time (%.0f%% of kernels timed)\n",
-         ull(t.step), path.c_str(), t.launches.size(), t.allocs.size(), ms(pr.compute_ns), 100 * gpu_timeline(t).measured);
-  if (fraction > 0)
-    printf("budget: %.2f GiB, %g%% of the footprint without offload (%.2f GiB)\n", gib(budget), 100 * fraction,
-           gib(r.plain_footprint));
-  printf("layer period: %u launches (%.0f%% of the forward repeats), %zu segments\n", r.boundaries.period,
-         100 * r.boundaries.match, r.boundaries.starts.size());
-  if (r.hidden_bytes)
-    printf("largest offload the compute hides: %.2f GiB in %u arenas, footprint %.2f GiB, step %.1f ms\n",
-           gib(r.hidden_bytes), r.hidden_arenas, gib(r.hidden_peak), ms(r.hidden_step_ns));
   if (p.empty()) {
     printf("no plan: %s\n", r.why.c_str());
   } else if (p.arenas.empty()) {
@@ -428,7 +452,13 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
     print_wait(r);
     print_checkpointing(ckpt, pr, budget);
   }
-  if (arenas && !p.arenas.empty()) {
+}
+
+// --arenas: the plan's arenas and its weights' windows, a row each.
+void print_schedule(const PlannerResult& r) {
+  const Plan& p = r.plan;
+  const Prediction& pr = r.prediction;
+  if (!p.arenas.empty()) {
     printf("\n  arena  segment   MiB  evict-after reload-at first-use  out(ms)        in(ms)         stall(ms)\n");
     for (size_t i = 0; i < p.arenas.size(); ++i) {
       const ArenaPlan& a = p.arenas[i];
@@ -438,7 +468,7 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
              ms(at.evict_start), ms(at.evict_end), ms(at.reload_start), ms(at.reload_end), ms(at.stall));
     }
   }
-  if (arenas && !p.windows.empty()) {
+  if (!p.windows.empty()) {
     printf("\n  window  weight    MiB  evict-after reload-at    use\n");
     for (size_t k = 0; k < p.windows.size(); ++k) {
       const WeightWindow& w = p.windows[k];
@@ -447,6 +477,55 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
              w.wraps() ? "  (next step)" : "");
     }
   }
+}
+
+}  // namespace
+
+// budget: bytes, or 0 for none; fraction (> 0): the budget is that share of the step's
+// footprint without offload instead.
+// sweep: a row per budget from 100% to 30% of that footprint instead of one plan.
+// persistent_min (> 0): weights of at least that many bytes may be streamed instead; read_only:
+// all of them marked read-only; max_weight_wait (>= 0): PlannerOptions::max_weight_stall.
+int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
+             const std::string& html, bool json, bool sweep_budgets, uint64_t persistent_min, double pool_overhead,
+             bool read_only, double max_weight_wait) {
+  StepTrace t;
+  if (!load_step_trace(path, &t)) return 1;
+  PlannerOptions o = plan_options(t, segments, persistent_min, pool_overhead, read_only, max_weight_wait);
+  // As plan_step computes PlannerResult::plain_footprint.
+  const uint64_t plain = static_cast<uint64_t>(static_cast<double>(step_facts(t, o.min_bytes).peak) * o.pool_overhead);
+  if (sweep_budgets) return sweep(path, t, o, plain, json);
+  if (fraction > 0) {
+    budget = std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(plain) * fraction));
+  }
+  o.budget = budget;
+  PlannerResult r = plan_step(t, o);
+  const Prediction& pr = r.prediction;
+  if (!html.empty()) {
+    std::ofstream os(html, std::ios::trunc);
+    os << html_page(path, t, r, o, budget, fraction);
+    if (!os.flush()) {
+      fprintf(stderr, "offloadctl: cannot write %s\n", html.c_str());
+      return 1;
+    }
+  }
+  const CheckpointEstimate ckpt = estimate_checkpointing(t, o.pool_overhead);
+  if (json) {
+    print_json(path, t, r, budget, ckpt);
+    return 0;
+  }
+  printf("step %llu of %s: %zu launches, %zu allocations, %.1f ms of GPU time (%.0f%% of kernels timed)\n",
+         ull(t.step), path.c_str(), t.launches.size(), t.allocs.size(), ms(pr.compute_ns), 100 * gpu_timeline(t).measured);
+  if (fraction > 0)
+    printf("budget: %.2f GiB, %g%% of the footprint without offload (%.2f GiB)\n", gib(budget), 100 * fraction,
+           gib(r.plain_footprint));
+  printf("layer period: %u launches (%.0f%% of the forward repeats), %zu segments\n", r.boundaries.period,
+         100 * r.boundaries.match, r.boundaries.starts.size());
+  if (r.hidden_bytes)
+    printf("largest offload the compute hides: %.2f GiB in %u arenas, footprint %.2f GiB, step %.1f ms\n",
+           gib(r.hidden_bytes), r.hidden_arenas, gib(r.hidden_peak), ms(r.hidden_step_ns));
+  print_plan(r, budget, ckpt);
+  if (arenas) print_schedule(r);
   if (!html.empty()) printf("timeline: %s\n", html.c_str());
   return 0;
 }
