@@ -1,16 +1,10 @@
 #include "offloadd/service.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,7 +14,6 @@
 #include <sstream>
 
 #include "common/clock.h"
-#include "common/files.h"
 #include "common/ipc.h"
 #include "common/log.h"
 #include "offload/text.h"
@@ -29,14 +22,6 @@ namespace offload {
 namespace {
 
 
-
-void prefault(unsigned char* p, uint64_t bytes) {
-#ifdef MADV_POPULATE_WRITE
-  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
-#endif
-  const long page = sysconf(_SC_PAGESIZE);
-  for (uint64_t off = 0; off < bytes; off += static_cast<uint64_t>(page)) p[off] = 0;
-}
 
 std::string gbps(uint64_t bps) {
   char b[32];
@@ -57,186 +42,6 @@ std::string bytes_text(uint64_t b) {
 }
 
 }  // namespace
-
-bool Service::bind_endpoints(std::string* why) {
-  // The socket, private to this user.
-  sockaddr_un addr{};
-  if (opt_.socket_path.size() >= sizeof addr.sun_path) {
-    *why = "socket path too long: " + opt_.socket_path;
-    return false;
-  }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, opt_.socket_path.c_str(), opt_.socket_path.size() + 1);
-  listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  // Holding the lock, a socket file left here is a dead daemon's: replace it.
-  unlink(opt_.socket_path.c_str());
-  mode_t old = umask(0177);
-  int rc = bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  umask(old);
-  if (rc == 0) owns_socket_ = true;
-  if (rc != 0 || chmod(opt_.socket_path.c_str(), opt_.socket_mode) != 0 || listen(listen_fd_, 64) != 0) {
-    *why = "cannot listen on " + opt_.socket_path + ": " + strerror(errno);
-    return false;
-  }
-  if (opt_.metrics_port >= 0) {
-    metrics_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int one = 1;
-    setsockopt(metrics_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in in{};
-    in.sin_family = AF_INET;
-    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    in.sin_port = htons(static_cast<uint16_t>(opt_.metrics_port));
-    if (bind(metrics_fd_, reinterpret_cast<sockaddr*>(&in), sizeof in) != 0 || listen(metrics_fd_, 16) != 0) {
-      *why = "cannot serve metrics on 127.0.0.1:" + std::to_string(opt_.metrics_port) + ": " + strerror(errno);
-      return false;
-    }
-    socklen_t len = sizeof in;
-    getsockname(metrics_fd_, reinterpret_cast<sockaddr*>(&in), &len);
-    metrics_port_ = ntohs(in.sin_port);
-  }
-  return true;
-}
-
-std::unique_ptr<Service> Service::create(const ServiceOptions& o, std::string* why) {
-  std::unique_ptr<Service> s(new Service());
-  s->opt_ = o;
-  // One daemon per socket: an exclusive lock held for the daemon's life, taken before it
-  // touches the segment or the socket, so that a second one refused here changes nothing.
-  std::string lock_path = o.socket_path + ".lock";
-  s->lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (s->lock_fd_ < 0) {
-    *why = "cannot open " + lock_path + ": " + strerror(errno);
-    return nullptr;
-  }
-  if (flock(s->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    *why = "another offloadd is already serving " + o.socket_path;
-    return nullptr;
-  }
-  // The socket and the metrics port before the segment: a port in use is reported at once,
-  // not after a large pool was made.
-  if (!s->bind_endpoints(why)) return nullptr;
-  // The segment: adopt the one a previous daemon left, or create it. Either way it is locked
-  // (flock on its fd) for the daemon's life: two daemons on one lease table would free each
-  // other's leases and hand out live bytes again.
-  const std::string shm_name = "/" + o.segment;
-  uint64_t total = pool_total_bytes(o.pool_bytes, o.max_leases);
-  bool adopted = false;
-  auto lock_segment = [&](int fd) {
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
-    *why = "another offloadd is serving the pool segment " + shm_name +
-           " (from another socket?): refusing to share its lease table";
-    return false;
-  };
-  s->seg_fd_ = shm_open(shm_name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
-  if (s->seg_fd_ >= 0) {
-    // Only a segment private to this user is adopted: anyone else who may write to it could
-    // rewrite the lease table, or read the data.
-    struct stat st;
-    if (fstat(s->seg_fd_, &st) != 0) {
-      *why = "cannot stat the pool segment " + shm_name + ": " + strerror(errno);
-      return nullptr;
-    }
-    if (!check_owner_and_mode(st, "the existing pool segment " + shm_name, kNoGroupOrOther, why)) return nullptr;
-    if (!lock_segment(s->seg_fd_)) return nullptr;
-    const auto size = static_cast<uint64_t>(st.st_size);
-    void* p = size ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, s->seg_fd_, 0) : MAP_FAILED;
-    std::string reason = size ? std::string("cannot map it: ") + strerror(errno) : "it is empty";
-    auto t = p == MAP_FAILED ? std::nullopt : LeaseTable::open(p, size, &reason);
-    if (!t) {
-      if (p != MAP_FAILED) munmap(p, size);
-      *why = "shared-memory segment " + shm_name + " exists but is not a usable pool (" + reason +
-             "); remove it (rm /dev/shm/" + o.segment + ") if no process uses it";
-      return nullptr;
-    }
-    s->base_ = p;
-    s->total_ = size;
-    s->table_ = t;
-    if (uint32_t bad = t->bad_slots())
-      log().warn("pool {}: {} lease slots lie outside the data area; they are ignored", shm_name, bad);
-    adopted = true;
-  } else if (errno != ENOENT) {
-    *why = "cannot open the pool segment " + shm_name + ": " + strerror(errno);
-    return nullptr;
-  }
-  if (!adopted) {
-    if (o.pool_bytes == 0) {
-      *why = "no pool to adopt and no --pool-size given";
-      return nullptr;
-    }
-    std::string no_room = pool_room_problem(total, memory_room(o.shm_dir), o.shm_dir);
-    if (!no_room.empty()) {
-      *why = no_room;
-      return nullptr;
-    }
-    s->seg_fd_ = shm_open(shm_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (s->seg_fd_ < 0) {
-      *why = "cannot create shared-memory segment " + shm_name + ": " + strerror(errno);
-      return nullptr;
-    }
-    // Locked before it has a size: a daemon that opens it meanwhile finds it locked or empty.
-    if (!lock_segment(s->seg_fd_)) return nullptr;
-    auto fail = [&](const std::string& m) {
-      shm_unlink(shm_name.c_str());
-      *why = m;
-      return nullptr;
-    };
-    if (fchmod(s->seg_fd_, 0600) != 0 || ftruncate(s->seg_fd_, static_cast<off_t>(total)) != 0)
-      return fail("cannot size shared-memory segment " + shm_name + ": " + strerror(errno));
-    // Every page allocated now: a pool that does not fit fails here, not later with SIGBUS in
-    // the daemon or in a client writing a granted lease.
-    if (int err = posix_fallocate(s->seg_fd_, 0, static_cast<off_t>(total)); err != 0)
-      return fail("cannot allocate a pool of " + std::to_string(total) + " bytes in " + o.shm_dir + ": " +
-                  strerror(err));
-    void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, s->seg_fd_, 0);
-    if (p == MAP_FAILED)
-      return fail(std::string("cannot map a pool of ") + std::to_string(total) + " bytes: " + strerror(errno));
-    s->base_ = p;
-    s->total_ = total;
-    s->table_ = LeaseTable::format(p, total, o.max_leases, static_cast<uint32_t>(getpid()));
-    if (!s->table_) return fail("pool too small for its lease table");
-    // Fault the pool in behind the service: clients can register and lease meanwhile (a
-    // page they touch first is faulted then), and nobody waits seconds for a large pool.
-    if (o.prefault) {
-      unsigned char* data = s->table_->data();
-      uint64_t bytes = s->table_->data_bytes();
-      s->prefault_ = std::thread([data, bytes] { prefault(data, bytes); });
-    }
-  }
-  if (adopted) {
-    PoolHeader& h = s->table_->header();
-    ++h.generation;
-    h.owner_pid = static_cast<uint32_t>(getpid());
-    // Leases of live processes stay (their data may be in use); the rest is freed.
-    for (const LeaseSlot& l : s->table_->leases()) {
-      Client& c = s->clients_[l.client_id];
-      c.id = l.client_id;
-      c.pid = l.pid;
-      c.pid_start = l.pid_start;
-      s->next_id_ = std::max(s->next_id_, l.client_id + 1);
-    }
-    for (auto it = s->clients_.begin(); it != s->clients_.end();) {
-      const Liveness l = liveness(it->second.pid, it->second.pid_start);
-      if (l == Liveness::Unknown)  // it may still use its bytes: they stay (nothing lost)
-        log().warn("client {} is in another pid namespace: its leases stay until it re-registers or offloadd "
-                   "restarts with a fresh pool",
-                   it->first);
-      if (l == Liveness::Gone) {
-        s->table_->release_all(it->first);
-        it = s->clients_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    log().info("adopted pool /{} ({} data bytes, generation {}): {} clients with live leases", o.segment,
-               s->table_->data_bytes(), h.generation, s->clients_.size());
-  }
-
-  if (pipe2(s->wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
-    *why = std::string("pipe: ") + strerror(errno);
-    return nullptr;
-  }
-  return s;
-}
 
 Service::~Service() {
   if (prefault_.joinable()) prefault_.join();

@@ -105,7 +105,15 @@ class Service {
   };
 
   Service() = default;
+  // create's steps, in this order; false with *why. lock_socket: one daemon per socket.
+  // open_segment: the segment a previous daemon left, adopted (*adopted) if there is one;
+  // make_segment: else a new one; adopt_leases: an adopted segment's leases of processes
+  // still alive kept, the others freed.
+  bool lock_socket(std::string* why);
   bool bind_endpoints(std::string* why);
+  bool open_segment(const std::string& shm_name, bool* adopted, std::string* why);
+  bool make_segment(const std::string& shm_name, std::string* why);
+  void adopt_leases();
   void accept_client();
   void accept_metrics();
   // accept4 failed with EMFILE/ENFILE: accepts one waiting peer on the spare descriptor and
