@@ -61,6 +61,53 @@ bool Executor::idle() {
 bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string* why) {
   std::lock_guard lock(mu_);
   poll_locked();
+  if (!may_install_locked(plan, why)) return false;
+  if (!offload_stream_) offload_stream_ = driver_.create_stream();
+  if (!prefetch_stream_) prefetch_stream_ = driver_.create_stream();
+  if (!offload_stream_ || !prefetch_stream_) {
+    *why = "the driver would not create the copy streams";
+    return false;
+  }
+  // Same geometry as before (the same plan again after a deviation): keep the addresses and
+  // the handles, so the members land where they did.
+  bool same = reservation_ && plan_.handle_bytes == plan.handle_bytes && arenas_.size() == plan.arenas.size();
+  if (!same) teardown_locked();
+  if (!same && !plan.arenas.empty() && !make_arenas_locked(plan, why)) return false;
+  plan_ = std::move(plan);
+  std::string weights_why;
+  if (!install_weights(&weights_why)) {
+    log().warn("weights stay resident: {}", weights_why);
+    plan_.windows.clear();
+    if (plan_.arenas.empty()) {
+      *why = "weights cannot be streamed: " + weights_why;
+      return false;
+    }
+  }
+  schedule_locked();
+  // Handles of another size are of no use to this plan.
+  for (size_t h = 0; h < handles_.size() && !same; ++h) give_handle(static_cast<int>(h));
+  anchor_ = anchor;
+  host_ = host;
+  active_ = false;
+  cursor_ = 0;
+  pending_reloads_.clear();
+  tables_.clear();  // arena numbers of another plan
+  step_misses_ = step_late_ = 0;
+  step_waits_.clear();
+  step_waits_.reserve(kWaitsKept);
+  step_wait_count_ = step_drained_ = 0;
+  sub_launch_ = ~uint64_t{0};
+  deviated_.store(false);
+  va_lo_.store(reservation_);
+  va_hi_.store(reservation_ + reservation_bytes_);
+  ++st_.installs;
+  first_step_due_ = true;
+  st_.plan = plan_.describe();
+  installed_.store(true, std::memory_order_release);
+  return true;
+}
+
+bool Executor::may_install_locked(const Plan& plan, std::string* why) const {
   for (const Arena& a : arenas_)
     if (a.state != State::Empty) {
       *why = "the previous plan's arenas still hold data";
@@ -75,52 +122,38 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
     *why = "the plan moves nothing";
     return false;
   }
-  if (!offload_stream_) offload_stream_ = driver_.create_stream();
-  if (!prefetch_stream_) prefetch_stream_ = driver_.create_stream();
-  if (!offload_stream_ || !prefetch_stream_) {
-    *why = "the driver would not create the copy streams";
+  return true;
+}
+
+bool Executor::make_arenas_locked(const Plan& plan, std::string* why) {
+  reservation_bytes_ = plan.handle_bytes * plan.arenas.size();
+  reservation_ = driver_.reserve(reservation_bytes_);
+  if (!reservation_) {
+    *why = "the driver would not reserve " + std::to_string(reservation_bytes_ >> 20) + " MiB of address space";
+    reservation_bytes_ = 0;
     return false;
   }
-  // Same geometry as before (the same plan again after a deviation): keep the addresses and
-  // the handles, so the members land where they did.
-  bool same = reservation_ && plan_.handle_bytes == plan.handle_bytes && arenas_.size() == plan.arenas.size();
-  if (!same) teardown_locked();
-  if (!same && !plan.arenas.empty()) {
-    reservation_bytes_ = plan.handle_bytes * plan.arenas.size();
-    reservation_ = driver_.reserve(reservation_bytes_);
-    if (!reservation_) {
-      *why = "the driver would not reserve " + std::to_string(reservation_bytes_ >> 20) + " MiB of address space";
-      reservation_bytes_ = 0;
-      return false;
-    }
-    arenas_.resize(plan.arenas.size());
-    busy_.reserve(arenas_.size());
-    pending_reloads_.reserve(arenas_.size());
-    for (size_t i = 0; i < arenas_.size(); ++i) {
-      Arena& a = arenas_[i];
-      a.va = reservation_ + i * plan.handle_bytes;
-      for (uint64_t& e : a.events) e = driver_.create_event();
-      a.ev_d2h = driver_.create_event();
-      a.ev_h2d = driver_.create_event();
-      bool ok = a.ev_d2h && a.ev_h2d;
-      for (uint64_t e : a.events) ok = ok && e;
-      if (!ok) {
-        teardown_locked();
-        *why = "the driver would not create events";
-        return false;
-      }
-    }
-  }
-  plan_ = std::move(plan);
-  std::string weights_why;
-  if (!install_weights(&weights_why)) {
-    log().warn("weights stay resident: {}", weights_why);
-    plan_.windows.clear();
-    if (plan_.arenas.empty()) {
-      *why = "weights cannot be streamed: " + weights_why;
+  arenas_.resize(plan.arenas.size());
+  busy_.reserve(arenas_.size());
+  pending_reloads_.reserve(arenas_.size());
+  for (size_t i = 0; i < arenas_.size(); ++i) {
+    Arena& a = arenas_[i];
+    a.va = reservation_ + i * plan.handle_bytes;
+    for (uint64_t& e : a.events) e = driver_.create_event();
+    a.ev_d2h = driver_.create_event();
+    a.ev_h2d = driver_.create_event();
+    bool ok = a.ev_d2h && a.ev_h2d;
+    for (uint64_t e : a.events) ok = ok && e;
+    if (!ok) {
+      teardown_locked();
+      *why = "the driver would not create events";
       return false;
     }
   }
+  return true;
+}
+
+void Executor::schedule_locked() {
   actions_.clear();
   for (size_t i = 0; i < arenas_.size(); ++i) {
     Arena& a = arenas_[i];
@@ -154,27 +187,6 @@ bool Executor::install(Plan plan, uint64_t anchor, HostMemory host, std::string*
     if (x.weight) return until_use(x) < until_use(y);
     return reload_before(plan_.arenas[x.index], x.index, plan_.arenas[y.index], y.index);
   });
-  // Handles of another size are of no use to this plan.
-  for (size_t h = 0; h < handles_.size() && !same; ++h) give_handle(static_cast<int>(h));
-  anchor_ = anchor;
-  host_ = host;
-  active_ = false;
-  cursor_ = 0;
-  pending_reloads_.clear();
-  tables_.clear();  // arena numbers of another plan
-  step_misses_ = step_late_ = 0;
-  step_waits_.clear();
-  step_waits_.reserve(kWaitsKept);
-  step_wait_count_ = step_drained_ = 0;
-  sub_launch_ = ~uint64_t{0};
-  deviated_.store(false);
-  va_lo_.store(reservation_);
-  va_hi_.store(reservation_ + reservation_bytes_);
-  ++st_.installs;
-  first_step_due_ = true;
-  st_.plan = plan_.describe();
-  installed_.store(true, std::memory_order_release);
-  return true;
 }
 
 // ---- hot path ----------------------------------------------------------------------------

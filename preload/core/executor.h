@@ -397,6 +397,14 @@ class Executor final : public LaunchGate {
   void release_handle(int h);     // back to the device; its slot in handles_ becomes 0
   uint32_t reload_cap() const { return opt_.max_reloads_in_flight ? opt_.max_reloads_in_flight : plan_.handles; }
   void teardown_locked();
+  // install's steps, under mu_. may_install_locked: false with *why while the previous plan's
+  // arenas or weights still hold data, or when `plan` moves nothing. make_arenas_locked: the
+  // address space and each arena's events for `plan`; false with *why when the driver refuses.
+  // schedule_locked: the installed plan's arenas emptied for their members (by offset), and
+  // its evictions and reloads listed in the order they are due.
+  bool may_install_locked(const Plan& plan, std::string* why) const;
+  bool make_arenas_locked(const Plan& plan, std::string* why);
+  void schedule_locked();
   std::string describe_handles() const;  // for the log: arenas holding memory, and their state
   // The pool's trim before an installed plan's first step, once per install: the bytes the pool
   // may keep (the budget less the plan's handles), or nullopt when it is not due or the plan is

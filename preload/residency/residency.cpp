@@ -258,30 +258,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   ++st_.allocs;
-  // A freed range of the size, on this stream first (stream order makes it usable at once).
-  auto [lo, hi] = cached_.equal_range(size);
-  auto pick = hi;
-  for (auto it = lo; it != hi; ++it)
-    if (slots_[it->second].free_stream == s) {
-      pick = it;
-      break;
-    }
-  if (pick == hi && lo != hi) pick = lo;
-  if (pick != hi) {
-    const uint32_t slot = pick->second;
-    cached_.erase(pick);
-    cached_bytes_ -= size;
-    Range& r = slots_[slot];
-    if (r.free_stream != s) d_.stream_wait(s, r.free_event);
-    r.live = true;
-    r.last_use = launches_seen_;
-    note_birth(r, size);
-    ++st_.reused;
-    ++st_.ranges;
-    st_.live_bytes += size;
-    *tag = kRangeTag | slot;
-    return r.va;
-  }
+  if (const DevPtr va = reuse_cached(size, s, tag)) return va;
   std::string why;
   if (outside_base_ == UINT64_MAX) refresh_outside();  // the first range: what is outside now is the base
   if (o_.refit && !cached_.empty()) {
@@ -307,16 +284,46 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
       return 0;
     }
   }
-  if (size + pool_share_ > limit() || !make_room(size, nullptr, 0, &why)) {
-    if (why.empty()) {
+  return new_range(size, s, tag, refused, &why);
+}
+
+DevPtr Residency::reuse_cached(uint64_t size, Stream s, uint64_t* tag) {
+  // A freed range of the size, on this stream first (stream order makes it usable at once).
+  auto [lo, hi] = cached_.equal_range(size);
+  auto pick = hi;
+  for (auto it = lo; it != hi; ++it)
+    if (slots_[it->second].free_stream == s) {
+      pick = it;
+      break;
+    }
+  if (pick == hi && lo != hi) pick = lo;
+  if (pick == hi) return 0;
+  const uint32_t slot = pick->second;
+  cached_.erase(pick);
+  cached_bytes_ -= size;
+  Range& r = slots_[slot];
+  if (r.free_stream != s) d_.stream_wait(s, r.free_event);
+  r.live = true;
+  r.last_use = launches_seen_;
+  note_birth(r, size);
+  ++st_.reused;
+  ++st_.ranges;
+  st_.live_bytes += size;
+  *tag = kRangeTag | slot;
+  return r.va;
+}
+
+DevPtr Residency::new_range(uint64_t size, Stream s, uint64_t* tag, bool* refused, std::string* why) {
+  if (size + pool_share_ > limit() || !make_room(size, nullptr, 0, why)) {
+    if (why->empty()) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
                     "an allocation of %s cannot fit the device budget of %.2f GiB (%.2f GiB set aside for "
                     "the allocator's pool)",
                     Size(size).s, o_.budget / kGiB, pool_share_ / kGiB);
-      why = buf;
+      *why = buf;
     }
-    error_ = why;
+    error_ = *why;
     ++st_.refused_allocs;
     *refused = true;
     return 0;
@@ -327,9 +334,9 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   r.cap = o_.refit ? 2 * size : size;
   r.va = d_.reserve(r.cap);
   const uint64_t maps_before = st_.maps;
-  if (!r.va || !back_range(r, s, &why)) {
+  if (!r.va || !back_range(r, s, why)) {
     if (r.va) d_.unreserve(r.va, r.cap);
-    error_ = why.empty() ? "reserving address space failed" : why;
+    error_ = why->empty() ? "reserving address space failed" : *why;
     ++st_.refused_allocs;
     *refused = true;
     return 0;

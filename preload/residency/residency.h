@@ -273,6 +273,12 @@ class Residency final : public LaunchGate {
   // Handles mapped under r.va from `from` (its pieces up to there stay) to r.bytes, for work
   // queued on `s` (which waits for given handles' copy out).
   bool back_range(Range& r, Stream s, std::string* why, uint64_t from = 0);
+  // alloc's ranges, under mu_. reuse_cached: a freed range of `size` kept for reuse, live again
+  // on `s` (its address; 0: none kept, as no range's address is 0). new_range: a range made for
+  // `size`, room made first; 0 with *refused and error_ set when the budget cannot hold it (*why:
+  // the reason found so far, if any).
+  DevPtr reuse_cached(uint64_t size, Stream s, uint64_t* tag);
+  DevPtr new_range(uint64_t size, Stream s, uint64_t* tag, bool* refused, std::string* why);
   // A freed range refitted to serve an allocation of `size` on `s` (refit): its slot, or -1 when
   // none changes fewer mapped bytes than a new range would. *refused when the budget cannot hold it.
   int32_t refit_cached(uint64_t size, Stream s, std::string* why, bool* refused);
