@@ -4,15 +4,6 @@
 #include <cstdio>
 
 namespace offload {
-namespace {
-
-struct Arena {
-  std::vector<uint32_t> members;  // ordinals
-  uint64_t used = 0;
-  int64_t evict_after = -1, first_use = -1;
-};
-
-}  // namespace
 
 std::string gib_text(uint64_t b) {
   char s[32];
@@ -160,6 +151,192 @@ void add_arena(Plan& p, const StepTrace& t, const StepFacts& f, const std::vecto
   p.arenas.push_back(std::move(ap));
 }
 
+namespace {
+
+struct Arena {
+  std::vector<uint32_t> members;  // ordinals
+  uint64_t used = 0;
+  int64_t evict_after = -1, first_use = -1;
+};
+
+// Arenas: consecutive candidates, about candidate_bytes / segments each.
+std::vector<Arena> pack_arenas(const StepTrace& t, const StepFacts& f, const PlanOptions& o) {
+  const uint64_t arena_target = std::max(o.granularity, f.candidate_bytes / std::max(1u, o.segments));
+  std::vector<Arena> arenas;
+  for (uint32_t c : f.candidates) {
+    uint64_t bytes = round_up(t.allocs[c].bytes, o.member_align);
+    if (arenas.empty() || (arenas.back().used + bytes > arena_target && !arenas.back().members.empty()))
+      arenas.emplace_back();
+    Arena& a = arenas.back();
+    a.members.push_back(c);
+    a.used += bytes;
+  }
+  for (Arena& a : arenas) {
+    for (uint32_t m : a.members) {
+      a.evict_after = std::max({a.evict_after, f.fwd_last[m], t.allocs[m].alloc_pos});
+      if (a.first_use < 0 || f.bwd_first[m] < a.first_use) a.first_use = f.bwd_first[m];
+    }
+  }
+  return arenas;
+}
+
+// Every arena but the last (its activations are needed at once in backward), and only
+// those with a gap to hide a copy in.
+// A copy out and back needs time to hide in: without GPU times, the built-in plan asks for
+// an idle gap of a thirty-second of the step's launches (about half a layer of the
+// reference workload).
+std::vector<size_t> idle_arenas(const std::vector<Arena>& arenas, size_t n, const PlanOptions& o) {
+  const int64_t min_gap = std::max<int64_t>(2, static_cast<int64_t>(n) / o.min_gap_fraction);
+  std::vector<size_t> offloadable;
+  for (size_t i = 0; i + 1 < arenas.size(); ++i)
+    if (arenas[i].first_use - arenas[i].evict_after >= min_gap) offloadable.push_back(i);
+  return offloadable;
+}
+
+// The oldest arenas of `offloadable` moved, in handles of `cap` bytes: what that costs.
+struct Offload {
+  const StepTrace& t;
+  const StepFacts& f;
+  const PlanOptions& o;
+  const std::vector<Arena>& arenas;
+  std::vector<size_t> offloadable;
+  uint64_t cap = 0;
+
+  size_t n() const { return t.launches.size(); }
+
+  uint64_t resident_peak(size_t k) const {
+    std::vector<int64_t> res(f.live);
+    for (size_t j = 0; j < k; ++j)
+      for (uint32_t m : arenas[offloadable[j]].members) {
+        const TraceAlloc& a = t.allocs[m];
+        for (int64_t q = a.alloc_pos; q < a.free_pos && q < static_cast<int64_t>(n()); ++q)
+          res[static_cast<size_t>(q)] -= static_cast<int64_t>(a.bytes);
+      }
+    return static_cast<uint64_t>(*std::max_element(res.begin(), res.end()));
+  }
+
+  // Reloads go one arena ahead in backward order: arena j comes back when the arena consumed
+  // just before it is first used (the first consumed, at the turnaround).
+  int64_t reload_at(size_t kk, size_t j) const {
+    const Arena& a = arenas[offloadable[j]];
+    int64_t at = f.peak_pos + 1;
+    for (size_t i = 0; i < kk; ++i) {
+      int64_t first = arenas[offloadable[i]].first_use;
+      if (first < a.first_use) at = std::max(at, first);  // arenas first used together come back together
+    }
+    return std::clamp<int64_t>(at, a.evict_after + 1, a.first_use);
+  }
+
+  // Physical handles: the most arenas mapped at once when the oldest kk are offloaded. In the
+  // forward an arena is mapped from its first member's birth until its copy out is done,
+  // taken to be when the arena after next starts filling (the copies trail the compute);
+  // in the backward from its reload until its last member is freed.
+  uint64_t handles_needed(size_t kk) const {
+    std::vector<int32_t> count(n() + 1, 0);
+    auto span = [&](int64_t a, int64_t b) {
+      a = std::clamp<int64_t>(a, 0, static_cast<int64_t>(n()));
+      b = std::clamp<int64_t>(b, a, static_cast<int64_t>(n()));
+      ++count[static_cast<size_t>(a)];
+      --count[static_cast<size_t>(b)];
+    };
+    for (size_t j = 0; j < kk; ++j) {
+      const Arena& a = arenas[offloadable[j]];
+      int64_t born = static_cast<int64_t>(n()), last_free = 0;
+      for (uint32_t m : a.members) {
+        born = std::min(born, t.allocs[m].alloc_pos);
+        last_free = std::max(last_free, t.allocs[m].free_pos);
+      }
+      size_t after_next = offloadable[j] + 2;
+      int64_t out_done = a.evict_after + 1;
+      if (after_next < arenas.size())
+        for (uint32_t m : arenas[after_next].members) out_done = std::max(out_done, t.allocs[m].alloc_pos);
+      span(born, out_done + 1);
+      span(reload_at(kk, j), last_free + 1);
+    }
+    int32_t most = 0, run = 0;
+    for (size_t q = 0; q <= n(); ++q) most = std::max(most, run += count[q]);
+    return std::max<uint64_t>(2, static_cast<uint64_t>(most));
+  }
+
+  // The stream-ordered pool reserves more than the live bytes it hands out (fragmentation):
+  // what stays outside arenas costs pool_overhead times its size.
+  uint64_t predicted(size_t kk, uint64_t* res) const {
+    *res = resident_peak(kk);
+    return static_cast<uint64_t>(static_cast<double>(*res) * o.pool_overhead) + std::min<uint64_t>(handles_needed(kk), kk) * cap;
+  }
+};
+
+struct Choice {
+  uint64_t cap = 0, res = 0, pred = ~uint64_t{0}, moved = 0;
+  std::vector<size_t> arenas;
+  size_t k = 0;
+  bool meets = false;
+};
+
+// With handles of `cap` bytes (larger arenas stay resident): offload the oldest k arenas of
+// `all_offloadable`, the smallest k that meets the budget, else all of them the host pool takes.
+// k = 0: the host pool takes none.
+Choice choose_for_cap(Offload& off, const std::vector<size_t>& all_offloadable, uint64_t cap) {
+  const PlanOptions& o = off.o;
+  const uint64_t target = o.budget;
+  off.cap = cap;
+  off.offloadable.clear();
+  for (size_t i : all_offloadable)
+    if (round_up(off.arenas[i].used, o.granularity) <= cap) off.offloadable.push_back(i);
+  size_t k = off.offloadable.size();
+  uint64_t host = 0;
+  for (size_t j = 0; j < off.offloadable.size(); ++j) {
+    host += off.arenas[off.offloadable[j]].used;
+    if (host > o.max_host_bytes) {
+      k = j;
+      break;
+    }
+  }
+  if (k == 0) return Choice{};
+  uint64_t res = 0, pred = off.predicted(k, &res);
+  if (o.budget && pred <= target) {
+    // Fewer arenas may do: every one moved costs link time.
+    size_t lo = 1, hi = k;
+    while (lo < hi) {
+      size_t mid = (lo + hi) / 2;
+      uint64_t r2;
+      if (off.predicted(mid, &r2) <= target) hi = mid;
+      else lo = mid + 1;
+    }
+    k = lo;
+    pred = off.predicted(k, &res);
+  }
+  Choice ch{cap, res, pred, 0, std::vector<size_t>(off.offloadable.begin(), off.offloadable.begin() + static_cast<long>(k)),
+            k, !o.budget || pred <= target};
+  for (size_t i : ch.arenas) ch.moved += off.arenas[i].used;
+  return ch;
+}
+
+// Every handle has the size of the largest offloaded arena, so one arena far larger than
+// the others (a single huge activation, such as a language model's logits) would make
+// every handle that large. Each arena size is tried as the handle size (larger arenas stay
+// resident); the best choice wins.
+Choice best_choice(Offload& off, const std::vector<size_t>& all_offloadable) {
+  const PlanOptions& o = off.o;
+  std::vector<uint64_t> caps;
+  for (size_t i : all_offloadable) caps.push_back(round_up(off.arenas[i].used, o.granularity));
+  std::sort(caps.begin(), caps.end());
+  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
+  Choice best;
+  for (uint64_t c : caps) {
+    Choice ch = choose_for_cap(off, all_offloadable, c);
+    if (ch.k == 0) continue;
+    // Without a budget: every candidate (the most bytes moved). With one: meeting it first,
+    // then moving the fewest bytes; else the lowest peak.
+    bool better = !o.budget ? ch.moved > best.moved
+                            : ch.meets ? (!best.meets || ch.moved < best.moved) : (!best.meets && ch.pred < best.pred);
+    if (better) best = std::move(ch);
+  }
+  return best;
+}
+
+}  // namespace
+
 Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
   Plan p;
   p.budget = o.budget;
@@ -173,10 +350,6 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
   }
 
   const StepFacts f = step_facts(t, o.min_bytes);
-  const std::vector<int64_t>& live = f.live;
-  const int64_t peak_pos = f.peak_pos;
-  const std::vector<int64_t>&fwd_last = f.fwd_last, &bwd_first = f.bwd_first;
-  const std::vector<uint32_t>& cand = f.candidates;
   p.plain_peak = f.peak;
   p.resident_peak = p.predicted_peak = p.plain_peak;
   if (o.budget && p.plain_peak <= o.budget) {
@@ -184,177 +357,43 @@ Plan build_plan(const StepTrace& t, const PlanOptions& o, std::string* why) {
     return p;
   }
   p.candidate_bytes = f.candidate_bytes;
-  p.candidates = cand.size();
-  if (cand.size() < 2) {
+  p.candidates = f.candidates.size();
+  if (f.candidates.size() < 2) {
     *why = "fewer than two activations to offload";
     return p;
   }
 
-  // Arenas: consecutive candidates, about candidate_bytes / segments each.
-  const uint64_t arena_target = std::max(o.granularity, p.candidate_bytes / std::max(1u, o.segments));
-  std::vector<Arena> arenas;
-  for (uint32_t c : cand) {
-    uint64_t bytes = round_up(t.allocs[c].bytes, o.member_align);
-    if (arenas.empty() || (arenas.back().used + bytes > arena_target && !arenas.back().members.empty()))
-      arenas.emplace_back();
-    Arena& a = arenas.back();
-    a.members.push_back(c);
-    a.used += bytes;
-  }
-  for (Arena& a : arenas) {
-    for (uint32_t m : a.members) {
-      a.evict_after = std::max({a.evict_after, fwd_last[m], t.allocs[m].alloc_pos});
-      if (a.first_use < 0 || bwd_first[m] < a.first_use) a.first_use = bwd_first[m];
-    }
-  }
-  // Every arena but the last (its activations are needed at once in backward), and only
-  // those with a gap to hide a copy in.
-  // A copy out and back needs time to hide in: without GPU times, the built-in plan asks for
-  // an idle gap of a thirty-second of the step's launches (about half a layer of the
-  // reference workload).
-  const int64_t min_gap = std::max<int64_t>(2, static_cast<int64_t>(n) / o.min_gap_fraction);
-  std::vector<size_t> offloadable;
-  for (size_t i = 0; i + 1 < arenas.size(); ++i)
-    if (arenas[i].first_use - arenas[i].evict_after >= min_gap) offloadable.push_back(i);
-  if (offloadable.empty()) {
+  const std::vector<Arena> arenas = pack_arenas(t, f, o);
+  const std::vector<size_t> all_offloadable = idle_arenas(arenas, n, o);
+  if (all_offloadable.empty()) {
     *why = "no activation is idle between its forward and backward use";
     return p;
   }
-  // Every handle has the size of the largest offloaded arena, so one arena far larger than
-  // the others (a single huge activation, such as a language model's logits) would make
-  // every handle that large. Each arena size is tried as the handle size (larger arenas stay
-  // resident); the best choice wins below.
-  const std::vector<size_t> all_offloadable = offloadable;
-  std::vector<uint64_t> caps;
-  for (size_t i : all_offloadable) caps.push_back(round_up(arenas[i].used, o.granularity));
-  std::sort(caps.begin(), caps.end());
-  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
-  uint64_t cap = 0;
-  // Offload the oldest k arenas: the smallest k that meets the budget, else all of them.
-  auto resident_peak = [&](size_t k) {
-    std::vector<int64_t> res(live);
-    for (size_t j = 0; j < k; ++j)
-      for (uint32_t m : arenas[offloadable[j]].members) {
-        const TraceAlloc& a = t.allocs[m];
-        for (int64_t q = a.alloc_pos; q < a.free_pos && q < static_cast<int64_t>(n); ++q)
-          res[static_cast<size_t>(q)] -= static_cast<int64_t>(a.bytes);
-      }
-    return static_cast<uint64_t>(*std::max_element(res.begin(), res.end()));
-  };
-  // Physical handles: the most arenas mapped at once when the oldest kk are offloaded. In the
-  // forward an arena is mapped from its first member's birth until its copy out is done,
-  // taken to be when the arena after next starts filling (the copies trail the compute);
-  // in the backward from its reload until its last member is freed.
-  // Reloads go one arena ahead in backward order: arena j comes back when the arena consumed
-  // just before it is first used (the first consumed, at the turnaround).
-  auto reload_at = [&](size_t kk, size_t j) {
-    const Arena& a = arenas[offloadable[j]];
-    int64_t at = peak_pos + 1;
-    for (size_t i = 0; i < kk; ++i) {
-      int64_t f = arenas[offloadable[i]].first_use;
-      if (f < a.first_use) at = std::max(at, f);  // arenas first used together come back together
-    }
-    return std::clamp<int64_t>(at, a.evict_after + 1, a.first_use);
-  };
-  auto handles_needed = [&](size_t kk) {
-    std::vector<int32_t> count(n + 1, 0);
-    auto span = [&](int64_t a, int64_t b) {
-      a = std::clamp<int64_t>(a, 0, static_cast<int64_t>(n));
-      b = std::clamp<int64_t>(b, a, static_cast<int64_t>(n));
-      ++count[static_cast<size_t>(a)];
-      --count[static_cast<size_t>(b)];
-    };
-    for (size_t j = 0; j < kk; ++j) {
-      const Arena& a = arenas[offloadable[j]];
-      int64_t born = static_cast<int64_t>(n), last_free = 0;
-      for (uint32_t m : a.members) {
-        born = std::min(born, t.allocs[m].alloc_pos);
-        last_free = std::max(last_free, t.allocs[m].free_pos);
-      }
-      size_t after_next = offloadable[j] + 2;
-      int64_t out_done = a.evict_after + 1;
-      if (after_next < arenas.size())
-        for (uint32_t m : arenas[after_next].members) out_done = std::max(out_done, t.allocs[m].alloc_pos);
-      span(born, out_done + 1);
-      span(reload_at(kk, j), last_free + 1);
-    }
-    int32_t most = 0, run = 0;
-    for (size_t q = 0; q <= n; ++q) most = std::max(most, run += count[q]);
-    return std::max<uint64_t>(2, static_cast<uint64_t>(most));
-  };
-  // The stream-ordered pool reserves more than the live bytes it hands out (fragmentation):
-  // what stays outside arenas costs pool_overhead times its size.
-  auto predicted = [&](size_t kk, uint64_t* res) {
-    *res = resident_peak(kk);
-    return static_cast<uint64_t>(static_cast<double>(*res) * o.pool_overhead) + std::min<uint64_t>(handles_needed(kk), kk) * cap;
-  };
-  const uint64_t target = o.budget;
-  struct Choice {
-    uint64_t cap = 0, res = 0, pred = ~uint64_t{0}, moved = 0;
-    std::vector<size_t> arenas;
-    size_t k = 0;
-    bool meets = false;
-  } best;
-  for (uint64_t c : caps) {
-    cap = c;
-    offloadable.clear();
-    for (size_t i : all_offloadable)
-      if (round_up(arenas[i].used, o.granularity) <= c) offloadable.push_back(i);
-    size_t k = offloadable.size();
-    uint64_t host = 0;
-    for (size_t j = 0; j < offloadable.size(); ++j) {
-      host += arenas[offloadable[j]].used;
-      if (host > o.max_host_bytes) {
-        k = j;
-        break;
-      }
-    }
-    if (k == 0) continue;
-    uint64_t res = 0, pred = predicted(k, &res);
-    if (o.budget && pred <= target) {
-      // Fewer arenas may do: every one moved costs link time.
-      size_t lo = 1, hi = k;
-      while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        uint64_t r2;
-        if (predicted(mid, &r2) <= target) hi = mid;
-        else lo = mid + 1;
-      }
-      k = lo;
-      pred = predicted(k, &res);
-    }
-    Choice ch{c, res, pred, 0, std::vector<size_t>(offloadable.begin(), offloadable.begin() + static_cast<long>(k)), k,
-              !o.budget || pred <= target};
-    for (size_t i : ch.arenas) ch.moved += arenas[i].used;
-    // Without a budget: every candidate (the most bytes moved). With one: meeting it first,
-    // then moving the fewest bytes; else the lowest peak.
-    bool better = !o.budget ? ch.moved > best.moved
-                            : ch.meets ? (!best.meets || ch.moved < best.moved) : (!best.meets && ch.pred < best.pred);
-    if (better) best = std::move(ch);
-  }
+  Offload off{t, f, o, arenas, {}, 0};
+  const Choice best = best_choice(off, all_offloadable);
   if (best.k == 0) {
     *why = "the host pool cannot take even one arena (" + gib_text(arenas[all_offloadable[0]].used) + ")";
     return p;
   }
-  cap = best.cap;
-  offloadable = best.arenas;
-  size_t k = best.k;
-  uint64_t res = best.res, pred = best.pred;
+  off.cap = best.cap;
+  off.offloadable = best.arenas;
+  const size_t k = best.k;
+  const uint64_t res = best.res, pred = best.pred;
   const uint64_t plain_footprint = static_cast<uint64_t>(static_cast<double>(p.plain_peak) * o.pool_overhead);
   if (o.budget && pred >= plain_footprint) {
     *why = "offloading would not lower the footprint below " + gib_text(plain_footprint) + " (the best plan keeps " + gib_text(res) +
-           " outside arenas, and " + std::to_string(handles_needed(k)) + " arenas of " + std::to_string(cap >> 20) +
+           " outside arenas, and " + std::to_string(off.handles_needed(k)) + " arenas of " + std::to_string(off.cap >> 20) +
            " MiB mapped at once)";
     return p;
   }
-  p.meets_budget = !o.budget || pred <= target;
+  p.meets_budget = !o.budget || pred <= o.budget;
   p.resident_peak = res;
   p.predicted_peak = pred;
-  p.handles = static_cast<uint32_t>(std::min<uint64_t>(handles_needed(k), k));
-  p.handle_bytes = cap;
+  p.handles = static_cast<uint32_t>(std::min<uint64_t>(off.handles_needed(k), k));
+  p.handle_bytes = off.cap;
 
   // Reload one arena ahead: while the backward consumes arena j+1, arena j comes back.
-  for (size_t j = 0; j < k; ++j) add_arena(p, t, f, arenas[offloadable[j]].members, cap, reload_at(k, j), o.member_align);
+  for (size_t j = 0; j < k; ++j) add_arena(p, t, f, arenas[off.offloadable[j]].members, off.cap, off.reload_at(k, j), o.member_align);
   p.index_members();
   return p;
 }

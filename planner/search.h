@@ -1,4 +1,4 @@
-// Internals shared by planner.cpp and search.cpp: not part of the planner's interface.
+// Internals shared by planner.cpp, simulate.cpp and search.cpp: not part of the planner's interface.
 #pragma once
 
 #include <cstdint>

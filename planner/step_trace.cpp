@@ -94,6 +94,101 @@ void StepTrace::write(std::ostream& os) const {
   os << "end\n";
 }
 
+namespace {
+
+// The counts the step line announces; the records after it must match them.
+struct Counts {
+  size_t launches = 0, allocs = 0, kernels = 0;
+};
+
+// Each reader below takes one line of the trace; it returns what is wrong with it, or nothing.
+
+std::string read_magic(const std::string& line) {
+  std::istringstream ss(line);
+  std::string magic;
+  uint32_t major = 0, minor = 0;
+  char dot = 0;
+  if (!(ss >> magic >> major >> dot >> minor) || magic != trace_format::kMagic || dot != '.')
+    return "not an offload trace (expected '" + std::string(trace_format::kMagic) + " <major>.<minor>')";
+  if (major != trace_format::kMajor)
+    return "trace format " + std::to_string(major) + "." + std::to_string(minor) +
+           " is not supported (this reader reads " + std::to_string(trace_format::kMajor) + ".x)";
+  return {};
+}
+
+std::string read_step_line(const std::string& line, StepTrace* out, Counts* c) {
+  std::istringstream ss(line);
+  std::string w[6];
+  if (!(ss >> w[0] >> out->step >> w[1] >> c->launches >> w[2] >> c->allocs >> w[3] >> c->kernels >> w[4] >>
+        out->gpu_busy_ns >> w[5] >> out->cupti_kernels) ||
+      w[0] != "step" || w[1] != "launches" || w[2] != "allocs" || w[3] != "kernels" || w[4] != "gpu_busy_ns" ||
+      w[5] != "cupti_kernels")
+    return "malformed step line";
+  // Bound what a header may ask us to reserve.
+  if (c->launches > (1u << 26) || c->allocs > (1u << 26) || c->kernels > (1u << 24))
+    return "implausible counts in step line";
+  return {};
+}
+
+std::string read_launch(std::istringstream& ss, const Counts& c, StepTrace* out) {
+  TraceLaunch l;
+  char k = 0;
+  size_t n = 0;
+  if (!(ss >> l.pos >> k >> l.kernel >> std::hex >> l.stream >> std::dec >> l.gpu_start_ns >> l.gpu_ns >> n) ||
+      !kind_from(k, &l.kind))
+    return "malformed launch line";
+  if (l.pos != out->launches.size()) return "launch positions out of order";
+  if (n > c.allocs) return "launch touches more allocations than the step has";
+  l.allocs.resize(n);
+  for (auto& o : l.allocs)
+    if (!(ss >> o) || o >= c.allocs) return "bad allocation ordinal in launch";
+  if (std::string more; ss >> more) {
+    int64_t lead = 0;
+    if (more != "lead" || !(ss >> lead) || (ss >> more))
+      return "malformed launch line (after its allocations: 'lead <ns>' or nothing)";
+    l.lead_ns = lead;
+  }
+  out->launches.push_back(std::move(l));
+  return {};
+}
+
+// A record after the step line, its tag already read from `ss`.
+std::string read_record(const std::string& tag, std::istringstream& ss, const Counts& c, StepTrace* out) {
+  if (tag == "base") {
+    int64_t b = 0;
+    std::string more;
+    if (!(ss >> b) || (ss >> more) || b < 0) return "malformed base line (base <unix_ns>)";
+    out->base_unix_ns = b;
+  } else if (tag == "kernel") {
+    uint32_t id;
+    if (!(ss >> id)) return "malformed kernel line";
+    std::string name;
+    std::getline(ss >> std::ws, name);
+    out->kernels[id] = name;
+  } else if (tag == "alloc") {
+    TraceAlloc a;
+    if (!(ss >> a.ordinal >> a.bytes >> std::hex >> a.stream >> std::dec >> a.alloc_pos >> a.free_pos))
+      return "malformed alloc line";
+    if (a.ordinal != out->allocs.size()) return "alloc ordinals out of order";
+    out->allocs.push_back(a);
+  } else if (tag == "launch") {
+    return read_launch(ss, c, out);
+  } else if (tag == "transfer") {
+    TraceTransfer x;
+    std::string dir, more;
+    if (!(ss >> x.gpu_start_ns >> x.gpu_ns >> x.bytes >> dir) || (ss >> more) || x.gpu_ns < 0 ||
+        !direction_from(dir, &x.copy_kind))
+      return "malformed transfer line (transfer <start_ns> <ns> <bytes> h2d|d2h|d2d|other)";
+    if (out->transfers.size() >= kMaxTransfers) return "implausibly many transfer lines";
+    out->transfers.push_back(x);
+  } else {
+    return "unknown record '" + tag + "'";
+  }
+  return {};
+}
+
+}  // namespace
+
 bool StepTrace::read(std::istream& is, StepTrace* out, std::string* error) {
   auto fail = [&](size_t line, const std::string& why) {
     if (error) *error = "line " + std::to_string(line) + ": " + why;
@@ -104,96 +199,26 @@ bool StepTrace::read(std::istream& is, StepTrace* out, std::string* error) {
   size_t ln = 0;
   if (!std::getline(is, line)) return fail(1, "empty input");
   ++ln;
-  {
-    std::istringstream ss(line);
-    std::string magic;
-    uint32_t major = 0, minor = 0;
-    char dot = 0;
-    if (!(ss >> magic >> major >> dot >> minor) || magic != trace_format::kMagic || dot != '.')
-      return fail(ln, "not an offload trace (expected '" + std::string(trace_format::kMagic) +
-                          " <major>.<minor>')");
-    if (major != trace_format::kMajor)
-      return fail(ln, "trace format " + std::to_string(major) + "." + std::to_string(minor) +
-                          " is not supported (this reader reads " +
-                          std::to_string(trace_format::kMajor) + ".x)");
-  }
-  size_t n_launches = 0, n_allocs = 0, n_kernels = 0;
+  if (std::string why = read_magic(line); !why.empty()) return fail(ln, why);
+  Counts c;
   if (!std::getline(is, line)) return fail(ln + 1, "missing step line");
   ++ln;
-  {
-    std::istringstream ss(line);
-    std::string w[6];
-    if (!(ss >> w[0] >> out->step >> w[1] >> n_launches >> w[2] >> n_allocs >> w[3] >> n_kernels >>
-          w[4] >> out->gpu_busy_ns >> w[5] >> out->cupti_kernels) ||
-        w[0] != "step" || w[1] != "launches" || w[2] != "allocs" || w[3] != "kernels" ||
-        w[4] != "gpu_busy_ns" || w[5] != "cupti_kernels")
-      return fail(ln, "malformed step line");
-    // Bound what a header may ask us to reserve.
-    if (n_launches > (1u << 26) || n_allocs > (1u << 26) || n_kernels > (1u << 24))
-      return fail(ln, "implausible counts in step line");
-  }
-  out->allocs.reserve(n_allocs);
-  out->launches.reserve(n_launches);
+  if (std::string why = read_step_line(line, out, &c); !why.empty()) return fail(ln, why);
+  out->allocs.reserve(c.allocs);
+  out->launches.reserve(c.launches);
   while (std::getline(is, line)) {
     ++ln;
     std::istringstream ss(line);
     std::string tag;
     ss >> tag;
     if (tag == "end") break;
-    if (tag == "base") {
-      int64_t b = 0;
-      std::string more;
-      if (!(ss >> b) || (ss >> more) || b < 0) return fail(ln, "malformed base line (base <unix_ns>)");
-      out->base_unix_ns = b;
-    } else if (tag == "kernel") {
-      uint32_t id;
-      if (!(ss >> id)) return fail(ln, "malformed kernel line");
-      std::string name;
-      std::getline(ss >> std::ws, name);
-      out->kernels[id] = name;
-    } else if (tag == "alloc") {
-      TraceAlloc a;
-      if (!(ss >> a.ordinal >> a.bytes >> std::hex >> a.stream >> std::dec >> a.alloc_pos >> a.free_pos))
-        return fail(ln, "malformed alloc line");
-      if (a.ordinal != out->allocs.size()) return fail(ln, "alloc ordinals out of order");
-      out->allocs.push_back(a);
-    } else if (tag == "launch") {
-      TraceLaunch l;
-      char k = 0;
-      size_t n = 0;
-      if (!(ss >> l.pos >> k >> l.kernel >> std::hex >> l.stream >> std::dec >> l.gpu_start_ns >>
-            l.gpu_ns >> n) ||
-          !kind_from(k, &l.kind))
-        return fail(ln, "malformed launch line");
-      if (l.pos != out->launches.size()) return fail(ln, "launch positions out of order");
-      if (n > n_allocs) return fail(ln, "launch touches more allocations than the step has");
-      l.allocs.resize(n);
-      for (auto& o : l.allocs)
-        if (!(ss >> o) || o >= n_allocs) return fail(ln, "bad allocation ordinal in launch");
-      if (std::string more; ss >> more) {
-        int64_t lead = 0;
-        if (more != "lead" || !(ss >> lead) || (ss >> more)) return fail(ln, "malformed launch line (after its allocations: 'lead <ns>' or nothing)");
-        l.lead_ns = lead;
-      }
-      out->launches.push_back(std::move(l));
-    } else if (tag == "transfer") {
-      TraceTransfer x;
-      std::string dir, more;
-      if (!(ss >> x.gpu_start_ns >> x.gpu_ns >> x.bytes >> dir) || (ss >> more) || x.gpu_ns < 0 ||
-          !direction_from(dir, &x.copy_kind))
-        return fail(ln, "malformed transfer line (transfer <start_ns> <ns> <bytes> h2d|d2h|d2d|other)");
-      if (out->transfers.size() >= kMaxTransfers) return fail(ln, "implausibly many transfer lines");
-      out->transfers.push_back(x);
-    } else {
-      return fail(ln, "unknown record '" + tag + "'");
-    }
+    if (std::string why = read_record(tag, ss, c, out); !why.empty()) return fail(ln, why);
   }
   if (line != "end") return fail(ln, "truncated trace (no 'end')");
-  if (out->launches.size() != n_launches || out->allocs.size() != n_allocs ||
-      out->kernels.size() != n_kernels)
+  if (out->launches.size() != c.launches || out->allocs.size() != c.allocs || out->kernels.size() != c.kernels)
     return fail(ln, "record counts do not match the step line");
   for (const TraceAlloc& a : out->allocs)
-    if (a.alloc_pos > static_cast<int64_t>(n_launches) || a.free_pos > static_cast<int64_t>(n_launches))
+    if (a.alloc_pos > static_cast<int64_t>(c.launches) || a.free_pos > static_cast<int64_t>(c.launches))
       return fail(ln, "allocation position past the end of the step");
   return true;
 }

@@ -161,6 +161,282 @@ int64_t lower_bound(int64_t T, uint64_t bytes_out, uint64_t bytes_in, const Link
                    bytes_in ? link_ns(bytes_in, link.h2d * link.scale) : 0});
 }
 
+// The weights that may stream (born before the step, outliving it, at least persistent_min,
+// used in it), and the footprint without streaming: the shim's own blocks (persistent, at
+// least persistent_min) are exact, in whole granules; the rest sits in PyTorch's pool.
+struct Candidates {
+  std::vector<uint32_t> ordinals;
+  std::vector<std::vector<int64_t>> uses;  // per ordinal, the launches touching it (the persistent: sorted, once each)
+  uint64_t persistent = 0, persistent_rounded = 0;
+  uint64_t granularity = 0, unit = 0;
+  // The executor reloads weights in units (weight_unit) and maps a weight that is no multiple
+  // of the unit on whole units too, in the room its block's range has past its end
+  // (PersistentPool): lora's embedding and head, 376 MiB, on six units of 72 (432 MiB), so
+  // that every leaving weight's memory serves them. Such a weight counts at that size. The
+  // unit here is the candidates'; the executor's, that of the weights streamed: the same when
+  // all of them stream, as on lora.
+  uint64_t block(uint64_t bytes) const {
+    const uint64_t b = round_up(bytes, granularity);
+    return in_units(b, unit) ? round_up(b, unit) : b;
+  }
+};
+
+Candidates weight_candidates(const StepTrace& t, const PlannerOptions& o) {
+  Candidates c;
+  c.granularity = o.granularity;
+  c.uses.resize(t.allocs.size());
+  for (const TraceLaunch& l : t.launches)
+    for (uint32_t a : l.allocs)
+      if (a < c.uses.size()) c.uses[a].push_back(l.pos);
+  for (const TraceAlloc& a : t.allocs) {
+    if (!o.persistent_min || !a.persistent(o.persistent_min)) continue;
+    c.persistent += a.bytes;
+    std::vector<int64_t>& us = c.uses[a.ordinal];
+    std::sort(us.begin(), us.end());
+    us.erase(std::unique(us.begin(), us.end()), us.end());
+    if (!us.empty()) c.ordinals.push_back(a.ordinal);
+  }
+  std::vector<uint64_t> sizes;
+  for (uint32_t ord : c.ordinals) sizes.push_back(round_up(t.allocs[ord].bytes, o.granularity));
+  c.unit = weight_unit(sizes);
+  for (const TraceAlloc& a : t.allocs)
+    if (o.persistent_min && a.persistent(o.persistent_min))
+      c.persistent_rounded += c.uses[a.ordinal].empty() ? round_up(a.bytes, o.granularity) : c.block(a.bytes);
+  return c;
+}
+
+// The footprint before each launch with every weight resident (`foot`), from the live bytes
+// outside the arenas (`live`) and PyTorch's pool's share at its peak (`pooled`).
+struct Base {
+  std::vector<int64_t> live;
+  int64_t pooled = 0;
+  std::vector<int64_t> foot;
+};
+
+Base base_footprint(const StepTrace& t, const PlannerOptions& o, const Candidates& c, const PlannerResult* arenas) {
+  const int64_t n = static_cast<int64_t>(t.launches.size());
+  Base b;
+  // With arenas, live bytes outside them (their members are in the handles, counted whole).
+  b.live = live_bytes(t, nullptr);
+  int64_t handles = 0;
+  if (arenas) {
+    for (int64_t q = 0; q < n; ++q) b.live[static_cast<size_t>(q)] = static_cast<int64_t>(arenas->prediction.resident[static_cast<size_t>(q)]);
+    handles = static_cast<int64_t>(uint64_t{arenas->plan.handles} * arenas->plan.handle_bytes);
+  }
+  // PyTorch's pool keeps what it reserved (its release threshold is the maximum): the pooled
+  // bytes count at their peak before every launch, and only the weights' own blocks come and
+  // go. (Planned per launch instead, the pool's peak and the weights' peak coincide on the GPU
+  // and the plan passes its budget by far.)
+  b.pooled = pooled_peak(b.live, c.persistent);
+  const int64_t base_bytes = static_cast<int64_t>(static_cast<double>(b.pooled) * o.pool_overhead) +
+                             static_cast<int64_t>(c.persistent_rounded) + handles;
+  b.foot.assign(static_cast<size_t>(n), base_bytes);
+  return b;
+}
+
+// Candidate windows: between consecutive uses, and across the boundary (never between
+// adjacent launches: nothing runs there to hide a copy).
+std::vector<Window> weight_windows(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const Candidates& cs) {
+  const int64_t n = static_cast<int64_t>(t.launches.size()), T = g.total;
+  const double d2h = o.link.d2h_shared * o.link.scale, h2d = o.link.h2d_shared * o.link.scale;
+  std::vector<Window> w;
+  for (uint32_t c = 0; c < cs.ordinals.size(); ++c) {
+    const TraceAlloc& a = t.allocs[cs.ordinals[c]];
+    const std::vector<int64_t>& us = cs.uses[a.ordinal];
+    auto add = [&](int64_t from, int64_t to, bool wrap) {
+      if (to + (wrap ? n : 0) == from + 1) return;
+      Window x;
+      x.weight = c, x.a = from, x.b = to, x.wrap = wrap;
+      x.ready = g.start[static_cast<size_t>(from)] + g.dur[static_cast<size_t>(from)];
+      x.use = g.start[static_cast<size_t>(to)] + (wrap ? T : 0);
+      // Read-only: copied out once, in a step before the plan's steady state; nothing after.
+      x.d2h_ns = std::binary_search(o.read_only.begin(), o.read_only.end(), a.ordinal) ? 0 : link_ns(a.bytes, d2h);
+      x.h2d_ns = link_ns(a.bytes, h2d);
+      w.push_back(x);
+    };
+    for (size_t i = 0; i + 1 < us.size(); ++i) add(us[i], us[i + 1], false);
+    add(us.back(), us.front(), true);
+  }
+  return w;
+}
+
+// Greedy: at the peak, stream the largest window that covers it, while the schedule of
+// everything chosen stays feasible.
+struct Greedy {
+  const StepTrace& t;
+  const Candidates& cs;
+  const std::vector<Window>& w;
+  const std::vector<int64_t>& base;  // the footprint before each launch, nothing streamed
+  const Unrolled u;
+  const int64_t n;
+  std::vector<Timing> alone;  // each window alone: whether its copies fit, where it is absent
+  size_t too_short = 0;       // windows whose copies do not fit even alone
+  std::vector<uint32_t> sel;  // the windows chosen
+  std::vector<Timing> tm;     // their timing together
+  std::vector<int64_t> foot, absent_raw;  // the footprint and the streamed bytes absent, before each launch
+  std::vector<int64_t> d, dr, absent;     // fold's, kept
+
+  Greedy(const StepTrace& t, const GpuTimeline& g, const Candidates& cs, const std::vector<Window>& w,
+         const std::vector<int64_t>& base)
+      : t(t), cs(cs), w(w), base(base), u{g, static_cast<int64_t>(t.launches.size())}, n(u.n), alone(w.size()),
+        foot(base), absent_raw(static_cast<size_t>(n), 0) {
+    for (uint32_t i = 0; i < w.size(); ++i) {
+      std::vector<Timing> one;
+      schedule(u, w, {i}, one);
+      alone[i] = one[0];
+      too_short += !alone[i].feasible;
+    }
+  }
+
+  uint64_t bytes(size_t window) const { return t.allocs[cs.ordinals[w[window].weight]].bytes; }
+
+  // The footprint (and the streamed bytes absent) before each launch, with `sel` timed as `times`.
+  void fold(const std::vector<Timing>& times, std::vector<int64_t>& out_foot, std::vector<int64_t>& out_raw) {
+    d.assign(static_cast<size_t>(n) + 1, 0);
+    dr.assign(static_cast<size_t>(n) + 1, 0);
+    for (size_t k = 0; k < sel.size(); ++k) {
+      const uint64_t b = bytes(sel[k]);
+      add_span(d, times[k].span_from, times[k].span_to, n, static_cast<int64_t>(cs.block(b)));
+      add_span(dr, times[k].span_from, times[k].span_to, n, static_cast<int64_t>(b));
+    }
+    prefix_into(d, n, absent);
+    prefix_into(dr, n, out_raw);
+    for (int64_t q = 0; q < n; ++q) out_foot[static_cast<size_t>(q)] = base[static_cast<size_t>(q)] - absent[static_cast<size_t>(q)];
+  }
+
+  enum : char { kFree, kChosen, kRejected };
+
+  // The largest window still free that fits alone and covers launch `peak` (the longest idle
+  // on a tie); -1: none.
+  int64_t largest_covering(int64_t peak, const std::vector<char>& state) const {
+    int64_t best = -1;
+    for (uint32_t i = 0; i < w.size(); ++i) {
+      if (state[i] != kFree || !alone[i].feasible || !covers(alone[i], peak, n)) continue;
+      if (best < 0) {
+        best = i;
+        continue;
+      }
+      const uint64_t bi = bytes(i), bb = bytes(static_cast<size_t>(best));
+      if (bi > bb || (bi == bb && w[i].idle() > w[static_cast<size_t>(best)].idle())) best = i;
+    }
+    return best;
+  }
+
+  // Chooses windows until the footprint meets `budget`; returns the launch before which it is
+  // missed, or -1.
+  int64_t run(uint64_t budget, const std::function<void()>& progress) {
+    std::vector<char> state(w.size(), kFree);
+    std::vector<Timing> next;
+    std::vector<int64_t> next_foot(foot.size()), next_raw;
+    while (budget) {
+      if (progress) progress();
+      const int64_t peak = std::max_element(foot.begin(), foot.end()) - foot.begin();
+      if (static_cast<uint64_t>(std::max<int64_t>(0, foot[static_cast<size_t>(peak)])) <= budget) break;
+      const int64_t best = largest_covering(peak, state);
+      if (best < 0) return peak;
+      sel.push_back(static_cast<uint32_t>(best));
+      // Kept only if everything chosen still fits, the new one still covers the peak once it
+      // queues behind the others, and the others' shorter absences raise no launch above the
+      // peak.
+      bool keep = schedule(u, w, sel, next) && covers(next.back(), peak, n);
+      if (keep) {
+        fold(next, next_foot, next_raw);
+        keep = *std::max_element(next_foot.begin(), next_foot.end()) <= foot[static_cast<size_t>(peak)];
+      }
+      if (keep) {
+        state[static_cast<size_t>(best)] = kChosen;
+        std::swap(tm, next);
+        std::swap(foot, next_foot);
+        std::swap(absent_raw, next_raw);
+      } else {
+        sel.pop_back();
+        state[static_cast<size_t>(best)] = kRejected;
+      }
+    }
+    return -1;
+  }
+};
+
+// The plan: weights in ordinal order, their windows by evict_after. Returns the bytes the
+// windows move in, and in `moved_out` those they copy out.
+uint64_t add_windows(Plan& p, const Greedy& gr, uint64_t* moved_out) {
+  const StepTrace& t = gr.t;
+  const std::vector<uint32_t>& cand = gr.cs.ordinals;
+  const std::vector<Window>& w = gr.w;
+  std::vector<int64_t> weight_of(cand.size(), -1);
+  std::vector<uint32_t> order(gr.sel.size());
+  for (uint32_t k = 0; k < gr.sel.size(); ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+    const Window &a = w[gr.sel[x]], &b = w[gr.sel[y]];
+    return a.a != b.a ? a.a < b.a : a.weight < b.weight;
+  });
+  std::vector<char> streamed(cand.size(), 0);
+  for (uint32_t i : gr.sel) streamed[w[i].weight] = 1;
+  uint64_t host = 0;
+  for (const ArenaPlan& a : p.arenas) host = std::max(host, a.host_offset + a.used);
+  for (uint32_t c = 0; c < cand.size(); ++c) {
+    if (!streamed[c]) continue;
+    const TraceAlloc& a = t.allocs[cand[c]];
+    host = round_up(host, 4096);
+    weight_of[c] = static_cast<int64_t>(p.weights.size());
+    p.weights.push_back(WeightPlan{a.ordinal, a.bytes, host, a.base, a.id});
+    host += a.bytes;
+  }
+  uint64_t moved = 0;
+  *moved_out = 0;
+  for (uint32_t k : order) {
+    const Window& x = w[gr.sel[k]];
+    WeightWindow ww;
+    ww.weight = static_cast<uint32_t>(weight_of[x.weight]);
+    ww.evict_after = x.a;
+    ww.reload_at = gr.tm[k].reload_q % gr.n;
+    ww.use = x.b;
+    p.windows.push_back(ww);
+    moved += t.allocs[cand[x.weight]].bytes;
+    if (x.d2h_ns) *moved_out += t.allocs[cand[x.weight]].bytes;
+  }
+  return moved;
+}
+
+// Mapped: from a reload's issue to the end of the copy out, by position, in whole granules
+// (the executor maps each weight's whole block).
+void set_mapped(Plan& p, const Greedy& gr) {
+  const int64_t n = gr.n;
+  const std::vector<uint32_t>& cand = gr.cs.ordinals;
+  std::vector<char> streamed(cand.size(), 0);
+  for (uint32_t i : gr.sel) streamed[gr.w[i].weight] = 1;
+  std::vector<int64_t> d(static_cast<size_t>(n) + 1, 0);
+  uint64_t streamed_blocks = 0;
+  for (uint32_t c = 0; c < cand.size(); ++c)
+    if (streamed[c]) streamed_blocks += gr.cs.block(gr.t.allocs[cand[c]].bytes);
+  for (size_t k = 0; k < gr.sel.size(); ++k)
+    add_span(d, gr.tm[k].span_from, gr.tm[k].span_to, n, static_cast<int64_t>(gr.cs.block(gr.bytes(gr.sel[k]))));
+  const std::vector<int64_t> absent = prefix(d, n);
+  const int64_t least_absent = gr.sel.empty() ? 0 : *std::min_element(absent.begin(), absent.end());
+  p.weight_bytes_mapped = gr.sel.empty() ? 0 : streamed_blocks - static_cast<uint64_t>(least_absent);
+  p.weight_mapped_at.clear();
+  if (!gr.sel.empty())
+    for (int64_t q = 0; q < n; ++q) p.weight_mapped_at.push_back(streamed_blocks - static_cast<uint64_t>(absent[static_cast<size_t>(q)]));
+}
+
+// Why the plan streams nothing, or misses the budget (r.why; r.unmet_at when missed).
+void explain(PlannerResult& r, const PlannerOptions& o, const Greedy& gr, int64_t unmet_at) {
+  const Plan& p = r.plan;
+  const uint64_t peak = p.predicted_peak;
+  if (p.windows.empty()) {
+    if (!o.persistent_min) r.why = "weights are not streamed (no persistent_min)";
+    else if (gr.cs.ordinals.empty()) r.why = "nothing of at least " + std::to_string(o.persistent_min) + " bytes outlives the step and is used in it";
+    else if (gr.w.empty()) r.why = "no weight sits idle between two launches";
+    else if (!o.budget) r.why = "no budget: weights are streamed only to meet one";
+    else if (p.meets_budget) r.why = "the step's footprint with the weights in exact blocks (" + gib_text(peak) + ") is within the budget";
+  }
+  if (!p.meets_budget) {
+    r.unmet_at = unmet_at;
+    r.why = "no window whose copies fit covers the peak (" + gib_text(peak) + " before launch " + std::to_string(unmet_at) +
+            "); " + std::to_string(gr.too_short) + " of " + std::to_string(gr.w.size()) + " windows are too short for their copies";
+  }
+}
+
 PlannerResult plan_hidden(const StepTrace& t, const GpuTimeline& g, const PlannerOptions& o, const PlannerResult* arenas) {
   PlannerResult r;
   const int64_t n = static_cast<int64_t>(t.launches.size());
@@ -188,202 +464,17 @@ PlannerResult plan_hidden(const StepTrace& t, const GpuTimeline& g, const Planne
   r.plain_footprint = static_cast<uint64_t>(static_cast<double>(f.peak) * o.pool_overhead);
   const int64_t T = g.total;
 
-  // The footprint without streaming: the shim's own blocks (persistent, at least
-  // persistent_min) are exact, in whole granules; the rest sits in PyTorch's pool.
-  uint64_t persistent = 0, persistent_rounded = 0;
-  std::vector<uint32_t> cand;  // ordinals of the weights that may stream
-  std::vector<std::vector<int64_t>> uses(t.allocs.size());
-  for (const TraceLaunch& l : t.launches)
-    for (uint32_t a : l.allocs)
-      if (a < uses.size()) uses[a].push_back(l.pos);
-  for (const TraceAlloc& a : t.allocs) {
-    if (!o.persistent_min || !a.persistent(o.persistent_min)) continue;
-    persistent += a.bytes;
-    std::vector<int64_t>& us = uses[a.ordinal];
-    std::sort(us.begin(), us.end());
-    us.erase(std::unique(us.begin(), us.end()), us.end());
-    if (!us.empty()) cand.push_back(a.ordinal);
-  }
-  // The executor reloads weights in units (weight_unit) and maps a weight that is no multiple
-  // of the unit on whole units too, in the room its block's range has past its end
-  // (PersistentPool): lora's embedding and head, 376 MiB, on six units of 72 (432 MiB), so
-  // that every leaving weight's memory serves them. Such a weight counts at that size. The
-  // unit here is the candidates'; the executor's, that of the weights streamed: the same when
-  // all of them stream, as on lora.
-  std::vector<uint64_t> cand_sizes;
-  for (uint32_t c : cand) cand_sizes.push_back(round_up(t.allocs[c].bytes, o.granularity));
-  const uint64_t unit = weight_unit(cand_sizes);
-  auto block = [&](uint64_t bytes) {
-    const uint64_t b = round_up(bytes, o.granularity);
-    return in_units(b, unit) ? round_up(b, unit) : b;
-  };
-  for (const TraceAlloc& a : t.allocs)
-    if (o.persistent_min && a.persistent(o.persistent_min))
-      persistent_rounded += uses[a.ordinal].empty() ? round_up(a.bytes, o.granularity) : block(a.bytes);
-  // With arenas, live bytes outside them (their members are in the handles, counted whole).
-  std::vector<int64_t> live = live_bytes(t, nullptr);
-  int64_t handles = 0;
-  if (arenas) {
-    for (int64_t q = 0; q < n; ++q) live[static_cast<size_t>(q)] = static_cast<int64_t>(arenas->prediction.resident[static_cast<size_t>(q)]);
-    handles = static_cast<int64_t>(uint64_t{arenas->plan.handles} * arenas->plan.handle_bytes);
-  }
-  // PyTorch's pool keeps what it reserved (its release threshold is the maximum): the pooled
-  // bytes count at their peak before every launch, and only the weights' own blocks come and
-  // go. (Planned per launch instead, the pool's peak and the weights' peak coincide on the GPU
-  // and the plan passes its budget by far.)
-  const int64_t pooled = pooled_peak(live, persistent);
-  const int64_t base_bytes = static_cast<int64_t>(static_cast<double>(pooled) * o.pool_overhead) +
-                             static_cast<int64_t>(persistent_rounded) + handles;
-  std::vector<int64_t> base(static_cast<size_t>(n), base_bytes);
+  const Candidates cs = weight_candidates(t, o);
+  const Base base = base_footprint(t, o, cs, arenas);
+  const std::vector<Window> w = weight_windows(t, g, o, cs);
+  Greedy gr(t, g, cs, w, base.foot);
+  const int64_t unmet_at = gr.run(o.budget, o.progress);
 
-  // Candidate windows: between consecutive uses, and across the boundary (never between
-  // adjacent launches: nothing runs there to hide a copy).
-  const double d2h = o.link.d2h_shared * o.link.scale, h2d = o.link.h2d_shared * o.link.scale;
-  std::vector<Window> w;
-  for (uint32_t c = 0; c < cand.size(); ++c) {
-    const TraceAlloc& a = t.allocs[cand[c]];
-    const std::vector<int64_t>& us = uses[a.ordinal];
-    auto add = [&](int64_t from, int64_t to, bool wrap) {
-      if (to + (wrap ? n : 0) == from + 1) return;
-      Window x;
-      x.weight = c, x.a = from, x.b = to, x.wrap = wrap;
-      x.ready = g.start[static_cast<size_t>(from)] + g.dur[static_cast<size_t>(from)];
-      x.use = g.start[static_cast<size_t>(to)] + (wrap ? T : 0);
-      // Read-only: copied out once, in a step before the plan's steady state; nothing after.
-      x.d2h_ns = std::binary_search(o.read_only.begin(), o.read_only.end(), a.ordinal) ? 0 : link_ns(a.bytes, d2h);
-      x.h2d_ns = link_ns(a.bytes, h2d);
-      w.push_back(x);
-    };
-    for (size_t i = 0; i + 1 < us.size(); ++i) add(us[i], us[i + 1], false);
-    add(us.back(), us.front(), true);
-  }
+  uint64_t moved_out = 0;
+  const uint64_t moved = add_windows(p, gr, &moved_out);
+  set_mapped(p, gr);
 
-  // Each window alone: whether its copies fit, and where it would be absent.
-  const Unrolled u{g, n};
-  std::vector<Timing> alone(w.size());
-  size_t too_short = 0;
-  for (uint32_t i = 0; i < w.size(); ++i) {
-    std::vector<Timing> one;
-    schedule(u, w, {i}, one);
-    alone[i] = one[0];
-    too_short += !alone[i].feasible;
-  }
-
-  // Greedy: at the peak, stream the largest window that covers it, while the schedule of
-  // everything chosen stays feasible.
-  enum : char { kFree, kChosen, kRejected };
-  std::vector<char> state(w.size(), kFree);
-  std::vector<uint32_t> sel;
-  std::vector<Timing> tm;
-  std::vector<int64_t> absent_raw(static_cast<size_t>(n), 0), foot(base);
-  // The footprint (and the streamed bytes absent) before each launch, with `sel` timed as `tm`.
-  std::vector<int64_t> d, dr, absent;  // fold's, kept
-  auto fold = [&](const std::vector<Timing>& times, std::vector<int64_t>& out_foot, std::vector<int64_t>& out_raw) {
-    d.assign(static_cast<size_t>(n) + 1, 0);
-    dr.assign(static_cast<size_t>(n) + 1, 0);
-    for (size_t k = 0; k < sel.size(); ++k) {
-      const uint64_t b = t.allocs[cand[w[sel[k]].weight]].bytes;
-      add_span(d, times[k].span_from, times[k].span_to, n, static_cast<int64_t>(block(b)));
-      add_span(dr, times[k].span_from, times[k].span_to, n, static_cast<int64_t>(b));
-    }
-    prefix_into(d, n, absent);
-    prefix_into(dr, n, out_raw);
-    for (int64_t q = 0; q < n; ++q) out_foot[static_cast<size_t>(q)] = base[static_cast<size_t>(q)] - absent[static_cast<size_t>(q)];
-  };
-  int64_t unmet_at = -1;
-  std::vector<Timing> next;
-  std::vector<int64_t> next_foot(foot.size()), next_raw;
-  while (o.budget) {
-    if (o.progress) o.progress();
-    const int64_t peak = std::max_element(foot.begin(), foot.end()) - foot.begin();
-    if (static_cast<uint64_t>(std::max<int64_t>(0, foot[static_cast<size_t>(peak)])) <= o.budget) break;
-    int64_t best = -1;
-    for (uint32_t i = 0; i < w.size(); ++i) {
-      if (state[i] != kFree || !alone[i].feasible || !covers(alone[i], peak, n)) continue;
-      if (best < 0) {
-        best = i;
-        continue;
-      }
-      const uint64_t bi = t.allocs[cand[w[i].weight]].bytes, bb = t.allocs[cand[w[static_cast<size_t>(best)].weight]].bytes;
-      if (bi > bb || (bi == bb && w[i].idle() > w[static_cast<size_t>(best)].idle())) best = i;
-    }
-    if (best < 0) {
-      unmet_at = peak;
-      break;
-    }
-    sel.push_back(static_cast<uint32_t>(best));
-    // Kept only if everything chosen still fits, the new one still covers the peak once it
-    // queues behind the others, and the others' shorter absences raise no launch above the
-    // peak.
-    bool keep = schedule(u, w, sel, next) && covers(next.back(), peak, n);
-    if (keep) {
-      fold(next, next_foot, next_raw);
-      keep = *std::max_element(next_foot.begin(), next_foot.end()) <= foot[static_cast<size_t>(peak)];
-    }
-    if (keep) {
-      state[static_cast<size_t>(best)] = kChosen;
-      std::swap(tm, next);
-      std::swap(foot, next_foot);
-      std::swap(absent_raw, next_raw);
-    } else {
-      sel.pop_back();
-      state[static_cast<size_t>(best)] = kRejected;
-    }
-  }
-
-  // The plan: weights in ordinal order, their windows by evict_after.
-  std::vector<int64_t> weight_of(cand.size(), -1);
-  std::vector<uint32_t> order(sel.size());
-  for (uint32_t k = 0; k < sel.size(); ++k) order[k] = k;
-  std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
-    const Window &a = w[sel[x]], &b = w[sel[y]];
-    return a.a != b.a ? a.a < b.a : a.weight < b.weight;
-  });
-  std::vector<char> streamed(cand.size(), 0);
-  for (uint32_t i : sel) streamed[w[i].weight] = 1;
-  uint64_t host = 0;
-  for (const ArenaPlan& a : p.arenas) host = std::max(host, a.host_offset + a.used);
-  uint64_t streamed_bytes = 0;
-  for (uint32_t c = 0; c < cand.size(); ++c) {
-    if (!streamed[c]) continue;
-    const TraceAlloc& a = t.allocs[cand[c]];
-    host = round_up(host, 4096);
-    weight_of[c] = static_cast<int64_t>(p.weights.size());
-    p.weights.push_back(WeightPlan{a.ordinal, a.bytes, host, a.base, a.id});
-    host += a.bytes;
-    streamed_bytes += a.bytes;
-  }
-  uint64_t moved = 0, moved_out = 0;
-  for (uint32_t k : order) {
-    const Window& x = w[sel[k]];
-    WeightWindow ww;
-    ww.weight = static_cast<uint32_t>(weight_of[x.weight]);
-    ww.evict_after = x.a;
-    ww.reload_at = tm[k].reload_q % n;
-    ww.use = x.b;
-    p.windows.push_back(ww);
-    moved += t.allocs[cand[x.weight]].bytes;
-    if (x.d2h_ns) moved_out += t.allocs[cand[x.weight]].bytes;
-  }
-  // Mapped: from a reload's issue to the end of the copy out, by position, in whole granules
-  // (the executor maps each weight's whole block).
-  {
-    std::vector<int64_t> d(static_cast<size_t>(n) + 1, 0);
-    uint64_t streamed_blocks = 0;
-    for (uint32_t c = 0; c < cand.size(); ++c)
-      if (streamed[c]) streamed_blocks += block(t.allocs[cand[c]].bytes);
-    for (size_t k = 0; k < sel.size(); ++k)
-      add_span(d, tm[k].span_from, tm[k].span_to, n,
-               static_cast<int64_t>(block(t.allocs[cand[w[sel[k]].weight]].bytes)));
-    const std::vector<int64_t> absent = prefix(d, n);
-    const int64_t least_absent = sel.empty() ? 0 : *std::min_element(absent.begin(), absent.end());
-    p.weight_bytes_mapped = sel.empty() ? 0 : streamed_blocks - static_cast<uint64_t>(least_absent);
-    p.weight_mapped_at.clear();
-    if (!sel.empty())
-      for (int64_t q = 0; q < n; ++q) p.weight_mapped_at.push_back(streamed_blocks - static_cast<uint64_t>(absent[static_cast<size_t>(q)]));
-  }
-  (void)streamed_bytes;
-
+  const std::vector<int64_t>& foot = gr.foot;
   const uint64_t peak = static_cast<uint64_t>(std::max<int64_t>(0, *std::max_element(foot.begin(), foot.end())));
   p.predicted_peak = peak;
   p.meets_budget = !o.budget || peak <= o.budget;
@@ -400,27 +491,15 @@ PlannerResult plan_hidden(const StepTrace& t, const GpuTimeline& g, const Planne
   uint64_t resident_peak = 0;
   for (int64_t q = 0; q < n && q < static_cast<int64_t>(pr.resident.size()); ++q) {
     uint64_t& v = pr.resident[static_cast<size_t>(q)];
-    v = static_cast<uint64_t>(std::max<int64_t>(0, live[static_cast<size_t>(q)] - absent_raw[static_cast<size_t>(q)]));
+    v = static_cast<uint64_t>(std::max<int64_t>(0, base.live[static_cast<size_t>(q)] - gr.absent_raw[static_cast<size_t>(q)]));
     resident_peak = std::max(resident_peak, v);
   }
   p.resident_peak = resident_peak;
-  p.pooled_peak = static_cast<uint64_t>(std::max<int64_t>(0, pooled));
+  p.pooled_peak = static_cast<uint64_t>(std::max<int64_t>(0, base.pooled));
   p.predicted_step_ns = pr.step_ns;
   p.compute_ns = pr.compute_ns;
   p.lower_bound_ns = pr.lower_bound_ns;
-
-  if (p.windows.empty()) {
-    if (!o.persistent_min) r.why = "weights are not streamed (no persistent_min)";
-    else if (cand.empty()) r.why = "nothing of at least " + std::to_string(o.persistent_min) + " bytes outlives the step and is used in it";
-    else if (w.empty()) r.why = "no weight sits idle between two launches";
-    else if (!o.budget) r.why = "no budget: weights are streamed only to meet one";
-    else if (p.meets_budget) r.why = "the step's footprint with the weights in exact blocks (" + gib_text(peak) + ") is within the budget";
-  }
-  if (!p.meets_budget) {
-    r.unmet_at = unmet_at;
-    r.why = "no window whose copies fit covers the peak (" + gib_text(peak) + " before launch " + std::to_string(unmet_at) +
-            "); " + std::to_string(too_short) + " of " + std::to_string(w.size()) + " windows are too short for their copies";
-  }
+  explain(r, o, gr, unmet_at);
   return r;
 }
 
