@@ -210,10 +210,11 @@ bool Connection::call(proto::MsgType type, const void* payload, uint32_t len, pr
 }
 
 template <class Reply, class Req>
-std::optional<Reply> DaemonClient::request(proto::MsgType type, proto::MsgType want, const Req& req, std::string* why) {
+std::optional<Reply> DaemonClient::request(proto::MsgType type, proto::MsgType want, const Req& req, std::string* why,
+                                           int timeout_ms) {
   proto::FrameHeader h{};
   std::vector<unsigned char> payload;
-  if (!conn_.call(type, &req, sizeof req, &h, &payload, why)) return std::nullopt;
+  if (!conn_.call(type, &req, sizeof req, &h, &payload, why, timeout_ms)) return std::nullopt;
   Reply r{};
   if (static_cast<proto::MsgType>(h.type) != want || !proto::read_payload(payload.data(), payload.size(), &r)) {
     *why = "unexpected reply type " + std::to_string(h.type) + " from offloadd";
@@ -222,8 +223,9 @@ std::optional<Reply> DaemonClient::request(proto::MsgType type, proto::MsgType w
   return r;
 }
 
-std::optional<proto::RegisterReply> DaemonClient::register_client(const proto::Register& r, std::string* why) {
-  return request<proto::RegisterReply>(proto::MsgType::Register, proto::MsgType::RegisterReply, r, why);
+std::optional<proto::RegisterReply> DaemonClient::register_client(const proto::Register& r, std::string* why,
+                                                                   int timeout_ms) {
+  return request<proto::RegisterReply>(proto::MsgType::Register, proto::MsgType::RegisterReply, r, why, timeout_ms);
 }
 
 std::optional<proto::LeaseReply> DaemonClient::lease(uint64_t bytes, std::string* why) {

@@ -96,7 +96,9 @@ class DaemonClient {
   bool connected() const { return conn_.connected(); }
   Connection& connection() { return conn_; }
 
-  std::optional<proto::RegisterReply> register_client(const proto::Register& r, std::string* why);
+  // timeout_ms: a daemon just started answers only once its pool is made (DaemonLink waits longer).
+  std::optional<proto::RegisterReply> register_client(const proto::Register& r, std::string* why,
+                                                      int timeout_ms = 5000);
   std::optional<proto::LeaseReply> lease(uint64_t bytes, std::string* why);
   std::optional<proto::ReleaseReply> release(uint64_t offset, uint64_t bytes, std::string* why);
   bool telemetry(const proto::Telemetry& t) { return conn_.send_nowait(proto::MsgType::Telemetry, &t, sizeof t); }
@@ -116,7 +118,8 @@ class DaemonClient {
 
  private:
   template <class Reply, class Req>
-  std::optional<Reply> request(proto::MsgType type, proto::MsgType want, const Req& req, std::string* why);
+  std::optional<Reply> request(proto::MsgType type, proto::MsgType want, const Req& req, std::string* why,
+                               int timeout_ms = 5000);
   // All the pages of a StatusQuery or NodeQuery; false with *why.
   template <class Query, class Head, class Entry>
   bool list_all(proto::MsgType type, proto::MsgType want, Head* head, std::vector<Entry>* entries, std::string* why,

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -196,6 +197,14 @@ bool DaemonLink::start_daemon(std::string* why) {
   return false;
 }
 
+int DaemonLink::first_register_wait_ms() const {
+  // 1 s per GiB of the pool we would start beside the usual 5: making host memory took
+  // 0.3-0.5 s/GiB on the H200's host (docs/results.md, "The first step waits for host memory"),
+  // and a client that gave up at 5 s pinned a private pool of that size beside the daemon's.
+  const uint64_t gib = settings_.host_pool_bytes >> 30;
+  return static_cast<int>(std::min<uint64_t>(5000 + 1000 * gib, 180'000));
+}
+
 bool DaemonLink::connect_and_register(std::string* why) {
   if (!client_.connect(paths_.socket, why)) return false;
   proto::Register r{};
@@ -205,7 +214,7 @@ bool DaemonLink::connect_and_register(std::string* why) {
   r.host_limit = 0;
   r.prior_client = client_id_;
   copy_utf8(r.command, sizeof r.command, command_);
-  auto rep = client_.register_client(r, why);
+  auto rep = client_.register_client(r, why, client_id_ ? 5000 : first_register_wait_ms());
   if (!rep) {
     client_.connection().close();
     return false;

@@ -118,6 +118,9 @@ class DaemonLink final : public HostPool {
 
  private:
   bool connect_and_register(std::string* why);
+  // How long the first Register waits: a daemon that is starting (ours, or another process's)
+  // answers only once it has made its pool, every page allocated.
+  int first_register_wait_ms() const;
   bool start_daemon(std::string* why);
   std::optional<NodeShare> send_attach(std::string* why);  // holds mu_
 

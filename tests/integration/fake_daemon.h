@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -106,6 +107,9 @@ class FakeDaemon {
     forged_offset_ = offset;
     forged_bytes_ = bytes;
   }
+  // Every Register is answered only after `ms`, the loop held meanwhile: a daemon still making its
+  // pool, as offloadd is before it serves.
+  void delay_register(int ms) { register_delay_ms_ = ms; }
   uint64_t pool_bytes() const { return table_ ? table_->data_bytes() : 0; }
   // Closes every connection (as a daemon restart would), from the serving thread.
   void drop_all() {
@@ -150,6 +154,7 @@ class FakeDaemon {
     }
     switch (static_cast<MsgType>(h.type)) {
       case MsgType::Register: {
+        if (int ms = register_delay_ms_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
         proto::RegisterReply r{};
         r.client_id = 1;
         r.pool_bytes = table_->data_bytes();
@@ -265,6 +270,7 @@ class FakeDaemon {
   std::map<int, proto::FrameReader> conns_;  // the serving thread's only
   std::atomic<bool> drop_all_{false}, stop_{false};
   std::atomic<uint64_t> forged_offset_{0}, forged_bytes_{0};
+  std::atomic<int> register_delay_ms_{0};
   mutable std::mutex mu_;
   std::vector<uint16_t> seen_;
   std::thread thread_;

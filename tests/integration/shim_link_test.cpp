@@ -296,7 +296,7 @@ struct FakeRig {
   std::unique_ptr<DaemonLink> link;
   int64_t now_ms = 0;
 
-  bool start(FakeDaemon::Mode mode, std::string* why) {
+  bool start(FakeDaemon::Mode mode, std::string* why, uint64_t host_pool = 4ull << 30) {
     std::string xdg = dir.path() + "/xdg";
     mkdir(xdg.c_str(), 0700);
     if (!fake.start(dir.path() + "/fake.sock", mode, why)) return false;
@@ -304,6 +304,7 @@ struct FakeRig {
     setenv("OFFLOAD_SOCKET", fake.socket().c_str(), 1);
     Settings s;
     s.daemon = "connect";
+    s.host_pool_bytes = host_pool;
     link = std::make_unique<DaemonLink>(s, "shim-fake-test");
     return reconnect(why);
   }
@@ -353,6 +354,21 @@ TEST(ShimLinkIntegration, AnOlderDaemonIsNotSentAnAttachAndTheLinkCarriesOn) {
   EXPECT_EQ(r.fake.count_of(proto::MsgType::Attach), 0u) << "a 1.0 daemon would have closed the connection";
   EXPECT_FALSE(r.link->last_share().has_value());
   EXPECT_TRUE(r.link->lease(kMiB, &why).has_value()) << why;
+}
+
+// A daemon answers its first Register only once it has made its pool (offloadd allocates every
+// page before it serves; 48 GiB took longer than the usual 5 s on the GPU's host, and the shim
+// then pinned a private pool of as much beside it). The first Register waits 1 s per GiB of
+// the pool more: with 2 GiB, a 5.6 s answer is taken.
+TEST(ShimLinkIntegration, TheFirstRegisterWaitsForADaemonMakingItsPool) {
+  FakeRig r;
+  r.fake.delay_register(5600);
+  std::string why;
+  ASSERT_TRUE(r.start(FakeDaemon::Mode::RefusesNode, &why, 2ull << 30)) << why;
+  EXPECT_EQ(r.fake.count_of(proto::MsgType::Register), 1u);
+  auto e = r.link->lease(kMiB, &why);
+  ASSERT_TRUE(e.has_value()) << why;
+  r.link->release(*e);
 }
 
 TEST(ShimLinkIntegration, AnAttachAnsweredWithAnErrorLeavesTheLinkUp) {
