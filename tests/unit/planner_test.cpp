@@ -4,7 +4,7 @@
 // check_plan() re-derives what a plan promises from the Plan, its Prediction and the trace
 // alone (never from the planner's internals): the footprint at every launch, the order of
 // copies against the launches that need them, the members' places. The recorded traces'
-// plans are also compared with checked-in expected ones (tests/data/plans/); after an
+// plans are also compared with checked-in expected ones (tests/data/plans/recorded.plans); after an
 // intended change to the planner, rewrite them with OFFLOAD_UPDATE_EXPECTED=1 and read the
 // diff.
 //
@@ -1016,9 +1016,9 @@ TEST_P(PlannerRecorded, KeepsItsPromises) {
 TEST_P(PlannerRecorded, MatchesTheExpectedPlan) {
   SKIP_UNDER_TSAN();
   const auto [name, pct] = GetParam();
-  const std::string path = std::string(OFFLOAD_PLANS_DIR) + "/" + name + "-" + std::to_string(pct) + ".plan";
-  expect_file_matches(path, serialize(recorded_plan(name, pct).plan),
-                      "the plan for " + std::string(name) + " at " + std::to_string(pct) + "%");
+  expect_section_matches(std::string(OFFLOAD_PLANS_DIR) + "/recorded.plans", std::string(name) + "-" + std::to_string(pct),
+                         serialize(recorded_plan(name, pct).plan),
+                         "the plan for " + std::string(name) + " at " + std::to_string(pct) + "%");
 }
 
 // PlannerOptions::spare_handle, as the shim and offloadctl plan: a plan that meets the budget
