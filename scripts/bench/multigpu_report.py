@@ -26,8 +26,7 @@ plain's on some rank, or an offload run's result is missing for a rank whose pla
 exists (ddp_nolink and ddp_share only when the run left a log or a result: the plan skips
 them on purpose at times). Everything else (budget, misses, status, leases) is reported only.
 
-multigpu_read.py reads the files and formats the numbers; multigpu_shares.py writes the fair-share
-section.
+multigpu_read.py reads the files, formats the numbers and writes the fair-share section.
 """
 
 import argparse
@@ -38,10 +37,9 @@ import re
 import sys
 
 from compare import load_result  # noqa: E402  (scripts/bench/ is on sys.path)
-from multigpu_read import (Status, bits, budget_bytes, executor, find_key, first, fmt, full_sample, gib,
+from multigpu_read import (Status, fair_shares, bits, budget_bytes, executor, find_key, first, fmt, full_sample, gib,
                            json_clients, link_text, num, pct, predicted_ms, ranks_seen, read_json, read_text,
                            sub, timed_misses)
-from multigpu_shares import fair_shares
 
 PLAINS = ("ddp_plain", "fsdp_plain")
 OFFLOADS = {"ddp_offload": "ddp_plain", "ddp_nolink": "ddp_plain", "ddp_share": "ddp_plain",

@@ -263,14 +263,8 @@ start_daemon() {
 source "$root/scripts/gpu/plans/observe.sh"
 # shellcheck source=plans/executor.sh
 source "$root/scripts/gpu/plans/executor.sh"
-# shellcheck source=plans/sanitize.sh
-source "$root/scripts/gpu/plans/sanitize.sh"
-# shellcheck source=plans/multigpu.sh
-source "$root/scripts/gpu/plans/multigpu.sh"
 # shellcheck source=plans/weights.sh
 source "$root/scripts/gpu/plans/weights.sh"
-# shellcheck source=plans/microbench.sh
-source "$root/scripts/gpu/plans/microbench.sh"
 
 case $plan in
   smoke) plan_smoke ;;
