@@ -62,6 +62,10 @@ struct Settings {
   // OFFLOAD_CAP_REFIT=1|0: a freed range of another size serves an allocation by its own address,
   // its mappings changed only where the sizes differ (1, the default).
   bool cap_refit = true;
+  // OFFLOAD_CAP_PREFETCH_MAX: the most launches ahead of a predicted use that a range is reloaded;
+  // 0 turns prefetching off. Default (unset): a quarter of the step.
+  static constexpr uint64_t kQuarterStep = UINT64_MAX;
+  uint64_t cap_prefetch_max = kQuarterStep;
   uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // OFFLOAD_OBSERVE=light|full. Full: every launch is scanned for the allocations it touches,

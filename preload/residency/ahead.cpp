@@ -114,7 +114,7 @@ bool Residency::room_without_waiting(uint64_t need) {
 
 void Residency::prefetch_due(uint64_t launch_no) {
   if (!period_ || !o_.prefetch) return;
-  if (!pf_lead_) pf_lead_ = std::min(o_.prefetch_lead, period_ / 4 + 1);
+  if (!pf_lead_) pf_lead_ = std::min(o_.prefetch_lead, lead_ceiling());
   for (uint32_t k = 0; k < slots_.size(); ++k) {
     Range& r = slots_[k];
     if (!r.live || r.state != State::OnHost) continue;

@@ -203,7 +203,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
       // Still copying when its launch came: prefetches start twice as early from now on.
       if (r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1) {
         ++st_.prefetch_late;
-        pf_lead_ = std::min(2 * pf_lead_, period_ / 4 + 1);
+        pf_lead_ = std::min(2 * pf_lead_, lead_ceiling());
       }
     }
     if (!r.nuses || r.uses[(r.upos + Range::kUses - 1) % Range::kUses] != launch_no) {

@@ -202,7 +202,7 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   if (r.prefetched) {  // brought in ahead and going out unused: the lead outran the room
     r.prefetched = false;
     ++st_.prefetch_wasted;
-    pf_lead_ = std::max<uint64_t>(std::min<uint64_t>(8, period_ / 4 + 1), pf_lead_ - pf_lead_ / 4);
+    pf_lead_ = std::max<uint64_t>(std::min<uint64_t>(8, lead_ceiling()), pf_lead_ - pf_lead_ / 4);
   }
   if (!copy_stream_) copy_stream_ = d_.create_stream();
   if (o_.fault != Options::Fault::SkipEvictWait) {

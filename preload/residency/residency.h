@@ -43,6 +43,7 @@
 // needs their memory.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -85,6 +86,7 @@ class Residency final : public LaunchGate {
     // quarter shorter each time one is evicted again before its use (the room cannot hold
     // what a lead that long brings in).
     uint64_t prefetch_lead = 24;
+    uint64_t prefetch_lead_max = UINT64_MAX;  // the lead's ceiling besides a quarter of the step
     // The largest physical handle made: a range is backed by handles of this size and one for
     // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
     // backs only a range of its size.
@@ -300,6 +302,7 @@ class Residency final : public LaunchGate {
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
   void prefetch_due(uint64_t launch_no);  // reloads ranges whose predicted use is within the lead
+  uint64_t lead_ceiling() const { return std::max<uint64_t>(1, std::min(period_ / 4 + 1, o_.prefetch_lead_max)); }
   bool room_without_waiting(uint64_t need);
   bool fits(uint64_t need) const;  // the handover, spares that tile it, and room under the limit
   // The spares a range of `need` bytes maps (cleared first), the largest that fit first, in at

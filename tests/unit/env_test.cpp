@@ -174,6 +174,9 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_TRUE(one("OFFLOAD_CAP_TILE", "class").cap_size_classes);
   EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").cap_refit);
   EXPECT_FALSE(one("OFFLOAD_CAP_REFIT", "0").cap_refit);
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_prefetch_max, Settings::kQuarterStep);
+  EXPECT_EQ(one("OFFLOAD_CAP_PREFETCH_MAX", "0").cap_prefetch_max, 0u);
+  EXPECT_EQ(one("OFFLOAD_CAP_PREFETCH_MAX", "64").cap_prefetch_max, 64u);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_tile_exact);
 }
 
@@ -185,6 +188,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_LOG_LEVEL", "trace"},    {"OFFLOAD_DISABLE", "yes"},      {"OFFLOAD_DISABLE", "2"},
       {"OFFLOAD_CAP_PIECE", "big"},      {"OFFLOAD_CAP_EXTRA_PIECES", "-1"}, {"OFFLOAD_CAP_EXTRA_PIECES", "many"},
       {"OFFLOAD_CAP_EXTRA_PIECES", "2000"}, {"OFFLOAD_CAP_TILE", "some"}, {"OFFLOAD_CAP_REFIT", "yes"},
+      {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"},
   };
   for (auto [var, val] : bad) {
     Env env;

@@ -522,16 +522,22 @@ TEST(Residency, RandomProgramsInPiecesMatchBytewise) {
 // the 26th, `z` at every fifth place between, and launches touching none of our ranges at the
 // others. x is on the host at the start (y pushed it out).
 struct FortyLaunchSteps {
-  CapRig r{3 * kGran};
+  CapRig r;
   DevPtr x = 0, y = 0, z = 0;
   uint64_t sink = 0;
-  FortyLaunchSteps() {
+  explicit FortyLaunchSteps(uint64_t lead_max = UINT64_MAX, bool prefetch = true) : r(with_lead(lead_max, prefetch)) {
     x = r.alloc(kGran, kA), z = r.alloc(kGran, kA);
     r.kernel(kA, {x}, fill(x, kGran, 1));
     r.kernel(kA, {z}, fill(z, kGran, 3));
     y = r.alloc(2 * kGran, kA);  // x goes out
     r.kernel(kA, {y}, fill(y, 2 * kGran, 2));
     r.res.set_period(40);
+  }
+  static Residency::Options with_lead(uint64_t lead_max, bool prefetch) {
+    Residency::Options o = CapRig::options(3 * kGran, Residency::Options::Fault::None);
+    o.prefetch_lead_max = lead_max;
+    o.prefetch = prefetch;
+    return o;
   }
   void launch(uint64_t i) {
     if (i == 0) r.kernel(kA, {y}, [this] { sink += words(y)[0]; });
@@ -555,6 +561,33 @@ TEST(Residency, PrefetchesFromPlacesThatLaunchesWithoutRangesPass) {
   EXPECT_GT(s.prefetches, 0u) << "reloads " << s.reloads << " no room " << s.prefetch_no_room << " ahead " << s.ahead;
   EXPECT_EQ(s.prefetch_hits, s.prefetches);
   EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+}
+
+// OFFLOAD_CAP_PREFETCH_MAX: the lead never passes its ceiling (here 6 launches, where a quarter of
+// the step would be 11), so x, used at the 26th launch, is still on the host at the 16th (a
+// launch with a range: it would be prefetched there with the default lead, as in the test
+// below), and prefetched at the 21st; prefetching off reloads it only on demand.
+TEST(Residency, ThePrefetchLeadStaysUnderItsCeilingAndZeroTurnsPrefetchingOff) {
+  FortyLaunchSteps t(6);
+  for (int step = 0; step < 4; ++step)
+    for (uint64_t i = 0; i < 40; ++i) {
+      t.launch(i);
+      EXPECT_LE(t.r.res.stats().prefetch_lead, 6u) << "step " << step << " launch " << i;
+    }
+  for (uint64_t i = 0; i < 16; ++i) t.launch(i);
+  EXPECT_EQ(t.r.res.state_of(t.x), Residency::State::OnHost);
+  for (uint64_t i = 16; i < 40; ++i) t.launch(i);
+  t.r.sim.run_all();
+  EXPECT_GT(t.r.res.stats().prefetches, 0u);
+  EXPECT_EQ(t.r.res.stats().prefetch_hits, t.r.res.stats().prefetches);
+
+  FortyLaunchSteps off(UINT64_MAX, false);
+  for (int step = 0; step < 5; ++step)
+    for (uint64_t i = 0; i < 40; ++i) off.launch(i);
+  off.r.sim.run_all();
+  EXPECT_EQ(off.r.res.stats().prefetches, 0u);
+  EXPECT_GT(off.r.res.stats().reloads, 0u);
+  EXPECT_EQ(off.sink, t.sink) << "the same bytes read either way";
 }
 
 // A prefetched range that goes out again before its use means the lead brought it in too soon
