@@ -47,7 +47,10 @@ fi
 echo "== fuzz the wire protocol's decoder (bounded) (at ${SECONDS} s)"
 scripts/run-fuzz.sh "${FUZZ_SECONDS:-30}"
 echo "== the recorded traces: replay on the simulated driver and trace check (at ${SECONDS} s)"
-for t in tests/data/traces/*.trace; do build-test-plain/offloadctl replay "$t" > /dev/null; done
+for t in tests/data/traces/*.trace; do
+  build-test-plain/offloadctl replay "$t" > /dev/null
+  build-test-plain/offloadctl replay "$t" --cap 0.5 --steps 4 --scale 1024 > /dev/null  # the hard cap: about 6 s for all
+done
 build-test-plain/offloadctl trace check tests/data/traces > /dev/null
 echo "== the benchmark scripts: they compile, and the report scripts give known answers on made-up input"
 python3 -m py_compile scripts/bench/*.py

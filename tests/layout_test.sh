@@ -13,8 +13,9 @@
 #   protocol/          protocol, include
 #   common/            common, protocol, include
 #   daemon/offloadd/   offloadd, common, protocol, include
-#   daemon/offloadctl/ offloadctl, planner, common, protocol, include, and preload/core/ only:
-#                      `offloadctl replay` drives the core's executor on the simulated driver
+#   daemon/offloadctl/ offloadctl, planner, common, protocol, include, and preload/core/ and
+#                      preload/residency/ only: `offloadctl replay` drives the core's executor
+#                      (--offload) or the residency manager (--cap) on the simulated driver
 #   preload/hooks/     hooks, include, protocol, planner/types.h, and of the shim only shim.h
 #                      and core/driver.h (the hooks ask the shim through a few free functions)
 #
@@ -30,7 +31,7 @@ complain() {
 }
 
 # The folder a quoted include `inc` resolves to: planner, common, protocol, include, offloadd,
-# offloadctl, preload/core, preload/hooks, preload, or "?".
+# offloadctl, preload/core, preload/residency, preload/hooks, preload, or "?".
 origin() {
   local inc=$1
   case "$inc" in
@@ -45,6 +46,7 @@ origin() {
       if [ -f "preload/$inc" ]; then
         case "$inc" in
           core/*) echo preload/core ;;
+          residency/*) echo preload/residency ;;
           hooks/*) echo preload/hooks ;;
           *) echo preload ;;
         esac
@@ -76,7 +78,7 @@ check planner planner protocol
 check protocol protocol include
 check common common protocol include
 check daemon/offloadd offloadd common protocol include
-check daemon/offloadctl offloadctl planner common protocol include preload/core
+check daemon/offloadctl offloadctl planner common protocol include preload/core preload/residency
 
 # The hooks forward into the shim through shim.h alone: never the runtime, the tracker or a planner.
 while IFS= read -r file; do

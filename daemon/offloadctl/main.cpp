@@ -8,10 +8,11 @@
 //   offloadctl trace show PATH [--json]   summarise a trace directory (OFFLOAD_TRACE) or step file
 //   offloadctl trace check PATH [--json]  visibility and activation checks; exit 1 if one fails
 //   offloadctl trace chrome PATH [-o FILE] the steps as one Chrome/Perfetto trace (stdout by default)
-//   offloadctl replay FILE [--steps N] [--offload FRACTION] [--scale DIV] [--json]
+//   offloadctl replay FILE [--steps N] [--offload FRACTION|--cap FRACTION] [--scale DIV] [--json]
 //                                   replay a recorded step through the shim's pipeline on the
 //                                   simulated driver and show what it saw; with --offload, the
-//                                   executor too, under a budget, with every launch's data checked
+//                                   executor too, under a budget, with every launch's data checked;
+//                                   with --cap, the residency manager under a budget instead
 //   offloadctl plan --trace FILE [--budget SIZE|SHARE [--gpu-memory SIZE]] [--persistent-min SIZE [--read-only] [--max-weight-wait S]]
 //                   [--segments N] [--pool-overhead F]
 //                   [--arenas|--json] [--html FILE]
@@ -43,6 +44,7 @@ extern char** environ;
 int cmd_trace_show(const std::string& path, bool check, bool json);
 int cmd_trace_chrome(const std::string& path, const std::string& out);
 int cmd_replay(const std::string& path, int repeats, double offload_fraction, uint32_t divisor, bool json);
+int cmd_replay_cap(const std::string& path, int repeats, double cap_fraction, uint32_t divisor, bool json);
 int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool arenas, uint32_t segments,
              const std::string& html, bool json, bool sweep, uint64_t persistent_min, double pool_overhead,
              bool read_only, double max_weight_wait);
@@ -87,13 +89,16 @@ constexpr HelpBlock kHelp[] = {
      "                         (ui.perfetto.dev, chrome://tracing): kernels per stream, copies, a span\n"
      "                         per step, live bytes; on stdout, or written to FILE\n"},
     {"replay",
-     "  replay FILE [--steps N] [--offload FRACTION] [--scale DIV] [--json]\n"
+     "  replay FILE [--steps N] [--offload FRACTION|--cap FRACTION] [--scale DIV] [--json]\n"
      "                         replay a recorded step on the simulated driver (default N=6); with\n"
      "                         --offload, the executor too, under a budget of FRACTION of the step's\n"
      "                         peak (N=12 by default), sizes divided by DIV (default 256), every\n"
      "                         launch's data checked; exit 1 on a mismatch or over the budget;\n"
      "                         --json: the same figures as one JSON object (bytes at the recording's\n"
-     "                         size, not scaled)\n"},
+     "                         size, not scaled); with --cap instead, the residency manager (the hard\n"
+     "                         cap of OFFLOAD_DEVICE_BUDGET) under a budget of FRACTION of the peak,\n"
+     "                         every launch's data checked; exit 1 on a mismatch, a held peak over\n"
+     "                         the budget, a VMM misuse or a refusal\n"},
     {"plan",
      "  plan --trace FILE [--budget SIZE|SHARE [--gpu-memory SIZE]] [--persistent-min SIZE [--read-only]\n"
      "       [--max-weight-wait S]] [--segments N] [--arenas|--json]\n"
@@ -235,7 +240,7 @@ int run_status_or_stop(const Args& a) {
 
 int run_replay(const Args& a) {
   int steps = 0;
-  double fraction = 0;
+  double fraction = 0, cap = 0;
   uint32_t divisor = 256;
   bool json = false;
   for (size_t i = 2; i < a.size(); ++i) {
@@ -254,6 +259,12 @@ int run_replay(const Args& a) {
         return usage_errorf("replay", "--offload '%s' is not valid: expected a fraction of the peak, 0 < F <= 1",
                 a[i].c_str());
       }
+    } else if (a[i] == "--cap" && i + 1 < a.size()) {
+      cap = strtod(a[++i].c_str(), &end);
+      if (*end || !(cap > 0 && cap <= 1)) {
+        return usage_errorf("replay", "--cap '%s' is not valid: expected a fraction of the peak, 0 < F <= 1",
+                a[i].c_str());
+      }
     } else if (a[i] == "--scale" && i + 1 < a.size()) {
       long d = strtol(a[++i].c_str(), &end, 10);
       if (*end || d < 1 || d > 1024) {
@@ -264,6 +275,8 @@ int run_replay(const Args& a) {
       return usage_errorf("replay", "unknown option '%s' for replay", a[i].c_str());
     }
   }
+  if (cap > 0 && fraction > 0) return usage_error("replay", "--offload and --cap are two modes: give one");
+  if (cap > 0) return cmd_replay_cap(a[1], steps, cap, divisor, json);
   return cmd_replay(a[1], steps, fraction, divisor, json);
 }
 

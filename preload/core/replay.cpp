@@ -104,13 +104,13 @@ class Replayer {
   Replayer(const StepTrace& rec, const ReplayOptions& opt)
       : rec_(rec), opt_(opt), log_(1 << 16, 1 << 20), ex_(drv_, opt.exec), tracker_(drv_, log_),
         asm_(tracker_.funcs(), assembler_options()), rng_(opt.seed) {
-    if (!opt_.offload) return;
+    if (!acting()) return;
     const uint64_t div = std::max<uint32_t>(opt_.size_divisor, 1);
     // The GPU's 2 MiB granularity, scaled (the simulated driver wants whole pages).
     granularity_ = std::max<uint64_t>(4096, round_up((2u << 20) / div, 4096));
     drv_.set_granularity(granularity_);
     drv_.set_copy_delay(opt_.copy_delay);
-    tracker_.set_gate(&ex_);
+    tracker_.set_gate(opt_.cap ? opt_.cap->attach(drv_, granularity_) : &ex_);
     res_.offload.divisor = static_cast<uint32_t>(div);
     res_.offload.granularity = granularity_;
     res_.offload.recorded_peak = peak_live_bytes(rec_);
@@ -127,6 +127,7 @@ class Replayer {
     return ao;
   }
 
+  bool acting() const { return opt_.offload || opt_.cap; }  // sizes scaled, every launch checked
   void alloc(uint32_t o);
   void release(uint32_t o);
   void launch(int step, size_t p);
@@ -137,6 +138,7 @@ class Replayer {
   void plan_from(const StepTrace& t);
   void begin_step();
   void end_step();
+  void carry_over(const std::map<uint64_t, std::vector<uint32_t>>& carried_by_size);
 
   const StepTrace& rec_;
   ReplayOptions opt_;
@@ -166,6 +168,7 @@ class Replayer {
   std::vector<uint64_t> last_tokens_;
   ExecutorStats at_start_;
   ContentCheck check_;
+  bool stopped_ = false;  // cap mode: the manager refused an allocation or a launch
 };
 
 void Replayer::alloc(uint32_t o) {
@@ -173,14 +176,24 @@ void Replayer::alloc(uint32_t o) {
   sig_[o] = 0;
   last_stream_[o] = a.stream;
   member_[o] = false;
-  if (!opt_.offload) {
+  if (!acting()) {
     addr_[o] = drv_.alloc(a.bytes);
     tracker_.on_alloc(addr_[o], a.bytes, a.stream);
     return;
   }
-  // Runtime::place, then Runtime::track_alloc for what the executor does not place.
+  // Runtime::place (or place_capped), then Runtime::track_alloc for what is not placed.
   uint64_t tag = 0;
-  DevPtr p = ex_.place(a.bytes, a.stream, tracker_.launches(), &tag);
+  DevPtr p = 0;
+  if (opt_.cap) {
+    bool refused = false;
+    p = opt_.cap->alloc(a.bytes, a.stream, &tag, &refused);
+    if (refused) {
+      stopped_ = true;  // the program would see out-of-memory here
+      return;
+    }
+  } else {
+    p = ex_.place(a.bytes, a.stream, tracker_.launches(), &tag);
+  }
   if (p) {
     member_[o] = true;
   } else {
@@ -195,7 +208,7 @@ void Replayer::alloc(uint32_t o) {
   }
   addr_[o] = p;
   tracker_.on_alloc(p, a.bytes, a.stream, tag);
-  ex_.note_live(tracker_.allocs().live_bytes());
+  if (!opt_.cap) ex_.note_live(tracker_.allocs().live_bytes());
   sample_footprint();
 }
 
@@ -204,13 +217,13 @@ void Replayer::release(uint32_t o) {
   const DevPtr p = addr_[o];
   addr_[o] = 0;
   tracker_.on_free(p, a.stream);
-  if (!opt_.offload) {
+  if (!acting()) {
     drv_.free(p);
     return;
   }
   // Freed on the allocation's stream, after its last use on any stream (record_stream).
   if (last_stream_[o] != a.stream) join(last_stream_[o], a.stream);
-  if (ex_.release(p, a.stream)) return;
+  if (opt_.cap ? opt_.cap->free(p, a.stream, a.bytes) : ex_.release(p, a.stream)) return;
   plain_live_ -= a.bytes;
   // The block is reusable once the stream has reached the free.
   drv_.launch(a.stream, [this, p, bytes = a.bytes] { pool_.emplace(bytes, p); });
@@ -226,7 +239,7 @@ void Replayer::join(Stream from, Stream to) {
 void Replayer::launch(int step, size_t p) {
   const TraceLaunch& l = rec_.launches[p];
   std::vector<Touch> touches;
-  if (opt_.offload) {
+  if (acting()) {
     // The program orders a use after the previous one on another stream (an event wait).
     std::vector<uint32_t> objs(l.allocs.begin(), l.allocs.end());
     std::sort(objs.begin(), objs.end());
@@ -268,9 +281,14 @@ void Replayer::launch(int step, size_t p) {
     default:
       tracker_.on_graph(l.stream);
   }
-  if (!opt_.offload) return;
+  if (!acting()) return;
+  if (opt_.cap && opt_.cap->refused_launch()) {
+    stopped_ = true;  // the hook returns out-of-memory: the launch never runs
+    return;
+  }
   // Queued after whatever the gate queued on the stream (the waits for reloads).
   drv_.launch(l.stream, [touches = std::move(touches), chk = &check_, step, p] { run_body(touches, chk, step, p); });
+  if (opt_.cap) opt_.cap->after_launch();
   run_gpu();
   sample_footprint();
 }
@@ -292,8 +310,10 @@ void Replayer::sample_footprint() {
 void Replayer::pump() {
   log_.drain([&](const Event& e, const AllocId* acc) { asm_.consume(e, acc); });
   if (opt_.offload) ex_.poll();
+  if (opt_.cap) opt_.cap->poll();
   for (StepTrace& t : asm_.take_ready(0, false)) {
     if (opt_.offload) plan_from(t);
+    if (opt_.cap) opt_.cap->step_seen(t.launches.size());
     res_.steps.push_back(std::move(t));
   }
 }
@@ -352,6 +372,11 @@ void Replayer::plan_from(const StepTrace& t) {
 }
 
 void Replayer::begin_step() {
+  if (opt_.cap) {
+    opt_.cap->begin_step();
+    footprint_ = 0;
+    sample_footprint();
+  }
   if (!opt_.offload) return;
   at_start_ = ex_.stats();
   ex_.reset_peak();
@@ -360,6 +385,12 @@ void Replayer::begin_step() {
 }
 
 void Replayer::end_step() {
+  if (opt_.cap) {
+    opt_.cap->end_step();
+    ReplayOffloadStep st;
+    st.footprint_peak = footprint_;
+    res_.offload.steps.push_back(st);
+  }
   if (!opt_.offload) return;
   ExecutorStats s = ex_.stats();
   ReplayOffloadStep st;
@@ -381,6 +412,27 @@ void Replayer::end_step() {
     ro.steady_device_peak = std::max(ro.steady_device_peak, st.device_peak);
   }
   ro.steps.push_back(st);
+}
+
+// Carries what outlives the step into the next one's "born before" slots: carried_by_size maps
+// bytes to the ordinals born before the step and freed in it.
+void Replayer::carry_over(const std::map<uint64_t, std::vector<uint32_t>>& carried_by_size) {
+  std::map<uint64_t, size_t> used;
+  for (const TraceAlloc& a : rec_.allocs) {
+    if (a.alloc_pos < 0 || a.free_pos >= 0 || !addr_[a.ordinal]) continue;
+    auto it = carried_by_size.find(a.bytes);
+    size_t& k = used[a.bytes];
+    if (it != carried_by_size.end() && k < it->second.size()) {
+      uint32_t to = it->second[k++];
+      addr_[to] = addr_[a.ordinal];
+      sig_[to] = sig_[a.ordinal];
+      last_stream_[to] = last_stream_[a.ordinal];
+      member_[to] = member_[a.ordinal];
+      addr_[a.ordinal] = 0;
+    } else {
+      release(a.ordinal);  // nothing in the recording carries it: let it go
+    }
+  }
 }
 
 ReplayResult Replayer::run() {
@@ -420,35 +472,26 @@ ReplayResult Replayer::run() {
     for (size_t p = 0; p <= n; ++p) {
       for (uint32_t o : dies[p])
         if (addr_[o]) release(o);
-      for (uint32_t o : born[p]) alloc(o);
-      if (p == n) break;
+      for (uint32_t o : born[p])
+        if (!stopped_) alloc(o);
+      if (p == n || stopped_) break;
       launch(r, p);
+      if (stopped_) break;
       if ((p & 255) == 0) pump();
     }
-    // Carry what outlives the step into the next one's "born before" slots.
-    std::map<uint64_t, size_t> used;
-    for (const TraceAlloc& a : rec.allocs) {
-      if (a.alloc_pos < 0 || a.free_pos >= 0 || !addr_[a.ordinal]) continue;
-      auto it = carried_by_size.find(a.bytes);
-      size_t& k = used[a.bytes];
-      if (it != carried_by_size.end() && k < it->second.size()) {
-        uint32_t to = it->second[k++];
-        addr_[to] = addr_[a.ordinal];
-        sig_[to] = sig_[a.ordinal];
-        last_stream_[to] = last_stream_[a.ordinal];
-        member_[to] = member_[a.ordinal];
-        addr_[a.ordinal] = 0;
-      } else {
-        release(a.ordinal);  // nothing in the recording carries it: let it go
-      }
+    if (stopped_) {
+      end_step();
+      break;
     }
+    carry_over(carried_by_size);
     if (opt_.mark_steps) tracker_.mark_step();
     end_step();
     pump();
   }
-  if (opt_.offload) {
+  if (acting()) {
     drv_.run_all();
-    ex_.poll();
+    if (opt_.offload) ex_.poll();
+    if (opt_.cap) opt_.cap->poll();
   }
   log_.drain([&](const Event& e, const AllocId* acc) { asm_.consume(e, acc); });
   for (StepTrace& t : asm_.take_ready(0, true)) res_.steps.push_back(std::move(t));
@@ -459,9 +502,14 @@ ReplayResult Replayer::run() {
     if (same_step(rec, t, &why)) ++res_.matching_steps;
     else if (res_.first_mismatch.empty()) res_.first_mismatch = "step " + std::to_string(t.step) + ": " + why;
   }
-  if (opt_.offload) {
+  res_.stopped = stopped_;
+  if (opt_.cap) {
+    opt_.cap->detach();
+    tracker_.set_gate(nullptr);
+  }
+  if (acting()) {
     ReplayOffload& ro = res_.offload;
-    ro.stats = ex_.stats();
+    if (opt_.offload) ro.stats = ex_.stats();
     ro.vmm_misuses = drv_.vmm_stats().misuses;
     ro.launches_verified = check_.launches;
     ro.words_checked = check_.words;
@@ -519,7 +567,7 @@ bool same_step(const StepTrace& a, const StepTrace& b, std::string* why) {
 }
 
 ReplayResult replay(const StepTrace& rec, const ReplayOptions& opt) {
-  if (!opt.offload) return Replayer(rec, opt).run();
+  if (!opt.offload && !opt.cap) return Replayer(rec, opt).run();
   StepTrace scaled = scale_step(rec, opt.size_divisor);
   return Replayer(scaled, opt).run();
 }

@@ -18,6 +18,10 @@
 // handle reads 0xA5 garbage) or a missing stream wait reads as a mismatch. The simulated GPU
 // runs behind the host, in a seeded random order, with copies delayed.
 //
+// Cap mode (ReplayOptions::cap) routes the allocations, frees and launches through a manager
+// above the core (preload/residency/replay_cap.h wires the residency manager in), with the
+// same scaling, simulated GPU and content checks; a refusal ends the replay.
+//
 // Single-threaded: everything, the simulated GPU included, runs on the caller's thread.
 #pragma once
 
@@ -30,6 +34,27 @@
 #include "planner/step_trace.h"
 
 namespace offload {
+
+class SimDriver;
+
+// Cap mode's manager, as the shim's allocation hooks and worker see it.
+class ReplayCap {
+ public:
+  virtual ~ReplayCap() = default;
+  // Before the first allocation, on the replay's driver (its granularity set): the launch gate.
+  virtual LaunchGate* attach(SimDriver& d, uint64_t granularity) = 0;
+  // An allocation: its address (*tag for the tracker), 0 for the replay's pool to serve it, or 0
+  // with *refused set when the budget cannot hold it.
+  virtual DevPtr alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) = 0;
+  virtual bool free(DevPtr p, Stream s, uint64_t bytes) = 0;  // false: the pool's (counted freed)
+  virtual bool refused_launch() = 0;  // the gate refused the launch the tracker just saw
+  virtual void after_launch() = 0;    // the launch was forwarded
+  virtual void poll() = 0;            // the worker's turn
+  virtual void step_seen(size_t launches) = 0;  // the pipeline cut a step of this many launches
+  virtual void begin_step() = 0;
+  virtual void end_step() = 0;
+  virtual void detach() = 0;  // the GPU has finished: let go of everything on the driver
+};
 
 struct ReplayOptions {
   int repeats = 6;           // steps to replay
@@ -52,6 +77,9 @@ struct ReplayOptions {
   // built-in plan would use at this scale, and the divisor, a plan (empty: *why says why).
   // Unset: the built-in plan.
   std::function<Plan(const StepTrace&, const PlanOptions&, uint32_t divisor, std::string* why)> planner;
+
+  // Cap mode (not with offload): the manager; the scaling, GPU and checks above apply.
+  ReplayCap* cap = nullptr;
 };
 
 // One replayed step, offload mode.
@@ -92,7 +120,10 @@ struct ReplayResult {
   size_t matching_steps = 0;     // re-recorded steps equal to the recording (scaled, offloading)
   std::string first_mismatch;    // why the first non-matching steady step differs
   double hook_ns_mean = 0;       // host time of the tracker's launch bookkeeping
-  ReplayOffload offload;         // offload mode only
+  // Offload mode; in cap mode only the scale, the per-step footprint, the VMM misuses and the
+  // content checks are filled (the manager reports the rest).
+  ReplayOffload offload;
+  bool stopped = false;          // cap mode: a refusal ended the replay early
 };
 
 ReplayResult replay(const StepTrace& recorded, const ReplayOptions& opt);

@@ -238,6 +238,56 @@ TEST(OffloadctlReplay, JsonOfAFailedReplaySaysWhatFailed) {
   EXPECT_EQ(plain["offload"].type, testing::Json::Null) << "no --offload, no offload figures";
 }
 
+// --cap: the residency manager under the budget; the JSON carries the totals the text prints,
+// and a budget no launch fits ends with the refusal said and exit status 1.
+TEST(OffloadctlReplay, UnderTheCapTheBudgetHoldsOrTheRefusalIsSaid) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string trace = std::string(OFFLOAD_TRACES_DIR) + "/convnet.trace";
+  const std::vector<std::string> args = {OFFLOADCTL_BIN, "replay", trace, "--cap", "0.5", "--steps", "4", "--scale", "1024"};
+  RunResult text = run_program(args, {}, dir.path(), 120000);
+  std::vector<std::string> json_args = args;
+  json_args.push_back("--json");
+  RunResult js = run_program(json_args, {}, dir.path(), 120000);
+  ASSERT_EQ(text.exit_code(), 0) << describe_status(text.status) << "\n" << text.out << text.err;
+  ASSERT_EQ(js.exit_code(), 0) << describe_status(js.status) << "\n" << js.err;
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(js.out, &j, &err)) << err << "\n" << js.out;
+  EXPECT_TRUE(j["ok"].b);
+  const testing::Json& cap = j["cap"];
+  EXPECT_TRUE(cap["within_budget"].b);
+  EXPECT_EQ(cap["per_step"].items.size(), 4u);
+  EXPECT_EQ(cap["refusal"].type, testing::Json::Null);
+  EXPECT_EQ(cap["mismatches"].num, 0);
+  EXPECT_GT(cap["launches_verified"].num, 0);
+  const testing::Json& st = cap["residency"];
+  EXPECT_GT(st["evictions"].num, 0);
+  EXPECT_NE(text.out.find("totals: " + st["evictions"].text + " evictions (" + st["ahead"].text + " ahead, " +
+                          st["abandoned"].text + " abandoned), " + st["reloads"].text + " reloads on demand, " +
+                          st["prefetches"].text + " prefetches"),
+            std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("content checks: " + cap["launches_verified"].text + " launches verified (" +
+                          cap["words_checked"].text + " words), 0 mismatches"),
+            std::string::npos)
+      << text.out;
+
+  RunResult r = run_program({OFFLOADCTL_BIN, "replay", trace, "--cap", "0.01", "--scale", "1024", "--json"}, {},
+                            dir.path(), 120000);
+  EXPECT_EQ(r.exit_code(), 1) << describe_status(r.status);
+  testing::Json refused;
+  ASSERT_TRUE(testing::parse_json(r.out, &refused, &err)) << err << "\n" << r.out;
+  EXPECT_FALSE(refused["ok"].b);
+  EXPECT_EQ(refused["cap"]["refusal"].type, testing::Json::String) << r.out;
+  EXPECT_FALSE(refused["cap"]["refusal"].text.empty()) << r.out;
+  r = run_program({OFFLOADCTL_BIN, "replay", trace, "--cap", "0.01", "--scale", "1024"}, {}, dir.path(), 120000);
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_NE(r.out.find("FAIL: refused: "), std::string::npos) << r.out;
+  r = run_program({OFFLOADCTL_BIN, "replay", trace, "--cap", "0.5", "--offload", "0.5"}, {}, dir.path(), 120000);
+  EXPECT_NE(r.exit_code(), 0) << "one mode at a time";
+}
+
 // trace chrome on a directory of step files: one trace-event JSON with a span per step and the
 // kernels under their demangled names, the same on stdout and in -o's file.
 TEST(OffloadctlTraceChrome, ADirectoryOfStepsBecomesOneTrace) {
