@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/env.h"
 #include "common/json_writer.h"
 #include "core/replay.h"
 #include "core/tracker.h"
@@ -411,6 +412,16 @@ int cmd_replay_cap(const std::string& path, int steps, double fraction, uint32_t
   StepTrace rec;
   if (!load_step_trace(path, &rec)) return 1;
   CapReplayOptions o;
+  // The manager's policy from the environment, as the shim reads it (OFFLOAD_CAP_TILE, _REFIT, ...).
+  std::vector<std::string> errors;
+  const Settings st = read_settings([](const char* n) { return std::getenv(n); }, &errors);
+  for (const std::string& e : errors) fprintf(stderr, "offloadctl replay: %s\n", e.c_str());
+  if (!errors.empty()) return 2;
+  o.tile_exact = st.cap_tile_exact;
+  o.size_classes = st.cap_size_classes;
+  o.refit = st.cap_refit;
+  o.extra_pieces = st.cap_extra_pieces;
+  o.prefetch_lead_max = st.cap_prefetch_max;
   o.repeats = steps ? steps : 6;
   o.budget_fraction = fraction;
   o.size_divisor = divisor;

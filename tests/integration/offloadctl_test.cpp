@@ -288,6 +288,36 @@ TEST(OffloadctlReplay, UnderTheCapTheBudgetHoldsOrTheRefusalIsSaid) {
   EXPECT_NE(r.exit_code(), 0) << "one mode at a time";
 }
 
+// Under the cap the manager's policy comes from the shim's own settings: exact tiling maps fewer
+// pieces a step and makes more handles than the default (any spares), as on the GPU; a bad value
+// is an error naming the variable.
+TEST(OffloadctlReplay, UnderTheCapThePolicyComesFromTheShimsSettings) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string trace = std::string(OFFLOAD_TRACES_DIR) + "/convnet.trace";
+  const std::vector<std::string> args = {OFFLOADCTL_BIN, "replay", trace,     "--cap", "0.5",
+                                         "--steps",      "6",      "--scale", "1024",  "--json"};
+  auto counts = [&](const std::map<std::string, std::string>& env, double* maps, double* created) {
+    RunResult r = run_program(args, env, dir.path(), 120000);
+    ASSERT_EQ(r.exit_code(), 0) << describe_status(r.status) << "\n" << r.err;
+    testing::Json j;
+    std::string err;
+    ASSERT_TRUE(testing::parse_json(r.out, &j, &err)) << err << "\n" << r.out;
+    const auto& steps = j["cap"]["per_step"].items;
+    ASSERT_EQ(steps.size(), 6u);
+    *maps = *created = 0;
+    for (size_t i = 2; i < steps.size(); ++i) *maps += steps[i]["maps"].num, *created += steps[i]["created"].num;
+  };
+  double any_maps = 0, any_created = 0, exact_maps = 0, exact_created = 0;
+  counts({}, &any_maps, &any_created);
+  counts({{"OFFLOAD_CAP_TILE", "exact"}}, &exact_maps, &exact_created);
+  EXPECT_LT(exact_maps, any_maps);
+  EXPECT_GT(exact_created, any_created);
+  RunResult bad = run_program(args, {{"OFFLOAD_CAP_TILE", "some"}}, dir.path(), 120000);
+  EXPECT_EQ(bad.exit_code(), 2);
+  EXPECT_NE(bad.err.find("OFFLOAD_CAP_TILE='some' is not valid"), std::string::npos) << bad.err;
+}
+
 // trace chrome on a directory of step files: one trace-event JSON with a span per step and the
 // kernels under their demangled names, the same on stdout and in -o's file.
 TEST(OffloadctlTraceChrome, ADirectoryOfStepsBecomesOneTrace) {
