@@ -4,6 +4,13 @@
 # and its variables ($work, $root, $ctl, $budget, ...), which they read or set for the helpers.
 # shellcheck shell=bash disable=SC2034,SC2154
 
+# For the plans that measure the plan of arenas, as their tables in docs/results.md do (not the
+# hard cap, which a budget otherwise means): OFFLOAD_CAP=0 unless set, and offloadd restarted.
+arenas_daemon() {
+  export OFFLOAD_CAP=${OFFLOAD_CAP:-0}
+  restart_daemon
+}
+
 # executor_smoke: the reference plain and at 50% of plain's footprint, small and full, bitwise
 plan_executor_smoke() {
   restart_daemon
@@ -27,9 +34,7 @@ plan_executor() {
   # executor_compiled: only the compiled Llama pair (for when executor had to skip it).
   # 16 warm-up steps: the GPU-time planner's first convnet plan can come as late as step 13,
   # and the peaks must be reset after it (docs/results.md).
-  # The plan of arenas, as the table in docs/results.md measures it: not the hard cap.
-  export OFFLOAD_CAP=${OFFLOAD_CAP:-0}
-  restart_daemon
+  arenas_daemon
   t_plan=$SECONDS
   d=(--deterministic --steps 20 --warmup 16 --mark-steps)
   if [ "$plan" = executor ]; then
@@ -121,9 +126,7 @@ plan_planner() {
   # save_on_cpu, and offload at 90%, 75% and 50% of plain's footprint and at the largest
   # offload the planner says the compute hides (its predicted footprint as the budget).
   # The link is measured first (pinned copies, each way and both at once).
-  # The plan of arenas, as the table in docs/results.md measures it: not the hard cap.
-  export OFFLOAD_CAP=${OFFLOAD_CAP:-0}
-  restart_daemon
+  arenas_daemon
   python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log"; cat "$work/link.json"
   # 20 warm-up steps: the plan made again for the pool's measured factor (OFFLOAD_POOL_REFINE)
   # goes in about 6 steps after the first plan.
@@ -184,9 +187,7 @@ plan_refine() {
   # with it, 75% without it, 20 warm-up steps (the plan made again goes in about 6 steps after
   # the first); then, as a training script leaves the pool (--keep-pool), the reference at 50%
   # and llama at 75%. planner_report.py on the first group.
-  # The plan of arenas, as the table in docs/results.md measures it: not the hard cap.
-  export OFFLOAD_CAP=${OFFLOAD_CAP:-0}
-  restart_daemon
+  arenas_daemon
   python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log"; cat "$work/link.json"
   d=(--workload reference --deterministic --steps 20 --warmup ${REFINE_WARMUP:-20} --mark-steps)
   show() {
