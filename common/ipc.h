@@ -151,13 +151,6 @@ class SharedPoolMapping {
     return addr_ && bytes && offset <= data_bytes_ && bytes <= data_bytes_ - offset;
   }
 
-  // Calls pin(chunk, bytes) over the data area in chunks under 2 GiB (some drivers fail
-  // and leak on larger single registrations). False as soon as one chunk fails.
-  template <class PinFn>
-  bool pin_in_chunks(PinFn&& pin, uint64_t chunk = kPinChunk) {
-    return offload::pin_in_chunks(data(), data_bytes(), pin, chunk);
-  }
-
  private:
   void* addr_ = nullptr;
   uint64_t size_ = 0;

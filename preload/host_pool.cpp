@@ -77,6 +77,40 @@ AttachInfo attach_info_from_env(int gpu, uint64_t budget, std::string gpu_id) {
   return attach_info_from_env(gpu, budget, std::move(gpu_id), [](const char* k) { return getenv(k); });
 }
 
+bool HostPool::pin_extent(const Extent& e, const PinFn& pin, uint64_t chunk) {
+  // The area first: DaemonLink's lock is taken before pin_mu_ (describe holds both), never after.
+  const auto [data, bytes] = data_area();
+  std::lock_guard lock(pin_mu_);
+  if (!data || !chunk || e.bytes == 0 || e.offset >= bytes) return false;
+  if (!pin_chunk_) pin_chunk_ = chunk;
+  if (chunk != pin_chunk_) return false;  // another grid would overlap registrations
+  const uint64_t chunks = (bytes + chunk - 1) / chunk;
+  if (chunk_pinned_.size() != chunks) chunk_pinned_.assign(chunks, false);
+  const uint64_t end = std::min(bytes, e.offset + e.bytes);
+  bool all = true;
+  for (uint64_t c = e.offset / chunk; c * chunk < end; ++c) {
+    if (chunk_pinned_[c]) continue;
+    const uint64_t n = std::min(chunk, bytes - c * chunk);
+    if (pin(data + c * chunk, n)) {
+      chunk_pinned_[c] = true;
+      pinned_bytes_ += n;
+    } else {
+      all = false;
+    }
+  }
+  return all;
+}
+
+uint64_t HostPool::pinned_bytes() const {
+  std::lock_guard lock(pin_mu_);
+  return pinned_bytes_;
+}
+
+std::string HostPool::pinned_note() const {
+  const uint64_t b = pinned_bytes();
+  return b ? ", " + std::to_string(b >> 20) + " MiB pinned" : std::string();
+}
+
 PrivatePool::PrivatePool(uint64_t bytes) {
   total_ = pool_total_bytes(bytes, 4096);
   void* p = mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -110,13 +144,12 @@ void PrivatePool::release(const Extent& e) {
 
 std::string PrivatePool::describe() const {
   return "private pool of " + std::to_string(table_ ? table_->data_bytes() : 0) + " bytes in this process" +
-         (pinned_ ? ", pinned" : "");
+         pinned_note();
 }
 
-bool PrivatePool::pin(const std::function<bool(void*, uint64_t)>& pin) {
-  std::lock_guard lock(mu_);
-  if (!pinned_ && table_) pinned_ = pin_in_chunks(table_->data(), table_->data_bytes(), pin);
-  return pinned_;
+std::pair<unsigned char*, uint64_t> PrivatePool::data_area() {
+  if (!table_) return {nullptr, 0};
+  return {table_->data(), table_->data_bytes()};
 }
 
 std::string find_daemon_binary(const std::string& configured) {
@@ -361,16 +394,16 @@ void DaemonLink::drop_in_child() {
   mapping_.unmap_in_child();
 }
 
-bool DaemonLink::pin(const std::function<bool(void*, uint64_t)>& pin) {
+std::pair<unsigned char*, uint64_t> DaemonLink::data_area() {
   std::lock_guard lock(mu_);
-  if (!pinned_ && mapping_.base()) pinned_ = mapping_.pin_in_chunks(pin);
-  return pinned_;
+  if (!mapping_.base()) return {nullptr, 0};
+  return {mapping_.data(), mapping_.data_bytes()};
 }
 
 std::string DaemonLink::describe() const {
   std::lock_guard lock(mu_);
   if (client_.connected())
-    return "offloadd at " + paths_.socket + ", client " + std::to_string(client_id_) + (pinned_ ? ", pinned" : "");
+    return "offloadd at " + paths_.socket + ", client " + std::to_string(client_id_) + pinned_note();
   return "offloadd not connected" + (failure_.empty() ? std::string() : ": " + failure_);
 }
 

@@ -158,9 +158,24 @@ void PlanController::plan_from(const StepTrace& t) {
       o.max_host_bytes = plan.host_bytes() / 2;
       continue;
     }
+    pin(*ext);
     return put_in(t, std::move(plan), *ext, o, po, timed, m, planning_from);
   }
   say("not offloading: the host pool has no room (OFFLOAD_HOST_POOL)");
+}
+
+void PlanController::pin(const Extent& e) {
+  HostPool& pool = context_.host_pool();
+  const uint64_t before = pool.pinned_bytes();
+  const int64_t from = mono_ns();
+  const bool ok = pool.pin_extent(e, [&](void* p, uint64_t n) { return driver_.pin_host(p, n); });
+  if (const uint64_t added = pool.pinned_bytes() - before)
+    log().info("pinned {:.2f} GiB of the host pool for the plan in {:.0f} ms ({})", static_cast<double>(added) / (1 << 30),
+               static_cast<double>(mono_ns() - from) / 1e6, pool.describe());
+  if (!ok && !pin_failed_said_) {
+    pin_failed_said_ = true;
+    log().warn("could not pin the plan's host memory ({}): copies through it will be slower", pool.describe());
+  }
 }
 
 Plan PlanController::make_plan(const StepTrace& t, PlanOptions& o, PlannerOptions& po, uint64_t budget, bool timed,
@@ -450,6 +465,7 @@ void PlanController::refine_plan(double factor) {
   std::string refused;
   std::optional<Extent> ext = pool->lease(r.plan.host_bytes(), &refused);
   if (!ext) return keep("the host pool refused " + std::to_string(r.plan.host_bytes() >> 20) + " MiB (" + refused + ")");
+  pin(*ext);
   Swap sw;
   sw.desc = r.plan.describe();
   sw.plan = std::move(r.plan);

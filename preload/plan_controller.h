@@ -115,6 +115,9 @@ class PlanController {
     double wait_share = 0;
   };
   void say(const std::string& note);  // the last reason for not planning, said once
+  // Pins the host memory a plan copies through, as leased to it (the rest of the pool stays
+  // unpinned); an extent that cannot be pinned is copied through more slowly.
+  void pin(const Extent& e);
   void plan_from(const StepTrace& t);
   double measured_factor(const StepTrace& t, const PlanOptions& o);
   PlannerOptions planner_options(const StepTrace& t, const PlanOptions& o, uint64_t budget, bool timed);
@@ -152,6 +155,7 @@ class PlanController {
   std::vector<uint64_t> last_tokens_;    // the previous step's launches, to see steps repeat
   std::optional<Extent> host_;           // the installed plan's host memory
   std::string plan_note_;                // the last reason for not planning, said once
+  bool pin_failed_said_ = false;
   // The plan made last and what the planner predicts of it (empty for the built-in plan): for
   // the stats and the adaptation. Then the planner's feedback.
   Plan planned_;

@@ -189,21 +189,6 @@ void Runtime::pump(bool no_wait) {
     if ((early.rank >= 0 || early.local_rank >= 0) && !link_.attach(early, &why))
       log().debug("offloadd: rank not announced ({})", why);
   }
-  // Pin the pool once, as soon as a launch has shown which context to pin it in.
-  HostPool* pool = &host_pool();
-  // Only a plan of arenas copies through it: the hard cap has a host store of its own.
-  bool pool_ready = offloading_ && (private_pool_ || link_.connected());
-  if (pool_ready && !pool->pinned() && !pin_failed_ && tracker_.funcs().count() > 0) {
-    // Pinning takes the worker for as long as the driver needs (48 GiB on the H200's host in the
-    // refine runs), and the steps wait to be cut and planned meanwhile: the time is logged.
-    const int64_t pin_from = mono_ns();
-    if (pool->pin([&](void* p, uint64_t n) { return driver_.pin_host(p, n); })) {
-      log().info("host pool pinned in {:.0f} ms: {}", static_cast<double>(mono_ns() - pin_from) / 1e6, pool->describe());
-    } else {
-      pin_failed_ = true;
-      log().warn("could not pin the host pool ({}): copies to it will be slower", pool->describe());
-    }
-  }
   drain_events();
   telemetry_.collect(&gpu_, no_wait);
   assembler_.add_gpu_records(gpu_);

@@ -250,7 +250,6 @@ class Runtime final : private PlanContext {
   StepTelemetry step_telemetry_;
   DaemonLink link_;
   bool event_timing_ = false;
-  bool pin_failed_ = false;
   std::deque<Tracker::Marker> markers_;
   std::unique_ptr<PrivatePool> private_pool_;  // when no daemon can be reached
   int64_t last_cut_ns_ = 0;

@@ -50,18 +50,9 @@ struct LeaseSlot {
 static_assert(sizeof(LeaseSlot) == 32);
 
 // The pool is pinned in chunks of this size from its data area's start (under 2 GiB, as some
-// drivers fail and leak on larger single registrations). A copy must not span two chunks
-// (two registrations): the executor splits its copies at these boundaries.
+// drivers fail and leak on larger single registrations), each when a lease first touches it.
+// A copy must not span two chunks (two registrations): the executor splits its copies there.
 inline constexpr uint64_t kPinChunk = (2ull << 30) - kDataAlign;
-
-// Calls pin(chunk, bytes) over [data, data + bytes) in chunks of at most `chunk` bytes.
-// False as soon as one chunk fails.
-template <class PinFn>
-bool pin_in_chunks(unsigned char* data, uint64_t bytes, PinFn&& pin, uint64_t chunk = kPinChunk) {
-  for (uint64_t off = 0; off < bytes; off += chunk)
-    if (!pin(data + off, bytes - off < chunk ? bytes - off : chunk)) return false;
-  return true;
-}
 
 // Bytes a pool of `data_bytes` needs in all (header, table, alignment, data).
 uint64_t pool_total_bytes(uint64_t data_bytes, uint32_t max_leases);

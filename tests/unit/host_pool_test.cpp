@@ -1,4 +1,4 @@
-// The shim's host pools without a daemon: the private fallback pool and pinning in chunks;
+// The shim's host pools without a daemon: the private fallback pool and pinning what it leases;
 // what the shim tells offloadd about its GPU and rank (attach_info_from_env).
 #include <gtest/gtest.h>
 
@@ -13,42 +13,6 @@
 
 namespace offload {
 namespace {
-
-TEST(PinInChunks, CoversTheAreaInChunksUnderTheLimit) {
-  std::vector<std::pair<unsigned char*, uint64_t>> calls;
-  auto* base = reinterpret_cast<unsigned char*>(0x10000000);
-  const uint64_t bytes = 5 * 1000 + 123, chunk = 1000;
-  ASSERT_TRUE(pin_in_chunks(base, bytes, [&](void* p, uint64_t n) {
-    calls.emplace_back(static_cast<unsigned char*>(p), n);
-    return true;
-  }, chunk));
-  ASSERT_EQ(calls.size(), 6u);
-  uint64_t at = 0;
-  for (auto [p, n] : calls) {
-    EXPECT_EQ(p, base + at) << "chunks are contiguous and in order";
-    EXPECT_LE(n, chunk);
-    at += n;
-  }
-  EXPECT_EQ(at, bytes) << "every byte pinned once";
-}
-
-TEST(PinInChunks, DefaultChunkStaysUnderTwoGiB) {
-  uint64_t largest = 0;
-  pin_in_chunks(reinterpret_cast<unsigned char*>(0x10000000), 5ull << 30, [&](void*, uint64_t n) {
-    largest = std::max(largest, n);
-    return true;
-  });
-  EXPECT_LT(largest, 2ull << 30);
-  EXPECT_GT(largest, 1ull << 30);
-}
-
-TEST(PinInChunks, StopsAtTheFirstRefusal) {
-  int calls = 0;
-  EXPECT_FALSE(pin_in_chunks(reinterpret_cast<unsigned char*>(0x10000000), 10'000, [&](void*, uint64_t) {
-    return ++calls < 2;
-  }, 1000));
-  EXPECT_EQ(calls, 2);
-}
 
 TEST(PrivatePool, LeasesDisjointWritableExtentsAndRefusesWhenFull) {
   PrivatePool pool(64ull << 20);
@@ -73,29 +37,74 @@ TEST(PrivatePool, LeasesDisjointWritableExtentsAndRefusesWhenFull) {
   EXPECT_NE(pool.describe().find("private pool"), std::string::npos);
 }
 
-TEST(PrivatePool, PinsOnceAndSaysSo) {
+// Records each pin(ptr, bytes) the pool asks for; refuses while `refuse` is set.
+struct PinLog {
+  std::vector<std::pair<unsigned char*, uint64_t>> calls;
+  bool refuse = false;
+  HostPool::PinFn fn() {
+    return [this](void* p, uint64_t n) {
+      if (refuse) return false;
+      calls.emplace_back(static_cast<unsigned char*>(p), n);
+      return true;
+    };
+  }
+};
+
+TEST(PrivatePool, PinsOnlyTheChunksALeaseTouchesAndEachOnce) {
+  constexpr uint64_t kChunk = 8ull << 20;
   PrivatePool pool(64ull << 20);
-  int calls = 0;
-  uint64_t pinned = 0;
-  auto pin = [&](void*, uint64_t n) {
-    ++calls;
-    pinned += n;
-    return true;
-  };
-  EXPECT_FALSE(pool.pinned());
-  EXPECT_TRUE(pool.pin(pin));
-  EXPECT_TRUE(pool.pinned());
-  EXPECT_GE(pinned, 64ull << 20);
-  int after_first = calls;
-  EXPECT_TRUE(pool.pin(pin));
-  EXPECT_EQ(calls, after_first) << "pinned once, not again";
-  EXPECT_NE(pool.describe().find("pinned"), std::string::npos);
+  std::string why;
+  auto a = pool.lease(3u << 20, &why), b = pool.lease(10u << 20, &why);
+  ASSERT_TRUE(a && b) << why;
+  unsigned char* data = a->host - a->offset;
+  PinLog log;
+  EXPECT_EQ(pool.pinned_bytes(), 0u) << "nothing is pinned before a lease asks";
+  ASSERT_TRUE(pool.pin_extent(*b, log.fn(), kChunk));
+  // b lies in [3 MiB, 13 MiB): chunks 0 and 1, each pinned whole, on the chunk grid.
+  ASSERT_EQ(log.calls.size(), 2u);
+  EXPECT_EQ(log.calls[0], std::make_pair(data, kChunk));
+  EXPECT_EQ(log.calls[1], std::make_pair(data + kChunk, kChunk));
+  EXPECT_EQ(pool.pinned_bytes(), 2 * kChunk);
+  EXPECT_NE(pool.describe().find("16 MiB pinned"), std::string::npos) << pool.describe();
+  ASSERT_TRUE(pool.pin_extent(*a, log.fn(), kChunk));
+  EXPECT_EQ(log.calls.size(), 2u) << "a lies in chunk 0, pinned already";
+  auto c = pool.lease(40u << 20, &why);
+  ASSERT_TRUE(c) << why;
+  ASSERT_TRUE(pool.pin_extent(*c, log.fn(), kChunk));
+  uint64_t first = c->offset / kChunk, last = (c->offset + c->bytes - 1) / kChunk;
+  EXPECT_EQ(log.calls.size(), 2u + (last - std::max<uint64_t>(first, 2)) + 1) << "only chunks not pinned before";
+  EXPECT_FALSE(pool.pin_extent(*c, log.fn(), kChunk / 2)) << "another grid would overlap the registrations";
 }
 
-TEST(PrivatePool, AFailedPinLeavesItUnpinned) {
+TEST(PrivatePool, AChunkThatFailedToPinIsTriedAgain) {
   PrivatePool pool(64ull << 20);
-  EXPECT_FALSE(pool.pin([](void*, uint64_t) { return false; }));
-  EXPECT_FALSE(pool.pinned());
+  std::string why;
+  auto a = pool.lease(1u << 20, &why);
+  ASSERT_TRUE(a) << why;
+  PinLog log;
+  log.refuse = true;
+  EXPECT_FALSE(pool.pin_extent(*a, log.fn(), 8ull << 20));
+  EXPECT_EQ(pool.pinned_bytes(), 0u);
+  EXPECT_EQ(pool.describe().find("pinned"), std::string::npos);
+  log.refuse = false;
+  EXPECT_TRUE(pool.pin_extent(*a, log.fn(), 8ull << 20));
+  EXPECT_EQ(log.calls.size(), 1u);
+  EXPECT_EQ(pool.pinned_bytes(), 8ull << 20);
+}
+
+TEST(PrivatePool, TheLastChunkIsPinnedUpToTheAreasEnd) {
+  PrivatePool pool(20ull << 20);  // chunks of 8 MiB: 8, 8, and the rest
+  std::string why;
+  auto a = pool.lease(20ull << 20, &why);
+  ASSERT_TRUE(a) << why;
+  PinLog log;
+  ASSERT_TRUE(pool.pin_extent(*a, log.fn(), 8ull << 20));
+  ASSERT_EQ(log.calls.size(), 3u);
+  uint64_t sum = 0;
+  for (auto [p, n] : log.calls) sum += n;
+  EXPECT_GE(sum, 20ull << 20);
+  EXPECT_LE(log.calls.back().second, 8ull << 20);
+  EXPECT_EQ(pool.pinned_bytes(), sum);
 }
 
 using Env = std::map<std::string, std::string>;

@@ -40,9 +40,12 @@ class FakeProcess final : public PlanContext, public HostPool {
   }
   void release(const Extent& e) override { released.push_back(e.bytes); }
   std::string describe() const override { return "fake"; }
-  bool pin(const std::function<bool(void*, uint64_t)>&) override { return true; }
+  unsigned char* data() { return buf_.data(); }
 
  private:
+  std::pair<unsigned char*, uint64_t> data_area() override {
+    return {buf_.data(), buf_.size()};
+  }
   std::vector<unsigned char> buf_ = std::vector<unsigned char>(4096);
 };
 
@@ -106,9 +109,12 @@ TEST(PlanController, PlansFromARepeatedStepAndInstallsWhatThePoolLeased) {
   rig.ctl->on_step(t, false);  // the first step seen: nothing to compare it with
   EXPECT_FALSE(rig.ex.installed());
   EXPECT_TRUE(rig.process.leased.empty());
+  EXPECT_TRUE(rig.drv.pinned().empty()) << "no host memory is pinned before a plan leases it";
 
-  rig.ctl->on_step(t, false);  // it repeats: planned, leased, installed
+  rig.ctl->on_step(t, false);  // it repeats: planned, leased, pinned, installed
   ASSERT_TRUE(rig.ex.installed());
+  using Pins = std::vector<std::pair<void*, uint64_t>>;
+  EXPECT_EQ(rig.drv.pinned(), (Pins{{rig.process.data(), 4096}})) << "what the plan leased, pinned on the driver";
   EXPECT_FALSE(rig.ex.deviated());
   EXPECT_EQ(rig.ex.stats().plan, want.describe());
   ASSERT_EQ(rig.process.leased, std::vector<uint64_t>{want.host_bytes()});
@@ -122,6 +128,7 @@ TEST(PlanController, PlansFromARepeatedStepAndInstallsWhatThePoolLeased) {
   rig.ctl->on_step(t, false);  // the plan runs: nothing new
   EXPECT_EQ(rig.process.leased.size(), 1u);
   EXPECT_EQ(rig.ex.stats().installs, 1u);
+  EXPECT_EQ(rig.drv.pinned().size(), 1u) << "pinned once";
 }
 
 TEST(PlanController, ARetiredPlanIsMadeAgainOnceTheArenasAreIdle) {
