@@ -77,28 +77,46 @@ AttachInfo attach_info_from_env(int gpu, uint64_t budget, std::string gpu_id) {
   return attach_info_from_env(gpu, budget, std::move(gpu_id), [](const char* k) { return getenv(k); });
 }
 
-bool HostPool::pin_extent(const Extent& e, const PinFn& pin, uint64_t chunk) {
-  // The area first: DaemonLink's lock is taken before pin_mu_ (describe holds both), never after.
-  const auto [data, bytes] = data_area();
-  std::lock_guard lock(pin_mu_);
-  if (!data || !chunk || e.bytes == 0 || e.offset >= bytes) return false;
+bool HostPool::grid(uint64_t bytes, uint64_t chunk) {
+  if (!chunk) return false;
   if (!pin_chunk_) pin_chunk_ = chunk;
   if (chunk != pin_chunk_) return false;  // another grid would overlap registrations
   const uint64_t chunks = (bytes + chunk - 1) / chunk;
   if (chunk_pinned_.size() != chunks) chunk_pinned_.assign(chunks, false);
+  return true;
+}
+
+bool HostPool::pin_chunk(unsigned char* data, uint64_t bytes, uint64_t c, const PinFn& pin) {
+  if (chunk_pinned_[c]) return true;
+  const uint64_t n = std::min(pin_chunk_, bytes - c * pin_chunk_);
+  if (!pin(data + c * pin_chunk_, n)) return false;
+  chunk_pinned_[c] = true;
+  pinned_bytes_ += n;
+  return true;
+}
+
+bool HostPool::pin_extent(const Extent& e, const PinFn& pin, uint64_t chunk) {
+  // The area first: DaemonLink's lock is taken before pin_mu_ (describe holds both), never after.
+  const auto [data, bytes] = data_area();
+  std::lock_guard lock(pin_mu_);
+  if (!data || e.bytes == 0 || e.offset >= bytes || !grid(bytes, chunk)) return false;
   const uint64_t end = std::min(bytes, e.offset + e.bytes);
   bool all = true;
-  for (uint64_t c = e.offset / chunk; c * chunk < end; ++c) {
-    if (chunk_pinned_[c]) continue;
-    const uint64_t n = std::min(chunk, bytes - c * chunk);
-    if (pin(data + c * chunk, n)) {
-      chunk_pinned_[c] = true;
-      pinned_bytes_ += n;
-    } else {
-      all = false;
-    }
-  }
+  for (uint64_t c = e.offset / chunk; c * chunk < end; ++c) all = pin_chunk(data, bytes, c, pin) && all;
   return all;
+}
+
+bool HostPool::pin_ahead(const PinFn& pin, uint64_t chunk) {
+  const auto [data, bytes] = data_area();
+  std::lock_guard lock(pin_mu_);
+  if (!data || !grid(bytes, chunk)) return false;
+  while (ahead_ < chunk_pinned_.size() && chunk_pinned_[ahead_]) ++ahead_;
+  if (ahead_ == chunk_pinned_.size()) return false;
+  if (!pin_chunk(data, bytes, ahead_, pin)) {
+    ahead_ = chunk_pinned_.size();  // no more ahead of leases
+    return false;
+  }
+  return ++ahead_ < chunk_pinned_.size();
 }
 
 uint64_t HostPool::pinned_bytes() const {

@@ -64,6 +64,10 @@ class HostPool {
   // whole pool took the driver 19.5 s for 48 GiB, and the plan waited for it. True when every
   // chunk `e` touches is pinned; a chunk that failed is tried again on the next call.
   bool pin_extent(const Extent& e, const PinFn& pin, uint64_t chunk = kPinChunk);
+  // Pins the pool's first chunk not pinned yet, ahead of any lease: a plan then finds its host
+  // memory pinned. True while chunks remain; false once all are pinned, or when one fails
+  // (pin_extent still tries it for a lease). Same `chunk` as pin_extent.
+  bool pin_ahead(const PinFn& pin, uint64_t chunk = kPinChunk);
   uint64_t pinned_bytes() const;
 
  protected:
@@ -72,10 +76,15 @@ class HostPool {
   std::string pinned_note() const;  // ", N MiB pinned", or nothing
 
  private:
+  // The chunk grid for an area of `bytes`, fixed by the first call; false for another `chunk`.
+  bool grid(uint64_t bytes, uint64_t chunk);  // holds pin_mu_
+  bool pin_chunk(unsigned char* data, uint64_t bytes, uint64_t c, const PinFn& pin);  // holds pin_mu_
+
   mutable std::mutex pin_mu_;
   uint64_t pin_chunk_ = 0;
   std::vector<bool> chunk_pinned_;
   uint64_t pinned_bytes_ = 0;
+  uint64_t ahead_ = 0;  // pin_ahead's next chunk
 };
 
 // A pool of private memory, for when no daemon is reachable. Not pre-faulted.

@@ -253,8 +253,24 @@ start_daemon() {
   restart_daemon
   local pool=$1; shift
   setsid "$bin/offloadd" --pool-size "$pool" "$@" >> "$work/offloadd.log" 2>&1 < /dev/null &
-  for _ in $(seq 1 50); do "$ctl" status > /dev/null 2>&1 && return 0; sleep 0.2; done
+  local from=$SECONDS
+  # A large pool is allocated before offloadd answers (48 GiB: seconds).
+  for _ in $(seq 1 600); do
+    "$ctl" status > /dev/null 2>&1 && { log "offloadd up in $((SECONDS - from)) s"; return 0; }
+    sleep 0.2
+  done
   log "offloadd did not come up"; cat "$work/offloadd.log"; return 1
+}
+# Waits (at most $1 s) until offloadd has faulted its pool in, as a node's daemon started before
+# the training has: a client then pins it about 4x faster.
+wait_pool_faulted() {
+  local from=$SECONDS
+  for _ in $(seq 1 $(( $1 * 5 ))); do
+    grep -q "pool faulted in" "$work/offloadd.log" 2>/dev/null && {
+      log "offloadd: $(grep -o 'pool faulted in.*' "$work/offloadd.log" | tail -n 1) (waited $((SECONDS - from)) s)"; return 0; }
+    sleep 0.2
+  done
+  log "offloadd's pool not faulted in after $1 s"; return 1
 }
 
 # The plans: a function plan_NAME each, by theme in scripts/gpu/plans/; a function that serves

@@ -5,10 +5,12 @@
 # shellcheck shell=bash disable=SC2034,SC2154
 
 # For the plans that measure the plan of arenas, as their tables in docs/results.md do (not the
-# hard cap, which a budget otherwise means): OFFLOAD_CAP=0 unless set, and offloadd restarted.
+# hard cap, which a budget otherwise means): OFFLOAD_CAP=0 unless set, and offloadd started
+# afresh with the runs' pool and left to fault it in, as a node's daemon would have.
 arenas_daemon() {
   export OFFLOAD_CAP=${OFFLOAD_CAP:-0}
-  restart_daemon
+  start_daemon "$host_pool" || exit 1
+  wait_pool_faulted 120
 }
 
 # executor_smoke: the reference plain and at 50% of plain's footprint, small and full, bitwise
