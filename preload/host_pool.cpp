@@ -106,19 +106,6 @@ bool HostPool::pin_extent(const Extent& e, const PinFn& pin, uint64_t chunk) {
   return all;
 }
 
-bool HostPool::pin_ahead(const PinFn& pin, uint64_t chunk) {
-  const auto [data, bytes] = data_area();
-  std::lock_guard lock(pin_mu_);
-  if (!data || !grid(bytes, chunk)) return false;
-  while (ahead_ < chunk_pinned_.size() && chunk_pinned_[ahead_]) ++ahead_;
-  if (ahead_ == chunk_pinned_.size()) return false;
-  if (!pin_chunk(data, bytes, ahead_, pin)) {
-    ahead_ = chunk_pinned_.size();  // no more ahead of leases
-    return false;
-  }
-  return ++ahead_ < chunk_pinned_.size();
-}
-
 uint64_t HostPool::pinned_bytes() const {
   std::lock_guard lock(pin_mu_);
   return pinned_bytes_;

@@ -60,14 +60,11 @@ class HostPool {
   virtual std::string describe() const = 0;
   // Pins, with `pin(ptr, bytes)`, the chunks of the pool that `e` touches and that are not
   // pinned yet: `chunk` bytes apart from the data area's start (kPinChunk; the same value on
-  // every call, as copies are split at those boundaries). Only what is leased is pinned: a
-  // whole pool took the driver 19.5 s for 48 GiB, and the plan waited for it. True when every
-  // chunk `e` touches is pinned; a chunk that failed is tried again on the next call.
+  // every call, as copies are split at those boundaries). True when every chunk `e` touches is
+  // pinned; a chunk that failed is tried again on the next call. Only what a plan leases is
+  // pinned, once the plan is made: pinning while steps run slowed their kernels 2-3x, which the
+  // planner would have measured as the model's compute (docs/results.md).
   bool pin_extent(const Extent& e, const PinFn& pin, uint64_t chunk = kPinChunk);
-  // Pins the pool's first chunk not pinned yet, ahead of any lease: a plan then finds its host
-  // memory pinned. True while chunks remain; false once all are pinned, or when one fails
-  // (pin_extent still tries it for a lease). Same `chunk` as pin_extent.
-  bool pin_ahead(const PinFn& pin, uint64_t chunk = kPinChunk);
   uint64_t pinned_bytes() const;
 
  protected:
@@ -84,7 +81,6 @@ class HostPool {
   uint64_t pin_chunk_ = 0;
   std::vector<bool> chunk_pinned_;
   uint64_t pinned_bytes_ = 0;
-  uint64_t ahead_ = 0;  // pin_ahead's next chunk
 };
 
 // A pool of private memory, for when no daemon is reachable. Not pre-faulted.

@@ -189,7 +189,6 @@ void Runtime::pump(bool no_wait) {
     if ((early.rank >= 0 || early.local_rank >= 0) && !link_.attach(early, &why))
       log().debug("offloadd: rank not announced ({})", why);
   }
-  if (!no_wait) pin_ahead();  // the worker's pass, not a stats query
   drain_events();
   telemetry_.collect(&gpu_, no_wait);
   assembler_.add_gpu_records(gpu_);
@@ -202,21 +201,6 @@ void Runtime::pump(bool no_wait) {
   check_allocations_seen();
   sample_telemetry();
   time_steps_with_markers();
-}
-
-void Runtime::pin_ahead() {
-  // Only a plan of arenas copies through the pool (the hard cap has a host store of its own),
-  // and pinning needs the context a launch has shown. One chunk per pass of the worker (under
-  // 0.1 s), from the pool's start, where leases land first: the first plan finds its memory
-  // pinned instead of waiting 0.35 s per GiB for it (docs/results.md).
-  if (pin_ahead_done_ || !offloading_ || !(private_pool_ || link_.connected()) || tracker_.funcs().count() == 0)
-    return;
-  HostPool& pool = host_pool();
-  if (!pin_ahead_from_) pin_ahead_from_ = mono_ns();
-  if (pool.pin_ahead([&](void* p, uint64_t n) { return driver_.pin_host(p, n); })) return;
-  pin_ahead_done_ = true;
-  log().info("host pool pinned ahead of leases in {:.0f} ms: {}",
-             static_cast<double>(mono_ns() - pin_ahead_from_) / 1e6, pool.describe());
 }
 
 size_t Runtime::drain_events() {

@@ -148,7 +148,6 @@ class Runtime final : private PlanContext {
   // Drains, joins GPU times and finishes every step that can be: those whose GPU times are
   // in, or all that are cut if `no_wait` (a caller who synchronised the GPU).
   void pump(bool no_wait);
-  void pin_ahead();  // one chunk of the host pool pinned ahead of the plan's lease, per pass
   size_t drain_events();  // the event ring into the assembler, under pump_mu_: how many
   std::string stats_json();
   void stop();
@@ -237,8 +236,6 @@ class Runtime final : private PlanContext {
   TelemetrySampler sampler_;  // OFFLOAD_TELEMETRY=sampled: when CUPTI traces
   void sample_telemetry();
   uint64_t resumed_at_launch_ = 0;  // tracing last resumed before this launch
-  bool pin_ahead_done_ = false;  // worker
-  int64_t pin_ahead_from_ = 0;
   std::mutex pump_mu_;  // one pump at a time (worker or a stats query)
   StepAssembler assembler_;
   std::deque<StepSummary> summaries_;  // under pump_mu_

@@ -107,46 +107,6 @@ TEST(PrivatePool, TheLastChunkIsPinnedUpToTheAreasEnd) {
   EXPECT_EQ(pool.pinned_bytes(), sum);
 }
 
-TEST(PrivatePool, PinsAheadOneChunkAtATimeInOrderSkippingWhatALeasePinned) {
-  constexpr uint64_t kChunk = 8ull << 20;
-  PrivatePool pool(32ull << 20);  // four chunks
-  std::string why;
-  auto a = pool.lease(1u << 20, &why), b = pool.lease(12u << 20, &why);  // b: [1, 13) MiB
-  ASSERT_TRUE(a && b) << why;
-  unsigned char* data = a->host - a->offset;
-  PinLog log;
-  ASSERT_TRUE(pool.pin_ahead(log.fn(), kChunk)) << "three chunks remain";
-  ASSERT_EQ(log.calls.size(), 1u);
-  EXPECT_EQ(log.calls[0].first, data);
-  ASSERT_TRUE(pool.pin_extent(*b, log.fn(), kChunk));  // chunk 1 (chunk 0 is pinned)
-  ASSERT_EQ(log.calls.size(), 2u);
-  EXPECT_EQ(log.calls[1].first, data + kChunk);
-  EXPECT_TRUE(pool.pin_ahead(log.fn(), kChunk));  // chunk 2; chunk 3 remains
-  EXPECT_FALSE(pool.pin_ahead(log.fn(), kChunk)) << "chunk 3, the last";
-  ASSERT_EQ(log.calls.size(), 4u);
-  EXPECT_EQ(log.calls[2].first, data + 2 * kChunk);
-  EXPECT_EQ(log.calls[3].first, data + 3 * kChunk);
-  EXPECT_FALSE(pool.pin_ahead(log.fn(), kChunk));
-  EXPECT_EQ(log.calls.size(), 4u) << "nothing is pinned twice";
-  EXPECT_EQ(pool.pinned_bytes(), 32ull << 20);
-}
-
-TEST(PrivatePool, PinningAheadStopsAtAFailureAndALeaseStillTriesItsChunk) {
-  constexpr uint64_t kChunk = 8ull << 20;
-  PrivatePool pool(32ull << 20);
-  PinLog log;
-  log.refuse = true;
-  EXPECT_FALSE(pool.pin_ahead(log.fn(), kChunk));
-  log.refuse = false;
-  EXPECT_FALSE(pool.pin_ahead(log.fn(), kChunk)) << "stopped after the failure";
-  EXPECT_TRUE(log.calls.empty());
-  std::string why;
-  auto a = pool.lease(1u << 20, &why);
-  ASSERT_TRUE(a) << why;
-  EXPECT_TRUE(pool.pin_extent(*a, log.fn(), kChunk));
-  EXPECT_EQ(log.calls.size(), 1u);
-}
-
 using Env = std::map<std::string, std::string>;
 
 AttachInfo from(const Env& env) {

@@ -31,14 +31,14 @@ plan_executor_smoke() {
 
 # executor and executor_compiled ($plan): every workload plain vs offload, or only llama --compile
 plan_executor() {
-  # Every workload, deterministic, 16 warm-up + 20 timed steps (all 36 losses compared);
-  # save_on_cpu (about 1 s/step on the reference) runs 2 + 5, before offloadd pins its pool.
+  # Every workload, deterministic, 40 warm-up + 20 timed steps (all 60 losses compared);
+  # save_on_cpu (about 1 s/step on the reference) runs 2 + 5.
   # executor_compiled: only the compiled Llama pair (for when executor had to skip it).
-  # 16 warm-up steps: the GPU-time planner's first convnet plan can come as late as step 13,
-  # and the peaks must be reset after it (docs/results.md).
+  # 40 warm-up steps: a plan goes in once the host memory it leased is pinned (the reference's
+  # 16 GiB take seconds: about 20 steps), and the peaks must be reset after it (docs/results.md).
   arenas_daemon
   t_plan=$SECONDS
-  d=(--deterministic --steps 20 --warmup 16 --mark-steps)
+  d=(--deterministic --steps 20 --warmup ${EXECUTOR_WARMUP:-40} --mark-steps)
   if [ "$plan" = executor ]; then
     run reference_plain 0 --workload reference "${d[@]}"
     run reference_ckpt 0 --workload reference --mode ckpt "${d[@]}"
