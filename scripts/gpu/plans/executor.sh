@@ -39,12 +39,17 @@ plan_executor() {
   arenas_daemon
   t_plan=$SECONDS
   d=(--deterministic --steps 20 --warmup ${EXECUTOR_WARMUP:-40} --mark-steps)
+  # $EXECUTOR_WORKLOADS: some of reference, convnet and llama (all by default).
+  local only=" ${EXECUTOR_WORKLOADS:-reference convnet llama} "
   if [ "$plan" = executor ]; then
-    run reference_plain 0 --workload reference "${d[@]}"
-    run reference_ckpt 0 --workload reference --mode ckpt "${d[@]}"
-    run reference_save_on_cpu 0 --workload reference --mode save_on_cpu --deterministic --steps 5 --warmup 2
-    budget_of reference_plain "$(executor_fraction reference)" && run reference_offload o --workload reference "${d[@]}"
+    if [[ $only == *" reference "* ]]; then
+      run reference_plain 0 --workload reference "${d[@]}"
+      run reference_ckpt 0 --workload reference --mode ckpt "${d[@]}"
+      run reference_save_on_cpu 0 --workload reference --mode save_on_cpu --deterministic --steps 5 --warmup 2
+      budget_of reference_plain "$(executor_fraction reference)" && run reference_offload o --workload reference "${d[@]}"
+    fi
     for w in convnet llama; do
+      [[ $only == *" $w "* ]] || continue
       run ${w}_plain 0 --workload $w "${d[@]}"
       budget_of ${w}_plain "$(executor_fraction $w)" && run ${w}_offload o --workload $w "${d[@]}"
     done
