@@ -34,12 +34,7 @@ void Runtime::start_cap() {
   ro.budget = budget;
   ro.min_bytes = settings_.cap_min;
   ro.piece_max = settings_.cap_piece;
-  ro.extra_pieces = settings_.cap_extra_pieces;  // both "any" at 2^20
-  ro.tile_exact = settings_.cap_tile_exact;
-  ro.refit = settings_.cap_refit;
-  ro.prefetch = settings_.cap_prefetch_max != 0;
-  ro.prefetch_lead_max = settings_.cap_prefetch_max;  // kQuarterStep: no ceiling but the step's quarter
-  ro.size_classes = settings_.cap_size_classes;
+  apply_cap_policy(settings_, &ro);
   // Outside growth between two looks at it (every 20 ms): the whole growth over a run was
   // 56-100 MiB on the H200 (docs/results.md, "outside"), so one look's worth is far less.
   ro.headroom = std::min<uint64_t>(budget / 64, 64ull << 20);

@@ -417,11 +417,7 @@ int cmd_replay_cap(const std::string& path, int steps, double fraction, uint32_t
   const Settings st = read_settings([](const char* n) { return std::getenv(n); }, &errors);
   for (const std::string& e : errors) fprintf(stderr, "offloadctl replay: %s\n", e.c_str());
   if (!errors.empty()) return 2;
-  o.tile_exact = st.cap_tile_exact;
-  o.size_classes = st.cap_size_classes;
-  o.refit = st.cap_refit;
-  o.extra_pieces = st.cap_extra_pieces;
-  o.prefetch_lead_max = st.cap_prefetch_max;
+  apply_cap_policy(st, &o.policy);
   o.repeats = steps ? steps : 6;
   o.budget_fraction = fraction;
   o.size_divisor = divisor;

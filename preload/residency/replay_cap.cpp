@@ -112,19 +112,13 @@ CapReplay replay_under_cap(const StepTrace& rec, const CapReplayOptions& o) {
   out.recorded_peak = peak_live_bytes(scale_step(rec, out.divisor));
   out.budget = static_cast<uint64_t>(o.budget_fraction * static_cast<double>(out.recorded_peak));
 
-  Residency::Options ro;
+  Residency::Options ro = o.policy;
   ro.budget = out.budget;
   ro.min_bytes = out.granularity;
   ro.piece_max = out.piece_max;
   ro.pool_floor = 0;  // the replay's pool is counted by its live bytes (admit_small), not modelled
   ro.pool_step = 0;
   ro.fault = o.fault;
-  ro.tile_exact = o.tile_exact;
-  ro.size_classes = o.size_classes;
-  ro.refit = o.refit;
-  ro.extra_pieces = o.extra_pieces;
-  ro.prefetch = o.prefetch_lead_max != 0;
-  ro.prefetch_lead_max = o.prefetch_lead_max;
   HostStore::Options ho;
   ho.chunk_bytes = out.host_chunk = scaled(256ull << 20, div, 4096);
   ho.pin_piece = scaled(1ull << 30, div, 4096);

@@ -20,11 +20,9 @@ struct CapReplayOptions {
   uint32_t size_divisor = 256;   // as ReplayOptions::size_divisor
   uint64_t seed = 1;
   Residency::Options::Fault fault = Residency::Options::Fault::None;  // tests
-  // The manager's policy, as the shim's OFFLOAD_CAP_* settings give it (the defaults here are
-  // theirs): what a change of policy does to the mappings a step can be counted here first.
-  bool tile_exact = false, size_classes = false, refit = true;
-  uint64_t extra_pieces = 1ull << 20;
-  uint64_t prefetch_lead_max = UINT64_MAX;  // 0: no prefetching
+  // The manager's policy (apply_cap_policy: the shim's OFFLOAD_CAP_* settings; its sizes are
+  // the replay's own): what a change of policy does to the mappings a step is counted here first.
+  Residency::Options policy;
 };
 
 // One step's counts (Residency::Stats differences) and peaks, scaled bytes.

@@ -542,4 +542,13 @@ Residency::State Residency::state_of(DevPtr p) const {
   return k < 0 ? State::Resident : slots_[k].state;
 }
 
+void apply_cap_policy(const Settings& s, Residency::Options* o) {
+  o->extra_pieces = s.cap_extra_pieces;  // "any" at 2^20
+  o->tile_exact = s.cap_tile_exact;
+  o->size_classes = s.cap_size_classes;
+  o->refit = s.cap_refit;
+  o->prefetch = s.cap_prefetch_max != 0;
+  o->prefetch_lead_max = s.cap_prefetch_max;  // kQuarterStep: no ceiling but the step's quarter
+}
+
 }  // namespace offload

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/env.h"
 #include "core/driver.h"
 #include "core/event_log.h"
 #include "core/executor.h"
@@ -389,5 +390,9 @@ class Residency final : public LaunchGate {
 
 // The manager's counters as JSON (offload_stats_json's "residency"); "null" for none.
 std::string residency_json(const Residency* r);
+
+// The manager's policy from the shim's OFFLOAD_CAP_* settings onto `o`: pieces, tiling, refits
+// and prefetching. The shim and `offloadctl replay --cap` both take it from here.
+void apply_cap_policy(const Settings& s, Residency::Options* o);
 
 }  // namespace offload
