@@ -7,9 +7,11 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/sim_driver.h"
 #include "fake_daemon.h"
@@ -368,6 +370,37 @@ TEST(ShimLinkIntegration, TheFirstRegisterWaitsForADaemonMakingItsPool) {
   EXPECT_EQ(r.fake.count_of(proto::MsgType::Register), 1u);
   auto e = r.link->lease(kMiB, &why);
   ASSERT_TRUE(e.has_value()) << why;
+  r.link->release(*e);
+}
+
+// What a plan leases from offloadd's pool is pinned in chunks of the mapped pool's grid, while
+// other threads ask the link to describe itself (which reads the pinned bytes under its own lock:
+// the two locks are always taken in one order).
+TEST(ShimLinkIntegration, ALeaseIsPinnedOnThePoolsGridWhileTheLinkIsDescribed) {
+  FakeRig r;
+  std::string why;
+  ASSERT_TRUE(r.start(FakeDaemon::Mode::RefusesNode, &why)) << why;
+  auto e = r.link->lease(3 * kMiB, &why);
+  ASSERT_TRUE(e.has_value()) << why;
+  unsigned char* data = e->host - e->offset;
+  const uint64_t chunk = kMiB;
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    while (!done.load()) (void)r.link->describe();
+  });
+  std::vector<std::pair<unsigned char*, uint64_t>> pins;
+  for (int i = 0; i < 200; ++i)
+    ASSERT_TRUE(r.link->pin_extent(*e, [&](void* p, uint64_t n) {
+      pins.emplace_back(static_cast<unsigned char*>(p), n);
+      return true;
+    }, chunk));
+  done = true;
+  reader.join();
+  const uint64_t first = e->offset / chunk, last = (e->offset + e->bytes - 1) / chunk;
+  ASSERT_EQ(pins.size(), last - first + 1) << "each chunk the lease touches, once";
+  for (size_t k = 0; k < pins.size(); ++k) EXPECT_EQ(pins[k], std::make_pair(data + (first + k) * chunk, chunk));
+  EXPECT_NE(r.link->describe().find(std::to_string(pins.size()) + " MiB pinned"), std::string::npos)
+      << r.link->describe();
   r.link->release(*e);
 }
 
