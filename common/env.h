@@ -62,6 +62,10 @@ struct Settings {
   // OFFLOAD_CAP_REFIT=1|0: a freed range of another size serves an allocation by its own address,
   // its mappings changed only where the sizes differ (1, the default).
   bool cap_refit = true;
+  // OFFLOAD_CAP_PLAN=1|0: under the cap, a plan of arenas made from a traced step places the
+  // step's activations (core/executor.h), its handles taken from the cap's own room, while the
+  // residency manager keeps every other range (1); or the residency manager alone (0).
+  bool cap_plan = true;
   // OFFLOAD_CAP_PREFETCH_MAX: the most launches ahead of a predicted use that a range is reloaded;
   // 0 turns prefetching off. Default (unset): a quarter of the step.
   static constexpr uint64_t kQuarterStep = UINT64_MAX;

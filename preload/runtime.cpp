@@ -100,7 +100,9 @@ Runtime::Runtime(Settings s)
       offloading_requested_(settings_.offload()),
       light_(!settings_.observe_full()),
       offloading_(settings_.offload() && !settings_.cap),
-      persistent_(persistent_pool(driver_, settings_)),
+      planning_(settings_.offload() && (!settings_.cap || settings_.cap_plan)),
+      // Under the cap the manager serves every large allocation: no pool of the shim's own.
+      persistent_(settings_.offload() && settings_.cap ? nullptr : persistent_pool(driver_, settings_)),
       plan_(driver_, executor_, settings_, cache_, persistent_.get(), *this),
       telemetry_(settings_.cupti_lib, tracker_.counters().kernels),
       assembler_(tracker_.funcs(), StepAssembler::Options{}),
@@ -122,7 +124,10 @@ Runtime::Runtime(Settings s)
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
-Runtime::~Runtime() { stop(); }
+Runtime::~Runtime() {
+  stop();
+  executor_.set_room(nullptr);  // the residency manager goes first (members end in reverse)
+}
 
 void Runtime::drop_in_child() { link_.drop_in_child(); }
 
@@ -176,7 +181,7 @@ void Runtime::pump(bool no_wait) {
   }
   // The host pool: offloadd's if it can be reached (started if need be), else a private one.
   link_.poll(mono_ns() / 1'000'000);
-  if (offloading_ && !link_.usable() && !private_pool_) {
+  if (planning_ && !link_.usable() && !private_pool_) {
     private_pool_ = std::make_unique<PrivatePool>(settings_.host_pool_bytes);
     log().warn("no offloadd ({}): using a {}", link_.failure(), private_pool_->describe());
   }
@@ -194,9 +199,9 @@ void Runtime::pump(bool no_wait) {
   assembler_.add_gpu_records(gpu_);
   for (StepTrace& t : assembler_.take_ready(mono_ns(), false, no_wait)) {
     emit(t);
-    if (offloading_) plan_.on_step(t, assembler_.marked());
+    if (planning_) plan_.on_step(t, assembler_.marked());
   }
-  if (offloading_) executor_.poll();
+  if (planning_) executor_.poll();
   if (Residency* r = cap_.load(std::memory_order_acquire)) r->poll();
   check_allocations_seen();
   sample_telemetry();
@@ -209,7 +214,7 @@ size_t Runtime::drain_events() {
 
 void Runtime::sample_telemetry() {
   if (!settings_.telemetry_sampled || !telemetry_started_ || !telemetry_.active()) return;
-  const bool running = offloading_ && executor_.installed() && !executor_.deviated();
+  const bool running = planning_ && executor_.installed() && !executor_.deviated();
   switch (sampler_.next(assembler_.steps_cut(), running, telemetry_.paused(), executor_.misses())) {
     case TelemetrySampler::Action::Pause:
       // time_steps_with_markers() sees the records stop: steps are timed with events meanwhile.
@@ -229,7 +234,7 @@ void Runtime::sample_telemetry() {
 
 void Runtime::mark_step() {
   tracker_.mark_step();
-  if (offloading_) plan_.at_mark();
+  if (planning_) plan_.at_mark();
 }
 
 NodeShare Runtime::node_share(uint64_t budget, uint32_t gpus_before) {
@@ -260,13 +265,16 @@ void Runtime::push_step(uint64_t step, uint64_t step_ns, uint64_t launches) {
 }
 
 void Runtime::cut_step_telemetry() {
-  if (Residency* r = cap_.load(std::memory_order_acquire)) {
-    step_telemetry_.cut(move_totals(r->stats()));
-  } else if (offloading_) {
+  MoveTotals t;
+  if (Residency* r = cap_.load(std::memory_order_acquire)) t = move_totals(r->stats());
+  else if (!offloading_) return;
+  if (planning_) {  // a plan of arenas, alone or on top of the cap: its moves count too
     const Executor::Moves m = executor_.moves();
-    step_telemetry_.cut({m.bytes_out, static_cast<uint64_t>(static_cast<double>(m.wait_cycles) * ns_per_tsc_cycle()),
-                         m.misses});
+    t.bytes_out += m.bytes_out;
+    t.wait_ns += static_cast<uint64_t>(static_cast<double>(m.wait_cycles) * ns_per_tsc_cycle());
+    t.misses += m.misses;
   }
+  step_telemetry_.cut(t);
 }
 
 void Runtime::time_steps_with_markers() {
@@ -471,7 +479,7 @@ void Runtime::executor_json(JsonWriter& w) {
   const ExecutorStats x = executor_.stats();
   const PlanController::Report p = plan_.report();
   const uint64_t total = driver_.device_total_bytes();
-  w.object().field("on", offloading_).field("budget", settings_.budget_bytes(total))
+  w.object().field("on", planning_).field("on_cap", planning_ && !offloading_).field("budget", settings_.budget_bytes(total))
       .field("installed", executor_.installed()).field("deviated", executor_.deviated()).field("plan", x.plan)
       .field("installs", x.installs).field("deviations", x.deviations)
       .field("pool_trims", p.pool_trims).field("pool_trimmed_bytes", p.pool_trimmed_bytes)

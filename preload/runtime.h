@@ -79,7 +79,7 @@ class Runtime final : private PlanContext {
   void track_alloc(void* p, uint64_t bytes, Stream s) {
     if (Residency* r = cap_.load(std::memory_order_acquire)) r->small_allocated(bytes);
     tracker_.on_alloc(reinterpret_cast<DevPtr>(p), bytes, s);
-    if (offloading_) executor_.note_live(tracker_.allocs().live_bytes());
+    if (planning_) executor_.note_live(tracker_.allocs().live_bytes());
   }
   bool release(void* p, Stream s) {
     const DevPtr d = reinterpret_cast<DevPtr>(p);
@@ -128,7 +128,7 @@ class Runtime final : private PlanContext {
   // A pointer query (Triton checks its arguments): an evicted arena is mapped back first.
   void prepare_access(DevPtr p) {
     if (Residency* r = cap_.load(std::memory_order_acquire)) r->prepare_access(p);
-    if (offloading_) executor_.prepare_access(p);
+    if (planning_) executor_.prepare_access(p);
   }
   // The launch hooks' calls around a forwarded launch. refused: the residency manager refused the
   // launch the tracker just saw (its working set cannot fit the budget); the hook answers
@@ -202,6 +202,11 @@ class Runtime final : private PlanContext {
   const bool offloading_requested_;      // OFFLOAD_DEVICE_BUDGET given
   const bool light_;                     // OFFLOAD_OBSERVE=light (the default without a budget)
   const bool offloading_;                // and met by a plan of arenas (OFFLOAD_CAP=0)
+  // A plan of arenas runs: alone (offloading_) or on top of the cap (OFFLOAD_CAP_PLAN), where
+  // the residency manager and the executor both gate launches (gates_) and the executor's
+  // handles are made in the manager's room.
+  const bool planning_;
+  std::unique_ptr<LaunchGate> gates_;
   // The hard cap (OFFLOAD_CAP, the default with a budget): built at the first allocation.
   std::unique_ptr<HostStore> host_store_;
   std::unique_ptr<Residency> residency_;
@@ -219,7 +224,7 @@ class Runtime final : private PlanContext {
   std::unique_ptr<PersistentPool> persistent_;  // OFFLOAD_PERSISTENT_MIN set
   BlockCache cache_;                     // OFFLOAD_BLOCK_CACHE (off: 0 bytes)
   std::string share_note_;               // why offloadd gave no share, said once
-  PlanController plan_;                  // a plan of arenas' life (OFFLOAD_CAP=0)
+  PlanController plan_;                  // a plan of arenas' life (planning_)
   std::atomic<int (*)(Stream)> capture_probe_{nullptr};
   std::atomic<uint64_t (*)()> context_probe_{nullptr};
   int capturing(Stream s) {

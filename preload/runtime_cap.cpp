@@ -5,6 +5,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "residency/cap_and_plan.h"
 #include "runtime.h"
 
 namespace offload {
@@ -40,7 +41,13 @@ void Runtime::start_cap() {
   ro.headroom = std::min<uint64_t>(budget / 64, 64ull << 20);
   residency_ = std::make_unique<Residency>(driver_, *host_store_, ro);
   residency_->set_namer(kernel_name, &tracker_.funcs());
-  tracker_.set_gate(residency_.get());
+  if (planning_) {
+    executor_.set_room(residency_.get());
+    gates_ = std::make_unique<CapAndPlan>(*residency_, executor_);
+    tracker_.set_gate(gates_.get());
+  } else {
+    tracker_.set_gate(residency_.get());
+  }
   cap_context_ = context();
   cap_device_ = driver_.device();
   cap_.store(residency_.get(), std::memory_order_release);
@@ -69,10 +76,24 @@ Runtime::Placed Runtime::place_capped(uint64_t bytes, Stream s, void** p) {
       return Placed::Forward;
     }
   }
-  if (bytes < r->min_bytes()) return r->admit_small(bytes) ? Placed::Forward : Placed::Refused;
   uint64_t tag = 0;
+  // A member of the plan's arenas, at its planned place (its handle made in the cap's room).
+  if (planning_)
+    if (const DevPtr a = executor_.place(bytes, s, tracker_.launches(), &tag)) {
+      *p = reinterpret_cast<void*>(a);
+      tracker_.on_alloc(a, bytes, s, tag);
+      executor_.note_live(tracker_.allocs().live_bytes());
+      return Placed::Served;
+    }
+  if (bytes < r->min_bytes()) return r->admit_small(bytes) ? Placed::Forward : Placed::Refused;
   bool refused = false;
-  const DevPtr a = r->alloc(bytes, s, &tag, &refused);
+  DevPtr a = r->alloc(bytes, s, &tag, &refused);
+  // Refused while the plan's arenas hold room: they give back what they can, and it is tried again.
+  if (refused && planning_ && r->external()) {
+    executor_.shed(nullptr, 0, false);
+    Residency::LastTry last;
+    a = r->alloc(bytes, s, &tag, &refused);
+  }
   if (refused) {
     if (refused_said_.exchange(true) == false) log().error("out of memory under the device budget: {}", r->error());
     return Placed::Refused;
@@ -87,6 +108,7 @@ bool Runtime::release_capped(Residency& r, DevPtr d, Stream s) {
   std::optional<AllocEntry> e = tracker_.allocs().find(d);
   tracker_.on_free(d, s);
   if (r.free(d, s)) return true;
+  if (planning_ && executor_.release(d, s)) return true;
   if (e && e->base == d) {
     r.small_freed(e->size);
     r.forget_table(e->id);

@@ -37,6 +37,7 @@ void Executor::teardown_locked() {
       driver_.release_physical(h);
       ++st_.handles_released;
       held_.fetch_sub(plan_.handle_bytes);
+      if (room_) room_->give(plan_.handle_bytes);
     }
   handles_.clear();
   free_handles_.clear();
@@ -397,6 +398,14 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
       ++x.gate_calls_;
     }
   } timed{*this, t0, waited_before};
+  // What the launch touches, for a reload that must send an arena out to make room (never one of these).
+  cur_acc_ = acc;
+  cur_count_ = count;
+  cur_blind_ = kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated));
+  struct Done {  // acc is the caller's: not kept past the gate
+    Executor& x;
+    ~Done() { x.cur_acc_ = nullptr, x.cur_count_ = 0, x.cur_blind_ = false; }
+  } done{*this};
   if (n >= anchor_) {
     const uint64_t pos = (n - anchor_) % plan_.step_launches;
     cur_pos_ = static_cast<int64_t>(pos);
@@ -447,7 +456,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
     }
   }
   // What the launch touches must be resident and current before it is queued.
-  if (kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated))) {
+  if (cur_blind_) {
     ++st_.conservative;
     for (uint32_t i = 0; i < arenas_.size(); ++i) ensure_resident(i, s, true);
     for (uint32_t i = 0; i < weights_.size(); ++i) ensure_weight(i, s, true);

@@ -86,6 +86,20 @@ class LaunchGate {
   virtual void note_pointer_table(AllocId table, const AllocId* targets, size_t n) = 0;
 };
 
+// Device memory held to a budget by another owner (the residency manager under the hard cap):
+// the executor takes room there before it makes an arena's handle and gives it back when it
+// releases one, so that one count holds both. take makes room (evicting what the owner may) or
+// says false: for a placement (Want::Spare, which has somewhere else to go) only while the owner
+// keeps room for its own largest need; for a reload (Want::Needed) down to what launches in
+// flight hold; Want::Forced counts bytes that must be made whatever the room.
+class DeviceRoom {
+ public:
+  enum class Want : uint8_t { Spare, Needed, Forced };
+  virtual ~DeviceRoom() = default;
+  virtual bool take(uint64_t bytes, Want want) = 0;
+  virtual void give(uint64_t bytes) = 0;
+};
+
 // Where evicted bytes go: plan.host_bytes() bytes at `ptr`, pinned in registrations of
 // `chunk` bytes from `origin` (a copy never spans two; chunk 0: one registration).
 struct HostMemory {
@@ -107,6 +121,10 @@ struct ExecutorStats {
   uint64_t misses = 0, late_reloads = 0;
   uint64_t bytes_out = 0, bytes_in = 0;
   uint64_t handles_created = 0, handles_released = 0, over_budget = 0;
+  // Under the cap (a DeviceRoom): resident arenas sent out early because a reload found every
+  // handle held, nothing leaving and no room to make another.
+  uint64_t room_evictions = 0;
+  uint64_t sheds = 0;  // the residency manager asked for the arenas' room back (Executor::shed)
   uint64_t first_step_trims = 0;  // the allocator's pool trimmed at a plan's first launch
   uint64_t budget_waits = 0;
   // Arena handles taken from an arena on its way out (copy out or last work still queued),
@@ -178,6 +196,13 @@ class Executor final : public LaunchGate {
   Executor(Driver& driver, Options o);
   // Where streamed weights live (OFFLOAD_PERSISTENT_MIN); without it a plan's weights stay put.
   void set_persistent(PersistentPool* pool) { pool_ = pool; }
+  // Under the hard cap: arenas' handles are made in `room` (before any plan is installed).
+  void set_room(DeviceRoom* room) { room_ = room; }
+  // Under the cap, the residency manager cannot fit a launch touching `acc` (or an allocation,
+  // acc empty) beside the arenas' handles: resident arenas the launch does not touch go out (the
+  // host waits for every copy out and freed arena's last work) and every handle no arena maps
+  // goes back to the room. blind: the launch touches every arena. True if any handle went.
+  bool shed(const AllocId* acc, size_t n, bool blind);
   ~Executor() override;
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -372,6 +397,12 @@ class Executor final : public LaunchGate {
   // arena on its way out, with `s` made to wait for that arena's last work; -1: none.
   int acquire_handle(bool for_reload, Stream s);
   int donor() const;              // the arena whose handle a hand-over would take, -1: none
+  // Under the cap, a reload with no handle and no room: a resident arena the launch being gated
+  // does not touch starts its copy out (its handle then goes to the reload on the GPU). False:
+  // none can go.
+  bool evict_for_room();
+  bool touched_now(uint32_t i) const;  // the launch being gated touches arena i
+  void start_evict(uint32_t i);   // the copy out of a resident arena, after every stream's work
   void settle_handed(Arena& a);   // a handed arena's last work waited for and its range unmapped
   // What must finish before another may use the memory of arena `b` on its way out: its copy
   // out (Evicting), else the last work on it (Draining). Waited for on stream `s`, or on the host.
@@ -433,6 +464,9 @@ class Executor final : public LaunchGate {
   uint64_t step_misses_ = 0, step_late_ = 0;
   int64_t cur_pos_ = -1;  // position of the launch being gated
   Stream cur_stream_ = 0;  // its stream
+  const AllocId* cur_acc_ = nullptr;  // what it touches (during before_launch), and whether it is
+  size_t cur_count_ = 0;              // a launch we cannot see into (which touches every arena)
+  bool cur_blind_ = false;
   static constexpr size_t kWaitsKept = 16;           // ExecutorStats::last_step_waits, at most
   std::vector<ExecutorStats::HostWait> step_waits_;  // this step's (capacity kept: no allocation)
   uint64_t step_wait_count_ = 0, step_drained_ = 0;
@@ -448,6 +482,7 @@ class Executor final : public LaunchGate {
   std::vector<std::pair<AllocId, std::vector<uint32_t>>> tables_;
   static constexpr size_t kMaxTables = 256;
   PersistentPool* pool_ = nullptr;
+  DeviceRoom* room_ = nullptr;
   std::vector<Weight> weights_;             // by plan weight index
   std::vector<std::pair<uint64_t, uint32_t>> weight_ids_;  // (tracker id, index), sorted
   std::vector<std::pair<DevPtr, uint32_t>> weight_vas_;    // (va, index), sorted

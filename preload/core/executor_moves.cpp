@@ -17,7 +17,12 @@ namespace offload {
 void Executor::evict(uint32_t i) {
   Arena& a = arenas_[i];
   if (a.state != State::Resident || a.filled_step != step_ || a.live == 0 || a.overflow || a.h2d_pending) return;
-  // After the last forward use: the copy waits for every stream that touched the arena.
+  start_evict(i);  // after the last forward use
+}
+
+void Executor::start_evict(uint32_t i) {
+  Arena& a = arenas_[i];
+  // The copy waits for every stream that touched the arena.
   if (!record_all(a)) return;
   if (opt_.fault != Options::Fault::SkipEvictWait)
     for (int k = 0; k < a.nstreams; ++k) driver_.stream_wait(offload_stream_, a.events[k]);
@@ -64,9 +69,14 @@ bool Executor::reload(uint32_t i) {
 
 int Executor::acquire_handle(bool for_reload, Stream s) {
   poll_locked();
-  auto create = [&]() -> int {
+  using Want = DeviceRoom::Want;
+  auto create = [&](Want want) -> int {
+    if (room_ && !room_->take(plan_.handle_bytes, want)) return -1;
     uint64_t h = driver_.create_physical(plan_.handle_bytes);
-    if (!h) return -1;
+    if (!h) {
+      if (room_) room_->give(plan_.handle_bytes);
+      return -1;
+    }
     auto slot = std::find(handles_.begin(), handles_.end(), uint64_t{0});
     if (slot == handles_.end()) slot = handles_.insert(handles_.end(), h);
     else *slot = h;
@@ -83,11 +93,17 @@ int Executor::acquire_handle(bool for_reload, Stream s) {
       return h;
     }
     if (live_handles() < plan_.handles) {
-      if (int h = create(); h >= 0) return h;
+      if (int h = create(for_reload ? Want::Needed : Want::Spare); h >= 0) return h;
     }
     // Every handle is in use: the oldest arena whose memory is on its way out hands its handle
     // over, `s` waiting for its last work, or the host waits for that work.
     const int wait_for = donor();
+    if (wait_for < 0 && for_reload && room_) {
+      // Under the cap: one handle more where the room can be made, else a resident arena this
+      // launch does not touch goes out and hands its handle over (the budget is a promise).
+      if (int h = create(Want::Needed); h >= 0) return h;
+      if (evict_for_room()) continue;
+    }
     if (wait_for < 0) break;
     Arena& b = arenas_[static_cast<size_t>(wait_for)];
     if (opt_.hand_over) {
@@ -101,9 +117,65 @@ int Executor::acquire_handle(bool for_reload, Stream s) {
     poll_locked();
   }
   if (!for_reload) return -1;  // the allocator serves it instead
-  int h = create();
-  if (h >= 0 && st_.over_budget++ < 3) log().info("over budget: a reload at launch {} found every handle held ({})", cur_pos_, describe_handles());
+  // A reload nothing can serve: one handle more whatever the budget (an evicted arena must come
+  // back to be used).
+  int h = create(Want::Forced);
+  if (h >= 0 && st_.over_budget++ < 3) log().warn("over budget: a reload at launch {} found every handle held ({})", cur_pos_, describe_handles());
   return h;
+}
+
+bool Executor::shed(const AllocId* acc, size_t n, bool blind) {
+  if (!installed_.load(std::memory_order_acquire)) return false;
+  std::lock_guard lock(mu_);
+  ++st_.sheds;
+  const uint64_t before = held_.load();
+  cur_acc_ = acc, cur_count_ = n, cur_blind_ = blind;
+  for (uint32_t i = 0; i < arenas_.size(); ++i) {
+    const Arena& a = arenas_[i];
+    if (a.state != State::Resident || a.live == 0 || a.overflow || a.h2d_pending || a.handle < 0 || touched_now(i))
+      continue;
+    start_evict(i);
+    if (arenas_[i].state == State::Evicting) ++st_.room_evictions;
+  }
+  cur_acc_ = nullptr, cur_count_ = 0, cur_blind_ = false;
+  for (uint32_t i : busy_) {
+    const Arena& b = arenas_[i];
+    if ((b.state == State::Evicting || b.state == State::Draining) && !b.overflow && !b.handed) host_wait_leaving(b);
+  }
+  poll_locked();
+  for (int h : free_handles_) release_handle(h);
+  free_handles_.clear();
+  return held_.load() < before;
+}
+
+bool Executor::touched_now(uint32_t i) const {
+  if (cur_blind_) return true;
+  for (size_t j = cur_count_; j-- > 0 && (cur_acc_[j] & kArenaIdBit);)
+    if (arena_of(cur_acc_[j]) == i) return true;
+  for (size_t j = 0; j < cur_count_ && !(cur_acc_[j] & kArenaIdBit); ++j)
+    for (const auto& [table, targets] : tables_)
+      if (table == cur_acc_[j] && std::find(targets.begin(), targets.end(), i) != targets.end()) return true;
+  return false;
+}
+
+bool Executor::evict_for_room() {
+  // The resident arena whose planned reload is furthest ahead of the launch being gated.
+  int best = -1;
+  uint64_t best_d = 0;
+  const uint64_t n = plan_.step_launches, now = cur_pos_ < 0 ? 0 : static_cast<uint64_t>(cur_pos_);
+  for (uint32_t i = 0; i < arenas_.size(); ++i) {
+    const Arena& a = arenas_[i];
+    if (a.state != State::Resident || a.live == 0 || a.overflow || a.h2d_pending || a.handle < 0) continue;
+    if (touched_now(i)) continue;
+    const int64_t at = plan_.arenas[i].reload_at;
+    const uint64_t d = at < 0 || n == 0 ? UINT64_MAX : (static_cast<uint64_t>(at) + n - now % n) % n;
+    if (best < 0 || d > best_d) best = static_cast<int>(i), best_d = d;
+  }
+  if (best < 0) return false;
+  start_evict(static_cast<uint32_t>(best));
+  if (arenas_[static_cast<size_t>(best)].state != State::Evicting) return false;
+  ++st_.room_evictions;
+  return true;
 }
 
 std::optional<uint64_t> Executor::first_step_keep_locked() {
@@ -167,6 +239,7 @@ void Executor::release_handle(int h) {
   driver_.release_physical(handles_[static_cast<size_t>(h)]);
   handles_[static_cast<size_t>(h)] = 0;
   held_.fetch_sub(plan_.handle_bytes);
+  if (room_) room_->give(plan_.handle_bytes);
   ++st_.handles_released;
 }
 

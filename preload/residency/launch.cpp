@@ -12,6 +12,7 @@ namespace {
 
 constexpr double kGiB = double(1ull << 30);
 thread_local bool tl_refused = false;
+thread_local bool tl_last_try = false;
 
 }  // namespace
 
@@ -25,6 +26,14 @@ struct Residency::InFlight {
   uint32_t slots[Tracker::kMaxAccesses];
 };
 static thread_local Residency::InFlight tl_inflight;
+
+bool Residency::refusal_pending() { return tl_refused; }
+Residency::LastTry::LastTry() { tl_last_try = true; }
+Residency::LastTry::~LastTry() { tl_last_try = false; }
+
+void Residency::count_refused_alloc() {
+  if (!external_ || tl_last_try) ++st_.refused_allocs;
+}
 
 bool Residency::take_refusal() {
   const bool r = tl_refused;
@@ -121,8 +130,9 @@ void Residency::refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, co
                 "the launch is refused with out-of-memory",
                 name.c_str(), bytes / kGiB, ranges, o_.budget / kGiB, other, why.empty() ? "" : "; ", why.c_str());
   error_ = buf;
-  if (st_.refused_launches++ == 0) log().error("{}", error_);
   tl_refused = true;
+  if (external_ && !tl_last_try) return;  // another owner may give its room back first
+  if (st_.refused_launches++ == 0) log().error("{}", error_);
 }
 
 void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc,
@@ -156,6 +166,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (touched.empty()) return;
   uint64_t total = 0;
   for (uint32_t k : touched) total += slots_[k].bytes;
+  largest_need_ = std::max(largest_need_, total);
   if (total + pool_share_ > limit()) {
     refuse_launch(kernel, total, touched.size(), blind ? "a launch we cannot see into needs every range" : "");
     return;

@@ -105,7 +105,7 @@ void Residency::reap_copies() {
 void Residency::refresh_outside() {
   const uint64_t used = d_.device_used_bytes();
   if (!used) return;
-  const uint64_t ours = held_ + d_.pool_reserved_current();
+  const uint64_t ours = held_ + external_ + d_.pool_reserved_current();
   const uint64_t other = used - std::min(used, ours);
   if (outside_base_ == UINT64_MAX) outside_base_ = other;
   outside_ = other > outside_base_ ? other - outside_base_ : 0;
@@ -116,7 +116,38 @@ void Residency::note_footprint() {
   st_.held = held_;
   st_.held_peak = std::max(st_.held_peak, held_);
   st_.pool_share = pool_share_;
-  st_.footprint_peak = std::max(st_.footprint_peak, held_ + std::max(pool_share_, pool_seen_));
+  st_.footprint_peak = std::max(st_.footprint_peak, held_ + external_ + std::max(pool_share_, pool_seen_));
+  st_.external = external_;
+  st_.external_peak = std::max(st_.external_peak, external_);
+}
+
+bool Residency::take(uint64_t bytes, Want want) {
+  const bool force = want == Want::Forced;
+  Busy busy(busy_ns_);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (outside_base_ == UINT64_MAX) refresh_outside();
+  // Never the room this manager needs for its own largest launch or allocation: it cannot take
+  // back what another owner holds, and would refuse them.
+  const uint64_t keep = want == Want::Spare ? largest_need_ : 0;
+  if (!force && external_ + bytes + outside_ + o_.headroom + pool_share_ + keep > o_.budget) {
+    ++st_.external_refused;
+    return false;
+  }
+  external_ += bytes;
+  std::string why;
+  if (force || held_ + pool_share_ <= limit() || make_room(0, nullptr, 0, &why)) {
+    note_footprint();
+    return true;
+  }
+  external_ -= bytes;
+  ++st_.external_refused;
+  return false;
+}
+
+void Residency::give(uint64_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  external_ -= std::min(external_, bytes);
+  st_.external = external_;
 }
 
 bool Residency::fits(uint64_t need) const {
@@ -258,6 +289,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   ++st_.allocs;
+  largest_need_ = std::max(largest_need_, size);
   if (const DevPtr va = reuse_cached(size, s, tag)) return va;
   std::string why;
   if (outside_base_ == UINT64_MAX) refresh_outside();  // the first range: what is outside now is the base
@@ -279,7 +311,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
     }
     if (no_room) {
       error_ = why;
-      ++st_.refused_allocs;
+      count_refused_alloc();
       *refused = true;
       return 0;
     }
@@ -324,7 +356,7 @@ DevPtr Residency::new_range(uint64_t size, Stream s, uint64_t* tag, bool* refuse
       *why = buf;
     }
     error_ = *why;
-    ++st_.refused_allocs;
+    count_refused_alloc();
     *refused = true;
     return 0;
   }
@@ -337,7 +369,7 @@ DevPtr Residency::new_range(uint64_t size, Stream s, uint64_t* tag, bool* refuse
   if (!r.va || !back_range(r, s, why)) {
     if (r.va) d_.unreserve(r.va, r.cap);
     error_ = why->empty() ? "reserving address space failed" : *why;
-    ++st_.refused_allocs;
+    count_refused_alloc();
     *refused = true;
     return 0;
   }
@@ -459,7 +491,7 @@ bool Residency::admit_small(uint64_t bytes) {
                   "the allocator's pool needs %.2f GiB for allocations under %.1f MiB (%.2f GiB of them live): ",
                   need / kGiB, o_.min_bytes / double(1 << 20), live / kGiB);
     error_ = buf + why;
-    ++st_.refused_allocs;
+    count_refused_alloc();
     note_footprint();
     return false;
   }

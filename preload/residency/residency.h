@@ -62,7 +62,7 @@
 
 namespace offload {
 
-class Residency final : public LaunchGate {
+class Residency final : public LaunchGate, public DeviceRoom {
  public:
   enum class State : uint8_t { Resident, CopyingOut, OnHost, CopyingIn };
   struct Options {
@@ -122,6 +122,8 @@ class Residency final : public LaunchGate {
     uint64_t evictions = 0, abandoned = 0, bytes_out = 0;
     uint64_t reloads = 0, bytes_in = 0;      // demand reloads (page faults)
     uint64_t held = 0, held_peak = 0;        // physical bytes we hold
+    uint64_t external = 0, external_peak = 0;  // held by another owner under the budget (DeviceRoom)
+    uint64_t external_refused = 0;           // takes that found no room
     uint64_t pool_share = 0, pool_reserved = 0, pool_trims = 0;
     uint64_t pool_over = 0;                  // most the pool was seen holding above its share
     uint64_t footprint_peak = 0;             // held + the larger of the pool's share and holding, at its highest
@@ -166,6 +168,23 @@ class Residency final : public LaunchGate {
   void small_freed(uint64_t bytes);
   uint64_t min_bytes() const { return o_.min_bytes; }
   uint64_t budget() const { return o_.budget; }
+  // DeviceRoom: bytes another owner holds under this budget (a plan's arenas, core/executor.h),
+  // counted as ours. take makes room for them first, as an allocation would (false: it cannot);
+  // while any are held nothing is evicted ahead of need, as the plan made room for what it moves.
+  bool take(uint64_t bytes, Want want) override;
+  void give(uint64_t bytes) override;
+  uint64_t external() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return external_;
+  }
+  // A launch refused on this thread and not yet taken (take_refusal). While another owner holds
+  // room, a refused launch or allocation is neither counted nor said unless made under LastTry:
+  // that owner may give the room back (CapAndPlan, Executor::shed) and it be tried again.
+  static bool refusal_pending();
+  struct LastTry {
+    LastTry();
+    ~LastTry();
+  };
 
   void before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc, size_t n,
                      uint8_t flags) override;
@@ -253,7 +272,7 @@ class Residency final : public LaunchGate {
 
   void note_footprint();
   // What we and the pool may hold: the budget less the headroom and the outside growth.
-  uint64_t limit() const { return o_.budget - std::min(o_.budget, outside_ + o_.headroom); }
+  uint64_t limit() const { return o_.budget - std::min(o_.budget, outside_ + o_.headroom + external_); }
   void refresh_outside();
   uint64_t see_pool();  // what the pool holds now; notes it, and any excess over its share
   void close_inflight(InFlight& f);  // under mu_
@@ -323,6 +342,7 @@ class Residency final : public LaunchGate {
   void spare_pieces(Range& r);  // its handles (unmapped) become spares
   void reap_copies();  // copies out known complete: their handles become spares
   void refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, const std::string& why);
+  void count_refused_alloc();  // not while another owner may give room back first (LastTry)
   uint64_t new_event();
   void drop_event(uint64_t e);
   int32_t slot_of(DevPtr p) const;  // the live or cached range holding p; -1 none
@@ -355,6 +375,8 @@ class Residency final : public LaunchGate {
   uint64_t pool_seen_ = 0;  // what the pool held at the last look
   uint64_t pool_share_ = 0;
   uint64_t held_ = 0;
+  uint64_t external_ = 0;  // DeviceRoom's: taken by another owner, off the limit
+  uint64_t largest_need_ = 0;  // the most bytes one launch's ranges, or one allocation, needed so far
   uint64_t launches_seen_ = 0;
   uint64_t outside_base_ = UINT64_MAX, outside_ = 0;
   uint64_t period_ = 0;

@@ -195,6 +195,8 @@ struct Outcome {
   bool deviated = false;        // the executor ended deviated
   bool plan_at_odd = false;     // a plan ran when the odd step began
   uint64_t vmm_misuses = 0;
+  uint64_t physical_peak = 0;   // VMM bytes: the executor's handles and the cap's ranges
+  Residency::Stats cap;         // under the cap (Options::cap_budget)
 };
 
 // Runs a Program through a Rig: every kernel writes words that depend on every word it
@@ -240,6 +242,13 @@ class Trainer {
     }
     if (carry_) r_.free(carry_, kCompute);
     r_.finish();
+    if (Residency* res = r_.residency()) {  // the cap may hold them on the host
+      res->prepare_access(w);
+      res->prepare_access(losses);
+      r_.sim().run_all();
+      o.cap = res->stats();
+    }
+    o.physical_peak = r_.sim().vmm_stats().physical_peak;
     o.weights.assign(words(w), words(w) + W);
     o.losses.assign(words(losses), words(losses) + S);
     o.stats = r_.executor().stats();
@@ -766,6 +775,62 @@ TEST(ExecutorRandom, RandomProgramsAndPlansMatchThePlainRun) {
   EXPECT_GT(built.handovers + sound.handovers + wrong.handovers, 0u);
   EXPECT_GT(built.host_waits + sound.host_waits + wrong.host_waits, 0u);
   EXPECT_GT(built.odd_runs + sound.odd_runs + wrong.odd_runs, 0u);
+}
+
+// Under the hard cap (OFFLOAD_CAP_PLAN): the same programs with a residency manager holding a
+// budget of 70% of their ranges' peak under the plan, so that the plan's arenas and the cap's
+// ranges share it. Every run matches the plain run; the two owners' handles together never
+// exceed the budget; and the arenas' handles were taken in the manager's room, which it made by
+// evicting its own ranges.
+TEST(ExecutorRandom, UnderTheCapPlansMatchThePlainRunAndHoldTheBudget) {
+  QuietLog quiet;
+  uint64_t runs = 0, installed = 0, moved = 0, shared = 0, cap_moved = 0, over = 0, tiny = 0;
+  const char* only = std::getenv("OFFLOAD_TEST_SEED");
+  const uint64_t first = only ? std::strtoull(only, nullptr, 10) : 1, last = only ? first : kPrograms / 2;
+  for (uint64_t seed = first; seed <= last; ++seed) {
+    const Program prog = make_program(seed, true);
+    SCOPED_TRACE("program seed " + std::to_string(seed) + ": " + prog.describe());
+    const Outcome plain = run_plain(prog);
+    Case c = make_case(seed, PlanKind::Built);
+    rig::Options wide = c.rig;
+    wide.offload = false;
+    wide.cap_budget = 1ull << 30;
+    const Outcome all_in = run_program(prog, wide, nullptr);
+    ASSERT_EQ(all_in.cap.evictions, 0u);
+    const uint64_t g = c.rig.granularity;
+    c.rig.cap_budget = (all_in.physical_peak * 7 / 10 + g - 1) / g * g;
+    // A budget of a few granules cannot hold a launch's ranges beside the arena it touches.
+    if (c.rig.cap_budget < 8 * g) {
+      ++tiny;
+      continue;
+    }
+    SCOPED_TRACE(c.describe() + ", budget " + std::to_string(c.rig.cap_budget) + " of " +
+                 std::to_string(all_in.physical_peak));
+    const Outcome off = run_program(prog, c.rig, planner_for(PlanKind::Built, seed));
+    ASSERT_EQ(off.weights, plain.weights);
+    ASSERT_EQ(off.losses, plain.losses);
+    EXPECT_EQ(off.vmm_misuses, 0u);
+    EXPECT_LE(off.physical_peak, c.rig.cap_budget)
+        << "executor held peak " << off.stats.held_peak << ", over budget " << off.stats.over_budget
+        << ", cap's held peak " << off.cap.held_peak << ", its external peak " << off.cap.external_peak;
+    EXPECT_EQ(off.cap.refused_allocs + off.cap.refused_launches, 0u);
+    ++runs;
+    installed += off.installs > 0;
+    moved += off.stats.evictions > 0 && off.stats.reloads > 0;
+    shared += off.cap.external_peak > 0;
+    cap_moved += off.cap.evictions > 0;
+    over += off.stats.over_budget;
+  }
+  if (only) return;
+  std::cout << runs << " runs under the cap: " << installed << " installed a plan, " << moved
+            << " moved arenas, " << shared << " took arenas' handles in the cap's room, " << cap_moved
+            << " evicted ranges (" << tiny << " programs too small for a budget)\n";
+  EXPECT_GE(runs * 4, (runs + tiny) * 3);
+  EXPECT_GE(installed * 2, runs);
+  EXPECT_GE(shared * 2, runs);
+  EXPECT_GT(moved, 0u);
+  EXPECT_GT(cap_moved, 0u);
+  EXPECT_EQ(over, 0u);  // a reload past the plan's handles took room; none was made past the budget
 }
 
 // ---- Fault injection -----------------------------------------------------------------------

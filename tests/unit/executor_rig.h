@@ -29,6 +29,9 @@
 #include "planner/plan.h"
 #include "core/sim_driver.h"
 #include "core/tracker.h"
+#include "residency/cap_and_plan.h"
+#include "residency/host_store.h"
+#include "residency/residency.h"
 
 namespace offload::rig {
 
@@ -63,6 +66,10 @@ struct Options {
   // executor may stream (0: no pool, as without OFFLOAD_PERSISTENT_MIN).
   uint64_t persistent_min = 0;
   uint64_t pool_room = PersistentPool::Options{}.room;
+  // The hard cap under the plan, as the shim runs it with OFFLOAD_CAP_PLAN: a residency manager
+  // holds this budget (0: none), serves every allocation of at least the granularity that the
+  // executor does not place, and makes the room the executor's handles are made in.
+  uint64_t cap_budget = 0;
   Executor::Options exec{};
 };
 
@@ -102,7 +109,25 @@ class Rig {
       persistent_ = std::make_unique<PersistentPool>(sim_, po);
       ex_.set_persistent(persistent_.get());
     }
-    if (o.offload) tr_.set_gate(&ex_);
+    if (o.cap_budget) {
+      HostStore::Options ho;
+      ho.chunk_bytes = 1 << 20;
+      ho.limit = 1ull << 30;
+      host_store_ = std::make_unique<HostStore>(sim_, ho);
+      Residency::Options ro;
+      ro.budget = o.cap_budget;
+      ro.pool_floor = ro.pool_step = 0;  // the caching pool below is not counted
+      res_ = std::make_unique<Residency>(sim_, *host_store_, ro);
+      if (o.offload) {
+        ex_.set_room(res_.get());
+        gates_ = std::make_unique<CapAndPlan>(*res_, ex_);
+        tr_.set_gate(gates_.get());
+      } else {
+        tr_.set_gate(res_.get());
+      }
+    } else if (o.offload) {
+      tr_.set_gate(&ex_);
+    }
     planner_ = [](const StepTrace& t, Rig& r) {
       PlanOptions po;
       po.granularity = r.sim().vmm_granularity();
@@ -131,6 +156,16 @@ class Rig {
     uint64_t tag = 0;
     DevPtr p = o_.offload ? ex_.place(bytes, s, tr_.launches(), &tag) : 0;
     if (!p && persistent_ && bytes >= o_.persistent_min) p = persistent_->alloc(bytes, s);
+    if (!p && res_) {
+      bool refused = false;
+      p = res_->alloc(bytes, s, &tag, &refused);
+      if (refused && res_->external()) {  // as the shim does: the arenas give room back, once
+        ex_.shed(nullptr, 0, false);
+        Residency::LastTry last;
+        p = res_->alloc(bytes, s, &tag, &refused);
+      }
+      EXPECT_FALSE(refused) << res_->error();
+    }
     if (!p) {
       if (auto it = pool_.find(bytes); it != pool_.end()) {
         p = it->second;
@@ -150,6 +185,7 @@ class Rig {
   // after the uses on other streams, as record_stream does).
   void free(DevPtr p, Stream s) {
     tr_.on_free(p, s);
+    if (res_ && res_->free(p, s)) return;
     if (o_.offload && ex_.release(p, s)) return;
     if (persistent_ && persistent_->free(p, s)) return;
     auto it = pool_sizes_.find(p);
@@ -163,26 +199,22 @@ class Rig {
     std::vector<void*> params(args.size());
     for (size_t i = 0; i < args.size(); ++i) params[i] = &args[i];
     tr_.on_kernel(f, s, params.data(), nullptr);
-    sim_.launch(s, std::move(body));
-    run_gpu();
+    forward(s, std::move(body));
   }
 
   // cudaMemcpyAsync device to device; cudaMemsetAsync.
   void copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
     tr_.on_copy(dst, src, bytes, s);
-    sim_.launch(s, [dst, src, bytes] { std::memcpy(words(dst), words(src), bytes); });
-    run_gpu();
+    forward(s, [dst, src, bytes] { std::memcpy(words(dst), words(src), bytes); });
   }
   void memset(DevPtr dst, int value, uint64_t bytes, Stream s) {
     tr_.on_memset(dst, bytes, s);
-    sim_.launch(s, [dst, value, bytes] { std::memset(words(dst), value, bytes); });
-    run_gpu();
+    forward(s, [dst, value, bytes] { std::memset(words(dst), value, bytes); });
   }
   // A graph replay: the rig cannot tell what it touches.
   void graph(Stream s, std::function<void()> body) {
     tr_.on_graph(s);
-    sim_.launch(s, std::move(body));
-    run_gpu();
+    forward(s, std::move(body));
   }
 
   // Work queued on `to` from now on waits for the work queued on `from` so far.
@@ -207,6 +239,7 @@ class Rig {
 
   SimDriver& sim() { return sim_; }
   Executor& executor() { return ex_; }
+  Residency* residency() { return res_.get(); }
   Tracker& tracker() { return tr_; }
   PersistentPool* persistent() { return persistent_.get(); }
   uint64_t installs() const { return installs_; }
@@ -240,6 +273,15 @@ class Rig {
   // The simulated GPU runs behind the host by a random number of ops; when its queues are
   // full the host waits for it (so that delayed copies, which run only when nothing else
   // can, do not wait for ever behind a GPU that never catches up).
+  // The launch the tracker saw goes to the GPU, as the hook forwards it (the cap never refuses
+  // one in these programs: their budgets hold every launch's ranges).
+  void forward(Stream s, std::function<void()> body) {
+    if (res_ && Residency::take_refusal()) ADD_FAILURE() << "a launch refused under the cap: " << res_->error();
+    sim_.launch(s, std::move(body));
+    if (res_) res_->after_launch();
+    run_gpu();
+  }
+
   void run_gpu() {
     uint32_t n = std::uniform_int_distribution<uint32_t>(o_.gpu_ops_min, o_.gpu_ops_max)(rng_);
     for (uint32_t i = 0; i < n; ++i) sim_.step(rng_);
@@ -249,6 +291,7 @@ class Rig {
   void pump() {
     log_.drain([&](const Event& e, const AllocId* acc) { as_.consume(e, acc); });
     ex_.poll();
+    if (res_) res_->poll();
     for (StepTrace& t : as_.take_ready(0, false, true)) {
       std::vector<uint64_t> tokens = step_tokens(t);
       bool repeats = tokens == last_tokens_;
@@ -279,6 +322,10 @@ class Rig {
   StepTrace planned_from_;
   // Before the executor, which gives lent weights back to it when it goes.
   std::unique_ptr<PersistentPool> persistent_;
+  // Before the executor too, whose handles go back to its room when it goes.
+  std::unique_ptr<HostStore> host_store_;
+  std::unique_ptr<Residency> res_;
+  std::unique_ptr<CapAndPlan> gates_;
   Executor ex_;
   std::mt19937_64 rng_;
   Planner planner_;
