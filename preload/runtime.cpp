@@ -182,7 +182,12 @@ void Runtime::pump(bool no_wait) {
   // The host pool: offloadd's if it can be reached (started if need be), else a private one.
   link_.poll(mono_ns() / 1'000'000);
   if (planning_ && !link_.usable() && !private_pool_) {
-    private_pool_ = std::make_unique<PrivatePool>(settings_.host_pool_bytes);
+    // Under the cap a plan moves what the budget forces out, which a fixed 4 GiB would cut short:
+    // unless OFFLOAD_HOST_POOL says otherwise, the private pool is as large as the host memory
+    // evicted bytes may take (its pages are made only where a plan leases them).
+    uint64_t bytes = settings_.host_pool_bytes;
+    if (host_store_ && !settings_.host_pool_set) bytes = std::max(bytes, host_store_->limit());
+    private_pool_ = std::make_unique<PrivatePool>(bytes);
     log().warn("no offloadd ({}): using a {}", link_.failure(), private_pool_->describe());
   }
   // A rank of a job (RANK or LOCAL_RANK set) says so as soon as it is connected, so that
