@@ -64,8 +64,9 @@ struct Settings {
   bool cap_refit = true;
   // OFFLOAD_CAP_PLAN=1|0: under the cap, a plan of arenas made from a traced step places the
   // step's activations (core/executor.h), its handles taken from the cap's own room, while the
-  // residency manager keeps every other range (1); or the residency manager alone (0).
-  bool cap_plan = true;
+  // residency manager keeps every other range (1); or the residency manager alone (0, the
+  // default: on the H200 the plan, made from a paged step, was slower; docs/results.md).
+  bool cap_plan = false;
   // OFFLOAD_CAP_PREFETCH_MAX: the most launches ahead of a predicted use that a range is reloaded;
   // 0 turns prefetching off. Default (unset): a quarter of the step.
   static constexpr uint64_t kQuarterStep = UINT64_MAX;

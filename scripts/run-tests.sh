@@ -29,7 +29,12 @@ for variant in plain address thread; do
   # driver run thousands of simulated steps, which -O0 makes much slower.
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" -DOFFLOAD_SANITIZE="$san" -DOFFLOAD_WERROR=ON > /dev/null
   cmake --build "$dir" -j "$jobs"
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu
+  # ThreadSanitizer finds races between threads. The suites that drive the shim's code from one
+  # thread against the simulated driver (random programs, recorded replays) give it none to find,
+  # and took 758 of its 1074 test-seconds; they run in the plain and AddressSanitizer builds.
+  exclude=""
+  [ "$variant" != thread ] || exclude='^(Residency|WeightStream|ExecutorRandom|CombinedPlan|ReplayCap|ReplayOffload|OffloadctlReplay)\.'
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu ${exclude:+-E "$exclude"}
 done
 echo "== a Release build of the product with -Werror (GCC warns of some things only when optimising at -O3) (at ${SECONDS} s)"
 # The tests were built with -Werror above; the product is what the Debian package is made from.

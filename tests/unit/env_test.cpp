@@ -174,8 +174,8 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_TRUE(one("OFFLOAD_CAP_TILE", "class").cap_size_classes);
   EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").cap_refit);
   EXPECT_FALSE(one("OFFLOAD_CAP_REFIT", "0").cap_refit);
-  EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").cap_plan);
-  EXPECT_FALSE(one("OFFLOAD_CAP_PLAN", "0").cap_plan);
+  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_plan);
+  EXPECT_TRUE(one("OFFLOAD_CAP_PLAN", "1").cap_plan);
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_prefetch_max, Settings::kQuarterStep);
   EXPECT_EQ(one("OFFLOAD_CAP_PREFETCH_MAX", "0").cap_prefetch_max, 0u);
   EXPECT_EQ(one("OFFLOAD_CAP_PREFETCH_MAX", "64").cap_prefetch_max, 64u);
