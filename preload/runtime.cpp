@@ -108,6 +108,7 @@ Runtime::Runtime(Settings s)
       assembler_(tracker_.funcs(), StepAssembler::Options{}),
       link_(link_settings(settings_), command_line()) {
   cache_.set_max(settings_.block_cache);
+  if (light_) tracker_.set_light();
   if (offloading_) tracker_.set_gate(&executor_);
   if (persistent_) executor_.set_persistent(persistent_.get());
   // Traces go only to a directory of this user that nobody else may write to: in a directory

@@ -3,6 +3,13 @@
 // Any address inside [base, base + size) resolves to its allocation, so a view with a
 // storage offset (an interior pointer) is attributed to the allocation that owns it.
 //
+// Exact mode (set_exact, before any entry: light observation, where no launch is scanned): an
+// allocation is found by its base address alone, in a hash table. A sorted vector's insert and
+// erase move the entries after it, about 0.4 us an allocation and its free with a few thousand
+// live on the H200's host (docs/results.md, "What watching costs"); the hash's are constant.
+// scan() then finds nothing, find() only bases, and insert() replaces only an entry at the same
+// base.
+//
 // Threading: insert/erase take an exclusive lock, lookups a shared one; no call is made
 // while a lock is held, and nothing allocates after construction unless the table grows
 // past its reserved capacity (rare: it doubles).
@@ -47,13 +54,24 @@ class AllocTable {
 
   size_t size() const;
   uint64_t live_bytes() const { return live_bytes_.load(std::memory_order_relaxed); }
+  void set_exact(bool exact);  // before the first insert
+  bool exact() const { return exact_; }
 
  private:
+  // Exact mode's open-addressing table (linear probing; base 0 marks an empty slot).
+  size_t home(DevPtr base) const;
+  size_t probe(DevPtr base) const;  // its slot, or the empty slot where it would go
+  void grow();
+  size_t insert_exact(DevPtr base, uint64_t size, AllocId id, AllocEntry* replaced);
+  std::optional<AllocEntry> erase_exact(DevPtr base);
+
   size_t upper(DevPtr addr) const;  // first entry with base > addr
   const AllocEntry* find_locked(DevPtr addr) const;
 
   mutable std::shared_mutex mu_;
-  std::vector<AllocEntry> entries_;  // sorted by base, non-overlapping
+  std::vector<AllocEntry> entries_;  // sorted by base, non-overlapping (exact: the hash's slots)
+  bool exact_ = false;
+  size_t used_ = 0;  // exact: entries in the hash
   std::atomic<DevPtr> lo_{~DevPtr{0}}, hi_{0};  // bounds of every address ever inserted
   std::atomic<uint64_t> live_bytes_{0};
 };

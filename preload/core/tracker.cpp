@@ -82,6 +82,8 @@ void Tracker::on_alloc(DevPtr p, uint64_t bytes, Stream s, uint64_t tag) {
   else if (tag) id = arena_alloc_id(tag, id);
   AllocEntry stale[AllocTable::kMaxReplaced];
   size_t n_stale = table_.insert(p, bytes, id, stale);
+  counters_.allocs.fetch_add(1, std::memory_order_relaxed);
+  if (light_) return;
   for (size_t i = 0; i < n_stale; ++i) {
     // The range came back without frees we saw: close the old allocations first.
     Event f{};
@@ -92,7 +94,6 @@ void Tracker::on_alloc(DevPtr p, uint64_t bytes, Stream s, uint64_t tag) {
     f.stream = s;
     publish(f, nullptr, 0);
   }
-  counters_.allocs.fetch_add(1, std::memory_order_relaxed);
   Event e{};
   e.kind = EventKind::Alloc;
   e.a = id;
@@ -109,6 +110,7 @@ void Tracker::on_free(DevPtr p, Stream s) {
     return;
   }
   counters_.frees.fetch_add(1, std::memory_order_relaxed);
+  if (light_) return;
   Event e{};
   e.kind = EventKind::Free;
   e.a = old->id;

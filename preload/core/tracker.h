@@ -81,6 +81,13 @@ class Tracker {
   void set_lead_clock(Clock c) { lead_clock_.store(c, std::memory_order_release); }
 
   const AllocTable& allocs() const { return table_; }
+  // Light observation (before the first allocation): no launch is scanned, so allocations are
+  // kept by base alone (AllocTable's exact mode) and give the step assembler no events; their
+  // counts and the footprint stay.
+  void set_light() {
+    table_.set_exact(true);
+    light_ = true;
+  }
   FuncRegistry& funcs() { return funcs_; }
   TrackerCounters& counters() { return counters_; }
 
@@ -102,6 +109,7 @@ class Tracker {
   std::atomic<bool> marks_record_{false};
   std::atomic<uint64_t> marker_launch_{0}, marker_handle_{0};
   AllocTable table_;
+  bool light_ = false;
   FuncRegistry funcs_;
   EventLog& log_;
   std::atomic<AllocId> next_id_{1};

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <random>
 #include <thread>
 #include <vector>
@@ -361,6 +362,55 @@ TEST(AllocTableConcurrency, WritersAndScannersAgree) {
       }
   EXPECT_EQ(t.size(), live_count);
   EXPECT_EQ(t.live_bytes(), live_bytes);
+}
+
+// Exact mode (light observation): random allocations and frees, many sharing probe runs and
+// outgrowing the first table, against a map kept beside it.
+TEST(AllocTable, ExactModeMatchesAMapThroughGrowthAndDeletions) {
+  AllocTable t(16);
+  t.set_exact(true);
+  std::map<DevPtr, std::pair<uint64_t, AllocId>> ref;
+  std::mt19937_64 r(5);
+  uint64_t live = 0;
+  AllocId next = 1;
+  for (int op = 0; op < 200000; ++op) {
+    // Bases 256 bytes apart in a window of 8192: dense clusters and reuse of freed bases.
+    const DevPtr base = kBase + 256 * std::uniform_int_distribution<uint64_t>(0, 8191)(r);
+    if (std::bernoulli_distribution(op < 100000 ? 0.6 : 0.4)(r)) {
+      const uint64_t size = 1 + std::uniform_int_distribution<uint64_t>(0, 1 << 20)(r);
+      AllocEntry replaced[AllocTable::kMaxReplaced];
+      const size_t n = t.insert(base, size, next, replaced);
+      if (auto it = ref.find(base); it != ref.end()) {  // its free went unseen
+        ASSERT_EQ(n, 1u);
+        EXPECT_EQ(replaced[0].id, it->second.second);
+        live -= it->second.first;
+      } else {
+        ASSERT_EQ(n, 0u);
+      }
+      ref[base] = {size, next++};
+      live += size;
+    } else {
+      const auto e = t.erase(base);
+      const auto it = ref.find(base);
+      ASSERT_EQ(e.has_value(), it != ref.end());
+      if (e) {
+        EXPECT_EQ(e->size, it->second.first);
+        EXPECT_EQ(e->id, it->second.second);
+        live -= e->size;
+        ref.erase(it);
+      }
+    }
+    ASSERT_EQ(t.live_bytes(), live);
+    ASSERT_EQ(t.size(), ref.size());
+    if (op % 1000 == 0)
+      for (const auto& [b, v] : ref) {
+        const auto f = t.find(b);
+        ASSERT_TRUE(f.has_value());
+        EXPECT_EQ(f->id, v.second);
+        EXPECT_FALSE(t.find(b + 8).has_value());  // bases alone
+      }
+  }
+  EXPECT_GT(ref.size(), 1024u);  // it grew past its first table
 }
 
 }  // namespace

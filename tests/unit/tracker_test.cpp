@@ -56,6 +56,28 @@ uint64_t launch(Tracker& tr, Func f, Stream s, Args... args) {
   return tr.on_kernel(f, s, params, nullptr);
 }
 
+// Light observation: allocations and frees are counted and the footprint kept, but nothing is
+// published for the step assembler (no launch is scanned to use them).
+TEST(Tracker, LightObservationCountsAllocationsWithoutPublishingThem) {
+  Rig full, light;
+  light.tr.set_light();
+  for (Rig* r : {&full, &light}) {
+    r->tr.on_alloc(kVa, 4096, 1);
+    r->tr.on_alloc(kVa + 8192, 1 << 20, 1);
+    r->tr.on_free(kVa, 1);
+  }
+  EXPECT_EQ(full.log.appended(), 3u);
+  EXPECT_EQ(light.log.appended(), 0u);
+  for (Rig* r : {&full, &light}) {
+    EXPECT_EQ(r->tr.counters().allocs.load(), 2u);
+    EXPECT_EQ(r->tr.counters().frees.load(), 1u);
+    EXPECT_EQ(r->tr.allocs().live_bytes(), uint64_t{1} << 20);
+  }
+  EXPECT_TRUE(light.tr.allocs().find(kVa + 8192).has_value());
+  EXPECT_FALSE(light.tr.allocs().find(kVa + 8200).has_value());  // by base alone
+  EXPECT_TRUE(full.tr.allocs().find(kVa + 8200).has_value());
+}
+
 // A bump allocator of fake device addresses: ascending, page-aligned, never reused.
 struct FakeVa {
   DevPtr next = kVa;
