@@ -40,6 +40,8 @@ TEST(CudaDriverLog, AFailedCallIsLoggedWithItsNameAndResultAndNotReadyIsNot) {
     if (d.event_query(0x10) != 0) std::_Exit(4);
     fail("cuEventQuery", 999);  // a result the driver has no name for: the number alone
     if (d.event_query(0x10) != -1) std::_Exit(5);
+    fail("cuMemAddressReserve", 4);  // CUDA_ERROR_DEINITIALIZED: the process is exiting, not said
+    if (d.reserve(1 << 21) != 0) std::_Exit(7);
     fail(nullptr, 0);
     if (d.reserve(1 << 21) == 0 || d.event_query(0x10) != 1) std::_Exit(6);
     std::_Exit(0);
