@@ -402,6 +402,8 @@ class Executor final : public LaunchGate {
   // none can go.
   bool evict_for_room();
   bool touched_now(uint32_t i) const;  // the launch being gated touches arena i
+  // Resident with members, its bytes current, and not touched by the launch being gated.
+  bool may_send_out(uint32_t i) const;
   void start_evict(uint32_t i);   // the copy out of a resident arena, after every stream's work
   void settle_handed(Arena& a);   // a handed arena's last work waited for and its range unmapped
   // What must finish before another may use the memory of arena `b` on its way out: its copy

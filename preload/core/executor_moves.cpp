@@ -131,9 +131,7 @@ bool Executor::shed(const AllocId* acc, size_t n, bool blind) {
   const uint64_t before = held_.load();
   cur_acc_ = acc, cur_count_ = n, cur_blind_ = blind;
   for (uint32_t i = 0; i < arenas_.size(); ++i) {
-    const Arena& a = arenas_[i];
-    if (a.state != State::Resident || a.live == 0 || a.overflow || a.h2d_pending || a.handle < 0 || touched_now(i))
-      continue;
+    if (!may_send_out(i)) continue;
     start_evict(i);
     if (arenas_[i].state == State::Evicting) ++st_.room_evictions;
   }
@@ -146,6 +144,11 @@ bool Executor::shed(const AllocId* acc, size_t n, bool blind) {
   for (int h : free_handles_) release_handle(h);
   free_handles_.clear();
   return held_.load() < before;
+}
+
+bool Executor::may_send_out(uint32_t i) const {
+  const Arena& a = arenas_[i];
+  return a.state == State::Resident && a.live && !a.overflow && !a.h2d_pending && a.handle >= 0 && !touched_now(i);
 }
 
 bool Executor::touched_now(uint32_t i) const {
@@ -164,9 +167,7 @@ bool Executor::evict_for_room() {
   uint64_t best_d = 0;
   const uint64_t n = plan_.step_launches, now = cur_pos_ < 0 ? 0 : static_cast<uint64_t>(cur_pos_);
   for (uint32_t i = 0; i < arenas_.size(); ++i) {
-    const Arena& a = arenas_[i];
-    if (a.state != State::Resident || a.live == 0 || a.overflow || a.h2d_pending || a.handle < 0) continue;
-    if (touched_now(i)) continue;
+    if (!may_send_out(i)) continue;
     const int64_t at = plan_.arenas[i].reload_at;
     const uint64_t d = at < 0 || n == 0 ? UINT64_MAX : (static_cast<uint64_t>(at) + n - now % n) % n;
     if (best < 0 || d > best_d) best = static_cast<int>(i), best_d = d;
