@@ -784,7 +784,8 @@ TEST(ExecutorRandom, RandomProgramsAndPlansMatchThePlainRun) {
 // evicting its own ranges.
 TEST(ExecutorRandom, UnderTheCapPlansMatchThePlainRunAndHoldTheBudget) {
   QuietLog quiet;
-  uint64_t runs = 0, installed = 0, moved = 0, shared = 0, cap_moved = 0, over = 0, tiny = 0;
+  uint64_t runs = 0, installed = 0, moved = 0, shared = 0, cap_moved = 0, over = 0, tiny = 0, misses = 0,
+           room_evictions = 0;
   const char* only = std::getenv("OFFLOAD_TEST_SEED");
   const uint64_t first = only ? std::strtoull(only, nullptr, 10) : 1, last = only ? first : kPrograms / 2;
   for (uint64_t seed = first; seed <= last; ++seed) {
@@ -820,11 +821,14 @@ TEST(ExecutorRandom, UnderTheCapPlansMatchThePlainRunAndHoldTheBudget) {
     shared += off.cap.external_peak > 0;
     cap_moved += off.cap.evictions > 0;
     over += off.stats.over_budget;
+    misses += off.stats.misses;
+    room_evictions += off.stats.room_evictions;
   }
   if (only) return;
   std::cout << runs << " runs under the cap: " << installed << " installed a plan, " << moved
             << " moved arenas, " << shared << " took arenas' handles in the cap's room, " << cap_moved
-            << " evicted ranges (" << tiny << " programs too small for a budget)\n";
+            << " evicted ranges (" << tiny << " programs too small for a budget); " << misses << " misses, "
+            << room_evictions << " arenas sent out for room\n";
   EXPECT_GE(runs * 4, (runs + tiny) * 3);
   EXPECT_GE(installed * 2, runs);
   EXPECT_GE(shared * 2, runs);
