@@ -38,6 +38,7 @@
 #include "host_pool.h"
 #include "plan_controller.h"
 #include "planner/planner.h"
+#include "residency/cap_and_plan.h"
 #include "residency/residency.h"
 #include "shim.h"
 #include "step_telemetry.h"
@@ -206,7 +207,7 @@ class Runtime final : private PlanContext {
   // the residency manager and the executor both gate launches (gates_) and the executor's
   // handles are made in the manager's room.
   const bool planning_;
-  std::unique_ptr<LaunchGate> gates_;
+  std::unique_ptr<CapAndPlan> gates_;
   // The hard cap (OFFLOAD_CAP, the default with a budget): built at the first allocation.
   std::unique_ptr<HostStore> host_store_;
   std::unique_ptr<Residency> residency_;

@@ -5,7 +5,6 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "residency/cap_and_plan.h"
 #include "runtime.h"
 
 namespace offload {
@@ -87,13 +86,7 @@ Runtime::Placed Runtime::place_capped(uint64_t bytes, Stream s, void** p) {
     }
   if (bytes < r->min_bytes()) return r->admit_small(bytes) ? Placed::Forward : Placed::Refused;
   bool refused = false;
-  DevPtr a = r->alloc(bytes, s, &tag, &refused);
-  // Refused while the plan's arenas hold room: they give back what they can, and it is tried again.
-  if (refused && planning_ && r->external()) {
-    executor_.shed(nullptr, 0, false);
-    Residency::LastTry last;
-    a = r->alloc(bytes, s, &tag, &refused);
-  }
+  const DevPtr a = gates_ ? gates_->alloc(bytes, s, &tag, &refused) : r->alloc(bytes, s, &tag, &refused);
   if (refused) {
     if (refused_said_.exchange(true) == false) log().error("out of memory under the device budget: {}", r->error());
     return Placed::Refused;

@@ -55,7 +55,6 @@ class AllocTable {
   size_t size() const;
   uint64_t live_bytes() const { return live_bytes_.load(std::memory_order_relaxed); }
   void set_exact(bool exact);  // before the first insert
-  bool exact() const { return exact_; }
 
  private:
   // Exact mode's open-addressing table (linear probing; base 0 marks an empty slot).

@@ -28,6 +28,12 @@ enum EventFlags : uint8_t {
   kLayoutUnknown = 2,      // kernel parameters could not be scanned
 };
 
+// A launch we cannot see into (a graph replay, a kernel whose parameters could not all be
+// scanned): it may touch every allocation.
+inline bool blind_launch(EventKind kind, uint8_t flags) {
+  return kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated));
+}
+
 struct Event {
   uint64_t seq = 0;        // global order of appends; launches: the CUPTI external id
   EventKind kind{};

@@ -401,7 +401,7 @@ void Executor::before_launch(uint64_t n, EventKind kind, uint32_t kernel, Stream
   // What the launch touches, for a reload that must send an arena out to make room (never one of these).
   cur_acc_ = acc;
   cur_count_ = count;
-  cur_blind_ = kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated));
+  cur_blind_ = blind_launch(kind, flags);
   struct Done {  // acc is the caller's: not kept past the gate
     Executor& x;
     ~Done() { x.cur_acc_ = nullptr, x.cur_count_ = 0, x.cur_blind_ = false; }

@@ -201,8 +201,8 @@ class Executor final : public LaunchGate {
   // Under the cap, the residency manager cannot fit a launch touching `acc` (or an allocation,
   // acc empty) beside the arenas' handles: resident arenas the launch does not touch go out (the
   // host waits for every copy out and freed arena's last work) and every handle no arena maps
-  // goes back to the room. blind: the launch touches every arena. True if any handle went.
-  bool shed(const AllocId* acc, size_t n, bool blind);
+  // goes back to the room. blind: the launch touches every arena.
+  void shed(const AllocId* acc, size_t n, bool blind);
   ~Executor() override;
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;

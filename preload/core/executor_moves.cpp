@@ -124,11 +124,10 @@ int Executor::acquire_handle(bool for_reload, Stream s) {
   return h;
 }
 
-bool Executor::shed(const AllocId* acc, size_t n, bool blind) {
-  if (!installed_.load(std::memory_order_acquire)) return false;
+void Executor::shed(const AllocId* acc, size_t n, bool blind) {
+  if (!installed_.load(std::memory_order_acquire)) return;
   std::lock_guard lock(mu_);
   ++st_.sheds;
-  const uint64_t before = held_.load();
   cur_acc_ = acc, cur_count_ = n, cur_blind_ = blind;
   for (uint32_t i = 0; i < arenas_.size(); ++i) {
     if (!may_send_out(i)) continue;
@@ -143,7 +142,6 @@ bool Executor::shed(const AllocId* acc, size_t n, bool blind) {
   poll_locked();
   for (int h : free_handles_) release_handle(h);
   free_handles_.clear();
-  return held_.load() < before;
 }
 
 bool Executor::may_send_out(uint32_t i) const {

@@ -18,13 +18,21 @@ class CapAndPlan final : public LaunchGate {
     // Refused while the arenas hold room: they give back what this launch does not touch, and
     // the manager tries once more (its refusal then stands, said and counted).
     if (Residency::refusal_pending() && r_.external()) {
-      const bool blind = kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated));
-      e_.shed(blind ? nullptr : acc, blind ? 0 : n, blind);
+      e_.shed(acc, n, blind_launch(kind, flags));
       (void)Residency::take_refusal();
       Residency::LastTry last;
       r_.before_launch(launch_no, kind, kernel, s, acc, n, flags);
     }
     e_.before_launch(launch_no, kind, kernel, s, acc, n, flags);
+  }
+  // An allocation of the manager's (Residency::alloc): refused while the arenas hold room, they
+  // give back what they can and it is tried once more.
+  DevPtr alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) {
+    DevPtr p = r_.alloc(bytes, s, tag, refused);
+    if (!*refused || !r_.external()) return p;
+    e_.shed(nullptr, 0, false);
+    Residency::LastTry last;
+    return r_.alloc(bytes, s, tag, refused);
   }
   void note_pointer_table(AllocId table, const AllocId* targets, size_t n) override {
     r_.note_pointer_table(table, targets, n);

@@ -139,7 +139,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
                               size_t n, uint8_t flags) {
   last_launch_.store(launch_no, std::memory_order_relaxed);
   if (!any_.load(std::memory_order_acquire)) return;
-  const bool blind = kind == EventKind::Graph || (flags & (kLayoutUnknown | kAccessesTruncated));
+  const bool blind = blind_launch(kind, flags);
   const bool ranges = n && acc[n - 1] >= kRangeIdBit;
   if (!ranges && !blind && !has_tables_.load(std::memory_order_acquire)) return;
   Busy busy(busy_ns_);

@@ -158,12 +158,7 @@ class Rig {
     if (!p && persistent_ && bytes >= o_.persistent_min) p = persistent_->alloc(bytes, s);
     if (!p && res_) {
       bool refused = false;
-      p = res_->alloc(bytes, s, &tag, &refused);
-      if (refused && res_->external()) {  // as the shim does: the arenas give room back, once
-        ex_.shed(nullptr, 0, false);
-        Residency::LastTry last;
-        p = res_->alloc(bytes, s, &tag, &refused);
-      }
+      p = gates_ ? gates_->alloc(bytes, s, &tag, &refused) : res_->alloc(bytes, s, &tag, &refused);
       EXPECT_FALSE(refused) << res_->error();
     }
     if (!p) {
@@ -270,9 +265,6 @@ class Rig {
     return o;
   }
 
-  // The simulated GPU runs behind the host by a random number of ops; when its queues are
-  // full the host waits for it (so that delayed copies, which run only when nothing else
-  // can, do not wait for ever behind a GPU that never catches up).
   // The launch the tracker saw goes to the GPU, as the hook forwards it (the cap never refuses
   // one in these programs: their budgets hold every launch's ranges).
   void forward(Stream s, std::function<void()> body) {
@@ -282,6 +274,9 @@ class Rig {
     run_gpu();
   }
 
+  // The simulated GPU runs behind the host by a random number of ops; when its queues are
+  // full the host waits for it (so that delayed copies, which run only when nothing else
+  // can, do not wait for ever behind a GPU that never catches up).
   void run_gpu() {
     uint32_t n = std::uniform_int_distribution<uint32_t>(o_.gpu_ops_min, o_.gpu_ops_max)(rng_);
     for (uint32_t i = 0; i < n; ++i) sim_.step(rng_);
