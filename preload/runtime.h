@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <unordered_set>
 
 #include <unistd.h>
 
@@ -78,7 +79,7 @@ class Runtime final : private PlanContext {
     return Placed::Served;
   }
   void track_alloc(void* p, uint64_t bytes, Stream s) {
-    if (Residency* r = cap_.load(std::memory_order_acquire)) r->small_allocated(bytes);
+    if (Residency* r = cap_.load(std::memory_order_acquire)) forwarded_capped(*r, reinterpret_cast<DevPtr>(p), bytes);
     tracker_.on_alloc(reinterpret_cast<DevPtr>(p), bytes, s);
     if (planning_) executor_.note_live(tracker_.allocs().live_bytes());
   }
@@ -167,6 +168,13 @@ class Runtime final : private PlanContext {
   std::string stats_json_locked();
 
   Placed place_capped(uint64_t bytes, Stream s, void** p);
+  void forwarded_capped(Residency& r, DevPtr p, uint64_t bytes);  // the allocator served what place_capped forwarded
+  // Allocations a CUDA graph capture made (the graph's memory, used at each replay): forwarded,
+  // not counted in the pool's share, and their frees forwarded.
+  std::mutex graph_mu_;
+  std::unordered_set<DevPtr> graph_allocs_;
+  std::atomic<bool> any_graph_alloc_{false};
+  bool forget_graph_alloc(DevPtr p);
   bool release_capped(Residency& r, DevPtr d, Stream s);
   void start_cap();  // once, at the first allocation: the budget in bytes needs the device
   // A budget with launches but no allocation reaching the shim (PyTorch's own allocator, not

@@ -55,7 +55,12 @@ void Runtime::start_cap() {
              budget / kGiB, budget, residency_->min_bytes() / double(1 << 20), host_store_->limit() / kGiB);
 }
 
+namespace {
+thread_local bool tl_graph_alloc = false;  // place_capped forwarded a capture's allocation
+}  // namespace
+
 Runtime::Placed Runtime::place_capped(uint64_t bytes, Stream s, void** p) {
+  tl_graph_alloc = false;
   Residency* r = cap_.load(std::memory_order_acquire);
   if (!r) {
     std::call_once(cap_once_, [this] { start_cap(); });
@@ -74,6 +79,12 @@ Runtime::Placed Runtime::place_capped(uint64_t bytes, Stream s, void** p) {
         log().info("allocations on another device pass through untouched: the budget holds on device {}", cap_device_);
       return Placed::Forward;
     }
+  }
+  // A graph capture's allocation is the graph's for every replay (the driver's graph pool): a range
+  // of ours would be given to another allocation once the capture frees it, under the replays.
+  if (capturing(s) == 1) {
+    tl_graph_alloc = true;
+    return Placed::Forward;
   }
   uint64_t tag = 0;
   // A member of the plan's arenas, at its planned place (its handle made in the cap's room).
@@ -97,7 +108,28 @@ Runtime::Placed Runtime::place_capped(uint64_t bytes, Stream s, void** p) {
   return Placed::Served;
 }
 
+void Runtime::forwarded_capped(Residency& r, DevPtr p, uint64_t bytes) {
+  if (!tl_graph_alloc) {
+    r.small_allocated(bytes);
+    return;
+  }
+  tl_graph_alloc = false;
+  std::lock_guard<std::mutex> lk(graph_mu_);
+  graph_allocs_.insert(p);
+  any_graph_alloc_.store(true, std::memory_order_release);
+}
+
+bool Runtime::forget_graph_alloc(DevPtr p) {
+  if (!any_graph_alloc_.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lk(graph_mu_);
+  return graph_allocs_.erase(p) != 0;
+}
+
 bool Runtime::release_capped(Residency& r, DevPtr d, Stream s) {
+  if (forget_graph_alloc(d)) {
+    tracker_.on_free(d, s);
+    return false;  // the allocator's (the graph's) memory
+  }
   std::optional<AllocEntry> e = tracker_.allocs().find(d);
   tracker_.on_free(d, s);
   if (r.free(d, s)) return true;

@@ -175,7 +175,42 @@ bool SimDriver::pool_trim(uint64_t keep) {
 
 int SimDriver::stream_capturing(Stream s) {
   std::lock_guard lock(mu_);
-  return std::find(capturing_.begin(), capturing_.end(), s) != capturing_.end() ? 1 : 0;
+  return capture_.count(s) || std::find(capturing_.begin(), capturing_.end(), s) != capturing_.end() ? 1 : 0;
+}
+
+void SimDriver::begin_capture(Stream s) {
+  std::lock_guard lock(mu_);
+  if (capture_.count(s)) ++stats_.misuses;
+  capture_[s];
+}
+
+uint64_t SimDriver::end_capture(Stream s) {
+  std::lock_guard lock(mu_);
+  auto it = capture_.find(s);
+  if (it == capture_.end()) {
+    ++stats_.misuses;
+    return 0;
+  }
+  graphs_.push_back(std::move(it->second));
+  capture_.erase(it);
+  return graphs_.size();
+}
+
+void SimDriver::launch_graph(Stream s, uint64_t graph) {
+  std::lock_guard lock(mu_);
+  if (graph == 0 || graph > graphs_.size()) {
+    ++stats_.misuses;
+    return;
+  }
+  std::vector<std::function<void()>> work = graphs_[graph - 1];
+  enqueue(s, Op{Op::kKernel, [work] {
+                  for (const auto& w : work) w();
+                }, {}, 0});
+}
+
+size_t SimDriver::captured_ops() const {
+  std::lock_guard lock(mu_);
+  return captured_ops_;
 }
 
 void SimDriver::set_capturing(Stream s, bool on) {
@@ -379,7 +414,17 @@ bool SimDriver::is_mapped(DevPtr p) const {
 
 // ---- The simulated GPU ---------------------------------------------------------------------
 
-void SimDriver::enqueue(Stream s, Op op) { queues_[s].ops.push_back(std::move(op)); }
+void SimDriver::enqueue(Stream s, Op op) {
+  auto c = capture_.find(s);
+  if (c == capture_.end()) {
+    queues_[s].ops.push_back(std::move(op));
+    return;
+  }
+  // Recorded into the graph, not run. Within one capturing stream the order is the graph's.
+  ++captured_ops_;
+  if (op.kind == Op::kKernel || op.kind == Op::kCopy) c->second.push_back(std::move(op.body));
+  if (op.kind == Op::kRecord) op.ev->pending.erase(op.gen);  // it never completes outside
+}
 
 Stream SimDriver::create_stream() {
   std::lock_guard lock(mu_);
@@ -408,6 +453,7 @@ bool SimDriver::record_event(uint64_t e, Stream s) {
   EventState& ev = *it->second;
   const uint64_t gen = ++ev.enqueued;
   ev.pending.insert(gen);
+  ev.in_capture = capture_.count(s) != 0;
   enqueue(s, Op{Op::kRecord, {}, it->second, gen});
   return true;
 }
@@ -417,6 +463,10 @@ bool SimDriver::stream_wait(Stream s, uint64_t e) {
   auto it = events_.find(e);
   if (it == events_.end()) return false;
   if (it->second->enqueued == 0) return true;  // never recorded: nothing to wait for
+  if (it->second->in_capture && !capture_.count(s)) {  // CUDA would join `s` to the capture
+    ++stats_.misuses;
+    return false;
+  }
   enqueue(s, Op{Op::kWait, {}, it->second, it->second->enqueued});
   return true;
 }
@@ -425,11 +475,19 @@ int SimDriver::event_query(uint64_t e) {
   std::lock_guard lock(mu_);
   auto it = events_.find(e);
   if (it == events_.end()) return -1;
+  if (it->second->in_capture) {
+    ++stats_.misuses;
+    return -1;
+  }
   return it->second->done(it->second->enqueued) ? 1 : 0;
 }
 
 int SimDriver::stream_query(Stream s) {
   std::lock_guard lock(mu_);
+  if (capture_.count(s)) {  // CUDA refuses to query a capturing stream
+    ++stats_.misuses;
+    return -1;
+  }
   auto it = queues_.find(s);
   return it == queues_.end() || (it->second.ops.empty() && !it->second.running) ? 1 : 0;
 }
@@ -443,6 +501,10 @@ bool SimDriver::event_sync(uint64_t e) {
     if (it == events_.end()) return false;
     ev = it->second;
     gen = ev->enqueued;
+    if (ev->in_capture) {
+      ++stats_.misuses;
+      return false;
+    }
   }
   for (;;) {
     std::lock_guard exec(exec_mu_);

@@ -113,9 +113,18 @@ class SimDriver final : public Driver {
   uint64_t device_used_bytes() override;
   void set_outside(uint64_t bytes);
   bool pool_trim(uint64_t keep) override;
-  // The simulated streams never capture graphs, unless a test says one does.
+  // The simulated streams never capture graphs, unless a test says one does: set_capturing
+  // only makes stream_capturing say so (the work still runs); begin_capture captures as CUDA
+  // does. Until end_capture, work queued on the stream is recorded into a graph and does not
+  // run; an event recorded there belongs to the capture, and waiting for it from a stream that
+  // is not capturing, or querying or synchronising it, is a misuse (CUDA would pull that stream
+  // into the capture, or fail). launch_graph queues the graph's work, in order, as one op.
   int stream_capturing(Stream s) override;
   void set_capturing(Stream s, bool on);
+  void begin_capture(Stream s);
+  uint64_t end_capture(Stream s);  // the graph: 1, 2, ...
+  void launch_graph(Stream s, uint64_t graph);
+  size_t captured_ops() const;     // work recorded into graphs so far
   struct PoolTrims {
     uint64_t calls = 0;  // pool_trim calls on a known pool
     uint64_t last_keep = 0;
@@ -178,6 +187,9 @@ class SimDriver final : public Driver {
   bool outside_known_ = false;
   uint64_t outside_ = 0;
   std::vector<Stream> capturing_;
+  std::map<Stream, std::vector<std::function<void()>>> capture_;  // streams capturing, their work
+  std::vector<std::vector<std::function<void()>>> graphs_;
+  size_t captured_ops_ = 0;
   uint64_t pool_reserved_ = 0, pool_in_use_ = 0;
   PoolTrims pool_trims_;
   std::vector<Kernel*> kernels_;               // Func = index + 1, times 16
@@ -218,6 +230,7 @@ class SimDriver final : public Driver {
   // generation that was last at the time it was issued, as with CUDA's re-recorded events.
   struct EventState {
     uint64_t enqueued = 0;            // generation of the last record_event; 0: never recorded
+    bool in_capture = false;          // the last record_event was on a capturing stream
     std::set<uint64_t> pending;       // generations recorded and not yet executed
     bool done(uint64_t gen) const { return gen == 0 || !pending.count(gen); }
   };

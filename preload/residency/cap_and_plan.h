@@ -15,6 +15,7 @@ class CapAndPlan final : public LaunchGate {
   void before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc, size_t n,
                      uint8_t flags) override {
     r_.before_launch(launch_no, kind, kernel, s, acc, n, flags);
+    if (Residency::last_launch_captured()) return;  // recorded into a graph: nothing runs now
     // Refused while the arenas hold room: they give back what this launch does not touch, and
     // the manager tries once more (its refusal then stands, said and counted).
     if (Residency::refusal_pending() && r_.external()) {

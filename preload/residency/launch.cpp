@@ -13,6 +13,7 @@ namespace {
 constexpr double kGiB = double(1ull << 30);
 thread_local bool tl_refused = false;
 thread_local bool tl_last_try = false;
+thread_local bool tl_captured = false;
 
 }  // namespace
 
@@ -28,6 +29,7 @@ struct Residency::InFlight {
 static thread_local Residency::InFlight tl_inflight;
 
 bool Residency::refusal_pending() { return tl_refused; }
+bool Residency::last_launch_captured() { return tl_captured; }
 Residency::LastTry::LastTry() { tl_last_try = true; }
 Residency::LastTry::~LastTry() { tl_last_try = false; }
 
@@ -138,10 +140,17 @@ void Residency::refuse_launch(uint32_t kernel, uint64_t bytes, size_t ranges, co
 void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kernel, Stream s, const AllocId* acc,
                               size_t n, uint8_t flags) {
   last_launch_.store(launch_no, std::memory_order_relaxed);
+  tl_captured = false;
   if (!any_.load(std::memory_order_acquire)) return;
   const bool blind = blind_launch(kind, flags);
   const bool ranges = n && acc[n - 1] >= kRangeIdBit;
   if (!ranges && !blind && !has_tables_.load(std::memory_order_acquire)) return;
+  if (o_.fault != Options::Fault::IgnoreCapture && d_.stream_capturing(s) == 1) {
+    tl_captured = true;
+    std::lock_guard<std::mutex> lk(mu_);
+    ++st_.captured_launches;
+    return;
+  }
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   launches_seen_ = launch_no;

@@ -112,7 +112,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // class (granules 1, 2, 3, 4, 6, 8, 12, ... up to a piece) where that adds at most an eighth
     // of the range, so that fewer handle sizes exist and a spare of the class backs the next one.
     bool size_classes = false;
-    enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck };  // tests: proves a missing wait is caught
+    enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   struct Stats {
@@ -148,6 +148,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t prefetch_no_room = 0;           // due but skipped: no free room
     uint64_t period = 0;                     // launches per step, once known
     uint64_t periods_refused = 0;            // step lengths that left most live bytes untouched
+    uint64_t captured_launches = 0;          // recorded into a CUDA graph: nothing moved for them
   };
 
   Residency(Driver& d, HostStore& host, Options o);
@@ -195,6 +196,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void forget_table(AllocId table);  // the table's allocation was freed
   // A launch before_launch refused on this thread (the hook returns out-of-memory); cleared.
   static bool take_refusal();
+  // The last launch before_launch saw on this thread was on a stream capturing a CUDA graph.
+  // Nothing runs at a capture, so nothing is reloaded, marked in flight or evicted for it (work
+  // or events queued on that stream would join the graph); the graph's launch, which the shim
+  // cannot see into, makes every range resident first.
+  static bool last_launch_captured();
   // A pointer query that announces a use: an evicted range is reloaded (and waited for).
   void prepare_access(DevPtr p);
   // Names kernels in the refusal's message (FuncRegistry ids to names); may be unset.

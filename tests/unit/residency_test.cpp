@@ -229,6 +229,97 @@ TEST(Residency, EvictionWaitsForEveryStreamThatTouchedTheRange) {
               [](int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }, "");
 }
 
+// A CUDA graph captured on stream C touches a range that is on the host. Nothing runs at a
+// capture: a reload queued there would be recorded into the graph and never run, leaving the
+// range taken for resident with garbage in it, and its event would belong to the capture. So
+// nothing moves for a captured launch; the graph's launch (which the shim cannot see into) makes
+// every range resident first.
+struct CaptureOutcome {
+  uint64_t read_after = 0;  // a kernel on A reads x after the capture
+  uint64_t read_in_graph = 0;
+  uint64_t misuses = 0;
+  uint64_t captured = 0;
+};
+constexpr Stream kC = 0x4000;
+
+CaptureOutcome capture_touching_an_evicted_range(Residency::Options::Fault fault) {
+  CapRig r(2 * kGran, fault);
+  const DevPtr x = r.alloc(kGran, kA);
+  r.kernel(kA, {x}, fill(x, kGran, 1));
+  const DevPtr y = r.alloc(kGran, kA);
+  r.kernel(kA, {y}, fill(y, kGran, 2));
+  const DevPtr z = r.alloc(kGran, kA);  // x, the least recently touched, goes out
+  r.kernel(kA, {z}, fill(z, kGran, 3));
+  r.sim.run_all();
+  r.res.poll();
+  EXPECT_EQ(r.res.state_of(x), Residency::State::OnHost);
+  CaptureOutcome o;
+  r.join(kA, kC);
+  r.sim.begin_capture(kC);
+  r.kernel(kC, {x}, [&] { o.read_in_graph = hash(x, kGran); });
+  const uint64_t graph = r.sim.end_capture(kC);
+  r.kernel(kA, {x}, [&] { o.read_after = hash(x, kGran); });
+  r.sim.run_all();
+  r.free(z, kA);  // the graph's launch needs every live range: two fit
+  r.join(kA, kC);
+  r.tr.on_graph(kC);
+  EXPECT_FALSE(Residency::take_refusal()) << r.res.error();
+  r.sim.launch_graph(kC, graph);
+  r.res.after_launch();
+  r.sim.run_all();
+  o.misuses = r.sim.vmm_stats().misuses;
+  o.captured = r.res.stats().captured_launches;
+  return o;
+}
+
+uint64_t filled_hash(uint64_t seed) {
+  std::vector<uint64_t> want(kGran / 8);
+  for (uint64_t k = 0; k < want.size(); ++k) want[k] = mix(seed + k);
+  return hash(reinterpret_cast<DevPtr>(want.data()), kGran);
+}
+
+TEST(Residency, ALaunchCapturedIntoAGraphMovesNothingAndTheGraphsLaunchReloads) {
+  const CaptureOutcome o = capture_touching_an_evicted_range(Residency::Options::Fault::None);
+  EXPECT_EQ(o.read_after, filled_hash(1));
+  EXPECT_EQ(o.read_in_graph, filled_hash(1));
+  EXPECT_EQ(o.misuses, 0u);
+  EXPECT_EQ(o.captured, 1u);
+  // Reloading into the capture: x is read before its bytes came back, or an event of the
+  // capture is waited for outside it.
+  const CaptureOutcome bad = capture_touching_an_evicted_range(Residency::Options::Fault::IgnoreCapture);
+  EXPECT_TRUE(bad.read_after != filled_hash(1) || bad.misuses > 0);
+  EXPECT_EQ(bad.captured, 0u);
+}
+
+// A capture longer than a stream's ring of events: evicting a range touched on that stream before
+// the capture still waits for an event recorded before it. Had the captured launches recorded
+// their events, every event of the ring would belong to the capture, and the copy stream waiting
+// for one would be pulled into it.
+uint64_t evict_after_a_long_capture(Residency::Options::Fault fault, Residency::State* w_state) {
+  CapRig r(3 * kGran, fault);  // room for two ranges and an eighth left free: nothing goes out ahead
+  const DevPtr v = r.alloc(kGran, kA);
+  r.kernel(kA, {v}, fill(v, kGran, 1));
+  r.join(kA, kC);
+  const DevPtr w = r.alloc(kGran, kC);
+  r.kernel(kC, {w}, fill(w, kGran, 2));  // w's last touch, on C
+  r.kernel(kA, {v}, fill(v, kGran, 3));  // v touched after w: w is the least recently touched
+  r.sim.begin_capture(kC);
+  for (int i = 0; i < 70; ++i) r.kernel(kC, {v}, [] {});  // captured: not uses of v now
+  const DevPtr u = r.alloc(2 * kGran, kA);  // room for u
+  EXPECT_NE(u, 0u) << r.res.error();
+  r.sim.end_capture(kC);
+  r.sim.run_all();
+  *w_state = r.res.state_of(w);
+  return r.sim.vmm_stats().misuses;
+}
+
+TEST(Residency, EvictionDuringALongCaptureWaitsForAnEventFromBeforeIt) {
+  Residency::State w = Residency::State::Resident;
+  EXPECT_EQ(evict_after_a_long_capture(Residency::Options::Fault::None, &w), 0u);
+  EXPECT_NE(w, Residency::State::Resident);  // w went out for u
+  EXPECT_GT(evict_after_a_long_capture(Residency::Options::Fault::IgnoreCapture, &w), 0u);
+}
+
 TEST(Residency, ALaunchWhoseRangesCannotFitIsRefusedWithTheKernelNamed) {
   CapRig r(2 * kGran);
   const DevPtr a = r.alloc(kGran, kA), b = r.alloc(kGran, kA), c = r.alloc(kGran, kA);
