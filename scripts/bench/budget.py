@@ -19,6 +19,9 @@ Workload families (seeded, nothing downloaded):
   lstm          a 3-layer cuDNN LSTM language model, Adam
   embed_cat     an embedding bag of many tables joined by a many-input torch.cat, foreach Adam
   compiled_mlp  a torch.compile'd MLP, AdamW
+  graphed_mlp   an MLP whose whole step (forward, backward, capturable Adam) is captured once
+                into a CUDA graph with torch.cuda.graph after three warm-up steps on a side
+                stream, as PyTorch's documentation shows, and replayed every step
   launches      the hooks' cost per launch: 2000 in-place adds on a small tensor a step, no allocation
   allocs        the hooks' cost per allocation: 2000 1 MiB tensors made and freed a step, no launch
 """
@@ -134,7 +137,7 @@ class Checkpointed(nn.Module):
 
 def build(name, seed, scale, ckpt=False):
     torch.manual_seed(seed)
-    if ckpt and name in ("lstm", "embed_cat", "launches", "allocs"):
+    if ckpt and name in ("lstm", "embed_cat", "launches", "allocs", "graphed_mlp"):
         raise NoCheckpointing(name)
     dev = "cuda"
     gen = torch.Generator(device=dev)
@@ -226,6 +229,36 @@ def build(name, seed, scale, ckpt=False):
             x = torch.randn(batch, d, generator=g(k), device=dev)
             return cmodel(x).float().pow(2).mean()
         return model, opt, step_fn
+    if name == "graphed_mlp":
+        d, depth, batch = {"small": (2048, 8, 4096), "large": (4096, 12, 16384)}[scale]
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.LayerNorm(d))
+                                for _ in range(depth)]).to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4, capturable=True)
+        static_x = torch.zeros(batch, d, device=dev)
+
+        def whole_step():
+            loss = model(static_x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: the optimizer's state exists before the capture
+            for k in range(3):
+                static_x.copy_(torch.randn(batch, d, generator=g(10_000 + k), device=dev))
+                opt.zero_grad(set_to_none=True)
+                whole_step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)  # the gradients are the graph's memory
+        with torch.cuda.graph(graph):
+            static_loss = whole_step()
+
+        def step_fn(k):
+            static_x.copy_(torch.randn(batch, d, generator=g(k), device=dev))
+            graph.replay()
+            return static_loss
+        return model, None, step_fn
     if name in ("launches", "allocs"):  # host-bound by design: what each hook costs, per operation
         # Deterministic mode fills every new tensor (a launch each): not for `allocs`.
         torch.utils.deterministic.fill_uninitialized_memory = name != "allocs"
@@ -346,9 +379,10 @@ def main():
                 pause(k % 2)
             t0 = time.perf_counter()
             loss = step_fn(k)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            if opt is not None:  # None: step_fn ran the whole step (a graph's replay)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             res["losses"].append(loss.item())  # the host waits for the step here, as a user's log would
             torch.cuda.synchronize()
             res["step_ms"].append((time.perf_counter() - t0) * 1e3)
