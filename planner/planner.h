@@ -334,7 +334,10 @@ struct CheckpointEstimate {
   int64_t step_ns = 0;       // the step's GPU time plus that
   uint64_t footprint = 0;    // at least, with the allocator's overhead
 };
-CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhead);
+// gpu_work_only: from the kernels' own GPU times, not the timeline between them, for a step whose
+// GPU waited for the host (a paged step under the cap: its timeline holds the stalls, which
+// checkpointing would not have).
+CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhead, bool gpu_work_only = false);
 
 // The link cannot hide the copies: the step (predicted, or measured) more than 10% over its compute.
 // Checkpointing the layers (estimate_checkpointing) may then be the faster way to the budget.

@@ -460,7 +460,7 @@ void plan_with(const StepTrace& t, const PlannerOptions& o, const GpuTimeline& g
 
 namespace offload {
 
-CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhead) {
+CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhead, bool gpu_work_only) {
   CheckpointEstimate e;
   const size_t n = t.launches.size();
   if (n < 2) return e;
@@ -470,6 +470,11 @@ CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhe
   const Boundaries b = layer_boundaries(step_tokens(t), f.peak_pos);
   if (!b.period) return e;
   // A layer: one period from a segment start (the first segment is what precedes the layers).
+  auto work = [&](size_t from, size_t to) {  // the kernels' own GPU time in [from, to)
+    int64_t ns = 0;
+    for (size_t i = from; i < to; ++i) ns += std::max<int64_t>(0, t.launches[i].gpu_ns);
+    return ns;
+  };
   int64_t grown = 0, largest = 0;
   for (size_t i = 1; i < b.starts.size(); ++i) {
     const size_t from = static_cast<size_t>(b.starts[i]), to = from + b.period;
@@ -477,12 +482,13 @@ CheckpointEstimate estimate_checkpointing(const StepTrace& t, double pool_overhe
     const int64_t growth = std::max<int64_t>(0, f.live[to] - f.live[from]);
     grown += growth;
     largest = std::max(largest, growth);
-    e.recompute_ns += g.start[to] - g.start[from];
+    e.recompute_ns += gpu_work_only ? work(from, to) : g.start[to] - g.start[from];
     ++e.layers;
   }
   if (e.layers < 2) return CheckpointEstimate{};
   e.known = true;
-  e.step_ns = g.total + e.recompute_ns;
+  const int64_t step = !gpu_work_only ? g.total : t.gpu_busy_ns >= 0 ? t.gpu_busy_ns : work(0, n);
+  e.step_ns = step + e.recompute_ns;
   const int64_t kept = std::max<int64_t>(0, static_cast<int64_t>(f.peak) - grown + largest);  // <= peak
   e.footprint = static_cast<uint64_t>(static_cast<double>(kept) * pool_overhead);
   return e;

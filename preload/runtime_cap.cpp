@@ -174,10 +174,11 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
   const bool moved = now.bytes_out != was.bytes_out || now.bytes_in != was.bytes_in;
   last_step_cap_ = now;
   // A step past the first few that moved bytes and took over 1.1x its GPU time: the link is the
-  // bound, and checkpointing the layers may be faster (the planner's estimate, docs/design.md).
+  // bound, and checkpointing the layers may be faster (the planner's estimate, docs/design.md),
+  // from the kernels' own times: this step's timeline holds its stalls, checkpointing's would not.
   if (said_checkpointing_ || !moved || capped_steps_logged_ < 3 || !link_bound(wall_ns, t.gpu_busy_ns)) return;
   said_checkpointing_ = true;
-  if (const CheckpointEstimate c = estimate_checkpointing(t, 1.0); c.known)
+  if (const CheckpointEstimate c = estimate_checkpointing(t, 1.0, /*gpu_work_only=*/true); c.known)
     log().info("step {} took {:.1f} ms under the budget for {:.1f} ms of GPU work: the link is the bound. Checkpointing "
                "the model's {} layers would take about {:.1f} ms a step and need at least {:.2f} GiB (budget {:.2f} GiB)",
                step, wall_ns / 1e6, t.gpu_busy_ns / 1e6, c.layers, c.step_ns / 1e6, c.footprint / kGiB,

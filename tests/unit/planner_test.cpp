@@ -541,6 +541,21 @@ TEST(PlannerSynthetic, CheckpointingIsEstimatedFromTheLayersForwardAndActivation
   EXPECT_EQ(c.step_ns, gpu_timeline(x.trace).total + c.recompute_ns);
   EXPECT_EQ(c.footprint, step_facts(x.trace, kActivationMinBytes).peak - 11 * 3 * s.act_bytes);
   EXPECT_EQ(estimate_checkpointing(x.trace, 1.5).footprint, static_cast<uint64_t>(1.5 * static_cast<double>(c.footprint)));
+  // A paged step: the GPU waited a millisecond before each launch. The timeline's estimate
+  // counts the stalls; the kernels' own times give the unpaged step's estimate.
+  StepTrace paged = x.trace;
+  for (size_t i = 0; i < paged.launches.size(); ++i)
+    if (paged.launches[i].gpu_start_ns >= 0) paged.launches[i].gpu_start_ns += static_cast<int64_t>(i + 1) * 1'000'000;
+  const CheckpointEstimate stalled = estimate_checkpointing(paged, 1.0);
+  const CheckpointEstimate work = estimate_checkpointing(paged, 1.0, /*gpu_work_only=*/true);
+  ASSERT_TRUE(stalled.known && work.known);
+  const int64_t n = static_cast<int64_t>(paged.launches.size());
+  EXPECT_EQ(stalled.step_ns, c.step_ns + n * 1'000'000 + 12 * 6 * 1'000'000);  // the step's stalls, and the 6 of each layer recomputed
+  EXPECT_EQ(work.recompute_ns, c.recompute_ns);
+  int64_t kernels = 0;
+  for (const TraceLaunch& l : x.trace.launches) kernels += std::max<int64_t>(0, l.gpu_ns);
+  EXPECT_EQ(work.step_ns, kernels + c.recompute_ns);
+  EXPECT_EQ(work.footprint, c.footprint);
   s.timed = false;  // no GPU times: nothing to estimate the recomputation with
   EXPECT_FALSE(estimate_checkpointing(synthetic(s).trace, 1.0).known);
   s.timed = true;
