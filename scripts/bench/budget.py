@@ -22,6 +22,10 @@ Workload families (seeded, nothing downloaded):
   graphed_mlp   an MLP whose whole step (forward, backward, capturable Adam) is captured once
                 into a CUDA graph with torch.cuda.graph after three warm-up steps on a side
                 stream, as PyTorch's documentation shows, and replayed every step
+  hf_gpt2       a GPT-2 built from a transformers GPT2Config (fp32 weights, bf16 autocast, AdamW)
+  hf_bert       a BERT masked-language model from a transformers BertConfig (15% of tokens masked)
+  vit           torchvision ViT-B/16 under bf16 autocast, AdamW
+  gru_amp       a 2-layer cuDNN GRU under fp16 autocast with a GradScaler (its step is the loop's)
   launches      the hooks' cost per launch: 2000 in-place adds on a small tensor a step, no allocation
   allocs        the hooks' cost per allocation: 2000 1 MiB tensors made and freed a step, no launch
 """
@@ -137,7 +141,7 @@ class Checkpointed(nn.Module):
 
 def build(name, seed, scale, ckpt=False):
     torch.manual_seed(seed)
-    if ckpt and name in ("lstm", "embed_cat", "launches", "allocs", "graphed_mlp"):
+    if ckpt and name in ("lstm", "embed_cat", "launches", "allocs", "graphed_mlp", "gru_amp"):
         raise NoCheckpointing(name)
     dev = "cuda"
     gen = torch.Generator(device=dev)
@@ -229,6 +233,72 @@ def build(name, seed, scale, ckpt=False):
             x = torch.randn(batch, d, generator=g(k), device=dev)
             return cmodel(x).float().pow(2).mean()
         return model, opt, step_fn
+    if name in ("hf_gpt2", "hf_bert"):
+        import transformers
+        layers, d, batch, seq = {"small": (4, 768, 8, 512), "large": (12, 1536, 16, 1024)}[scale]
+        if name == "hf_gpt2":
+            cfg = transformers.GPT2Config(vocab_size=32000, n_positions=seq, n_embd=d, n_layer=layers,
+                                          n_head=d // 64, attn_implementation="sdpa")
+            model = transformers.GPT2LMHeadModel(cfg).to(dev)
+        else:
+            cfg = transformers.BertConfig(vocab_size=32000, hidden_size=d, num_hidden_layers=layers,
+                                          num_attention_heads=d // 64, intermediate_size=4 * d,
+                                          max_position_embeddings=seq, attn_implementation="sdpa")
+            model = transformers.BertForMaskedLM(cfg).to(dev)
+        if ckpt:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step_fn(k):
+            tok = torch.randint(0, 32000, (batch, seq), generator=g(k), device=dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                if name == "hf_gpt2":
+                    return model(input_ids=tok, labels=tok).loss
+                masked = torch.rand(batch, seq, generator=g(k), device=dev) < 0.15
+                labels = torch.where(masked, tok, torch.full_like(tok, -100))
+                return model(input_ids=torch.where(masked, torch.full_like(tok, 4), tok), labels=labels).loss
+        return model, opt, step_fn
+    if name == "vit":
+        import torchvision
+        batch = {"small": 32, "large": 128}[scale]
+        model = torchvision.models.vit_b_16(num_classes=1000).to(dev)
+        if ckpt:
+            model.encoder.layers = nn.Sequential(*[Checkpointed(blk) for blk in model.encoder.layers])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step_fn(k):
+            x = torch.randn(batch, 3, 224, 224, generator=g(k), device=dev)
+            y = torch.randint(0, 1000, (batch,), generator=g(k), device=dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return F.cross_entropy(model(x), y)
+        return model, opt, step_fn
+    if name == "gru_amp":
+        vocab, d, batch, seq = {"small": (8000, 512, 32, 256), "large": (32000, 1536, 64, 512)}[scale]
+
+        class GruLM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(vocab, d)
+                self.rnn = nn.GRU(d, d, num_layers=2, batch_first=True)
+                self.head = nn.Linear(d, vocab)
+
+            def forward(self, x):
+                return self.head(self.rnn(self.emb(x))[0])
+        model = GruLM().to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cuda")
+
+        def step_fn(k):
+            tok = torch.randint(0, vocab, (batch, seq + 1), generator=g(k), device=dev)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = F.cross_entropy(model(tok[:, :-1]).reshape(-1, vocab).float(), tok[:, 1:].reshape(-1))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+        return model, None, step_fn
     if name == "graphed_mlp":
         d, depth, batch = {"small": (2048, 8, 4096), "large": (4096, 12, 16384)}[scale]
         model = nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.LayerNorm(d))
