@@ -33,8 +33,11 @@ const char* cu_error_name(int result) noexcept {
 // every step must not flood the terminal. CUDA_ERROR_DEINITIALIZED only at debug: the driver is
 // going away with the process, and the worker's last polls at exit meet it (15-27 warnings a run
 // on the H200 before). Never throws: it runs inside the hooks.
+void note_capture_error(int result);
+
 bool cu_ok(int result, const char* fn) noexcept {
   if (result == CUDA_SUCCESS) return true;
+  note_capture_error(result);
   constexpr uint64_t kLoudFailures = 32;
   static std::atomic<uint64_t> failures{0};
   try {
@@ -50,6 +53,50 @@ bool cu_ok(int result, const char* fn) noexcept {
   }
   return false;
 }
+
+// Graph captures. In global mode (torch.cuda.graph's default) a capture forbids "potentially
+// unsafe" calls (event queries, pool attributes, ...) on every thread of the process, and one such
+// call invalidates it (on the H200 the capture then failed at its end). Ours never touch a
+// capturing stream, so once a capture has been seen they are made in relaxed mode, as PyTorch's
+// allocator makes its own; the shim's worker thread, which never captures, is relaxed for good.
+std::atomic<bool> g_capture_seen{false};
+thread_local bool tl_relaxed_for_good = false;
+using ExchangeMode = CUresult (*)(CUstreamCaptureMode*);
+
+ExchangeMode exchange_mode() {
+  static std::atomic<ExchangeMode> fn{nullptr};
+  if (ExchangeMode f = fn.load(std::memory_order_acquire)) return f;
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) return nullptr;  // not loaded yet: no capture either
+  auto f = reinterpret_cast<ExchangeMode>(hooks::real_dlsym(h, "cuThreadExchangeStreamCaptureMode"));
+  dlclose(h);
+  fn.store(f, std::memory_order_release);
+  return f;
+}
+
+void note_capture_error(int result) {
+  if (result == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || result == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
+      result == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || result == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
+    g_capture_seen.store(true, std::memory_order_relaxed);
+}
+
+// For the scope of one of our calls: relaxed capture mode on this thread, the old mode after.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() {
+    if (tl_relaxed_for_good || !g_capture_seen.load(std::memory_order_relaxed)) return;
+    if (ExchangeMode f = exchange_mode()) active_ = f(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCapture() {
+    if (active_) exchange_mode()(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool active_ = false;
+};
 
 // A query's answer: 1 done, 0 not yet (CUDA_ERROR_NOT_READY, an answer, not logged), -1 failed.
 int cu_query(int result, const char* fn) noexcept {
@@ -149,6 +196,7 @@ const CudaDriver::EventApi* CudaDriver::events() {
 }
 
 uint64_t CudaDriver::record_marker(Stream s) {
+  RelaxedCapture relaxed;
   const EventApi* a = events();
   if (!a) return 0;
   void* ctx = nullptr;
@@ -163,6 +211,7 @@ uint64_t CudaDriver::record_marker(Stream s) {
 }
 
 int64_t CudaDriver::marker_elapsed_ns(uint64_t from, uint64_t to) {
+  RelaxedCapture relaxed;
   const EventApi* a = events();
   if (!a || !from || !to) return -1;
   auto* f = reinterpret_cast<MarkerRec*>(from);
@@ -180,6 +229,7 @@ int64_t CudaDriver::marker_elapsed_ns(uint64_t from, uint64_t to) {
 }
 
 void CudaDriver::release_marker(uint64_t m) {
+  RelaxedCapture relaxed;
   const EventApi* a = events();
   if (!a || !m) return;
   auto* r = reinterpret_cast<MarkerRec*>(m);
@@ -195,6 +245,7 @@ void CudaDriver::release_marker(uint64_t m) {
 
 namespace offload {
 bool CudaDriver::pin_host(void* p, uint64_t bytes) {
+  RelaxedCapture relaxed;
   const EventApi* a = events();
   void* ctx = ctx_.load(std::memory_order_relaxed);
   if (!a || !a->host_register || !ctx || !cu_ok(a->push_ctx(ctx), "cuCtxPushCurrent_v2")) return false;
@@ -288,7 +339,7 @@ const ExecApi* exec_api() {
 // thread keeps its own. False when neither is to be had.
 class CtxScope {
  public:
-  CtxScope(const ExecApi* a, void* ctx) : a_(a) {
+  CtxScope(const ExecApi* a, void* ctx) : a_(a) {  // relaxed_ first: the context calls are ours too
     if (!a) return;
     CUcontext cur = nullptr;
     if (cu_ok(a->get_ctx(&cur), "cuCtxGetCurrent") && cur) {
@@ -306,6 +357,7 @@ class CtxScope {
   explicit operator bool() const { return ok_; }
 
  private:
+  RelaxedCapture relaxed_;
   const ExecApi* a_;
   bool ok_ = false, pushed_ = false;
 };
@@ -421,6 +473,7 @@ CUmemoryPool default_pool(int dev, const PoolApi** api) {
 }
 
 uint64_t default_pool_attribute(int dev, CUmemPool_attribute what) {
+  RelaxedCapture relaxed;
   const PoolApi* api = nullptr;
   CUmemoryPool pool = default_pool(dev, &api);
   cuuint64_t v = 0;
@@ -436,6 +489,7 @@ uint64_t CudaDriver::pool_reserved_current() {
 }
 
 bool CudaDriver::pool_trim(uint64_t keep) {
+  RelaxedCapture relaxed;
   const PoolApi* api = nullptr;
   CUmemoryPool pool = default_pool(device(), &api);
   return pool && cu_ok(api->trim(pool, keep), "cuMemPoolTrimTo");
@@ -605,7 +659,16 @@ int CudaDriver::stream_capturing(Stream s) {
   if (!scope || !a->is_capturing) return -1;
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   if (a->is_capturing(as_stream(s), &st) != CUDA_SUCCESS) return -1;  // e.g. legacy stream in a global capture
-  return st == CU_STREAM_CAPTURE_STATUS_NONE ? 0 : 1;
+  if (st == CU_STREAM_CAPTURE_STATUS_NONE) return 0;
+  g_capture_seen.store(true, std::memory_order_relaxed);
+  return 1;
+}
+
+void CudaDriver::relax_capture_checks_on_this_thread() {
+  if (tl_relaxed_for_good) return;
+  ExchangeMode f = exchange_mode();
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  tl_relaxed_for_good = f && f(&mode) == CUDA_SUCCESS;
 }
 
 uint64_t CudaDriver::current_context() {

@@ -146,6 +146,7 @@ void Runtime::worker() {
       wake_.wait_for(lock, std::chrono::milliseconds(20));
     }
     if (stop_.load(std::memory_order_relaxed) || g_pass_through.load(std::memory_order_relaxed)) break;
+    CudaDriver::relax_capture_checks_on_this_thread();
     pump(false);
   }
   worker_done_.store(true, std::memory_order_release);

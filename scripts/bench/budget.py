@@ -19,7 +19,7 @@ Workload families (seeded, nothing downloaded):
   lstm          a 3-layer cuDNN LSTM language model, Adam
   embed_cat     an embedding bag of many tables joined by a many-input torch.cat, foreach Adam
   compiled_mlp  a torch.compile'd MLP, AdamW
-  graphed_mlp   an MLP whose whole step (forward, backward, capturable Adam) is captured once
+  graphed_mlp   an MLP whose whole step (zeroing the gradients, forward, backward, capturable Adam) is captured once
                 into a CUDA graph with torch.cuda.graph after three warm-up steps on a side
                 stream, as PyTorch's documentation shows, and replayed every step
   hf_gpt2       a GPT-2 built from a transformers GPT2Config (fp32 weights, bf16 autocast, AdamW)
@@ -38,6 +38,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 
 import torch
 import torch.nn as nn
@@ -306,21 +307,20 @@ def build(name, seed, scale, ckpt=False):
         opt = torch.optim.Adam(model.parameters(), lr=1e-4, capturable=True)
         static_x = torch.zeros(batch, d, device=dev)
 
-        def whole_step():
+        def whole_step():  # the gradients live across steps, zeroed in the graph (not the graph's memory)
+            opt.zero_grad(set_to_none=False)
             loss = model(static_x).float().pow(2).mean()
             loss.backward()
             opt.step()
             return loss
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: the optimizer's state exists before the capture
+        with torch.cuda.stream(side):  # warm-up: the gradients and the optimizer's state exist before the capture
             for k in range(3):
                 static_x.copy_(torch.randn(batch, d, generator=g(10_000 + k), device=dev))
-                opt.zero_grad(set_to_none=True)
                 whole_step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        opt.zero_grad(set_to_none=True)  # the gradients are the graph's memory
         with torch.cuda.graph(graph):
             static_loss = whole_step()
 
@@ -471,6 +471,7 @@ def main():
     except Exception as e:  # an out-of-memory is a result here, not a crash
         res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         log("error:", res["error"])
+        traceback.print_exc()
     sampler.stop = True
     res["offload"] = offload_stats()
     shim = offload_stats(None)

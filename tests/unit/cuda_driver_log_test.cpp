@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "common/log.h"
 #include "cuda_driver.h"
@@ -63,6 +64,50 @@ TEST(CudaDriverLog, FailuresPastTheFirst32AreLoggedAtDebugLevel) {
   };
   EXPECT_EXIT(run(), ::testing::ExitedWithCode(0),
               "^(" + line("warning", kReserveFailed) + "){32}" + line("debug", kReserveFailed) + "$");
+}
+
+// While another thread captures a graph in global mode, the driver refuses an event query (and
+// would invalidate that capture). Once the shim has seen a capture, its calls are made in relaxed
+// mode and the thread's own mode is put back after each; the shim's worker is relaxed for good.
+TEST(CudaDriverLog, OnceACaptureIsSeenTheShimsCallsAreMadeInRelaxedMode) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto run = [] {
+    FailFn fail = load_fake_driver();
+    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    auto capture = reinterpret_cast<void (*)(int)>(hooks::real_dlsym(lib, "offload_fake_capture"));
+    auto mode = reinterpret_cast<int (*)()>(hooks::real_dlsym(lib, "offload_fake_capture_mode"));
+    if (!capture || !mode) std::_Exit(2);
+    fail(nullptr, 0);
+    CudaDriver d;
+    capture(1);
+    if (d.stream_capturing(0x20) != 1) std::_Exit(3);  // the shim sees a capture
+    if (d.event_query(0x10) != 1) std::_Exit(4);        // relaxed: not refused
+    if (mode() != 0) std::_Exit(5);                     // the thread's global mode is back
+    std::thread worker([&] {
+      CudaDriver::relax_capture_checks_on_this_thread();
+      std::_Exit(mode() == 2 && d.event_query(0x10) == 1 && mode() == 2 ? 0 : 6);
+    });
+    worker.join();
+  };
+  EXPECT_EXIT(run(), ::testing::ExitedWithCode(0), "^$");
+}
+
+// Before the shim has seen one, the driver's refusal is logged, and from then on it is relaxed.
+TEST(CudaDriverLog, ACallRefusedForACaptureMakesTheNextOnesRelaxed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto run = [] {
+    FailFn fail = load_fake_driver();
+    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    auto capture = reinterpret_cast<void (*)(int)>(hooks::real_dlsym(lib, "offload_fake_capture"));
+    if (!capture) std::_Exit(2);
+    fail(nullptr, 0);
+    CudaDriver d;
+    capture(1);
+    if (d.event_query(0x10) != -1) std::_Exit(3);
+    if (d.event_query(0x10) != 1) std::_Exit(4);
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(run(), ::testing::ExitedWithCode(0), "^" + line("warning", "cuEventQuery failed: CUresult 900") + "$");
 }
 
 }  // namespace

@@ -38,6 +38,30 @@ FAKE_EXPORT int cuGetErrorName(int result, const char** name) {
   return *name || result == 0 ? 0 : 1;
 }
 
+// Graph capture as the driver's global mode has it: while another thread captures (set by
+// offload_fake_capture), an event query is refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) unless
+// the calling thread's capture mode is relaxed (2).
+namespace {
+int g_capturing = 0;
+thread_local int t_mode = 0;  // CU_STREAM_CAPTURE_MODE_GLOBAL
+}  // namespace
+FAKE_EXPORT void offload_fake_capture(int on) { g_capturing = on; }
+FAKE_EXPORT int offload_fake_capture_mode() { return t_mode; }
+FAKE_EXPORT int cuThreadExchangeStreamCaptureMode(int* mode) {
+  const int old = t_mode;
+  t_mode = *mode;
+  *mode = old;
+  return 0;
+}
+FAKE_EXPORT int cuStreamIsCapturing(void*, int* status) {
+  *status = g_capturing;
+  return answer("cuStreamIsCapturing");
+}
+FAKE_EXPORT int cuEventQuery(void*) {
+  if (g_capturing && t_mode != 2) return 900;
+  return answer("cuEventQuery");
+}
+
 #define FAKE(fn, ...) \
   FAKE_EXPORT int fn(__VA_ARGS__) { return answer(#fn); }
 FAKE(cuCtxPushCurrent_v2, void*)
@@ -58,8 +82,6 @@ FAKE(cuEventDestroy_v2, void*)
 FAKE(cuEventRecord, void*, void*)
 FAKE(cuStreamWaitEvent, void*, void*, unsigned)
 FAKE(cuStreamQuery, void*)
-FAKE(cuStreamIsCapturing, void*, int*)
-FAKE(cuEventQuery, void*)
 FAKE(cuEventSynchronize, void*)
 FAKE(cuMemcpyDtoHAsync_v2, void*, unsigned long long, size_t, void*)
 FAKE(cuMemcpyHtoDAsync_v2, unsigned long long, const void*, size_t, void*)
