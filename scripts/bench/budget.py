@@ -321,8 +321,11 @@ def build(name, seed, scale, ckpt=False):
                 whole_step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
+        grads_before = [p.grad.data_ptr() for p in model.parameters()]
         with torch.cuda.graph(graph):
             static_loss = whole_step()
+        moved = sum(p.grad.data_ptr() != b for p, b in zip(model.parameters(), grads_before))
+        log(f"graphed_mlp: the capture gave {moved} of {len(grads_before)} gradients new memory")
 
         def step_fn(k):
             static_x.copy_(torch.randn(batch, d, generator=g(k), device=dev))
@@ -478,7 +481,8 @@ def main():
     if shim and "counters" in shim:  # not in pass-through (OFFLOAD_DISABLE=1)
         c = shim["counters"]
         res["shim_mode"] = {"observe": shim.get("observe"), "telemetry": shim.get("telemetry"),
-                            "scanned": c["kernels"], "unscanned": c.get("unscanned_launches"), "allocs": c.get("allocs")}
+                            "scanned": c["kernels"], "unscanned": c.get("unscanned_launches"), "allocs": c.get("allocs"),
+                            "graph_launches": c.get("graph_launches")}
     res["samples"] = sampler.samples
     res["peak_rise"] = max(res["step_peak_rise"], default=0)
     with open(a.out, "w") as f:
