@@ -148,7 +148,15 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (o_.fault != Options::Fault::IgnoreCapture && d_.stream_capturing(s) == 1) {
     tl_captured = true;
     std::lock_guard<std::mutex> lk(mu_);
-    ++st_.captured_launches;
+    if (!st_.captured_launches++) first_captured_ = launch_no;
+    // Ranges a captured launch touches that were born during the capture: a capture's allocation
+    // that did not go to the allocator (its stream said it was not capturing).
+    for (size_t i = n; i-- > 0 && acc[i] >= kRangeIdBit;)
+      if (is_range_id(acc[i]) && range_slot(acc[i]) < slots_.size()) {
+        const Range& r = slots_[range_slot(acc[i])];
+        if (r.live && r.birth >= first_captured_) ++st_.captured_touch_new;
+        if (r.live && r.state != State::Resident) ++st_.captured_touch_out;
+      }
     return;
   }
   Busy busy(busy_ns_);

@@ -149,6 +149,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t period = 0;                     // launches per step, once known
     uint64_t periods_refused = 0;            // step lengths that left most live bytes untouched
     uint64_t captured_launches = 0;          // recorded into a CUDA graph: nothing moved for them
+    uint64_t captured_touch_new = 0;         // their touches of ranges born during a capture
+    uint64_t captured_touch_out = 0;         // their touches of ranges not resident then
   };
 
   Residency(Driver& d, HostStore& host, Options o);
@@ -403,6 +405,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   Namer namer_ = nullptr;
   void* namer_ctx_ = nullptr;
   std::atomic<bool> any_{false};  // a range exists: launches must be looked at
+  uint64_t first_captured_ = 0;   // the first launch recorded into a graph
   std::atomic<uint64_t> busy_ns_{0};
   // Adds the time from its making to its end to busy_ns_ (made before the lock: waiting for it counts).
   struct Busy {
