@@ -153,9 +153,10 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     // that did not go to the allocator (its stream said it was not capturing).
     for (size_t i = n; i-- > 0 && acc[i] >= kRangeIdBit;)
       if (is_range_id(acc[i]) && range_slot(acc[i]) < slots_.size()) {
-        const Range& r = slots_[range_slot(acc[i])];
+        Range& r = slots_[range_slot(acc[i])];
         if (r.live && r.birth >= first_captured_) ++st_.captured_touch_new;
         if (r.live && r.state != State::Resident) ++st_.captured_touch_out;
+        r.in_graph = r.live;
       }
     return;
   }

@@ -402,6 +402,16 @@ bool Residency::free(DevPtr p, Stream s) {
   const uint32_t slot = it->second;
   Range& r = slots_[slot];
   if (!r.live) return true;  // a second free of a freed range: nothing to forward
+  // A graph's replays may still touch it (PyTorch's private pool keeps a graph's memory for the
+  // graph's life too): it stays live, its address never reused; every replay makes it resident.
+  if (r.in_graph) {
+    if (!r.graph_freed) {
+      r.graph_freed = true;
+      ++st_.graph_held;
+      st_.graph_held_bytes += r.bytes;
+    }
+    return true;
+  }
   r.live = false;
   note_death(r);
   --st_.ranges;

@@ -151,6 +151,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t captured_launches = 0;          // recorded into a CUDA graph: nothing moved for them
     uint64_t captured_touch_new = 0;         // their touches of ranges born during a capture
     uint64_t captured_touch_out = 0;         // their touches of ranges not resident then
+    uint64_t graph_held = 0, graph_held_bytes = 0;  // frees of ranges a graph touches, kept live
   };
 
   Residency(Driver& d, HostStore& host, Options o);
@@ -260,6 +261,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t uses[kUses] = {};  // the last launches that touched it
     uint8_t nuses = 0, upos = 0;
     bool prefetched = false;    // reloaded ahead and not yet touched
+    bool in_graph = false;      // a launch recorded into a CUDA graph touched it: never freed
+    bool graph_freed = false;   // and the application has freed it
     // Its life in the step: born at launch `birth`; `key` names its place of birth (phase in
     // the step, order among the allocations at that launch, size) once the period is known;
     // `life` the launches after birth that touched it; `pred` what the range born at the same

@@ -291,6 +291,41 @@ TEST(Residency, ALaunchCapturedIntoAGraphMovesNothingAndTheGraphsLaunchReloads) 
   EXPECT_EQ(bad.captured, 0u);
 }
 
+// A range a captured launch touched and the application then freed: the graph's replays still
+// write it (PyTorch's own pool keeps a graph's memory for the graph's life), so its address is
+// never given to another allocation, and each replay makes it resident.
+TEST(Residency, ARangeAGraphTouchesIsKeptAfterItsFree) {
+  CapRig r(2 * kGran);
+  const DevPtr x = r.alloc(kGran, kA);
+  r.kernel(kA, {x}, fill(x, kGran, 1));
+  r.join(kA, kC);
+  r.sim.begin_capture(kC);
+  r.kernel(kC, {x}, fill(x, kGran, 9));  // the graph writes x at every replay
+  const uint64_t graph = r.sim.end_capture(kC);
+  r.free(x, kA);
+  const DevPtr y = r.alloc(kGran, kA);
+  ASSERT_NE(y, 0u) << r.res.error();
+  EXPECT_NE(y, x);
+  r.kernel(kA, {y}, fill(y, kGran, 2));
+  const DevPtr z = r.alloc(kGran, kA);  // x, kept, goes out to make room
+  ASSERT_NE(z, 0u) << r.res.error();
+  r.kernel(kA, {z}, fill(z, kGran, 3));
+  r.free(z, kA);
+  r.join(kA, kC);
+  r.tr.on_graph(kC);
+  ASSERT_FALSE(Residency::take_refusal()) << r.res.error();
+  r.sim.launch_graph(kC, graph);
+  r.res.after_launch();
+  r.join(kC, kA);
+  uint64_t got_y = 0;
+  r.kernel(kA, {y}, [&] { got_y = hash(y, kGran); });
+  r.sim.run_all();
+  EXPECT_EQ(got_y, filled_hash(2));
+  EXPECT_EQ(hash(x, kGran), filled_hash(9));
+  EXPECT_EQ(r.res.stats().graph_held, 1u);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 // A capture longer than a stream's ring of events: evicting a range touched on that stream before
 // the capture still waits for an event recorded before it. Had the captured launches recorded
 // their events, every event of the ring would belong to the capture, and the copy stream waiting
