@@ -9,6 +9,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "capture_mode.h"
 #include "common/log.h"
 #include "hooks/hook_table.h"
 #include "nvtx_marks.h"
@@ -33,8 +34,6 @@ const char* cu_error_name(int result) noexcept {
 // every step must not flood the terminal. CUDA_ERROR_DEINITIALIZED only at debug: the driver is
 // going away with the process, and the worker's last polls at exit meet it (15-27 warnings a run
 // on the H200 before). Never throws: it runs inside the hooks.
-void note_capture_error(int result);
-
 bool cu_ok(int result, const char* fn) noexcept {
   if (result == CUDA_SUCCESS) return true;
   note_capture_error(result);
@@ -53,50 +52,6 @@ bool cu_ok(int result, const char* fn) noexcept {
   }
   return false;
 }
-
-// Graph captures. In global mode (torch.cuda.graph's default) a capture forbids "potentially
-// unsafe" calls (event queries, pool attributes, ...) on every thread of the process, and one such
-// call invalidates it (on the H200 the capture then failed at its end). Ours never touch a
-// capturing stream, so once a capture has been seen they are made in relaxed mode, as PyTorch's
-// allocator makes its own; the shim's worker thread, which never captures, is relaxed for good.
-std::atomic<bool> g_capture_seen{false};
-thread_local bool tl_relaxed_for_good = false;
-using ExchangeMode = CUresult (*)(CUstreamCaptureMode*);
-
-ExchangeMode exchange_mode() {
-  static std::atomic<ExchangeMode> fn{nullptr};
-  if (ExchangeMode f = fn.load(std::memory_order_acquire)) return f;
-  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  if (!h) return nullptr;  // not loaded yet: no capture either
-  auto f = reinterpret_cast<ExchangeMode>(hooks::real_dlsym(h, "cuThreadExchangeStreamCaptureMode"));
-  dlclose(h);
-  fn.store(f, std::memory_order_release);
-  return f;
-}
-
-void note_capture_error(int result) {
-  if (result == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || result == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
-      result == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || result == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
-    g_capture_seen.store(true, std::memory_order_relaxed);
-}
-
-// For the scope of one of our calls: relaxed capture mode on this thread, the old mode after.
-class RelaxedCapture {
- public:
-  RelaxedCapture() {
-    if (tl_relaxed_for_good || !g_capture_seen.load(std::memory_order_relaxed)) return;
-    if (ExchangeMode f = exchange_mode()) active_ = f(&mode_) == CUDA_SUCCESS;
-  }
-  ~RelaxedCapture() {
-    if (active_) exchange_mode()(&mode_);
-  }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
-  bool active_ = false;
-};
 
 // A query's answer: 1 done, 0 not yet (CUDA_ERROR_NOT_READY, an answer, not logged), -1 failed.
 int cu_query(int result, const char* fn) noexcept {
@@ -660,16 +615,11 @@ int CudaDriver::stream_capturing(Stream s) {
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   if (a->is_capturing(as_stream(s), &st) != CUDA_SUCCESS) return -1;  // e.g. legacy stream in a global capture
   if (st == CU_STREAM_CAPTURE_STATUS_NONE) return 0;
-  g_capture_seen.store(true, std::memory_order_relaxed);
+  note_capture_seen();
   return 1;
 }
 
-void CudaDriver::relax_capture_checks_on_this_thread() {
-  if (tl_relaxed_for_good) return;
-  ExchangeMode f = exchange_mode();
-  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  tl_relaxed_for_good = f && f(&mode) == CUDA_SUCCESS;
-}
+void CudaDriver::relax_capture_checks_on_this_thread() { relax_capture_checks_for_good(); }
 
 uint64_t CudaDriver::current_context() {
   const ExecApi* a = exec_api();
