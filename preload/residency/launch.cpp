@@ -148,7 +148,12 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (o_.fault != Options::Fault::IgnoreCapture && d_.stream_capturing(s) == 1) {
     tl_captured = true;
     std::lock_guard<std::mutex> lk(mu_);
-    if (!st_.captured_launches++) first_captured_ = launch_no;
+    if (!st_.captured_launches++) {
+      first_captured_ = launch_no;
+      log().info("a CUDA graph is being captured: nothing is moved for its launches, and each replay makes every "
+                 "live range resident first ({:.2f} GiB now, device budget {:.2f} GiB)",
+                 st_.live_bytes / kGiB, o_.budget / kGiB);
+    }
     // Ranges a captured launch touches that were born during the capture: a capture's allocation
     // that did not go to the allocator (its stream said it was not capturing).
     for (size_t i = n; i-- > 0 && acc[i] >= kRangeIdBit;)
