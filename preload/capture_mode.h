@@ -22,7 +22,8 @@ constexpr int kRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED (checked in captu
 inline void note_capture_seen() { capture_detail::seen.store(true, std::memory_order_relaxed); }
 // A driver result that says a capture refused the call.
 void note_capture_error(int result);
-// This thread's calls are relaxed from now on (a thread of the shim's own).
+// This thread's calls are relaxed from now on (a thread of the shim's own, which never captures);
+// a no-op until libcuda is loaded, so it is called again until it takes.
 void relax_capture_checks_for_good();
 
 // For the scope of one of the shim's calls: relaxed capture mode on this thread once a capture

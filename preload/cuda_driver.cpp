@@ -619,8 +619,6 @@ int CudaDriver::stream_capturing(Stream s) {
   return 1;
 }
 
-void CudaDriver::relax_capture_checks_on_this_thread() { relax_capture_checks_for_good(); }
-
 uint64_t CudaDriver::current_context() {
   const ExecApi* a = exec_api();
   CUcontext c = nullptr;

@@ -33,10 +33,6 @@ class CudaDriver final : public Driver {
   bool synchronize() override;
   int stream_query(Stream s) override;
   int stream_capturing(Stream s) override;
-  // For a thread of the shim's own, which never captures a graph: its driver calls are never
-  // checked against another thread's capture (they never touch a capturing stream). Retried
-  // until libcuda is loaded.
-  static void relax_capture_checks_on_this_thread();
   uint64_t current_context() override;
   // The device of the first context seen (-1 until one is known); cached, as are its fixed
   // properties.

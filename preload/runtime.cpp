@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "capture_mode.h"
 #include "common/files.h"
 #include "common/json_writer.h"
 #include "common/log.h"
@@ -146,7 +147,7 @@ void Runtime::worker() {
       wake_.wait_for(lock, std::chrono::milliseconds(20));
     }
     if (stop_.load(std::memory_order_relaxed) || g_pass_through.load(std::memory_order_relaxed)) break;
-    CudaDriver::relax_capture_checks_on_this_thread();
+    relax_capture_checks_for_good();  // a thread of ours: never captures (retried until libcuda is loaded)
     pump(false);
   }
   worker_done_.store(true, std::memory_order_release);

@@ -128,6 +128,20 @@ def managed_allocator(workdir):
 
 # ------------------------------------------------------------------------------ workloads
 
+class RecurrentLM(nn.Module):
+    """Embedding, the recurrent layers `make_rnn()` builds, and a head over the vocabulary (made in
+    that order: the seeded initialisation is the same as the families had before)."""
+
+    def __init__(self, vocab, d, make_rnn):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.rnn = make_rnn()
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, x):
+        return self.head(self.rnn(self.emb(x))[0])
+
+
 class Checkpointed(nn.Module):
     """`inner` under non-reentrant activation checkpointing."""
 
@@ -185,17 +199,7 @@ def build(name, seed, scale, ckpt=False):
         return model, opt, step_fn
     if name == "lstm":
         vocab, d, batch, seq = {"small": (8000, 512, 32, 256), "large": (32000, 1536, 64, 512)}[scale]
-
-        class LM(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.emb = nn.Embedding(vocab, d)
-                self.rnn = nn.LSTM(d, d, num_layers=3, batch_first=True)
-                self.head = nn.Linear(d, vocab)
-
-            def forward(self, x):
-                return self.head(self.rnn(self.emb(x))[0])
-        model = LM().to(dev)
+        model = RecurrentLM(vocab, d, lambda: nn.LSTM(d, d, num_layers=3, batch_first=True)).to(dev)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
         def step_fn(k):
@@ -276,17 +280,7 @@ def build(name, seed, scale, ckpt=False):
         return model, opt, step_fn
     if name == "gru_amp":
         vocab, d, batch, seq = {"small": (8000, 512, 32, 256), "large": (32000, 1536, 64, 512)}[scale]
-
-        class GruLM(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.emb = nn.Embedding(vocab, d)
-                self.rnn = nn.GRU(d, d, num_layers=2, batch_first=True)
-                self.head = nn.Linear(d, vocab)
-
-            def forward(self, x):
-                return self.head(self.rnn(self.emb(x))[0])
-        model = GruLM().to(dev)
+        model = RecurrentLM(vocab, d, lambda: nn.GRU(d, d, num_layers=2, batch_first=True)).to(dev)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         scaler = torch.amp.GradScaler("cuda")
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "capture_mode.h"
 #include "cuda_driver.h"
 #include "hooks/hook_table.h"
 
@@ -23,6 +24,15 @@ FailFn load_fake_driver() {
   auto fail = lib ? reinterpret_cast<FailFn>(hooks::real_dlsym(lib, "offload_fake_fail")) : nullptr;
   if (!fail || dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD) != lib) std::_Exit(2);
   return fail;
+}
+
+// One of the fake driver's knobs by name (the fake is loaded): exits with 2 when it lacks it.
+template <class Fn>
+Fn fake_knob(const char* name) {
+  void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  auto fn = lib ? reinterpret_cast<Fn>(hooks::real_dlsym(lib, name)) : nullptr;
+  if (!fn) std::_Exit(2);
+  return fn;
 }
 
 std::string line(const char* level, const std::string& text) {
@@ -73,10 +83,8 @@ TEST(CudaDriverLog, OnceACaptureIsSeenTheShimsCallsAreMadeInRelaxedMode) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto run = [] {
     FailFn fail = load_fake_driver();
-    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    auto capture = reinterpret_cast<void (*)(int)>(hooks::real_dlsym(lib, "offload_fake_capture"));
-    auto mode = reinterpret_cast<int (*)()>(hooks::real_dlsym(lib, "offload_fake_capture_mode"));
-    if (!capture || !mode) std::_Exit(2);
+    auto capture = fake_knob<void (*)(int)>("offload_fake_capture");
+    auto mode = fake_knob<int (*)()>("offload_fake_capture_mode");
     fail(nullptr, 0);
     CudaDriver d;
     capture(1);
@@ -84,7 +92,7 @@ TEST(CudaDriverLog, OnceACaptureIsSeenTheShimsCallsAreMadeInRelaxedMode) {
     if (d.event_query(0x10) != 1) std::_Exit(4);        // relaxed: not refused
     if (mode() != 0) std::_Exit(5);                     // the thread's global mode is back
     std::thread worker([&] {
-      CudaDriver::relax_capture_checks_on_this_thread();
+      relax_capture_checks_for_good();
       std::_Exit(mode() == 2 && d.event_query(0x10) == 1 && mode() == 2 ? 0 : 6);
     });
     worker.join();
@@ -97,9 +105,7 @@ TEST(CudaDriverLog, ACallRefusedForACaptureMakesTheNextOnesRelaxed) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto run = [] {
     FailFn fail = load_fake_driver();
-    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    auto capture = reinterpret_cast<void (*)(int)>(hooks::real_dlsym(lib, "offload_fake_capture"));
-    if (!capture) std::_Exit(2);
+    auto capture = fake_knob<void (*)(int)>("offload_fake_capture");
     fail(nullptr, 0);
     CudaDriver d;
     capture(1);
