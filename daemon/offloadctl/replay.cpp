@@ -385,6 +385,8 @@ void print_json(const std::string& path, const StepTrace& rec, const CapReplayOp
       .field("prefetch_wasted", st.prefetch_wasted).field("maps", st.maps).field("unmaps", st.unmaps)
       .field("created", st.created).field("released", st.released).field("waits", st.waits)
       .field("bytes_out", unscaled(st.bytes_out)).field("bytes_in", unscaled(st.bytes_in))
+      .field("freed_out", st.freed_out).field("freed_out_bytes", unscaled(st.freed_out_bytes))
+      .field("alloc_maps", st.alloc_maps).field("refits", st.refits).field("allocs", st.allocs)
       .field("period", st.period).end();
   w.field("vmm_misuses", c.vmm_misuses).field("matching_steps", c.matching_steps)
       .field("steps_replayed", c.steps_replayed).field("launches_verified", c.launches_verified)
@@ -418,6 +420,7 @@ int cmd_replay_cap(const std::string& path, int steps, double fraction, uint32_t
   for (const std::string& e : errors) fprintf(stderr, "offloadctl replay: %s\n", e.c_str());
   if (!errors.empty()) return 2;
   apply_cap_policy(st, &o.policy);
+  o.policy.min_bytes = st.cap_min;  // scaled with the sizes by the replay
   o.repeats = steps ? steps : 6;
   o.budget_fraction = fraction;
   o.size_divisor = divisor;

@@ -28,7 +28,7 @@ uint64_t HostStore::mem_available() {
   return kib << 10;
 }
 
-HostStore::HostStore(Driver& d, Options o) : d_(d), o_(o) {
+HostStore::HostStore(Driver& d, Options o, ChunkSource* source) : d_(d), o_(o), source_(source) {
   if (o_.chunk_bytes == 0) o_.chunk_bytes = 256ull << 20;
   if (o_.pin_piece == 0) o_.pin_piece = 1ull << 30;
   o_.chunk_bytes = round_up(o_.chunk_bytes, kSlotAlign);
@@ -38,7 +38,8 @@ HostStore::HostStore(Driver& d, Options o) : d_(d), o_(o) {
 HostStore::~HostStore() {
   // The pinned registrations go with the mappings: the driver drops a registration whose
   // pages are unmapped when the process ends, and a store outlives every copy into it.
-  for (const Chunk& c : chunks_) munmap(c.base, c.bytes);
+  for (const Chunk& c : chunks_)
+    if (!c.lent) munmap(c.base, c.bytes);
 }
 
 void* HostStore::take(uint64_t bytes) {
@@ -51,12 +52,13 @@ void* HostStore::take(uint64_t bytes) {
     ++st_.refused;
     return nullptr;
   }
-  unsigned char* base = map_chunk(size);
+  bool lent = false;
+  unsigned char* base = map_chunk(size, &lent);
   if (!base) {
     ++st_.refused;
     return nullptr;
   }
-  add_chunk(base, size);
+  add_chunk(base, size, lent);
   if (bytes > o_.pin_piece) {  // its own chunk, whole
     chunks_.back().used = size;
     note_taken(bytes);
@@ -91,24 +93,35 @@ void HostStore::note_taken(uint64_t bytes) {
   st_.peak_in_use = std::max(st_.peak_in_use, st_.in_use);
 }
 
-unsigned char* HostStore::map_chunk(uint64_t size) {
+unsigned char* HostStore::map_chunk(uint64_t size, bool* lent) {
+  if (source_)
+    if (void* p = source_->take(size)) {
+      *lent = true;
+      pin(static_cast<unsigned char*>(p), size);
+      return static_cast<unsigned char*>(p);
+    }
   void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return nullptr;
   auto* base = static_cast<unsigned char*>(m);
   // Pinning faults the pages in itself: on the H200's host that made memory ready in about 340
   // ms/GiB, against 350-510 faulted in first (MAP_POPULATE) and then pinned, and transparent
-  // huge pages were slower still (scripts/gpu/pin_probe.cpp; docs/results.md). A chunk that
-  // could not be pinned is faulted in by its first copy, as pageable memory.
+  // huge pages were slower still (scripts/gpu/pin_probe.cpp; docs/results.md).
+  pin(base, size);
+  return base;
+}
+
+// A chunk that could not be pinned is faulted in by its first copy, as pageable memory.
+void HostStore::pin(unsigned char* base, uint64_t size) {
   const int64_t t0 = mono_ns();
   for (uint64_t off = 0; off < size; off += o_.pin_piece)
     if (!d_.pin_host(base + off, std::min(o_.pin_piece, size - off))) ++st_.pin_failures;
   st_.pin_ns += mono_ns() - t0;
-  return base;
 }
 
-void HostStore::add_chunk(unsigned char* base, uint64_t size) {
-  chunks_.push_back({base, size, 0});
+void HostStore::add_chunk(unsigned char* base, uint64_t size, bool lent) {
+  chunks_.push_back({base, size, 0, lent});
   st_.mapped += size;
+  if (lent) st_.lent += size;
   ++st_.chunks;
 }
 

@@ -114,7 +114,8 @@ CapReplay replay_under_cap(const StepTrace& rec, const CapReplayOptions& o) {
 
   Residency::Options ro = o.policy;
   ro.budget = out.budget;
-  ro.min_bytes = out.granularity;
+  // OFFLOAD_CAP_MIN (policy.min_bytes, the GPU's size) scaled as the sizes are.
+  ro.min_bytes = o.policy.min_bytes ? scaled(o.policy.min_bytes, div, out.granularity) : out.granularity;
   ro.piece_max = out.piece_max;
   ro.pool_floor = 0;  // the replay's pool is counted by its live bytes (admit_small), not modelled
   ro.pool_step = 0;

@@ -418,6 +418,8 @@ bool Residency::free(DevPtr p, Stream s) {
   st_.live_bytes -= r.bytes;
   if (r.state == State::CopyingOut) abandon(r);  // on the host after it, if its handle was handed over
   if (r.state == State::OnHost) {
+    ++st_.freed_out;
+    st_.freed_out_bytes += r.bytes;
     host_.give(r.host, r.bytes);
     d_.unreserve(r.va, r.cap);
     by_va_.erase(it);

@@ -152,6 +152,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t captured_touch_new = 0;         // their touches of ranges born during a capture
     uint64_t captured_touch_out = 0;         // their touches of ranges not resident then
     uint64_t graph_held = 0, graph_held_bytes = 0;  // frees of ranges a graph touches, kept live
+    uint64_t freed_out = 0, freed_out_bytes = 0;    // ranges freed on the host: copied out, never read back
   };
 
   Residency(Driver& d, HostStore& host, Options o);

@@ -15,6 +15,9 @@
 # (more liboffload runs beside each, "tag:VAR=value,VAR=value ...", e.g. "piece0:OFFLOAD_CAP_PIECE=0";
 # their results are named cap<fraction>-<tag>; ARM_LIB=path in an arm's variables runs that
 # arm with another build of liboffload.so, e.g. the previous commit's, side by side).
+# DAEMON_POOL=SIZE starts offloadd with a host pool of SIZE first and waits until it is faulted in,
+# as a node's daemon started before the job would be: an arm with OFFLOAD_DAEMON=connect in its
+# variables then puts its evicted bytes there (e.g. CAP_ALSO="pool:OFFLOAD_DAEMON=connect").
 # Needs .carry/bin from scripts/gpu/prepare.sh. Leaves $OUT/budget-<plan>.tgz and prints a table.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -45,6 +48,13 @@ if [ "$plan" = exits ]; then
   done
   tar -C "$work" -czf "$out/budget-$plan.tgz" .
   exit 0
+fi
+if [ -n "${DAEMON_POOL:-}" ]; then
+  "$root/.carry/bin/offloadd" --pool-size "$DAEMON_POOL" > "$work/offloadd.log" 2>&1 &
+  daemon_pid=$!
+  trap 'kill $daemon_pid 2> /dev/null' EXIT
+  for _ in $(seq 600); do grep -q "pool faulted in" "$work/offloadd.log" && break; sleep 0.5; done
+  grep "pool faulted in" "$work/offloadd.log" || echo "offloadd: the pool was not faulted in within 300 s"
 fi
 python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log" || rm -f "$work/link.json"
 for w in "$@"; do

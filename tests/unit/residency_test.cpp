@@ -1175,6 +1175,55 @@ TEST(Residency, HostStoreReusesSlotsAndRefusesPastItsLimit) {
   EXPECT_EQ(sim.pinned().size(), 2u);
 }
 
+// A source lending a fixed arena (as offloadd's pool does), a chunk at a time, until it is used up.
+class ArenaSource final : public ChunkSource {
+ public:
+  explicit ArenaSource(uint64_t bytes) : arena_(bytes + 4096) {}
+  void* take(uint64_t bytes) override {
+    ++asked;
+    if (used_ + bytes > arena_.size() - 4096) return nullptr;
+    void* p = base() + used_;
+    used_ += bytes;
+    return p;
+  }
+  unsigned char* base() {  // page-aligned, as the pool's extents are
+    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(arena_.data()) + 4095) & ~uintptr_t(4095));
+  }
+  bool holds(const void* p) {
+    auto* c = static_cast<const unsigned char*>(p);
+    return c >= base() && c < base() + used_;
+  }
+  int asked = 0;
+
+ private:
+  std::vector<unsigned char> arena_;
+  uint64_t used_ = 0;
+};
+
+TEST(Residency, HostStoreTakesItsChunksFromTheSourceFirstAndPinsThem) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.limit = 8 << 20;
+  ArenaSource pool(2 << 20);  // two chunks' worth
+  HostStore h(sim, o, &pool);
+  std::vector<void*> got;
+  for (int i = 0; i < 4; ++i) got.push_back(h.take(1 << 20));
+  for (void* p : got) ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(pool.holds(got[0]));
+  EXPECT_TRUE(pool.holds(got[1]));
+  EXPECT_FALSE(pool.holds(got[2]));  // the source is used up: the store's own memory
+  EXPECT_FALSE(pool.holds(got[3]));
+  EXPECT_EQ(h.stats().lent, 2u << 20);
+  EXPECT_EQ(h.stats().mapped, 4u << 20);
+  ASSERT_EQ(sim.pinned().size(), 4u);  // lent chunks are pinned too
+  EXPECT_EQ(sim.pinned()[0].first, got[0]);
+  static_cast<unsigned char*>(got[1])[0] = 1;  // the memory is the caller's to use
+  h.give(got[0], 1 << 20);
+  EXPECT_EQ(h.take(1 << 20), got[0]);  // a freed slot is reused before the source is asked again
+  EXPECT_EQ(pool.asked, 4);
+}
+
 // Copies split in pieces of pin_piece from a slot's start never span two pinned registrations,
 // whatever the sizes taken and given (the simulated driver counts
 // such a copy as a misuse: a real one may take it for pinned memory it is not, and on the H200
