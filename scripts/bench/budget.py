@@ -26,6 +26,9 @@ Workload families (seeded, nothing downloaded):
   hf_bert       a BERT masked-language model from a transformers BertConfig (15% of tokens masked)
   vit           torchvision ViT-B/16 under bf16 autocast, AdamW
   gru_amp       a 2-layer cuDNN GRU under fp16 autocast with a GradScaler (its step is the loop's)
+  hf_t5         a T5 encoder-decoder from a transformers T5Config (fp32, relative attention bias, AdamW)
+  unet          a diffusion-style UNet (GroupNorm, SiLU, skip connections joined by torch.cat, self-
+                attention at the lowest resolution, a timestep embedding) under bf16 autocast, AdamW
   launches      the hooks' cost per launch: 2000 in-place adds on a small tensor a step, no allocation
   allocs        the hooks' cost per allocation: 2000 1 MiB tensors made and freed a step, no launch
 """
@@ -142,6 +145,61 @@ class RecurrentLM(nn.Module):
         return self.head(self.rnn(self.emb(x))[0])
 
 
+class UNet(nn.Module):
+    """Down and up paths of residual blocks (GroupNorm, SiLU, the timestep added), skips joined by
+    torch.cat, self-attention over the lowest resolution's positions."""
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, tdim):
+            super().__init__()
+            self.n1, self.c1 = nn.GroupNorm(8, cin), nn.Conv2d(cin, cout, 3, padding=1)
+            self.t = nn.Linear(tdim, cout)
+            self.n2, self.c2 = nn.GroupNorm(8, cout), nn.Conv2d(cout, cout, 3, padding=1)
+            self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+        def forward(self, x, temb):
+            h = self.c1(F.silu(self.n1(x))) + self.t(temb)[:, :, None, None]
+            return self.skip(x) + self.c2(F.silu(self.n2(h)))
+
+    def __init__(self, ch, mults=(1, 2, 4), tdim=256):
+        super().__init__()
+        self.tdim = tdim
+        self.temb = nn.Sequential(nn.Linear(tdim, tdim), nn.SiLU(), nn.Linear(tdim, tdim))
+        self.inp = nn.Conv2d(3, ch, 3, padding=1)
+        chans = [ch * m for m in mults]
+        self.down, self.pool, c = nn.ModuleList(), nn.ModuleList(), ch
+        for co in chans:
+            self.down.append(UNet.Block(c, co, tdim))
+            self.pool.append(nn.Conv2d(co, co, 3, stride=2, padding=1))
+            c = co
+        self.mid = UNet.Block(c, c, tdim)
+        self.attn = nn.MultiheadAttention(c, 8, batch_first=True)
+        self.up = nn.ModuleList()
+        for co in reversed(chans):
+            self.up.append(UNet.Block(c + co, co, tdim))
+            c = co
+        self.out = nn.Sequential(nn.GroupNorm(8, c), nn.SiLU(), nn.Conv2d(c, 3, 3, padding=1))
+
+    def forward(self, x, t):
+        half = self.tdim // 2
+        freqs = torch.exp(-torch.arange(half, device=x.device) * (9.21 / half))
+        temb = self.temb(torch.cat([torch.sin(t[:, None] * freqs), torch.cos(t[:, None] * freqs)], dim=1))
+        h, skips = self.inp(x), []
+        for blk, pool in zip(self.down, self.pool):
+            h = blk(h, temb)
+            skips.append(h)
+            h = pool(h)
+        h = self.mid(h, temb)
+        b, c, hh, ww = h.shape
+        seq = h.flatten(2).transpose(1, 2)
+        h = h + self.attn(seq, seq, seq, need_weights=False)[0].transpose(1, 2).reshape(b, c, hh, ww)
+        for blk in self.up:
+            b, c, hh, ww = h.shape  # nearest 2x upsampling whose backward is a sum (interpolate's uses atomics)
+            h = h[:, :, :, None, :, None].expand(b, c, hh, 2, ww, 2).reshape(b, c, 2 * hh, 2 * ww)
+            h = blk(torch.cat([h, skips.pop()], dim=1), temb)
+        return self.out(h)
+
+
 class Checkpointed(nn.Module):
     """`inner` under non-reentrant activation checkpointing."""
 
@@ -152,6 +210,18 @@ class Checkpointed(nn.Module):
     def forward(self, x):
         from torch.utils.checkpoint import checkpoint
         return checkpoint(self.inner, x, use_reentrant=False)
+
+
+class CheckpointedBlock(nn.Module):
+    """A UNet block (two inputs) under non-reentrant activation checkpointing."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, temb):
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(self.inner, x, temb, use_reentrant=False)
 
 
 def build(name, seed, scale, ckpt=False):
@@ -263,6 +333,40 @@ def build(name, seed, scale, ckpt=False):
                 masked = torch.rand(batch, seq, generator=g(k), device=dev) < 0.15
                 labels = torch.where(masked, tok, torch.full_like(tok, -100))
                 return model(input_ids=torch.where(masked, torch.full_like(tok, 4), tok), labels=labels).loss
+        return model, opt, step_fn
+    if name == "hf_t5":
+        import transformers
+        layers, d, batch, seq = {"small": (4, 512, 16, 256), "large": (12, 1024, 32, 512)}[scale]
+        cfg = transformers.T5Config(vocab_size=32000, d_model=d, d_kv=64, d_ff=4 * d, num_layers=layers,
+                                    num_decoder_layers=layers, num_heads=d // 64, dropout_rate=0.0)
+        model = transformers.T5ForConditionalGeneration(cfg).to(dev)
+        if ckpt:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step_fn(k):
+            src = torch.randint(0, 32000, (batch, seq), generator=g(k), device=dev)
+            tgt = torch.randint(0, 32000, (batch, seq // 2), generator=g(k), device=dev)
+            return model(input_ids=src, labels=tgt).loss
+        return model, opt, step_fn
+    if name == "unet":
+        ch, batch, res = {"small": (64, 16, 64), "large": (128, 32, 128)}[scale]
+        model = UNet(ch).to(dev)
+        if ckpt:
+            for mods in (model.down, model.up):
+                for i, blk in enumerate(mods):
+                    mods[i] = CheckpointedBlock(blk)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step_fn(k):
+            x0 = torch.randn(batch, 3, res, res, generator=g(k), device=dev)
+            noise = torch.randn(batch, 3, res, res, generator=g(k), device=dev)
+            t = torch.randint(0, 1000, (batch,), generator=g(k), device=dev).float()
+            a = (1 - t / 1000).view(-1, 1, 1, 1)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                pred = model(a.sqrt() * x0 + (1 - a).sqrt() * noise, t)
+            return F.mse_loss(pred.float(), noise)
         return model, opt, step_fn
     if name == "vit":
         import torchvision
