@@ -339,6 +339,7 @@ def build(name, seed, scale, ckpt=False):
         layers, d, batch, seq = {"small": (4, 512, 16, 256), "large": (12, 1024, 32, 512)}[scale]
         cfg = transformers.T5Config(vocab_size=32000, d_model=d, d_kv=64, d_ff=4 * d, num_layers=layers,
                                     num_decoder_layers=layers, num_heads=d // 64, dropout_rate=0.0)
+        cfg.decoder_start_token_id = cfg.pad_token_id = 0  # not every transformers sets them
         model = transformers.T5ForConditionalGeneration(cfg).to(dev)
         if ckpt:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -348,7 +349,8 @@ def build(name, seed, scale, ckpt=False):
         def step_fn(k):
             src = torch.randint(0, 32000, (batch, seq), generator=g(k), device=dev)
             tgt = torch.randint(0, 32000, (batch, seq // 2), generator=g(k), device=dev)
-            return model(input_ids=src, labels=tgt).loss
+            start = torch.zeros_like(tgt[:, :1])  # the labels shifted right, as T5 trains
+            return model(input_ids=src, decoder_input_ids=torch.cat([start, tgt[:, :-1]], dim=1), labels=tgt).loss
         return model, opt, step_fn
     if name == "unet":
         ch, batch, res = {"small": (64, 16, 64), "large": (128, 32, 128)}[scale]
