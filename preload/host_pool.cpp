@@ -399,6 +399,19 @@ void DaemonLink::drop_in_child() {
   mapping_.unmap_in_child();
 }
 
+void* LinkChunks::take(uint64_t bytes) {
+  if (!link_.connected()) return nullptr;
+  std::string why;
+  std::optional<Extent> e = link_.lease(bytes, &why);
+  if (!e) {
+    if (!refused_said_.exchange(true))
+      log().info("offloadd lends no more host memory ({}): evicted bytes go to this process's own, made as needed", why);
+    return nullptr;
+  }
+  if (!lent_said_.exchange(true)) log().info("evicted bytes go to offloadd's host pool first ({})", link_.describe());
+  return e->host;
+}
+
 std::pair<unsigned char*, uint64_t> DaemonLink::data_area() {
   std::lock_guard lock(mu_);
   if (!mapping_.base()) return {nullptr, 0};

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/ipc.h"
+#include "residency/host_store.h"
 #include "offload/pool_layout.h"
 #include "common/env.h"
 
@@ -161,6 +162,19 @@ class DaemonLink final : public HostPool {
   bool pool_short_ = false;                // the daemon's pool is smaller than OFFLOAD_HOST_POOL asked (logged once)
   mutable std::mutex mu_;  // one request at a time on the connection
   std::atomic<int> fd_{-1};  // the connection's descriptor, for the fork handler
+};
+
+// The cap's host store's chunks from offloadd's pool (a lease each, for the rest of the process)
+// while the link is up and the pool has room: the daemon faulted its pages in before this process
+// needed them, so that only pinning is left to pay here. Says once where evicted bytes go.
+class LinkChunks final : public ChunkSource {
+ public:
+  explicit LinkChunks(DaemonLink& link) : link_(link) {}
+  void* take(uint64_t bytes) override;
+
+ private:
+  DaemonLink& link_;
+  std::atomic<bool> lent_said_{false}, refused_said_{false};
 };
 
 // Where an offloadd binary is: OFFLOAD_DAEMON_BIN, next to liboffload.so, then PATH.

@@ -217,7 +217,6 @@ class Runtime final : private PlanContext {
   const bool planning_;
   std::unique_ptr<CapAndPlan> gates_;
   // The hard cap (OFFLOAD_CAP, the default with a budget): built at the first allocation.
-  class PoolChunks;
   std::unique_ptr<ChunkSource> pool_chunks_;  // the store's chunks from offloadd's pool
   std::unique_ptr<HostStore> host_store_;
   std::unique_ptr<Residency> residency_;

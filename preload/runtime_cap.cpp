@@ -18,29 +18,6 @@ std::string kernel_name(void* ctx, uint32_t kernel) {
 
 }  // namespace
 
-// The host store's chunks from offloadd's pool while the link is up and the pool has room: its
-// pages were faulted in by the daemon, before this process needed them.
-class Runtime::PoolChunks final : public ChunkSource {
- public:
-  explicit PoolChunks(DaemonLink& link) : link_(link) {}
-  void* take(uint64_t bytes) override {
-    if (!link_.connected()) return nullptr;
-    std::string why;
-    std::optional<Extent> e = link_.lease(bytes, &why);
-    if (!e) {
-      if (!refused_said_.exchange(true))
-        log().info("offloadd lends no more host memory ({}): evicted bytes go to this process's own, made as needed", why);
-      return nullptr;
-    }
-    if (!lent_said_.exchange(true)) log().info("evicted bytes go to offloadd's host pool first ({})", link_.describe());
-    return e->host;
-  }
-
- private:
-  DaemonLink& link_;
-  std::atomic<bool> refused_said_{false}, lent_said_{false};
-};
-
 void Runtime::start_cap() {
   cap_started_ns_.store(mono_ns(), std::memory_order_relaxed);
   driver_.learn_context();
@@ -54,7 +31,7 @@ void Runtime::start_cap() {
   ho.limit = settings_.host_limit;
   // A plan of arenas on top (OFFLOAD_CAP_PLAN) pins the pool's extents in its own grid: the store
   // then keeps to this process's memory, so that no page is registered twice.
-  if (!planning_) pool_chunks_ = std::make_unique<PoolChunks>(link_);
+  if (!planning_) pool_chunks_ = std::make_unique<LinkChunks>(link_);
   host_store_ = std::make_unique<HostStore>(driver_, ho, pool_chunks_.get());
   Residency::Options ro;
   ro.budget = budget;

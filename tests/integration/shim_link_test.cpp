@@ -74,6 +74,37 @@ TEST(ShimLinkIntegration, RefusalsAreAnswersAndLeasesAreWritable) {
   EXPECT_TRUE(b.has_value()) << "room again after the release: " << why;
 }
 
+// Under the cap, the host store's chunks are leases of the daemon's pool (pinned, writable, inside
+// its segment, counted as this process's leases) until the pool has no more; then its own memory.
+TEST(ShimLinkIntegration, TheCapsHostStoreTakesChunksFromThePoolThenItsOwn) {
+  LinkRig r;
+  std::string why;
+  ASSERT_TRUE(r.d.start({}, &why)) << why;  // a 256 MiB pool
+  ASSERT_TRUE(r.connect(&why)) << why;
+  SimDriver sim;
+  HostStore::Options ho;
+  ho.chunk_bytes = 64 * kMiB;
+  ho.limit = 1ull << 30;
+  LinkChunks chunks(*r.link);
+  HostStore host(sim, ho, &chunks);
+  std::vector<unsigned char*> got;
+  for (int i = 0; i < 5; ++i) {
+    auto* p = static_cast<unsigned char*>(host.take(64 * kMiB));
+    ASSERT_NE(p, nullptr);
+    std::memset(p, i + 1, 64 * kMiB);
+    got.push_back(p);
+  }
+  EXPECT_EQ(host.stats().lent, 256 * kMiB) << "four chunks, the whole pool";
+  EXPECT_EQ(host.stats().mapped, 320 * kMiB) << "and one of the store's own";
+  EXPECT_EQ(sim.pinned().size(), 5u) << "lent chunks are pinned as the store's own are";
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(got[i][64 * kMiB - 1], i + 1) << "chunk " << i;
+  StatusView st;
+  ASSERT_TRUE(r.d.status(&st, &why)) << why;
+  const proto::ClientStatus* me = st.by_pid(getpid());
+  ASSERT_NE(me, nullptr);
+  EXPECT_EQ(me->leased_bytes, 256 * kMiB) << "the daemon counts the store's chunks as this process's leases";
+}
+
 // A daemon started earlier with a smaller pool than this process's OFFLOAD_HOST_POOL asks for
 // serves it all the same, and the shim says so (once), naming the way to the larger pool.
 TEST(ShimLinkIntegration, ADaemonWithASmallerPoolThanAskedForIsSaid) {
