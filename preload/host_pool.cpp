@@ -338,6 +338,12 @@ std::optional<NodeShare> DaemonLink::last_share() const {
 
 bool DaemonLink::poll(int64_t now_ms) {
   std::lock_guard lock(mu_);
+  const bool c = poll_locked(now_ms);
+  up_.store(client_.connected(), std::memory_order_release);
+  return c;
+}
+
+bool DaemonLink::poll_locked(int64_t now_ms) {
   if (!usable_ || client_.connected()) return client_.connected();
   if (now_ms < next_try_ms_) return false;
   std::string why;
@@ -394,13 +400,14 @@ void DaemonLink::release(const Extent& e) {
 }
 
 void DaemonLink::drop_in_child() {
+  up_.store(false, std::memory_order_relaxed);
   int fd = fd_.exchange(-1);
   if (fd >= 0) ::close(fd);  // the child's copy only; the parent's connection stays
   mapping_.unmap_in_child();
 }
 
 void* LinkChunks::take(uint64_t bytes) {
-  if (!link_.connected()) return nullptr;
+  if (!link_.up()) return nullptr;  // never waits for a reconnect holding the link's lock
   std::string why;
   std::optional<Extent> e = link_.lease(bytes, &why);
   if (!e) {

@@ -113,6 +113,8 @@ class DaemonLink final : public HostPool {
   bool poll(int64_t now_ms);
   void push(const proto::Telemetry& t);
   bool connected() const { return client_.connected(); }
+  // Connected at the last poll(): for a thread that must not race the worker for the connection.
+  bool up() const { return up_.load(std::memory_order_acquire); }
   // The running daemon's pool is smaller than OFFLOAD_HOST_POOL asked for (it was started
   // earlier with another size); said once, as a warning, when first seen.
   bool pool_short() const { return pool_short_; }
@@ -144,6 +146,7 @@ class DaemonLink final : public HostPool {
   // answers only once it has made its pool, every page allocated.
   int first_register_wait_ms() const;
   bool start_daemon(std::string* why);
+  bool poll_locked(int64_t now_ms);  // holds mu_
   std::optional<NodeShare> send_attach(std::string* why);  // holds mu_
 
   Settings settings_;
@@ -162,6 +165,7 @@ class DaemonLink final : public HostPool {
   bool pool_short_ = false;                // the daemon's pool is smaller than OFFLOAD_HOST_POOL asked (logged once)
   mutable std::mutex mu_;  // one request at a time on the connection
   std::atomic<int> fd_{-1};  // the connection's descriptor, for the fork handler
+  std::atomic<bool> up_{false};  // connected at the last poll()
 };
 
 // The cap's host store's chunks from offloadd's pool (a lease each, for the rest of the process)
