@@ -148,8 +148,14 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (o_.fault != Options::Fault::IgnoreCapture && d_.stream_capturing(s) == 1) {
     tl_captured = true;
     std::lock_guard<std::mutex> lk(mu_);
+    // A capture begins at its stream's first captured launch since that stream's last launch
+    // outside one (as far as the scan sees: launches that touch a range).
+    if (!capture_open_ || capture_stream_ != s) {
+      capture_open_ = true;
+      capture_stream_ = s;
+      capture_from_ = launch_no;
+    }
     if (!st_.captured_launches++) {
-      first_captured_ = launch_no;
       log().info("a CUDA graph is being captured: nothing is moved for its launches, and each replay makes every "
                  "live range resident first ({:.2f} GiB now, device budget {:.2f} GiB)",
                  st_.live_bytes / kGiB, o_.budget / kGiB);
@@ -159,7 +165,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     for (size_t i = n; i-- > 0 && acc[i] >= kRangeIdBit;)
       if (is_range_id(acc[i]) && range_slot(acc[i]) < slots_.size()) {
         Range& r = slots_[range_slot(acc[i])];
-        if (r.live && r.birth >= first_captured_) ++st_.captured_touch_new;
+        if (r.live && r.birth >= capture_from_) ++st_.captured_touch_new;
         if (r.live && r.state != State::Resident) ++st_.captured_touch_out;
         r.in_graph = r.live;
       }
@@ -167,6 +173,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   }
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
+  if (capture_open_ && s == capture_stream_) capture_open_ = false;
   launches_seen_ = launch_no;
   std::vector<uint32_t>& touched = scratch_;
   touched.clear();

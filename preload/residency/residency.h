@@ -149,7 +149,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t period = 0;                     // launches per step, once known
     uint64_t periods_refused = 0;            // step lengths that left most live bytes untouched
     uint64_t captured_launches = 0;          // recorded into a CUDA graph: nothing moved for them
-    uint64_t captured_touch_new = 0;         // their touches of ranges born during a capture
+    uint64_t captured_touch_new = 0;         // their touches of ranges born during their capture
     uint64_t captured_touch_out = 0;         // their touches of ranges not resident then
     uint64_t graph_held = 0, graph_held_bytes = 0;  // frees of ranges a graph touches, kept live
     uint64_t freed_out = 0, freed_out_bytes = 0;    // ranges freed on the host: copied out, never read back
@@ -409,7 +409,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   Namer namer_ = nullptr;
   void* namer_ctx_ = nullptr;
   std::atomic<bool> any_{false};  // a range exists: launches must be looked at
-  uint64_t first_captured_ = 0;   // the first launch recorded into a graph
+  bool capture_open_ = false;     // a capture on capture_stream_ since capture_from_
+  Stream capture_stream_ = 0;
+  uint64_t capture_from_ = 0;     // its first captured launch
   std::atomic<uint64_t> busy_ns_{0};
   // Adds the time from its making to its end to busy_ns_ (made before the lock: waiting for it counts).
   struct Busy {

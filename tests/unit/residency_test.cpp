@@ -326,6 +326,32 @@ TEST(Residency, ARangeAGraphTouchesIsKeptAfterItsFree) {
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
+// captured_touch_new counts a captured launch's touches of ranges born during its own capture
+// (an allocation of the capture that reached us), not of ranges born between two captures.
+TEST(Residency, ARangeBornBetweenTwoCapturesIsNotCountedAsTheSecondsOwn) {
+  CapRig r(4 * kGran);
+  const DevPtr x = r.alloc(kGran, kA);
+  r.kernel(kA, {x}, fill(x, kGran, 1));
+  r.join(kA, kC);
+  r.sim.begin_capture(kC);
+  r.kernel(kC, {x}, fill(x, kGran, 2));
+  r.sim.end_capture(kC);
+  r.kernel(kC, {x}, fill(x, kGran, 3));  // the capture stream outside a capture: the first one ended
+  const DevPtr y = r.alloc(kGran, kA);  // born between the captures
+  r.kernel(kA, {y}, fill(y, kGran, 4));
+  r.join(kA, kC);
+  r.sim.begin_capture(kC);
+  r.kernel(kC, {y}, fill(y, kGran, 5));
+  EXPECT_EQ(r.res.stats().captured_touch_new, 0u);
+  const DevPtr z = r.alloc(kGran, kA);  // born during the second capture, on another stream
+  r.kernel(kA, {z}, fill(z, kGran, 6));
+  r.kernel(kC, {z}, fill(z, kGran, 7));
+  r.sim.end_capture(kC);
+  r.sim.run_all();
+  EXPECT_EQ(r.res.stats().captured_touch_new, 1u);
+  EXPECT_EQ(r.res.stats().captured_launches, 3u);
+}
+
 // A capture longer than a stream's ring of events: evicting a range touched on that stream before
 // the capture still waits for an event recorded before it. Had the captured launches recorded
 // their events, every event of the ring would belong to the capture, and the copy stream waiting
