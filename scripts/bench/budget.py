@@ -207,21 +207,17 @@ class Checkpointed(nn.Module):
         super().__init__()
         self.inner = inner
 
-    def forward(self, x):
+    def forward(self, *inputs):
         from torch.utils.checkpoint import checkpoint
-        return checkpoint(self.inner, x, use_reentrant=False)
+        return checkpoint(self.inner, *inputs, use_reentrant=False)
 
 
-class CheckpointedBlock(nn.Module):
-    """A UNet block (two inputs) under non-reentrant activation checkpointing."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x, temb):
-        from torch.utils.checkpoint import checkpoint
-        return checkpoint(self.inner, x, temb, use_reentrant=False)
+def hf_for_training(model, ckpt):
+    """A transformers model in training mode, with the checkpointing its users turn on (non-reentrant)."""
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
 
 
 def build(name, seed, scale, ckpt=False):
@@ -242,9 +238,7 @@ def build(name, seed, scale, ckpt=False):
                           num_hidden_layers=layers, num_attention_heads=d // 128, num_key_value_heads=d // 128,
                           max_position_embeddings=seq, attn_implementation="sdpa")
         model = LlamaForCausalLM(cfg).to(dev, torch.bfloat16)
-        if ckpt:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
+        hf_for_training(model, ckpt)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
         def step_fn(k):
@@ -320,9 +314,7 @@ def build(name, seed, scale, ckpt=False):
                                           num_attention_heads=d // 64, intermediate_size=4 * d,
                                           max_position_embeddings=seq, attn_implementation="sdpa")
             model = transformers.BertForMaskedLM(cfg).to(dev)
-        if ckpt:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
+        hf_for_training(model, ckpt)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def step_fn(k):
@@ -341,9 +333,7 @@ def build(name, seed, scale, ckpt=False):
                                     num_decoder_layers=layers, num_heads=d // 64, dropout_rate=0.0)
         cfg.decoder_start_token_id = cfg.pad_token_id = 0  # not every transformers sets them
         model = transformers.T5ForConditionalGeneration(cfg).to(dev)
-        if ckpt:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
+        hf_for_training(model, ckpt)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def step_fn(k):
@@ -358,7 +348,7 @@ def build(name, seed, scale, ckpt=False):
         if ckpt:
             for mods in (model.down, model.up):
                 for i, blk in enumerate(mods):
-                    mods[i] = CheckpointedBlock(blk)
+                    mods[i] = Checkpointed(blk)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def step_fn(k):
