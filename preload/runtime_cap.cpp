@@ -36,7 +36,6 @@ void Runtime::start_cap() {
   Residency::Options ro;
   ro.budget = budget;
   ro.min_bytes = settings_.cap_min;
-  ro.piece_max = settings_.cap_piece;
   apply_cap_policy(settings_, &ro);
   // Outside growth between two looks at it (every 20 ms): the whole growth over a run was
   // 56-100 MiB on the H200 (docs/results.md, "outside"), so one look's worth is far less.

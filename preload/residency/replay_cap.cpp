@@ -108,7 +108,8 @@ CapReplay replay_under_cap(const StepTrace& rec, const CapReplayOptions& o) {
   const uint64_t div = std::max<uint32_t>(o.size_divisor, 1);
   out.divisor = static_cast<uint32_t>(div);
   out.granularity = scaled(2u << 20, div, 4096);  // as the replay scales it
-  out.piece_max = scaled(64ull << 20, div, out.granularity);
+  // OFFLOAD_CAP_PIECE (policy.piece_max, the GPU's size; 0: one handle per range) scaled too.
+  out.piece_max = o.policy.piece_max ? scaled(o.policy.piece_max, div, out.granularity) : 0;
   out.recorded_peak = peak_live_bytes(scale_step(rec, out.divisor));
   out.budget = static_cast<uint64_t>(o.budget_fraction * static_cast<double>(out.recorded_peak));
 

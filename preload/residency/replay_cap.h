@@ -20,8 +20,9 @@ struct CapReplayOptions {
   uint32_t size_divisor = 256;   // as ReplayOptions::size_divisor
   uint64_t seed = 1;
   Residency::Options::Fault fault = Residency::Options::Fault::None;  // tests
-  // The manager's policy (apply_cap_policy: the shim's OFFLOAD_CAP_* settings; its sizes are
-  // the replay's own): what a change of policy does to the mappings a step is counted here first.
+  // The manager's policy (apply_cap_policy: the shim's OFFLOAD_CAP_* settings; min_bytes and
+  // piece_max are the GPU's sizes, scaled as the trace's are): what a change of policy does to
+  // the mappings a step is counted here first.
   Residency::Options policy;
 };
 

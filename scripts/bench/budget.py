@@ -29,6 +29,11 @@ Workload families (seeded, nothing downloaded):
   hf_t5         a T5 encoder-decoder from a transformers T5Config (fp32, relative attention bias, AdamW)
   unet          a diffusion-style UNet (GroupNorm, SiLU, skip connections joined by torch.cat, self-
                 attention at the lowest resolution, a timestep embedding) under bf16 autocast, AdamW
+  compiled_gpt2 a transformers GPT-2 under torch.compile (default mode), bf16 autocast, AdamW
+  ro_mlp        an MLP under torch.compile(mode="reduce-overhead"): inductor's CUDA graphs, AdamW
+  sparse_embed  large embedding tables with sparse gradients (SparseAdam) under a dense MLP (Adam)
+  accum         a PyTorch TransformerEncoder language model with tied embeddings, gradients accumulated
+                over 4 micro-batches a step, AdamW
   launches      the hooks' cost per launch: 2000 in-place adds on a small tensor a step, no allocation
   allocs        the hooks' cost per allocation: 2000 1 MiB tensors made and freed a step, no launch
 """
@@ -207,9 +212,9 @@ class Checkpointed(nn.Module):
         super().__init__()
         self.inner = inner
 
-    def forward(self, *inputs):
+    def forward(self, *inputs, **kwargs):
         from torch.utils.checkpoint import checkpoint
-        return checkpoint(self.inner, *inputs, use_reentrant=False)
+        return checkpoint(self.inner, *inputs, use_reentrant=False, **kwargs)
 
 
 def hf_for_training(model, ckpt):
@@ -222,7 +227,7 @@ def hf_for_training(model, ckpt):
 
 def build(name, seed, scale, ckpt=False):
     torch.manual_seed(seed)
-    if ckpt and name in ("lstm", "embed_cat", "launches", "allocs", "graphed_mlp", "gru_amp"):
+    if ckpt and name in ("lstm", "embed_cat", "launches", "allocs", "graphed_mlp", "gru_amp", "sparse_embed", "ro_mlp"):
         raise NoCheckpointing(name)
     dev = "cuda"
     gen = torch.Generator(device=dev)
@@ -421,6 +426,91 @@ def build(name, seed, scale, ckpt=False):
             static_x.copy_(torch.randn(batch, d, generator=g(k), device=dev))
             graph.replay()
             return static_loss
+        return model, None, step_fn
+    if name == "compiled_gpt2":
+        import transformers
+        layers, d, batch, seq = {"small": (4, 768, 8, 512), "large": (12, 1536, 16, 1024)}[scale]
+        cfg = transformers.GPT2Config(vocab_size=32000, n_positions=seq, n_embd=d, n_layer=layers,
+                                      n_head=d // 64, attn_implementation="sdpa")
+        model = transformers.GPT2LMHeadModel(cfg).to(dev)
+        hf_for_training(model, ckpt)
+        cmodel = torch.compile(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step_fn(k):
+            tok = torch.randint(0, 32000, (batch, seq), generator=g(k), device=dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return cmodel(input_ids=tok, labels=tok).loss
+        return model, opt, step_fn
+    if name == "ro_mlp":
+        d, depth, batch = {"small": (2048, 8, 4096), "large": (4096, 12, 16384)}[scale]
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.LayerNorm(d))
+                                for _ in range(depth)]).to(dev)
+        cmodel = torch.compile(model, mode="reduce-overhead")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step_fn(k):
+            x = torch.randn(batch, d, generator=g(k), device=dev)
+            return cmodel(x).float().pow(2).mean()
+        return model, opt, step_fn
+    if name == "sparse_embed":
+        tables, rows, d, batch = {"small": (8, 200000, 64, 8192), "large": (16, 2000000, 128, 32768)}[scale]
+
+        class SparseRec(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embs = nn.ModuleList(nn.Embedding(rows, d, sparse=True) for _ in range(tables))
+                self.mlp = nn.Sequential(nn.Linear(tables * d, 1024), nn.ReLU(), nn.Linear(1024, 1))
+
+            def forward(self, idx):
+                return self.mlp(torch.cat([e(idx[:, i]) for i, e in enumerate(self.embs)], dim=1)).squeeze(1)
+        model = SparseRec().to(dev)
+        sparse_opt = torch.optim.SparseAdam(list(model.embs.parameters()), lr=1e-3)
+        dense_opt = torch.optim.Adam(model.mlp.parameters(), lr=1e-3)
+
+        def step_fn(k):  # two optimizers: the whole step here
+            idx = torch.randint(0, rows, (batch, tables), generator=g(k), device=dev)
+            y = torch.rand(batch, generator=g(k), device=dev)
+            loss = F.binary_cross_entropy_with_logits(model(idx), y)
+            loss.backward()
+            sparse_opt.step()
+            dense_opt.step()
+            model.zero_grad(set_to_none=True)
+            return loss.detach()
+        return model, None, step_fn
+    if name == "accum":
+        vocab, d, layers, batch, seq, micro = {"small": (16000, 512, 4, 8, 512, 4),
+                                               "large": (32000, 1536, 12, 16, 1024, 4)}[scale]
+
+        class TiedLM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(vocab, d)
+                self.blocks = nn.ModuleList(
+                    nn.TransformerEncoderLayer(d, d // 64, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+                    for _ in range(layers))
+                self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
+
+            def forward(self, tok):
+                h = self.emb(tok)
+                for blk in self.blocks:
+                    h = blk(h, src_mask=self.mask, is_causal=True)
+                return h @ self.emb.weight.t()  # the head tied to the embedding
+        model = TiedLM().to(dev)
+        if ckpt:
+            model.blocks = nn.ModuleList(Checkpointed(blk) for blk in model.blocks)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step_fn(k):  # gradients accumulated over the micro-batches: the whole step here
+            total = torch.zeros((), device=dev)
+            for m in range(micro):
+                tok = torch.randint(0, vocab, (batch, seq + 1), generator=g(k * micro + m), device=dev)
+                loss = F.cross_entropy(model(tok[:, :-1]).reshape(-1, vocab), tok[:, 1:].reshape(-1)) / micro
+                loss.backward()
+                total += loss.detach()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return total
         return model, None, step_fn
     if name in ("launches", "allocs"):  # host-bound by design: what each hook costs, per operation
         # Deterministic mode fills every new tensor (a launch each): not for `allocs`.

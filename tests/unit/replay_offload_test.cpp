@@ -205,6 +205,21 @@ TEST(ReplayCap, AMissingEvictionWaitIsSeen) {
   }
 }
 
+// OFFLOAD_CAP_PIECE reaches the replay, scaled as the sizes are: one handle per range (0) backs
+// every range with one mapping, where pieces of 64 MiB map several for the larger ones.
+TEST(ReplayCap, ThePieceSizeIsThePolicys) {
+  const StepTrace rec = load("reference");
+  CapReplayOptions whole = options(0.5, 3);
+  whole.policy.piece_max = 0;
+  const CapReplay one = replay_under_cap(rec, whole);
+  const CapReplay pieces = replay_under_cap(rec, options(0.5, 3));
+  EXPECT_EQ(one.piece_max, 0u);
+  EXPECT_EQ(pieces.piece_max, (64ull << 20) / kDivisor);
+  EXPECT_TRUE(one.ok() && pieces.ok()) << one.refusal << pieces.refusal;
+  EXPECT_EQ(one.mismatches, 0u) << one.first_mismatch;
+  EXPECT_LT(one.stats.maps, pieces.stats.maps);
+}
+
 // A budget no launch fits: the refusal ends the replay and says why, and the check fails.
 TEST(ReplayCap, AnImpossibleBudgetIsRefused) {
   const CapReplay c = replay_under_cap(load("reference"), options(0.01));
