@@ -61,6 +61,13 @@ struct Touch {
 struct ContentCheck {
   uint64_t launches = 0, words = 0, mismatches = 0;
   std::string first;
+  // Who wrote each signature (its first word): a wrong word names the launch that wrote it.
+  struct Writer {
+    int step;
+    size_t pos;
+    uint32_t ordinal;
+  };
+  std::unordered_map<uint64_t, Writer> writers;
 };
 
 // A kernel body: check what the previous toucher of each allocation left, then sign it.
@@ -81,12 +88,16 @@ void run_body(const std::vector<Touch>& touches, ContentCheck* chk, int step, si
       if (bad) {
         ++chk->mismatches;
         if (chk->first.empty()) {
-          char msg[256];
+          char by[96] = "";
+          if (auto wr = bad_i == 0 ? chk->writers.find(bad_v) : chk->writers.end(); wr != chk->writers.end())
+            snprintf(by, sizeof by, ", written by step %d launch %zu as allocation #%u", wr->second.step,
+                     wr->second.pos, wr->second.ordinal);
+          char msg[384];
           snprintf(msg, sizeof msg,
-                   "step %d launch %zu: allocation #%u (%llu words) word %llu holds 0x%016llx, expected 0x%016llx%s "
+                   "step %d launch %zu: allocation #%u (%llu words) word %llu holds 0x%016llx%s, expected 0x%016llx%s "
                    "(%llu sampled words wrong)",
                    step, pos, t.ordinal, static_cast<unsigned long long>(t.words), static_cast<unsigned long long>(bad_i),
-                   static_cast<unsigned long long>(bad_v),
+                   static_cast<unsigned long long>(bad_v), by,
                    static_cast<unsigned long long>(sig_word(t.expect, bad_i)),
                    bad_v == 0xa5a5a5a5a5a5a5a5ull ? ": a fresh physical handle never filled" : "",
                    static_cast<unsigned long long>(bad));
@@ -95,6 +106,7 @@ void run_body(const std::vector<Touch>& touches, ContentCheck* chk, int step, si
       }
     }
     for_sampled(t.words, [&](uint64_t i) { w[i] = sig_word(t.next, i); });
+    chk->writers[sig_word(t.next, 0)] = {step, pos, t.ordinal};
   }
   if (checked) ++chk->launches;
 }

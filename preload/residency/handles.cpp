@@ -15,7 +15,7 @@ constexpr double kGiB = double(1ull << 30);
 
 uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_t, Spare>::const_iterator>* out) const {
   out->clear();
-  if (!o_.piece_max) {  // one handle per range: one of its size only
+  if (!o_.piece_max || need <= o_.whole_max) {  // one handle of its size only
     if (auto it = spares_.find(need); it != spares_.end()) out->push_back(it);
     return out->empty() ? 0 : need;
   }

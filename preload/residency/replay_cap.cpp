@@ -65,6 +65,7 @@ class CapGate final : public ReplayCap {
     step_.maps = s.maps - at_start_.maps;
     step_.unmaps = s.unmaps - at_start_.unmaps;
     step_.created = s.created - at_start_.created;
+    step_.created_bytes = s.created_bytes - at_start_.created_bytes;
     step_.released = s.released - at_start_.released;
     step_.waits = s.waits - at_start_.waits;
     out_->steps.push_back(step_);
@@ -118,6 +119,7 @@ CapReplay replay_under_cap(const StepTrace& rec, const CapReplayOptions& o) {
   // OFFLOAD_CAP_MIN (policy.min_bytes, the GPU's size) scaled as the sizes are.
   ro.min_bytes = o.policy.min_bytes ? scaled(o.policy.min_bytes, div, out.granularity) : out.granularity;
   ro.piece_max = out.piece_max;
+  ro.whole_max = o.policy.whole_max ? scaled(o.policy.whole_max, div, out.granularity) : 0;
   ro.pool_floor = 0;  // the replay's pool is counted by its live bytes (admit_small), not modelled
   ro.pool_step = 0;
   ro.fault = o.fault;

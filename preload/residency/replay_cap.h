@@ -33,6 +33,7 @@ struct CapReplayStep {
   uint64_t device_peak = 0;    // the simulated driver's handles + the pool's live bytes, likewise
   uint64_t evictions = 0, reloads = 0, prefetches = 0, prefetch_hits = 0;
   uint64_t maps = 0, unmaps = 0, created = 0, released = 0, waits = 0;
+  uint64_t created_bytes = 0;  // of the handles made (making costs about its size)
 };
 
 struct CapReplay {

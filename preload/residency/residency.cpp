@@ -588,6 +588,7 @@ Residency::State Residency::state_of(DevPtr p) const {
 
 void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->piece_max = s.cap_piece;
+  o->whole_max = s.cap_whole;
   o->extra_pieces = s.cap_extra_pieces;  // "any" at 2^20
   o->tile_exact = s.cap_tile_exact;
   o->size_classes = s.cap_size_classes;

@@ -92,6 +92,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
     // backs only a range of its size.
     uint64_t piece_max = 64ull << 20;
+    // A range of at most this many bytes is backed by one handle of its size: a spare of that
+    // size, or one made, never smaller spares (each piece costs a mapping, its access grant and
+    // an unmapping every time the range is mapped, about what making and releasing a small handle
+    // costs once). 0: any range may be tiled.
+    uint64_t whole_max = 0;
     // Pieces more than the fewest that back it (whole pieces and one tail) a range may map from
     // spares: each costs a mapping and an unmapping every time the range comes back, while the
     // rest is made new (and as many bytes of spares dropped). Default: no limit.

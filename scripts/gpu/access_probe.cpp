@@ -1,5 +1,5 @@
 // Whether a virtual range keeps its access grant (cuMemSetAccess) when it is unmapped and mapped
-// again, and what the grant costs beside the mapping. Each case runs in a child of its own (a
+// again, what the grant costs beside the mapping, and what making a handle costs by its size. Each case runs in a child of its own (a
 // fault ends that child's context). On the GPU machine:
 //   g++ -std=c++20 -O2 -I/usr/local/cuda/include scripts/gpu/access_probe.cpp -o /tmp/access_probe
 //   -L/usr/local/cuda/lib64/stubs -lcuda && /tmp/access_probe
@@ -90,10 +90,28 @@ static int grant_costs() {
          one / n, again / n, beside / n, two / n);
   return 0;
 }
+// Case 3: making and releasing a handle, by size.
+static int handle_costs() {
+  Ctx c;
+  for (size_t mib : {2, 8, 32, 64, 256}) {
+    const int n = 40;
+    double made = 0, released = 0;
+    for (int i = 0; i < n; ++i) {
+      CUmemGenericAllocationHandle h;
+      double t0 = now_us();
+      if (cuMemCreate(&h, mib << 20, &c.prop, 0) != CUDA_SUCCESS) return 1;
+      double t1 = now_us();
+      cuMemRelease(h);
+      made += t1 - t0, released += now_us() - t1;
+    }
+    printf("  %3zu MiB: made in %.1f us, released in %.1f us\n", mib, made / n, released / n);
+  }
+  return 0;
+}
 int main() {
-  int (*cases[])() = {grant_costs, remap_without_grant};
-  const char* names[] = {"grant costs", "remap without a grant"};
-  for (int i = 0; i < 2; ++i) {
+  int (*cases[])() = {grant_costs, handle_costs, remap_without_grant};
+  const char* names[] = {"grant costs", "handle costs", "remap without a grant"};
+  for (int i = 0; i < 3; ++i) {
     printf("%s:\n", names[i]);
     fflush(stdout);
     pid_t p = fork();
