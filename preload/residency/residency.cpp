@@ -236,6 +236,7 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
     pf_lead_ = std::max<uint64_t>(std::min<uint64_t>(8, lead_ceiling()), pf_lead_ - pf_lead_ / 4);
   }
   if (!copy_stream_) copy_stream_ = d_.create_stream();
+  r.loading = r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1;
   if (o_.fault != Options::Fault::SkipEvictWait) {
     for (const Range::Touch& t : r.touches)
       if (uint64_t e = event_after(t.s, t.launch)) d_.stream_wait(copy_stream_, e);
@@ -269,6 +270,7 @@ void Residency::finish_evict(uint32_t slot) {
     spare_pieces(r);  // still counted in held_: the caller takes or releases them
   }
   r.given = false;
+  r.loading = false;
   r.pieces.clear();
   r.state = State::OnHost;
   r.touches.clear();
@@ -467,6 +469,16 @@ void Residency::abandon(Range& r) {
   r.host = nullptr;
   r.state = State::Resident;
   add_touch(r, copy_stream_, ++copy_touches_);  // its own count: event_after then records afresh
+  if (r.loading && o_.fault != Options::Fault::SkipReloadWait) {
+    // Its bytes arrive with the reload its copy out waited for: the copy stream's event stands
+    // for that reload, and a launch on another stream waits for it as for any reload.
+    r.loading = false;
+    d_.record_event(r.copy_event, copy_stream_);
+    r.state = State::CopyingIn;
+    r.in_stream = copy_stream_;
+    return;
+  }
+  r.loading = false;
   drop_event(r.copy_event);
   r.copy_event = 0;
 }

@@ -117,7 +117,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // class (granules 1, 2, 3, 4, 6, 8, 12, ... up to a piece) where that adds at most an eighth
     // of the range, so that fewer handle sizes exist and a spare of the class backs the next one.
     bool size_classes = false;
-    enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture };  // tests: proves a missing wait is caught
+    enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   struct Stats {
@@ -256,6 +256,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // the copy still reads them here, so the range cannot keep its bytes if touched; unmapped
     // once the copy is done.
     bool given = false;
+    // Its eviction began while its reload was still copying in: the copy out waits for that
+    // reload, but a launch that takes the range back (abandon) must wait for it too.
+    bool loading = false;
     // Streams that touched the range since it was made resident, each with the launch
     // number of its last touch there.
     struct Touch {
