@@ -62,7 +62,7 @@ done
 # meet, and so which orderings are exercised.
 for t in tests/data/traces/*.trace; do
   case $t in *lora.trace | *reference.trace) continue ;; esac
-  for policy in OFFLOAD_CAP_WHOLE=32MiB OFFLOAD_CAP_EXTRA_PIECES=1 OFFLOAD_CAP_PIECE=0 OFFLOAD_CAP_TILE=class; do
+  for policy in OFFLOAD_CAP_WHOLE=0 OFFLOAD_CAP_EXTRA_PIECES=1 OFFLOAD_CAP_PIECE=0 OFFLOAD_CAP_TILE=class; do
     env "$policy" build-test-release/offloadctl replay "$t" --cap 0.5 --steps 10 > /dev/null ||
       { echo "replay --cap of $t with $policy failed"; exit 1; }
   done

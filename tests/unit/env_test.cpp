@@ -163,6 +163,9 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_CAP_PIECE", "32MiB").cap_piece, 32ull << 20);
   EXPECT_EQ(one("OFFLOAD_CAP_PIECE", "0").cap_piece, 0u);
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_piece, 64ull << 20);
+  EXPECT_EQ(one("OFFLOAD_CAP_WHOLE", "8MiB").cap_whole, 8ull << 20);
+  EXPECT_EQ(one("OFFLOAD_CAP_WHOLE", "0").cap_whole, 0u);
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_whole, 32ull << 20);
   EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "3").cap_extra_pieces, 3u);
   EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "0").cap_extra_pieces, 0u);
   EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "any").cap_extra_pieces, Settings::kAnyPieces);
@@ -188,7 +191,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_TRACE_STEPS", "many"},   {"OFFLOAD_TRACE_STEPS", "5x"},   {"OFFLOAD_TRACE_STEPS", "99999999999999999999"},
       {"OFFLOAD_TELEMETRY", "on"},       {"OFFLOAD_TELEMETRY", "CUPTI"},  {"OFFLOAD_TRACE_LEAD", "yes"},  {"OFFLOAD_LOG_LEVEL", "verbose"},
       {"OFFLOAD_LOG_LEVEL", "trace"},    {"OFFLOAD_DISABLE", "yes"},      {"OFFLOAD_DISABLE", "2"},
-      {"OFFLOAD_CAP_PIECE", "big"},      {"OFFLOAD_CAP_EXTRA_PIECES", "-1"}, {"OFFLOAD_CAP_EXTRA_PIECES", "many"},
+      {"OFFLOAD_CAP_PIECE", "big"}, {"OFFLOAD_CAP_WHOLE", "whole"},      {"OFFLOAD_CAP_EXTRA_PIECES", "-1"}, {"OFFLOAD_CAP_EXTRA_PIECES", "many"},
       {"OFFLOAD_CAP_EXTRA_PIECES", "2000"}, {"OFFLOAD_CAP_TILE", "some"}, {"OFFLOAD_CAP_REFIT", "yes"},
       {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"},
   };
