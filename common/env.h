@@ -50,8 +50,8 @@ struct Settings {
   // OFFLOAD_CAP_PIECE: the largest physical handle a range is backed by; 0 = one per range.
   uint64_t cap_piece = 64ull << 20;
   // OFFLOAD_CAP_WHOLE: ranges of at most this size are backed by one handle of their size, never
-  // tiled from smaller spares; 0: any range may be tiled. 32 MiB: on the H200 a step of four small
-  // models took 10-25% less, a Llama of 59 GiB at 70% about the same (docs/results.md).
+  // tiled from smaller spares, while handles are quick to make (Residency::Options::whole_max);
+  // 0: any range may be tiled. On the H200 four small models' steps took 10-25% less (docs/results.md).
   uint64_t cap_whole = 32ull << 20;
   // OFFLOAD_CAP_EXTRA_PIECES: how many pieces more than the fewest that back it a range may map
   // from spare handles before the rest is made new; "any" (the default): no limit. On the H200

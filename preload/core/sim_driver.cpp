@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <new>
+#include <thread>
 
 namespace offload {
 
@@ -306,6 +308,8 @@ void SimDriver::unreserve(DevPtr va, uint64_t bytes) {
 }
 
 uint64_t SimDriver::create_physical(uint64_t bytes) {
+  if (const uint64_t ns = create_delay_ns_.load(std::memory_order_relaxed))
+    std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
   std::lock_guard lock(mu_);
   if (bytes == 0 || granularity_ == 0 || bytes % granularity_ != 0) {
     ++stats_.misuses;
@@ -350,6 +354,8 @@ void SimDriver::release_physical(uint64_t handle) {
 }
 
 bool SimDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
+  if (const uint64_t ns = map_delay_ns_.load(std::memory_order_relaxed))
+    std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
   std::lock_guard lock(mu_);
   const uint64_t g = granularity_;
   auto ph = physical_.find(handle);

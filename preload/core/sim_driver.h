@@ -27,6 +27,7 @@
 // running at a time), so a body may call back into the driver.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -97,6 +98,9 @@ class SimDriver final : public Driver {
   void set_device_total_bytes(uint64_t bytes);  // default 16 GiB
   // create_physical returns 0 when the live physical bytes would exceed this; default none.
   void set_physical_limit(uint64_t bytes);
+  // Tests: each create_physical, and each map, takes at least this long (the relative costs of a
+  // driver's handles and mappings).
+  void set_vmm_delays_ns(uint64_t create, uint64_t map) { create_delay_ns_ = create, map_delay_ns_ = map; }
   // Tests: the next reserve() calls place their ranges at these addresses, in order (each a
   // multiple of the granularity, with the range free; a call that cannot is a misuse and
   // returns 0), as a real driver's ranges may interleave.
@@ -260,6 +264,7 @@ class SimDriver final : public Driver {
   Stream rr_last_ = 0;
   bool rr_started_ = false;
   bool copy_delay_ = false;
+  std::atomic<uint64_t> create_delay_ns_{0}, map_delay_ns_{0};
 };
 
 }  // namespace offload

@@ -15,7 +15,7 @@ constexpr double kGiB = double(1ull << 30);
 
 uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_t, Spare>::const_iterator>* out) const {
   out->clear();
-  if (!o_.piece_max || need <= o_.whole_max) {  // one handle of its size only
+  if (!o_.piece_max || (need <= o_.whole_max && whole_pays())) {  // one handle of its size only
     if (auto it = spares_.find(need); it != spares_.end()) out->push_back(it);
     return out->empty() ? 0 : need;
   }
@@ -85,7 +85,9 @@ void Residency::unmap_pieces(const Range& r) {
     off += p.bytes;
   }
   st_.unmaps += r.pieces.size();
-  st_.unmap_ns += mono_now_ns() - t0;
+  const uint64_t ns = mono_now_ns() - t0;
+  st_.unmap_ns += ns;
+  if (!r.pieces.empty()) average(&unmap_avg_, ns / r.pieces.size());
 }
 
 void Residency::spare_pieces(Range& r) {
@@ -213,6 +215,7 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
     const uint64_t t0 = mono_now_ns();
     const uint64_t h = d_.create_physical(size);
     st_.create_ns += mono_now_ns() - t0;
+    average(&create_avg_, mono_now_ns() - t0);
     if (!h) {
       give_back();
       if (why) {
@@ -244,6 +247,7 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
     return false;
   }
   st_.map_ns += mono_now_ns() - t0;
+  if (!hs.empty()) average(&map_avg_, (mono_now_ns() - t0) / hs.size());
   note_footprint();
   return true;
 }

@@ -120,6 +120,7 @@ CapReplay replay_under_cap(const StepTrace& rec, const CapReplayOptions& o) {
   ro.min_bytes = o.policy.min_bytes ? scaled(o.policy.min_bytes, div, out.granularity) : out.granularity;
   ro.piece_max = out.piece_max;
   ro.whole_max = o.policy.whole_max ? scaled(o.policy.whole_max, div, out.granularity) : 0;
+  ro.whole_measured = false;  // the simulated driver's costs are not the GPU's
   ro.pool_floor = 0;  // the replay's pool is counted by its live bytes (admit_small), not modelled
   ro.pool_step = 0;
   ro.fault = o.fault;

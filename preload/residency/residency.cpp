@@ -584,6 +584,9 @@ Residency::Stats Residency::stats() const {
   s.prefetch_lead = pf_lead_;
   s.held = held_;
   s.pool_share = pool_share_;
+  s.whole = o_.whole_max && o_.piece_max && whole_pays();
+  s.create_avg_ns = create_avg_;
+  s.piece_avg_ns = map_avg_ + unmap_avg_;
   return s;
 }
 

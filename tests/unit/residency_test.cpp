@@ -1122,6 +1122,51 @@ LoopHandles loop_of_many_sizes(bool tile_exact, bool refit = false, bool classes
   return out;
 }
 
+// Four ranges of one granule go out for one of four: with handles quick to make, the large one is
+// backed by one handle of its size (the small spares go back); with handles slow to make (the
+// running averages say more than twice a piece's mapping and unmapping), by the four spares.
+struct WholeOutcome {
+  uint64_t maps = 0, whole = 0;
+  bool intact = false;
+};
+WholeOutcome back_after_small_ranges(uint64_t create_ns, uint64_t map_ns) {
+  Residency::Options o = CapRig::options(4 * kGran, Residency::Options::Fault::None);
+  o.piece_max = 8 * kGran;
+  o.whole_max = 4 * kGran;
+  o.low_water = 1;  // nothing evicted ahead: only the large allocation makes room
+  CapRig r(o);
+  r.sim.set_vmm_delays_ns(create_ns, map_ns);
+  std::vector<DevPtr> small;
+  for (int i = 0; i < 4; ++i) {
+    small.push_back(r.alloc(kGran, kA));
+    EXPECT_TRUE(r.kernel(kA, {small.back()}, fill(small.back(), kGran, 10 + i)));
+  }
+  r.sim.run_all();
+  const uint64_t maps_before = r.res.stats().maps;
+  const DevPtr big = r.alloc(4 * kGran, kA);
+  EXPECT_NE(big, 0u) << r.res.error();
+  WholeOutcome out;
+  out.maps = r.res.stats().maps - maps_before;
+  out.whole = r.res.stats().whole;
+  uint64_t got = 0;
+  EXPECT_TRUE(r.kernel(kA, {small[0]}, [&] { got = hash(small[0], kGran); }));  // it comes back intact
+  r.sim.run_all();
+  out.intact = got == filled_hash(10);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  return out;
+}
+
+TEST(Residency, SmallRangesAreBackedWholeWhileHandlesAreQuickToMake) {
+  const WholeOutcome quick = back_after_small_ranges(0, 2'000'000);
+  EXPECT_EQ(quick.whole, 1u);
+  EXPECT_EQ(quick.maps, 1u) << "one handle of its size";
+  EXPECT_TRUE(quick.intact);
+  const WholeOutcome slow = back_after_small_ranges(5'000'000, 0);
+  EXPECT_EQ(slow.whole, 0u);
+  EXPECT_EQ(slow.maps, 4u) << "the four spares";
+  EXPECT_TRUE(slow.intact);
+}
+
 TEST(Residency, WithExactTilingALoopsHandlesStopGrowing) {
   const LoopHandles exact = loop_of_many_sizes(true);
   ASSERT_GT(exact.held_mid, 0u) << "the loop ran";
