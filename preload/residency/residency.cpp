@@ -290,6 +290,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   const uint64_t size = range_size(bytes);
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
+  decide_whole();
   ++st_.allocs;
   largest_need_ = std::max(largest_need_, size);
   if (const DevPtr va = reuse_cached(size, s, tag)) return va;

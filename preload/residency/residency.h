@@ -357,8 +357,13 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void release_spares_for(uint64_t need);  // spares that cannot back `need` go until it fits
   void unmap_pieces(const Range& r);
   // Small ranges backed whole: while making a handle costs at most twice a piece's mapping and
-  // unmapping (running averages; whole until both are known).
-  bool whole_pays() const { return !o_.whole_measured || !create_avg_ || !map_avg_ || create_avg_ <= 2 * (map_avg_ + unmap_avg_); }
+  // unmapping (running averages; whole until both are known). Decided at the start of an
+  // allocation or a launch only: within one, every look at the spares must agree, or the room
+  // made for a range would not be the room it takes.
+  bool whole_pays() const { return whole_now_; }
+  void decide_whole() {
+    whole_now_ = !o_.whole_measured || !create_avg_ || !map_avg_ || create_avg_ <= 2 * (map_avg_ + unmap_avg_);
+  }
   static void average(uint64_t* avg, uint64_t sample) { *avg = *avg ? *avg - *avg / 8 + sample / 8 : sample; }
   // Handles become spares; `event`: work that still uses them, which whoever maps one waits for.
   void add_spare(uint64_t bytes, uint64_t handle, uint64_t event) {
@@ -410,6 +415,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t outside_base_ = UINT64_MAX, outside_ = 0;
   uint64_t period_ = 0;
   uint64_t create_avg_ = 0, map_avg_ = 0, unmap_avg_ = 0;  // ns per handle made, per piece mapped or unmapped
+  bool whole_now_ = true;
   uint64_t out_bytes_ = 0;                  // bytes of ranges copying out
   uint64_t cached_bytes_ = 0, spare_bytes_ = 0;  // of freed ranges kept, of spare handles
   std::vector<uint32_t> copying_out_;       // their slots
