@@ -214,8 +214,9 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
     const uint64_t size = top && left >= top ? top : left;
     const uint64_t t0 = mono_now_ns();
     const uint64_t h = d_.create_physical(size);
-    st_.create_ns += mono_now_ns() - t0;
-    average(&create_avg_, mono_now_ns() - t0);
+    const uint64_t made_ns = mono_now_ns() - t0;
+    st_.create_ns += made_ns;
+    average(&create_avg_, made_ns);
     if (!h) {
       give_back();
       if (why) {
@@ -246,8 +247,9 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
     if (why) *why = "mapping a range failed";
     return false;
   }
-  st_.map_ns += mono_now_ns() - t0;
-  if (!hs.empty()) average(&map_avg_, (mono_now_ns() - t0) / hs.size());
+  const uint64_t map_ns = mono_now_ns() - t0;
+  st_.map_ns += map_ns;
+  if (!hs.empty()) average(&map_avg_, map_ns / hs.size());
   note_footprint();
   return true;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <utility>
 
 #include "common/log.h"
 
@@ -470,16 +471,15 @@ void Residency::abandon(Range& r) {
   r.host = nullptr;
   r.state = State::Resident;
   add_touch(r, copy_stream_, ++copy_touches_);  // its own count: event_after then records afresh
-  if (r.loading && o_.fault != Options::Fault::SkipReloadWait) {
+  const bool loading = std::exchange(r.loading, false);
+  if (loading && o_.fault != Options::Fault::SkipReloadWait) {
     // Its bytes arrive with the reload its copy out waited for: the copy stream's event stands
     // for that reload, and a launch on another stream waits for it as for any reload.
-    r.loading = false;
     d_.record_event(r.copy_event, copy_stream_);
     r.state = State::CopyingIn;
     r.in_stream = copy_stream_;
     return;
   }
-  r.loading = false;
   drop_event(r.copy_event);
   r.copy_event = 0;
 }
