@@ -205,6 +205,24 @@ class UNet(nn.Module):
         return self.out(h)
 
 
+class EmbeddingCat(nn.Module):
+    """`tables` embeddings (one index column each) joined by a many-input torch.cat under an MLP."""
+
+    def __init__(self, tables, rows, d, sparse=False):
+        super().__init__()
+        self.embs = nn.ModuleList(nn.Embedding(rows, d, sparse=sparse) for _ in range(tables))
+        self.mlp = nn.Sequential(nn.Linear(tables * d, 1024), nn.ReLU(), nn.Linear(1024, 1))
+
+    def forward(self, idx):
+        return self.mlp(torch.cat([e(idx[:, i]) for i, e in enumerate(self.embs)], dim=1)).squeeze(1)
+
+
+def mlp_blocks(d, depth):
+    """`depth` blocks of Linear, GELU, Linear and LayerNorm at width `d` (4x inside)."""
+    return nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.LayerNorm(d))
+                           for _ in range(depth)])
+
+
 class Checkpointed(nn.Module):
     """`inner` under non-reentrant activation checkpointing."""
 
@@ -277,16 +295,7 @@ def build(name, seed, scale, ckpt=False):
         return model, opt, step_fn
     if name == "embed_cat":
         tables, rows, d, batch = {"small": (64, 20000, 64, 4096), "large": (96, 200000, 128, 16384)}[scale]
-
-        class Rec(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embs = nn.ModuleList(nn.Embedding(rows, d) for _ in range(tables))
-                self.mlp = nn.Sequential(nn.Linear(tables * d, 1024), nn.ReLU(), nn.Linear(1024, 1))
-
-            def forward(self, idx):
-                return self.mlp(torch.cat([e(idx[:, i]) for i, e in enumerate(self.embs)], dim=1)).squeeze(1)
-        model = Rec().to(dev)
+        model = EmbeddingCat(tables, rows, d).to(dev)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
 
         def step_fn(k):
@@ -296,8 +305,7 @@ def build(name, seed, scale, ckpt=False):
         return model, opt, step_fn
     if name == "compiled_mlp":
         d, depth, batch = {"small": (2048, 8, 4096), "large": (4096, 16, 16384)}[scale]
-        model = nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.LayerNorm(d))
-                                for _ in range(depth)]).to(dev)
+        model = mlp_blocks(d, depth).to(dev)
         if ckpt:
             model = nn.Sequential(*[Checkpointed(blk) for blk in model])
         cmodel = torch.compile(model)
@@ -307,10 +315,10 @@ def build(name, seed, scale, ckpt=False):
             x = torch.randn(batch, d, generator=g(k), device=dev)
             return cmodel(x).float().pow(2).mean()
         return model, opt, step_fn
-    if name in ("hf_gpt2", "hf_bert"):
+    if name in ("hf_gpt2", "hf_bert", "compiled_gpt2"):
         import transformers
         layers, d, batch, seq = {"small": (4, 768, 8, 512), "large": (12, 1536, 16, 1024)}[scale]
-        if name == "hf_gpt2":
+        if name != "hf_bert":
             cfg = transformers.GPT2Config(vocab_size=32000, n_positions=seq, n_embd=d, n_layer=layers,
                                           n_head=d // 64, attn_implementation="sdpa")
             model = transformers.GPT2LMHeadModel(cfg).to(dev)
@@ -320,13 +328,14 @@ def build(name, seed, scale, ckpt=False):
                                           max_position_embeddings=seq, attn_implementation="sdpa")
             model = transformers.BertForMaskedLM(cfg).to(dev)
         hf_for_training(model, ckpt)
+        fwd = torch.compile(model) if name == "compiled_gpt2" else model
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def step_fn(k):
             tok = torch.randint(0, 32000, (batch, seq), generator=g(k), device=dev)
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                if name == "hf_gpt2":
-                    return model(input_ids=tok, labels=tok).loss
+                if name != "hf_bert":
+                    return fwd(input_ids=tok, labels=tok).loss
                 masked = torch.rand(batch, seq, generator=g(k), device=dev) < 0.15
                 labels = torch.where(masked, tok, torch.full_like(tok, -100))
                 return model(input_ids=torch.where(masked, torch.full_like(tok, 4), tok), labels=labels).loss
@@ -397,8 +406,7 @@ def build(name, seed, scale, ckpt=False):
         return model, None, step_fn
     if name == "graphed_mlp":
         d, depth, batch = {"small": (2048, 8, 4096), "large": (4096, 12, 16384)}[scale]
-        model = nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.LayerNorm(d))
-                                for _ in range(depth)]).to(dev)
+        model = mlp_blocks(d, depth).to(dev)
         opt = torch.optim.Adam(model.parameters(), lr=1e-4, capturable=True)
         static_x = torch.zeros(batch, d, device=dev)
 
@@ -427,25 +435,9 @@ def build(name, seed, scale, ckpt=False):
             graph.replay()
             return static_loss
         return model, None, step_fn
-    if name == "compiled_gpt2":
-        import transformers
-        layers, d, batch, seq = {"small": (4, 768, 8, 512), "large": (12, 1536, 16, 1024)}[scale]
-        cfg = transformers.GPT2Config(vocab_size=32000, n_positions=seq, n_embd=d, n_layer=layers,
-                                      n_head=d // 64, attn_implementation="sdpa")
-        model = transformers.GPT2LMHeadModel(cfg).to(dev)
-        hf_for_training(model, ckpt)
-        cmodel = torch.compile(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def step_fn(k):
-            tok = torch.randint(0, 32000, (batch, seq), generator=g(k), device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return cmodel(input_ids=tok, labels=tok).loss
-        return model, opt, step_fn
     if name == "ro_mlp":
         d, depth, batch = {"small": (2048, 8, 4096), "large": (4096, 12, 16384)}[scale]
-        model = nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.LayerNorm(d))
-                                for _ in range(depth)]).to(dev)
+        model = mlp_blocks(d, depth).to(dev)
         cmodel = torch.compile(model, mode="reduce-overhead")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -455,16 +447,7 @@ def build(name, seed, scale, ckpt=False):
         return model, opt, step_fn
     if name == "sparse_embed":
         tables, rows, d, batch = {"small": (8, 200000, 64, 8192), "large": (16, 2000000, 128, 32768)}[scale]
-
-        class SparseRec(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embs = nn.ModuleList(nn.Embedding(rows, d, sparse=True) for _ in range(tables))
-                self.mlp = nn.Sequential(nn.Linear(tables * d, 1024), nn.ReLU(), nn.Linear(1024, 1))
-
-            def forward(self, idx):
-                return self.mlp(torch.cat([e(idx[:, i]) for i, e in enumerate(self.embs)], dim=1)).squeeze(1)
-        model = SparseRec().to(dev)
+        model = EmbeddingCat(tables, rows, d, sparse=True).to(dev)
         sparse_opt = torch.optim.SparseAdam(list(model.embs.parameters()), lr=1e-3)
         dense_opt = torch.optim.Adam(model.mlp.parameters(), lr=1e-3)
 
