@@ -376,7 +376,8 @@ void print_json(const std::string& path, const StepTrace& rec, const CapReplayOp
         .field("evictions", s.evictions).field("reloads", s.reloads).field("prefetches", s.prefetches)
         .field("prefetch_hits", s.prefetch_hits).field("maps", s.maps).field("unmaps", s.unmaps)
         .field("created", s.created).field("created_bytes", unscaled(s.created_bytes)).field("released", s.released)
-        .field("waits", s.waits).end();
+        .field("waits", s.waits).field("host_mapped_bytes", unscaled(s.host_mapped))
+        .field("host_peak_bytes", unscaled(s.host_peak)).end();
   }
   w.end();
   w.field("held_peak_bytes", unscaled(st.held_peak)).field("footprint_peak_bytes", unscaled(st.footprint_peak))

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include "common/clock.h"
 
@@ -58,34 +59,53 @@ void* HostStore::take(uint64_t bytes) {
     ++st_.refused;
     return nullptr;
   }
-  add_chunk(base, size, lent);
+  const uint32_t c = add_chunk(base, size, lent);
   if (bytes > o_.pin_piece) {  // its own chunk, whole
-    chunks_.back().used = size;
     note_taken(bytes);
     return base;
   }
+  add_free(base, size, c);
   return take_locked(bytes);
 }
 
 void* HostStore::take_locked(uint64_t bytes) {
-  // A freed slot of the same size (a training step evicts the same sizes again and again).
-  // Slots are never split: one over pin_piece had a chunk of its own, registered in pieces from
-  // its start, and a piece of it elsewhere would put a copy across two registrations.
-  if (auto it = free_.find(bytes); it != free_.end()) {
+  // A slot over pin_piece had a chunk of its own, registered in pieces from its start: it is
+  // never split, since a piece of it elsewhere would put a copy across two registrations.
+  if (bytes > o_.pin_piece) {
+    auto it = free_big_.find(bytes);
+    if (it == free_big_.end()) return nullptr;
     void* p = it->second;
-    free_.erase(it);
+    free_big_.erase(it);
     note_taken(bytes);
     return p;
   }
-  if (bytes > o_.pin_piece) return nullptr;  // a chunk of its own
-  for (Chunk& c : chunks_)
-    if (c.bytes <= o_.pin_piece && c.bytes - c.used >= bytes) {
-      void* p = c.base + c.used;
-      c.used += bytes;
-      note_taken(bytes);
-      return p;
-    }
-  return nullptr;
+  // Best fit: the smallest free block that holds it, its front taken, the rest left free.
+  auto fit = free_by_size_.lower_bound(bytes);
+  if (fit == free_by_size_.end()) return nullptr;
+  auto it = free_.find(fit->second);
+  unsigned char* p = it->first;
+  const Free f = it->second;
+  drop_free(it);
+  if (f.bytes > bytes) add_free(p + bytes, f.bytes - bytes, f.chunk);
+  note_taken(bytes);
+  return p;
+}
+
+void HostStore::add_free(unsigned char* p, uint64_t bytes, uint32_t chunk) {
+  const BySize::iterator s = free_by_size_.emplace(bytes, p);
+  free_.emplace(p, Free{bytes, chunk, s});
+  st_.free_blocks = free_.size();
+}
+
+void HostStore::drop_free(std::map<unsigned char*, Free>::iterator it) {
+  free_by_size_.erase(it->second.by_size);
+  free_.erase(it);
+  st_.free_blocks = free_.size();
+}
+
+uint32_t HostStore::chunk_of(const unsigned char* p) const {
+  auto it = chunk_at_.upper_bound(p);
+  return std::prev(it)->second;  // p lies in a chunk: the last one starting at or before it
 }
 
 void HostStore::note_taken(uint64_t bytes) {
@@ -118,19 +138,41 @@ void HostStore::pin(unsigned char* base, uint64_t size) {
   st_.pin_ns += mono_ns() - t0;
 }
 
-void HostStore::add_chunk(unsigned char* base, uint64_t size, bool lent) {
-  chunks_.push_back({base, size, 0, lent});
+uint32_t HostStore::add_chunk(unsigned char* base, uint64_t size, bool lent) {
+  const auto index = static_cast<uint32_t>(chunks_.size());
+  chunks_.push_back({base, size, lent});
+  chunk_at_.emplace(base, index);
   st_.mapped += size;
   if (lent) st_.lent += size;
   ++st_.chunks;
+  return index;
 }
 
 void HostStore::give(void* p, uint64_t bytes) {
   if (!p) return;
   bytes = round_up(std::max<uint64_t>(bytes, 1), kSlotAlign);
   std::lock_guard<std::mutex> lk(mu_);
-  free_.emplace(bytes, p);
   st_.in_use -= std::min(st_.in_use, bytes);
+  if (bytes > o_.pin_piece) {
+    free_big_.emplace(bytes, p);
+    return;
+  }
+  // Merged with the free blocks either side that lie in the same chunk.
+  auto* at = static_cast<unsigned char*>(p);
+  const uint32_t c = chunk_of(at);
+  if (auto next = free_.find(at + bytes); next != free_.end() && next->second.chunk == c) {
+    bytes += next->second.bytes;
+    drop_free(next);
+  }
+  if (auto prev = free_.lower_bound(at); prev != free_.begin()) {
+    --prev;
+    if (prev->second.chunk == c && prev->first + prev->second.bytes == at) {
+      at = prev->first;
+      bytes += prev->second.bytes;
+      drop_free(prev);
+    }
+  }
+  add_free(at, bytes, c);
 }
 
 HostStore::Stats HostStore::stats() const {

@@ -4,9 +4,13 @@
 // is becomes known only as the process allocates. The store maps anonymous memory in chunks
 // (pinned with Driver::pin_host, which faults them in, in pieces of at most `pin_piece` bytes:
 // one huge registration fails or takes minutes) and hands out slots inside them. A slot never
-// spans two chunks; a slot larger than a chunk gets a chunk of its own. Freed slots are kept
-// by size and reused first (a training step evicts the same sizes again and again), so the
-// store grows to the most bytes that were ever out at once, plus the rounding of its chunks.
+// spans two chunks; a slot larger than a chunk gets a chunk of its own. Inside the chunks, slots
+// are placed best fit and freed slots merge with free neighbours of the same chunk, so that a
+// step whose mix of sizes out at once changes (a plan's prefetches and early evictions do) is
+// served from room already pinned: with slots reused by exact size only, the recorded steps'
+// stores grew 15-66% past their most bytes in use (`offloadctl replay --cap`, host_mapped_bytes
+// against host_peak_bytes; docs/results.md), and every byte of growth is pinned on the thread
+// that evicts. Slots over pin_piece are reused by exact size.
 //
 // A copy never spans two pinned registrations (a driver may take such a copy for pinned memory
 // it is not): a chunk of at most pin_piece is one registration, and a larger one holds one
@@ -52,6 +56,7 @@ class HostStore {
     uint64_t refused = 0;  // take() past the limit
     int64_t pin_ns = 0;    // wall time pinning chunks (which faults them in)
     uint64_t lent = 0;     // of `mapped`, the bytes a ChunkSource lent
+    uint64_t free_blocks = 0;  // free blocks inside chunks (how fragmented the room is)
   };
 
   HostStore(Driver& d, Options o, ChunkSource* source = nullptr);
@@ -73,21 +78,32 @@ class HostStore {
   struct Chunk {
     unsigned char* base;
     uint64_t bytes;
-    uint64_t used;  // bump offset
-    bool lent;      // the source's: never unmapped here
+    bool lent;  // the source's: never unmapped here
+  };
+  using BySize = std::multimap<uint64_t, unsigned char*>;
+  struct Free {
+    uint64_t bytes;
+    uint32_t chunk;  // blocks merge only within one chunk: one pinned registration
+    BySize::iterator by_size;
   };
   void* take_locked(uint64_t bytes);
   void note_taken(uint64_t bytes);
+  void add_free(unsigned char* p, uint64_t bytes, uint32_t chunk);
+  void drop_free(std::map<unsigned char*, Free>::iterator it);
+  uint32_t chunk_of(const unsigned char* p) const;
   unsigned char* map_chunk(uint64_t size, bool* lent);  // mapped or lent, and pinned
   void pin(unsigned char* base, uint64_t size);
-  void add_chunk(unsigned char* base, uint64_t size, bool lent);
+  uint32_t add_chunk(unsigned char* base, uint64_t size, bool lent);
 
   Driver& d_;
   Options o_;
   ChunkSource* source_;
   mutable std::mutex mu_;
   std::vector<Chunk> chunks_;
-  std::multimap<uint64_t, void*> free_;  // size -> slot
+  std::map<const unsigned char*, uint32_t> chunk_at_;  // base -> index in chunks_
+  std::map<unsigned char*, Free> free_;                // free blocks inside chunks, by address
+  BySize free_by_size_;                                // the same blocks, by size (best fit)
+  std::multimap<uint64_t, void*> free_big_;            // freed slots over pin_piece, by size
   Stats st_;
 };
 

@@ -68,6 +68,9 @@ class CapGate final : public ReplayCap {
     step_.created_bytes = s.created_bytes - at_start_.created_bytes;
     step_.released = s.released - at_start_.released;
     step_.waits = s.waits - at_start_.waits;
+    const HostStore::Stats h = res_->host_stats();
+    step_.host_mapped = h.mapped;
+    step_.host_peak = h.peak_in_use;
     out_->steps.push_back(step_);
   }
   void detach() override {

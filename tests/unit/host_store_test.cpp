@@ -1,0 +1,186 @@
+// HostStore: pinned host memory for evicted bytes (preload/residency/host_store.h), on the
+// simulated driver, which records what is pinned and counts a copy across two registrations.
+#include "residency/host_store.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "core/sim_driver.h"
+
+namespace offload {
+namespace {
+
+TEST(HostStore, ReusesSlotsAndRefusesPastItsLimit) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.limit = 2 << 20;
+  HostStore h(sim, o);
+  void* a = h.take(512 << 10);
+  void* b = h.take(512 << 10);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(h.stats().chunks, 1u);
+  h.give(a, 512 << 10);
+  EXPECT_EQ(h.take(512 << 10), a);
+  EXPECT_NE(h.take(1 << 20), nullptr);  // a second chunk
+  EXPECT_EQ(h.take(1 << 20), nullptr);  // past the limit
+  EXPECT_EQ(h.stats().refused, 1u);
+  EXPECT_EQ(sim.pinned().size(), 2u);
+}
+
+// A source lending a fixed arena (as offloadd's pool does), a chunk at a time, until it is used up.
+class ArenaSource final : public ChunkSource {
+ public:
+  explicit ArenaSource(uint64_t bytes) : arena_(bytes + 4096) {}
+  void* take(uint64_t bytes) override {
+    ++asked;
+    if (used_ + bytes > arena_.size() - 4096) return nullptr;
+    void* p = base() + used_;
+    used_ += bytes;
+    return p;
+  }
+  unsigned char* base() {  // page-aligned, as the pool's extents are
+    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(arena_.data()) + 4095) & ~uintptr_t(4095));
+  }
+  bool holds(const void* p) {
+    auto* c = static_cast<const unsigned char*>(p);
+    return c >= base() && c < base() + used_;
+  }
+  int asked = 0;
+
+ private:
+  std::vector<unsigned char> arena_;
+  uint64_t used_ = 0;
+};
+
+TEST(HostStore, TakesItsChunksFromTheSourceFirstAndPinsThem) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.limit = 8 << 20;
+  ArenaSource pool(2 << 20);  // two chunks' worth
+  HostStore h(sim, o, &pool);
+  std::vector<void*> got;
+  for (int i = 0; i < 4; ++i) got.push_back(h.take(1 << 20));
+  for (void* p : got) ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(pool.holds(got[0]));
+  EXPECT_TRUE(pool.holds(got[1]));
+  EXPECT_FALSE(pool.holds(got[2]));  // the source is used up: the store's own memory
+  EXPECT_FALSE(pool.holds(got[3]));
+  EXPECT_EQ(h.stats().lent, 2u << 20);
+  EXPECT_EQ(h.stats().mapped, 4u << 20);
+  ASSERT_EQ(sim.pinned().size(), 4u);  // lent chunks are pinned too
+  EXPECT_EQ(sim.pinned()[0].first, got[0]);
+  static_cast<unsigned char*>(got[1])[0] = 1;  // the memory is the caller's to use
+  h.give(got[0], 1 << 20);
+  EXPECT_EQ(h.take(1 << 20), got[0]);  // a freed slot is reused before the source is asked again
+  EXPECT_EQ(pool.asked, 4);
+}
+
+// Copies split in pieces of pin_piece from a slot's start never span two pinned registrations,
+// whatever the sizes taken and given (the simulated driver counts
+// such a copy as a misuse: a real one may take it for pinned memory it is not, and on the H200
+// training then diverged).
+TEST(HostStore, NoCopyIntoTheStoreSpansTwoRegistrations) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 256 << 10;
+  o.pin_piece = 1 << 20;
+  o.limit = 1ull << 30;
+  HostStore h(sim, o);
+  const DevPtr dev = sim.reserve(4 << 20);
+  const uint64_t handle = sim.create_physical(4 << 20);
+  ASSERT_TRUE(sim.map(dev, 4 << 20, handle));
+  std::mt19937_64 rng(7);
+  std::vector<std::pair<void*, uint64_t>> held;
+  for (int i = 0; i < 400; ++i) {
+    if (!held.empty() && rng() % 3 == 0) {
+      const size_t k = rng() % held.size();
+      h.give(held[k].first, held[k].second);
+      held.erase(held.begin() + static_cast<long>(k));
+      continue;
+    }
+    // Sizes from 4 KiB to 3.5 MiB: under a chunk, over one, and over pin_piece.
+    const uint64_t bytes = 4096 * (1 + rng() % 896);
+    auto* p = static_cast<unsigned char*>(h.take(bytes));
+    ASSERT_NE(p, nullptr);
+    for (uint64_t off = 0; off < bytes; off += o.pin_piece)
+      sim.copy_to_host(p + off, dev, std::min(o.pin_piece, bytes - off), 0x2000);
+    held.push_back({p, bytes});
+  }
+  sim.run_all();
+  EXPECT_EQ(sim.vmm_stats().misuses, 0u);
+  ASSERT_TRUE(sim.unmap(dev, 4 << 20));
+  sim.release_physical(handle);
+  sim.unreserve(dev, 4 << 20);
+}
+
+// A step whose mix of sizes out at once changes is served from the room already pinned: freed
+// slots merge and are split again, instead of waiting for a slot of their exact size.
+TEST(HostStore, FreedSlotsMergeAndServeOtherSizes) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.limit = 8 << 20;
+  HostStore h(sim, o);
+  std::vector<void*> quarter;
+  for (int i = 0; i < 4; ++i) quarter.push_back(h.take(256 << 10));
+  for (void* p : quarter) ASSERT_NE(p, nullptr);
+  EXPECT_EQ(h.stats().chunks, 1u);
+  // Freed out of order: the four merge into the chunk's whole megabyte.
+  for (int i : {2, 0, 3, 1}) h.give(quarter[static_cast<size_t>(i)], 256 << 10);
+  EXPECT_EQ(h.stats().free_blocks, 1u);
+  EXPECT_EQ(h.take(1 << 20), quarter[0]);
+  EXPECT_EQ(h.stats().chunks, 1u);
+  h.give(quarter[0], 1 << 20);
+  // And split again, smallest fit first: a 768 KiB slot leaves 256 KiB that a later one takes.
+  void* big = h.take(768 << 10);
+  void* small = h.take(256 << 10);
+  EXPECT_EQ(big, quarter[0]);
+  EXPECT_EQ(small, quarter[3]);
+  EXPECT_EQ(h.stats().chunks, 1u);
+  EXPECT_EQ(h.stats().in_use, 1u << 20);
+  EXPECT_EQ(h.stats().peak_in_use, 1u << 20);
+}
+
+// Free blocks of two chunks that lie side by side in memory (a pool lends its extents in order)
+// never merge: a slot across them would put one copy across two pinned registrations.
+void two_adjacent_chunks_freed(bool second_first) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.pin_piece = 4 << 20;
+  o.limit = 16 << 20;
+  ArenaSource pool(2 << 20);
+  HostStore h(sim, o, &pool);
+  auto* a = static_cast<unsigned char*>(h.take(1 << 20));
+  auto* b = static_cast<unsigned char*>(h.take(1 << 20));
+  ASSERT_EQ(b, a + (1 << 20));  // two chunks, adjacent
+  h.give(second_first ? b : a, 1 << 20);
+  h.give(second_first ? a : b, 1 << 20);
+  EXPECT_EQ(h.stats().free_blocks, 2u);
+  void* both = h.take(2 << 20);
+  ASSERT_NE(both, nullptr);
+  EXPECT_NE(both, a);
+  EXPECT_EQ(h.stats().chunks, 3u);
+  const DevPtr dev = sim.reserve(2 << 20);
+  const uint64_t handle = sim.create_physical(2 << 20);
+  ASSERT_TRUE(sim.map(dev, 2 << 20, handle));
+  sim.copy_to_host(both, dev, 2 << 20, 0x2000);
+  sim.run_all();
+  EXPECT_EQ(sim.vmm_stats().misuses, 0u);
+  ASSERT_TRUE(sim.unmap(dev, 2 << 20));
+  sim.release_physical(handle);
+  sim.unreserve(dev, 2 << 20);
+}
+
+TEST(HostStore, FreeBlocksOfTwoChunksNeverMerge) {
+  two_adjacent_chunks_freed(false);  // the second merges backwards
+  two_adjacent_chunks_freed(true);   // the first merges forwards
+}
+
+}  // namespace
+}  // namespace offload
