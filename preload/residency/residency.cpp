@@ -39,6 +39,7 @@ Residency::~Residency() {
   // handle and range goes back.
   for (Range& r : slots_) {
     if (r.copy_event) d_.event_sync(r.copy_event);
+    if (r.load_event) d_.event_sync(r.load_event);
     if (r.free_event) d_.event_sync(r.free_event);
   }
   for (auto& [s, ring] : rings_)
@@ -54,6 +55,7 @@ Residency::~Residency() {
     d_.unreserve(r.va, r.cap);
     if (r.host) host_.give(r.host, r.bytes);
     if (r.copy_event) d_.destroy_event(r.copy_event);
+    if (r.load_event) d_.destroy_event(r.load_event);
     if (r.free_event) d_.destroy_event(r.free_event);
   }
   for (auto& [bytes, sp] : spares_) d_.release_physical(sp.handle);
@@ -237,13 +239,14 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
     pf_lead_ = std::max<uint64_t>(std::min<uint64_t>(8, lead_ceiling()), pf_lead_ - pf_lead_ / 4);
   }
   if (!copy_stream_) copy_stream_ = d_.create_stream();
-  r.loading = r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1;
+  const bool loading = r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1;
   if (o_.fault != Options::Fault::SkipEvictWait) {
     for (const Range::Touch& t : r.touches)
       if (uint64_t e = event_after(t.s, t.launch)) d_.stream_wait(copy_stream_, e);
     if (r.free_event) d_.stream_wait(copy_stream_, r.free_event);
     if (r.copy_event) d_.stream_wait(copy_stream_, r.copy_event);  // a reload still running
   }
+  if (loading) r.load_event = std::exchange(r.copy_event, 0);  // the copy out gets an event of its own
   const uint64_t piece = host_.pin_piece();
   auto* dst = static_cast<unsigned char*>(host);
   for (uint64_t off = 0; off < r.bytes; off += piece)
@@ -271,7 +274,8 @@ void Residency::finish_evict(uint32_t slot) {
     spare_pieces(r);  // still counted in held_: the caller takes or releases them
   }
   r.given = false;
-  r.loading = false;
+  drop_event(r.load_event);  // the copy out followed the reload
+  r.load_event = 0;
   r.pieces.clear();
   r.state = State::OnHost;
   r.touches.clear();
@@ -471,13 +475,12 @@ void Residency::abandon(Range& r) {
   r.host = nullptr;
   r.state = State::Resident;
   add_touch(r, copy_stream_, ++copy_touches_);  // its own count: event_after then records afresh
-  const bool loading = std::exchange(r.loading, false);
-  if (loading && o_.fault != Options::Fault::SkipReloadWait) {
-    // Its bytes arrive with the reload its copy out waited for: the copy stream's event stands
-    // for that reload, and a launch on another stream waits for it as for any reload.
-    d_.record_event(r.copy_event, copy_stream_);
+  drop_event(r.copy_event);  // the copy out's: its bytes are thrown away
+  r.copy_event = std::exchange(r.load_event, 0);
+  if (r.copy_event && o_.fault != Options::Fault::SkipReloadWait) {
+    // Its bytes arrive with the reload that was still running when its eviction began: it is
+    // copying in again, on the reload's stream, and a launch on another stream waits for it.
     r.state = State::CopyingIn;
-    r.in_stream = copy_stream_;
     return;
   }
   drop_event(r.copy_event);

@@ -261,9 +261,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // the copy still reads them here, so the range cannot keep its bytes if touched; unmapped
     // once the copy is done.
     bool given = false;
-    // Its eviction began while its reload was still copying in: the copy out waits for that
-    // reload, but a launch that takes the range back (abandon) must wait for it too.
-    bool loading = false;
+    // Its eviction began while its reload was still copying in: the reload's event, kept while
+    // it copies out. The copy out waits for the reload; a launch that takes the range back
+    // (abandon) waits for the reload alone, not for the copy out behind it.
+    uint64_t load_event = 0;
     // Streams that touched the range since it was made resident, each with the launch
     // number of its last touch there.
     struct Touch {
