@@ -187,8 +187,9 @@ void read_cap(const SettingsReader& in, Settings& st) {
     char* end = nullptr;
     const unsigned long long n = std::strtoull(v, &end, 10);
     if (std::string_view(v) == "any") st.cap_extra_pieces = Settings::kAnyPieces;
+    else if (std::string_view(v) == "auto") st.cap_extra_pieces = Settings::kAutoPieces;
     else if (*v == '-' || end == v || *end || n > 1024)
-      in.bad("OFFLOAD_CAP_EXTRA_PIECES", v, "a count from 0 to 1024, or any");
+      in.bad("OFFLOAD_CAP_EXTRA_PIECES", v, "a count from 0 to 1024, any, or auto");
     else st.cap_extra_pieces = n;
   }
   if (const char* v = get("OFFLOAD_CAP_TILE"); v && *v) {

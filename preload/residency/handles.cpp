@@ -26,7 +26,7 @@ uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_
   // (docs/results.md, "Where the time goes").
   const uint64_t top = std::max(o_.piece_max, gran_);
   auto fewest = [top](uint64_t bytes) { return (bytes + top - 1) / top; };  // whole pieces, one tail
-  const uint64_t most = fewest(need) + o_.extra_pieces;
+  const uint64_t most = fewest(need) + extra_now_;
   uint64_t left = need;
   for (auto it = std::make_reverse_iterator(spares_.upper_bound(need)); it != spares_.rend() && left; ++it) {
     if (it->first > left) continue;

@@ -173,7 +173,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   }
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
-  decide_whole();
+  decide_costs();
   if (capture_open_ && s == capture_stream_) capture_open_ = false;
   launches_seen_ = launch_no;
   std::vector<uint32_t>& touched = scratch_;

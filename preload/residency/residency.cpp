@@ -30,6 +30,7 @@ Residency::Residency(Driver& d, HostStore& host, Options o) : d_(d), host_(host)
   if (!o_.min_bytes) o_.min_bytes = gran_;
   o_.piece_max = round_up(o_.piece_max, gran_);
   pool_share_ = std::min(o_.pool_floor, o_.budget / 2);
+  extra_now_ = o_.extra_pieces;
   st_.pool_share = pool_share_;
 }
 
@@ -295,7 +296,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   const uint64_t size = range_size(bytes);
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
-  decide_whole();
+  decide_costs();
   ++st_.allocs;
   largest_need_ = std::max(largest_need_, size);
   if (const DevPtr va = reuse_cached(size, s, tag)) return va;
@@ -589,6 +590,7 @@ Residency::Stats Residency::stats() const {
   s.held = held_;
   s.pool_share = pool_share_;
   s.whole = o_.whole_max && o_.piece_max && whole_pays();
+  s.extra_pieces = extra_now_;
   s.create_avg_ns = create_avg_;
   s.piece_avg_ns = map_avg_ + unmap_avg_;
   return s;
@@ -608,7 +610,8 @@ Residency::State Residency::state_of(DevPtr p) const {
 void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->piece_max = s.cap_piece;
   o->whole_max = s.cap_whole;
-  o->extra_pieces = s.cap_extra_pieces;  // "any" at 2^20
+  o->extra_auto = s.cap_extra_pieces == Settings::kAutoPieces;
+  o->extra_pieces = o->extra_auto ? Settings::kAnyPieces : s.cap_extra_pieces;  // "any" at 2^20
   o->tile_exact = s.cap_tile_exact;
   o->size_classes = s.cap_size_classes;
   o->refit = s.cap_refit;

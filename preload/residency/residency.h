@@ -104,6 +104,14 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // spares: each costs a mapping and an unmapping every time the range comes back, while the
     // rest is made new (and as many bytes of spares dropped). Default: no limit.
     uint64_t extra_pieces = 1ull << 20;
+    // Instead, while the costs are measured (whole_measured) and known: as many extra pieces as
+    // making one handle costs in pieces' mappings and unmappings (at least 1, at most
+    // kExtraAutoMost). With no limit the mappings of a loop grow step after step without end
+    // (the recorded llama-compiled step: 1,173 to 4,126 over 40 steps, `offloadctl replay`);
+    // any limit keeps them flat, and the cost of making a handle, which on the H200 rose from
+    // 31-98 us to 2.2 ms as the device filled (docs/results.md), sets how many handles that
+    // limit may make instead.
+    bool extra_auto = false;
     // Spares back a range only where they tile all of it, or as whole pieces and a tail of its
     // exact size, the rest made as whole pieces and one tail: every handle has a size some range
     // has, and a loop's handles stop growing in number. false (the default, the one measured on
@@ -163,6 +171,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t freed_out = 0, freed_out_bytes = 0;    // ranges freed on the host: copied out, never read back
     uint64_t whole = 0;                      // 1: small ranges are backed whole now (Options::whole_max)
     uint64_t create_avg_ns = 0, piece_avg_ns = 0;  // the running averages that decide it
+    uint64_t extra_pieces = 0;               // the pieces beyond the fewest a range may take now
   };
 
   Residency(Driver& d, HostStore& host, Options o);
@@ -361,10 +370,17 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // unmapping (running averages; whole until both are known). Decided at the start of an
   // allocation or a launch only: within one, every look at the spares must agree, or the room
   // made for a range would not be the room it takes.
+  // So is the limit on extra pieces (Options::extra_auto).
   bool whole_pays() const { return whole_now_; }
-  void decide_whole() {
-    whole_now_ = !o_.whole_measured || !create_avg_ || !map_avg_ || create_avg_ <= 2 * (map_avg_ + unmap_avg_);
+  void decide_costs() {
+    const bool known = o_.whole_measured && create_avg_ && map_avg_;
+    const uint64_t piece = map_avg_ + unmap_avg_;
+    whole_now_ = !known || create_avg_ <= 2 * piece;
+    extra_now_ = o_.extra_pieces;
+    if (o_.extra_auto && known)
+      extra_now_ = std::clamp<uint64_t>((create_avg_ + piece - 1) / std::max<uint64_t>(piece, 1), 1, kExtraAutoMost);
   }
+  static constexpr uint64_t kExtraAutoMost = 32;
   static void average(uint64_t* avg, uint64_t sample) { *avg = *avg ? *avg - *avg / 8 + sample / 8 : sample; }
   // Handles become spares; `event`: work that still uses them, which whoever maps one waits for.
   void add_spare(uint64_t bytes, uint64_t handle, uint64_t event) {
@@ -417,6 +433,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t period_ = 0;
   uint64_t create_avg_ = 0, map_avg_ = 0, unmap_avg_ = 0;  // ns per handle made, per piece mapped or unmapped
   bool whole_now_ = true;
+  uint64_t extra_now_ = 1ull << 20;  // decide_costs()
   uint64_t out_bytes_ = 0;                  // bytes of ranges copying out
   uint64_t cached_bytes_ = 0, spare_bytes_ = 0;  // of freed ranges kept, of spare handles
   std::vector<uint32_t> copying_out_;       // their slots

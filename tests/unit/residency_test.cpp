@@ -1063,13 +1063,20 @@ TEST(Residency, ARangeIsTiledFromSparesInFewPieces) {
 struct LoopHandles {
   uint64_t held_mid = 0, held_end = 0, maps_mid = 0, maps_end = 0;  // a step's mappings, over five
 };
-LoopHandles loop_of_many_sizes(bool tile_exact, bool refit = false, bool classes = false) {
+// extra_auto with delays (ns) for the simulated driver's handle made and mapping.
+struct Costs {
+  bool extra_auto = false;
+  uint64_t create_ns = 0, map_ns = 0;
+};
+LoopHandles loop_of_many_sizes(bool tile_exact, bool refit = false, bool classes = false, Costs costs = {}) {
   Residency::Options o = CapRig::options(500 * kGran, Residency::Options::Fault::None);
   o.piece_max = 8 * kGran;
   o.tile_exact = tile_exact;
   o.refit = refit;
   o.size_classes = classes;
+  o.extra_auto = costs.extra_auto;
   CapRig r(o);
+  r.sim.set_vmm_delays_ns(costs.create_ns, costs.map_ns);
   auto fail = [](CapRig& rig) {
     ADD_FAILURE() << rig.res.error();
     return LoopHandles{};
@@ -1165,6 +1172,19 @@ TEST(Residency, SmallRangesAreBackedWholeWhileHandlesAreQuickToMake) {
   EXPECT_EQ(slow.whole, 0u);
   EXPECT_EQ(slow.maps, 4u) << "the four spares";
   EXPECT_TRUE(slow.intact);
+}
+
+// With the limit on extra pieces set by the costs measured: handles quick to make (a mapping
+// costs more) hold a range to one piece more than the fewest, and the loop's mappings stop
+// growing; handles slow to make lift the limit, and the mappings grow as with no limit.
+TEST(Residency, ExtraPiecesFollowTheCostOfMakingAHandle) {
+  const LoopHandles quick = loop_of_many_sizes(false, false, false, {true, 0, 50'000});
+  ASSERT_GT(quick.held_mid, 0u) << "the loop ran";
+  EXPECT_LE(quick.maps_end * 10, quick.maps_mid * 11);
+  const LoopHandles slow = loop_of_many_sizes(false, false, false, {true, 400'000, 0});
+  ASSERT_GT(slow.held_mid, 0u) << "the loop ran";
+  EXPECT_GT(slow.maps_end * 10, slow.maps_mid * 11);
+  EXPECT_LT(quick.maps_end, slow.maps_end);
 }
 
 TEST(Residency, WithExactTilingALoopsHandlesStopGrowing) {
