@@ -54,14 +54,15 @@ struct Settings {
   // 0: any range may be tiled. On the H200 four small models' steps took 10-25% less (docs/results.md).
   uint64_t cap_whole = 32ull << 20;
   // OFFLOAD_CAP_EXTRA_PIECES: how many pieces more than the fewest that back it a range may map
-  // from spare handles before the rest is made new; "any": no limit; "auto" (the default): as
+  // from spare handles before the rest is made new; "any" (the default): no limit; "auto": as
   // many as making one handle costs in pieces' mappings and unmappings, from the run's own
-  // averages (Residency::Options::extra_auto). With no limit a loop's mappings grew step after
-  // step without end; a fixed limit of one made and dropped about 400 handles of 64 MiB a Llama
-  // step on an almost full H200, which cost more than the mappings it saved (docs/results.md).
+  // averages (Residency::Options::extra_auto). With no limit a Llama's mappings a step grew
+  // from 1,709 to 3,105 over 40 steps on the H200 while the handles it made fell, and its step
+  // stayed flat; auto kept the mappings flat but made twice the handles, and on an almost full
+  // device (handles at about 1 ms) its steps 21-40 were 5% slower (docs/results.md).
   static constexpr uint64_t kAnyPieces = 1ull << 20;
   static constexpr uint64_t kAutoPieces = kAnyPieces + 1;
-  uint64_t cap_extra_pieces = kAutoPieces;
+  uint64_t cap_extra_pieces = kAnyPieces;
   // OFFLOAD_CAP_TILE=exact|any: spares back a range only where they tile it exactly, else whole
   // pieces and its tail's size (exact); or any spares, the remainder made new (any, the default).
   bool cap_tile_exact = false;

@@ -110,7 +110,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // (the recorded llama-compiled step: 1,173 to 4,126 over 40 steps, `offloadctl replay`);
     // any limit keeps them flat, and the cost of making a handle, which on the H200 rose from
     // 31-98 us to 2.2 ms as the device filled (docs/results.md), sets how many handles that
-    // limit may make instead.
+    // limit may make instead. Not the default: on the H200 it was 1.6% faster with 4 GiB of the
+    // device outside the budget and 5% slower over steps 21-40 with 256 MiB.
     bool extra_auto = false;
     // Spares back a range only where they tile all of it, or as whole pieces and a tail of its
     // exact size, the rest made as whole pieces and one tail: every handle has a size some range
@@ -376,11 +377,17 @@ class Residency final : public LaunchGate, public DeviceRoom {
     const bool known = o_.whole_measured && create_avg_ && map_avg_;
     const uint64_t piece = map_avg_ + unmap_avg_;
     whole_now_ = !known || create_avg_ <= 2 * piece;
-    extra_now_ = o_.extra_pieces;
-    if (o_.extra_auto && known)
-      extra_now_ = std::clamp<uint64_t>((create_avg_ + piece - 1) / std::max<uint64_t>(piece, 1), 1, kExtraAutoMost);
+    extra_now_ = o_.extra_auto && known ? extra_for(create_avg_, piece) : o_.extra_pieces;
   }
+
+ public:
+  // Options::extra_auto's limit: what one handle made costs in pieces mapped and unmapped.
   static constexpr uint64_t kExtraAutoMost = 32;
+  static uint64_t extra_for(uint64_t create_ns, uint64_t piece_ns) {
+    return std::clamp<uint64_t>((create_ns + piece_ns - 1) / std::max<uint64_t>(piece_ns, 1), 1, kExtraAutoMost);
+  }
+
+ private:
   static void average(uint64_t* avg, uint64_t sample) { *avg = *avg ? *avg - *avg / 8 + sample / 8 : sample; }
   // Handles become spares; `event`: work that still uses them, which whoever maps one waits for.
   void add_spare(uint64_t bytes, uint64_t handle, uint64_t event) {

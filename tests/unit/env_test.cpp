@@ -170,7 +170,7 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "0").cap_extra_pieces, 0u);
   EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "any").cap_extra_pieces, Settings::kAnyPieces);
   EXPECT_EQ(one("OFFLOAD_CAP_EXTRA_PIECES", "auto").cap_extra_pieces, Settings::kAutoPieces);
-  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_extra_pieces, Settings::kAutoPieces);
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_extra_pieces, Settings::kAnyPieces);
   EXPECT_FALSE(one("OFFLOAD_CAP_TILE", "any").cap_tile_exact);
   EXPECT_TRUE(one("OFFLOAD_CAP_TILE", "exact").cap_tile_exact);
   EXPECT_FALSE(one("OFFLOAD_CAP_TILE", "exact").cap_size_classes);

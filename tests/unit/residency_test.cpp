@@ -1062,11 +1062,13 @@ TEST(Residency, ARangeIsTiledFromSparesInFewPieces) {
 // more numerous step after step, as they did on the H200 (docs/results.md).
 struct LoopHandles {
   uint64_t held_mid = 0, held_end = 0, maps_mid = 0, maps_end = 0;  // a step's mappings, over five
+  uint64_t extra_pieces = 0;  // the limit at the end
 };
 // extra_auto with delays (ns) for the simulated driver's handle made and mapping.
 struct Costs {
   bool extra_auto = false;
   uint64_t create_ns = 0, map_ns = 0;
+  uint64_t extra_pieces = 1ull << 20;
 };
 LoopHandles loop_of_many_sizes(bool tile_exact, bool refit = false, bool classes = false, Costs costs = {}) {
   Residency::Options o = CapRig::options(500 * kGran, Residency::Options::Fault::None);
@@ -1075,6 +1077,7 @@ LoopHandles loop_of_many_sizes(bool tile_exact, bool refit = false, bool classes
   o.refit = refit;
   o.size_classes = classes;
   o.extra_auto = costs.extra_auto;
+  o.extra_pieces = costs.extra_pieces;
   CapRig r(o);
   r.sim.set_vmm_delays_ns(costs.create_ns, costs.map_ns);
   auto fail = [](CapRig& rig) {
@@ -1124,6 +1127,7 @@ LoopHandles loop_of_many_sizes(bool tile_exact, bool refit = false, bool classes
   out.held_end = held(29);
   out.maps_mid = at[14].maps - at[9].maps;
   out.maps_end = at[29].maps - at[24].maps;
+  out.extra_pieces = at[29].extra_pieces;
   EXPECT_LE(r.sim.vmm_stats().physical_peak, 500 * kGran);
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
   return out;
@@ -1174,17 +1178,24 @@ TEST(Residency, SmallRangesAreBackedWholeWhileHandlesAreQuickToMake) {
   EXPECT_TRUE(slow.intact);
 }
 
-// With the limit on extra pieces set by the costs measured: handles quick to make (a mapping
-// costs more) hold a range to one piece more than the fewest, and the loop's mappings stop
-// growing; handles slow to make lift the limit, and the mappings grow as with no limit.
+// The limit on extra pieces (OFFLOAD_CAP_EXTRA_PIECES=auto) is what one handle made costs in
+// pieces' mappings and unmappings. A limit of one keeps a loop's mappings from growing; handles
+// slow to make (timed on the simulated driver: a bound, not an exact value) lift it, and the
+// loop maps more.
 TEST(Residency, ExtraPiecesFollowTheCostOfMakingAHandle) {
-  const LoopHandles quick = loop_of_many_sizes(false, false, false, {true, 0, 50'000});
-  ASSERT_GT(quick.held_mid, 0u) << "the loop ran";
-  EXPECT_LE(quick.maps_end * 10, quick.maps_mid * 11);
+  EXPECT_EQ(Residency::extra_for(30'000, 130'000), 1u);
+  EXPECT_EQ(Residency::extra_for(1'000'000, 130'000), 8u);
+  EXPECT_EQ(Residency::extra_for(10'000'000, 1), Residency::kExtraAutoMost);
+  Costs one;
+  one.extra_pieces = 1;
+  const LoopHandles limited = loop_of_many_sizes(false, false, false, one);
+  ASSERT_GT(limited.held_mid, 0u) << "the loop ran";
+  EXPECT_EQ(limited.extra_pieces, 1u);
+  EXPECT_LE(limited.maps_end * 10, limited.maps_mid * 11);
   const LoopHandles slow = loop_of_many_sizes(false, false, false, {true, 400'000, 0});
   ASSERT_GT(slow.held_mid, 0u) << "the loop ran";
-  EXPECT_GT(slow.maps_end * 10, slow.maps_mid * 11);
-  EXPECT_LT(quick.maps_end, slow.maps_end);
+  EXPECT_GE(slow.extra_pieces, 8u);
+  EXPECT_LT(limited.maps_end, slow.maps_end);
 }
 
 TEST(Residency, WithExactTilingALoopsHandlesStopGrowing) {
