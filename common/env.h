@@ -57,7 +57,7 @@ struct Settings {
   // from spare handles before the rest is made new; "any" (the default): no limit; "auto": as
   // many as making one handle costs in pieces' mappings and unmappings, from the run's own
   // averages (Residency::Options::extra_auto). With no limit a Llama's mappings a step grew
-  // from 1,709 to 3,105 over 40 steps on the H200 while the handles it made fell, and its step
+  // from 1,709 to 3,260 over 40 steps on the H200 while the handles it made fell, and its step
   // stayed flat; auto kept the mappings flat but made twice the handles, and on an almost full
   // device (handles at about 1 ms) its steps 21-40 were 5% slower (docs/results.md).
   static constexpr uint64_t kAnyPieces = 1ull << 20;
