@@ -60,13 +60,14 @@ done
 # The hard cap's default and four other policies, every launch's bytes checked, on the recorded steps that replay in a
 # few seconds (lora and the reference take 10-20 s each): a policy changes which ranges and handles
 # meet, and so which orderings are exercised.
+# One replay per process, as many at once as there are cores.
 for t in tests/data/traces/*.trace; do
   case $t in *lora.trace | *reference.trace) continue ;; esac
   for policy in OFFLOAD_CAP=1 OFFLOAD_CAP_WHOLE=0 OFFLOAD_CAP_EXTRA_PIECES=1 OFFLOAD_CAP_PIECE=0 OFFLOAD_CAP_TILE=class; do
-    env "$policy" build-test-release/offloadctl replay "$t" --cap 0.5 --steps 10 > /dev/null ||
-      { echo "replay --cap of $t with $policy failed"; exit 1; }
+    echo "$policy $t"
   done
-done
+done | xargs -P "$jobs" -L 1 sh -c 'env "$0" build-test-release/offloadctl replay "$1" --cap 0.5 --steps 10 > /dev/null ||
+  { echo "replay --cap of $1 with $0 failed"; exit 255; }'
 build-test-release/offloadctl trace check tests/data/traces > /dev/null
 echo "== the benchmark scripts: they compile, and the report scripts give known answers on made-up input"
 python3 -m py_compile scripts/bench/*.py
