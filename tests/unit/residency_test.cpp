@@ -1192,9 +1192,9 @@ TEST(Residency, ExtraPiecesFollowTheCostOfMakingAHandle) {
   ASSERT_GT(limited.held_mid, 0u) << "the loop ran";
   EXPECT_EQ(limited.extra_pieces, 1u);
   EXPECT_LE(limited.maps_end * 10, limited.maps_mid * 11);
-  const LoopHandles slow = loop_of_many_sizes(false, false, false, {true, 400'000, 0});
+  const LoopHandles slow = loop_of_many_sizes(false, false, false, {true, 1'000'000, 0});
   ASSERT_GT(slow.held_mid, 0u) << "the loop ran";
-  EXPECT_GE(slow.extra_pieces, 8u);
+  EXPECT_GE(slow.extra_pieces, 3u);  // 1 ms against a piece's tens of us, however loaded the machine
   EXPECT_LT(limited.maps_end, slow.maps_end);
 }
 
