@@ -94,13 +94,11 @@ void* HostStore::take_locked(uint64_t bytes) {
 void HostStore::add_free(unsigned char* p, uint64_t bytes, uint32_t chunk) {
   const BySize::iterator s = free_by_size_.emplace(bytes, p);
   free_.emplace(p, Free{bytes, chunk, s});
-  st_.free_blocks = free_.size();
 }
 
 void HostStore::drop_free(std::map<unsigned char*, Free>::iterator it) {
   free_by_size_.erase(it->second.by_size);
   free_.erase(it);
-  st_.free_blocks = free_.size();
 }
 
 uint32_t HostStore::chunk_of(const unsigned char* p) const {
@@ -177,7 +175,9 @@ void HostStore::give(void* p, uint64_t bytes) {
 
 HostStore::Stats HostStore::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return st_;
+  Stats s = st_;
+  s.free_blocks = free_.size();
+  return s;
 }
 
 }  // namespace offload

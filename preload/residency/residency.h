@@ -242,6 +242,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
   HostStore::Stats host_stats() const { return host_.stats(); }
   std::string error() const;  // the last refusal, said plainly; "" if none
   State state_of(DevPtr p) const;  // tests (the range holding p; Resident if not ours)
+  // Options::extra_auto's limit: what one handle made costs in pieces mapped and unmapped.
+  static constexpr uint64_t kExtraAutoMost = 32;
+  static uint64_t extra_for(uint64_t create_ns, uint64_t piece_ns) {
+    return std::clamp<uint64_t>((create_ns + piece_ns - 1) / std::max<uint64_t>(piece_ns, 1), 1, kExtraAutoMost);
+  }
   struct InFlight;
 
  private:
@@ -380,14 +385,6 @@ class Residency final : public LaunchGate, public DeviceRoom {
     extra_now_ = o_.extra_auto && known ? extra_for(create_avg_, piece) : o_.extra_pieces;
   }
 
- public:
-  // Options::extra_auto's limit: what one handle made costs in pieces mapped and unmapped.
-  static constexpr uint64_t kExtraAutoMost = 32;
-  static uint64_t extra_for(uint64_t create_ns, uint64_t piece_ns) {
-    return std::clamp<uint64_t>((create_ns + piece_ns - 1) / std::max<uint64_t>(piece_ns, 1), 1, kExtraAutoMost);
-  }
-
- private:
   static void average(uint64_t* avg, uint64_t sample) { *avg = *avg ? *avg - *avg / 8 + sample / 8 : sample; }
   // Handles become spares; `event`: work that still uses them, which whoever maps one waits for.
   void add_spare(uint64_t bytes, uint64_t handle, uint64_t event) {
@@ -440,7 +437,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t period_ = 0;
   uint64_t create_avg_ = 0, map_avg_ = 0, unmap_avg_ = 0;  // ns per handle made, per piece mapped or unmapped
   bool whole_now_ = true;
-  uint64_t extra_now_ = 1ull << 20;  // decide_costs()
+  uint64_t extra_now_ = 0;  // decide_costs(); Options::extra_pieces until the first
   uint64_t out_bytes_ = 0;                  // bytes of ranges copying out
   uint64_t cached_bytes_ = 0, spare_bytes_ = 0;  // of freed ranges kept, of spare handles
   std::vector<uint32_t> copying_out_;       // their slots

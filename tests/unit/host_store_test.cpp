@@ -13,6 +13,23 @@
 namespace offload {
 namespace {
 
+// A device range of `bytes` mapped on the simulated driver, to copy from; unmapped at its end.
+struct MappedDevice {
+  MappedDevice(SimDriver& s, uint64_t b) : sim(s), bytes(b), va(s.reserve(b)), handle(s.create_physical(b)) {
+    mapped = sim.map(va, bytes, handle);
+  }
+  ~MappedDevice() {
+    EXPECT_TRUE(sim.unmap(va, bytes));
+    sim.release_physical(handle);
+    sim.unreserve(va, bytes);
+  }
+  SimDriver& sim;
+  uint64_t bytes;
+  DevPtr va;
+  uint64_t handle;
+  bool mapped = false;
+};
+
 TEST(HostStore, ReusesSlotsAndRefusesPastItsLimit) {
   SimDriver sim;
   HostStore::Options o;
@@ -91,9 +108,8 @@ TEST(HostStore, NoCopyIntoTheStoreSpansTwoRegistrations) {
   o.pin_piece = 1 << 20;
   o.limit = 1ull << 30;
   HostStore h(sim, o);
-  const DevPtr dev = sim.reserve(4 << 20);
-  const uint64_t handle = sim.create_physical(4 << 20);
-  ASSERT_TRUE(sim.map(dev, 4 << 20, handle));
+  MappedDevice dev(sim, 4 << 20);
+  ASSERT_TRUE(dev.mapped);
   std::mt19937_64 rng(7);
   std::vector<std::pair<void*, uint64_t>> held;
   for (int i = 0; i < 400; ++i) {
@@ -108,14 +124,11 @@ TEST(HostStore, NoCopyIntoTheStoreSpansTwoRegistrations) {
     auto* p = static_cast<unsigned char*>(h.take(bytes));
     ASSERT_NE(p, nullptr);
     for (uint64_t off = 0; off < bytes; off += o.pin_piece)
-      sim.copy_to_host(p + off, dev, std::min(o.pin_piece, bytes - off), 0x2000);
+      sim.copy_to_host(p + off, dev.va, std::min(o.pin_piece, bytes - off), 0x2000);
     held.push_back({p, bytes});
   }
   sim.run_all();
   EXPECT_EQ(sim.vmm_stats().misuses, 0u);
-  ASSERT_TRUE(sim.unmap(dev, 4 << 20));
-  sim.release_physical(handle);
-  sim.unreserve(dev, 4 << 20);
 }
 
 // A step whose mix of sizes out at once changes is served from the room already pinned: freed
@@ -166,15 +179,11 @@ void two_adjacent_chunks_freed(bool second_first) {
   ASSERT_NE(both, nullptr);
   EXPECT_NE(both, a);
   EXPECT_EQ(h.stats().chunks, 3u);
-  const DevPtr dev = sim.reserve(2 << 20);
-  const uint64_t handle = sim.create_physical(2 << 20);
-  ASSERT_TRUE(sim.map(dev, 2 << 20, handle));
-  sim.copy_to_host(both, dev, 2 << 20, 0x2000);
+  MappedDevice dev(sim, 2 << 20);
+  ASSERT_TRUE(dev.mapped);
+  sim.copy_to_host(both, dev.va, 2 << 20, 0x2000);
   sim.run_all();
   EXPECT_EQ(sim.vmm_stats().misuses, 0u);
-  ASSERT_TRUE(sim.unmap(dev, 2 << 20));
-  sim.release_physical(handle);
-  sim.unreserve(dev, 2 << 20);
 }
 
 TEST(HostStore, FreeBlocksOfTwoChunksNeverMerge) {
