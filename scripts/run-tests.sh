@@ -39,7 +39,16 @@ for variant in release address thread; do
   # and took 758 of its 1074 test-seconds; they run in the Release and AddressSanitizer builds.
   exclude=""
   [ "$variant" != thread ] || exclude='^(Residency|WeightStream|ExecutorRandom|CombinedPlan|ReplayCap|ReplayOffload|OffloadctlReplay)\.'
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu ${exclude:+-E "$exclude"}
+  # Every test has its own timeout; this one bounds what those cannot: ctest waits for a test's
+  # output to close, which a stray child holding it would put off for ever. The processes left
+  # then name the culprit.
+  rc=0
+  timeout -k 30 1500 ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gpu ${exclude:+-E "$exclude"} || rc=$?
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    echo "ctest of the ${variant} build did not end within 25 minutes; the processes still running:"
+    ps -eo pid,ppid,etimes,stat,args --forest | grep -v -e ' ps -eo' -e '\[' || true
+  fi
+  [ "$rc" = 0 ] || exit "$rc"
 done
 echo "== install: offload-run's conventions, the Python package (its callbacks, pip install), and the Debian package (at ${SECONDS} s)"
 tests/scripts/offload_run_test.sh build-test-release

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 // Declarations of every wrapper (defined in driver_hooks.cpp / runtime_hooks.cpp /
 // nccl_hooks.cpp / entry_point_hooks.cpp). Only their addresses are needed here.
@@ -123,34 +124,79 @@ void* real_dlsym(void* handle, const char* name) {
   return fn(handle, name);
 }
 
+// The loaded objects' names, copied out of dl_iterate_phdr a batch at a time and looked up
+// after the walk. The walk holds the loader's list lock; a dlopen inside it takes the load
+// lock, the reverse of another thread's dlopen of a new library, and the two deadlock
+// (Hooks.FindingALocalDefinitionWhileAnotherThreadLoadsLibrariesNeverDeadlocks). Static room:
+// nothing allocates on a hook's path; one walk at a time.
+namespace {
+struct NameBatch {
+  static constexpr size_t kRoom = 64 << 10, kMost = 1024;
+  char room[kRoom];
+  uint32_t start[kMost];
+  uint32_t count = 0;
+  size_t used = 0;
+  size_t skip = 0;  // objects before this batch (from the previous walks)
+  size_t seen = 0;  // objects walked, the ones copied included
+  bool full = false;
+  const link_map* own = nullptr;
+};
+
+int copy_name(dl_phdr_info* info, size_t, void* arg) {
+  auto* b = static_cast<NameBatch*>(arg);
+  if (b->seen < b->skip) {
+    ++b->seen;
+    return 0;
+  }
+  const char* name = info->dlpi_name;
+  if (!name || !*name || (b->own && info->dlpi_addr == b->own->l_addr)) {  // the program, the vDSO, us
+    ++b->seen;
+    return 0;
+  }
+  const size_t n = std::strlen(name) + 1;
+  if (b->count == NameBatch::kMost || b->used + n > NameBatch::kRoom) {
+    b->full = true;  // this one starts the next batch
+    return 1;
+  }
+  std::memcpy(b->room + b->used, name, n);
+  b->start[b->count++] = static_cast<uint32_t>(b->used);
+  b->used += n;
+  ++b->seen;
+  return 0;
+}
+}  // namespace
+
 void* find_loaded(const char* name, const void* self) {
   Dl_info own;
   link_map* own_map = nullptr;
   if (!dladdr1(self, &own, reinterpret_cast<void**>(&own_map), RTLD_DL_LINKMAP)) own_map = nullptr;
-  struct Walk {
-    const char* name;
-    const link_map* own;
-    void* found;
-  } w{name, own_map, nullptr};
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* arg) -> int {
-        auto* w = static_cast<Walk*>(arg);
-        if (!info->dlpi_name || !*info->dlpi_name) return 0;  // the program, the vDSO
-        if (w->own && info->dlpi_addr == w->own->l_addr) return 0;
-        // A library's link_map is not a usable handle until dlopen has made it one.
-        void* h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) return 0;
-        void* p = real_dlsym(h, w->name);
-        dlclose(h);
-        Dl_info where;
-        link_map* m = nullptr;
-        // dlsym on a library's handle also searches its dependencies: ours does not count.
-        if (p && w->own && dladdr1(p, &where, reinterpret_cast<void**>(&m), RTLD_DL_LINKMAP) && m == w->own) p = nullptr;
-        w->found = p;
-        return p ? 1 : 0;
-      },
-      &w);
-  return w.found;
+  static std::mutex mu;
+  static NameBatch b;
+  std::lock_guard lock(mu);
+  for (size_t skip = 0;;) {
+    b.count = 0;
+    b.used = 0;
+    b.skip = skip;
+    b.seen = 0;
+    b.full = false;
+    b.own = own_map;
+    dl_iterate_phdr(copy_name, &b);
+    for (uint32_t i = 0; i < b.count; ++i) {
+      // A library's link_map is not a usable handle until dlopen has made it one; one unloaded
+      // since the walk is simply not found.
+      void* h = dlopen(b.room + b.start[i], RTLD_LAZY | RTLD_NOLOAD);
+      if (!h) continue;
+      void* p = real_dlsym(h, name);
+      dlclose(h);
+      Dl_info where;
+      link_map* m = nullptr;
+      // dlsym on a library's handle also searches its dependencies: ours does not count.
+      if (p && own_map && dladdr1(p, &where, reinterpret_cast<void**>(&m), RTLD_DL_LINKMAP) && m == own_map) p = nullptr;
+      if (p) return p;
+    }
+    if (!b.full || b.seen == skip) return nullptr;
+    skip = b.seen;
+  }
 }
 
 void* real(HookId id) {

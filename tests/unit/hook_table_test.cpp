@@ -32,6 +32,7 @@
 #include "json_mini.h"
 #include "offload/offload.h"
 #include "runtime.h"
+#include "sanitizers.h"
 
 // Our exports whose declarations cuda.h / cuda_runtime_api.h only give under other names.
 extern "C" {
@@ -442,6 +443,38 @@ TEST_F(Hooks, ARealInALocallyLoadedLibraryIsFound) {
   auto fn = reinterpret_cast<int (*)()>(find_loaded("offload_test_next_symbol", e.wrapper));
   ASSERT_NE(fn, nullptr);
   EXPECT_EQ(fn(), 1);
+}
+
+// The walk for a locally loaded definition runs while other threads load and unload libraries
+// (Python importing an extension, the shim's worker opening libcuda): the loader's locks are
+// never taken in the reverse order, so neither side waits for ever. A child process, ended by
+// an alarm if the two deadlock.
+TEST_F(Hooks, FindingALocalDefinitionWhileAnotherThreadLoadsLibrariesNeverDeadlocks) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto race = [] {
+    alarm(60);
+    const HookEntry& e = entry(HookId::ncclAllGather);
+    std::atomic<bool> stop{false};
+    std::thread loader([&] {
+      while (!stop.load()) {
+        void* h = dlopen(OFFLOAD_NEXT_LATE_LIB, RTLD_NOW | RTLD_LOCAL);
+        if (!h) std::_Exit(3);
+        dlclose(h);
+        usleep(20);  // the loader's lock is not fair: a loop without a pause starves the walk
+      }
+    });
+#ifdef OFFLOAD_TEST_TSAN
+    constexpr int kLookups = 100;  // each dlopen costs ThreadSanitizer a scan of every module
+#else
+    constexpr int kLookups = 2000;  // the walk this replaced deadlocked in every run of 2000
+#endif
+    for (int i = 0; i < kLookups; ++i)
+      if (find_loaded("ncclAllGather", e.wrapper) != fake_lib_sym("ncclAllGather")) std::_Exit(4);
+    stop.store(true);
+    loader.join();
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(race(), ::testing::ExitedWithCode(0), "");
 }
 
 // torch.profiler's Kineto registers for CUPTI's activity buffers through a libcupti that
