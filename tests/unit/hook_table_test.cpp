@@ -466,7 +466,7 @@ TEST_F(Hooks, FindingALocalDefinitionWhileAnotherThreadLoadsLibrariesNeverDeadlo
 #ifdef OFFLOAD_TEST_TSAN
     constexpr int kLookups = 100;  // each dlopen costs ThreadSanitizer a scan of every module
 #else
-    constexpr int kLookups = 2000;  // the walk this replaced deadlocked in every run of 2000
+    constexpr int kLookups = 2000;  // the walk this replaced deadlocked in each of 3 runs of 2000
 #endif
     for (int i = 0; i < kLookups; ++i)
       if (find_loaded("ncclAllGather", e.wrapper) != fake_lib_sym("ncclAllGather")) std::_Exit(4);
