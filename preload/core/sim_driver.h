@@ -101,6 +101,10 @@ class SimDriver final : public Driver {
   // Tests: each create_physical, and each map, takes at least this long (the relative costs of a
   // driver's handles and mappings).
   void set_vmm_delays_ns(uint64_t create, uint64_t map) { create_delay_ns_ = create, map_delay_ns_ = map; }
+  // Tests whose kernels read no bytes: a copy touches one byte per granule of its device side
+  // and both ends of its host side (an unmapped granule still faults) instead of moving every
+  // byte, and fresh physical memory is not filled. Bookkeeping and misuse checks are the same.
+  void set_copy_bytes(bool on) { copy_bytes_ = on; }
   // Tests: the next reserve() calls place their ranges at these addresses, in order (each a
   // multiple of the granularity, with the range free; a call that cannot is a misuse and
   // returns 0), as a real driver's ranges may interleave.
@@ -265,6 +269,7 @@ class SimDriver final : public Driver {
   bool rr_started_ = false;
   bool copy_delay_ = false;
   std::atomic<uint64_t> create_delay_ns_{0}, map_delay_ns_{0};
+  std::atomic<bool> copy_bytes_{true};
 };
 
 }  // namespace offload
