@@ -258,6 +258,32 @@ TEST_F(SimDeath, CopyFromAnEvictedRangeFaults) {
   EXPECT_DEATH(d.run_all(), "");
 }
 
+// Copies without their bytes (set_copy_bytes(false)) still fault on a granule that is not
+// mapped, in either direction, wherever in the range it is; with every granule mapped they run.
+TEST_F(SimDeath, CopiesWithoutBytesStillFaultOnAnUnmappedGranule) {
+  for (const bool to_device : {false, true}) {
+    SimDriver d;
+    d.set_copy_bytes(false);
+    const DevPtr va = d.reserve(3 * kG);
+    const uint64_t h0 = d.create_physical(kG), h1 = d.create_physical(kG), h2 = d.create_physical(kG);
+    ASSERT_TRUE(d.map(va, kG, h0));
+    ASSERT_TRUE(d.map(va + kG, kG, h1));
+    ASSERT_TRUE(d.map(va + 2 * kG, kG, h2));
+    std::vector<unsigned char> host(3 * kG);
+    // From the middle of the first granule into the middle of the third.
+    auto copy = [&] {
+      return to_device ? d.copy_to_device(va + kG / 2, host.data(), 2 * kG, 0)
+                       : d.copy_to_host(host.data(), va + kG / 2, 2 * kG, 0);
+    };
+    ASSERT_TRUE(copy());
+    d.run_all();  // all mapped: fine
+    EXPECT_EQ(d.vmm_stats().misuses, 0u);
+    ASSERT_TRUE(d.unmap(va + kG, kG));  // the middle one goes
+    ASSERT_TRUE(copy());
+    EXPECT_DEATH(d.run_all(), "") << (to_device ? "to the device" : "to the host");
+  }
+}
+
 TEST_F(SimDeath, WaitingOnWorkQueuedBehindTheWaiterIsADeadlock) {
   SimDriver d;
   Stream s = d.create_stream();
