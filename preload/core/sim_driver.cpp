@@ -322,15 +322,18 @@ uint64_t SimDriver::create_physical(uint64_t bytes) {
     close(fd);
     return 0;
   }
-  // Garbage, so that a range mapped but never filled by a copy reads wrong.
+  // Garbage, so that a range mapped but never filled by a copy reads wrong. Written, not
+  // mapped and set: a mapping's end flushes every CPU's TLB, which a virtual machine makes dear.
   if (copy_bytes_.load(std::memory_order_relaxed)) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED) {
-      close(fd);
-      return 0;
+    static const std::vector<unsigned char> garbage(1 << 20, kGarbage);
+    for (uint64_t at = 0; at < bytes;) {
+      const ssize_t n = pwrite(fd, garbage.data(), std::min<uint64_t>(garbage.size(), bytes - at), static_cast<off_t>(at));
+      if (n <= 0) {
+        close(fd);
+        return 0;
+      }
+      at += static_cast<uint64_t>(n);
     }
-    std::memset(p, kGarbage, bytes);
-    munmap(p, bytes);
   }
   const uint64_t h = next_handle_++;
   physical_[h] = Physical{fd, bytes};
