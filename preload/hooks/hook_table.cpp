@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 // Declarations of every wrapper (defined in driver_hooks.cpp / runtime_hooks.cpp /
 // nccl_hooks.cpp / entry_point_hooks.cpp). Only their addresses are needed here.
@@ -127,14 +126,16 @@ void* real_dlsym(void* handle, const char* name) {
 // The loaded objects' names, copied out of dl_iterate_phdr a batch at a time and looked up
 // after the walk. The walk holds the loader's list lock; a dlopen inside it takes the load
 // lock, the reverse of another thread's dlopen of a new library, and the two deadlock
-// (Hooks.FindingALocalDefinitionWhileAnotherThreadLoadsLibrariesNeverDeadlocks). Static room:
-// nothing allocates on a hook's path; one walk at a time.
+// (Hooks.FindingALocalDefinitionWhileAnotherThreadLoadsLibrariesNeverDeadlocks). The batch is
+// on the caller's stack: nothing allocates on a hook's path, and no lock of ours is held while
+// the loader's are taken (a library's constructor may call a hook that resolves here).
 namespace {
 struct NameBatch {
-  static constexpr size_t kRoom = 64 << 10, kMost = 1024;
+  static constexpr size_t kRoom = 8 << 10, kMost = 128;
   char room[kRoom];
   uint32_t start[kMost];
   uint32_t count = 0;
+  uint32_t most = kMost;
   size_t used = 0;
   size_t skip = 0;  // objects before this batch (from the previous walks)
   size_t seen = 0;  // objects walked, the ones copied included
@@ -154,7 +155,7 @@ int copy_name(dl_phdr_info* info, size_t, void* arg) {
     return 0;
   }
   const size_t n = std::strlen(name) + 1;
-  if (b->count == NameBatch::kMost || b->used + n > NameBatch::kRoom) {
+  if (b->count == b->most || b->used + n > NameBatch::kRoom) {
     b->full = true;  // this one starts the next batch
     return 1;
   }
@@ -166,13 +167,12 @@ int copy_name(dl_phdr_info* info, size_t, void* arg) {
 }
 }  // namespace
 
-void* find_loaded(const char* name, const void* self) {
+void* find_loaded(const char* name, const void* self, size_t batch) {
   Dl_info own;
   link_map* own_map = nullptr;
   if (!dladdr1(self, &own, reinterpret_cast<void**>(&own_map), RTLD_DL_LINKMAP)) own_map = nullptr;
-  static std::mutex mu;
-  static NameBatch b;
-  std::lock_guard lock(mu);
+  NameBatch b;
+  b.most = batch > 0 && batch < NameBatch::kMost ? static_cast<uint32_t>(batch) : NameBatch::kMost;
   for (size_t skip = 0;;) {
     b.count = 0;
     b.used = 0;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 // X(symbol, base name for cuGetProcAddress, first cudaVersion of this variant, ptsz)
@@ -121,8 +122,9 @@ void* real(HookId id);
 void* real_dlsym(void* handle, const char* name);
 // The first definition of `name` in a loaded library other than the one holding `self`,
 // in load order, whether the library was loaded globally or locally (RTLD_LOCAL). Slow (a
-// dlopen per library): for entry points resolved once.
-void* find_loaded(const char* name, const void* self);
+// dlopen per library): for entry points resolved once. The names are looked at in batches of
+// at most `batch` libraries (0: as many as fit its room), for tests.
+void* find_loaded(const char* name, const void* self, size_t batch = 0);
 
 // dlsym(RTLD_NEXT) lookups answered by walking the load order (those not answered from the
 // answers kept per calling site and name).

@@ -443,6 +443,13 @@ TEST_F(Hooks, ARealInALocallyLoadedLibraryIsFound) {
   auto fn = reinterpret_cast<int (*)()>(find_loaded("offload_test_next_symbol", e.wrapper));
   ASSERT_NE(fn, nullptr);
   EXPECT_EQ(fn(), 1);
+  // The same answers when the libraries are looked at one or two at a time.
+  for (const size_t batch : {1, 2}) {
+    SCOPED_TRACE("batches of " + std::to_string(batch));
+    EXPECT_EQ(find_loaded("ncclAllGather", e.wrapper, batch), fake_lib_sym("ncclAllGather"));
+    EXPECT_EQ(find_loaded("offload_no_such_symbol", e.wrapper, batch), nullptr);
+    EXPECT_EQ(find_loaded("offload_test_next_symbol", e.wrapper, batch), reinterpret_cast<void*>(fn));
+  }
 }
 
 // The walk for a locally loaded definition runs while other threads load and unload libraries
