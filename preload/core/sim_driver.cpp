@@ -545,9 +545,13 @@ void SimDriver::check_host_range_locked(const void* p, uint64_t bytes) {
 }
 
 namespace {
-// A copy without its bytes (SimDriver::set_copy_bytes): one byte of every granule the device
-// side spans, and the host side's ends.
-void probe_copy(void* dst, const void* src, uint64_t bytes, uint64_t granule, bool to_device) {
+// A copy's body: every byte, or without its bytes (SimDriver::set_copy_bytes) one byte of every
+// granule the device side spans and the host side's ends.
+void run_copy(void* dst, const void* src, uint64_t bytes, uint64_t granule, bool whole, bool to_device) {
+  if (whole) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
   if (bytes == 0) return;
   auto* d = static_cast<volatile unsigned char*>(dst);
   const auto* s = static_cast<const volatile unsigned char*>(src);
@@ -565,10 +569,9 @@ bool SimDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
   if (bytes != 0 && (dst == nullptr || src == 0)) return false;
   std::lock_guard lock(mu_);
   check_host_range_locked(dst, bytes);
-  if (copy_bytes_.load(std::memory_order_relaxed))
-    enqueue(s, Op{Op::kCopy, [dst, src, bytes] { std::memcpy(dst, as_ptr(src), bytes); }, {}, 0});
-  else
-    enqueue(s, Op{Op::kCopy, [dst, src, bytes, g = granularity_] { probe_copy(dst, as_ptr(src), bytes, g, false); }, {}, 0});
+  enqueue(s, Op{Op::kCopy, [dst, src, bytes, g = granularity_, whole = copy_bytes_.load(std::memory_order_relaxed)] {
+                  run_copy(dst, as_ptr(src), bytes, g, whole, false);
+                }, {}, 0});
   return true;
 }
 
@@ -576,10 +579,9 @@ bool SimDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stre
   if (bytes != 0 && (dst == 0 || src == nullptr)) return false;
   std::lock_guard lock(mu_);
   check_host_range_locked(src, bytes);
-  if (copy_bytes_.load(std::memory_order_relaxed))
-    enqueue(s, Op{Op::kCopy, [dst, src, bytes] { std::memcpy(as_ptr(dst), src, bytes); }, {}, 0});
-  else
-    enqueue(s, Op{Op::kCopy, [dst, src, bytes, g = granularity_] { probe_copy(as_ptr(dst), src, bytes, g, true); }, {}, 0});
+  enqueue(s, Op{Op::kCopy, [dst, src, bytes, g = granularity_, whole = copy_bytes_.load(std::memory_order_relaxed)] {
+                  run_copy(as_ptr(dst), src, bytes, g, whole, true);
+                }, {}, 0});
   return true;
 }
 

@@ -173,13 +173,13 @@ void* find_loaded(const char* name, const void* self, size_t batch) {
   if (!dladdr1(self, &own, reinterpret_cast<void**>(&own_map), RTLD_DL_LINKMAP)) own_map = nullptr;
   NameBatch b;
   b.most = batch > 0 && batch < NameBatch::kMost ? static_cast<uint32_t>(batch) : NameBatch::kMost;
+  b.own = own_map;
   for (size_t skip = 0;;) {
     b.count = 0;
     b.used = 0;
     b.skip = skip;
     b.seen = 0;
     b.full = false;
-    b.own = own_map;
     dl_iterate_phdr(copy_name, &b);
     for (uint32_t i = 0; i < b.count; ++i) {
       // A library's link_map is not a usable handle until dlopen has made it one; one unloaded

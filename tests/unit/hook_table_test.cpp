@@ -475,8 +475,9 @@ TEST_F(Hooks, FindingALocalDefinitionWhileAnotherThreadLoadsLibrariesNeverDeadlo
 #else
     constexpr int kLookups = 2000;  // the walk this replaced deadlocked in each of 3 runs of 2000
 #endif
+    void* const want = fake_lib_sym("ncclAllGather");
     for (int i = 0; i < kLookups; ++i)
-      if (find_loaded("ncclAllGather", e.wrapper) != fake_lib_sym("ncclAllGather")) std::_Exit(4);
+      if (find_loaded("ncclAllGather", e.wrapper) != want) std::_Exit(4);
     stop.store(true);
     loader.join();
     std::_Exit(0);
