@@ -34,6 +34,10 @@ Workload families (seeded, nothing downloaded):
   sparse_embed  large embedding tables with sparse gradients (SparseAdam) under a dense MLP (Adam)
   accum         a PyTorch TransformerEncoder language model with tied embeddings, gradients accumulated
                 over 4 micro-batches a step, AdamW
+  hf_mixtral    a Mixtral (8 experts, 2 per token) from a transformers MixtralConfig (bf16 weights, AdamW):
+                the experts' tensors change size with the routing every step
+  convnext      torchvision ConvNeXt-T (depthwise 7x7 convolutions, LayerNorm, stochastic depth) under bf16
+                autocast, AdamW
   launches      the hooks' cost per launch: 2000 in-place adds on a small tensor a step, no allocation
   allocs        the hooks' cost per allocation: 2000 1 MiB tensors made and freed a step, no launch
 """
@@ -339,6 +343,37 @@ def build(name, seed, scale, ckpt=False):
                 masked = torch.rand(batch, seq, generator=g(k), device=dev) < 0.15
                 labels = torch.where(masked, tok, torch.full_like(tok, -100))
                 return model(input_ids=torch.where(masked, torch.full_like(tok, 4), tok), labels=labels).loss
+        return model, opt, step_fn
+    if name == "hf_mixtral":
+        # Routed experts: how many tokens each expert takes, and so the sizes of its tensors,
+        # change with the routing every step.
+        from transformers import MixtralConfig, MixtralForCausalLM
+        layers, d, batch, seq = {"small": (4, 768, 4, 1024), "large": (8, 1536, 8, 2048)}[scale]
+        cfg = MixtralConfig(vocab_size=32000, hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers,
+                            num_attention_heads=d // 64, num_key_value_heads=d // 128, num_local_experts=8,
+                            num_experts_per_tok=2, max_position_embeddings=seq, attn_implementation="sdpa")
+        model = MixtralForCausalLM(cfg).to(dev, torch.bfloat16)
+        hf_for_training(model, ckpt)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step_fn(k):
+            tok = torch.randint(0, 32000, (batch, seq + 1), generator=g(k), device=dev)
+            return model(input_ids=tok[:, :-1], labels=tok[:, 1:]).loss
+        return model, opt, step_fn
+    if name == "convnext":
+        import torchvision
+        batch, res = {"small": (32, 160), "large": (96, 224)}[scale]
+        model = torchvision.models.convnext_tiny(num_classes=1000).to(dev).to(memory_format=torch.channels_last)
+        if ckpt:
+            for i in (1, 3, 5, 7):  # the four stages (the others are the stem and downsamplers)
+                model.features[i] = Checkpointed(model.features[i])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step_fn(k):
+            x = torch.randn(batch, 3, res, res, generator=g(k), device=dev).to(memory_format=torch.channels_last)
+            y = torch.randint(0, 1000, (batch,), generator=g(k), device=dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return F.cross_entropy(model(x), y)
         return model, opt, step_fn
     if name == "hf_t5":
         import transformers
