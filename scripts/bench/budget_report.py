@@ -13,6 +13,10 @@ forward and backward (a training step's usual proportion; the planner's CUPTI sp
 available without a trace). "moved" counts the bytes that crossed each way per steady step
 (liboffload's residency counters from the fourth step to the end); "least" counts only what
 any offload must move at that budget, plain's peak rise less the budget, each way.
+
+A second table splits each capped run's steady step: the host's time inside the residency
+manager (all of it, then its waits for copies and frees, the driver's mappings, unmappings,
+handles made and released, and the scans ahead), and the manager's operations, per step.
 """
 import json
 import statistics
@@ -52,6 +56,21 @@ def handles_per_step(r):
         return "-"
     a, b, n = c
     return f"{(b['created'] - a['created']) / n:.0f} / {(b['released'] - a['released']) / n:.0f}"
+
+
+HOST_MS = ("busy_ns", "wait_ns", "map_ns", "unmap_ns", "create_ns", "release_ns", "ahead_ns")
+HOST_COUNTS = ("allocs", "reused", "refits", "maps", "alloc_maps", "unmaps", "created", "evictions", "reloads",
+               "prefetch_hits", "prefetch_late", "waits")
+
+
+def host_split(r):
+    """Per steady step: the manager's host times in ms and its operations, or None."""
+    c = steady_counters(r)
+    if not c:
+        return None
+    a, b, n = c
+    per = lambda k: (b.get(k, 0) - a.get(k, 0)) / n
+    return [per(k) / 1e6 for k in HOST_MS], [per(k) for k in HOST_COUNTS]
 
 
 def bound_ms(plain_ms, out_b, in_b, link):
@@ -97,6 +116,16 @@ def main(paths):
                   f"{ms[0] if ms else float('nan'):.1f} | {st:.1f} | {st / base:.2f} | {moved} | "
                   f"{handles_per_step(r) if budget and not r['error'] else '-'} | {xb_moved} | "
                   f"{xb_least} | {same} | {r['error'] or ''} |")
+    split = [(w, name, r, host_split(r)) for w, rs in sorted(runs.items()) for name, r in sorted(rs.items())
+             if r["budget_env"] and not r["error"]]
+    if any(x[3] for x in split):
+        print("\nThe steady step's host time in the residency manager (ms a step) and its operations (a step):\n")
+        print("| workload | run | step ms | " + " | ".join(k[:-3] for k in HOST_MS) + " | " + " | ".join(HOST_COUNTS) + " |")
+        print("|---|---|" + "---:|" * (1 + len(HOST_MS) + len(HOST_COUNTS)))
+        for w, name, r, hs in split:
+            if hs:
+                print(f"| {w} | {name} | {steady(r['step_ms']):.1f} | " + " | ".join(f"{v:.1f}" for v in hs[0]) +
+                      " | " + " | ".join(f"{v:.0f}" for v in hs[1]) + " |")
     if link:
         print(f"\nLink: H2D {link['h2d_gbps']:.2f} GB/s, D2H {link['d2h_gbps']:.2f} GB/s (scripts/bench/link.py).")
 
