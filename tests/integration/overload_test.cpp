@@ -41,6 +41,15 @@ uint16_t metrics_port_of(const Daemon& d) {
   return static_cast<uint16_t>(std::stoul(m[1].str()));
 }
 
+// How long a status query may take while another client floods or idles: the daemon answers it
+// without waiting for the other client's backlog. Under ThreadSanitizer on a loaded 2-core machine
+// one such query took over a second, so the sanitizers' builds get more; the plain build keeps 1 s.
+#ifdef OFFLOAD_SANITIZED
+constexpr int64_t kStatusBoundMs = 4000;
+#else
+constexpr int64_t kStatusBoundMs = 1000;
+#endif
+
 // Milliseconds one status query takes on a fresh connection; -1 if it fails.
 int64_t timed_status(const Daemon& d, std::string* why) {
   int64_t t0 = now_ms();
@@ -91,7 +100,7 @@ TEST(OverloadIntegration, IdleMetricsConnectionsDoNotDelayClients) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   int64_t ms = timed_status(d, &why);
   EXPECT_GE(ms, 0) << why;
-  EXPECT_LT(ms, 1000) << "a status query waited behind idle metrics connections";
+  EXPECT_LT(ms, kStatusBoundMs) << "a status query waited behind idle metrics connections";
 
   // A scrape meanwhile is answered, and the idle ones are closed at their deadline (2 s).
   int fd = tcp_connect(port);
@@ -132,7 +141,7 @@ TEST(OverloadIntegration, AClientThatNeverReadsIsDroppedAndOthersAreAnswered) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   int64_t ms = timed_status(d, &why);
   EXPECT_GE(ms, 0) << why;
-  EXPECT_LT(ms, 1000) << "a status query waited behind a client that does not read";
+  EXPECT_LT(ms, kStatusBoundMs) << "a status query waited behind a client that does not read";
 
   EXPECT_TRUE(poll_until([&] { return d.log().find("dropping its connection") != std::string::npos; }, 20000))
       << d.log();
@@ -141,7 +150,7 @@ TEST(OverloadIntegration, AClientThatNeverReadsIsDroppedAndOthersAreAnswered) {
   ::close(flood);
   ms = timed_status(d, &why);
   EXPECT_GE(ms, 0) << why;
-  EXPECT_LT(ms, 1000);
+  EXPECT_LT(ms, kStatusBoundMs);
   EXPECT_TRUE(exited_with(d.stop(), 0)) << d.log();
 }
 
