@@ -104,7 +104,7 @@ bool Residency::room_without_waiting(uint64_t need) {
   reap_copies();
   // Spares that cannot back it, then freed ranges (let go: their last work is waited for on the
   // GPU by whoever maps their handles).
-  release_spares_for(need);
+  release_spares_for(need, false);
   while (!fits() && !cached_.empty()) {
     auto it = cached_.begin();
     const uint32_t slot = it->second;

@@ -54,7 +54,7 @@ uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_
   return need - left;
 }
 
-void Residency::release_spares_for(uint64_t need) {
+void Residency::release_spares_for(uint64_t need, bool busy_too) {
   if (fits(need)) return;
   // The spares `need` would map stay; the others go, the smallest first: those are what the cap
   // on pieces leaves out, while a larger one backs a later range whole (releasing the largest
@@ -64,6 +64,13 @@ void Residency::release_spares_for(uint64_t need) {
   std::vector<std::multimap<uint64_t, Spare>::const_iterator> others;
   for (auto it = spares_.begin(); it != spares_.end(); ++it)
     if (std::find(picks_.begin(), picks_.end(), it) == picks_.end()) others.push_back(it);
+  // Those whose last work (a copy out, a freed range's work) is done go before those still busy,
+  // and these only with busy_too: releasing one makes the host wait for that work, which drains
+  // the GPU's queue, where letting a freed range go or taking a copy's handles would not.
+  auto busy = std::stable_partition(others.begin(), others.end(), [&](auto it) {
+    return !it->second.event || d_.event_query(it->second.event) == 1;
+  });
+  if (!busy_too) others.erase(busy, others.end());
   for (auto k = others.begin(); k != others.end() && held_ + pool_share_ + fresh > limit(); ++k) {
     const uint64_t bytes = (*k)->first, h = (*k)->second.handle;
     settle_given(h);  // a range it was given from, still copying out, unmaps it first

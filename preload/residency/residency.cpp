@@ -164,7 +164,7 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
   auto kept = [&](uint32_t slot) { return std::find(keep, keep + nkeep, slot) != keep + nkeep; };
   reap_copies();
   if (fits()) return true;
-  release_spares_for(need);  // spare handles of other sizes
+  release_spares_for(need, false);  // spare handles of other sizes, without waiting
   // Freed ranges kept for reuse: oldest free first (the multimap keeps insertion order per size).
   while (!fits() && !cached_.empty()) {
     auto it = cached_.begin();
@@ -202,7 +202,7 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     finish_evict(v);
     if (fits()) break;
   }
-  release_spares_for(need);  // spares left of other sizes: the budget must hold the new handle
+  release_spares_for(need, true);  // spares left of other sizes: the budget must hold the new handle
   note_footprint();
   if (fits()) return true;
   if (why && why->empty()) {

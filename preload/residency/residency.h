@@ -370,7 +370,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // most extra_pieces more than the fewest that back it; their bytes.
   uint64_t pick_spares(uint64_t need, std::vector<std::multimap<uint64_t, Spare>::const_iterator>* out) const;
   uint64_t spare_cover(uint64_t need) const { return pick_spares(need, &picks_); }
-  void release_spares_for(uint64_t need);  // spares that cannot back `need` go until it fits
+  // Spares that cannot back `need` go until it fits: those whose last work is done first, then,
+  // with busy_too, those whose release waits for a copy or a freed range's work.
+  void release_spares_for(uint64_t need, bool busy_too);
   void unmap_pieces(const Range& r);
   // Small ranges backed whole: while making a handle costs at most twice a piece's mapping and
   // unmapping (running averages; whole until both are known). Decided at the start of an
