@@ -67,9 +67,11 @@ void Residency::release_spares_for(uint64_t need, bool busy_too) {
   // Those whose last work (a copy out, a freed range's work) is done go before those still busy,
   // and these only with busy_too: releasing one makes the host wait for that work, which drains
   // the GPU's queue, where letting a freed range go or taking a copy's handles would not.
-  auto busy = std::stable_partition(others.begin(), others.end(), [&](auto it) {
-    return !it->second.event || d_.event_query(it->second.event) == 1;
-  });
+  auto busy = others.end();
+  if (o_.busy_spares_last)
+    busy = std::stable_partition(others.begin(), others.end(), [&](auto it) {
+      return !it->second.event || d_.event_query(it->second.event) == 1;
+    });
   if (!busy_too) others.erase(busy, others.end());
   for (auto k = others.begin(); k != others.end() && held_ + pool_share_ + fresh > limit(); ++k) {
     const uint64_t bytes = (*k)->first, h = (*k)->second.handle;

@@ -129,6 +129,12 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // class (granules 1, 2, 3, 4, 6, 8, 12, ... up to a piece) where that adds at most an eighth
     // of the range, so that fewer handle sizes exist and a spare of the class backs the next one.
     bool size_classes = false;
+    // Spare handles whose last work (a copy out, a freed range's work) still runs are released
+    // after those whose work is done, and only when nothing else makes room: releasing one makes
+    // the host wait for that work, which drains the GPU's queue (on the H200 it took a 59 GiB
+    // Llama's step from 1234 to 1133 ms, docs/results.md). false: smallest first whatever their
+    // work, as a comparison.
+    bool busy_spares_last = true;
     enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
