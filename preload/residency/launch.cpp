@@ -147,28 +147,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (!ranges && !blind && !has_tables_.load(std::memory_order_acquire)) return;
   if (o_.fault != Options::Fault::IgnoreCapture && d_.stream_capturing(s) == 1) {
     tl_captured = true;
-    std::lock_guard<std::mutex> lk(mu_);
-    // A capture begins at its stream's first captured launch since that stream's last launch
-    // outside one (as far as the scan sees: launches that touch a range).
-    if (!capture_open_ || capture_stream_ != s) {
-      capture_open_ = true;
-      capture_stream_ = s;
-      capture_from_ = launch_no;
-    }
-    if (!st_.captured_launches++) {
-      log().info("a CUDA graph is being captured: nothing is moved for its launches, and each replay makes every "
-                 "live range resident first ({:.2f} GiB now, device budget {:.2f} GiB)",
-                 st_.live_bytes / kGiB, o_.budget / kGiB);
-    }
-    // Ranges a captured launch touches that were born during the capture: a capture's allocation
-    // that did not go to the allocator (its stream said it was not capturing).
-    for (size_t i = n; i-- > 0 && acc[i] >= kRangeIdBit;)
-      if (is_range_id(acc[i]) && range_slot(acc[i]) < slots_.size()) {
-        Range& r = slots_[range_slot(acc[i])];
-        if (r.live && r.birth >= capture_from_) ++st_.captured_touch_new;
-        if (r.live && r.state != State::Resident) ++st_.captured_touch_out;
-        r.in_graph = r.live;
-      }
+    note_captured(launch_no, s, acc, n);
     return;
   }
   Busy busy(busy_ns_);
@@ -177,23 +156,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (capture_open_ && s == capture_stream_) capture_open_ = false;
   launches_seen_ = launch_no;
   std::vector<uint32_t>& touched = scratch_;
-  touched.clear();
-  if (blind) {
-    for (uint32_t i = 0; i < slots_.size(); ++i)
-      if (slots_[i].live) touched.push_back(i);
-  } else {
-    for (size_t i = n; i-- > 0 && acc[i] >= kRangeIdBit;)
-      if (is_range_id(acc[i])) touched.push_back(range_slot(acc[i]));
-    if (!tables_.empty())
-      for (size_t i = 0; i < n; ++i)
-        if (auto t = tables_.find(acc[i]); t != tables_.end())
-          for (AllocId id : t->second) touched.push_back(range_slot(id));
-    std::sort(touched.begin(), touched.end());
-    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-    touched.erase(std::remove_if(touched.begin(), touched.end(),
-                                 [&](uint32_t k) { return k >= slots_.size() || !slots_[k].live; }),
-                  touched.end());
-  }
+  collect_touched(blind, acc, n, &touched);
   if (touched.empty()) return;
   uint64_t total = 0;
   for (uint32_t k : touched) total += slots_[k].bytes;
@@ -224,43 +187,91 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   f.s = s;
   f.launch = launch_no;
   f.n = 0;
-  for (uint32_t k : touched) {
-    Range& r = slots_[k];
-    if (r.state == State::CopyingIn && r.in_stream != s) {
-      if (d_.event_query(r.copy_event) == 1) {
-        r.state = State::Resident;
-      } else {
-        d_.stream_wait(s, r.copy_event);
-        ++st_.event_waits;
-      }
-    }
-    add_touch(r, s, launch_no);
-    r.last_use = launch_no;
-    const uint64_t age = launch_no - r.birth;
-    if (r.life.size() < kLifeUses && age <= UINT32_MAX && (r.life.empty() || r.life.back() != age))
-      r.life.push_back(static_cast<uint32_t>(age));
-    if (r.prefetched) {
-      r.prefetched = false;
-      ++st_.prefetch_hits;
-      // Still copying when its launch came: prefetches start twice as early from now on.
-      if (r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1) {
-        ++st_.prefetch_late;
-        pf_lead_ = std::min(2 * pf_lead_, lead_ceiling());
-      }
-    }
-    if (!r.nuses || r.uses[(r.upos + Range::kUses - 1) % Range::kUses] != launch_no) {
-      r.uses[r.upos] = launch_no;
-      r.upos = (r.upos + 1) % Range::kUses;
-      r.nuses = std::min<uint8_t>(r.nuses + 1, Range::kUses);
-    }
-    if (f.n < Tracker::kMaxAccesses) {
-      ++r.inflight;
-      f.slots[f.n++] = k;
-    }
-  }
+  for (uint32_t k : touched) mark_touched(k, s, launch_no, f);
   t0 = mono_now_ns();
   evict_ahead(touched.data(), touched.size());
   st_.ahead_ns += mono_now_ns() - t0;
+}
+
+void Residency::note_captured(uint64_t launch_no, Stream s, const AllocId* acc, size_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  // A capture begins at its stream's first captured launch since that stream's last launch
+  // outside one (as far as the scan sees: launches that touch a range).
+  if (!capture_open_ || capture_stream_ != s) {
+    capture_open_ = true;
+    capture_stream_ = s;
+    capture_from_ = launch_no;
+  }
+  if (!st_.captured_launches++) {
+    log().info("a CUDA graph is being captured: nothing is moved for its launches, and each replay makes every "
+               "live range resident first ({:.2f} GiB now, device budget {:.2f} GiB)",
+               st_.live_bytes / kGiB, o_.budget / kGiB);
+  }
+  // Ranges a captured launch touches that were born during the capture: a capture's allocation
+  // that did not go to the allocator (its stream said it was not capturing).
+  for (size_t i = n; i-- > 0 && acc[i] >= kRangeIdBit;)
+    if (is_range_id(acc[i]) && range_slot(acc[i]) < slots_.size()) {
+      Range& r = slots_[range_slot(acc[i])];
+      if (r.live && r.birth >= capture_from_) ++st_.captured_touch_new;
+      if (r.live && r.state != State::Resident) ++st_.captured_touch_out;
+      r.in_graph = r.live;
+    }
+}
+
+void Residency::collect_touched(bool blind, const AllocId* acc, size_t n, std::vector<uint32_t>* out) const {
+  std::vector<uint32_t>& touched = *out;
+  touched.clear();
+  if (blind) {
+    for (uint32_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].live) touched.push_back(i);
+    return;
+  }
+  for (size_t i = n; i-- > 0 && acc[i] >= kRangeIdBit;)
+    if (is_range_id(acc[i])) touched.push_back(range_slot(acc[i]));
+  if (!tables_.empty())
+    for (size_t i = 0; i < n; ++i)
+      if (auto t = tables_.find(acc[i]); t != tables_.end())
+        for (AllocId id : t->second) touched.push_back(range_slot(id));
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  touched.erase(std::remove_if(touched.begin(), touched.end(),
+                               [&](uint32_t k) { return k >= slots_.size() || !slots_[k].live; }),
+                touched.end());
+}
+
+void Residency::mark_touched(uint32_t k, Stream s, uint64_t launch_no, InFlight& f) {
+  Range& r = slots_[k];
+  if (r.state == State::CopyingIn && r.in_stream != s) {
+    if (d_.event_query(r.copy_event) == 1) {
+      r.state = State::Resident;
+    } else {
+      d_.stream_wait(s, r.copy_event);
+      ++st_.event_waits;
+    }
+  }
+  add_touch(r, s, launch_no);
+  r.last_use = launch_no;
+  const uint64_t age = launch_no - r.birth;
+  if (r.life.size() < kLifeUses && age <= UINT32_MAX && (r.life.empty() || r.life.back() != age))
+    r.life.push_back(static_cast<uint32_t>(age));
+  if (r.prefetched) {
+    r.prefetched = false;
+    ++st_.prefetch_hits;
+    // Still copying when its launch came: prefetches start twice as early from now on.
+    if (r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1) {
+      ++st_.prefetch_late;
+      pf_lead_ = std::min(2 * pf_lead_, lead_ceiling());
+    }
+  }
+  if (!r.nuses || r.uses[(r.upos + Range::kUses - 1) % Range::kUses] != launch_no) {
+    r.uses[r.upos] = launch_no;
+    r.upos = (r.upos + 1) % Range::kUses;
+    r.nuses = std::min<uint8_t>(r.nuses + 1, Range::kUses);
+  }
+  if (f.n < Tracker::kMaxAccesses) {
+    ++r.inflight;
+    f.slots[f.n++] = k;
+  }
 }
 
 void Residency::note_pointer_table(AllocId table, const AllocId* targets, size_t n) {

@@ -323,6 +323,12 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void refresh_outside();
   uint64_t see_pool();  // what the pool holds now; notes it, and any excess over its share
   void close_inflight(InFlight& f);  // under mu_
+  // before_launch's parts: a launch recorded into a graph (nothing moves; its ranges are kept),
+  // the live ranges a launch touches (sorted, each once), and a touched range's bookkeeping (its
+  // uses, its streams, pinned in flight).
+  void note_captured(uint64_t launch_no, Stream s, const AllocId* acc, size_t n);
+  void collect_touched(bool blind, const AllocId* acc, size_t n, std::vector<uint32_t>* out) const;
+  void mark_touched(uint32_t k, Stream s, uint64_t launch_no, InFlight& f);
   // Until `need` bytes fit the budget (spares that back them, or room for new handles): ranges
   // copying out give their handles or finish, spares that cannot back them and freed ranges go
   // back, and resident ranges
