@@ -102,6 +102,7 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
   if (!back_range(r, s, why)) return false;
   const uint64_t piece = host_.pin_piece();
   const auto* src = static_cast<const unsigned char*>(r.host);
+  const uint64_t t0 = mono_now_ns();
   for (uint64_t off = 0; off < r.bytes; off += piece)
     d_.copy_to_device(r.va + off, src + off, std::min(piece, r.bytes - off), s);
   if (!r.copy_event) r.copy_event = new_event();
@@ -109,6 +110,7 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
   // The host slot goes back once the copy has read it.
   const uint64_t done = new_event();
   d_.record_event(done, s);
+  st_.copy_ns += mono_now_ns() - t0;
   pending_host_.push_back({r.host, r.bytes, done});
   r.host = nullptr;
   r.in_stream = s;

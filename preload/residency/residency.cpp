@@ -250,10 +250,12 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   if (loading) r.load_event = std::exchange(r.copy_event, 0);  // the copy out gets an event of its own
   const uint64_t piece = host_.pin_piece();
   auto* dst = static_cast<unsigned char*>(host);
+  const uint64_t t0 = mono_now_ns();
   for (uint64_t off = 0; off < r.bytes; off += piece)
     d_.copy_to_host(dst + off, r.va + off, std::min(piece, r.bytes - off), copy_stream_);
   if (!r.copy_event) r.copy_event = new_event();
   d_.record_event(r.copy_event, copy_stream_);
+  st_.copy_ns += mono_now_ns() - t0;
   r.host = host;
   r.state = State::CopyingOut;
   copying_out_.push_back(slot);

@@ -158,6 +158,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // The driver's virtual-memory calls: how many, and the host's time in them.
     uint64_t maps = 0, unmaps = 0, map_ns = 0, unmap_ns = 0, create_ns = 0, release_ns = 0;
     uint64_t alloc_maps = 0;                 // of the maps, those that back a new allocation (not a reload)
+    uint64_t copy_ns = 0;                    // enqueuing the copies out and in, and their events
     uint64_t refits = 0;                     // allocations served by a freed range of another size
     uint64_t ahead_ns = 0;                   // in the scans for prefetches and evictions ahead, at launches
     uint64_t handovers = 0;                  // ranges copying out whose handles were given to others

@@ -16,6 +16,7 @@
 #include "core/event_log.h"
 #include "core/sim_driver.h"
 #include "core/tracker.h"
+#include "json_mini.h"
 #include "residency/host_store.h"
 #include "residency/residency.h"
 #include "sanitizers.h"
@@ -156,6 +157,17 @@ TEST(Residency, AllocationsPastTheBudgetEvictAndComeBackIntact) {
   EXPECT_GE(r.res.stats().reloads, 6u);
   EXPECT_LE(r.sim.vmm_stats().physical_peak, 4 * kGran);
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  // The counters the shim exports (offload_stats_json) say the same, the copies' host time too.
+  testing::Json j;
+  std::string err;
+  ASSERT_TRUE(testing::parse_json(residency_json(&r.res), &j, &err)) << err;
+  const Residency::Stats now = r.res.stats();
+  EXPECT_EQ(j["evictions"].num, double(now.evictions));
+  EXPECT_EQ(j["reloads"].num, double(now.reloads));
+  EXPECT_EQ(j["maps"].num, double(now.maps));
+  EXPECT_GT(j["copy_ns"].num, 0);
+  EXPECT_EQ(j["copy_ns"].num, double(now.copy_ns));
+  EXPECT_LE(now.copy_ns, now.busy_ns) << "the copies are enqueued inside the manager's calls";
 }
 
 // The telemetry pushed to offloadd after each step (step_telemetry.h) counts that step's share:
