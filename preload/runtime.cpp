@@ -74,16 +74,13 @@ Runtime* runtime() {
   return g_runtime.load(std::memory_order_acquire);
 }
 
-namespace {
-
-// offloadd's pool holds the bytes a plan of arenas moves; the hard cap keeps its own store and
-// observing moves nothing. Then the shim connects to a running offloadd (status, telemetry) but
-// starts none: a process that only watches, or fits its budget, pays for no daemon and no pool.
 Settings link_settings(Settings s) {
   const bool arenas = s.offload() && !s.cap;
   if (!arenas && s.daemon == "auto") s.daemon = "connect";
   return s;
 }
+
+namespace {
 
 std::unique_ptr<PersistentPool> persistent_pool(Driver& driver, const Settings& s) {
   if (!s.persistent_min) return nullptr;

@@ -279,4 +279,10 @@ class Runtime final : private PlanContext {
 
 Runtime* runtime();
 
+// The settings the link to offloadd runs with. offloadd's pool holds the bytes a plan of arenas
+// moves; the hard cap keeps its own store and observing moves nothing. Then the shim connects to
+// a running offloadd (status, telemetry) but starts none (OFFLOAD_DAEMON=auto becomes connect): a
+// process that only watches, or runs under the cap, pays for no daemon and no pool.
+Settings link_settings(Settings s);
+
 }  // namespace offload

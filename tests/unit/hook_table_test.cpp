@@ -1122,6 +1122,28 @@ namespace {
 
 // A profiler that registers for CUPTI's activity records before our telemetry starts must
 // keep them: our registration is interposed, and ours then never begins.
+// Only a plan of arenas (a budget with OFFLOAD_CAP=0) needs offloadd's pool: a process that only
+// watches, or runs under the cap, connects to a running daemon but never starts one.
+TEST(DaemonLinkSettings, OnlyAPlanOfArenasStartsADaemon) {
+  Settings watch;  // no budget; OFFLOAD_DAEMON=auto by default
+  EXPECT_EQ(watch.daemon, "auto");
+  EXPECT_EQ(link_settings(watch).daemon, "connect");
+  Settings cap = watch;
+  cap.device_budget = 8ull << 30;  // the hard cap, the default
+  EXPECT_EQ(link_settings(cap).daemon, "connect");
+  Settings arenas = cap;
+  arenas.cap = false;
+  EXPECT_EQ(link_settings(arenas).daemon, "auto");
+  for (const char* asked : {"connect", "off"}) {  // what the user set stays
+    Settings s = arenas;
+    s.daemon = asked;
+    EXPECT_EQ(link_settings(s).daemon, asked);
+    s = watch;
+    s.daemon = asked;
+    EXPECT_EQ(link_settings(s).daemon, asked);
+  }
+}
+
 TEST(CuptiYield, AnotherClientFirstMeansOursNeverStarts) {
   std::atomic<uint64_t> launches{1};
   CuptiTelemetry t("", launches);
