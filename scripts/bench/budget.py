@@ -258,6 +258,15 @@ def build(name, seed, scale, ckpt=False):
         gen.manual_seed(seed * 1_000_003 + step)
         return gen
 
+    def classify_step(model, batch, res):
+        """A channels-last image classifier's step under bf16 autocast, on 1000 classes."""
+        def step_fn(k):
+            x = torch.randn(batch, 3, res, res, generator=g(k), device=dev).to(memory_format=torch.channels_last)
+            y = torch.randint(0, 1000, (batch,), generator=g(k), device=dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return F.cross_entropy(model(x), y)
+        return step_fn
+
     if name == "hf_llama":
         from transformers import LlamaConfig, LlamaForCausalLM
         layers, d, batch, seq = {"small": (4, 1024, 4, 1024), "large": (12, 2048, 8, 2048)}[scale]
@@ -282,12 +291,7 @@ def build(name, seed, scale, ckpt=False):
                 setattr(model, stage, Checkpointed(getattr(model, stage)))
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-        def step_fn(k):
-            x = torch.randn(batch, 3, res, res, generator=g(k), device=dev).to(memory_format=torch.channels_last)
-            y = torch.randint(0, 1000, (batch,), generator=g(k), device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return F.cross_entropy(model(x), y)
-        return model, opt, step_fn
+        return model, opt, classify_step(model, batch, res)
     if name == "lstm":
         vocab, d, batch, seq = {"small": (8000, 512, 32, 256), "large": (32000, 1536, 64, 512)}[scale]
         model = RecurrentLM(vocab, d, lambda: nn.LSTM(d, d, num_layers=3, batch_first=True)).to(dev)
@@ -369,12 +373,7 @@ def build(name, seed, scale, ckpt=False):
                 model.features[i] = Checkpointed(model.features[i])
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def step_fn(k):
-            x = torch.randn(batch, 3, res, res, generator=g(k), device=dev).to(memory_format=torch.channels_last)
-            y = torch.randint(0, 1000, (batch,), generator=g(k), device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return F.cross_entropy(model(x), y)
-        return model, opt, step_fn
+        return model, opt, classify_step(model, batch, res)
     if name == "hf_t5":
         import transformers
         layers, d, batch, seq = {"small": (4, 512, 16, 256), "large": (12, 1024, 32, 512)}[scale]
