@@ -14,7 +14,8 @@
 # memory for what never passes through the allocator, 1 GiB), FRACS ("0.9 0.75 0.5"), CAP_ALSO
 # (more liboffload runs beside each, "tag:VAR=value,VAR=value ...", e.g. "piece0:OFFLOAD_CAP_PIECE=0";
 # their results are named cap<fraction>-<tag>; ARM_LIB=path in an arm's variables runs that
-# arm with another build of liboffload.so, e.g. the previous commit's, side by side).
+# arm with another build of liboffload.so, e.g. the previous commit's, side by side; CAP_AGAIN=1 runs
+# the first one again after the arms, named <name>-again, so that each order is measured).
 # DAEMON_POOL=SIZE starts offloadd with a host pool of SIZE first and waits until it is faulted in,
 # as a node's daemon started before the job would be: an arm with OFFLOAD_DAEMON=connect in its
 # variables then puts its evicted bytes there (e.g. CAP_ALSO="pool:OFFLOAD_DAEMON=connect").
@@ -36,6 +37,11 @@ cap() {
     (export ${vars//,/ }; OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=${ARM_LIB:-$lib} py "$@" --out "$work/$name-$tag.json" \
       2> "$work/$name-$tag.log")
   done
+  # CAP_AGAIN=1: the first run once more after the arms (NAME-again), so that a comparison has
+  # each order: the run that comes first in a job has been up to 2 s slower over its first step.
+  if [ "${CAP_AGAIN:-0}" = 1 ] && [ -n "${CAP_ALSO:-}" ]; then
+    OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py "$@" --out "$work/$name-again.json" 2> "$work/$name-again.log"
+  fi
 }
 peak_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['peak_rise'])" "$1"; }
 if [ "$plan" = exits ]; then
