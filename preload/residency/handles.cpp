@@ -70,7 +70,7 @@ void Residency::release_spares_for(uint64_t need, bool busy_too) {
   auto busy = others.end();
   if (o_.busy_spares_last)
     busy = std::stable_partition(others.begin(), others.end(), [&](auto it) {
-      return !it->second.event || d_.event_query(it->second.event) == 1;
+      return !it->second.event || query_event(it->second.event) == 1;
     });
   if (!busy_too) others.erase(busy, others.end());
   for (auto k = others.begin(); k != others.end() && held_ + pool_share_ + fresh > limit(); ++k) {
@@ -131,7 +131,7 @@ void Residency::no_wait_for(const Range& r, uint64_t event) {
 
 void Residency::let_go_freed(uint32_t slot) {
   Range& r = slots_[slot];
-  if (!r.free_event || d_.event_query(r.free_event) == 1) {
+  if (!r.free_event || query_event(r.free_event) == 1) {
     release_freed(slot);
     return;
   }
@@ -148,7 +148,7 @@ void Residency::let_go_freed(uint32_t slot) {
 void Residency::retire_done(uint32_t slot) {
   Range& r = slots_[slot];
   std::erase(retiring_, slot);
-  if (d_.event_query(r.free_event) != 1) wait_event(r.free_event);
+  if (query_event(r.free_event) != 1) wait_event(r.free_event);
   unmap_pieces(r);
   no_wait_for(r, r.free_event);
   d_.unreserve(r.va, r.cap);
@@ -180,7 +180,7 @@ void Residency::settle_given(uint64_t handle) {
 
 void Residency::release_freed(uint32_t slot) {
   Range& r = slots_[slot];
-  if (r.free_event && d_.event_query(r.free_event) != 1) {
+  if (r.free_event && query_event(r.free_event) != 1) {
     wait_event(r.free_event);
   }
   if (r.copy_event) d_.event_sync(r.copy_event);
@@ -211,7 +211,7 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
   const uint64_t need = r.bytes - from;
   uint64_t left = need - pick_spares(need, &picks_);
   for (auto it : picks_) {
-    if (it->second.event && o_.fault != Options::Fault::SkipGivenWait) d_.stream_wait(s, it->second.event);
+    if (it->second.event && o_.fault != Options::Fault::SkipGivenWait) order_after(s, it->second.event);
     got.push_back({it->second.handle, it->first});
     events.push_back(it->second.event);
     spare_bytes_ -= it->first;
@@ -312,7 +312,7 @@ int32_t Residency::refit_cached(uint64_t size, Stream s, std::string* why, bool*
     if (cost >= best_cost) continue;
     // Pieces are unmapped only once the free is known complete: its work may still use them.
     if (keep < r.pieces.size() && r.free_event && o_.fault != Options::Fault::SkipRefitFreeCheck &&
-        d_.event_query(r.free_event) != 1)
+        query_event(r.free_event) != 1)
       continue;
     best = it, best_cost = cost, best_keep = keep, best_kept = kept;
   }
@@ -321,7 +321,7 @@ int32_t Residency::refit_cached(uint64_t size, Stream s, std::string* why, bool*
   Range& r = slots_[slot];
   cached_.erase(best);
   cached_bytes_ -= r.bytes;
-  if (r.free_stream != s) d_.stream_wait(s, r.free_event);
+  if (r.free_stream != s) order_after(s, r.free_event);
   if (best_keep < r.pieces.size()) {
     const uint64_t t0 = mono_now_ns();
     uint64_t off = best_kept;

@@ -59,8 +59,8 @@ void Residency::close_inflight(InFlight& f) {
     if (slots_[f.slots[i]].inflight) --slots_[f.slots[i]].inflight;
   StreamRing& ring = rings_[f.s];
   size_t k = ring.next;
-  if (!ring.events[k]) ring.events[k] = d_.create_event();
-  if (ring.events[k] && d_.record_event(ring.events[k], f.s)) {
+  if (!ring.events[k]) ring.events[k] = create_event();
+  if (ring.events[k] && record_event(ring.events[k], f.s)) {
     ring.after[k] = f.launch;
     ring.next = (k + 1) % StreamRing::kSize;
   }
@@ -79,8 +79,8 @@ uint64_t Residency::event_after(Stream s, uint64_t launch) {
   // ranges in flight are never evicted or freed from under it), so an event recorded now
   // captures it.
   size_t k = ring.next;
-  if (!ring.events[k]) ring.events[k] = d_.create_event();
-  if (!ring.events[k] || !d_.record_event(ring.events[k], s)) return 0;
+  if (!ring.events[k]) ring.events[k] = create_event();
+  if (!ring.events[k] || !record_event(ring.events[k], s)) return 0;
   ring.after[k] = launch;
   ring.next = (k + 1) % StreamRing::kSize;
   return ring.events[k];
@@ -105,12 +105,12 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
   const uint64_t t0 = mono_now_ns();
   for (uint64_t off = 0; off < r.bytes; off += piece)
     d_.copy_to_device(r.va + off, src + off, std::min(piece, r.bytes - off), s);
+  st_.copy_ns += mono_now_ns() - t0;
   if (!r.copy_event) r.copy_event = new_event();
-  d_.record_event(r.copy_event, s);
+  record_event(r.copy_event, s);
   // The host slot goes back once the copy has read it.
   const uint64_t done = new_event();
-  d_.record_event(done, s);
-  st_.copy_ns += mono_now_ns() - t0;
+  record_event(done, s);
   pending_host_.push_back({r.host, r.bytes, done});
   r.host = nullptr;
   r.in_stream = s;
@@ -244,10 +244,10 @@ void Residency::collect_touched(bool blind, const AllocId* acc, size_t n, std::v
 void Residency::mark_touched(uint32_t k, Stream s, uint64_t launch_no, InFlight& f) {
   Range& r = slots_[k];
   if (r.state == State::CopyingIn && r.in_stream != s) {
-    if (d_.event_query(r.copy_event) == 1) {
+    if (query_event(r.copy_event) == 1) {
       r.state = State::Resident;
     } else {
-      d_.stream_wait(s, r.copy_event);
+      order_after(s, r.copy_event);
       ++st_.event_waits;
     }
   }
@@ -260,7 +260,7 @@ void Residency::mark_touched(uint32_t k, Stream s, uint64_t launch_no, InFlight&
     r.prefetched = false;
     ++st_.prefetch_hits;
     // Still copying when its launch came: prefetches start twice as early from now on.
-    if (r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1) {
+    if (r.state == State::CopyingIn && query_event(r.copy_event) != 1) {
       ++st_.prefetch_late;
       pf_lead_ = std::min(2 * pf_lead_, lead_ceiling());
     }

@@ -71,6 +71,34 @@ Residency::~Residency() {
   for (uint64_t e : spare_events_) d_.destroy_event(e);
 }
 
+int Residency::query_event(uint64_t e) {
+  const uint64_t t0 = mono_now_ns();
+  const int done = d_.event_query(e);
+  st_.event_ns += mono_now_ns() - t0;
+  return done;
+}
+
+bool Residency::record_event(uint64_t e, Stream s) {
+  const uint64_t t0 = mono_now_ns();
+  const bool ok = d_.record_event(e, s);
+  st_.event_ns += mono_now_ns() - t0;
+  return ok;
+}
+
+bool Residency::order_after(Stream s, uint64_t e) {
+  const uint64_t t0 = mono_now_ns();
+  const bool ok = d_.stream_wait(s, e);
+  st_.event_ns += mono_now_ns() - t0;
+  return ok;
+}
+
+uint64_t Residency::create_event() {
+  const uint64_t t0 = mono_now_ns();
+  const uint64_t e = d_.create_event();
+  st_.event_ns += mono_now_ns() - t0;
+  return e;
+}
+
 void Residency::wait_event(uint64_t e) {
   const uint64_t t0 = mono_now_ns();
   ++st_.waits;
@@ -84,7 +112,7 @@ uint64_t Residency::new_event() {
     spare_events_.pop_back();
     return e;
   }
-  return d_.create_event();
+  return create_event();
 }
 
 void Residency::drop_event(uint64_t e) {
@@ -96,12 +124,12 @@ void Residency::drop_event(uint64_t e) {
 void Residency::reap_copies() {
   for (size_t i = 0; i < retiring_.size();) {
     const uint32_t slot = retiring_[i];
-    if (d_.event_query(slots_[slot].free_event) == 1) retire_done(slot);  // erases it
+    if (query_event(slots_[slot].free_event) == 1) retire_done(slot);  // erases it
     else ++i;
   }
   for (size_t i = 0; i < copying_out_.size();) {
     const uint32_t slot = copying_out_[i];
-    if (d_.event_query(slots_[slot].copy_event) == 1) finish_evict(slot);  // erases it
+    if (query_event(slots_[slot].copy_event) == 1) finish_evict(slot);  // erases it
     else ++i;
   }
 }
@@ -240,12 +268,12 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
     pf_lead_ = std::max<uint64_t>(std::min<uint64_t>(8, lead_ceiling()), pf_lead_ - pf_lead_ / 4);
   }
   if (!copy_stream_) copy_stream_ = d_.create_stream();
-  const bool loading = r.state == State::CopyingIn && d_.event_query(r.copy_event) != 1;
+  const bool loading = r.state == State::CopyingIn && query_event(r.copy_event) != 1;
   if (o_.fault != Options::Fault::SkipEvictWait) {
     for (const Range::Touch& t : r.touches)
-      if (uint64_t e = event_after(t.s, t.launch)) d_.stream_wait(copy_stream_, e);
-    if (r.free_event) d_.stream_wait(copy_stream_, r.free_event);
-    if (r.copy_event) d_.stream_wait(copy_stream_, r.copy_event);  // a reload still running
+      if (uint64_t e = event_after(t.s, t.launch)) order_after(copy_stream_, e);
+    if (r.free_event) order_after(copy_stream_, r.free_event);
+    if (r.copy_event) order_after(copy_stream_, r.copy_event);  // a reload still running
   }
   if (loading) r.load_event = std::exchange(r.copy_event, 0);  // the copy out gets an event of its own
   const uint64_t piece = host_.pin_piece();
@@ -253,9 +281,9 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   const uint64_t t0 = mono_now_ns();
   for (uint64_t off = 0; off < r.bytes; off += piece)
     d_.copy_to_host(dst + off, r.va + off, std::min(piece, r.bytes - off), copy_stream_);
-  if (!r.copy_event) r.copy_event = new_event();
-  d_.record_event(r.copy_event, copy_stream_);
   st_.copy_ns += mono_now_ns() - t0;
+  if (!r.copy_event) r.copy_event = new_event();
+  record_event(r.copy_event, copy_stream_);
   r.host = host;
   r.state = State::CopyingOut;
   copying_out_.push_back(slot);
@@ -266,7 +294,7 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
 void Residency::finish_evict(uint32_t slot) {
   Range& r = slots_[slot];
   std::erase(copying_out_, slot);
-  if (d_.event_query(r.copy_event) != 1) {
+  if (query_event(r.copy_event) != 1) {
     wait_event(r.copy_event);
   }
   unmap_pieces(r);
@@ -345,7 +373,7 @@ DevPtr Residency::reuse_cached(uint64_t size, Stream s, uint64_t* tag) {
   cached_.erase(pick);
   cached_bytes_ -= size;
   Range& r = slots_[slot];
-  if (r.free_stream != s) d_.stream_wait(s, r.free_event);
+  if (r.free_stream != s) order_after(s, r.free_event);
   r.live = true;
   r.last_use = launches_seen_;
   note_birth(r, size);
@@ -443,11 +471,11 @@ bool Residency::free(DevPtr p, Stream s) {
   // one event marks the free.
   for (const Range::Touch& t : r.touches)
     if (t.s != s)
-      if (uint64_t e = event_after(t.s, t.launch)) d_.stream_wait(s, e);
-  if (r.copy_event) d_.stream_wait(s, r.copy_event);  // a reload, on another stream
-  if (r.free_event) d_.stream_wait(s, r.free_event);  // the previous owner's free
+      if (uint64_t e = event_after(t.s, t.launch)) order_after(s, e);
+  if (r.copy_event) order_after(s, r.copy_event);  // a reload, on another stream
+  if (r.free_event) order_after(s, r.free_event);  // the previous owner's free
   if (!r.free_event) r.free_event = new_event();
-  d_.record_event(r.free_event, s);
+  record_event(r.free_event, s);
   r.free_stream = s;
   r.touches.clear();
   r.state = State::Resident;
@@ -473,7 +501,7 @@ void Residency::abandon(Range& r) {
   std::erase(copying_out_, uint32_t(&r - slots_.data()));
   out_bytes_ -= r.bytes;
   const uint64_t done = new_event();
-  d_.record_event(done, copy_stream_);
+  record_event(done, copy_stream_);
   pending_host_.push_back({r.host, r.bytes, done});
   r.host = nullptr;
   r.state = State::Resident;
@@ -554,9 +582,9 @@ void Residency::poll() {
   std::lock_guard<std::mutex> lk(mu_);
   reap_copies();
   for (Range& r : slots_)
-    if (r.state == State::CopyingIn && d_.event_query(r.copy_event) == 1) r.state = State::Resident;
+    if (r.state == State::CopyingIn && query_event(r.copy_event) == 1) r.state = State::Resident;
   for (size_t i = 0; i < pending_host_.size();) {
-    if (d_.event_query(pending_host_[i].event) == 1) {
+    if (query_event(pending_host_[i].event) == 1) {
       host_.give(pending_host_[i].host, pending_host_[i].bytes);
       drop_event(pending_host_[i].event);
       pending_host_[i] = pending_host_.back();

@@ -158,7 +158,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // The driver's virtual-memory calls: how many, and the host's time in them.
     uint64_t maps = 0, unmaps = 0, map_ns = 0, unmap_ns = 0, create_ns = 0, release_ns = 0;
     uint64_t alloc_maps = 0;                 // of the maps, those that back a new allocation (not a reload)
-    uint64_t copy_ns = 0;                    // enqueuing the copies out and in, and their events
+    uint64_t copy_ns = 0;                    // enqueuing the copies out and in
+    uint64_t event_ns = 0;                   // in event queries, records, creations and stream waits (the worker's too)
     uint64_t refits = 0;                     // allocations served by a freed range of another size
     uint64_t ahead_ns = 0;                   // in the scans for prefetches and evictions ahead, at launches
     uint64_t handovers = 0;                  // ranges copying out whose handles were given to others
@@ -483,6 +484,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
   };
   static uint64_t mono_now_ns() { return static_cast<uint64_t>(mono_ns()); }
   void wait_event(uint64_t e);  // the host waits for `e`; counted
+  // The driver's event calls, timed (Stats::event_ns): a query, a record, a stream's wait, a new one.
+  int query_event(uint64_t e);
+  bool record_event(uint64_t e, Stream s);
+  bool order_after(Stream s, uint64_t e);
+  uint64_t create_event();
   std::atomic<bool> has_tables_{false};
 };
 

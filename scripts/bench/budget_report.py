@@ -16,8 +16,8 @@ any offload must move at that budget, plain's peak rise less the budget, each wa
 
 A second table splits each capped run's steady step: the host's time inside the residency
 manager (all of it, then its waits for copies and frees, the driver's mappings, unmappings,
-handles made and released, the scans ahead, and enqueuing copies with their events), and the
-manager's operations, per step.
+handles made and released, the scans ahead, enqueuing copies, and the events' calls: queries,
+records and stream waits), and the manager's operations, per step.
 """
 import json
 import statistics
@@ -59,7 +59,7 @@ def handles_per_step(r):
     return f"{(b['created'] - a['created']) / n:.0f} / {(b['released'] - a['released']) / n:.0f}"
 
 
-HOST_MS = ("busy_ns", "wait_ns", "map_ns", "unmap_ns", "create_ns", "release_ns", "ahead_ns", "copy_ns")
+HOST_MS = ("busy_ns", "wait_ns", "map_ns", "unmap_ns", "create_ns", "release_ns", "ahead_ns", "copy_ns", "event_ns")
 HOST_COUNTS = ("allocs", "reused", "refits", "maps", "alloc_maps", "unmaps", "created", "evictions", "reloads",
                "prefetch_hits", "prefetch_late", "waits")
 

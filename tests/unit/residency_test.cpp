@@ -167,6 +167,8 @@ TEST(Residency, AllocationsPastTheBudgetEvictAndComeBackIntact) {
   EXPECT_EQ(j["maps"].num, double(now.maps));
   EXPECT_GT(j["copy_ns"].num, 0);
   EXPECT_EQ(j["copy_ns"].num, double(now.copy_ns));
+  EXPECT_GT(j["event_ns"].num, 0);
+  EXPECT_EQ(j["event_ns"].num, double(now.event_ns));
   EXPECT_LE(now.copy_ns, now.busy_ns) << "the copies are enqueued inside the manager's calls";
 }
 
