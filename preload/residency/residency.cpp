@@ -71,33 +71,23 @@ Residency::~Residency() {
   for (uint64_t e : spare_events_) d_.destroy_event(e);
 }
 
-int Residency::query_event(uint64_t e) {
-  const uint64_t t0 = mono_now_ns();
-  const int done = d_.event_query(e);
-  st_.event_ns += mono_now_ns() - t0;
-  return done;
+namespace {
+
+// Runs `call` and adds the host's time in it to `ns`.
+template <class Call>
+auto timed(uint64_t& ns, Call call) {
+  const int64_t t0 = mono_ns();
+  auto result = call();
+  ns += static_cast<uint64_t>(mono_ns() - t0);
+  return result;
 }
 
-bool Residency::record_event(uint64_t e, Stream s) {
-  const uint64_t t0 = mono_now_ns();
-  const bool ok = d_.record_event(e, s);
-  st_.event_ns += mono_now_ns() - t0;
-  return ok;
-}
+}  // namespace
 
-bool Residency::order_after(Stream s, uint64_t e) {
-  const uint64_t t0 = mono_now_ns();
-  const bool ok = d_.stream_wait(s, e);
-  st_.event_ns += mono_now_ns() - t0;
-  return ok;
-}
-
-uint64_t Residency::create_event() {
-  const uint64_t t0 = mono_now_ns();
-  const uint64_t e = d_.create_event();
-  st_.event_ns += mono_now_ns() - t0;
-  return e;
-}
+int Residency::query_event(uint64_t e) { return timed(st_.event_ns, [&] { return d_.event_query(e); }); }
+bool Residency::record_event(uint64_t e, Stream s) { return timed(st_.event_ns, [&] { return d_.record_event(e, s); }); }
+bool Residency::order_after(Stream s, uint64_t e) { return timed(st_.event_ns, [&] { return d_.stream_wait(s, e); }); }
+uint64_t Residency::create_event() { return timed(st_.event_ns, [&] { return d_.create_event(); }); }
 
 void Residency::wait_event(uint64_t e) {
   const uint64_t t0 = mono_now_ns();

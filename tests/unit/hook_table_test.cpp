@@ -1120,8 +1120,6 @@ TEST_F(Hooks, MarkStepTurnsAutomaticDetectionOff) {
 namespace offload {
 namespace {
 
-// A profiler that registers for CUPTI's activity records before our telemetry starts must
-// keep them: our registration is interposed, and ours then never begins.
 // Only a plan of arenas (a budget with OFFLOAD_CAP=0) needs offloadd's pool: a process that only
 // watches, or runs under the cap, connects to a running daemon but never starts one.
 TEST(DaemonLinkSettings, OnlyAPlanOfArenasStartsADaemon) {
@@ -1144,6 +1142,8 @@ TEST(DaemonLinkSettings, OnlyAPlanOfArenasStartsADaemon) {
   }
 }
 
+// A profiler that registers for CUPTI's activity records before our telemetry starts must
+// keep them: our registration is interposed, and ours then never begins.
 TEST(CuptiYield, AnotherClientFirstMeansOursNeverStarts) {
   std::atomic<uint64_t> launches{1};
   CuptiTelemetry t("", launches);
