@@ -487,6 +487,7 @@ bool SimDriver::stream_wait(Stream s, uint64_t e) {
 
 int SimDriver::event_query(uint64_t e) {
   std::lock_guard lock(mu_);
+  ++stats_.event_queries;
   auto it = events_.find(e);
   if (it == events_.end()) return -1;
   if (it->second->in_capture) {

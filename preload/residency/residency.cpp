@@ -112,16 +112,26 @@ void Residency::drop_event(uint64_t e) {
 // ---- Budget ---------------------------------------------------------------------------------
 
 void Residency::reap_copies() {
+  // Frees end on their streams in the order they were recorded there: a free recorded after one
+  // found running on its stream is not asked about (retiring_ is in the order the ranges were let
+  // go, not that of their frees, so each stream keeps the earliest free found running).
+  busy_streams_.clear();
   for (size_t i = 0; i < retiring_.size();) {
-    const uint32_t slot = retiring_[i];
-    if (query_event(slots_[slot].free_event) == 1) retire_done(slot);  // erases it
-    else ++i;
+    const Range& r = slots_[retiring_[i]];
+    auto busy = std::find_if(busy_streams_.begin(), busy_streams_.end(), [&](const auto& b) { return b.first == r.free_stream; });
+    if (busy != busy_streams_.end() && r.free_seq > busy->second) {
+      ++i;
+    } else if (query_event(r.free_event) == 1) {
+      retire_done(retiring_[i]);  // erases it
+    } else {
+      if (busy == busy_streams_.end()) busy_streams_.emplace_back(r.free_stream, r.free_seq);
+      else busy->second = r.free_seq;  // earlier than the one found before
+      ++i;
+    }
   }
-  for (size_t i = 0; i < copying_out_.size();) {
-    const uint32_t slot = copying_out_[i];
-    if (query_event(slots_[slot].copy_event) == 1) finish_evict(slot);  // erases it
-    else ++i;
-  }
+  // Copies out run on one stream, in the order of copying_out_: none after one still running is done.
+  while (!copying_out_.empty() && query_event(slots_[copying_out_.front()].copy_event) == 1)
+    finish_evict(copying_out_.front());  // erases it
 }
 
 void Residency::refresh_outside() {
@@ -467,6 +477,7 @@ bool Residency::free(DevPtr p, Stream s) {
   if (!r.free_event) r.free_event = new_event();
   record_event(r.free_event, s);
   r.free_stream = s;
+  r.free_seq = ++frees_recorded_;
   r.touches.clear();
   r.state = State::Resident;
   drop_event(r.copy_event);

@@ -279,6 +279,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t last_use = 0;      // launch number
     Stream free_stream = 0;
     uint64_t free_event = 0;
+    uint64_t free_seq = 0;      // the order its free_event was recorded in, among all frees
     uint32_t inflight = 0;      // launches between before_launch and after_launch
     // Copying out, its handles given to the spares (and maybe mapped by another range) already:
     // the copy still reads them here, so the range cannot keep its bytes if touched; unmapped
@@ -441,6 +442,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   };
   std::vector<PendingHost> pending_host_;
   std::vector<uint32_t> scratch_;                    // before_launch's touched slots
+  std::vector<std::pair<Stream, uint64_t>> busy_streams_;  // reap_copies': the earliest free found running on each
+  uint64_t frees_recorded_ = 0;                      // numbers the frees' events (Range::free_seq)
   Stream copy_stream_ = 0;
   uint64_t small_live_ = 0;
   uint64_t pool_seen_ = 0;  // what the pool held at the last look

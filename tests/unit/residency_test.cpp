@@ -1314,5 +1314,47 @@ TEST(Residency, ARefitUnmapsNothingThatQueuedWorkStillUses) {
   EXPECT_DEATH(refit_while_its_free_is_queued(Residency::Options::Fault::SkipRefitFreeCheck), "");
 }
 
+// Freed ranges let go while their frees are still queued are unmapped once each free is done. A
+// stream's frees end in the order they were recorded, so a pass over them asks the driver about
+// no free recorded after one found running on its stream; another stream's are still asked
+// about, and those done are unmapped at once.
+TEST(Residency, FreesBehindOneRunningOnItsStreamAreNotAskedAbout) {
+  CapRig r(16 * kGran);
+  const DevPtr keep = r.alloc(kGran, kA);
+  std::vector<DevPtr> on_a, on_b;
+  for (int i = 0; i < 6; ++i) on_a.push_back(r.alloc(kGran, kA));
+  for (int i = 0; i < 2; ++i) on_b.push_back(r.alloc(kGran, kB));
+  for (DevPtr p : on_a) r.kernel(kA, {p}, fill(p, kGran, p));
+  for (DevPtr p : on_b) r.kernel(kB, {p}, fill(p, kGran, p));
+  r.kernel(kA, {keep}, fill(keep, kGran, 1));
+  r.sim.run_all();
+  // Stream A is far behind: its frees are queued after 64 kernels of its own.
+  for (int i = 0; i < 64; ++i) r.sim.launch(kA, [] {});
+  for (size_t i = 0; i < on_a.size(); ++i) {
+    r.free(on_a[i], kA);
+    if (i < on_b.size()) r.free(on_b[i], kB);
+  }
+  // Room for 15 granules: the eight freed ranges are let go, their frees not done.
+  const DevPtr big = r.alloc(15 * kGran, kA);
+  ASSERT_NE(big, 0u) << r.res.error();
+  for (DevPtr p : on_a) EXPECT_TRUE(r.sim.is_mapped(p)) << "unmapped before its free ran";
+  for (DevPtr p : on_b) EXPECT_TRUE(r.sim.is_mapped(p)) << "unmapped before its free ran";
+  // Stream B's frees run; A's are still behind its kernels.
+  const uint64_t ev = r.sim.create_event();
+  r.sim.record_event(ev, kB);
+  r.sim.event_sync(ev);
+  r.sim.destroy_event(ev);
+  const uint64_t before = r.sim.vmm_stats().event_queries;
+  r.res.poll();  // the shim's worker, every 20 ms
+  const uint64_t asked = r.sim.vmm_stats().event_queries - before;
+  for (DevPtr p : on_b) EXPECT_FALSE(r.sim.is_mapped(p)) << "its free is done: unmapped at the next look";
+  for (DevPtr p : on_a) EXPECT_TRUE(r.sim.is_mapped(p)) << "unmapped before its free ran";
+  EXPECT_LT(asked, on_a.size()) << "each of stream A's queued frees was asked about";
+  r.sim.run_all();
+  r.res.poll();
+  for (DevPtr p : on_a) EXPECT_FALSE(r.sim.is_mapped(p)) << "its free is done: unmapped at the next look";
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 }  // namespace
 }  // namespace offload
