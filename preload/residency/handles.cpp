@@ -219,7 +219,6 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
   const uint64_t need = r.bytes - from;
   uint64_t left = need - pick_spares(need, &picks_);
   for (auto it : picks_) {
-    if (it->second.event && o_.fault != Options::Fault::SkipGivenWait) order_after(s, it->second.event);
     got.push_back({it->second.handle, it->first});
     events.push_back(it->second.event);
     spare_bytes_ -= it->first;
@@ -267,6 +266,13 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
   const uint64_t map_ns = mono_now_ns() - t0;
   st_.map_ns += map_ns;
   if (!hs.empty()) average(&map_avg_, map_ns / hs.size());
+  // Copies out held back while this range was mapped go now, and `s` waits for the work still
+  // reading the spares it took (a copy out, a freed range's work): only after the copies are
+  // queued, as their events are recorded with them.
+  flush_copies();
+  if (o_.fault != Options::Fault::SkipGivenWait)
+    for (uint64_t e : events)
+      if (e) order_after(s, e);
   note_footprint();
   return true;
 }

@@ -154,6 +154,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   }
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
+  DeferCopies defer(*this);
   decide_costs();
   if (capture_open_ && s == capture_stream_) capture_open_ = false;
   launches_seen_ = launch_no;

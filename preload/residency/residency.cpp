@@ -84,12 +84,19 @@ auto timed(uint64_t& ns, Call call) {
 
 }  // namespace
 
-int Residency::query_event(uint64_t e) { return timed(st_.event_ns, [&] { return d_.event_query(e); }); }
+int Residency::query_event(uint64_t e) {
+  ensure_recorded(e);
+  return timed(st_.event_ns, [&] { return d_.event_query(e); });
+}
 bool Residency::record_event(uint64_t e, Stream s) { return timed(st_.event_ns, [&] { return d_.record_event(e, s); }); }
-bool Residency::order_after(Stream s, uint64_t e) { return timed(st_.event_ns, [&] { return d_.stream_wait(s, e); }); }
+bool Residency::order_after(Stream s, uint64_t e) {
+  ensure_recorded(e);
+  return timed(st_.event_ns, [&] { return d_.stream_wait(s, e); });
+}
 uint64_t Residency::create_event() { return timed(st_.event_ns, [&] { return d_.create_event(); }); }
 
 void Residency::wait_event(uint64_t e) {
+  ensure_recorded(e);
   const uint64_t t0 = mono_now_ns();
   ++st_.waits;
   d_.event_sync(e);
@@ -269,26 +276,45 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   }
   if (!copy_stream_) copy_stream_ = d_.create_stream();
   const bool loading = r.state == State::CopyingIn && query_event(r.copy_event) != 1;
-  if (o_.fault != Options::Fault::SkipEvictWait) {
-    for (const Range::Touch& t : r.touches)
-      if (uint64_t e = event_after(t.s, t.launch)) order_after(copy_stream_, e);
-    if (r.free_event) order_after(copy_stream_, r.free_event);
-    if (r.copy_event) order_after(copy_stream_, r.copy_event);  // a reload still running
-  }
   if (loading) r.load_event = std::exchange(r.copy_event, 0);  // the copy out gets an event of its own
-  const uint64_t piece = host_.pin_piece();
-  auto* dst = static_cast<unsigned char*>(host);
-  const uint64_t t0 = mono_now_ns();
-  for (uint64_t off = 0; off < r.bytes; off += piece)
-    d_.copy_to_host(dst + off, r.va + off, std::min(piece, r.bytes - off), copy_stream_);
-  st_.copy_ns += mono_now_ns() - t0;
   if (!r.copy_event) r.copy_event = new_event();
-  record_event(r.copy_event, copy_stream_);
   r.host = host;
   r.state = State::CopyingOut;
   copying_out_.push_back(slot);
   out_bytes_ += r.bytes;
+  if (defer_copies_) deferred_.push_back(slot);
+  else enqueue_copy_out(slot);
   return true;
+}
+
+void Residency::enqueue_copy_out(uint32_t slot) {
+  Range& r = slots_[slot];
+  if (o_.fault != Options::Fault::SkipEvictWait) {
+    for (const Range::Touch& t : r.touches)
+      if (uint64_t e = event_after(t.s, t.launch)) order_after(copy_stream_, e);
+    if (r.free_event) order_after(copy_stream_, r.free_event);
+    if (r.load_event) order_after(copy_stream_, r.load_event);  // a reload still running
+  }
+  const uint64_t piece = host_.pin_piece();
+  auto* dst = static_cast<unsigned char*>(r.host);
+  const uint64_t t0 = mono_now_ns();
+  for (uint64_t off = 0; off < r.bytes; off += piece)
+    d_.copy_to_host(dst + off, r.va + off, std::min(piece, r.bytes - off), copy_stream_);
+  st_.copy_ns += mono_now_ns() - t0;
+  record_event(r.copy_event, copy_stream_);
+}
+
+void Residency::flush_copies() {
+  if (deferred_.empty()) return;
+  flushing_.swap(deferred_);  // deferred_ is empty while they are queued: their events are not asked about
+  for (uint32_t slot : flushing_) enqueue_copy_out(slot);
+  flushing_.clear();
+}
+
+void Residency::ensure_recorded(uint64_t e) {
+  if (deferred_.empty() || !e) return;
+  for (uint32_t slot : deferred_)
+    if (slots_[slot].copy_event == e) return flush_copies();
 }
 
 void Residency::finish_evict(uint32_t slot) {
@@ -326,6 +352,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   const uint64_t size = range_size(bytes);
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
+  DeferCopies defer(*this);
   decide_costs();
   ++st_.allocs;
   largest_need_ = std::max(largest_need_, size);
@@ -488,6 +515,7 @@ bool Residency::free(DevPtr p, Stream s) {
 }
 
 void Residency::abandon(Range& r) {
+  if (std::find(deferred_.begin(), deferred_.end(), uint32_t(&r - slots_.data())) != deferred_.end()) flush_copies();
   if (r.given) {
     // Its memory is another range's now: the copy out is finished (waited for) instead, and the
     // range is on the host, to be reloaded.

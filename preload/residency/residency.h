@@ -135,6 +135,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // Llama's step from 1234 to 1133 ms, docs/results.md). false: smallest first whatever their
     // work, as a comparison.
     bool busy_spares_last = true;
+    // The copies out that an allocation or a launch starts are queued after the mappings it makes:
+    // an access grant made while a copy to the host runs took 0.7-1 ms a piece on the H200,
+    // against about 50 us otherwise (scripts/gpu/load_probe.cpp, docs/results.md). false: each
+    // copy is queued as its eviction starts, as a comparison.
+    bool copies_after_maps = true;
     enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
@@ -337,7 +342,22 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // back, and resident ranges
   // not in `keep` nor in flight are evicted, least recently touched first.
   bool make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why);
-  bool start_evict(uint32_t slot, std::string* why);  // queues the copy out
+  bool start_evict(uint32_t slot, std::string* why);  // the copy out: queued, or held back (DeferCopies)
+  // Queues a started eviction's copy out: after the work of every stream that touched the range.
+  void enqueue_copy_out(uint32_t slot);
+  // Copies out held back are queued before anything asks about, waits for or orders work after
+  // their events (the helpers below call ensure_recorded), at the next mapping's end (back_range),
+  // and when the hook's call ends (DeferCopies). Until then nothing else sees them as queued.
+  void flush_copies();
+  void ensure_recorded(uint64_t e);  // flush_copies if `e` is a held-back copy's event
+  struct DeferCopies {
+    Residency& r;
+    explicit DeferCopies(Residency& res) : r(res) { r.defer_copies_ = r.o_.copies_after_maps; }
+    ~DeferCopies() {
+      r.defer_copies_ = false;
+      r.flush_copies();
+    }
+  };
   void finish_evict(uint32_t slot);  // waits for the copy out, unmaps; the handles are spares
   void release_freed(uint32_t slot);  // a freed range: waits for its free, unmaps; handles spare
   // A freed range (taken out of cached_) whose free may not be complete: its handles become
@@ -460,6 +480,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t out_bytes_ = 0;                  // bytes of ranges copying out
   uint64_t cached_bytes_ = 0, spare_bytes_ = 0;  // of freed ranges kept, of spare handles
   std::vector<uint32_t> copying_out_;       // their slots
+  bool defer_copies_ = false;               // inside an allocation's or a launch's call (DeferCopies)
+  std::vector<uint32_t> deferred_, flushing_;  // evictions started there whose copies are not queued yet
   std::vector<uint32_t> retiring_;          // freed ranges let go (let_go_freed), still mapped
   Stream prefetch_stream_ = 0;
   uint64_t pf_lead_ = 0;                    // launches ahead of a predicted use that it is reloaded
