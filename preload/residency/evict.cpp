@@ -1,0 +1,163 @@
+// Residency's evictions: copies out started (queued at once, or held back until the allocation
+// or launch that started them has made its mappings), reaped as they end, finished (unmapped, the
+// handles spare), and abandoned when their range is touched first. residency.h says why.
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "residency/residency.h"
+
+namespace offload {
+namespace {
+
+constexpr double kGiB = double(1ull << 30);
+
+}  // namespace
+
+void Residency::reap_copies() {
+  // Frees end on their streams in the order they were recorded there: a free recorded after one
+  // found running on its stream is not asked about (retiring_ is in the order the ranges were let
+  // go, not that of their frees, so each stream keeps the earliest free found running).
+  busy_streams_.clear();
+  for (size_t i = 0; i < retiring_.size();) {
+    const Range& r = slots_[retiring_[i]];
+    auto busy = std::find_if(busy_streams_.begin(), busy_streams_.end(), [&](const auto& b) { return b.first == r.free_stream; });
+    if (busy != busy_streams_.end() && r.free_seq > busy->second) {
+      ++i;
+    } else if (query_event(r.free_event) == 1) {
+      retire_done(retiring_[i]);  // erases it
+    } else {
+      if (busy == busy_streams_.end()) busy_streams_.emplace_back(r.free_stream, r.free_seq);
+      else busy->second = r.free_seq;  // earlier than the one found before
+      ++i;
+    }
+  }
+  // Copies out run on one stream, in the order of copying_out_: none after one still running is done.
+  while (!copying_out_.empty() && query_event(slots_[copying_out_.front()].copy_event) == 1)
+    finish_evict(copying_out_.front());  // erases it
+}
+
+bool Residency::start_evict(uint32_t slot, std::string* why) {
+  Range& r = slots_[slot];
+  void* host = host_.take(r.bytes);
+  if (!host) {
+    ++st_.host_full;
+    if (why) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "the host memory for evicted bytes is full (%.2f GiB in use, limit %.2f GiB; "
+                    "OFFLOAD_HOST_LIMIT raises it)",
+                    host_.stats().in_use / kGiB, host_.limit() / kGiB);
+      *why = buf;
+    }
+    return false;
+  }
+  if (r.prefetched) {  // brought in ahead and going out unused: the lead outran the room
+    r.prefetched = false;
+    ++st_.prefetch_wasted;
+    pf_lead_ = std::max<uint64_t>(std::min<uint64_t>(8, lead_ceiling()), pf_lead_ - pf_lead_ / 4);
+  }
+  if (!copy_stream_) copy_stream_ = d_.create_stream();
+  const bool loading = r.state == State::CopyingIn && query_event(r.copy_event) != 1;
+  if (loading) r.load_event = std::exchange(r.copy_event, 0);  // the copy out gets an event of its own
+  if (!r.copy_event) r.copy_event = new_event();
+  r.host = host;
+  r.state = State::CopyingOut;
+  copying_out_.push_back(slot);
+  out_bytes_ += r.bytes;
+  if (defer_copies_) deferred_.push_back(slot);
+  else enqueue_copy_out(slot);
+  return true;
+}
+
+void Residency::enqueue_copy_out(uint32_t slot) {
+  Range& r = slots_[slot];
+  if (o_.fault != Options::Fault::SkipEvictWait) {
+    for (const Range::Touch& t : r.touches)
+      if (uint64_t e = event_after(t.s, t.launch)) order_after(copy_stream_, e);
+    if (r.free_event) order_after(copy_stream_, r.free_event);
+    if (r.load_event) order_after(copy_stream_, r.load_event);  // a reload still running
+  }
+  const uint64_t piece = host_.pin_piece();
+  auto* dst = static_cast<unsigned char*>(r.host);
+  const uint64_t t0 = mono_now_ns();
+  for (uint64_t off = 0; off < r.bytes; off += piece)
+    d_.copy_to_host(dst + off, r.va + off, std::min(piece, r.bytes - off), copy_stream_);
+  st_.copy_ns += mono_now_ns() - t0;
+  record_event(r.copy_event, copy_stream_);
+}
+
+void Residency::flush_copies() {
+  if (deferred_.empty()) return;
+  flushing_.swap(deferred_);  // deferred_ is empty while they are queued: their events are not asked about
+  for (uint32_t slot : flushing_) enqueue_copy_out(slot);
+  flushing_.clear();
+}
+
+void Residency::ensure_recorded(uint64_t e) {
+  if (deferred_.empty() || !e) return;
+  for (uint32_t slot : deferred_)
+    if (slots_[slot].copy_event == e) return flush_copies();
+}
+
+void Residency::finish_evict(uint32_t slot) {
+  Range& r = slots_[slot];
+  std::erase(copying_out_, slot);
+  if (query_event(r.copy_event) != 1) {
+    wait_event(r.copy_event);
+  }
+  unmap_pieces(r);
+  if (r.given) {
+    no_wait_for(r, r.copy_event);  // the copy is done (and its event is reused)
+  } else {
+    out_bytes_ -= r.bytes;
+    spare_pieces(r);  // still counted in held_: the caller takes or releases them
+  }
+  r.given = false;
+  drop_event(r.load_event);  // the copy out followed the reload
+  r.load_event = 0;
+  r.pieces.clear();
+  r.state = State::OnHost;
+  r.touches.clear();
+  drop_event(r.copy_event);
+  r.copy_event = 0;
+  drop_event(r.free_event);
+  r.free_event = 0;
+  ++st_.evictions;
+  st_.bytes_out += r.bytes;
+}
+
+void Residency::abandon(Range& r) {
+  if (std::find(deferred_.begin(), deferred_.end(), uint32_t(&r - slots_.data())) != deferred_.end()) flush_copies();
+  if (r.given) {
+    // Its memory is another range's now: the copy out is finished (waited for) instead, and the
+    // range is on the host, to be reloaded.
+    finish_evict(uint32_t(&r - slots_.data()));
+    return;
+  }
+  // Still mapped: the range stays and its copy out is dropped without waiting. The copy may
+  // still be reading while the launch writes (its bytes are thrown away); the host slot goes
+  // back once it is done, and the copy stream counts as a stream that touched the range, so
+  // that a later eviction or free waits for it.
+  ++st_.abandoned;
+  std::erase(copying_out_, uint32_t(&r - slots_.data()));
+  out_bytes_ -= r.bytes;
+  const uint64_t done = new_event();
+  record_event(done, copy_stream_);
+  pending_host_.push_back({r.host, r.bytes, done});
+  r.host = nullptr;
+  r.state = State::Resident;
+  add_touch(r, copy_stream_, ++copy_touches_);  // its own count: event_after then records afresh
+  drop_event(r.copy_event);  // the copy out's: its bytes are thrown away
+  r.copy_event = std::exchange(r.load_event, 0);
+  if (r.copy_event && o_.fault != Options::Fault::SkipReloadWait) {
+    // Its bytes arrive with the reload that was still running when its eviction began: it is
+    // copying in again, on the reload's stream, and a launch on another stream waits for it.
+    r.state = State::CopyingIn;
+    return;
+  }
+  drop_event(r.copy_event);
+  r.copy_event = 0;
+}
+
+}  // namespace offload
