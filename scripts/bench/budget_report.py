@@ -1,7 +1,7 @@
 """Table of scripts/gpu/budget.sh's runs: budget.py's JSON files, grouped by workload.
 
 For each run beside the workload's plain run: the first step and the median of the steady
-steps (from the fourth on), against plain; the highest rise of the device's used memory over
+steps (from the fourth on) with their range, against plain; the highest rise of the device's used memory over
 the run against the budget; whether losses and final parameters are bitwise equal to plain's.
 A checkpointed model under liboffload (a run named ckpt-...) is compared with the checkpointed
 run ("ckpt") instead: its time, its bitwise equality and its link bound.
@@ -27,9 +27,19 @@ from collections import defaultdict
 GiB = 2 ** 30
 
 
+def steady_steps(ms):
+    return ms[3:] if len(ms) > 4 else ms[1:] or ms
+
+
 def steady(ms):
-    tail = ms[3:] if len(ms) > 4 else ms[1:] or ms
+    tail = steady_steps(ms)
     return statistics.median(tail) if tail else float("nan")
+
+
+def steady_range(ms):
+    """The shortest and the longest steady step: what one run's median can be trusted to."""
+    tail = steady_steps(ms)
+    return f"{min(tail):.0f}-{max(tail):.0f}" if tail else "-"
 
 
 def steady_counters(r):
@@ -89,9 +99,10 @@ def main(paths):
             continue
         name = p.rsplit("/", 1)[-1][:-5]
         runs[r["workload"]][name.split("-", 1)[1] if "-" in name else name] = r
-    print("| workload | run | budget GiB | peak rise GiB | within | first step ms | steady ms/step | x plain (ckpt-: x ckpt) "
+    print("| workload | run | budget GiB | peak rise GiB | within | first step ms | steady ms/step | steady range ms "
+          "| x plain (ckpt-: x ckpt) "
           "| GiB out/in a step | handles made/dropped a step | x bound (moved) | x bound (least) | bitwise | error |")
-    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for w, rs in sorted(runs.items()):
         for name, r in sorted(rs.items(), key=lambda kv: (kv[0] != "plain", kv[0])):
             plain = rs.get("ckpt") if name.startswith("ckpt-") else rs.get("plain")
@@ -114,7 +125,7 @@ def main(paths):
                 xb_moved = f"{st / bound_ms(base, mv[0], mv[1], link):.2f}"
                 xb_least = f"{st / bound_ms(base, least, least, link):.2f}"
             print(f"| {w} | {name} | {budget / GiB:.2f} | {r['peak_rise'] / GiB:.2f} | {within} | "
-                  f"{ms[0] if ms else float('nan'):.1f} | {st:.1f} | {st / base:.2f} | {moved} | "
+                  f"{ms[0] if ms else float('nan'):.1f} | {st:.1f} | {steady_range(ms) if ms else '-'} | {st / base:.2f} | {moved} | "
                   f"{handles_per_step(r) if budget and not r['error'] else '-'} | {xb_moved} | "
                   f"{xb_least} | {same} | {r['error'] or ''} |")
     split = [(w, name, r, host_split(r)) for w, rs in sorted(runs.items()) for name, r in sorted(rs.items())
