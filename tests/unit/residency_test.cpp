@@ -1395,5 +1395,40 @@ TEST(Residency, CopiesOutAreQueuedAfterTheMappingsTheirRoomIsFor) {
   }
 }
 
+// A copy out held back behind an allocation's mapping is queued before that allocation's stream
+// waits for it, even where the copy must first wait for that same stream (its range's last touch
+// there is older than the stream's ring of events, so the event is recorded afresh at the
+// stream's end): the other order would have the stream wait for an event not yet recorded, and the
+// new range's work overwrite the handles before the copy reads them.
+TEST(Residency, AHeldBackCopyIsQueuedBeforeItsTakerWaitsForIt) {
+  for (bool after : {true, false}) {
+    Residency::Options o = CapRig::options(4 * kGran + kGran / 2, Residency::Options::Fault::None);
+    o.low_water = kGran / 4;
+    o.copies_after_maps = after;
+    o.prefetch = false;
+    CapRig r(o);
+    r.sim.set_copy_delay(true);  // a copy runs last: work not ordered after it goes first
+    const DevPtr a = r.alloc(2 * kGran, kA);
+    r.kernel(kA, {a}, fill(a, 2 * kGran, 11));
+    const DevPtr b = r.alloc(kGran, kA);
+    for (int i = 0; i < 100; ++i) r.kernel(kA, {b}, fill(b, kGran, 100 + i));  // a's touch leaves the ring
+    // Nothing has run yet. c needs a's room: a's copy out must wait for stream A, and c's fill on
+    // stream A must wait for that copy.
+    const DevPtr c = r.alloc(2 * kGran, kA);
+    ASSERT_NE(c, 0u) << r.res.error();
+    r.kernel(kA, {c}, fill(c, 2 * kGran, 12));
+    r.sim.run_all();
+    const uint64_t hc = hash(c, 2 * kGran);
+    ASSERT_TRUE(r.kernel(kB, {a}, [] {}));  // a comes back (c or b makes way)
+    r.sim.run_all();
+    std::vector<uint64_t> want(2 * kGran / 8);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = mix(11 + i);
+    EXPECT_EQ(std::memcmp(words(a), want.data(), 2 * kGran), 0) << "a's bytes changed (copies after maps: " << after << ")";
+    EXPECT_NE(hc, 0u);
+    EXPECT_GE(r.res.stats().handovers, 1u) << "c was to take a's handles while a was copied out";
+    EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  }
+}
+
 }  // namespace
 }  // namespace offload
