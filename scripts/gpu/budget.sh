@@ -19,14 +19,21 @@
 # DAEMON_POOL=SIZE starts offloadd with a host pool of SIZE first and waits until it is faulted in,
 # as a node's daemon started before the job would be: an arm with OFFLOAD_DAEMON=connect in its
 # variables then puts its evicted bytes there (e.g. CAP_ALSO="pool:OFFLOAD_DAEMON=connect").
-# Needs .carry/bin from scripts/gpu/prepare.sh. Leaves $OUT/budget-<plan>.tgz and prints a table.
+# Needs .carry/bin from scripts/gpu/prepare.sh. Leaves $OUT/budget-<plan>.tgz (brought up to date
+# after every run) and prints a table.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 plan=$1; shift
 out=${OUT:-/tmp/out}; work=$(mktemp -d); mkdir -p "$out"
 lib=$root/.carry/bin/liboffload.so
 export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PYTHONUNBUFFERED=1 OFFLOAD_DAEMON=off
-py() { timeout "${RUN_TIMEOUT:-900}" python3 "$root/scripts/bench/budget.py" --scale "${SCALE:-small}" --workdir "$work" "$@"; }
+# Each run's files are archived as soon as it ends: a job cut short keeps the runs that finished.
+py() {
+  timeout "${RUN_TIMEOUT:-900}" python3 "$root/scripts/bench/budget.py" --scale "${SCALE:-small}" --workdir "$work" "$@"
+  local rc=$?
+  tar -C "$work" -czf "$out/budget-$plan.tgz" . 2> /dev/null
+  return $rc
+}
 # cap NAME BUDGET ARGS...: liboffload at BUDGET, then once more for each CAP_ALSO arm.
 cap() {
   local name=$1 budget=$2; shift 2
