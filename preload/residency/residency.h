@@ -26,9 +26,9 @@
 // work and not for the whole stream); the physical memory is unmapped only once the copy is
 // known complete. A copy out that an allocation or a launch starts is queued after the mappings
 // that call makes (an access grant waits for copies to the host), and always before any stream
-// waits for it or the host asks about it. A reload copies on the launching stream, before the launch is forwarded;
-// another stream that touches the range before that copy is known complete waits for its
-// event. A freed range is reused at once on the freeing stream (stream order), on another
+// waits for it or the host asks about it. A reload copies on the launching stream, before the
+// launch is forwarded; another stream that touches the range before that copy is known complete
+// waits for its event. A freed range is reused at once on the freeing stream (stream order), on another
 // stream after an event wait, and unmapped only once the free is known complete; the
 // freeing stream first waits for the other streams that touched the range, so one event
 // stands for all of them.
