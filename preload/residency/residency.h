@@ -28,10 +28,10 @@
 // that call makes (an access grant waits for copies to the host), and always before any stream
 // waits for it or the host asks about it. A reload copies on the launching stream, before the
 // launch is forwarded; another stream that touches the range before that copy is known complete
-// waits for its event. A freed range is reused at once on the freeing stream (stream order), on another
-// stream after an event wait, and unmapped only once the free is known complete; the
-// freeing stream first waits for the other streams that touched the range, so one event
-// stands for all of them.
+// waits for its event. A freed range is reused at once on the freeing stream (stream order), on
+// another stream after an event wait, and unmapped only once the free is known complete; the
+// freeing stream first waits for the other streams that touched the range, so one event stands
+// for all of them.
 //
 // The launch scan is the page-fault handler: before_launch reloads what the launch touches.
 // A launch that touches more than the budget can hold at once (its ranges plus the pool's
