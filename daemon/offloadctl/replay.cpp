@@ -386,6 +386,8 @@ void print_json(const std::string& path, const StepTrace& rec, const CapReplayOp
       .field("reloads", st.reloads).field("prefetches", st.prefetches).field("prefetch_hits", st.prefetch_hits)
       .field("prefetch_wasted", st.prefetch_wasted).field("maps", st.maps).field("unmaps", st.unmaps)
       .field("created", st.created).field("released", st.released).field("waits", st.waits)
+      .field("waits_room", st.waits_room).field("waits_release", st.waits_release)
+      .field("waits_abandon", st.waits_abandon)
       .field("bytes_out", unscaled(st.bytes_out)).field("bytes_in", unscaled(st.bytes_in))
       .field("freed_out", st.freed_out).field("freed_out_bytes", unscaled(st.freed_out_bytes))
       .field("alloc_maps", st.alloc_maps).field("refits", st.refits).field("allocs", st.allocs)

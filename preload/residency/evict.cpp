@@ -128,6 +128,7 @@ void Residency::finish_evict(uint32_t slot) {
 }
 
 void Residency::abandon(Range& r) {
+  WaitAt site(*this, WaitSite::Abandon);
   if (std::find(deferred_.begin(), deferred_.end(), uint32_t(&r - slots_.data())) != deferred_.end()) flush_copies();
   if (r.given) {
     // Its memory is another range's now: the copy out is finished (waited for) instead, and the

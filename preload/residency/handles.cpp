@@ -72,6 +72,7 @@ void Residency::release_spares_for(uint64_t need, bool busy_too) {
   auto over = [&] { return held_ + pool_share_ + fresh > limit(); };
   auto release = [&](std::multimap<uint64_t, Spare>::const_iterator it) {
     const uint64_t bytes = it->first, h = it->second.handle;
+    WaitAt site(*this, WaitSite::Release);
     settle_given(h);  // a range it was given from, still copying out, unmaps it first
     const uint64_t t0 = mono_now_ns();
     d_.release_physical(h);

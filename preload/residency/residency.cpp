@@ -100,7 +100,14 @@ void Residency::wait_event(uint64_t e) {
   const uint64_t t0 = mono_now_ns();
   ++st_.waits;
   d_.event_sync(e);
-  st_.wait_ns += mono_now_ns() - t0;
+  const uint64_t ns = mono_now_ns() - t0;
+  st_.wait_ns += ns;
+  switch (wait_site_) {
+    case WaitSite::Room: ++st_.waits_room, st_.wait_room_ns += ns; break;
+    case WaitSite::Release: ++st_.waits_release, st_.wait_release_ns += ns; break;
+    case WaitSite::Abandon: ++st_.waits_abandon, st_.wait_abandon_ns += ns; break;
+    case WaitSite::Other: break;
+  }
 }
 
 uint64_t Residency::new_event() {
@@ -172,6 +179,7 @@ bool Residency::fits(uint64_t need) const {
 }
 
 bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why) {
+  WaitAt site(*this, WaitSite::Room);
   auto fits = [&] { return this->fits(need); };
   auto kept = [&](uint32_t slot) { return std::find(keep, keep + nkeep, slot) != keep + nkeep; };
   reap_copies();

@@ -161,6 +161,13 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t outside = 0;                    // device memory grown outside us since the first range
     uint64_t waits = 0;                      // host waits for a copy out or a free
     uint64_t wait_ns = 0;                    // the host's time in them
+    // Of them, by what waited: making room (a copy out finished for its memory), releasing a spare
+    // whose last work still ran (or unmapping where it was given from), a range copying out taken
+    // back after its handles were given on; the rest (a pointer query's reload, a freed range
+    // released) is waits less these.
+    uint64_t waits_room = 0, wait_room_ns = 0;
+    uint64_t waits_release = 0, wait_release_ns = 0;
+    uint64_t waits_abandon = 0, wait_abandon_ns = 0;
     uint64_t busy_ns = 0;                    // the host's time in the hooks' calls here (waits included)
     // The driver's virtual-memory calls: how many, and the host's time in them.
     uint64_t maps = 0, unmaps = 0, map_ns = 0, unmap_ns = 0, create_ns = 0, release_ns = 0;
@@ -510,7 +517,15 @@ class Residency final : public LaunchGate, public DeviceRoom {
     ~Busy() { sum.fetch_add(mono_now_ns() - t0, std::memory_order_relaxed); }
   };
   static uint64_t mono_now_ns() { return static_cast<uint64_t>(mono_ns()); }
-  void wait_event(uint64_t e);  // the host waits for `e`; counted
+  void wait_event(uint64_t e);  // the host waits for `e`; counted, by the site set (WaitAt)
+  enum class WaitSite : uint8_t { Other, Room, Release, Abandon };
+  WaitSite wait_site_ = WaitSite::Other;
+  struct WaitAt {  // the site of the waits made within its scope (the innermost counts)
+    Residency& r;
+    WaitSite prev;
+    WaitAt(Residency& res, WaitSite site) : r(res), prev(res.wait_site_) { r.wait_site_ = site; }
+    ~WaitAt() { r.wait_site_ = prev; }
+  };
   // The driver's event calls, timed (Stats::event_ns): a query, a record, a stream's wait, a new one.
   int query_event(uint64_t e);
   bool record_event(uint64_t e, Stream s);

@@ -17,7 +17,9 @@ any offload must move at that budget, plain's peak rise less the budget, each wa
 A second table splits each capped run's steady step: the host's time inside the residency
 manager (all of it, then its waits for copies and frees, the driver's mappings, unmappings,
 handles made and released, the scans ahead, enqueuing copies, and the events' calls: queries,
-records and stream waits), and the manager's operations, per step.
+records and stream waits), and the manager's operations, per step: among them its waits, and of
+those the ones made to make room, to release a spare still in use, and to take back a range whose
+handles were given on while it was copied out.
 """
 import json
 import statistics
@@ -71,7 +73,7 @@ def handles_per_step(r):
 
 HOST_MS = ("busy_ns", "wait_ns", "map_ns", "unmap_ns", "create_ns", "release_ns", "ahead_ns", "copy_ns", "event_ns")
 HOST_COUNTS = ("allocs", "reused", "refits", "maps", "alloc_maps", "unmaps", "created", "evictions", "reloads",
-               "prefetch_hits", "prefetch_late", "waits")
+               "prefetch_hits", "prefetch_late", "waits", "waits_room", "waits_release", "waits_abandon")
 
 
 def host_split(r):

@@ -239,6 +239,11 @@ TEST(ReplayCap, SparesStillInUseAreReleasedLast) {
     EXPECT_GT(any.stats.waits, 0u) << name;
     EXPECT_LT(5 * last.stats.waits, 4 * any.stats.waits) << name << ": " << last.stats.waits << " against "
                                                           << any.stats.waits;
+    // The waits counted by what waited: the releases of spares still in use are what fell.
+    for (const CapReplay* c : {&any, &last})
+      EXPECT_LE(c->stats.waits_room + c->stats.waits_release + c->stats.waits_abandon, c->stats.waits) << name;
+    EXPECT_LT(2 * last.stats.waits_release, any.stats.waits_release)
+        << name << ": " << last.stats.waits_release << " against " << any.stats.waits_release;
   }
 }
 

@@ -170,6 +170,12 @@ TEST(Residency, AllocationsPastTheBudgetEvictAndComeBackIntact) {
   EXPECT_GT(j["event_ns"].num, 0);
   EXPECT_EQ(j["event_ns"].num, double(now.event_ns));
   EXPECT_LE(now.copy_ns, now.busy_ns) << "the copies are enqueued inside the manager's calls";
+  for (const char* k : {"waits", "waits_room", "wait_room_ns", "waits_release", "wait_release_ns", "waits_abandon",
+                        "wait_abandon_ns"})
+    EXPECT_TRUE(j.has(k)) << k;
+  EXPECT_EQ(j["waits_room"].num, double(now.waits_room));
+  EXPECT_EQ(j["wait_release_ns"].num, double(now.wait_release_ns));
+  EXPECT_LE(now.wait_room_ns + now.wait_release_ns + now.wait_abandon_ns, now.wait_ns);
 }
 
 // The telemetry pushed to offloadd after each step (step_telemetry.h) counts that step's share:
