@@ -70,6 +70,12 @@ struct Settings {
   // OFFLOAD_CAP_REFIT=1|0: a freed range of another size serves an allocation by its own address,
   // its mappings changed only where the sizes differ (1, the default).
   bool cap_refit = true;
+  // OFFLOAD_CAP_EVICT_FIRST=1|0: when nothing else makes room without the host waiting, evict a
+  // resident range whose handles can back the allocation (a copy out the GPU orders) before
+  // releasing a spare whose last work still runs (a host wait). On the recorded steps it took a
+  // third to a half of the waits off most workloads and moved 2-44% more bytes out; not measured
+  // on the GPU, so off (docs/results.md).
+  bool cap_evict_first = false;
   // OFFLOAD_CAP_PLAN=1|0: under the cap, a plan of arenas made from a traced step places the
   // step's activations (core/executor.h), its handles taken from the cap's own room, while the
   // residency manager keeps every other range (1); or the residency manager alone (0, the

@@ -99,7 +99,8 @@ constexpr HelpBlock kHelp[] = {
      "                         cap of OFFLOAD_DEVICE_BUDGET) under a budget of FRACTION of the peak,\n"
      "                         every launch's data checked; exit 1 on a mismatch, a held peak over\n"
      "                         the budget, a VMM misuse or a refusal; its policy from the\n"
-     "                         OFFLOAD_CAP_TILE, _REFIT, _EXTRA_PIECES and _PREFETCH_MAX settings\n"},
+     "                         OFFLOAD_CAP_TILE, _REFIT, _EXTRA_PIECES, _EVICT_FIRST and\n"
+     "                         _PREFETCH_MAX settings\n"},
     {"plan",
      "  plan --trace FILE [--budget SIZE|SHARE [--gpu-memory SIZE]] [--persistent-min SIZE [--read-only]\n"
      "       [--max-weight-wait S]] [--segments N] [--arenas|--json]\n"

@@ -100,6 +100,17 @@ void Residency::ensure_recorded(uint64_t e) {
     if (slots_[slot].copy_event == e) return flush_copies();
 }
 
+bool Residency::evict_for_handles(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why) {
+  pick_victims(&victims_, keep, nkeep, launches_seen_);
+  for (uint32_t v : victims_) {
+    const std::vector<Piece>& ps = slots_[v].pieces;
+    if (std::none_of(ps.begin(), ps.end(), [&](const Piece& p) { return p.bytes <= need; })) continue;
+    if (!start_evict(v, why)) return false;
+    if (give_copies(need)) return true;
+  }
+  return false;
+}
+
 void Residency::finish_evict(uint32_t slot) {
   Range& r = slots_[slot];
   std::erase(copying_out_, slot);

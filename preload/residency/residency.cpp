@@ -222,6 +222,7 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     finish_evict(v);
     if (fits()) break;
   }
+  if (o_.evict_before_busy_release && !fits() && evict_for_handles(need, keep, nkeep, why)) return true;
   release_spares_for(need, true);  // spares left of other sizes: the budget must hold the new handle
   note_footprint();
   if (fits()) return true;
@@ -529,6 +530,7 @@ Residency::State Residency::state_of(DevPtr p) const {
 }
 
 void apply_cap_policy(const Settings& s, Residency::Options* o) {
+  o->evict_before_busy_release = s.cap_evict_first;
   o->piece_max = s.cap_piece;
   o->whole_max = s.cap_whole;
   o->extra_auto = s.cap_extra_pieces == Settings::kAutoPieces;

@@ -142,6 +142,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // against about 50 us otherwise (scripts/gpu/load_probe.cpp, docs/results.md). false: each
     // copy is queued as its eviction starts, as a comparison.
     bool copies_after_maps = true;
+    // When nothing else makes room without the host waiting, a resident range whose handles can
+    // back part of the need is evicted (its copy out gives them; the taker's stream waits for it)
+    // before a spare whose last work still runs is released (the host waits for that work).
+    // OFFLOAD_CAP_EVICT_FIRST; off: it trades host waits for bytes moved, not yet measured on a GPU.
+    bool evict_before_busy_release = false;
     enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
@@ -367,6 +372,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
       r.flush_copies();
     }
   };
+  // Options::evict_before_busy_release: resident ranges (not in `keep`, furthest next use first)
+  // with a handle that can back part of `need` are evicted and give their handles until it fits;
+  // false when they cannot make it fit.
+  bool evict_for_handles(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why);
   void finish_evict(uint32_t slot);  // waits for the copy out, unmaps; the handles are spares
   void release_freed(uint32_t slot);  // a freed range: waits for its free, unmaps; handles spare
   // A freed range (taken out of cached_) whose free may not be complete: its handles become

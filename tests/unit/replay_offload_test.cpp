@@ -247,6 +247,30 @@ TEST(ReplayCap, SparesStillInUseAreReleasedLast) {
   }
 }
 
+// With evict_before_busy_release (and the shim's default policy otherwise), an allocation that finds
+// no room without the host waiting evicts a range whose handles can back it (the GPU orders the
+// taker after that copy) instead of releasing a spare still in use: such releases' waits fall by
+// more than half, and the host's waits with them, every byte checked and the budget held.
+TEST(ReplayCap, EvictingFirstTakesWaitsOff) {
+  for (const char* name : {"resnet50", "hf_gpt2"}) {
+    const StepTrace rec = load(name);
+    CapReplayOptions o = options(0.5);
+    apply_cap_policy(Settings{}, &o.policy);
+    const CapReplay off = replay_under_cap(rec, o);
+    o.policy.evict_before_busy_release = true;
+    const CapReplay first = replay_under_cap(rec, o);
+    for (const CapReplay* c : {&off, &first}) {
+      EXPECT_TRUE(c->ok()) << name << ": " << c->refusal;
+      EXPECT_EQ(c->mismatches, 0u) << name << ": " << c->first_mismatch;
+      EXPECT_LE(c->physical_peak, c->budget) << name;
+    }
+    EXPECT_GT(off.stats.waits_release, 0u) << name;
+    EXPECT_LT(2 * first.stats.waits_release, off.stats.waits_release)
+        << name << ": " << first.stats.waits_release << " against " << off.stats.waits_release;
+    EXPECT_LT(first.stats.waits, off.stats.waits) << name;
+  }
+}
+
 // A budget no launch fits: the refusal ends the replay and says why, and the check fails.
 TEST(ReplayCap, AnImpossibleBudgetIsRefused) {
   const CapReplay c = replay_under_cap(load("reference"), options(0.01));
