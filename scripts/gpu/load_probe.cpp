@@ -2,9 +2,10 @@
 // made and released, a mapping, its access grant and its unmapping (one piece of 64 MiB, and four
 // granted at once), an event recorded and queried, a launch; under loads queued on other streams:
 // kernels that fill every SM, copies by the copy engines in either direction and of several sizes,
-// and a copy made by a kernel (SMs writing mapped host memory) instead. Inside a training step
-// under the cap a mapping took about 125 us, against 28 us on an idle GPU (docs/results.md): this
-// says which load makes the difference. On the GPU machine:
+// a copy made by a kernel (SMs writing mapped host memory) instead, and copies queued behind
+// kernels that have not started yet. Inside a training step under the cap a mapping took about
+// 125 us, against 28 us on an idle GPU (docs/results.md): this says which load makes the
+// difference. On the GPU machine:
 //   g++ -std=c++20 -O2 -I/usr/local/cuda/include scripts/gpu/load_probe.cpp -o /tmp/load_probe
 //     -L/usr/local/cuda/lib64/stubs -lcuda && /tmp/load_probe
 #include <cuda.h>
@@ -238,7 +239,7 @@ int main() {
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   struct Load {
     const char* name;
-    int kind;  // 0 none, 1 spin, 2 copies, 3 kernel copies
+    int kind;  // 0 none, 1 spin, 2 copies, 3 kernel copies, 4 copies queued behind spinning kernels
     size_t chunk;
     bool out, in;
     int blocks;
@@ -254,6 +255,7 @@ int main() {
       {"copies both ways, 64 MiB each", 2, 64 * kMiB, true, true, 0},
       {"copies out by a kernel, 132 blocks", 3, 0, false, false, 132},
       {"copies out by a kernel, 16 blocks", 3, 0, false, false, 16},
+      {"copies out queued behind kernels (SMs busy, no copy running yet)", 4, 64 * kMiB, true, false, 0},
   };
   for (const Load& l : loads) {
     CK(cuCtxSynchronize());
@@ -262,6 +264,15 @@ int main() {
     if (l.kind == 1) p.spins(500);
     if (l.kind == 2) p.copies(500, l.chunk, l.out, l.in);
     if (l.kind == 3) gbs = p.kernel_copies(500, l.blocks);
+    if (l.kind == 4) {  // the copies' stream waits for the spinning kernels to end
+      p.spins(500);
+      CUevent e;
+      CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+      CK(cuEventRecord(e, p.sm));
+      CK(cuStreamWaitEvent(p.d2h, e, 0));
+      CK(cuEventDestroy(e));
+      p.copies(200, l.chunk, l.out, l.in);
+    }
     const auto c = p.measure(40);
     const bool busy = p.still_busy();
     char name[96];
