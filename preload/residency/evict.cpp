@@ -103,8 +103,7 @@ void Residency::ensure_recorded(uint64_t e) {
 bool Residency::evict_for_handles(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why) {
   pick_victims(&victims_, keep, nkeep, launches_seen_);
   for (uint32_t v : victims_) {
-    const std::vector<Piece>& ps = slots_[v].pieces;
-    if (std::none_of(ps.begin(), ps.end(), [&](const Piece& p) { return p.bytes <= need; })) continue;
+    if (!can_back(slots_[v], need)) continue;
     if (!start_evict(v, why)) return false;
     if (give_copies(need)) return true;
   }
@@ -140,7 +139,7 @@ void Residency::finish_evict(uint32_t slot) {
 
 void Residency::abandon(Range& r) {
   WaitAt site(*this, WaitSite::Abandon);
-  if (std::find(deferred_.begin(), deferred_.end(), uint32_t(&r - slots_.data())) != deferred_.end()) flush_copies();
+  ensure_recorded(r.copy_event);  // a copy held back is queued before the range's state changes
   if (r.given) {
     // Its memory is another range's now: the copy out is finished (waited for) instead, and the
     // range is on the host, to be reloaded.

@@ -113,15 +113,17 @@ void Residency::spare_pieces(Range& r) {
   r.pieces.clear();
 }
 
+bool Residency::can_back(const Range& r, uint64_t need) const {
+  return o_.piece_max ? std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.bytes <= need; })
+                      : r.bytes == need;
+}
+
 bool Residency::give_copies(uint64_t need) {
   for (uint32_t slot : copying_out_) {
     if (fits(need)) return true;
     Range& r = slots_[slot];
     if (r.given) continue;
-    // Only a range with a handle that can back part of `need` (of its size, with one handle per range).
-    const bool useful = o_.piece_max ? std::any_of(r.pieces.begin(), r.pieces.end(), [&](const Piece& p) { return p.bytes <= need; })
-                                     : r.bytes == need;
-    if (!useful) continue;
+    if (!can_back(r, need)) continue;
     r.given = true;
     out_bytes_ -= r.bytes;  // no longer coming back to us: the taker counts it
     add_spares(r.pieces, r.copy_event);

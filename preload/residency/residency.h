@@ -400,6 +400,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   int32_t refit_cached(uint64_t size, Stream s, std::string* why, bool* refused);
   // Pieces kept (from the first) and their bytes when r serves `size`; false: r cannot.
   bool refit_plan(const Range& r, uint64_t size, size_t* keep, uint64_t* kept) const;
+  // Whether a handle of r can back part of `need` (with one handle per range: one of its size).
+  bool can_back(const Range& r, uint64_t need) const;
   // Ranges still copying out give their handles to the spares, with their copy's event, until
   // `need` fits: the stream that maps one waits for that copy on the GPU, and the host does not.
   bool give_copies(uint64_t need);
