@@ -1,8 +1,9 @@
 """Table of scripts/gpu/budget.sh's runs: budget.py's JSON files, grouped by workload.
 
 For each run beside the workload's plain run: the first step and the median of the steady
-steps (from the fourth on) with their range, against plain; the highest rise of the device's used memory over
-the run against the budget; whether losses and final parameters are bitwise equal to plain's.
+steps (from the fourth on) with their range, against plain; the highest rise of the device's
+used memory over the run against the budget; whether losses and final parameters are bitwise
+equal to plain's.
 A checkpointed model under liboffload (a run named ckpt-...) is compared with the checkpointed
 run ("ckpt") instead: its time, its bitwise equality and its link bound.
 
