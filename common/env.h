@@ -76,6 +76,10 @@ struct Settings {
   // third to a half of the waits off most workloads and moved 2-44% more bytes out; not measured
   // on the GPU, so off (docs/results.md).
   bool cap_evict_first = false;
+  // OFFLOAD_CAP_RECOMPUTE=1|0: a range that one launch produced from ranges still resident and
+  // unchanged is made again by that launch instead of copied back in (its kernel's first remake
+  // checked byte for byte against the saved copy). Off: not yet measured on a GPU.
+  bool cap_recompute = false;
   // OFFLOAD_CAP_PLAN=1|0: under the cap, a plan of arenas made from a traced step places the
   // step's activations (core/executor.h), its handles taken from the cap's own room, while the
   // residency manager keeps every other range (1); or the residency manager alone (0, the

@@ -242,6 +242,7 @@ struct ExecApi {
   decltype(&cuEventSynchronize) event_sync;
   decltype(&cuMemcpyDtoHAsync_v2) dtoh;
   decltype(&cuMemcpyHtoDAsync_v2) htod;
+  decltype(&cuLaunchKernel) launch;
 };
 
 // nullptr until libcuda is loaded, or if it lacks any of them (VMM needs CUDA 10.2).
@@ -285,6 +286,8 @@ const ExecApi* exec_api() {
     sym(api.event_sync, "cuEventSynchronize");
     sym(api.dtoh, "cuMemcpyDtoHAsync_v2");
     sym(api.htod, "cuMemcpyHtoDAsync_v2");
+    // Optional: only a launch made again (Residency::Options::recompute) needs it.
+    api.launch = reinterpret_cast<decltype(api.launch)>(hooks::real_dlsym(h, "cuLaunchKernel"));
     state.store(all ? 1 : -1, std::memory_order_release);
   });
   return state.load(std::memory_order_acquire) > 0 ? &api : nullptr;
@@ -644,6 +647,14 @@ bool CudaDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Str
   CtxScope scope(a, context());
   nvtx::Range range(nvtx::Move::Reload, bytes);
   return scope && cu_ok(a->htod(dst, src, bytes, as_stream(s)), "cuMemcpyHtoDAsync_v2");
+}
+
+bool CudaDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  return scope && a->launch && cu_ok(a->launch(reinterpret_cast<CUfunction>(f), g.grid[0], g.grid[1], g.grid[2], g.block[0],
+                                  g.block[1], g.block[2], g.smem, as_stream(s), params, nullptr),
+                        "cuLaunchKernel");
 }
 
 }  // namespace offload

@@ -29,8 +29,15 @@ bool counted_light(Runtime& rt) noexcept {
   return true;
 }
 
-void on_kernel(Runtime& rt, Func f, Stream s, void** params, void** extra) noexcept {
-  rt.tracker().on_kernel(f, s, params, extra);
+void on_kernel(Runtime& rt, Func f, Stream s, void** params, void** extra, const Geom* geom) noexcept {
+  if (!geom) {
+    rt.tracker().on_kernel(f, s, params, extra);
+    return;
+  }
+  LaunchGeom g;
+  for (int i = 0; i < 3; ++i) g.grid[i] = geom->grid[i], g.block[i] = geom->block[i];
+  g.smem = geom->smem;
+  rt.tracker().on_kernel(f, s, params, extra, &g);
 }
 void on_copy(Runtime& rt, DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src) noexcept {
   rt.tracker().on_copy(dst, src, bytes, s, host_src);

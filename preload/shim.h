@@ -43,7 +43,11 @@ Runtime* active() noexcept;
 // hook then only forwards it.
 bool counted_light(Runtime& rt) noexcept;
 // What a launch touches, recorded before it is forwarded.
-void on_kernel(Runtime& rt, Func f, Stream s, void** params, void** extra) noexcept;
+// `geom`: grid, block and shared memory of a plain launch (core/launch_args.h); nullptr otherwise.
+struct Geom {
+  unsigned grid[3], block[3], smem;
+};
+void on_kernel(Runtime& rt, Func f, Stream s, void** params, void** extra, const Geom* geom = nullptr) noexcept;
 void on_copy(Runtime& rt, DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src) noexcept;
 void on_memset(Runtime& rt, DevPtr dst, uint64_t bytes, Stream s) noexcept;
 void on_graph(Runtime& rt, Stream s) noexcept;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/launch_args.h"
 #include "planner/types.h"  // DevPtr, Stream, Func
 
 namespace offload {
@@ -122,6 +123,12 @@ class Driver {
   // Asynchronous copies on `s` (host memory pinned for full speed).
   virtual bool copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) = 0;
   virtual bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) = 0;
+  // Launches `f` on `s` once more, with `params` as a kernelParams array (one pointer per
+  // parameter, to its bytes). Never passes through the shim's hooks. False when it cannot.
+  virtual bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) {
+    (void)f, (void)g, (void)s, (void)params;
+    return false;
+  }
 };
 
 }  // namespace offload

@@ -24,13 +24,35 @@ SimDriver::~SimDriver() {
 
 Func SimDriver::add_kernel(std::string name, std::vector<ParamInfo> params) {
   std::lock_guard lock(mu_);
-  kernels_.push_back(new Kernel{std::move(name), std::move(params), false});
+  kernels_.push_back(new Kernel{std::move(name), std::move(params), false, {}});
   return static_cast<Func>(kernels_.size()) * 16;
+}
+
+Func SimDriver::add_kernel(std::string name, std::vector<ParamInfo> params, Body body) {
+  std::lock_guard lock(mu_);
+  kernels_.push_back(new Kernel{std::move(name), std::move(params), false, std::move(body)});
+  return static_cast<Func>(kernels_.size()) * 16;
+}
+
+bool SimDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) {
+  (void)g;
+  std::lock_guard lock(mu_);
+  const size_t k = f / 16;
+  if (f % 16 || k == 0 || k > kernels_.size() || !kernels_[k - 1]->body || !params) return false;
+  const Kernel& kern = *kernels_[k - 1];
+  size_t len = 0;
+  for (const ParamInfo& p : kern.params) len = std::max<size_t>(len, p.offset + p.size);
+  auto args = std::make_shared<std::vector<unsigned char>>(len);
+  for (size_t i = 0; i < kern.params.size(); ++i)
+    std::memcpy(args->data() + kern.params[i].offset, params[i], kern.params[i].size);
+  ++kernel_launches_;
+  enqueue(s, Op{Op::kKernel, [body = kern.body, args] { body(args->data()); }, {}, 0});
+  return true;
 }
 
 Func SimDriver::add_opaque_kernel(std::string name) {
   std::lock_guard lock(mu_);
-  kernels_.push_back(new Kernel{std::move(name), {}, true});
+  kernels_.push_back(new Kernel{std::move(name), {}, true, {}});
   return static_cast<Func>(kernels_.size()) * 16;
 }
 

@@ -53,6 +53,12 @@ class SimDriver final : public Driver {
   ~SimDriver() override;
 
   Func add_kernel(std::string name, std::vector<ParamInfo> params);
+  // A kernel that launch_kernel can run: `body` gets its arguments laid out as the parameter
+  // layout says, when the simulated GPU reaches it.
+  using Body = std::function<void(const unsigned char* args)>;
+  Func add_kernel(std::string name, std::vector<ParamInfo> params, Body body);
+  bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) override;
+  size_t kernel_launches() const { return kernel_launches_; }  // through launch_kernel
   // Registers a kernel the driver cannot describe (param_layout returns -1).
   Func add_opaque_kernel(std::string name);
 
@@ -190,7 +196,9 @@ class SimDriver final : public Driver {
     std::string name;
     std::vector<ParamInfo> params;
     bool opaque = false;
+    Body body;
   };
+  std::atomic<size_t> kernel_launches_{0};
   mutable std::mutex mu_;
   bool pool_known_ = false;
   bool outside_known_ = false;

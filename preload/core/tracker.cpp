@@ -120,7 +120,15 @@ void Tracker::on_free(DevPtr p, Stream s) {
   publish(e, nullptr, 0);
 }
 
-uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
+namespace {
+thread_local const LaunchArgs* tl_launch_args = nullptr;
+}  // namespace
+
+const LaunchArgs* current_launch_args() { return tl_launch_args; }
+LaunchArgsScope::LaunchArgsScope(const LaunchArgs* a) : prev_(tl_launch_args) { tl_launch_args = a; }
+LaunchArgsScope::~LaunchArgsScope() { tl_launch_args = prev_; }
+
+uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra, const LaunchGeom* geom) {
   HookTimer timer(counters_);
   uint64_t no = count_launch(s);
   counters_.kernels.fetch_add(1, std::memory_order_relaxed);
@@ -144,7 +152,13 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra) {
   size_t len;
   if (extra && extra_buffer(extra, &buf, &len)) n = table_.scan(buf, len / 8, acc, n, kMaxAccesses);
   if (n == kMaxAccesses) e.flags |= kAccessesTruncated;
-  gate(no, e.kind, e.func, s, acc, n, e.flags);
+  if (geom && fi) {
+    const LaunchArgs args{f, fi, params, extra, *geom};
+    LaunchArgsScope scope(&args);
+    gate(no, e.kind, e.func, s, acc, n, e.flags);
+  } else {
+    gate(no, e.kind, e.func, s, acc, n, e.flags);
+  }
   if (Clock clock = lead_clock_.load(std::memory_order_relaxed)) e.host_ns = clock();
   return publish(e, acc, static_cast<uint32_t>(n));
 }

@@ -22,6 +22,7 @@
 #include "core/event_log.h"
 #include "core/executor.h"
 #include "core/func_registry.h"
+#include "core/launch_args.h"
 #include "core/step_detector.h"
 #include "planner/step_trace.h"
 #include "core/telemetry.h"
@@ -48,7 +49,9 @@ class Tracker {
   void on_free(DevPtr p, Stream s);
   // Each returns the launch's sequence number (0 if the event was dropped).
   // `params`: the kernelParams array (may be null); `extra`: the extra array (may be null).
-  uint64_t on_kernel(Func f, Stream s, void** params, void** extra);
+  // `geom`: the launch's grid, block and shared memory, when the hook has them (plain launches):
+  // the gate may then launch it again (LaunchArgs).
+  uint64_t on_kernel(Func f, Stream s, void** params, void** extra, const LaunchGeom* geom = nullptr);
   // `host_src`: the source of a host-to-device copy. A small one is scanned for pointers into
   // arenas: the copy writes a pointer table, and launches reading it touch what it points to.
   uint64_t on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src = nullptr);

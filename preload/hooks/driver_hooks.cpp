@@ -20,7 +20,10 @@ inline DevPtr host(const void*) { return 0; }  // host side of a copy: not ours 
   OFFLOAD_EXPORT CUresult NAME(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,    \
                                unsigned by, unsigned bz, unsigned smem, CUstream s, void** p, void** e) { \
     return launch<HookId::NAME, decltype(&::cuLaunchKernel)>(                                       \
-        [&](Runtime& rt) { shim::on_kernel(rt, fn(f), stream_id(s, PTSZ), p, e); },                   \
+        [&](Runtime& rt) {                                                                          \
+          const shim::Geom g{{gx, gy, gz}, {bx, by, bz}, smem};                                     \
+          shim::on_kernel(rt, fn(f), stream_id(s, PTSZ), p, e, &g);                                 \
+        },                                                                                          \
         [&](auto real) { return real(f, gx, gy, gz, bx, by, bz, smem, s, p, e); });                 \
   }
 LAUNCH_KERNEL(cuLaunchKernel, false)
@@ -29,7 +32,16 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz, true)
 #define LAUNCH_KERNEL_EX(NAME, PTSZ)                                                                \
   OFFLOAD_EXPORT CUresult NAME(const CUlaunchConfig* c, CUfunction f, void** p, void** e) {         \
     return launch<HookId::NAME, decltype(&::cuLaunchKernelEx)>(                                     \
-        [&](Runtime& rt) { shim::on_kernel(rt, fn(f), stream_id(c ? c->hStream : nullptr, PTSZ), p, e); }, \
+        [&](Runtime& rt) {                                                                          \
+          /* Launch attributes (clusters, priorities...) are not carried: such a launch is not */    \
+          /* launched again. */                                                                     \
+          const shim::Geom g = c ? shim::Geom{{c->gridDimX, c->gridDimY, c->gridDimZ},              \
+                                              {c->blockDimX, c->blockDimY, c->blockDimZ},           \
+                                              c->sharedMemBytes}                                    \
+                                 : shim::Geom{};                                                    \
+          shim::on_kernel(rt, fn(f), stream_id(c ? c->hStream : nullptr, PTSZ), p, e,               \
+                          c && c->numAttrs == 0 ? &g : nullptr);                                    \
+        },                                                                                          \
         [&](auto real) { return real(c, f, p, e); });                                               \
   }
 LAUNCH_KERNEL_EX(cuLaunchKernelEx, false)

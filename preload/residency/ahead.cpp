@@ -45,6 +45,7 @@ void Residency::note_birth(Range& r, uint64_t size) {
   births_there_ = now == birth_launch_ ? births_there_ + 1 : 0;
   birth_launch_ = now;
   r.birth = now;
+  if (o_.recompute) rc_new_life(r);
   r.life.clear();
   r.pred.clear();
   r.key = kNoKey;

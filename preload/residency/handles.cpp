@@ -165,6 +165,7 @@ void Residency::retire_done(uint32_t slot) {
   d_.unreserve(r.va, r.cap);
   drop_event(r.free_event);
   drop_event(r.copy_event);
+  drop_event(r.read_event);
   r = Range{};
   free_slots_.push_back(slot);
 }
@@ -201,6 +202,7 @@ void Residency::release_freed(uint32_t slot) {
   by_va_.erase(r.va);
   drop_event(r.free_event);
   drop_event(r.copy_event);
+  drop_event(r.read_event);
   r = Range{};
   free_slots_.push_back(slot);
 }

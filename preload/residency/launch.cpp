@@ -51,6 +51,7 @@ void Residency::after_launch() {
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   close_inflight(f);
+  if (probe_.active) rc_finish_probe();
 }
 
 void Residency::close_inflight(InFlight& f) {
@@ -100,6 +101,7 @@ void Residency::add_touch(Range& r, Stream s, uint64_t launch) {
 bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
   Range& r = slots_[slot];
   if (!back_range(r, s, why)) return false;
+  if (o_.recompute && r.producer >= 0 && rc_remake(slot, s)) return true;
   const uint64_t piece = host_.pin_piece();
   const auto* src = static_cast<const unsigned char*>(r.host);
   const uint64_t t0 = mono_now_ns();
@@ -191,6 +193,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   f.launch = launch_no;
   f.n = 0;
   for (uint32_t k : touched) mark_touched(k, s, launch_no, f);
+  if (o_.recompute) rc_note_launch(kernel, s, launch_no, acc, n, touched, blind || kind != EventKind::Kernel);
   t0 = mono_now_ns();
   evict_ahead(touched.data(), touched.size());
   st_.ahead_ns += mono_now_ns() - t0;
@@ -251,6 +254,10 @@ void Residency::mark_touched(uint32_t k, Stream s, uint64_t launch_no, InFlight&
       order_after(s, r.copy_event);
       ++st_.event_waits;
     }
+  }
+  if (r.read_stream && r.read_stream != s && o_.fault != Options::Fault::RecomputeSkipReadOrder) {
+    if (query_event(r.read_event) == 1) r.read_stream = 0;
+    else order_after(s, r.read_event);
   }
   add_touch(r, s, launch_no);
   r.last_use = launch_no;

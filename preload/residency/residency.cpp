@@ -252,6 +252,12 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   decide_costs();
   ++st_.allocs;
   largest_need_ = std::max(largest_need_, size);
+  const DevPtr va = alloc_range(size, s, tag, refused);
+  if (va) slots_[uint32_t(*tag & ~kRangeTag)].asked = bytes;
+  return va;
+}
+
+DevPtr Residency::alloc_range(uint64_t size, Stream s, uint64_t* tag, bool* refused) {
   if (const DevPtr va = reuse_cached(size, s, tag)) return va;
   std::string why;
   if (outside_base_ == UINT64_MAX) refresh_outside();  // the first range: what is outside now is the base
@@ -376,6 +382,7 @@ bool Residency::free(DevPtr p, Stream s) {
   }
   r.live = false;
   note_death(r);
+  if (o_.recompute) rc_new_life(r);
   --st_.ranges;
   st_.live_bytes -= r.bytes;
   if (r.state == State::CopyingOut) abandon(r);  // on the host after it, if its handle was handed over
@@ -386,6 +393,7 @@ bool Residency::free(DevPtr p, Stream s) {
     d_.unreserve(r.va, r.cap);
     by_va_.erase(it);
     drop_event(r.free_event);
+    drop_event(r.read_event);
     r = Range{};
     free_slots_.push_back(slot);
     return true;
@@ -531,6 +539,7 @@ Residency::State Residency::state_of(DevPtr p) const {
 
 void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->evict_before_busy_release = s.cap_evict_first;
+  o->recompute = s.cap_recompute;
   o->piece_max = s.cap_piece;
   o->whole_max = s.cap_whole;
   o->extra_auto = s.cap_extra_pieces == Settings::kAutoPieces;

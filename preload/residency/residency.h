@@ -147,7 +147,13 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // before a spare whose last work still runs is released (the host waits for that work).
     // OFFLOAD_CAP_EVICT_FIRST; off: it trades host waits for bytes moved, not yet measured on a GPU.
     bool evict_before_busy_release = false;
-    enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait };  // tests: proves a missing wait is caught
+    // A range that one launch produced (recompute.cpp): instead of copying it back, that launch
+    // is made again into it, when every other range it touched is resident and unchanged since.
+    // OFFLOAD_CAP_RECOMPUTE; off: its cost and gain on a GPU are not measured yet.
+    bool recompute = false;
+    enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait,
+                               RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
+                               RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeNoPoison };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   struct Stats {
@@ -198,6 +204,12 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t graph_held = 0, graph_held_bytes = 0;  // frees of ranges a graph touches, kept live
     uint64_t freed_out = 0, freed_out_bytes = 0;    // ranges freed on the host: copied out, never read back
     uint64_t whole = 0;                      // 1: small ranges are backed whole now (Options::whole_max)
+    // Options::recompute: ranges made again by their producing launch instead of copied in, and
+    // their bytes; first launches again of a kernel checked against the saved bytes, and kernels
+    // banned for a difference; kernels whose writes were learned (probed), and the host's time in that.
+    uint64_t recomputed = 0, recomputed_bytes = 0;
+    uint64_t recompute_checks = 0, recompute_bans = 0;
+    uint64_t probes = 0, probe_ns = 0;
     uint64_t create_avg_ns = 0, piece_avg_ns = 0;  // the running averages that decide it
     uint64_t extra_pieces = 0;               // the pieces beyond the fewest a range may take now
   };
@@ -271,6 +283,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
   State state_of(DevPtr p) const;  // tests (the range holding p; Resident if not ours)
   // Options::extra_auto's limit: what one handle made costs in pieces mapped and unmapped.
   static constexpr uint64_t kExtraAutoMost = 32;
+  // Options::recompute: launches of a kernel whose writes are watched (probed) before they are
+  // taken as known: a launch that writes a range without changing its bytes (an in-place ReLU of
+  // values already positive) hides that write, and another launch, on other values, may show it.
+  static constexpr uint8_t kRecomputeProbes = 3;
   static uint64_t extra_for(uint64_t create_ns, uint64_t piece_ns) {
     return std::clamp<uint64_t>((create_ns + piece_ns - 1) / std::max<uint64_t>(piece_ns, 1), 1, kExtraAutoMost);
   }
@@ -319,6 +335,17 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t uses[kUses] = {};  // the last launches that touched it
     uint8_t nuses = 0, upos = 0;
     bool prefetched = false;    // reloaded ahead and not yet touched
+    // Options::recompute: born and not yet touched; bumped at each new life and at every launch
+    // that may write it; the launch that produced it (producers_), -1: none known.
+    bool fresh = false;
+    uint64_t version = 0;       // from rc_clock_: never the same twice, whatever the slot
+    int32_t producer = -1;
+    // The last launch made again that read it, on read_stream: a launch on another stream that
+    // touches it before that is known complete waits for it (the application cannot order
+    // its own work after a launch it never made).
+    uint64_t read_event = 0;
+    Stream read_stream = 0;
+    uint64_t asked = 0;         // the bytes its allocation asked for
     bool in_graph = false;      // a launch recorded into a CUDA graph touched it: never freed
     bool graph_freed = false;   // and the application has freed it
     // Its life in the step: born at launch `birth`; `key` names its place of birth (phase in
@@ -393,6 +420,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // on `s` (its address; 0: none kept, as no range's address is 0). new_range: a range made for
   // `size`, room made first; 0 with *refused and error_ set when the budget cannot hold it (*why:
   // the reason found so far, if any).
+  DevPtr alloc_range(uint64_t size, Stream s, uint64_t* tag, bool* refused);  // alloc's, under mu_
   DevPtr reuse_cached(uint64_t size, Stream s, uint64_t* tag);
   DevPtr new_range(uint64_t size, Stream s, uint64_t* tag, bool* refused, std::string* why);
   // A freed range refitted to serve an allocation of `size` on `s` (refit): its slot, or -1 when
@@ -418,6 +446,18 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
   void prefetch_due(uint64_t launch_no);  // reloads ranges whose predicted use is within the lead
+  // Options::recompute (recompute.cpp). rc_note_launch: after a launch's reloads, what it may
+  // write (versions), whether it produced a range, and a probe of its kernel's writes.
+  // rc_remake: a backed range made again by its producer on `s`; false: copy it in.
+  void rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, const AllocId* acc, size_t n,
+                      const std::vector<uint32_t>& touched, bool blind);
+  bool rc_remake(uint32_t slot, Stream s);
+  void rc_new_life(Range& r);            // born or freed: no producer, a new version
+  void rc_finish_probe();                // after_launch: what the probed launch wrote
+  void rc_drop_producer(Range& r);
+  uint64_t rc_hash(DevPtr va, uint64_t bytes, Stream s);  // of device bytes, copied to the host
+  bool rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s);
+  void rc_poison(DevPtr va, uint64_t bytes, Stream s);  // a new range filled with a pattern, before a probe
   uint64_t lead_ceiling() const { return std::max<uint64_t>(1, std::min(period_ / 4 + 1, o_.prefetch_lead_max)); }
   bool room_without_waiting(uint64_t need);
   bool fits(uint64_t need) const;  // the handover, spares that tile it, and room under the limit
@@ -515,6 +555,50 @@ class Residency final : public LaunchGate, public DeviceRoom {
   std::string error_;
   Namer namer_ = nullptr;
   void* namer_ctx_ = nullptr;
+  // Options::recompute. Per kernel id: where its launches point into ranges (parameter << 16 |
+  // word), which of those it was seen to write, and whether a launch of it made again may be
+  // trusted. A producer: the launch as the driver takes it again, its output's version and its
+  // other ranges' versions then.
+  struct KernelKnow {
+    enum class Writes : uint8_t { Unknown, Learned } writes = Writes::Unknown;
+    enum class Trust : uint8_t { Unchecked, Trusted, Banned } trust = Trust::Unchecked;
+    int8_t rng = -1;  // its name says it draws random numbers (-1: not looked at yet)
+    uint8_t probes = 0;  // launches probed so far
+    std::vector<uint32_t> at;
+    uint64_t written = 0;  // bit i: at[i] is written
+  };
+  struct Producer {
+    Func f = 0;
+    LaunchGeom geom;
+    uint32_t kernel = 0;
+    const ParamInfo* params = nullptr;
+    int32_t nparams = 0;
+    std::vector<unsigned char> args;
+    uint64_t out_version = 0;
+    std::vector<std::pair<uint32_t, uint64_t>> inputs;  // slot, version
+  };
+  struct Bump {  // a version moved by a launch of unknown writes
+    uint32_t slot;
+    uint64_t was, now;
+  };
+  struct Probe {
+    bool active = false;
+    uint64_t thread = 0;
+    uint32_t kernel = 0;
+    Stream s = 0;
+    std::vector<uint32_t> at, at_slot;
+    std::vector<std::pair<uint32_t, uint64_t>> before;  // slot, hash
+    std::vector<Bump> bumped;
+  };
+  std::vector<KernelKnow> know_;
+  uint64_t rc_clock_ = 0;
+  std::vector<Producer> producers_;
+  std::vector<int32_t> free_producers_;
+  Probe probe_;
+  std::vector<uint32_t> rc_at_, rc_at_slot_;  // scratch: a launch's positions
+  std::vector<Bump> rc_bumped_;               // scratch
+  std::vector<uint32_t> rc_fresh_;            // scratch: the new ranges a launch touches
+  std::vector<unsigned char> rc_stage_;      // host staging for hashes and checks
   std::atomic<bool> any_{false};  // a range exists: launches must be looked at
   bool capture_open_ = false;     // a capture on capture_stream_ since capture_from_
   Stream capture_stream_ = 0;

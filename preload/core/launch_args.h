@@ -1,0 +1,47 @@
+// LaunchArgs: the kernel launch a hook is making, as the driver would take it again.
+//
+// The launch hook knows the function, its geometry and its arguments; the tracker passes them
+// to the gate (the residency manager) through a thread-local pointer for the span of its
+// before_launch, so that a range a launch produced can be made again by launching it once more
+// (Residency::Options::recompute) instead of copying its bytes back. Only plain launches carry
+// them: a cooperative launch or one with launch attributes is never launched again.
+#pragma once
+
+#include <cstdint>
+
+#include "planner/types.h"  // Func
+
+namespace offload {
+
+struct FuncInfo;
+
+struct LaunchGeom {
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t smem = 0;
+};
+
+struct LaunchArgs {
+  Func f = 0;
+  const FuncInfo* fi = nullptr;  // its parameter layout (nparams < 0: unknown)
+  void** params = nullptr;       // the kernelParams array
+  void** extra = nullptr;        // the extra array (then params are not to be relied on)
+  LaunchGeom geom;
+};
+
+// The launch being made on this thread while the gate looks at it; nullptr otherwise, or when
+// the hook could not describe it.
+const LaunchArgs* current_launch_args();
+
+class LaunchArgsScope {
+ public:
+  explicit LaunchArgsScope(const LaunchArgs* a);
+  ~LaunchArgsScope();
+  LaunchArgsScope(const LaunchArgsScope&) = delete;
+  LaunchArgsScope& operator=(const LaunchArgsScope&) = delete;
+
+ private:
+  const LaunchArgs* prev_;
+};
+
+}  // namespace offload

@@ -1,0 +1,311 @@
+// Recompute (Options::recompute): a range that one launch produced is made again, by launching
+// that launch once more into it, instead of copying its bytes back from the host.
+//
+// A launch of a kernel K may be made again for its output R only when all of this holds:
+//   - R was born and first touched by that launch, which touched no other new range, no pointer
+//     table and no allocation outside the ranges (whose versions we could not follow);
+//   - K's name does not say it draws random numbers (philox, curand, dropout, ...);
+//   - K's writes were learned (a probe, below) at the same argument positions, and the launch
+//     wrote R alone: a kernel that writes outside its output is never made again;
+//   - R and every other range the launch touched (its inputs) still have the version they had
+//     then: a range's version moves at every launch that may write it (a kernel of unknown
+//     writes, a copy, a memset, a graph: all it touches) and at each new life;
+//   - every input is resident now (never reloaded or waited for on its behalf).
+// The first time K is made again, the result is compared byte for byte with the saved copy,
+// which is still on the host: a difference bans K for the process and the copy goes in instead.
+// The copy out is never skipped, so a refused or failed remake always has the bytes to fall
+// back on: what a remake saves is the copy back in.
+//
+// A probe learns which ranges a kernel writes at its first launch under the cap: the ranges it
+// touches are hashed (copied to the host after its stream) before it is forwarded and after it
+// has run. A range whose bytes changed was written. It costs two waits for the stream and the
+// copies of what the launch touches, once per kernel.
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "core/func_registry.h"
+#include "residency/residency.h"
+
+namespace offload {
+namespace {
+
+constexpr size_t kMaxAt = 64;               // argument positions into ranges a producer may have
+constexpr size_t kMaxArgBytes = 4096;       // a kernel's parameters, as CUDA has long limited them
+constexpr uint64_t kProbeMax = 1ull << 30;  // bytes a probe copies to the host, at most
+constexpr uint64_t kStage = 8ull << 20;     // the host staging buffer
+constexpr uint8_t kProbes = Residency::kRecomputeProbes;
+constexpr unsigned char kPoison = 0xa5;
+
+uint64_t this_thread() { return std::hash<std::thread::id>{}(std::this_thread::get_id()); }
+
+// A kernel whose name says it draws random numbers: made again, it would draw new ones (or, with
+// its generator's state in its arguments, the same ones in a step that expects new ones).
+bool draws_random(std::string name) {
+  for (char& c : name) c = char(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* w : {"philox", "curand", "random", "randperm", "distribution", "dropout", "bernoulli",
+                        "multinomial"})
+    if (name.find(w) != std::string::npos) return true;
+  return false;
+}
+
+uint64_t fnv(uint64_t h, const unsigned char* p, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+void Residency::rc_drop_producer(Range& r) {
+  if (r.producer < 0) return;
+  producers_[r.producer].inputs.clear();
+  free_producers_.push_back(r.producer);
+  r.producer = -1;
+}
+
+void Residency::rc_new_life(Range& r) {
+  rc_drop_producer(r);
+  r.fresh = r.live;
+  r.version = ++rc_clock_;
+}
+
+uint64_t Residency::rc_hash(DevPtr va, uint64_t bytes, Stream s) {
+  rc_stage_.resize(kStage);
+  const uint64_t ev = new_event();
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t off = 0; off < bytes; off += kStage) {
+    const uint64_t n = std::min(kStage, bytes - off);
+    d_.copy_to_host(rc_stage_.data(), va + off, n, s);
+    record_event(ev, s);
+    wait_event(ev);
+    h = fnv(h, rc_stage_.data(), n);
+  }
+  drop_event(ev);
+  return h;
+}
+
+void Residency::rc_poison(DevPtr va, uint64_t bytes, Stream s) {
+  rc_stage_.assign(kStage, kPoison);
+  const uint64_t ev = new_event();
+  for (uint64_t off = 0; off < bytes; off += kStage) {
+    d_.copy_to_device(va + off, rc_stage_.data(), std::min(kStage, bytes - off), s);
+    record_event(ev, s);
+    wait_event(ev);  // the staging buffer is used again
+  }
+  drop_event(ev);
+}
+
+bool Residency::rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s) {
+  rc_stage_.resize(kStage);
+  const uint64_t ev = new_event();
+  bool same = true;
+  for (uint64_t off = 0; same && off < bytes; off += kStage) {
+    const uint64_t n = std::min(kStage, bytes - off);
+    d_.copy_to_host(rc_stage_.data(), va + off, n, s);
+    record_event(ev, s);
+    wait_event(ev);
+    same = std::memcmp(rc_stage_.data(), static_cast<const unsigned char*>(host) + off, n) == 0;
+  }
+  drop_event(ev);
+  return same;
+}
+
+void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, const AllocId* acc, size_t n,
+                               const std::vector<uint32_t>& touched, bool blind) {
+  (void)launch_no;
+  if (probe_.active && probe_.thread == this_thread()) probe_.active = false;  // its launch was never reported
+  // Where the launch points into the ranges it touches.
+  const LaunchArgs* a = blind ? nullptr : current_launch_args();
+  std::vector<uint32_t>& at = rc_at_;
+  std::vector<uint32_t>& at_slot = rc_at_slot_;
+  at.clear();
+  at_slot.clear();
+  bool described = a && a->fi && a->fi->nparams >= 0 && a->params && !a->extra;
+  for (int32_t i = 0; described && i < a->fi->nparams; ++i) {
+    const ParamInfo& p = a->fi->params[i];
+    for (uint32_t w = 0; described && w + 8 <= p.size; w += 8) {
+      DevPtr v;
+      std::memcpy(&v, static_cast<const unsigned char*>(a->params[i]) + w, 8);
+      const int32_t k = slot_of(v);
+      if (k < 0 || !slots_[k].live || !std::binary_search(touched.begin(), touched.end(), uint32_t(k))) continue;
+      if (at.size() == kMaxAt) described = false;
+      at.push_back(uint32_t(i) << 16 | w / 8);
+      at_slot.push_back(uint32_t(k));
+    }
+  }
+  if (kernel >= know_.size()) know_.resize(kernel + 1);
+  KernelKnow& kk = know_[kernel];
+  const bool learned = described && kk.writes == KernelKnow::Writes::Learned && kk.at == at;
+  // What it may write: what its kernel was seen to write, or everything it touches.
+  uint32_t fresh = 0, nfresh = 0, others_written = 0;
+  std::vector<Bump>& bumped = rc_bumped_;
+  bumped.clear();
+  rc_fresh_.clear();
+  for (uint32_t k : touched) {
+    Range& r = slots_[k];
+    bool written = !learned;
+    if (learned)
+      for (size_t i = 0; i < at.size(); ++i)
+        if (at_slot[i] == k && (kk.written >> i & 1)) written = true;
+    if (r.fresh) fresh = k, ++nfresh, rc_fresh_.push_back(k);
+    else if (written) ++others_written;
+    r.fresh = false;
+    if (written) {
+      if (learned) rc_drop_producer(r);  // else a probe may find it was not written after all
+      const uint64_t was = r.version;
+      r.version = ++rc_clock_;
+      bumped.push_back({k, was, r.version});
+    }
+  }
+  if (blind || !described) return;
+  // A producer: one new range, written, and nothing else written.
+  bool small = false;
+  for (size_t i = 0; i < n; ++i) small = small || acc[i] < kRangeIdBit || tables_.count(acc[i]);
+  if (kk.rng < 0)
+    kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && draws_random(namer_(namer_ctx_, kernel));
+  const bool banned = kk.trust == KernelKnow::Trust::Banned;
+  const bool writes_fresh = std::find(at_slot.begin(), at_slot.end(), fresh) != at_slot.end();
+  const int32_t np = a->fi->nparams;
+  uint32_t len = 0;
+  for (int32_t i = 0; i < np; ++i) len = std::max(len, a->fi->params[i].offset + a->fi->params[i].size);
+  const bool alone = !others_written || o_.fault == Options::Fault::RecomputeIgnoreWrites;
+  if (learned && nfresh == 1 && writes_fresh && alone && !small && !kk.rng && !banned && len <= kMaxArgBytes) {
+    int32_t id;
+    if (!free_producers_.empty()) {
+      id = free_producers_.back();
+      free_producers_.pop_back();
+    } else {
+      id = int32_t(producers_.size());
+      producers_.emplace_back();
+    }
+    Producer& p = producers_[id];
+    p.f = a->f;
+    p.geom = a->geom;
+    p.kernel = kernel;
+    p.params = a->fi->params;
+    p.nparams = np;
+    p.args.assign(len, 0);
+    for (int32_t i = 0; i < np; ++i)
+      std::memcpy(p.args.data() + p.params[i].offset, a->params[i], p.params[i].size);
+    Range& out = slots_[fresh];
+    p.out_version = out.version;
+    p.inputs.clear();
+    for (uint32_t k : touched)
+      if (k != fresh) p.inputs.push_back({k, slots_[k].version});
+    out.producer = id;
+  }
+  // A probe of the kernel's writes, at its first launch that can be probed.
+  if (kk.writes == KernelKnow::Writes::Learned || probe_.active || small) return;
+  uint64_t bytes = 0;
+  for (uint32_t k : touched) {
+    bytes += slots_[k].asked;
+    if (!slots_[k].backed()) return;
+  }
+  if (bytes > kProbeMax) return;
+  const uint64_t t0 = mono_now_ns();
+  probe_.active = true;
+  probe_.thread = this_thread();
+  probe_.kernel = kernel;
+  probe_.s = s;
+  probe_.at = at;
+  probe_.at_slot = at_slot;
+  probe_.before.clear();
+  // A new range is filled first (nothing has written it): a kernel that writes the bytes it
+  // happened to hold (zeros, often, in memory just made) still shows as writing it.
+  if (o_.fault != Options::Fault::RecomputeNoPoison)
+    for (uint32_t k : rc_fresh_) rc_poison(slots_[k].va, slots_[k].asked, s);
+  for (uint32_t k : touched) probe_.before.push_back({k, rc_hash(slots_[k].va, slots_[k].asked, s)});
+  probe_.bumped = bumped;
+  st_.probe_ns += mono_now_ns() - t0;
+}
+
+void Residency::rc_finish_probe() {
+  if (probe_.thread != this_thread()) return;
+  probe_.active = false;
+  const uint64_t t0 = mono_now_ns();
+  KernelKnow& kk = know_[probe_.kernel];
+  uint64_t written = 0;
+  for (const auto& [k, h] : probe_.before) {
+    Range& r = slots_[k];
+    if (r.backed() && rc_hash(r.va, r.asked, probe_.s) == h) {
+      // Not written: its version back, unless another launch has moved it since.
+      for (const Bump& b : probe_.bumped)
+        if (b.slot == k && r.version == b.now) r.version = b.was;
+      continue;
+    }
+    for (size_t i = 0; i < probe_.at.size(); ++i)
+      if (probe_.at_slot[i] == k) written |= uint64_t{1} << i;
+  }
+  // Writes are the union over its first kProbes launches, which must point alike.
+  if (kk.probes && kk.at != probe_.at) {
+    kk.written = ~uint64_t{0};  // launches that point differently: never learned
+    kk.probes = kProbes;
+  } else {
+    kk.at = probe_.at;
+    kk.written |= written;
+    ++kk.probes;
+  }
+  if (kk.probes >= kProbes) kk.writes = KernelKnow::Writes::Learned;
+  ++st_.probes;
+  st_.probe_ns += mono_now_ns() - t0;
+}
+
+bool Residency::rc_remake(uint32_t slot, Stream s) {
+  Range& r = slots_[slot];
+  const Producer& p = producers_[r.producer];
+  KernelKnow& kk = know_[p.kernel];
+  const bool versions = o_.fault != Options::Fault::RecomputeIgnoreVersions;
+  if (kk.trust == KernelKnow::Trust::Banned || (versions && p.out_version != r.version)) return false;
+  for (const auto& [k, v] : p.inputs) {
+    const Range& in = slots_[k];
+    if (!in.live || (versions && in.version != v)) return false;
+    if (in.state != State::Resident && in.state != State::CopyingIn) return false;
+  }
+  // After an input's reload on another stream. Its writes before the launch made again need no
+  // wait: they preceded the original launch, which the copy out of this range followed; one after
+  // it would have changed its version.
+  if (o_.fault != Options::Fault::RecomputeSkipInputWait)
+    for (const auto& [k, v] : p.inputs) {
+      const Range& in = slots_[k];
+      if (in.state == State::CopyingIn && in.in_stream != s) order_after(s, in.copy_event);
+    }
+  void* params[256];
+  if (p.nparams > 256) return false;
+  for (int32_t i = 0; i < p.nparams; ++i) params[i] = const_cast<unsigned char*>(p.args.data()) + p.params[i].offset;
+  if (!d_.launch_kernel(p.f, p.geom, s, params)) return false;
+  // Its inputs are read on `s` now: an eviction or a free of one waits for that (a touch on
+  // `s`), and so does a launch on another stream that touches one (read_event).
+  for (const auto& [k, v] : p.inputs) {
+    Range& in = slots_[k];
+    add_touch(in, s, launches_seen_);
+    if (!in.read_event) in.read_event = new_event();
+    record_event(in.read_event, s);
+    in.read_stream = s;
+  }
+  if (kk.trust == KernelKnow::Trust::Unchecked && o_.fault != Options::Fault::RecomputeUnchecked) {
+    ++st_.recompute_checks;
+    if (!rc_same(r.va, r.host, r.asked, s)) {
+      kk.trust = KernelKnow::Trust::Banned;
+      ++st_.recompute_bans;
+      log().warn("recompute: kernel {} made again did not give the bytes it gave before; it is not made again",
+                 namer_ ? namer_(namer_ctx_, p.kernel) : std::to_string(p.kernel));
+      return false;  // the copy in overwrites what it wrote
+    }
+    kk.trust = KernelKnow::Trust::Trusted;
+  }
+  if (!r.copy_event) r.copy_event = new_event();
+  record_event(r.copy_event, s);
+  host_.give(r.host, r.bytes);
+  r.host = nullptr;
+  r.in_stream = s;
+  r.state = State::CopyingIn;
+  ++st_.recomputed;
+  st_.recomputed_bytes += r.bytes;
+  return true;
+}
+
+}  // namespace offload
