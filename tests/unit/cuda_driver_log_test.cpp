@@ -61,6 +61,32 @@ TEST(CudaDriverLog, AFailedCallIsLoggedWithItsNameAndResultAndNotReadyIsNot) {
               "^" + line("warning", kReserveFailed) + line("warning", "cuEventQuery failed: CUresult 999") + "$");
 }
 
+// A launch made again goes to the driver's cuLaunchKernel with the geometry and arguments given;
+// a refusal is said and answered false.
+TEST(CudaDriverLog, ALaunchMadeAgainReachesTheDriverAsGiven) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto run = [] {
+    FailFn fail = load_fake_driver();
+    auto last = fake_knob<void (*)(unsigned long long*)>("offload_fake_last_launch");
+    CudaDriver d;
+    LaunchGeom g;
+    g.grid[0] = 4, g.grid[1] = 5, g.block[0] = 256, g.smem = 1024;
+    uint64_t arg = 0x1234;
+    void* params[] = {&arg};
+    if (!d.launch_kernel(0x40, g, 0x10, params)) std::_Exit(3);
+    unsigned long long seen[9];
+    last(seen);
+    const unsigned long long want[] = {4, 5, 1, 256, 1, 1, 1024, 0, 0x1234};
+    for (int i = 0; i < 9; ++i)
+      if (seen[i] != want[i]) std::_Exit(10 + i);
+    fail("cuLaunchKernel", 1);
+    if (d.launch_kernel(0x40, g, 0x10, params)) std::_Exit(4);
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(run(), ::testing::ExitedWithCode(0),
+              "^" + line("warning", "cuLaunchKernel failed: CUresult 1") + "$");
+}
+
 TEST(CudaDriverLog, FailuresPastTheFirst32AreLoggedAtDebugLevel) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto run = [] {

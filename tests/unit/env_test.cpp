@@ -180,6 +180,8 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_FALSE(one("OFFLOAD_CAP_REFIT", "0").cap_refit);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_evict_first);
   EXPECT_TRUE(one("OFFLOAD_CAP_EVICT_FIRST", "1").cap_evict_first);
+  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_recompute);
+  EXPECT_TRUE(one("OFFLOAD_CAP_RECOMPUTE", "1").cap_recompute);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_plan);
   EXPECT_TRUE(one("OFFLOAD_CAP_PLAN", "1").cap_plan);
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_prefetch_max, Settings::kQuarterStep);
@@ -196,6 +198,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_LOG_LEVEL", "trace"},    {"OFFLOAD_DISABLE", "yes"},      {"OFFLOAD_DISABLE", "2"},
       {"OFFLOAD_CAP_PIECE", "big"}, {"OFFLOAD_CAP_WHOLE", "whole"},      {"OFFLOAD_CAP_EXTRA_PIECES", "-1"}, {"OFFLOAD_CAP_EXTRA_PIECES", "many"},
       {"OFFLOAD_CAP_EXTRA_PIECES", "2000"}, {"OFFLOAD_CAP_TILE", "some"}, {"OFFLOAD_CAP_REFIT", "yes"}, {"OFFLOAD_CAP_EVICT_FIRST", "first"},
+      {"OFFLOAD_CAP_RECOMPUTE", "on"},
       {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"},
   };
   for (auto [var, val] : bad) {

@@ -85,3 +85,16 @@ FAKE(cuStreamQuery, void*)
 FAKE(cuEventSynchronize, void*)
 FAKE(cuMemcpyDtoHAsync_v2, void*, unsigned long long, size_t, void*)
 FAKE(cuMemcpyHtoDAsync_v2, unsigned long long, const void*, size_t, void*)
+
+// A launch: its geometry and its first parameter's first 8 bytes, kept for offload_fake_last_launch.
+namespace {
+unsigned long long g_launch[9];
+}  // namespace
+FAKE_EXPORT int cuLaunchKernel(void*, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                               unsigned smem, void*, void** params, void** extra) {
+  const unsigned long long v[] = {gx, gy, gz, bx, by, bz, smem, extra ? 1ull : 0ull, 0};
+  std::memcpy(g_launch, v, sizeof v);
+  if (params && params[0]) std::memcpy(&g_launch[8], params[0], 8);
+  return answer("cuLaunchKernel");
+}
+FAKE_EXPORT void offload_fake_last_launch(unsigned long long out[9]) { std::memcpy(out, g_launch, sizeof g_launch); }

@@ -207,6 +207,45 @@ TEST(Tracker, ScansParametersInteriorPointersStructsAndTheExtraBuffer) {
   EXPECT_EQ(n.opaque_kernels.load(), 1u);
 }
 
+// The gate sees a plain launch as the driver would take it again (LaunchArgs) while it looks at
+// it, and nothing for a launch the hook could not describe, nor after it.
+TEST(Tracker, TheGateSeesAPlainLaunchsArgumentsAndGeometry) {
+  struct Gate : LaunchGate {
+    std::vector<LaunchArgs> seen;
+    std::vector<bool> had;
+    void before_launch(uint64_t, EventKind, uint32_t, Stream, const AllocId*, size_t, uint8_t) override {
+      const LaunchArgs* a = current_launch_args();
+      had.push_back(a != nullptr);
+      if (a) seen.push_back(*a);
+    }
+    void note_pointer_table(AllocId, const AllocId*, size_t) override {}
+  } gate;
+  Rig r;
+  r.tr.set_gate(&gate);
+  const Func f = r.drv.add_kernel("k", {{0, 8}, {8, 4}});
+  uint64_t p0 = kVa;
+  uint32_t p1 = 7;
+  void* params[] = {&p0, &p1};
+  LaunchGeom g;
+  g.grid[0] = 3, g.grid[2] = 2, g.block[1] = 128, g.smem = 4096;
+  r.tr.on_kernel(f, 0x10, params, nullptr, &g);
+  r.tr.on_kernel(f, 0x10, params, nullptr);
+  EXPECT_EQ(current_launch_args(), nullptr);
+  ASSERT_EQ(gate.had, (std::vector<bool>{true, false}));
+  const LaunchArgs& a = gate.seen[0];
+  EXPECT_EQ(a.f, f);
+  EXPECT_EQ(a.params, params);
+  EXPECT_EQ(a.extra, nullptr);
+  ASSERT_NE(a.fi, nullptr);
+  ASSERT_EQ(a.fi->nparams, 2);
+  EXPECT_EQ(a.fi->params[1].offset, 8u);
+  EXPECT_EQ(a.geom.grid[0], 3u);
+  EXPECT_EQ(a.geom.grid[1], 1u);
+  EXPECT_EQ(a.geom.grid[2], 2u);
+  EXPECT_EQ(a.geom.block[1], 128u);
+  EXPECT_EQ(a.geom.smem, 4096u);
+}
+
 TEST(Tracker, ALaunchTouchingMoreThanTheCapIsFlaggedTruncated) {
   SimDriver drv;
   EventLog log(1 << 12, 1 << 14);
