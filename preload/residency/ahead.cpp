@@ -121,7 +121,7 @@ void Residency::prefetch_due(uint64_t launch_no) {
   if (!pf_lead_) pf_lead_ = std::min(o_.prefetch_lead, lead_ceiling());
   for (uint32_t k = 0; k < slots_.size(); ++k) {
     Range& r = slots_[k];
-    if (!r.live || r.state != State::OnHost) continue;
+    if (!r.live || r.state != State::OnHost || r.dropped) continue;  // dropped: made again where used
     uint64_t d = 0;
     if (!predicted_next_use(r, launch_no, &d) || d > pf_lead_) continue;
     // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.

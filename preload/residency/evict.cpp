@@ -39,8 +39,14 @@ void Residency::reap_copies() {
 
 bool Residency::start_evict(uint32_t slot, std::string* why) {
   Range& r = slots_[slot];
-  void* host = host_.take(r.bytes);
-  if (!host) {
+  // A range its producer can make again is dropped: nothing is copied out (recompute.cpp).
+  r.dropped = o_.recompute && rc_can_drop(slot);
+  void* host = r.dropped ? nullptr : host_.take(r.bytes);
+  if (r.dropped) {
+    for (const auto& [k, v] : producers_[r.producer].inputs) ++slots_[k].dependents;
+    ++st_.dropped;
+    st_.dropped_bytes += r.bytes;
+  } else if (!host) {
     ++st_.host_full;
     if (why) {
       char buf[256];
@@ -81,10 +87,10 @@ void Residency::enqueue_copy_out(uint32_t slot) {
   const uint64_t piece = host_.pin_piece();
   auto* dst = static_cast<unsigned char*>(r.host);
   const uint64_t t0 = mono_now_ns();
-  for (uint64_t off = 0; off < r.bytes; off += piece)
+  for (uint64_t off = 0; dst && off < r.bytes; off += piece)
     d_.copy_to_host(dst + off, r.va + off, std::min(piece, r.bytes - off), copy_stream_);
   st_.copy_ns += mono_now_ns() - t0;
-  record_event(r.copy_event, copy_stream_);
+  record_event(r.copy_event, copy_stream_);  // dropped: after the range's last work, all the same
 }
 
 void Residency::flush_copies() {
@@ -134,7 +140,7 @@ void Residency::finish_evict(uint32_t slot) {
   drop_event(r.free_event);
   r.free_event = 0;
   ++st_.evictions;
-  st_.bytes_out += r.bytes;
+  if (!r.dropped) st_.bytes_out += r.bytes;
 }
 
 void Residency::abandon(Range& r) {
@@ -153,9 +159,12 @@ void Residency::abandon(Range& r) {
   ++st_.abandoned;
   std::erase(copying_out_, uint32_t(&r - slots_.data()));
   out_bytes_ -= r.bytes;
-  const uint64_t done = new_event();
-  record_event(done, copy_stream_);
-  pending_host_.push_back({r.host, r.bytes, done});
+  if (r.host) {
+    const uint64_t done = new_event();
+    record_event(done, copy_stream_);
+    pending_host_.push_back({r.host, r.bytes, done});
+  }
+  if (r.dropped) rc_undrop(r);  // its bytes never left
   r.host = nullptr;
   r.state = State::Resident;
   add_touch(r, copy_stream_, ++copy_touches_);  // its own count: event_after then records afresh

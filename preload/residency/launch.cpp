@@ -3,6 +3,7 @@
 // pointer tables, and the refusal of a launch the budget cannot hold. residency.h says why.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "common/log.h"
 #include "residency/residency.h"
@@ -102,6 +103,12 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
   Range& r = slots_[slot];
   if (!back_range(r, s, why)) return false;
   if (o_.recompute && r.producer >= 0 && rc_remake(slot, s)) return true;
+  if (r.dropped) {
+    // Its bytes exist nowhere else: the rules that let it be dropped keep this from happening.
+    log().error("recompute: a dropped range of {:.1f} MiB could not be made again: its bytes are lost",
+                r.bytes / double(1 << 20));
+    std::abort();
+  }
   const uint64_t piece = host_.pin_piece();
   const auto* src = static_cast<const unsigned char*>(r.host);
   const uint64_t t0 = mono_now_ns();
@@ -170,6 +177,12 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     refuse_launch(kernel, total, touched.size(), blind ? "a launch we cannot see into needs every range" : "");
     return;
   }
+  // What it may write: no range made from one of those is dropped while it is being made.
+  RcWriting writing(*this, o_.recompute);
+  if (o_.recompute) {
+    rc_may_write(kernel, blind || kind != EventKind::Kernel, touched);
+    rc_writes_ = rc_written_;
+  }
   // Prefetches due at or before this launch go first: one due for a range this launch touches
   // still beats a demand reload, by being on its own stream.
   uint64_t t0 = mono_now_ns();
@@ -181,7 +194,17 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     Range& r = slots_[k];
     if (r.state != State::OnHost) continue;
     std::string why;
-    if (!make_room(r.bytes, touched.data(), touched.size(), &why) || !reload(k, s, &why)) {
+    const bool back = r.dropped ? rc_restore(k, s, touched.data(), touched.size(), &why)
+                                : make_room(r.bytes, touched.data(), touched.size(), &why) && reload(k, s, &why);
+    if (!back) {
+      refuse_launch(kernel, total, touched.size(), why);
+      return;
+    }
+  }
+  if (o_.recompute) {
+    // Dropped ranges made from what this launch may write are made again before it.
+    std::string why;
+    if (!rc_guard(rc_writes_, s, touched.data(), touched.size(), &why)) {
       refuse_launch(kernel, total, touched.size(), why);
       return;
     }
@@ -320,7 +343,9 @@ void Residency::prepare_access(DevPtr p) {
   const uint32_t keep = uint32_t(k);
   std::string why;
   if (!copy_stream_) copy_stream_ = d_.create_stream();
-  if (!make_room(r.bytes, &keep, 1, &why) || !reload(keep, copy_stream_, &why)) {
+  const bool back = r.dropped ? rc_restore(keep, copy_stream_, &keep, 1, &why)
+                              : make_room(r.bytes, &keep, 1, &why) && reload(keep, copy_stream_, &why);
+  if (!back) {
     error_ = why;
     log().error("reloading a range for a pointer query failed: {}", why);
     return;

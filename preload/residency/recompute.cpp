@@ -114,10 +114,7 @@ bool Residency::rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s) {
   return same;
 }
 
-void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, const AllocId* acc, size_t n,
-                               const std::vector<uint32_t>& touched, bool blind) {
-  (void)launch_no;
-  if (probe_.active && probe_.thread == this_thread()) probe_.active = false;  // its launch was never reported
+bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched) {
   // Where the launch points into the ranges it touches.
   const LaunchArgs* a = blind ? nullptr : current_launch_args();
   std::vector<uint32_t>& at = rc_at_;
@@ -137,20 +134,36 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       at_slot.push_back(uint32_t(k));
     }
   }
+  // What it may write: what its kernel was seen to write, or everything it touches.
+  const KernelKnow* kk = kernel < know_.size() ? &know_[kernel] : nullptr;
+  rc_learned_ = described && kk && kk->writes == KernelKnow::Writes::Learned && kk->at == at;
+  rc_written_.clear();
+  for (uint32_t k : touched) {
+    bool written = !rc_learned_;
+    for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == k && (kk->written >> i & 1);
+    if (written) rc_written_.push_back(k);
+  }
+  return described;
+}
+
+void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, const AllocId* acc, size_t n,
+                               const std::vector<uint32_t>& touched, bool blind) {
+  (void)launch_no;
+  if (probe_.active && probe_.thread == this_thread()) probe_.active = false;  // its launch was never reported
+  const LaunchArgs* a = blind ? nullptr : current_launch_args();
+  const bool described = rc_may_write(kernel, blind, touched);
+  const std::vector<uint32_t>& at = rc_at_;
+  const std::vector<uint32_t>& at_slot = rc_at_slot_;
   if (kernel >= know_.size()) know_.resize(kernel + 1);
   KernelKnow& kk = know_[kernel];
-  const bool learned = described && kk.writes == KernelKnow::Writes::Learned && kk.at == at;
-  // What it may write: what its kernel was seen to write, or everything it touches.
+  const bool learned = rc_learned_;
   uint32_t fresh = 0, nfresh = 0, others_written = 0;
   std::vector<Bump>& bumped = rc_bumped_;
   bumped.clear();
   rc_fresh_.clear();
   for (uint32_t k : touched) {
     Range& r = slots_[k];
-    bool written = !learned;
-    if (learned)
-      for (size_t i = 0; i < at.size(); ++i)
-        if (at_slot[i] == k && (kk.written >> i & 1)) written = true;
+    const bool written = std::binary_search(rc_written_.begin(), rc_written_.end(), k);
     if (r.fresh) fresh = k, ++nfresh, rc_fresh_.push_back(k);
     else if (written) ++others_written;
     r.fresh = false;
@@ -254,6 +267,70 @@ void Residency::rc_finish_probe() {
   st_.probe_ns += mono_now_ns() - t0;
 }
 
+bool Residency::rc_can_drop(uint32_t slot) const {
+  const Range& r = slots_[slot];
+  if (r.producer < 0 || r.dependents || r.in_graph || !r.live) return false;
+  const Producer& p = producers_[r.producer];
+  if (know_[p.kernel].trust != KernelKnow::Trust::Trusted || p.out_version != r.version) return false;
+  uint64_t bytes = r.bytes;
+  for (const auto& [k, v] : p.inputs) {
+    const Range& in = slots_[k];
+    if (!in.live || in.version != v || in.dropped || in.in_graph) return false;
+    if (rc_writing_ && std::binary_search(rc_writes_.begin(), rc_writes_.end(), k)) return false;
+    if (in.state != State::Resident && in.state != State::CopyingIn) return false;
+    bytes += in.bytes;
+  }
+  // Room to make it again at any later launch: it and its inputs beside the most one launch needed.
+  return bytes + largest_need_ + pool_share_ <= limit();
+}
+
+void Residency::rc_undrop(Range& r) {
+  if (!r.dropped) return;
+  r.dropped = false;
+  for (const auto& [k, v] : producers_[r.producer].inputs) --slots_[k].dependents;
+}
+
+bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
+  Range& r = slots_[slot];
+  const Producer& p = producers_[r.producer];
+  std::vector<uint32_t>& kept = rc_keep_;
+  kept.assign(keep, keep + nkeep);
+  kept.push_back(slot);
+  uint64_t need = r.bytes;
+  for (const auto& [k, v] : p.inputs) {
+    kept.push_back(k);
+    if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);
+    if (slots_[k].state == State::OnHost) need += slots_[k].bytes;
+  }
+  std::sort(kept.begin(), kept.end());
+  if (!make_room(need, kept.data(), kept.size(), why)) return false;
+  for (const auto& [k, v] : p.inputs)
+    if (slots_[k].state == State::OnHost && !reload(k, s, why)) return false;
+  return reload(slot, s, why);
+}
+
+bool Residency::rc_guard(const std::vector<uint32_t>& written, Stream s, const uint32_t* keep, size_t nkeep,
+                         std::string* why) {
+  if (o_.fault == Options::Fault::RecomputeNoWriteGuard) return true;
+  for (uint32_t x : written) {
+    if (!slots_[x].dependents) continue;
+    std::vector<uint32_t>& deps = rc_deps_;
+    deps.clear();
+    for (uint32_t k = 0; k < slots_.size(); ++k) {
+      const Range& d = slots_[k];
+      if (!d.live || !d.dropped) continue;
+      for (const auto& [in, v] : producers_[d.producer].inputs)
+        if (in == x) deps.push_back(k);
+    }
+    for (uint32_t k : deps) {
+      if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);  // still mapped: kept
+      if (slots_[k].state == State::OnHost && !rc_restore(k, s, keep, nkeep, why)) return false;
+      ++st_.restored_early;
+    }
+  }
+  return true;
+}
+
 bool Residency::rc_remake(uint32_t slot, Stream s) {
   Range& r = slots_[slot];
   const Producer& p = producers_[r.producer];
@@ -299,7 +376,8 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   }
   if (!r.copy_event) r.copy_event = new_event();
   record_event(r.copy_event, s);
-  host_.give(r.host, r.bytes);
+  if (r.host) host_.give(r.host, r.bytes);
+  rc_undrop(r);
   r.host = nullptr;
   r.in_stream = s;
   r.state = State::CopyingIn;

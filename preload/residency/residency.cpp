@@ -380,6 +380,14 @@ bool Residency::free(DevPtr p, Stream s) {
     }
     return true;
   }
+  if (r.dependents) {
+    // Dropped ranges made from it are made again first, while its bytes are still there.
+    RcWriting writing(*this, true);
+    rc_writes_.assign(1, slot);
+    std::string why;
+    if (!rc_guard(rc_writes_, s, &slot, 1, &why)) log().error("recompute: before a free: {}", why);
+  }
+  if (r.dropped) rc_undrop(r);  // freed before it was needed again: nothing to make
   r.live = false;
   note_death(r);
   if (o_.recompute) rc_new_life(r);
@@ -389,7 +397,7 @@ bool Residency::free(DevPtr p, Stream s) {
   if (r.state == State::OnHost) {
     ++st_.freed_out;
     st_.freed_out_bytes += r.bytes;
-    host_.give(r.host, r.bytes);
+    if (r.host) host_.give(r.host, r.bytes);
     d_.unreserve(r.va, r.cap);
     by_va_.erase(it);
     drop_event(r.free_event);

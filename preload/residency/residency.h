@@ -153,7 +153,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
     bool recompute = false;
     enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait,
                                RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
-                               RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeNoPoison };  // tests: proves a missing wait is caught
+                               RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeNoPoison,
+                               RecomputeNoWriteGuard };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   struct Stats {
@@ -210,6 +211,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t recomputed = 0, recomputed_bytes = 0;
     uint64_t recompute_checks = 0, recompute_bans = 0;
     uint64_t probes = 0, probe_ns = 0;
+    // Evictions that copied nothing out (the range is made again when next used), their bytes,
+    // and ranges made again early because a launch was about to write, or the program to free, a
+    // range they are made from.
+    uint64_t dropped = 0, dropped_bytes = 0, restored_early = 0;
     uint64_t create_avg_ns = 0, piece_avg_ns = 0;  // the running averages that decide it
     uint64_t extra_pieces = 0;               // the pieces beyond the fewest a range may take now
   };
@@ -345,6 +350,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // its own work after a launch it never made).
     uint64_t read_event = 0;
     Stream read_stream = 0;
+    // Evicted without a copy: its producer makes it again (rc_restore). While it is, every range
+    // it is made from counts it among its dependents, and is neither dropped nor written nor freed
+    // before it is made again.
+    bool dropped = false;
+    uint32_t dependents = 0;
     uint64_t asked = 0;         // the bytes its allocation asked for
     bool in_graph = false;      // a launch recorded into a CUDA graph touched it: never freed
     bool graph_freed = false;   // and the application has freed it
@@ -453,6 +463,20 @@ class Residency final : public LaunchGate, public DeviceRoom {
                       const std::vector<uint32_t>& touched, bool blind);
   bool rc_remake(uint32_t slot, Stream s);
   void rc_new_life(Range& r);            // born or freed: no producer, a new version
+  // Whether a range being evicted can be dropped instead of copied out: its kernel trusted, its
+  // inputs resident and unchanged, none dropped, and room at any later launch for it and them.
+  bool rc_can_drop(uint32_t slot) const;
+  void rc_undrop(Range& r);  // made again, or kept: its inputs lose a dependent
+  // A dropped range made again on `s` (its inputs reloaded first, room made for all of them, `keep`
+  // kept); false (with *why) only when the room cannot be had.
+  bool rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
+  // Before a launch that may write, or a free of, a range that dropped ranges are made from: they
+  // are made again first, on `s`. `written`: the touched slots to look at.
+  bool rc_guard(const std::vector<uint32_t>& written, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
+  // The touched slots (sorted) a launch of `kernel` may write, into rc_written_: those its kernel
+  // was seen to write at the same argument positions (rc_learned_), else all. Its positions go
+  // into rc_at_ and rc_at_slot_; false when the launch cannot be described (no arguments).
+  bool rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched);
   void rc_finish_probe();                // after_launch: what the probed launch wrote
   void rc_drop_producer(Range& r);
   uint64_t rc_hash(DevPtr va, uint64_t bytes, Stream s);  // of device bytes, copied to the host
@@ -598,6 +622,20 @@ class Residency final : public LaunchGate, public DeviceRoom {
   std::vector<uint32_t> rc_at_, rc_at_slot_;  // scratch: a launch's positions
   std::vector<Bump> rc_bumped_;               // scratch
   std::vector<uint32_t> rc_fresh_;            // scratch: the new ranges a launch touches
+  std::vector<uint32_t> rc_written_, rc_keep_, rc_deps_;  // scratch
+  bool rc_learned_ = false;
+  // While a launch that may write these (or a free of one) is being prepared, no range made from
+  // one of them is dropped: rc_guard has made those again already, and would not see a new one.
+  std::vector<uint32_t> rc_writes_;
+  bool rc_writing_ = false;
+  struct RcWriting {
+    Residency& r;
+    RcWriting(Residency& res, bool on) : r(res) { r.rc_writing_ = on; }
+    ~RcWriting() {
+      r.rc_writing_ = false;
+      r.rc_writes_.clear();
+    }
+  };
   std::vector<unsigned char> rc_stage_;      // host staging for hashes and checks
   std::atomic<bool> any_{false};  // a range exists: launches must be looked at
   bool capture_open_ = false;     // a capture on capture_stream_ since capture_from_

@@ -527,7 +527,7 @@ TEST(Recompute, AWriteHiddenInOneWatchedLaunchShowsInAnother) {
 // every range reads back what a model of the program says, whatever was made again, copied back or
 // refused. (With versions ignored, 16 of its checks fail.)
 TEST(Recompute, RandomProgramsReadBackTheirBytes) {
-  uint64_t remade = 0;
+  uint64_t remade = 0, dropped = 0, early = 0;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     SCOPED_TRACE(seed);
     std::mt19937_64 rng(seed);
@@ -593,8 +593,101 @@ TEST(Recompute, RandomProgramsReadBackTheirBytes) {
     }
     for (Live& l : live) check(l);
     remade += r.res.stats().recomputed;
+    dropped += r.res.stats().dropped;
+    early += r.res.stats().restored_early;
   }
-  EXPECT_GT(remade, 0u);  // the programs do make ranges again
+  EXPECT_GT(remade, 0u);  // the programs do make ranges again,
+  EXPECT_GT(dropped, 0u);  // drop ranges instead of copying them out,
+  EXPECT_GT(early, 0u);    // and make dropped ranges again before their inputs are written
+}
+
+// Once its kernel is trusted, a range its producer can make again is dropped: nothing is copied
+// out, nothing copied back, no host memory taken.
+TEST(Recompute, ATrustedProducersRangeIsDroppedAndMadeAgain) {
+  Rig r(4);
+  const DevPtr x = r.alloc();
+  r.launch(r.fill, {x, 7});
+  learn_common(r, x);
+  trust_scale(r, x);
+  const Residency::Stats before = r.res.stats();
+  const uint64_t host_before = r.res.host_stats().in_use;
+  const DevPtr y = produce_and_evict(r, x);
+  const Residency::Stats mid = r.res.stats();
+  EXPECT_EQ(mid.dropped, before.dropped + 1);
+  EXPECT_EQ(mid.bytes_out, before.bytes_out + (mid.evictions - before.evictions - 1) * kGran);  // y's copied nothing
+  EXPECT_EQ(r.res.host_stats().in_use, host_before + (mid.evictions - before.evictions - 1) * kGran);
+  r.use(y);
+  EXPECT_EQ(r.res.stats().recomputed, mid.recomputed + 1);
+  EXPECT_EQ(r.res.stats().bytes_in, mid.bytes_in);
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+}
+
+// A launch about to write a range that dropped ranges are made from: they are made again first,
+// from the bytes it still holds. Without that they could not be made again at all.
+TEST(Recompute, AWriteToAnInputMakesItsDroppedRangesAgainFirst) {
+  auto run = [](Fault f) {
+    Rig r(4, f);
+    const DevPtr x = r.alloc();
+    r.launch(r.fill, {x, 7});
+    learn_common(r, x);
+    trust_scale(r, x);
+    const DevPtr y = produce_and_evict(r, x);
+    EXPECT_EQ(r.res.stats().dropped, 1u);
+    r.launch(r.bump, {x});
+    EXPECT_EQ(r.res.stats().restored_early, 1u);
+    r.use(y);
+    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+    EXPECT_TRUE(r.is(x, [](uint64_t i) { return 7000 + i + 1; }));
+  };
+  run(Fault::None);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(run(Fault::RecomputeNoWriteGuard), "could not be made again: its bytes are lost");
+}
+
+TEST(Recompute, AFreeOfAnInputMakesItsDroppedRangesAgainFirst) {
+  Rig r(4);
+  const DevPtr x = r.alloc();
+  r.launch(r.fill, {x, 7});
+  learn_common(r, x);
+  trust_scale(r, x);
+  const DevPtr y = produce_and_evict(r, x);
+  ASSERT_EQ(r.res.stats().dropped, 1u);
+  r.free(x);
+  EXPECT_EQ(r.res.stats().restored_early, 1u);
+  r.use(y);
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+}
+
+// An input evicted (copied out) after the drop comes back first, then the range is made from it.
+TEST(Recompute, AnInputEvictedAfterTheDropIsReloadedToMakeItAgain) {
+  Rig r(4);
+  const DevPtr x = r.alloc();
+  r.launch(r.fill, {x, 7});
+  learn_common(r, x);
+  trust_scale(r, x);
+  const DevPtr y = produce_and_evict(r, x);
+  ASSERT_EQ(r.res.stats().dropped, 1u);
+  r.evict({x}, {});
+  const Residency::Stats before = r.res.stats();
+  r.use(y);
+  EXPECT_EQ(r.res.stats().recomputed, before.recomputed + 1);
+  EXPECT_EQ(r.res.stats().bytes_in, before.bytes_in + kGran);  // x's
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+  EXPECT_TRUE(r.is(x, [](uint64_t i) { return 7000 + i; }));
+}
+
+// No drop where making the range again could not find room: it and its inputs beside what one
+// launch has needed must fit the budget.
+TEST(Recompute, NothingIsDroppedWithoutRoomToMakeItAgain) {
+  Rig r(3);
+  const DevPtr x = r.alloc();
+  r.launch(r.fill, {x, 7});
+  learn_common(r, x);
+  trust_scale(r, x);  // scale needed 2 granules: y and x with it would need 4
+  const DevPtr y = produce_and_evict(r, x);
+  EXPECT_EQ(r.res.stats().dropped, 0u);
+  r.use(y);
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
 }
 
 }  // namespace
