@@ -180,7 +180,8 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   // What it may write: no range made from one of those is dropped while it is being made.
   RcWriting writing(*this, o_.recompute);
   if (o_.recompute) {
-    rc_may_write(kernel, blind || kind != EventKind::Kernel, touched);
+    rc_described_ = rc_may_write(kernel, blind || kind != EventKind::Kernel, touched);
+    rc_prepared_ = true;  // for rc_note_launch, unless the launch is refused first
     rc_writes_ = rc_written_;
   }
   // Prefetches due at or before this launch go first: one due for a range this launch touches

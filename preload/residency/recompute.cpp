@@ -25,6 +25,7 @@
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -36,7 +37,7 @@ namespace {
 
 constexpr size_t kMaxAt = 64;               // argument positions into ranges a producer may have
 constexpr size_t kMaxArgBytes = 4096;       // a kernel's parameters, as CUDA has long limited them
-constexpr uint64_t kProbeMax = 1ull << 30;  // bytes a probe copies to the host, at most
+constexpr uint64_t kProbeMax = 256ull << 20;  // bytes a probe copies to the host (twice), at most
 constexpr uint64_t kStage = 8ull << 20;     // the host staging buffer
 constexpr uint8_t kProbes = Residency::kRecomputeProbes;
 constexpr unsigned char kPoison = 0xa5;
@@ -53,8 +54,15 @@ bool draws_random(std::string name) {
   return false;
 }
 
-uint64_t fnv(uint64_t h, const unsigned char* p, uint64_t n) {
-  for (uint64_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+// A 64-bit hash of n bytes, a word at a time (the probe hashes everything a launch touches).
+uint64_t hash_bytes(uint64_t h, const unsigned char* p, uint64_t n) {
+  uint64_t i = 0;
+  for (uint64_t w; i + 8 <= n; i += 8) {
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
 }
 
@@ -62,6 +70,7 @@ uint64_t fnv(uint64_t h, const unsigned char* p, uint64_t n) {
 
 void Residency::rc_drop_producer(Range& r) {
   if (r.producer < 0) return;
+  for (const auto& [k, v] : producers_[r.producer].inputs) --slots_[k].consumers;
   producers_[r.producer].inputs.clear();
   free_producers_.push_back(r.producer);
   r.producer = -1;
@@ -82,7 +91,7 @@ uint64_t Residency::rc_hash(DevPtr va, uint64_t bytes, Stream s) {
     d_.copy_to_host(rc_stage_.data(), va + off, n, s);
     record_event(ev, s);
     wait_event(ev);
-    h = fnv(h, rc_stage_.data(), n);
+    h = hash_bytes(h, rc_stage_.data(), n);
   }
   drop_event(ev);
   return h;
@@ -122,11 +131,15 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
   at.clear();
   at_slot.clear();
   bool described = a && a->fi && a->fi->nparams >= 0 && a->params && !a->extra;
+  // Words outside every range's address space are no pointer of ours: not looked up.
+  const DevPtr lo = by_va_.empty() ? 0 : by_va_.begin()->first;
+  const DevPtr hi = by_va_.empty() ? 0 : by_va_.rbegin()->first + slots_[by_va_.rbegin()->second].cap;
   for (int32_t i = 0; described && i < a->fi->nparams; ++i) {
     const ParamInfo& p = a->fi->params[i];
     for (uint32_t w = 0; described && w + 8 <= p.size; w += 8) {
       DevPtr v;
       std::memcpy(&v, static_cast<const unsigned char*>(a->params[i]) + w, 8);
+      if (v < lo || v >= hi) continue;
       const int32_t k = slot_of(v);
       if (k < 0 || !slots_[k].live || !std::binary_search(touched.begin(), touched.end(), uint32_t(k))) continue;
       if (at.size() == kMaxAt) described = false;
@@ -151,7 +164,8 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   (void)launch_no;
   if (probe_.active && probe_.thread == this_thread()) probe_.active = false;  // its launch was never reported
   const LaunchArgs* a = blind ? nullptr : current_launch_args();
-  const bool described = rc_may_write(kernel, blind, touched);
+  // before_launch worked out what it may write already (nothing since moves a range's address).
+  const bool described = std::exchange(rc_prepared_, false) ? rc_described_ : rc_may_write(kernel, blind, touched);
   const std::vector<uint32_t>& at = rc_at_;
   const std::vector<uint32_t>& at_slot = rc_at_slot_;
   if (kernel >= know_.size()) know_.resize(kernel + 1);
@@ -208,11 +222,19 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     p.out_version = out.version;
     p.inputs.clear();
     for (uint32_t k : touched)
-      if (k != fresh) p.inputs.push_back({k, slots_[k].version});
+      if (k != fresh) {
+        p.inputs.push_back({k, slots_[k].version});
+        ++slots_[k].consumers;
+      }
     out.producer = id;
   }
   // A probe of the kernel's writes, at its first launch that can be probed.
+  // Only a kernel whose writes matter: one that makes a new range (a producer, maybe), or touches
+  // a range that a producer was made from (whose version it would move).
   if (kk.writes == KernelKnow::Writes::Learned || probe_.active || small) return;
+  bool matters = nfresh > 0;
+  for (uint32_t k : touched) matters = matters || slots_[k].consumers > 0;
+  if (!matters) return;
   uint64_t bytes = 0;
   for (uint32_t k : touched) {
     bytes += slots_[k].asked;

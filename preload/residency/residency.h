@@ -355,6 +355,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // before it is made again.
     bool dropped = false;
     uint32_t dependents = 0;
+    uint32_t consumers = 0;     // producers that list it among their inputs
     uint64_t asked = 0;         // the bytes its allocation asked for
     bool in_graph = false;      // a launch recorded into a CUDA graph touched it: never freed
     bool graph_freed = false;   // and the application has freed it
@@ -628,11 +629,13 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // one of them is dropped: rc_guard has made those again already, and would not see a new one.
   std::vector<uint32_t> rc_writes_;
   bool rc_writing_ = false;
+  bool rc_prepared_ = false, rc_described_ = false;  // before_launch's rc_may_write, for rc_note_launch
   struct RcWriting {
     Residency& r;
     RcWriting(Residency& res, bool on) : r(res) { r.rc_writing_ = on; }
     ~RcWriting() {
       r.rc_writing_ = false;
+      r.rc_prepared_ = false;
       r.rc_writes_.clear();
     }
   };
