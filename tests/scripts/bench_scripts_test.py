@@ -369,8 +369,32 @@ def check_budget_report():
     expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 3\.00 \| 2\.00 \| yes \| 900\.0 \| 110\.0 \| 105-120 \| 1\.10 \|"
                  r"[^\n]*\| yes \|  \|", "the capped checkpointed run against ckpt", show_out=True)
     expect_match(failures, out, r"\| w \| ckpt \|[^\n]*\| 100\.0 \| 100-100 \| 1\.25 \|[^\n]*\| NO \|", "ckpt against plain")
-    expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 110\.0 \| 20\.0 \| 0\.0 \|( 0\.0 \|){7}( 0 \|){3} 10 \|",
+    expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 110\.0 \| 20\.0 \| 0\.0 \|( 0\.0 \|){8}( 0 \|){3} 10 \|",
                  "the capped run's host time and mappings a steady step")
+    return finish(failures)
+
+
+def check_recompute_bound():
+    """scripts/bench/recompute_bound.py on a made-up step: a weight x lives across it; y (8 MiB) is
+    made from x by a GELU kernel at launch 0 (1 ms), z (8 MiB) from x by a dropout kernel at launch
+    1, w (8 MiB) by a fill that reads nothing at launch 2; all three are read at launch 4, after the
+    peak (launch 3), and freed at 5. Three activations (0.02 GiB); y alone could be made again
+    (0.01 GiB, its producer 1.00 ms, the link 0.16 ms one way at 53.8 GB/s). Exit 1 otherwise."""
+    trace = "\n".join([
+        "offload-trace 1.3",
+        "step 0 launches 6 allocs 4 kernels 3 gpu_busy_ns -1 cupti_kernels -1",
+        "kernel 0 void at::native::gelu_kernel", "kernel 1 void philox_dropout_kernel", "kernel 2 void fill_kernel",
+        "alloc 0 8388608 0 -1 -1", "alloc 1 8388608 0 0 5", "alloc 2 8388608 0 1 5", "alloc 3 8388608 0 2 5",
+        "launch 0 K 0 0 0 1000000 2 1 0", "launch 1 K 1 0 0 1000 2 2 0", "launch 2 K 2 0 0 1000 1 3",
+        "launch 3 K 2 0 0 1000 1 0", "launch 4 K 2 0 0 1000 3 1 2 3", "launch 5 K 2 0 0 1000 1 0", "end", ""])
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "made.trace")
+        open(path, "w").write(trace)
+        out = subprocess.run([sys.executable, os.path.join(root, "scripts", "bench", "recompute_bound.py"), path],
+                             check=True, capture_output=True, text=True).stdout
+    expect_match(failures, out, r"\| made\.trace \| 3, 0\.02 \| 1, 0\.01 \| 1\.00 \| 0\.16 \|", "the GELU's output alone",
+                 show_out=True)
     return finish(failures)
 
 
