@@ -40,7 +40,6 @@ constexpr size_t kMaxArgBytes = 4096;       // a kernel's parameters, as CUDA ha
 constexpr uint64_t kProbeMax = 256ull << 20;  // bytes a probe copies to the host (twice), at most
 constexpr uint64_t kStage = 8ull << 20;     // the host staging buffer
 constexpr uint8_t kProbes = Residency::kRecomputeProbes;
-constexpr unsigned char kPoison = 0xa5;
 
 uint64_t this_thread() { return std::hash<std::thread::id>{}(std::this_thread::get_id()); }
 
@@ -95,17 +94,6 @@ uint64_t Residency::rc_hash(DevPtr va, uint64_t bytes, Stream s) {
   }
   drop_event(ev);
   return h;
-}
-
-void Residency::rc_poison(DevPtr va, uint64_t bytes, Stream s) {
-  rc_stage_.assign(kStage, kPoison);
-  const uint64_t ev = new_event();
-  for (uint64_t off = 0; off < bytes; off += kStage) {
-    d_.copy_to_device(va + off, rc_stage_.data(), std::min(kStage, bytes - off), s);
-    record_event(ev, s);
-    wait_event(ev);  // the staging buffer is used again
-  }
-  drop_event(ev);
 }
 
 bool Residency::rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s) {
@@ -249,10 +237,10 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   probe_.at = at;
   probe_.at_slot = at_slot;
   probe_.before.clear();
-  // A new range is filled first (nothing has written it): a kernel that writes the bytes it
-  // happened to hold (zeros, often, in memory just made) still shows as writing it.
-  if (o_.fault != Options::Fault::RecomputeNoPoison)
-    for (uint32_t k : rc_fresh_) rc_poison(slots_[k].va, slots_[k].asked, s);
+  // A new range counts as written whatever its bytes do (rc_finish_probe): a kernel may write the
+  // bytes it happened to hold (zeros, often, in memory just made). It is not filled with a pattern
+  // to show that: something the shim does not see (a synchronous copy) may have filled it.
+  probe_.fresh = rc_fresh_;
   for (uint32_t k : touched) probe_.before.push_back({k, rc_hash(slots_[k].va, slots_[k].asked, s)});
   probe_.bumped = bumped;
   st_.probe_ns += mono_now_ns() - t0;
@@ -266,7 +254,9 @@ void Residency::rc_finish_probe() {
   uint64_t written = 0;
   for (const auto& [k, h] : probe_.before) {
     Range& r = slots_[k];
-    if (r.backed() && rc_hash(r.va, r.asked, probe_.s) == h) {
+    const bool fresh = o_.fault != Options::Fault::RecomputeFreshByHash &&
+                       std::find(probe_.fresh.begin(), probe_.fresh.end(), k) != probe_.fresh.end();
+    if (!fresh && r.backed() && rc_hash(r.va, r.asked, probe_.s) == h) {
       // Not written: its version back, unless another launch has moved it since.
       for (const Bump& b : probe_.bumped)
         if (b.slot == k && r.version == b.now) r.version = b.was;

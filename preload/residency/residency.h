@@ -153,7 +153,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     bool recompute = false;
     enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait,
                                RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
-                               RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeNoPoison,
+                               RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
                                RecomputeNoWriteGuard };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
@@ -482,7 +482,6 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void rc_drop_producer(Range& r);
   uint64_t rc_hash(DevPtr va, uint64_t bytes, Stream s);  // of device bytes, copied to the host
   bool rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s);
-  void rc_poison(DevPtr va, uint64_t bytes, Stream s);  // a new range filled with a pattern, before a probe
   uint64_t lead_ceiling() const { return std::max<uint64_t>(1, std::min(period_ / 4 + 1, o_.prefetch_lead_max)); }
   bool room_without_waiting(uint64_t need);
   bool fits(uint64_t need) const;  // the handover, spares that tile it, and room under the limit
@@ -614,6 +613,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     std::vector<uint32_t> at, at_slot;
     std::vector<std::pair<uint32_t, uint64_t>> before;  // slot, hash
     std::vector<Bump> bumped;
+    std::vector<uint32_t> fresh;  // the new ranges it touches: written, whatever their bytes do
   };
   std::vector<KernelKnow> know_;
   uint64_t rc_clock_ = 0;

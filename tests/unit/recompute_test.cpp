@@ -466,11 +466,11 @@ TEST(Recompute, ALaterWriterOnAnotherStreamWaitsForTheRemake) {
 }
 
 // A kernel that writes zeros, watched on new memory that already held zeros (as memory just made
-// often does): the new range is filled with a pattern first, so the write shows. Taken for a reader,
-// its later launches on an input would leave that input's version alone.
+// often does): a new range counts as written whatever its bytes do. Taken for a reader, its later
+// launches on an input would leave that input's version alone.
 TEST(Recompute, AWriteOfTheBytesANewRangeHeldStillCounts) {
-  for (Fault f : {Fault::None, Fault::RecomputeNoPoison}) {
-    SCOPED_TRACE(f == Fault::None ? "filled first" : "not filled");
+  for (Fault f : {Fault::None, Fault::RecomputeFreshByHash}) {
+    SCOPED_TRACE(f == Fault::None ? "new counts as written" : "by its bytes alone");
     Rig r(3, f);
     const DevPtr x = r.alloc();
     r.launch(r.fill, {x, 7});
