@@ -43,7 +43,7 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   r.dropped = o_.recompute && rc_can_drop(slot);
   void* host = r.dropped ? nullptr : host_.take(r.bytes);
   if (r.dropped) {
-    for (const auto& [k, v] : producers_[r.producer].inputs) ++slots_[k].dependents;
+    for (const auto& [k, v] : rc_.producers[r.producer].inputs) ++slots_[k].dependents;
     ++st_.dropped;
     st_.dropped_bytes += r.bytes;
   } else if (!host) {

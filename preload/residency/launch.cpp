@@ -52,7 +52,7 @@ void Residency::after_launch() {
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
   close_inflight(f);
-  if (probe_.active) rc_finish_probe();
+  if (rc_.probe.active) rc_finish_probe();
 }
 
 void Residency::close_inflight(InFlight& f) {
@@ -180,9 +180,9 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   // What it may write: no range made from one of those is dropped while it is being made.
   RcWriting writing(*this, o_.recompute);
   if (o_.recompute) {
-    rc_described_ = rc_may_write(kernel, blind || kind != EventKind::Kernel, touched);
-    rc_prepared_ = true;  // for rc_note_launch, unless the launch is refused first
-    rc_writes_ = rc_written_;
+    rc_.described = rc_may_write(kernel, blind || kind != EventKind::Kernel, touched);
+    rc_.prepared = true;  // for rc_note_launch, unless the launch is refused first
+    rc_.writes = rc_.written;
   }
   // Prefetches due at or before this launch go first: one due for a range this launch touches
   // still beats a demand reload, by being on its own stream.
@@ -205,7 +205,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (o_.recompute) {
     // Dropped ranges made from what this launch may write are made again before it.
     std::string why;
-    if (!rc_guard(rc_writes_, s, touched.data(), touched.size(), &why)) {
+    if (!rc_guard(rc_.writes, s, touched.data(), touched.size(), &why)) {
       refuse_launch(kernel, total, touched.size(), why);
       return;
     }

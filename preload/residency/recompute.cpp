@@ -33,6 +33,11 @@
 #include "residency/residency.h"
 
 namespace offload {
+
+using recompute::Bump;
+using recompute::KernelKnow;
+using recompute::Producer;
+
 namespace {
 
 constexpr size_t kMaxAt = 64;               // argument positions into ranges a producer may have
@@ -69,43 +74,43 @@ uint64_t hash_bytes(uint64_t h, const unsigned char* p, uint64_t n) {
 
 void Residency::rc_drop_producer(Range& r) {
   if (r.producer < 0) return;
-  for (const auto& [k, v] : producers_[r.producer].inputs) --slots_[k].consumers;
-  producers_[r.producer].inputs.clear();
-  free_producers_.push_back(r.producer);
+  for (const auto& [k, v] : rc_.producers[r.producer].inputs) --slots_[k].consumers;
+  rc_.producers[r.producer].inputs.clear();
+  rc_.free_producers.push_back(r.producer);
   r.producer = -1;
 }
 
 void Residency::rc_new_life(Range& r) {
   rc_drop_producer(r);
   r.fresh = r.live;
-  r.version = ++rc_clock_;
+  r.version = ++rc_.clock;
 }
 
 uint64_t Residency::rc_hash(DevPtr va, uint64_t bytes, Stream s) {
-  rc_stage_.resize(kStage);
+  rc_.stage.resize(kStage);
   const uint64_t ev = new_event();
   uint64_t h = 0xcbf29ce484222325ull;
   for (uint64_t off = 0; off < bytes; off += kStage) {
     const uint64_t n = std::min(kStage, bytes - off);
-    d_.copy_to_host(rc_stage_.data(), va + off, n, s);
+    d_.copy_to_host(rc_.stage.data(), va + off, n, s);
     record_event(ev, s);
     wait_event(ev);
-    h = hash_bytes(h, rc_stage_.data(), n);
+    h = hash_bytes(h, rc_.stage.data(), n);
   }
   drop_event(ev);
   return h;
 }
 
 bool Residency::rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s) {
-  rc_stage_.resize(kStage);
+  rc_.stage.resize(kStage);
   const uint64_t ev = new_event();
   bool same = true;
   for (uint64_t off = 0; same && off < bytes; off += kStage) {
     const uint64_t n = std::min(kStage, bytes - off);
-    d_.copy_to_host(rc_stage_.data(), va + off, n, s);
+    d_.copy_to_host(rc_.stage.data(), va + off, n, s);
     record_event(ev, s);
     wait_event(ev);
-    same = std::memcmp(rc_stage_.data(), static_cast<const unsigned char*>(host) + off, n) == 0;
+    same = std::memcmp(rc_.stage.data(), static_cast<const unsigned char*>(host) + off, n) == 0;
   }
   drop_event(ev);
   return same;
@@ -114,8 +119,8 @@ bool Residency::rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s) {
 bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched) {
   // Where the launch points into the ranges it touches.
   const LaunchArgs* a = blind ? nullptr : current_launch_args();
-  std::vector<uint32_t>& at = rc_at_;
-  std::vector<uint32_t>& at_slot = rc_at_slot_;
+  std::vector<uint32_t>& at = rc_.at;
+  std::vector<uint32_t>& at_slot = rc_.at_slot;
   at.clear();
   at_slot.clear();
   bool described = a && a->fi && a->fi->nparams >= 0 && a->params && !a->extra;
@@ -136,13 +141,13 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
     }
   }
   // What it may write: what its kernel was seen to write, or everything it touches.
-  const KernelKnow* kk = kernel < know_.size() ? &know_[kernel] : nullptr;
-  rc_learned_ = described && kk && kk->writes == KernelKnow::Writes::Learned && kk->at == at;
-  rc_written_.clear();
+  const KernelKnow* kk = kernel < rc_.know.size() ? &rc_.know[kernel] : nullptr;
+  rc_.learned = described && kk && kk->writes == KernelKnow::Writes::Learned && kk->at == at;
+  rc_.written.clear();
   for (uint32_t k : touched) {
-    bool written = !rc_learned_;
+    bool written = !rc_.learned;
     for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == k && (kk->written >> i & 1);
-    if (written) rc_written_.push_back(k);
+    if (written) rc_.written.push_back(k);
   }
   return described;
 }
@@ -150,29 +155,29 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
 void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, const AllocId* acc, size_t n,
                                const std::vector<uint32_t>& touched, bool blind) {
   (void)launch_no;
-  if (probe_.active && probe_.thread == this_thread()) probe_.active = false;  // its launch was never reported
+  if (rc_.probe.active && rc_.probe.thread == this_thread()) rc_.probe.active = false;  // its launch was never reported
   const LaunchArgs* a = blind ? nullptr : current_launch_args();
   // before_launch worked out what it may write already (nothing since moves a range's address).
-  const bool described = std::exchange(rc_prepared_, false) ? rc_described_ : rc_may_write(kernel, blind, touched);
-  const std::vector<uint32_t>& at = rc_at_;
-  const std::vector<uint32_t>& at_slot = rc_at_slot_;
-  if (kernel >= know_.size()) know_.resize(kernel + 1);
-  KernelKnow& kk = know_[kernel];
-  const bool learned = rc_learned_;
+  const bool described = std::exchange(rc_.prepared, false) ? rc_.described : rc_may_write(kernel, blind, touched);
+  const std::vector<uint32_t>& at = rc_.at;
+  const std::vector<uint32_t>& at_slot = rc_.at_slot;
+  if (kernel >= rc_.know.size()) rc_.know.resize(kernel + 1);
+  KernelKnow& kk = rc_.know[kernel];
+  const bool learned = rc_.learned;
   uint32_t fresh = 0, nfresh = 0, others_written = 0;
-  std::vector<Bump>& bumped = rc_bumped_;
+  std::vector<Bump>& bumped = rc_.bumped;
   bumped.clear();
-  rc_fresh_.clear();
+  rc_.fresh.clear();
   for (uint32_t k : touched) {
     Range& r = slots_[k];
-    const bool written = std::binary_search(rc_written_.begin(), rc_written_.end(), k);
-    if (r.fresh) fresh = k, ++nfresh, rc_fresh_.push_back(k);
+    const bool written = std::binary_search(rc_.written.begin(), rc_.written.end(), k);
+    if (r.fresh) fresh = k, ++nfresh, rc_.fresh.push_back(k);
     else if (written) ++others_written;
     r.fresh = false;
     if (written) {
       if (learned) rc_drop_producer(r);  // else a probe may find it was not written after all
       const uint64_t was = r.version;
-      r.version = ++rc_clock_;
+      r.version = ++rc_.clock;
       bumped.push_back({k, was, r.version});
     }
   }
@@ -190,14 +195,14 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   const bool alone = !others_written || o_.fault == Options::Fault::RecomputeIgnoreWrites;
   if (learned && nfresh == 1 && writes_fresh && alone && !small && !kk.rng && !banned && len <= kMaxArgBytes) {
     int32_t id;
-    if (!free_producers_.empty()) {
-      id = free_producers_.back();
-      free_producers_.pop_back();
+    if (!rc_.free_producers.empty()) {
+      id = rc_.free_producers.back();
+      rc_.free_producers.pop_back();
     } else {
-      id = int32_t(producers_.size());
-      producers_.emplace_back();
+      id = int32_t(rc_.producers.size());
+      rc_.producers.emplace_back();
     }
-    Producer& p = producers_[id];
+    Producer& p = rc_.producers[id];
     p.f = a->f;
     p.geom = a->geom;
     p.kernel = kernel;
@@ -219,7 +224,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   // A probe of the kernel's writes, at its first launch that can be probed.
   // Only a kernel whose writes matter: one that makes a new range (a producer, maybe), or touches
   // a range that a producer was made from (whose version it would move).
-  if (kk.writes == KernelKnow::Writes::Learned || probe_.active || small) return;
+  if (kk.writes == KernelKnow::Writes::Learned || rc_.probe.active || small) return;
   bool matters = nfresh > 0;
   for (uint32_t k : touched) matters = matters || slots_[k].consumers > 0;
   if (!matters) return;
@@ -230,47 +235,47 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   }
   if (bytes > kProbeMax) return;
   const uint64_t t0 = mono_now_ns();
-  probe_.active = true;
-  probe_.thread = this_thread();
-  probe_.kernel = kernel;
-  probe_.s = s;
-  probe_.at = at;
-  probe_.at_slot = at_slot;
-  probe_.before.clear();
+  rc_.probe.active = true;
+  rc_.probe.thread = this_thread();
+  rc_.probe.kernel = kernel;
+  rc_.probe.s = s;
+  rc_.probe.at = at;
+  rc_.probe.at_slot = at_slot;
+  rc_.probe.before.clear();
   // A new range counts as written whatever its bytes do (rc_finish_probe): a kernel may write the
   // bytes it happened to hold (zeros, often, in memory just made). It is not filled with a pattern
   // to show that: something the shim does not see (a synchronous copy) may have filled it.
-  probe_.fresh = rc_fresh_;
-  for (uint32_t k : touched) probe_.before.push_back({k, rc_hash(slots_[k].va, slots_[k].asked, s)});
-  probe_.bumped = bumped;
+  rc_.probe.fresh = rc_.fresh;
+  for (uint32_t k : touched) rc_.probe.before.push_back({k, rc_hash(slots_[k].va, slots_[k].asked, s)});
+  rc_.probe.bumped = bumped;
   st_.probe_ns += mono_now_ns() - t0;
 }
 
 void Residency::rc_finish_probe() {
-  if (probe_.thread != this_thread()) return;
-  probe_.active = false;
+  if (rc_.probe.thread != this_thread()) return;
+  rc_.probe.active = false;
   const uint64_t t0 = mono_now_ns();
-  KernelKnow& kk = know_[probe_.kernel];
+  KernelKnow& kk = rc_.know[rc_.probe.kernel];
   uint64_t written = 0;
-  for (const auto& [k, h] : probe_.before) {
+  for (const auto& [k, h] : rc_.probe.before) {
     Range& r = slots_[k];
     const bool fresh = o_.fault != Options::Fault::RecomputeFreshByHash &&
-                       std::find(probe_.fresh.begin(), probe_.fresh.end(), k) != probe_.fresh.end();
-    if (!fresh && r.backed() && rc_hash(r.va, r.asked, probe_.s) == h) {
+                       std::find(rc_.probe.fresh.begin(), rc_.probe.fresh.end(), k) != rc_.probe.fresh.end();
+    if (!fresh && r.backed() && rc_hash(r.va, r.asked, rc_.probe.s) == h) {
       // Not written: its version back, unless another launch has moved it since.
-      for (const Bump& b : probe_.bumped)
+      for (const Bump& b : rc_.probe.bumped)
         if (b.slot == k && r.version == b.now) r.version = b.was;
       continue;
     }
-    for (size_t i = 0; i < probe_.at.size(); ++i)
-      if (probe_.at_slot[i] == k) written |= uint64_t{1} << i;
+    for (size_t i = 0; i < rc_.probe.at.size(); ++i)
+      if (rc_.probe.at_slot[i] == k) written |= uint64_t{1} << i;
   }
   // Writes are the union over its first kProbes launches, which must point alike.
-  if (kk.probes && kk.at != probe_.at) {
+  if (kk.probes && kk.at != rc_.probe.at) {
     kk.written = ~uint64_t{0};  // launches that point differently: never learned
     kk.probes = kProbes;
   } else {
-    kk.at = probe_.at;
+    kk.at = rc_.probe.at;
     kk.written |= written;
     ++kk.probes;
   }
@@ -282,13 +287,13 @@ void Residency::rc_finish_probe() {
 bool Residency::rc_can_drop(uint32_t slot) const {
   const Range& r = slots_[slot];
   if (r.producer < 0 || r.dependents || r.in_graph || !r.live) return false;
-  const Producer& p = producers_[r.producer];
-  if (know_[p.kernel].trust != KernelKnow::Trust::Trusted || p.out_version != r.version) return false;
+  const Producer& p = rc_.producers[r.producer];
+  if (rc_.know[p.kernel].trust != KernelKnow::Trust::Trusted || p.out_version != r.version) return false;
   uint64_t bytes = r.bytes;
   for (const auto& [k, v] : p.inputs) {
     const Range& in = slots_[k];
     if (!in.live || in.version != v || in.dropped || in.in_graph) return false;
-    if (rc_writing_ && std::binary_search(rc_writes_.begin(), rc_writes_.end(), k)) return false;
+    if (rc_.writing && std::binary_search(rc_.writes.begin(), rc_.writes.end(), k)) return false;
     if (in.state != State::Resident && in.state != State::CopyingIn) return false;
     bytes += in.bytes;
   }
@@ -299,13 +304,13 @@ bool Residency::rc_can_drop(uint32_t slot) const {
 void Residency::rc_undrop(Range& r) {
   if (!r.dropped) return;
   r.dropped = false;
-  for (const auto& [k, v] : producers_[r.producer].inputs) --slots_[k].dependents;
+  for (const auto& [k, v] : rc_.producers[r.producer].inputs) --slots_[k].dependents;
 }
 
 bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
   Range& r = slots_[slot];
-  const Producer& p = producers_[r.producer];
-  std::vector<uint32_t>& kept = rc_keep_;
+  const Producer& p = rc_.producers[r.producer];
+  std::vector<uint32_t>& kept = rc_.keep;
   kept.assign(keep, keep + nkeep);
   kept.push_back(slot);
   uint64_t need = r.bytes;
@@ -326,12 +331,12 @@ bool Residency::rc_guard(const std::vector<uint32_t>& written, Stream s, const u
   if (o_.fault == Options::Fault::RecomputeNoWriteGuard) return true;
   for (uint32_t x : written) {
     if (!slots_[x].dependents) continue;
-    std::vector<uint32_t>& deps = rc_deps_;
+    std::vector<uint32_t>& deps = rc_.deps;
     deps.clear();
     for (uint32_t k = 0; k < slots_.size(); ++k) {
       const Range& d = slots_[k];
       if (!d.live || !d.dropped) continue;
-      for (const auto& [in, v] : producers_[d.producer].inputs)
+      for (const auto& [in, v] : rc_.producers[d.producer].inputs)
         if (in == x) deps.push_back(k);
     }
     for (uint32_t k : deps) {
@@ -345,8 +350,8 @@ bool Residency::rc_guard(const std::vector<uint32_t>& written, Stream s, const u
 
 bool Residency::rc_remake(uint32_t slot, Stream s) {
   Range& r = slots_[slot];
-  const Producer& p = producers_[r.producer];
-  KernelKnow& kk = know_[p.kernel];
+  const Producer& p = rc_.producers[r.producer];
+  KernelKnow& kk = rc_.know[p.kernel];
   const bool versions = o_.fault != Options::Fault::RecomputeIgnoreVersions;
   if (kk.trust == KernelKnow::Trust::Banned || (versions && p.out_version != r.version)) return false;
   for (const auto& [k, v] : p.inputs) {

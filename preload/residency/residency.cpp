@@ -383,9 +383,9 @@ bool Residency::free(DevPtr p, Stream s) {
   if (r.dependents) {
     // Dropped ranges made from it are made again first, while its bytes are still there.
     RcWriting writing(*this, true);
-    rc_writes_.assign(1, slot);
+    rc_.writes.assign(1, slot);
     std::string why;
-    if (!rc_guard(rc_writes_, s, &slot, 1, &why)) log().error("recompute: before a free: {}", why);
+    if (!rc_guard(rc_.writes, s, &slot, 1, &why)) log().error("recompute: before a free: {}", why);
   }
   if (r.dropped) rc_undrop(r);  // freed before it was needed again: nothing to make
   r.live = false;

@@ -61,6 +61,7 @@
 #include "core/executor.h"
 #include "core/tracker.h"
 #include "residency/host_store.h"
+#include "residency/recompute.h"
 
 namespace offload {
 
@@ -341,9 +342,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint8_t nuses = 0, upos = 0;
     bool prefetched = false;    // reloaded ahead and not yet touched
     // Options::recompute: born and not yet touched; bumped at each new life and at every launch
-    // that may write it; the launch that produced it (producers_), -1: none known.
+    // that may write it; the launch that produced it (rc_.producers), -1: none known.
     bool fresh = false;
-    uint64_t version = 0;       // from rc_clock_: never the same twice, whatever the slot
+    uint64_t version = 0;       // from rc_.clock: never the same twice, whatever the slot
     int32_t producer = -1;
     // The last launch made again that read it, on read_stream: a launch on another stream that
     // touches it before that is known complete waits for it (the application cannot order
@@ -474,9 +475,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Before a launch that may write, or a free of, a range that dropped ranges are made from: they
   // are made again first, on `s`. `written`: the touched slots to look at.
   bool rc_guard(const std::vector<uint32_t>& written, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
-  // The touched slots (sorted) a launch of `kernel` may write, into rc_written_: those its kernel
-  // was seen to write at the same argument positions (rc_learned_), else all. Its positions go
-  // into rc_at_ and rc_at_slot_; false when the launch cannot be described (no arguments).
+  // The touched slots (sorted) a launch of `kernel` may write, into rc_.written: those its kernel
+  // was seen to write at the same argument positions (rc_.learned), else all. Its positions go
+  // into rc_.at and rc_.at_slot; false when the launch cannot be described (no arguments).
   bool rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched);
   void rc_finish_probe();                // after_launch: what the probed launch wrote
   void rc_drop_producer(Range& r);
@@ -579,67 +580,16 @@ class Residency final : public LaunchGate, public DeviceRoom {
   std::string error_;
   Namer namer_ = nullptr;
   void* namer_ctx_ = nullptr;
-  // Options::recompute. Per kernel id: where its launches point into ranges (parameter << 16 |
-  // word), which of those it was seen to write, and whether a launch of it made again may be
-  // trusted. A producer: the launch as the driver takes it again, its output's version and its
-  // other ranges' versions then.
-  struct KernelKnow {
-    enum class Writes : uint8_t { Unknown, Learned } writes = Writes::Unknown;
-    enum class Trust : uint8_t { Unchecked, Trusted, Banned } trust = Trust::Unchecked;
-    int8_t rng = -1;  // its name says it draws random numbers (-1: not looked at yet)
-    uint8_t probes = 0;  // launches probed so far
-    std::vector<uint32_t> at;
-    uint64_t written = 0;  // bit i: at[i] is written
-  };
-  struct Producer {
-    Func f = 0;
-    LaunchGeom geom;
-    uint32_t kernel = 0;
-    const ParamInfo* params = nullptr;
-    int32_t nparams = 0;
-    std::vector<unsigned char> args;
-    uint64_t out_version = 0;
-    std::vector<std::pair<uint32_t, uint64_t>> inputs;  // slot, version
-  };
-  struct Bump {  // a version moved by a launch of unknown writes
-    uint32_t slot;
-    uint64_t was, now;
-  };
-  struct Probe {
-    bool active = false;
-    uint64_t thread = 0;
-    uint32_t kernel = 0;
-    Stream s = 0;
-    std::vector<uint32_t> at, at_slot;
-    std::vector<std::pair<uint32_t, uint64_t>> before;  // slot, hash
-    std::vector<Bump> bumped;
-    std::vector<uint32_t> fresh;  // the new ranges it touches: written, whatever their bytes do
-  };
-  std::vector<KernelKnow> know_;
-  uint64_t rc_clock_ = 0;
-  std::vector<Producer> producers_;
-  std::vector<int32_t> free_producers_;
-  Probe probe_;
-  std::vector<uint32_t> rc_at_, rc_at_slot_;  // scratch: a launch's positions
-  std::vector<Bump> rc_bumped_;               // scratch
-  std::vector<uint32_t> rc_fresh_;            // scratch: the new ranges a launch touches
-  std::vector<uint32_t> rc_written_, rc_keep_, rc_deps_;  // scratch
-  bool rc_learned_ = false;
-  // While a launch that may write these (or a free of one) is being prepared, no range made from
-  // one of them is dropped: rc_guard has made those again already, and would not see a new one.
-  std::vector<uint32_t> rc_writes_;
-  bool rc_writing_ = false;
-  bool rc_prepared_ = false, rc_described_ = false;  // before_launch's rc_may_write, for rc_note_launch
+  recompute::State rc_;  // Options::recompute (residency/recompute.h)
   struct RcWriting {
     Residency& r;
-    RcWriting(Residency& res, bool on) : r(res) { r.rc_writing_ = on; }
+    RcWriting(Residency& res, bool on) : r(res) { r.rc_.writing = on; }
     ~RcWriting() {
-      r.rc_writing_ = false;
-      r.rc_prepared_ = false;
-      r.rc_writes_.clear();
+      r.rc_.writing = false;
+      r.rc_.prepared = false;
+      r.rc_.writes.clear();
     }
   };
-  std::vector<unsigned char> rc_stage_;      // host staging for hashes and checks
   std::atomic<bool> any_{false};  // a range exists: launches must be looked at
   bool capture_open_ = false;     // a capture on capture_stream_ since capture_from_
   Stream capture_stream_ = 0;

@@ -1,0 +1,71 @@
+// The residency manager's state for making ranges again (Residency::Options::recompute): what
+// it knows of each kernel, the producers of live ranges, the probe in progress, and scratch.
+// recompute.cpp holds the rules and says why.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/driver.h"  // ParamInfo, LaunchGeom
+
+namespace offload::recompute {
+
+// Per kernel id: where its launches point into ranges (parameter << 16 | word), which of those it
+// was seen to write, and whether a launch of it made again may be trusted.
+struct KernelKnow {
+  enum class Writes : uint8_t { Unknown, Learned } writes = Writes::Unknown;
+  enum class Trust : uint8_t { Unchecked, Trusted, Banned } trust = Trust::Unchecked;
+  int8_t rng = -1;  // its name says it draws random numbers (-1: not looked at yet)
+  uint8_t probes = 0;  // launches probed so far
+  std::vector<uint32_t> at;
+  uint64_t written = 0;  // bit i: at[i] is written
+};
+// A producer: the launch as the driver takes it again, its output's version and its other
+// ranges' versions then.
+struct Producer {
+  Func f = 0;
+  LaunchGeom geom;
+  uint32_t kernel = 0;
+  const ParamInfo* params = nullptr;
+  int32_t nparams = 0;
+  std::vector<unsigned char> args;
+  uint64_t out_version = 0;
+  std::vector<std::pair<uint32_t, uint64_t>> inputs;  // slot, version
+};
+struct Bump {  // a version moved by a launch of unknown writes
+  uint32_t slot;
+  uint64_t was, now;
+};
+struct Probe {
+  bool active = false;
+  uint64_t thread = 0;
+  uint32_t kernel = 0;
+  Stream s = 0;
+  std::vector<uint32_t> at, at_slot;
+  std::vector<std::pair<uint32_t, uint64_t>> before;  // slot, hash
+  std::vector<Bump> bumped;
+  std::vector<uint32_t> fresh;  // the new ranges it touches: written, whatever their bytes do
+};
+
+struct State {
+  std::vector<KernelKnow> know;
+  uint64_t clock = 0;
+  std::vector<Producer> producers;
+  std::vector<int32_t> free_producers;
+  Probe probe;
+  // A launch's positions into ranges and the slots there, the slots it may write (whether as its
+  // kernel was seen to write: learned), the new ranges it touches; scratch.
+  std::vector<uint32_t> at, at_slot, written, fresh;
+  bool learned = false;
+  std::vector<Bump> bumped;
+  std::vector<uint32_t> keep, deps;  // scratch
+  // While a launch that may write these (or a free of one) is being prepared, no range made from
+  // one of them is dropped: rc_guard has made those again already, and would not see a new one.
+  std::vector<uint32_t> writes;
+  bool writing = false;
+  bool prepared = false, described = false;  // before_launch's rc_may_write, for rc_note_launch
+  std::vector<unsigned char> stage;  // host staging for hashes and checks
+};
+
+}  // namespace offload::recompute
