@@ -223,10 +223,10 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   }
   // A probe of the kernel's writes, at its first launch that can be probed.
   // Only a kernel whose writes matter: one that makes a new range (a producer, maybe), or touches
-  // a range that a producer was made from (whose version it would move).
+  // a range that has a producer or that a producer was made from (whose version it would move).
   if (kk.writes == KernelKnow::Writes::Learned || rc_.probe.active || small) return;
   bool matters = nfresh > 0;
-  for (uint32_t k : touched) matters = matters || slots_[k].consumers > 0;
+  for (uint32_t k : touched) matters = matters || slots_[k].consumers > 0 || slots_[k].producer >= 0;
   if (!matters) return;
   uint64_t bytes = 0;
   for (uint32_t k : touched) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -80,6 +81,14 @@ struct Rig {
     // relu(p): p = max(p, 0), in place, on signed words
     relu = sim.add_kernel("relu", params(1), [](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = std::max<int64_t>(int64_t(words(arg(a, 0))[i]), 0);
+    });
+    // check(p, base): counts in `bad` a p that is not 3 (base + i) + 1 (a range scale made)
+    check = sim.add_kernel("check", params(2), [this](const unsigned char* a) {
+      for (uint64_t i = 0; i < kWords; i += 97)
+        if (words(arg(a, 0))[i] != 3 * (arg(a, 1) + i) + 1) {
+          ++bad;
+          return;
+        }
     });
     // split(a, b, in): two new ranges at once
     split = sim.add_kernel("split", params(3), [](const unsigned char* a) {
@@ -177,7 +186,8 @@ struct Rig {
   Tracker tr;
   HostStore host;
   Residency res;
-  Func fill = 0, scale = 0, bump = 0, read = 0, rng = 0, noisy = 0, norm = 0, split = 0, zero = 0, relu = 0;
+  Func fill = 0, scale = 0, bump = 0, read = 0, rng = 0, noisy = 0, norm = 0, split = 0, zero = 0, relu = 0, check = 0;
+  std::atomic<uint64_t> bad{0};
   uint64_t draws = 0, runs = 0;
 };
 
