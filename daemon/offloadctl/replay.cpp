@@ -391,6 +391,10 @@ void print_json(const std::string& path, const StepTrace& rec, const CapReplayOp
       .field("bytes_out", unscaled(st.bytes_out)).field("bytes_in", unscaled(st.bytes_in))
       .field("freed_out", st.freed_out).field("freed_out_bytes", unscaled(st.freed_out_bytes))
       .field("alloc_maps", st.alloc_maps).field("refits", st.refits).field("allocs", st.allocs)
+      .field("recomputed", st.recomputed).field("recomputed_bytes", unscaled(st.recomputed_bytes))
+      .field("recompute_checks", st.recompute_checks).field("recompute_bans", st.recompute_bans)
+      .field("dropped", st.dropped).field("dropped_bytes", unscaled(st.dropped_bytes))
+      .field("restored_early", st.restored_early).field("probes", st.probes)
       .field("period", st.period).end();
   w.field("vmm_misuses", c.vmm_misuses).field("matching_steps", c.matching_steps)
       .field("steps_replayed", c.steps_replayed).field("launches_verified", c.launches_verified)

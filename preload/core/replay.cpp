@@ -71,7 +71,8 @@ struct ContentCheck {
 };
 
 // A kernel body: check what the previous toucher of each allocation left, then sign it.
-void run_body(const std::vector<Touch>& touches, ContentCheck* chk, int step, size_t pos) {
+// `whole`: every word of what it writes (a kernel made again must give the same bytes throughout).
+void run_body(const std::vector<Touch>& touches, ContentCheck* chk, int step, size_t pos, bool whole = false) {
   bool checked = false;
   for (const Touch& t : touches) {
     uint64_t* w = reinterpret_cast<uint64_t*>(t.base);
@@ -105,10 +106,33 @@ void run_body(const std::vector<Touch>& touches, ContentCheck* chk, int step, si
         }
       }
     }
-    for_sampled(t.words, [&](uint64_t i) { w[i] = sig_word(t.next, i); });
+    if (!t.next) continue;  // read only (ReplayOptions::relaunch)
+    if (whole)
+      for (uint64_t i = 0; i < t.words; ++i) w[i] = sig_word(t.next, i);
+    else
+      for_sampled(t.words, [&](uint64_t i) { w[i] = sig_word(t.next, i); });
     chk->writers[sig_word(t.next, 0)] = {step, pos, t.ordinal};
   }
   if (checked) ++chk->launches;
+}
+
+// ReplayOptions::relaunch: a kernel's fourth parameter is its launch's table (step, position,
+// then per touched allocation its base, words, expected and next signatures and ordinal), so that
+// the body the driver runs again reads it from the arguments.
+constexpr size_t kTableHead = 2, kTableSlot = 5;
+void run_table(const unsigned char* table, size_t slots, ContentCheck* chk) {
+  auto word = [&](size_t i) {
+    uint64_t v;
+    std::memcpy(&v, table + 8 * i, 8);
+    return v;
+  };
+  std::vector<Touch> touches;
+  for (size_t k = 0; k < slots; ++k) {
+    const size_t at = kTableHead + kTableSlot * k;
+    if (const uint64_t base = word(at))
+      touches.push_back(Touch{base, word(at + 1), word(at + 2), word(at + 3), static_cast<uint32_t>(word(at + 4))});
+  }
+  run_body(touches, chk, static_cast<int>(word(0)), word(1), true);
 }
 
 class Replayer {
@@ -166,11 +190,13 @@ class Replayer {
   std::map<uint32_t, size_t> width_;
   std::map<uint32_t, Func> funcs_;
   std::vector<unsigned char> buf_;
+  void* relaunch_params_[4] = {};  // ReplayOptions::relaunch: the launch's arguments, in buf_
   // Per ordinal: where it lives, its content signature, the stream that last touched it.
   std::vector<DevPtr> addr_;
   std::vector<uint64_t> sig_;
   std::vector<Stream> last_stream_;
   std::vector<bool> member_;
+  std::vector<bool> written_;  // relaunch: written since its birth (a touch now reads it)
 
   // Offload mode: the allocator (a caching pool, stream-ordered as cudaMallocAsync is).
   std::unordered_multimap<uint64_t, DevPtr> pool_;
@@ -186,6 +212,7 @@ class Replayer {
 void Replayer::alloc(uint32_t o) {
   const TraceAlloc& a = rec_.allocs[o];
   sig_[o] = 0;
+  if (!written_.empty()) written_[o] = false;
   last_stream_[o] = a.stream;
   member_[o] = false;
   if (!acting()) {
@@ -261,8 +288,12 @@ void Replayer::launch(int step, size_t p) {
       if (last_stream_[o] != l.stream) join(last_stream_[o], l.stream);
       last_stream_[o] = l.stream;
       uint64_t next = mix((uint64_t{o} << 40) ^ (static_cast<uint64_t>(step) << 24) ^ p ^ 0x5eed) | 1;
+      if (opt_.relaunch && l.kind == EventKind::Kernel) {
+        if (written_[o]) next = 0;  // read: the signature stays
+        written_[o] = true;
+      }
       touches.push_back(Touch{addr_[o], rec_.allocs[o].bytes / 8, sig_[o], next, o});
-      sig_[o] = next;
+      if (next) sig_[o] = next;
     }
   }
   // Interior pointers: views point past their storage's start.
@@ -279,6 +310,29 @@ void Replayer::launch(int step, size_t p) {
       uint64_t stride = 4096;
       std::memcpy(buf_.data() + 8 * w, &scalar, 4);
       std::memcpy(buf_.data() + 8 * w + 8, &stride, 8);
+      if (opt_.relaunch) {
+        // The table after the scalars: the body the driver runs (again) reads it.
+        const size_t at = 8 * w + 16;
+        buf_.resize(at + 8 * (kTableHead + kTableSlot * w), 0);
+        auto put = [&](size_t i, uint64_t v) { std::memcpy(buf_.data() + at + 8 * i, &v, 8); };
+        put(0, static_cast<uint64_t>(step));
+        put(1, p);
+        for (size_t k = 0; k < touches.size() && k < w; ++k) {
+          const size_t s = kTableHead + kTableSlot * k;
+          put(s, touches[k].base);
+          put(s + 1, touches[k].words);
+          put(s + 2, touches[k].expect);
+          put(s + 3, touches[k].next);
+          put(s + 4, touches[k].ordinal);
+        }
+        relaunch_params_[0] = buf_.data();
+        relaunch_params_[1] = buf_.data() + 8 * w;
+        relaunch_params_[2] = buf_.data() + 8 * w + 8;
+        relaunch_params_[3] = buf_.data() + at;
+        const LaunchGeom g;
+        tracker_.on_kernel(funcs_[l.kernel], l.stream, relaunch_params_, nullptr, &g);
+        break;
+      }
       void* params[3] = {buf_.data(), buf_.data() + 8 * w, buf_.data() + 8 * w + 8};
       tracker_.on_kernel(funcs_[l.kernel], l.stream, params, nullptr);
       break;
@@ -299,7 +353,10 @@ void Replayer::launch(int step, size_t p) {
     return;
   }
   // Queued after whatever the gate queued on the stream (the waits for reloads).
-  drv_.launch(l.stream, [touches = std::move(touches), chk = &check_, step, p] { run_body(touches, chk, step, p); });
+  if (opt_.relaunch && l.kind == EventKind::Kernel)
+    drv_.launch_kernel(funcs_[l.kernel], LaunchGeom{}, l.stream, relaunch_params_);  // its table holds the touches
+  else
+    drv_.launch(l.stream, [touches = std::move(touches), chk = &check_, step, p] { run_body(touches, chk, step, p); });
   if (opt_.cap) opt_.cap->after_launch();
   run_gpu();
   sample_footprint();
@@ -438,6 +495,7 @@ void Replayer::carry_over(const std::map<uint64_t, std::vector<uint32_t>>& carri
       uint32_t to = it->second[k++];
       addr_[to] = addr_[a.ordinal];
       sig_[to] = sig_[a.ordinal];
+      if (!written_.empty()) written_[to] = written_[a.ordinal];
       last_stream_[to] = last_stream_[a.ordinal];
       member_[to] = member_[a.ordinal];
       addr_[a.ordinal] = 0;
@@ -454,8 +512,17 @@ ReplayResult Replayer::run() {
     if (l.kind == EventKind::Kernel) width_[l.kernel] = std::max(width_[l.kernel], l.allocs.size());
   for (auto& [id, w] : width_) {
     uint32_t bytes = static_cast<uint32_t>(8 * std::max<size_t>(w, 1));
-    funcs_[id] = drv_.add_kernel(rec.kernels.count(id) ? rec.kernels.at(id) : "?",
-                                 {{0, bytes}, {bytes, 4}, {bytes + 8, 8}});
+    const std::string name = rec.kernels.count(id) ? rec.kernels.at(id) : "?";
+    if (!opt_.relaunch) {
+      funcs_[id] = drv_.add_kernel(name, {{0, bytes}, {bytes, 4}, {bytes + 8, 8}});
+      continue;
+    }
+    const size_t slots = std::max<size_t>(w, 1);
+    const uint32_t table = static_cast<uint32_t>(8 * (kTableHead + kTableSlot * slots));
+    funcs_[id] = drv_.add_kernel(name, {{0, bytes}, {bytes, 4}, {bytes + 8, 8}, {bytes + 16, table}},
+                                 [chk = &check_, slots, at = bytes + 16](const unsigned char* a) {
+                                   run_table(a + at, slots, chk);
+                                 });
   }
 
   // Births and deaths before each position (frees first: the allocator may reuse them).
@@ -477,6 +544,7 @@ ReplayResult Replayer::run() {
   sig_.assign(rec.allocs.size(), 0);
   last_stream_.assign(rec.allocs.size(), 0);
   member_.assign(rec.allocs.size(), false);
+  if (opt_.relaunch) written_.assign(rec.allocs.size(), false);
   for (uint32_t o : before_step) alloc(o);
 
   for (int r = 0; r < opt_.repeats; ++r) {

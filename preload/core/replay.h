@@ -20,7 +20,8 @@
 //
 // Cap mode (ReplayOptions::cap) routes the allocations, frees and launches through a manager
 // above the core (preload/residency/replay_cap.h wires the residency manager in), with the
-// same scaling, simulated GPU and content checks; a refusal ends the replay.
+// same scaling, simulated GPU and content checks; a refusal ends the replay. With
+// ReplayOptions::relaunch its kernels can be launched again by the manager.
 //
 // Single-threaded: everything, the simulated GPU included, runs on the caller's thread.
 #pragma once
@@ -80,6 +81,10 @@ struct ReplayOptions {
 
   // Cap mode (not with offload): the manager; the scaling, GPU and checks above apply.
   ReplayCap* cap = nullptr;
+  // Kernels the driver can launch again (a manager that makes ranges again): each launch's
+  // signatures travel in its arguments, and a kernel writes only what it touches first after its
+  // birth, reading (checking) the rest, as a recording does not say which launches write in place.
+  bool relaunch = false;
 };
 
 // One replayed step, offload mode.

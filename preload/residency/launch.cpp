@@ -195,8 +195,11 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     Range& r = slots_[k];
     if (r.state != State::OnHost) continue;
     std::string why;
+    // A kernel not checked yet is made again, and checked, even where its inputs must come back
+    // first: without a first remake nothing of it is ever dropped.
     const bool back = r.dropped ? rc_restore(k, s, touched.data(), touched.size(), &why)
-                                : make_room(r.bytes, touched.data(), touched.size(), &why) && reload(k, s, &why);
+                      : (o_.recompute && rc_check_wanted(k) && rc_restore(k, s, touched.data(), touched.size(), &why)) ||
+                            (make_room(r.bytes, touched.data(), touched.size(), &why) && reload(k, s, &why));
     if (!back) {
       refuse_launch(kernel, total, touched.size(), why);
       return;

@@ -224,7 +224,8 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   // A probe of the kernel's writes, at its first launch that can be probed.
   // Only a kernel whose writes matter: one that makes a new range (a producer, maybe), or touches
   // a range that has a producer or that a producer was made from (whose version it would move).
-  if (kk.writes == KernelKnow::Writes::Learned || rc_.probe.active || small) return;
+  // (Allocations outside the ranges it touches are not watched: a producer never reads one.)
+  if (kk.writes == KernelKnow::Writes::Learned || rc_.probe.active) return;
   bool matters = nfresh > 0;
   for (uint32_t k : touched) matters = matters || slots_[k].consumers > 0 || slots_[k].producer >= 0;
   if (!matters) return;
@@ -292,13 +293,27 @@ bool Residency::rc_can_drop(uint32_t slot) const {
   uint64_t bytes = r.bytes;
   for (const auto& [k, v] : p.inputs) {
     const Range& in = slots_[k];
+    // An input may be on the host (or going there): its bytes are kept, and it is reloaded first.
     if (!in.live || in.version != v || in.dropped || in.in_graph) return false;
     if (rc_.writing && std::binary_search(rc_.writes.begin(), rc_.writes.end(), k)) return false;
-    if (in.state != State::Resident && in.state != State::CopyingIn) return false;
     bytes += in.bytes;
   }
   // Room to make it again at any later launch: it and its inputs beside the most one launch needed.
   return bytes + largest_need_ + pool_share_ <= limit();
+}
+
+bool Residency::rc_check_wanted(uint32_t slot) const {
+  const Range& r = slots_[slot];
+  if (r.producer < 0 || r.dropped || !r.host) return false;
+  const Producer& p = rc_.producers[r.producer];
+  if (rc_.know[p.kernel].trust != KernelKnow::Trust::Unchecked || p.out_version != r.version) return false;
+  bool away = false;
+  for (const auto& [k, v] : p.inputs) {
+    const Range& in = slots_[k];
+    if (!in.live || in.version != v || in.dropped || in.in_graph) return false;
+    away = away || in.state == State::OnHost || in.state == State::CopyingOut;
+  }
+  return away;
 }
 
 void Residency::rc_undrop(Range& r) {
@@ -313,17 +328,18 @@ bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t
   std::vector<uint32_t>& kept = rc_.keep;
   kept.assign(keep, keep + nkeep);
   kept.push_back(slot);
-  uint64_t need = r.bytes;
   for (const auto& [k, v] : p.inputs) {
     kept.push_back(k);
     if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);
-    if (slots_[k].state == State::OnHost) need += slots_[k].bytes;
   }
   std::sort(kept.begin(), kept.end());
-  if (!make_room(need, kept.data(), kept.size(), why)) return false;
+  // Room for one range at a time, as it is backed: spares that would tile their sum may not tile
+  // each of them.
   for (const auto& [k, v] : p.inputs)
-    if (slots_[k].state == State::OnHost && !reload(k, s, why)) return false;
-  return reload(slot, s, why);
+    if (slots_[k].state == State::OnHost &&
+        (!make_room(slots_[k].bytes, kept.data(), kept.size(), why) || !reload(k, s, why)))
+      return false;
+  return make_room(r.bytes, kept.data(), kept.size(), why) && reload(slot, s, why);
 }
 
 bool Residency::rc_guard(const std::vector<uint32_t>& written, Stream s, const uint32_t* keep, size_t nkeep,

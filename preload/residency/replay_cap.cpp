@@ -140,6 +140,7 @@ CapReplay replay_under_cap(const StepTrace& rec, const CapReplayOptions& o) {
   ropt.size_divisor = out.divisor;
   ropt.seed = o.seed;
   ropt.cap = &gate;
+  ropt.relaunch = ro.recompute;  // kernels the manager can launch again
   const ReplayResult r = replay(rec, ropt);
   out.vmm_misuses = r.offload.vmm_misuses;
   out.launches_verified = r.offload.launches_verified;

@@ -466,9 +466,13 @@ class Residency final : public LaunchGate, public DeviceRoom {
   bool rc_remake(uint32_t slot, Stream s);
   void rc_new_life(Range& r);            // born or freed: no producer, a new version
   // Whether a range being evicted can be dropped instead of copied out: its kernel trusted, its
-  // inputs resident and unchanged, none dropped, and room at any later launch for it and them.
+  // inputs unchanged and none dropped (resident or with their bytes on the host), and room at any
+  // later launch for it and them.
   bool rc_can_drop(uint32_t slot) const;
   void rc_undrop(Range& r);  // made again, or kept: its inputs lose a dependent
+  // A range on the host whose producer's kernel has not been checked yet, with inputs to reload
+  // first: worth making again (rc_restore) for the check, where a copy in would never give one.
+  bool rc_check_wanted(uint32_t slot) const;
   // A dropped range made again on `s` (its inputs reloaded first, room made for all of them, `keep`
   // kept); false (with *why) only when the room cannot be had.
   bool rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);

@@ -271,6 +271,28 @@ TEST(ReplayCap, EvictingFirstTakesWaitsOff) {
   }
 }
 
+// With recompute on (and the shim's default policy otherwise), on recorded steps whose kernels the
+// replay's driver can launch again (each writes only what it touches first after its birth): ranges
+// are made again and dropped, every byte checked and the budget held at every instant.
+TEST(ReplayCap, MakingRangesAgainKeepsTheBudgetAndTheBytes) {
+  uint64_t remade = 0, dropped = 0;
+  for (const char* name : {"hf_llama", "hf_gpt2", "llama-compiled", "reference"}) {
+    CapReplayOptions o = options(0.5);
+    apply_cap_policy(Settings{}, &o.policy);
+    o.policy.recompute = true;
+    const CapReplay c = replay_under_cap(load(name), o);
+    EXPECT_TRUE(c.ok()) << name << ": " << c.refusal;
+    EXPECT_EQ(c.mismatches, 0u) << name << ": " << c.first_mismatch;
+    EXPECT_LE(c.stats.held_peak, c.budget) << name;
+    EXPECT_LE(c.physical_peak, c.budget) << name;
+    EXPECT_EQ(c.stats.recompute_bans, 0u) << name;
+    remade += c.stats.recomputed;
+    dropped += c.stats.dropped;
+  }
+  EXPECT_GT(remade, 0u);
+  EXPECT_GT(dropped, 0u);
+}
+
 // A budget no launch fits: the refusal ends the replay and says why, and the check fails.
 TEST(ReplayCap, AnImpossibleBudgetIsRefused) {
   const CapReplay c = replay_under_cap(load("reference"), options(0.01));
