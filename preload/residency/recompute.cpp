@@ -1,25 +1,27 @@
 // Recompute (Options::recompute): a range that one launch produced is made again, by launching
-// that launch once more into it, instead of copying its bytes back from the host.
+// that launch once more into it, instead of copying its bytes back; once that launch's kernel is
+// trusted, the range is dropped at eviction instead of copied out.
 //
-// A launch of a kernel K may be made again for its output R only when all of this holds:
+// A launch of a kernel K is the producer of its output R only when all of this holds:
 //   - R was born and first touched by that launch, which touched no other new range, no pointer
-//     table and no allocation outside the ranges (whose versions we could not follow);
+//     table and no allocation outside the ranges (whose versions are not followed);
 //   - K's name does not say it draws random numbers (philox, curand, dropout, ...);
-//   - K's writes were learned (a probe, below) at the same argument positions, and the launch
-//     wrote R alone: a kernel that writes outside its output is never made again;
-//   - R and every other range the launch touched (its inputs) still have the version they had
-//     then: a range's version moves at every launch that may write it (a kernel of unknown
-//     writes, a copy, a memset, a graph: all it touches) and at each new life;
-//   - every input is resident now (never reloaded or waited for on its behalf).
-// The first time K is made again, the result is compared byte for byte with the saved copy,
-// which is still on the host: a difference bans K for the process and the copy goes in instead.
-// The copy out is never skipped, so a refused or failed remake always has the bytes to fall
-// back on: what a remake saves is the copy back in.
+//   - K's writes were learned (probes, below) at the same argument positions, and the launch
+//     wrote R alone: a kernel that writes outside its output is never made again.
+// R is made again only while R and every other range the launch touched (its inputs) have the
+// version they had then: a range's version moves at every launch that may write it (a kernel by
+// what it was seen to write, or all it touches while that is not known; a copy, a memset, a graph:
+// all they touch) and at each new life. The inputs are resident when it runs: reloaded first for
+// a dropped range, or for a kernel not checked yet; otherwise the copy goes in instead.
+// The first time K is made again, the result is compared byte for byte with the saved copy, still
+// on the host: a difference bans K for the process, and the copy goes in instead.
+// A dropped range's inputs are never dropped, written or freed before it is made again (rc_guard),
+// and a drop needs room to make it again beside the largest launch (rc_can_drop).
 //
-// A probe learns which ranges a kernel writes at its first launch under the cap: the ranges it
-// touches are hashed (copied to the host after its stream) before it is forwarded and after it
-// has run. A range whose bytes changed was written. It costs two waits for the stream and the
-// copies of what the launch touches, once per kernel.
+// Probes learn which ranges a kernel writes, at its first kProbes launches whose writes matter:
+// the ranges a launch touches are hashed (copied to the host after its stream) before it is
+// forwarded and after it has run. A range whose bytes changed was written, and so was a new one
+// whatever its bytes did. Each costs two waits for the stream and two copies of what it touches.
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -159,7 +161,6 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   const LaunchArgs* a = blind ? nullptr : current_launch_args();
   // before_launch worked out what it may write already (nothing since moves a range's address).
   const bool described = std::exchange(rc_.prepared, false) ? rc_.described : rc_may_write(kernel, blind, touched);
-  const std::vector<uint32_t>& at = rc_.at;
   const std::vector<uint32_t>& at_slot = rc_.at_slot;
   if (kernel >= rc_.know.size()) rc_.know.resize(kernel + 1);
   KernelKnow& kk = rc_.know[kernel];
@@ -221,12 +222,16 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       }
     out.producer = id;
   }
-  // A probe of the kernel's writes, at its first launch that can be probed.
+  rc_start_probe(kernel, s, touched, nfresh > 0);
+}
+
+void Residency::rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint32_t>& touched, bool makes_new) {
   // Only a kernel whose writes matter: one that makes a new range (a producer, maybe), or touches
   // a range that has a producer or that a producer was made from (whose version it would move).
   // (Allocations outside the ranges it touches are not watched: a producer never reads one.)
+  const recompute::KernelKnow& kk = rc_.know[kernel];
   if (kk.writes == KernelKnow::Writes::Learned || rc_.probe.active) return;
-  bool matters = nfresh > 0;
+  bool matters = makes_new;
   for (uint32_t k : touched) matters = matters || slots_[k].consumers > 0 || slots_[k].producer >= 0;
   if (!matters) return;
   uint64_t bytes = 0;
@@ -240,15 +245,15 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   rc_.probe.thread = this_thread();
   rc_.probe.kernel = kernel;
   rc_.probe.s = s;
-  rc_.probe.at = at;
-  rc_.probe.at_slot = at_slot;
+  rc_.probe.at = rc_.at;
+  rc_.probe.at_slot = rc_.at_slot;
   rc_.probe.before.clear();
   // A new range counts as written whatever its bytes do (rc_finish_probe): a kernel may write the
   // bytes it happened to hold (zeros, often, in memory just made). It is not filled with a pattern
   // to show that: something the shim does not see (a synchronous copy) may have filled it.
   rc_.probe.fresh = rc_.fresh;
   for (uint32_t k : touched) rc_.probe.before.push_back({k, rc_hash(slots_[k].va, slots_[k].asked, s)});
-  rc_.probe.bumped = bumped;
+  rc_.probe.bumped = rc_.bumped;
   st_.probe_ns += mono_now_ns() - t0;
 }
 
@@ -357,7 +362,8 @@ bool Residency::rc_guard(const std::vector<uint32_t>& written, Stream s, const u
     }
     for (uint32_t k : deps) {
       if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);  // still mapped: kept
-      if (slots_[k].state == State::OnHost && !rc_restore(k, s, keep, nkeep, why)) return false;
+      if (slots_[k].state != State::OnHost) continue;
+      if (!rc_restore(k, s, keep, nkeep, why)) return false;
       ++st_.restored_early;
     }
   }

@@ -483,7 +483,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // was seen to write at the same argument positions (rc_.learned), else all. Its positions go
   // into rc_.at and rc_.at_slot; false when the launch cannot be described (no arguments).
   bool rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched);
-  void rc_finish_probe();                // after_launch: what the probed launch wrote
+  // A probe of `kernel`'s writes at this launch, where they matter and none runs (before it is
+  // forwarded: the hashes before); rc_finish_probe, from after_launch: what it wrote.
+  void rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint32_t>& touched, bool makes_new);
+  void rc_finish_probe();
   void rc_drop_producer(Range& r);
   uint64_t rc_hash(DevPtr va, uint64_t bytes, Stream s);  // of device bytes, copied to the host
   bool rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s);
