@@ -185,7 +185,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   if (blind || !described) return;
   // A producer: one new range, written, and nothing else written.
   bool small = false;
-  for (size_t i = 0; i < n; ++i) small = small || acc[i] < kRangeIdBit || tables_.count(acc[i]);
+  for (size_t i = 0; i < n; ++i) small = small || !is_range_id(acc[i]) || tables_.count(acc[i]);  // arenas too
   if (kk.rng < 0)
     kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && draws_random(namer_(namer_ctx_, kernel));
   const bool banned = kk.trust == KernelKnow::Trust::Banned;

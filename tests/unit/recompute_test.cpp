@@ -329,6 +329,31 @@ TEST(Recompute, OnlyLaunchesWhoseWritesMatterAreWatched) {
   EXPECT_EQ(r.res.stats().probes, probes + 1);
 }
 
+// A launch that also reads an allocation outside the ranges (the allocator's pool, or an arena of a
+// plan on top): the manager does not follow that one's versions, so the launch is no producer.
+TEST(Recompute, ALaunchReadingAnAllocationOutsideTheRangesIsNoProducer) {
+  for (uint64_t tag : {uint64_t{0}, uint64_t{1}}) {  // the pool's; an arena member's
+    SCOPED_TRACE(tag ? "arena member" : "pool allocation");
+    Rig r(4);
+    const DevPtr x = r.alloc();
+    r.launch(r.fill, {x, 7});
+    learn_common(r, x);
+    trust_scale(r, x);
+    const DevPtr other = r.sim.alloc(kGran);
+    r.tr.on_alloc(other, kGran, kA, tag);
+    const uint64_t checks = r.res.stats().recompute_checks;
+    learn(r, r.norm, 1, {x, other});  // norm(out, x, other): other is written, but not a range
+    const DevPtr y = r.alloc();
+    r.launch(r.norm, {y, x, other});
+    r.evict({y}, {x});
+    r.use(y);
+    EXPECT_EQ(r.res.stats().recomputed, 1u);  // trust_scale's alone
+    EXPECT_EQ(r.res.stats().dropped, 0u);
+    EXPECT_EQ(r.res.stats().recompute_checks, checks);
+    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 2 * (7000 + i); }));
+  }
+}
+
 }  // namespace
 }  // namespace recompute_test
 }  // namespace offload
