@@ -121,7 +121,9 @@ void Residency::prefetch_due(uint64_t launch_no) {
   if (!pf_lead_) pf_lead_ = std::min(o_.prefetch_lead, lead_ceiling());
   for (uint32_t k = 0; k < slots_.size(); ++k) {
     Range& r = slots_[k];
-    if (!r.live || r.state != State::OnHost || r.dropped) continue;  // dropped: made again where used
+    // A dropped range is made again where it is used: made ahead with its inputs, the recorded
+    // steps moved more bytes in the replay (docs/results.md).
+    if (!r.live || r.state != State::OnHost || r.dropped) continue;
     uint64_t d = 0;
     if (!predicted_next_use(r, launch_no, &d) || d > pf_lead_) continue;
     // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
@@ -131,9 +133,12 @@ void Residency::prefetch_due(uint64_t launch_no) {
     }
     if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
     std::string why;
+    const uint64_t copies = st_.reloads;
     if (!reload(k, prefetch_stream_, &why)) continue;
-    --st_.reloads;
-    st_.bytes_in -= r.bytes;
+    if (st_.reloads > copies) {  // copied in (not made again): a prefetch, not a demand reload
+      --st_.reloads;
+      st_.bytes_in -= r.bytes;
+    }
     ++st_.prefetches;
     st_.prefetch_bytes += r.bytes;
     r.prefetched = true;
