@@ -34,7 +34,7 @@ def main(argv):
     p.add_argument("traces", nargs="+")
     a = p.parse_args(argv)
     gib = float(1 << 30)
-    print("| trace | GiB out (off -> on) | GiB in | mappings | made again (GiB) | dropped (GiB) | kernels watched | checked |")
+    print("| trace | GiB out (off -> on) | GiB in | mappings | made again (GiB) | dropped (GiB) | launches watched | checked |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for t in a.traces:
         off = replay(a.offloadctl, t, a.cap, a.steps, False)
@@ -44,7 +44,7 @@ def main(argv):
         print(f"| {os.path.basename(t).rsplit('.', 1)[0]} | {r0['bytes_out'] / gib:.1f} -> {r1['bytes_out'] / gib:.1f} | "
               f"{r0['bytes_in'] / gib:.1f} -> {r1['bytes_in'] / gib:.1f} | {r0['maps']} -> {r1['maps']} | "
               f"{r1['recomputed']} ({r1['recomputed_bytes'] / gib:.1f}) | {r1['dropped']} ({r1['dropped_bytes'] / gib:.1f}) | "
-              f"{r1['probes']} launches | {ok} |")
+              f"{r1['probes']} | {ok} |")
     return 0
 
 
