@@ -12,6 +12,7 @@
 
 #include "planner/plan.h"
 #include "planner/planner.h"
+#include "planner/recompute_choice.h"
 #include "planner/step_trace.h"
 #include "common/json_writer.h"
 #include "offloadctl/trace_file.h"
@@ -85,6 +86,24 @@ void print_checkpointing(const CheckpointEstimate& c, const Prediction& pr, uint
                                         : "no faster than this plan");
 }
 
+// Of the activations the plan moves, those a kernel could make again instead (choose_recompute).
+void print_recompute(const StepTrace& t, const PlannerResult& r) {
+  if (r.plan.arenas.empty()) return;
+  const RecomputeEstimate e = choose_recompute(t, r);
+  if (!e.remade) return;
+  printf("  made again instead     %zu of %zu moved activations (%.2f GiB): their kernels %.1f ms against %.1f ms on the "
+         "link one way, ~%.1f ms a step (an estimate; OFFLOAD_CAP_RECOMPUTE under the cap)\n",
+         e.remade, e.remade + e.moved, gib(e.remade_bytes), ms(e.gpu_ns_added), ms(e.link_ns_saved), ms(e.step_ns));
+}
+
+std::string recompute_json(const StepTrace& t, const PlannerResult& r) {
+  if (r.plan.arenas.empty()) return "null";
+  const RecomputeEstimate e = choose_recompute(t, r);
+  return fmt("{\"remade\":%zu,\"moved\":%zu,\"kept\":%zu,\"remade_bytes\":%llu,\"gpu_ns_added\":%lld,"
+             "\"link_ns_saved\":%lld,\"step_ns\":%lld}",
+             e.remade, e.moved, e.kept, ull(e.remade_bytes), ll(e.gpu_ns_added), ll(e.link_ns_saved), ll(e.step_ns));
+}
+
 std::string checkpointing_json(const CheckpointEstimate& c) {
   if (!c.known) return "null";
   return fmt("{\"step_ns\":%lld,\"recompute_ns\":%lld,\"layers\":%zu,\"footprint_at_least\":%llu}", ll(c.step_ns),
@@ -100,13 +119,14 @@ void print_json(const std::string& path, const StepTrace& t, const PlannerResult
          "\"backward_ns\":%lld,\"lower_bound_ns\":%lld,\"hidden_bytes\":%llu,\"hidden_peak\":%llu,"
          "\"hidden_step_ns\":%lld,\"period\":%u,\"segments\":%zu,\"handles\":%u,\"handle_bytes\":%llu,\"spare\":%llu,"
          "\"arenas\":%zu,\"weights\":%zu,\"weight_bytes\":%llu,\"windows\":%zu,\"weight_bytes_mapped\":%llu,"
-         "\"weight_wait_ns\":%lld,\"link_bound\":%s,\"checkpointing\":%s,\"why\":%s}\n",
+         "\"weight_wait_ns\":%lld,\"link_bound\":%s,\"checkpointing\":%s,\"recompute\":%s,\"why\":%s}\n",
          json_string(path).c_str(), ull(t.step), ull(budget), ull(r.plain_footprint), ull(pr.peak_bytes),
          meets(r, budget) ? "true" : "false", ull(pr.bytes_out), ll(pr.step_ns), ll(pr.compute_ns), ll(pr.forward_ns),
          ll(pr.backward_ns), ll(pr.lower_bound_ns), ull(r.hidden_bytes), ull(r.hidden_peak), ll(r.hidden_step_ns),
          r.boundaries.period, r.boundaries.starts.size(), p.handles, ull(p.handle_bytes), ull(p.spare), p.arenas.size(),
          p.weights.size(), ull(weight_bytes(p)), p.windows.size(), ull(p.weight_bytes_mapped), ll(r.stall_ns),
-         link_bound(pr) ? "true" : "false", checkpointing_json(c).c_str(), p.empty() ? json_string(r.why).c_str() : "null");
+         link_bound(pr) ? "true" : "false", checkpointing_json(c).c_str(), recompute_json(t, r).c_str(),
+         p.empty() ? json_string(r.why).c_str() : "null");
 }
 
 // --sweep: the step planned at 100%, 95%, ... 30% of its footprint without offload, one row
@@ -416,7 +436,7 @@ PlannerOptions plan_options(const StepTrace& t, uint32_t segments, uint64_t pers
 }
 
 // The plan in text: none and why, a plan of streamed weights alone, or one of arenas.
-void print_plan(const PlannerResult& r, uint64_t budget, const CheckpointEstimate& ckpt) {
+void print_plan(const StepTrace& t, const PlannerResult& r, uint64_t budget, const CheckpointEstimate& ckpt) {
   const Plan& p = r.plan;
   const Prediction& pr = r.prediction;
   if (p.empty()) {
@@ -451,6 +471,7 @@ void print_plan(const PlannerResult& r, uint64_t budget, const CheckpointEstimat
            ms(pr.step_ns), ms(pr.compute_ns), ms(pr.forward_ns), ms(pr.backward_ns), ms(pr.lower_bound_ns));
     print_wait(r);
     print_checkpointing(ckpt, pr, budget);
+    print_recompute(t, r);
   }
 }
 
@@ -524,7 +545,7 @@ int cmd_plan(const std::string& path, uint64_t budget, double fraction, bool are
   if (r.hidden_bytes)
     printf("largest offload the compute hides: %.2f GiB in %u arenas, footprint %.2f GiB, step %.1f ms\n",
            gib(r.hidden_bytes), r.hidden_arenas, gib(r.hidden_peak), ms(r.hidden_step_ns));
-  print_plan(r, budget, ckpt);
+  print_plan(t, r, budget, ckpt);
   if (arenas) print_schedule(r);
   if (!html.empty()) printf("timeline: %s\n", html.c_str());
   return 0;

@@ -23,7 +23,6 @@
 // forwarded and after it has run. A range whose bytes changed was written, and so was a new one
 // whatever its bytes did. Each costs two waits for the stream and two copies of what it touches.
 #include <algorithm>
-#include <cctype>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -32,6 +31,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "core/func_registry.h"
+#include "planner/recompute_choice.h"  // kernel_draws_random
 #include "residency/residency.h"
 
 namespace offload {
@@ -49,16 +49,6 @@ constexpr uint64_t kStage = 8ull << 20;     // the host staging buffer
 constexpr uint8_t kProbes = Residency::kRecomputeProbes;
 
 uint64_t this_thread() { return std::hash<std::thread::id>{}(std::this_thread::get_id()); }
-
-// A kernel whose name says it draws random numbers: made again, it would draw new ones (or, with
-// its generator's state in its arguments, the same ones in a step that expects new ones).
-bool draws_random(std::string name) {
-  for (char& c : name) c = char(std::tolower(static_cast<unsigned char>(c)));
-  for (const char* w : {"philox", "curand", "random", "randperm", "distribution", "dropout", "bernoulli",
-                        "multinomial"})
-    if (name.find(w) != std::string::npos) return true;
-  return false;
-}
 
 // A 64-bit hash of n bytes, a word at a time (the probe hashes everything a launch touches).
 uint64_t hash_bytes(uint64_t h, const unsigned char* p, uint64_t n) {
@@ -187,7 +177,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   bool small = false;
   for (size_t i = 0; i < n; ++i) small = small || !is_range_id(acc[i]) || tables_.count(acc[i]);  // arenas too
   if (kk.rng < 0)
-    kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && draws_random(namer_(namer_ctx_, kernel));
+    kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && kernel_draws_random(namer_(namer_ctx_, kernel));
   const bool banned = kk.trust == KernelKnow::Trust::Banned;
   const bool writes_fresh = std::find(at_slot.begin(), at_slot.end(), fresh) != at_slot.end();
   const int32_t np = a->fi->nparams;

@@ -27,6 +27,7 @@
 #include "planner/plan.h"
 #include "planner/step_trace.h"
 #include "planner/planner.h"
+#include "planner/recompute_choice.h"
 
 // The planner is single-threaded and pure: ThreadSanitizer has nothing to check in it, and
 // makes the heavy tests (thousands of simulated steps) slow. Those run plain and under ASan.
@@ -1034,6 +1035,39 @@ TEST_P(PlannerRecorded, MatchesTheExpectedPlan) {
   expect_section_matches(std::string(OFFLOAD_PLANS_DIR) + "/recorded.plans", std::string(name) + "-" + std::to_string(pct),
                          serialize(recorded_plan(name, pct).plan),
                          "the plan for " + std::string(name) + " at " + std::to_string(pct) + "%");
+}
+
+// Keep, move or make again, for the plan of each recorded step at each budget: the choice
+// (choose_recompute) against the checked-in one, and what it promises: only moved activations are
+// made again, each by a producer cheaper than its copy one way, and the step no longer than the
+// plan's with every producer's time added.
+TEST_P(PlannerRecorded, MatchesTheExpectedRecomputeChoice) {
+  SKIP_UNDER_TSAN();
+  const auto [name, pct] = GetParam();
+  const StepTrace& t = recorded(name);
+  const PlannerResult& r = recorded_plan(name, pct);
+  const RecomputeEstimate e = choose_recompute(t, r);
+  size_t members = 0;
+  for (const ArenaPlan& a : r.plan.arenas) members += a.members.size();
+  EXPECT_EQ(e.moved + e.remade, members);
+  for (const RecomputeChoice& c : e.remade_list) {
+    EXPECT_LT(2 * c.producer_ns, c.copy_ns) << "ordinal " << c.ordinal;
+    EXPECT_EQ(t.launches[c.producer].kind, EventKind::Kernel);
+  }
+  EXPECT_LE(e.step_ns, r.prediction.step_ns + e.gpu_ns_added);
+  EXPECT_GE(e.step_ns, r.prediction.compute_ns);
+  expect_section_matches(std::string(OFFLOAD_PLANS_DIR) + "/recorded.recompute", std::string(name) + "-" + std::to_string(pct),
+                         serialize(e), "the recompute choice for " + std::string(name) + " at " + std::to_string(pct) + "%");
+}
+
+TEST(RecomputeChoice, KernelsNamedForRandomNumbersAreKnown) {
+  for (const char* n : {"void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float>",
+                        "_ZN2at6native60_GLOBAL__N__DistributionRandomKernel_cu_random_from_to_kernel",
+                        "curand_init_kernel", "philox_fill", "bernoulli_tensor_cuda_kernel"})
+    EXPECT_TRUE(kernel_draws_random(n)) << n;
+  for (const char* n : {"void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>",
+                        "sm90_xmma_gemm_bf16bf16_bf16f32", "void at::native::layer_norm_kernel<float>", "operand_copy"})
+    EXPECT_FALSE(kernel_draws_random(n)) << n;
 }
 
 // PlannerOptions::spare_handle, as the shim and offloadctl plan: a plan that meets the budget
