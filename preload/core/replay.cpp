@@ -147,6 +147,7 @@ class Replayer {
     drv_.set_granularity(granularity_);
     drv_.set_copy_delay(opt_.copy_delay);
     tracker_.set_gate(opt_.cap ? opt_.cap->attach(drv_, granularity_) : &ex_);
+    tracker_.set_pass_launch_args(opt_.relaunch);
     res_.offload.divisor = static_cast<uint32_t>(div);
     res_.offload.granularity = granularity_;
     res_.offload.recorded_peak = peak_live_bytes(rec_);

@@ -152,7 +152,7 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra, const
   size_t len;
   if (extra && extra_buffer(extra, &buf, &len)) n = table_.scan(buf, len / 8, acc, n, kMaxAccesses);
   if (n == kMaxAccesses) e.flags |= kAccessesTruncated;
-  if (geom && fi) {
+  if (geom && fi && pass_args_.load(std::memory_order_relaxed)) {
     const LaunchArgs args{f, fi, params, extra, *geom};
     LaunchArgsScope scope(&args);
     gate(no, e.kind, e.func, s, acc, n, e.flags);

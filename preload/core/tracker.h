@@ -78,6 +78,9 @@ class Tracker {
 
   // The executor, told of every launch (with what it touches) before it is forwarded.
   void set_gate(LaunchGate* g) { gate_.store(g, std::memory_order_release); }
+  // The gate sees each plain launch's arguments and geometry (current_launch_args) while it looks
+  // at it: only a gate that launches kernels again wants them (Residency::Options::recompute).
+  void set_pass_launch_args(bool on) { pass_args_.store(on, std::memory_order_relaxed); }
   // OFFLOAD_TRACE_LEAD: a clock on the GPU records' time base (CUPTI's), read as each kernel is
   // forwarded, so that a trace can say how long before its start the host handed it over.
   using Clock = uint64_t (*)();
@@ -117,6 +120,7 @@ class Tracker {
   EventLog& log_;
   std::atomic<AllocId> next_id_{1};
   std::atomic<LaunchGate*> gate_{nullptr};
+  std::atomic<bool> pass_args_{false};
   std::atomic<Clock> lead_clock_{nullptr};
   TrackerCounters counters_;
 };

@@ -40,6 +40,7 @@ struct Rig {
   explicit Rig(uint64_t granules, Fault fault = Fault::None, bool recompute = true)
       : tr(sim, log), host(sim, host_options()), res(sim, host, options(granules, fault, recompute)) {
     tr.set_gate(&res);
+    tr.set_pass_launch_args(true);
     res.set_namer([](void* t, uint32_t k) { return static_cast<Tracker*>(t)->funcs().name(k); }, &tr);
     // fill(out, seed): out[i] = seed * 1000 + i
     fill = sim.add_kernel("fill", params(2), [](const unsigned char* a) {

@@ -208,7 +208,7 @@ TEST(Tracker, ScansParametersInteriorPointersStructsAndTheExtraBuffer) {
 }
 
 // The gate sees a plain launch as the driver would take it again (LaunchArgs) while it looks at
-// it, and nothing for a launch the hook could not describe, nor after it.
+// it, once asked for it, and nothing for a launch the hook could not describe, nor after it.
 TEST(Tracker, TheGateSeesAPlainLaunchsArgumentsAndGeometry) {
   struct Gate : LaunchGate {
     std::vector<LaunchArgs> seen;
@@ -223,6 +223,9 @@ TEST(Tracker, TheGateSeesAPlainLaunchsArgumentsAndGeometry) {
   Rig r;
   r.tr.set_gate(&gate);
   const Func f = r.drv.add_kernel("k", {{0, 8}, {8, 4}});
+  LaunchGeom g0;
+  r.tr.on_kernel(f, 0x10, nullptr, nullptr, &g0);  // not asked for: not passed
+  r.tr.set_pass_launch_args(true);
   uint64_t p0 = kVa;
   uint32_t p1 = 7;
   void* params[] = {&p0, &p1};
@@ -231,7 +234,7 @@ TEST(Tracker, TheGateSeesAPlainLaunchsArgumentsAndGeometry) {
   r.tr.on_kernel(f, 0x10, params, nullptr, &g);
   r.tr.on_kernel(f, 0x10, params, nullptr);
   EXPECT_EQ(current_launch_args(), nullptr);
-  ASSERT_EQ(gate.had, (std::vector<bool>{true, false}));
+  ASSERT_EQ(gate.had, (std::vector<bool>{false, true, false}));
   const LaunchArgs& a = gate.seen[0];
   EXPECT_EQ(a.f, f);
   EXPECT_EQ(a.params, params);
