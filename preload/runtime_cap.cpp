@@ -56,6 +56,10 @@ void Runtime::start_cap() {
   log().info("device budget {:.2f} GiB ({} bytes), held from the first allocation: allocations of at least {:.1f} MiB "
              "are moved to host memory (up to {:.1f} GiB, OFFLOAD_HOST_LIMIT) when the budget needs room",
              budget / kGiB, budget, residency_->min_bytes() / double(1 << 20), host_store_->limit() / kGiB);
+  if (ro.recompute)
+    log().info("OFFLOAD_CAP_RECOMPUTE: a range one launch produced is made again instead of copied back, and dropped "
+               "at eviction once its kernel is checked; the first launches of each kernel are watched for what they "
+               "write (two waits for their stream each)");
 }
 
 namespace {
@@ -173,6 +177,13 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
                now.reloads - was.reloads, (now.bytes_in - was.bytes_in) / kGiB, now.prefetches - was.prefetches,
                (now.prefetch_bytes - was.prefetch_bytes) / kGiB, now.prefetch_hits - was.prefetch_hits,
                now.waits - was.waits, now.handovers - was.handovers, now.footprint_peak / kGiB, residency_->budget() / kGiB);
+    if (now.probes || now.recomputed || now.dropped)  // OFFLOAD_CAP_RECOMPUTE
+      log().info("step {}: {} ranges made again ({:.2f} GiB), {} dropped at eviction ({:.2f} GiB), {} made again "
+                 "early; {} launches watched for their writes ({:.1f} ms), {} kernels checked, {} banned",
+                 step, now.recomputed - was.recomputed, (now.recomputed_bytes - was.recomputed_bytes) / kGiB,
+                 now.dropped - was.dropped, (now.dropped_bytes - was.dropped_bytes) / kGiB,
+                 now.restored_early - was.restored_early, now.probes - was.probes, (now.probe_ns - was.probe_ns) / 1e6,
+                 now.recompute_checks - was.recompute_checks, now.recompute_bans - was.recompute_bans);
   }
   const bool moved = now.bytes_out != was.bytes_out || now.bytes_in != was.bytes_in;
   last_step_cap_ = now;
