@@ -169,6 +169,9 @@ class Replayer {
   void release(uint32_t o);
   void launch(int step, size_t p);
   void join(Stream from, Stream to);
+  // ReplayOptions::relaunch: a kernel launch's arguments in buf_ (pointers, scalars, the table of
+  // its touches) and relaunch_params_ pointing at them.
+  void put_table(const std::vector<Touch>& touches, int step, size_t p, size_t w);
   void run_gpu();
   void sample_footprint();
   void pump();
@@ -269,6 +272,27 @@ void Replayer::release(uint32_t o) {
   drv_.launch(a.stream, [this, p, bytes = a.bytes] { pool_.emplace(bytes, p); });
 }
 
+void Replayer::put_table(const std::vector<Touch>& touches, int step, size_t p, size_t w) {
+  // The table after the scalars: the body the driver runs (again) reads it.
+  const size_t at = 8 * w + 16;
+  buf_.resize(at + 8 * (kTableHead + kTableSlot * w), 0);
+  auto put = [&](size_t i, uint64_t v) { std::memcpy(buf_.data() + at + 8 * i, &v, 8); };
+  put(0, static_cast<uint64_t>(step));
+  put(1, p);
+  for (size_t k = 0; k < touches.size() && k < w; ++k) {
+    const size_t s = kTableHead + kTableSlot * k;
+    put(s, touches[k].base);
+    put(s + 1, touches[k].words);
+    put(s + 2, touches[k].expect);
+    put(s + 3, touches[k].next);
+    put(s + 4, touches[k].ordinal);
+  }
+  relaunch_params_[0] = buf_.data();
+  relaunch_params_[1] = buf_.data() + 8 * w;
+  relaunch_params_[2] = buf_.data() + 8 * w + 8;
+  relaunch_params_[3] = buf_.data() + at;
+}
+
 void Replayer::join(Stream from, Stream to) {
   uint64_t ev = drv_.create_event();
   drv_.record_event(ev, from);
@@ -312,24 +336,7 @@ void Replayer::launch(int step, size_t p) {
       std::memcpy(buf_.data() + 8 * w, &scalar, 4);
       std::memcpy(buf_.data() + 8 * w + 8, &stride, 8);
       if (opt_.relaunch) {
-        // The table after the scalars: the body the driver runs (again) reads it.
-        const size_t at = 8 * w + 16;
-        buf_.resize(at + 8 * (kTableHead + kTableSlot * w), 0);
-        auto put = [&](size_t i, uint64_t v) { std::memcpy(buf_.data() + at + 8 * i, &v, 8); };
-        put(0, static_cast<uint64_t>(step));
-        put(1, p);
-        for (size_t k = 0; k < touches.size() && k < w; ++k) {
-          const size_t s = kTableHead + kTableSlot * k;
-          put(s, touches[k].base);
-          put(s + 1, touches[k].words);
-          put(s + 2, touches[k].expect);
-          put(s + 3, touches[k].next);
-          put(s + 4, touches[k].ordinal);
-        }
-        relaunch_params_[0] = buf_.data();
-        relaunch_params_[1] = buf_.data() + 8 * w;
-        relaunch_params_[2] = buf_.data() + 8 * w + 8;
-        relaunch_params_[3] = buf_.data() + at;
+        put_table(touches, step, p, w);
         const LaunchGeom g;
         tracker_.on_kernel(funcs_[l.kernel], l.stream, relaunch_params_, nullptr, &g);
         break;
