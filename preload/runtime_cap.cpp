@@ -179,11 +179,13 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
                now.waits - was.waits, now.handovers - was.handovers, now.footprint_peak / kGiB, residency_->budget() / kGiB);
     if (now.probes || now.recomputed || now.dropped)  // OFFLOAD_CAP_RECOMPUTE
       log().info("step {}: {} ranges made again ({:.2f} GiB), {} dropped at eviction ({:.2f} GiB), {} made again "
-                 "early; {} launches watched for their writes ({:.1f} ms), {} kernels checked, {} banned",
+                 "early; {} launches watched for their writes ({:.1f} ms), {} kernels checked, {} banned; {} "
+                 "launches without arguments to launch again",
                  step, now.recomputed - was.recomputed, (now.recomputed_bytes - was.recomputed_bytes) / kGiB,
                  now.dropped - was.dropped, (now.dropped_bytes - was.dropped_bytes) / kGiB,
                  now.restored_early - was.restored_early, now.probes - was.probes, (now.probe_ns - was.probe_ns) / 1e6,
-                 now.recompute_checks - was.recompute_checks, now.recompute_bans - was.recompute_bans);
+                 now.recompute_checks - was.recompute_checks, now.recompute_bans - was.recompute_bans,
+                 now.undescribed - was.undescribed);
   }
   const bool moved = now.bytes_out != was.bytes_out || now.bytes_in != was.bytes_in;
   last_step_cap_ = now;

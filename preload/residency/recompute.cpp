@@ -172,6 +172,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       bumped.push_back({k, was, r.version});
     }
   }
+  if (!blind && !described) ++st_.undescribed;
   if (blind || !described) return;
   // A producer: one new range, written, and nothing else written.
   bool small = false;

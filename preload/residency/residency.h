@@ -216,6 +216,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // and ranges made again early because a launch was about to write, or the program to free, a
     // range they are made from.
     uint64_t dropped = 0, dropped_bytes = 0, restored_early = 0;
+    // Kernel launches touching ranges that came without arguments to launch again (a launch with
+    // attributes, an `extra` buffer, a layout the driver would not give): never producers.
+    uint64_t undescribed = 0;
     uint64_t create_avg_ns = 0, piece_avg_ns = 0;  // the running averages that decide it
     uint64_t extra_pieces = 0;               // the pieces beyond the fewest a range may take now
   };

@@ -354,6 +354,28 @@ TEST(Recompute, ALaunchReadingAnAllocationOutsideTheRangesIsNoProducer) {
   }
 }
 
+// A launch the hook could not describe for launching again (one with launch attributes: no
+// geometry) is counted, and makes nothing it touches a producer.
+TEST(Recompute, ALaunchWithoutItsArgumentsIsCountedAndProducesNothing) {
+  Rig r(4);
+  const DevPtr x = r.alloc();
+  r.launch(r.fill, {x, 7});
+  learn_common(r, x);
+  trust_scale(r, x);
+  const uint64_t before = r.res.stats().undescribed;
+  const DevPtr y = r.alloc();
+  std::vector<uint64_t> args{y, x};
+  std::vector<void*> p{&args[0], &args[1]};
+  r.tr.on_kernel(r.scale, kA, p.data(), nullptr);  // no geometry
+  ASSERT_TRUE(r.sim.launch_kernel(r.scale, LaunchGeom{}, kA, p.data()));
+  r.res.after_launch();
+  EXPECT_EQ(r.res.stats().undescribed, before + 1);
+  r.evict({y}, {x});
+  r.use(y);
+  EXPECT_EQ(r.res.stats().recomputed, 1u);  // trust_scale's alone
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+}
+
 }  // namespace
 }  // namespace recompute_test
 }  // namespace offload
