@@ -243,6 +243,7 @@ struct ExecApi {
   decltype(&cuMemcpyDtoHAsync_v2) dtoh;
   decltype(&cuMemcpyHtoDAsync_v2) htod;
   decltype(&cuLaunchKernel) launch;
+  decltype(&cuLaunchKernelEx) launch_ex;
 };
 
 // nullptr until libcuda is loaded, or if it lacks any of them (VMM needs CUDA 10.2).
@@ -288,6 +289,7 @@ const ExecApi* exec_api() {
     sym(api.htod, "cuMemcpyHtoDAsync_v2");
     // Optional: only a launch made again (Residency::Options::recompute) needs it.
     api.launch = reinterpret_cast<decltype(api.launch)>(hooks::real_dlsym(h, "cuLaunchKernel"));
+    api.launch_ex = reinterpret_cast<decltype(api.launch_ex)>(hooks::real_dlsym(h, "cuLaunchKernelEx"));
     state.store(all ? 1 : -1, std::memory_order_release);
   });
   return state.load(std::memory_order_acquire) > 0 ? &api : nullptr;
@@ -652,6 +654,17 @@ bool CudaDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Str
 bool CudaDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
+  if (g.nattrs) {  // with the launch's attributes, as cuLaunchKernelEx took them
+    CUlaunchConfig c{};
+    c.gridDimX = g.grid[0], c.gridDimY = g.grid[1], c.gridDimZ = g.grid[2];
+    c.blockDimX = g.block[0], c.blockDimY = g.block[1], c.blockDimZ = g.block[2];
+    c.sharedMemBytes = g.smem;
+    c.hStream = as_stream(s);
+    c.attrs = static_cast<CUlaunchAttribute*>(const_cast<void*>(g.attrs));
+    c.numAttrs = g.nattrs;
+    return scope && a->launch_ex && g.attrs && g.attr_bytes == g.nattrs * sizeof(CUlaunchAttribute) &&
+           cu_ok(a->launch_ex(&c, reinterpret_cast<CUfunction>(f), params, nullptr), "cuLaunchKernelEx");
+  }
   return scope && a->launch && cu_ok(a->launch(reinterpret_cast<CUfunction>(f), g.grid[0], g.grid[1], g.grid[2], g.block[0],
                                   g.block[1], g.block[2], g.smem, as_stream(s), params, nullptr),
                         "cuLaunchKernel");

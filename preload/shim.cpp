@@ -37,6 +37,9 @@ void on_kernel(Runtime& rt, Func f, Stream s, void** params, void** extra, const
   LaunchGeom g;
   for (int i = 0; i < 3; ++i) g.grid[i] = geom->grid[i], g.block[i] = geom->block[i];
   g.smem = geom->smem;
+  g.attrs = geom->attrs;
+  g.nattrs = geom->nattrs;
+  g.attr_bytes = geom->attr_bytes;
   rt.tracker().on_kernel(f, s, params, extra, &g);
 }
 void on_copy(Runtime& rt, DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src) noexcept {

@@ -3,8 +3,9 @@
 // The launch hook knows the function, its geometry and its arguments; the tracker passes them
 // to the gate (the residency manager) through a thread-local pointer for the span of its
 // before_launch, so that a range a launch produced can be made again by launching it once more
-// (Residency::Options::recompute) instead of copying its bytes back. Only plain launches carry
-// them: a cooperative launch or one with launch attributes is never launched again.
+// (Residency::Options::recompute) instead of copying its bytes back. A cooperative launch, and one
+// with a launch attribute that names an event or lets it overlap the work before it, carry none:
+// they are never launched again.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,11 @@ struct LaunchGeom {
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block[3] = {1, 1, 1};
   uint32_t smem = 0;
+  // Launch attributes as the driver takes them (cuLaunchKernelEx's CUlaunchAttribute array:
+  // bytes the core does not read), `nattrs` of `attr_bytes` in all; valid while the hook runs, or
+  // while whoever copied them keeps them.
+  const void* attrs = nullptr;
+  uint32_t nattrs = 0, attr_bytes = 0;
 };
 
 struct LaunchArgs {

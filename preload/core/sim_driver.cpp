@@ -35,8 +35,9 @@ Func SimDriver::add_kernel(std::string name, std::vector<ParamInfo> params, Body
 }
 
 bool SimDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) {
-  (void)g;
   std::lock_guard lock(mu_);
+  const auto* attrs = static_cast<const unsigned char*>(g.attrs);
+  last_attrs_.assign(attrs, attrs ? attrs + g.attr_bytes : attrs);
   const size_t k = f / 16;
   if (f % 16 || k == 0 || k > kernels_.size() || !kernels_[k - 1]->body || !params) return false;
   const Kernel& kern = *kernels_[k - 1];

@@ -59,6 +59,11 @@ class SimDriver final : public Driver {
   Func add_kernel(std::string name, std::vector<ParamInfo> params, Body body);
   bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) override;
   size_t kernel_launches() const { return kernel_launches_; }  // through launch_kernel
+  // The attribute bytes the last launch_kernel was given (tests: a launch made again carries them).
+  std::vector<unsigned char> last_launch_attrs() const {
+    std::lock_guard lock(mu_);
+    return last_attrs_;
+  }
   // Registers a kernel the driver cannot describe (param_layout returns -1).
   Func add_opaque_kernel(std::string name);
 
@@ -199,6 +204,7 @@ class SimDriver final : public Driver {
     Body body;
   };
   std::atomic<size_t> kernel_launches_{0};
+  std::vector<unsigned char> last_attrs_;  // under mu_
   mutable std::mutex mu_;
   bool pool_known_ = false;
   bool outside_known_ = false;

@@ -14,6 +14,26 @@ namespace {
 inline Func fn(CUfunction f) { return reinterpret_cast<Func>(f); }
 inline DevPtr dev(CUdeviceptr p) { return static_cast<DevPtr>(p); }
 inline DevPtr host(const void*) { return 0; }  // host side of a copy: not ours to track
+
+// A launch whose attributes allow it to be launched again as it was (core/launch_args.h): shape
+// and placement (clusters, priority, memory synchronisation domains). Not one that names an event
+// (signalled again by a second launch), lets it start before the work before it on its stream
+// has ended (programmatic serialization: our own copies may be that work), or is cooperative.
+inline bool relaunchable(const CUlaunchConfig* c) {
+  for (unsigned i = 0; i < c->numAttrs; ++i) switch (c->attrs[i].id) {
+      case CU_LAUNCH_ATTRIBUTE_IGNORE:
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+      case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
+        continue;
+      default:
+        return false;
+    }
+  return c->numAttrs == 0 || c->attrs;
+}
 }  // namespace
 
 #define LAUNCH_KERNEL(NAME, PTSZ)                                                                   \
@@ -33,14 +53,13 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz, true)
   OFFLOAD_EXPORT CUresult NAME(const CUlaunchConfig* c, CUfunction f, void** p, void** e) {         \
     return launch<HookId::NAME, decltype(&::cuLaunchKernelEx)>(                                     \
         [&](Runtime& rt) {                                                                          \
-          /* Launch attributes (clusters, priorities...) are not carried: such a launch is not */    \
-          /* launched again. */                                                                     \
           const shim::Geom g = c ? shim::Geom{{c->gridDimX, c->gridDimY, c->gridDimZ},              \
                                               {c->blockDimX, c->blockDimY, c->blockDimZ},           \
-                                              c->sharedMemBytes}                                    \
+                                              c->sharedMemBytes, c->attrs, c->numAttrs,             \
+                                              unsigned(c->numAttrs * sizeof(CUlaunchAttribute))}    \
                                  : shim::Geom{};                                                    \
           shim::on_kernel(rt, fn(f), stream_id(c ? c->hStream : nullptr, PTSZ), p, e,               \
-                          c && c->numAttrs == 0 ? &g : nullptr);                                    \
+                          c && relaunchable(c) ? &g : nullptr);                                     \
         },                                                                                          \
         [&](auto real) { return real(c, f, p, e); });                                               \
   }

@@ -197,6 +197,9 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     Producer& p = rc_.producers[id];
     p.f = a->f;
     p.geom = a->geom;
+    const auto* attrs = static_cast<const unsigned char*>(a->geom.attrs);
+    p.attrs.assign(attrs, attrs ? attrs + a->geom.attr_bytes : attrs);
+    p.geom.attrs = nullptr;  // the hook's: set to the copy when launched again
     p.kernel = kernel;
     p.params = a->fi->params;
     p.nparams = np;
@@ -383,7 +386,9 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   void* params[256];
   if (p.nparams > 256) return false;
   for (int32_t i = 0; i < p.nparams; ++i) params[i] = const_cast<unsigned char*>(p.args.data()) + p.params[i].offset;
-  if (!d_.launch_kernel(p.f, p.geom, s, params)) return false;
+  LaunchGeom g = p.geom;
+  g.attrs = p.attrs.empty() ? nullptr : p.attrs.data();
+  if (!d_.launch_kernel(p.f, g, s, params)) return false;
   // Its inputs are read on `s` now: an eviction or a free of one waits for that (a touch on
   // `s`), and so does a launch on another stream that touches one (read_event).
   for (const auto& [k, v] : p.inputs) {

@@ -30,6 +30,7 @@ struct Producer {
   const ParamInfo* params = nullptr;
   int32_t nparams = 0;
   std::vector<unsigned char> args;
+  std::vector<unsigned char> attrs;  // geom.attrs points here when it is launched again
   uint64_t out_version = 0;
   std::vector<std::pair<uint32_t, uint64_t>> inputs;  // slot, version
 };

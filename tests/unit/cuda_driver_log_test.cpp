@@ -79,6 +79,20 @@ TEST(CudaDriverLog, ALaunchMadeAgainReachesTheDriverAsGiven) {
     const unsigned long long want[] = {4, 5, 1, 256, 1, 1, 1024, 0, 0x1234};
     for (int i = 0; i < 9; ++i)
       if (seen[i] != want[i]) std::_Exit(10 + i);
+    // With attributes: cuLaunchKernelEx, the attributes as given.
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+    g.attrs = &attr;
+    g.nattrs = 1;
+    g.attr_bytes = sizeof attr;
+    if (!d.launch_kernel(0x40, g, 0x10, params)) std::_Exit(5);
+    auto last_ex = fake_knob<void (*)(unsigned long long*)>("offload_fake_last_launch_ex");
+    unsigned long long ex[3];
+    last_ex(ex);
+    if (ex[0] != 4 || ex[1] != 1 || ex[2] != CU_LAUNCH_ATTRIBUTE_PRIORITY) std::_Exit(6);
+    g.attr_bytes = 1;  // not whole attributes: refused before the driver sees it
+    if (d.launch_kernel(0x40, g, 0x10, params)) std::_Exit(7);
+    g.nattrs = 0;
     fail("cuLaunchKernel", 1);
     if (d.launch_kernel(0x40, g, 0x10, params)) std::_Exit(4);
     std::_Exit(0);

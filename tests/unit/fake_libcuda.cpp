@@ -98,3 +98,23 @@ FAKE_EXPORT int cuLaunchKernel(void*, unsigned gx, unsigned gy, unsigned gz, uns
   return answer("cuLaunchKernel");
 }
 FAKE_EXPORT void offload_fake_last_launch(unsigned long long out[9]) { std::memcpy(out, g_launch, sizeof g_launch); }
+
+// A launch with attributes: its grid's x, its attribute count and its first attribute's id.
+namespace {
+unsigned long long g_launch_ex[3];
+}  // namespace
+struct FakeLaunchConfig {  // CUlaunchConfig's layout, as far as read here
+  unsigned gx, gy, gz, bx, by, bz, smem;
+  void* stream;
+  const int* attrs;  // CUlaunchAttribute: its id is its first word
+  unsigned nattrs;
+};
+FAKE_EXPORT int cuLaunchKernelEx(const FakeLaunchConfig* c, void*, void**, void**) {
+  g_launch_ex[0] = c->gx;
+  g_launch_ex[1] = c->nattrs;
+  g_launch_ex[2] = c->nattrs && c->attrs ? static_cast<unsigned long long>(c->attrs[0]) : 0;
+  return answer("cuLaunchKernelEx");
+}
+FAKE_EXPORT void offload_fake_last_launch_ex(unsigned long long out[3]) {
+  std::memcpy(out, g_launch_ex, sizeof g_launch_ex);
+}

@@ -376,6 +376,33 @@ TEST(Recompute, ALaunchWithoutItsArgumentsIsCountedAndProducesNothing) {
   EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
 }
 
+// A launch with attributes (cuLaunchKernelEx's: clusters, priority) is made again with the same
+// attributes, from the producer's own copy: the hook's array is gone by then.
+TEST(Recompute, ALaunchIsMadeAgainWithItsAttributes) {
+  Rig r(4);
+  const DevPtr x = r.alloc();
+  r.launch(r.fill, {x, 7});
+  learn_common(r, x);
+  trust_scale(r, x);
+  const DevPtr y = r.alloc();
+  std::vector<uint64_t> args{y, x};
+  std::vector<void*> p{&args[0], &args[1]};
+  std::vector<unsigned char> attrs(144, 0x5a);
+  LaunchGeom g;
+  g.attrs = attrs.data();
+  g.nattrs = 2;
+  g.attr_bytes = 144;
+  r.tr.on_kernel(r.scale, kA, p.data(), nullptr, &g);
+  ASSERT_TRUE(r.sim.launch_kernel(r.scale, g, kA, p.data()));
+  r.res.after_launch();
+  std::fill(attrs.begin(), attrs.end(), 0);  // the hook's array, reused
+  r.evict({y}, {x});
+  r.res.prepare_access(y);  // a pointer query brings it back: the remake is the last launch
+  EXPECT_EQ(r.res.stats().recomputed, 2u);
+  EXPECT_EQ(r.sim.last_launch_attrs(), std::vector<unsigned char>(144, 0x5a));
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+}
+
 }  // namespace
 }  // namespace recompute_test
 }  // namespace offload
