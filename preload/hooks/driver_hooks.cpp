@@ -20,6 +20,7 @@ inline DevPtr host(const void*) { return 0; }  // host side of a copy: not ours 
 // (signalled again by a second launch), lets it start before the work before it on its stream
 // has ended (programmatic serialization: our own copies may be that work), or is cooperative.
 inline bool relaunchable(const CUlaunchConfig* c) {
+  if (c->numAttrs && !c->attrs) return false;  // the driver refuses it: nothing to read here
   for (unsigned i = 0; i < c->numAttrs; ++i) switch (c->attrs[i].id) {
       case CU_LAUNCH_ATTRIBUTE_IGNORE:
       case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
@@ -32,7 +33,7 @@ inline bool relaunchable(const CUlaunchConfig* c) {
       default:
         return false;
     }
-  return c->numAttrs == 0 || c->attrs;
+  return true;
 }
 }  // namespace
 
