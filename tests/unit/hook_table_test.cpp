@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "cupti_telemetry.h"
+#include "hooks/launch_attrs.h"
 
 #include <atomic>
 #include <chrono>
@@ -1168,4 +1169,25 @@ static_assert(noexcept(offload::hooks::release<offload::hooks::HookId::cudaFreeA
 static_assert(noexcept(offload::hooks::query<offload::hooks::HookId::cuPointerGetAttribute, decltype(&::cuPointerGetAttribute)>(
     0, throwing_call)));
 static_assert(noexcept(offload::hooks::no_throw([]() -> int { throw 1; })));
+
+// Which cuLaunchKernelEx launches are handed on to be launched again: those whose attributes only
+// shape or place them; not a cooperative one, one naming an event, one that may start before the
+// work ahead of it, nor a config counting attributes it does not give.
+TEST(LaunchAttrs, OnlyShapeAndPlacementMakeALaunchRelaunchable) {
+  CUlaunchConfig c{};
+  EXPECT_TRUE(offload::hooks::relaunchable(&c));  // none
+  CUlaunchAttribute a[2]{};
+  c.attrs = a;
+  c.numAttrs = 2;
+  a[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  a[1].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+  EXPECT_TRUE(offload::hooks::relaunchable(&c));
+  for (CUlaunchAttributeID bad : {CU_LAUNCH_ATTRIBUTE_COOPERATIVE, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                                  CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT}) {
+    a[1].id = bad;
+    EXPECT_FALSE(offload::hooks::relaunchable(&c)) << bad;
+  }
+  c.attrs = nullptr;
+  EXPECT_FALSE(offload::hooks::relaunchable(&c));
+}
 }  // namespace
