@@ -101,7 +101,8 @@ TEST(Recompute, NothingIsDroppedWithoutRoomToMakeItAgain) {
 
 // Random programs on two streams under a small budget, recompute on, scale trusted from the start:
 // every range reads back what a model of the program says, whatever was made again, copied back or
-// refused. (With versions ignored, 16 of its checks fail.)
+// refused. (With versions ignored, some of its checks fail; without the write guard a dropped
+// range is lost and the process stops.)
 TEST(Recompute, RandomProgramsReadBackTheirBytes) {
   uint64_t remade = 0, dropped = 0, early = 0;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
