@@ -99,6 +99,13 @@ void Residency::add_touch(Range& r, Stream s, uint64_t launch) {
 
 // ---- Launches: the page-fault handler ------------------------------------------------------
 
+void Residency::copying_in(Range& r, Stream s) {
+  if (!r.copy_event) r.copy_event = new_event();
+  record_event(r.copy_event, s);
+  r.in_stream = s;
+  r.state = State::CopyingIn;
+}
+
 bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
   Range& r = slots_[slot];
   if (!back_range(r, s, why)) return false;
@@ -115,15 +122,12 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
   for (uint64_t off = 0; off < r.bytes; off += piece)
     d_.copy_to_device(r.va + off, src + off, std::min(piece, r.bytes - off), s);
   st_.copy_ns += mono_now_ns() - t0;
-  if (!r.copy_event) r.copy_event = new_event();
-  record_event(r.copy_event, s);
+  copying_in(r, s);
   // The host slot goes back once the copy has read it.
   const uint64_t done = new_event();
   record_event(done, s);
   pending_host_.push_back({r.host, r.bytes, done});
   r.host = nullptr;
-  r.in_stream = s;
-  r.state = State::CopyingIn;
   ++st_.reloads;
   st_.bytes_in += r.bytes;
   return true;

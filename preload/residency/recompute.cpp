@@ -78,34 +78,35 @@ void Residency::rc_new_life(Range& r) {
   r.version = ++rc_.clock;
 }
 
-uint64_t Residency::rc_hash(DevPtr va, uint64_t bytes, Stream s) {
+template <class Each>
+bool Residency::rc_read(DevPtr va, uint64_t bytes, Stream s, Each each) {
   rc_.stage.resize(kStage);
   const uint64_t ev = new_event();
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (uint64_t off = 0; off < bytes; off += kStage) {
+  bool more = true;
+  for (uint64_t off = 0; more && off < bytes; off += kStage) {
     const uint64_t n = std::min(kStage, bytes - off);
     d_.copy_to_host(rc_.stage.data(), va + off, n, s);
     record_event(ev, s);
     wait_event(ev);
-    h = hash_bytes(h, rc_.stage.data(), n);
+    more = each(rc_.stage.data(), off, n);
   }
   drop_event(ev);
+  return more;
+}
+
+uint64_t Residency::rc_hash(DevPtr va, uint64_t bytes, Stream s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  rc_read(va, bytes, s, [&](const unsigned char* chunk, uint64_t, uint64_t n) {
+    h = hash_bytes(h, chunk, n);
+    return true;
+  });
   return h;
 }
 
 bool Residency::rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s) {
-  rc_.stage.resize(kStage);
-  const uint64_t ev = new_event();
-  bool same = true;
-  for (uint64_t off = 0; same && off < bytes; off += kStage) {
-    const uint64_t n = std::min(kStage, bytes - off);
-    d_.copy_to_host(rc_.stage.data(), va + off, n, s);
-    record_event(ev, s);
-    wait_event(ev);
-    same = std::memcmp(rc_.stage.data(), static_cast<const unsigned char*>(host) + off, n) == 0;
-  }
-  drop_event(ev);
-  return same;
+  return rc_read(va, bytes, s, [&](const unsigned char* chunk, uint64_t off, uint64_t n) {
+    return std::memcmp(chunk, static_cast<const unsigned char*>(host) + off, n) == 0;
+  });
 }
 
 bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched) {
@@ -293,7 +294,7 @@ bool Residency::rc_can_drop(uint32_t slot) const {
   for (const auto& [k, v] : p.inputs) {
     const Range& in = slots_[k];
     // An input may be on the host (or going there): its bytes are kept, and it is reloaded first.
-    if (!in.live || in.version != v || in.dropped || in.in_graph) return false;
+    if (!rc_input_kept(in, v)) return false;
     if (rc_.writing && std::binary_search(rc_.writes.begin(), rc_.writes.end(), k)) return false;
     bytes += in.bytes;
   }
@@ -309,7 +310,7 @@ bool Residency::rc_check_wanted(uint32_t slot) const {
   bool away = false;
   for (const auto& [k, v] : p.inputs) {
     const Range& in = slots_[k];
-    if (!in.live || in.version != v || in.dropped || in.in_graph) return false;
+    if (!rc_input_kept(in, v)) return false;
     away = away || in.state == State::OnHost || in.state == State::CopyingOut;
   }
   return away;
@@ -409,13 +410,10 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
     }
     kk.trust = KernelKnow::Trust::Trusted;
   }
-  if (!r.copy_event) r.copy_event = new_event();
-  record_event(r.copy_event, s);
+  copying_in(r, s);
   if (r.host) host_.give(r.host, r.bytes);
   rc_undrop(r);
   r.host = nullptr;
-  r.in_stream = s;
-  r.state = State::CopyingIn;
   ++st_.recomputed;
   st_.recomputed_bytes += r.bytes;
   return true;

@@ -451,6 +451,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Before `handle` is released: a range it was given from unmaps it first.
   void settle_given(uint64_t handle);
   bool reload(uint32_t slot, Stream s, std::string* why);
+  // A range backed again on `s` (copied in or made again): its event there, and other streams
+  // wait for it until it is known complete.
+  void copying_in(Range& r, Stream s);
   uint64_t event_after(Stream s, uint64_t launch);  // an event capturing `launch` on s
   uint64_t next_use_distance(const Range& r, uint64_t now) const;  // larger: a better victim
   uint64_t range_size(uint64_t bytes) const;  // the bytes a range for an allocation maps
@@ -491,8 +494,16 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint32_t>& touched, bool makes_new);
   void rc_finish_probe();
   void rc_drop_producer(Range& r);
-  uint64_t rc_hash(DevPtr va, uint64_t bytes, Stream s);  // of device bytes, copied to the host
+  // Device bytes copied to the host a chunk at a time after `s`'s work, each(chunk, offset, n)
+  // until it answers false (recompute.cpp); their hash, or whether they equal `host`'s.
+  template <class Each>
+  bool rc_read(DevPtr va, uint64_t bytes, Stream s, Each each);
+  uint64_t rc_hash(DevPtr va, uint64_t bytes, Stream s);
   bool rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s);
+  // An input a producer recorded at version `v`, still as it was and able to make it again.
+  bool rc_input_kept(const Range& in, uint64_t v) const {
+    return in.live && in.version == v && !in.dropped && !in.in_graph;
+  }
   uint64_t lead_ceiling() const { return std::max<uint64_t>(1, std::min(period_ / 4 + 1, o_.prefetch_lead_max)); }
   bool room_without_waiting(uint64_t need);
   bool fits(uint64_t need) const;  // the handover, spares that tile it, and room under the limit
