@@ -22,41 +22,6 @@ SimDriver::~SimDriver() {
   for (Kernel* k : kernels_) delete k;
 }
 
-Func SimDriver::add_kernel(std::string name, std::vector<ParamInfo> params) {
-  std::lock_guard lock(mu_);
-  kernels_.push_back(new Kernel{std::move(name), std::move(params), false, {}});
-  return static_cast<Func>(kernels_.size()) * 16;
-}
-
-Func SimDriver::add_kernel(std::string name, std::vector<ParamInfo> params, Body body) {
-  std::lock_guard lock(mu_);
-  kernels_.push_back(new Kernel{std::move(name), std::move(params), false, std::move(body)});
-  return static_cast<Func>(kernels_.size()) * 16;
-}
-
-bool SimDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) {
-  std::lock_guard lock(mu_);
-  const auto* attrs = static_cast<const unsigned char*>(g.attrs);
-  last_attrs_.assign(attrs, attrs ? attrs + g.attr_bytes : attrs);
-  const size_t k = f / 16;
-  if (f % 16 || k == 0 || k > kernels_.size() || !kernels_[k - 1]->body || !params) return false;
-  const Kernel& kern = *kernels_[k - 1];
-  size_t len = 0;
-  for (const ParamInfo& p : kern.params) len = std::max<size_t>(len, p.offset + p.size);
-  auto args = std::make_shared<std::vector<unsigned char>>(len);
-  for (size_t i = 0; i < kern.params.size(); ++i)
-    std::memcpy(args->data() + kern.params[i].offset, params[i], kern.params[i].size);
-  ++kernel_launches_;
-  enqueue(s, Op{Op::kKernel, [body = kern.body, args] { body(args->data()); }, {}, 0});
-  return true;
-}
-
-Func SimDriver::add_opaque_kernel(std::string name) {
-  std::lock_guard lock(mu_);
-  kernels_.push_back(new Kernel{std::move(name), {}, true, {}});
-  return static_cast<Func>(kernels_.size()) * 16;
-}
-
 DevPtr SimDriver::alloc(size_t bytes) {
   size_t len = std::max<size_t>(bytes, 1);
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -72,23 +37,6 @@ void SimDriver::free(DevPtr p) {
   if (it == allocs_.end()) return;
   munmap(reinterpret_cast<void*>(p), it->second);
   allocs_.erase(it);
-}
-
-int SimDriver::param_layout(Func f, ParamInfo* out, int cap) {
-  std::lock_guard lock(mu_);
-  ++param_queries_;
-  size_t i = f / 16;
-  if (f % 16 || i == 0 || i > kernels_.size() || kernels_[i - 1]->opaque) return -1;
-  const auto& ps = kernels_[i - 1]->params;
-  for (size_t k = 0; k < ps.size() && static_cast<int>(k) < cap; ++k) out[k] = ps[k];
-  return static_cast<int>(ps.size());
-}
-
-const char* SimDriver::func_name(Func f) {
-  std::lock_guard lock(mu_);
-  size_t i = f / 16;
-  if (f % 16 || i == 0 || i > kernels_.size()) return nullptr;
-  return kernels_[i - 1]->name.c_str();
 }
 
 uint64_t SimDriver::record_marker(Stream) {
@@ -196,53 +144,6 @@ bool SimDriver::pool_trim(uint64_t keep) {
   pool_trims_.physical_at_last = stats_.physical_bytes;
   pool_reserved_ = std::min(pool_reserved_, std::max(keep, pool_in_use_));
   return true;
-}
-
-int SimDriver::stream_capturing(Stream s) {
-  std::lock_guard lock(mu_);
-  return capture_.count(s) || std::find(capturing_.begin(), capturing_.end(), s) != capturing_.end() ? 1 : 0;
-}
-
-void SimDriver::begin_capture(Stream s) {
-  std::lock_guard lock(mu_);
-  if (capture_.count(s)) ++stats_.misuses;
-  capture_[s];
-}
-
-uint64_t SimDriver::end_capture(Stream s) {
-  std::lock_guard lock(mu_);
-  auto it = capture_.find(s);
-  if (it == capture_.end()) {
-    ++stats_.misuses;
-    return 0;
-  }
-  graphs_.push_back(std::move(it->second));
-  capture_.erase(it);
-  return graphs_.size();
-}
-
-void SimDriver::launch_graph(Stream s, uint64_t graph) {
-  std::lock_guard lock(mu_);
-  if (graph == 0 || graph > graphs_.size()) {
-    ++stats_.misuses;
-    return;
-  }
-  std::vector<std::function<void()>> work = graphs_[graph - 1];
-  enqueue(s, Op{Op::kKernel, [work] {
-                  for (const auto& w : work) w();
-                }, {}, 0});
-}
-
-size_t SimDriver::captured_ops() const {
-  std::lock_guard lock(mu_);
-  return captured_ops_;
-}
-
-void SimDriver::set_capturing(Stream s, bool on) {
-  std::lock_guard lock(mu_);
-  auto it = std::find(capturing_.begin(), capturing_.end(), s);
-  if (on && it == capturing_.end()) capturing_.push_back(s);
-  if (!on && it != capturing_.end()) capturing_.erase(it);
 }
 
 SimDriver::PoolTrims SimDriver::pool_trims() const {
@@ -607,11 +508,6 @@ bool SimDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stre
                   run_copy(as_ptr(dst), src, bytes, g, whole, true);
                 }, {}, 0});
   return true;
-}
-
-void SimDriver::launch(Stream s, std::function<void()> body) {
-  std::lock_guard lock(mu_);
-  enqueue(s, Op{Op::kKernel, std::move(body), {}, 0});
 }
 
 bool SimDriver::pick_locked(Pick how, std::mt19937_64* rng, Stream* out) {

@@ -203,6 +203,7 @@ class SimDriver final : public Driver {
     bool opaque = false;
     Body body;
   };
+  const Kernel* kernel_locked(Func f) const;  // the kernel `f` names, nullptr for none (under mu_)
   std::atomic<size_t> kernel_launches_{0};
   std::vector<unsigned char> last_attrs_;  // under mu_
   mutable std::mutex mu_;
