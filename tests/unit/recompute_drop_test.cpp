@@ -14,10 +14,7 @@ namespace {
 // out, nothing copied back, no host memory taken.
 TEST(Recompute, ATrustedProducersRangeIsDroppedAndMadeAgain) {
   Rig r(4);
-  const DevPtr x = r.alloc();
-  r.launch(r.fill, {x, 7});
-  learn_common(r, x);
-  trust_scale(r, x);
+  const DevPtr x = learned_input(r, true);
   const Residency::Stats before = r.res.stats();
   const uint64_t host_before = r.res.host_stats().in_use;
   const DevPtr y = produce_and_evict(r, x);
@@ -36,10 +33,7 @@ TEST(Recompute, ATrustedProducersRangeIsDroppedAndMadeAgain) {
 TEST(Recompute, AWriteToAnInputMakesItsDroppedRangesAgainFirst) {
   auto run = [](Fault f) {
     Rig r(4, f);
-    const DevPtr x = r.alloc();
-    r.launch(r.fill, {x, 7});
-    learn_common(r, x);
-    trust_scale(r, x);
+    const DevPtr x = learned_input(r, true);
     const DevPtr y = produce_and_evict(r, x);
     EXPECT_EQ(r.res.stats().dropped, 1u);
     r.launch(r.bump, {x});
@@ -55,10 +49,7 @@ TEST(Recompute, AWriteToAnInputMakesItsDroppedRangesAgainFirst) {
 
 TEST(Recompute, AFreeOfAnInputMakesItsDroppedRangesAgainFirst) {
   Rig r(4);
-  const DevPtr x = r.alloc();
-  r.launch(r.fill, {x, 7});
-  learn_common(r, x);
-  trust_scale(r, x);
+  const DevPtr x = learned_input(r, true);
   const DevPtr y = produce_and_evict(r, x);
   ASSERT_EQ(r.res.stats().dropped, 1u);
   r.free(x);
@@ -70,10 +61,7 @@ TEST(Recompute, AFreeOfAnInputMakesItsDroppedRangesAgainFirst) {
 // An input evicted (copied out) after the drop comes back first, then the range is made from it.
 TEST(Recompute, AnInputEvictedAfterTheDropIsReloadedToMakeItAgain) {
   Rig r(4);
-  const DevPtr x = r.alloc();
-  r.launch(r.fill, {x, 7});
-  learn_common(r, x);
-  trust_scale(r, x);
+  const DevPtr x = learned_input(r, true);
   const DevPtr y = produce_and_evict(r, x);
   ASSERT_EQ(r.res.stats().dropped, 1u);
   r.evict({x}, {});
@@ -89,10 +77,7 @@ TEST(Recompute, AnInputEvictedAfterTheDropIsReloadedToMakeItAgain) {
 // launch has needed must fit the budget.
 TEST(Recompute, NothingIsDroppedWithoutRoomToMakeItAgain) {
   Rig r(3);
-  const DevPtr x = r.alloc();
-  r.launch(r.fill, {x, 7});
-  learn_common(r, x);
-  trust_scale(r, x);  // scale needed 2 granules: y and x with it would need 4
+  const DevPtr x = learned_input(r, true);  // scale needed 2 granules: y and x with it would need 4
   const DevPtr y = produce_and_evict(r, x);
   EXPECT_EQ(r.res.stats().dropped, 0u);
   r.use(y);
@@ -184,10 +169,7 @@ TEST(Recompute, RandomProgramsReadBackTheirBytes) {
 TEST(RecomputeThreads, OwnStreamsKeepTheirBytes) {
   Rig r(4);
   {
-    const DevPtr x = r.alloc();
-    r.launch(r.fill, {x, 7});
-    learn_common(r, x);
-    trust_scale(r, x);
+    const DevPtr x = learned_input(r, true);
     r.free(x);
   }
   r.sim.run_all();

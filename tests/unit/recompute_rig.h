@@ -235,4 +235,14 @@ inline void trust_scale(Rig& r, DevPtr x) {
   r.free(y);
 }
 
+// The input most tests make ranges from: x = 7000 + i, the common kernels learned from it, and
+// (with `trust`) scale checked once.
+inline DevPtr learned_input(Rig& r, bool trust) {
+  const DevPtr x = r.alloc();
+  r.launch(r.fill, {x, 7});
+  learn_common(r, x);
+  if (trust) trust_scale(r, x);
+  return x;
+}
+
 }  // namespace offload::recompute_test

@@ -12,9 +12,7 @@ namespace {
 
 TEST(Recompute, AProducedRangeIsMadeAgainInsteadOfCopiedIn) {
   Rig r(3);
-  const DevPtr x = r.alloc();
-  r.launch(r.fill, {x, 7});
-  learn_common(r, x);
+  const DevPtr x = learned_input(r, false);
   const DevPtr y = produce_and_evict(r, x);
   const uint64_t in_before = r.res.stats().bytes_in;
   r.use(y);
@@ -35,9 +33,7 @@ TEST(Recompute, AProducedRangeIsMadeAgainInsteadOfCopiedIn) {
 
 TEST(Recompute, OffMakesNothingAgain) {
   Rig r(3, Fault::None, false);
-  const DevPtr x = r.alloc();
-  r.launch(r.fill, {x, 7});
-  learn_common(r, x);
+  const DevPtr x = learned_input(r, false);
   const DevPtr y = produce_and_evict(r, x);
   const uint64_t in_before = r.res.stats().bytes_in;
   r.use(y);
@@ -53,10 +49,7 @@ TEST(Recompute, AnInputChangedSinceTheLaunchIsRefused) {
   for (Fault f : {Fault::None, Fault::RecomputeIgnoreVersions}) {
     SCOPED_TRACE(f == Fault::None ? "checked" : "versions ignored");
     Rig r(3, f);
-    const DevPtr x = r.alloc();
-    r.launch(r.fill, {x, 7});
-    learn_common(r, x);
-    trust_scale(r, x);
+    const DevPtr x = learned_input(r, true);
     r.launch(r.bump, {x});
     // x is 7000 + i + 1 now; y is made from it, then x written again.
     const DevPtr y = r.alloc();
@@ -78,9 +71,7 @@ TEST(Recompute, AKernelThatDrawsRandomNumbersIsNeverMadeAgain) {
   for (Fault f : {Fault::None, Fault::RecomputeIgnoreNames}) {
     SCOPED_TRACE(f == Fault::None ? "checked" : "names ignored");
     Rig r(3, f);
-    const DevPtr x = r.alloc();
-    r.launch(r.fill, {x, 7});
-    learn_common(r, x);
+    const DevPtr x = learned_input(r, false);
     learn(r, r.rng, 1, {x});
     const DevPtr y = produce_and_evict(r, x, r.rng);
     r.use(y);
@@ -103,9 +94,7 @@ TEST(Recompute, AKernelThatWritesOutsideItsOutputIsNeverMadeAgain) {
   for (Fault f : {Fault::None, Fault::RecomputeIgnoreWrites}) {
     SCOPED_TRACE(f == Fault::None ? "checked" : "writes ignored");
     Rig r(4, f);
-    const DevPtr x = r.alloc();
-    r.launch(r.fill, {x, 7});
-    learn_common(r, x);
+    const DevPtr x = learned_input(r, false);
     const DevPtr stats = r.alloc();
     r.launch(r.fill, {stats, 0});
     learn(r, r.norm, 1, {x, stats});  // writes its output and stats
@@ -133,9 +122,7 @@ TEST(Recompute, ALaunchThatMakesTwoNewRangesIsNeverMadeAgain) {
   for (int moved : {0, 1}) {
     SCOPED_TRACE(moved ? "second moved on" : "first moved on");
     Rig r(4);
-    const DevPtr x = r.alloc();
-    r.launch(r.fill, {x, 7});
-    learn_common(r, x);
+    const DevPtr x = learned_input(r, false);
     learn(r, r.split, 2, {x});
     const DevPtr a = r.alloc(), b = r.alloc();
     r.launch(r.split, {a, b, x});
@@ -155,9 +142,7 @@ TEST(Recompute, AKernelWhoseRemakeDiffersIsBanned) {
   for (Fault f : {Fault::None, Fault::RecomputeUnchecked}) {
     SCOPED_TRACE(f == Fault::None ? "checked" : "unchecked");
     Rig r(3, f);
-    const DevPtr x = r.alloc();
-    r.launch(r.fill, {x, 7});
-    learn_common(r, x);
+    const DevPtr x = learned_input(r, false);
     learn(r, r.noisy, 1, {x});
     const DevPtr y = produce_and_evict(r, x, r.noisy);
     r.use(y);
@@ -185,10 +170,7 @@ TEST(Recompute, AMakeAgainWaitsForItsInputsReloadOnAnotherStream) {
   for (Fault f : {Fault::None, Fault::RecomputeSkipInputWait}) {
     SCOPED_TRACE(f == Fault::None ? "waits" : "no wait");
     Rig r(3, f);
-    const DevPtr x = r.alloc();
-    r.launch(r.fill, {x, 7});
-    learn_common(r, x);
-    trust_scale(r, x);
+    const DevPtr x = learned_input(r, true);
     const DevPtr y = r.alloc();
     r.launch(r.scale, {y, x});
     r.evict({x, y}, {});  // both out; x reloaded first, on kB
@@ -218,9 +200,7 @@ TEST(Recompute, ALaterWriterOnAnotherStreamWaitsForTheRemake) {
     int wrong = 0;
     for (uint64_t seed = 1; seed <= 8; ++seed) {
       Rig r(3, f);
-      const DevPtr x = r.alloc();
-      r.launch(r.fill, {x, 7});
-      learn_common(r, x);
+      const DevPtr x = learned_input(r, false);
       r.launch(r.bump, {x});  // x is 7001 + i
       trust_scale(r, x);
       const DevPtr y = r.alloc();
@@ -254,9 +234,7 @@ TEST(Recompute, AWriteOfTheBytesANewRangeHeldStillCounts) {
   for (Fault f : {Fault::None, Fault::RecomputeFreshByHash}) {
     SCOPED_TRACE(f == Fault::None ? "new counts as written" : "by its bytes alone");
     Rig r(3, f);
-    const DevPtr x = r.alloc();
-    r.launch(r.fill, {x, 7});
-    learn_common(r, x);
+    const DevPtr x = learned_input(r, false);
     for (uint8_t i = 0; i < Residency::kRecomputeProbes; ++i) {
       const DevPtr t = r.alloc();
       r.sim.run_all();
@@ -281,9 +259,7 @@ TEST(Recompute, AWriteOfTheBytesANewRangeHeldStillCounts) {
 // range moves that range's version.
 TEST(Recompute, AWriteHiddenInOneWatchedLaunchShowsInAnother) {
   Rig r(4);
-  const DevPtr x = r.alloc();
-  r.launch(r.fill, {x, 7});
-  learn_common(r, x);
+  const DevPtr x = learned_input(r, false);
   const DevPtr pos = r.alloc(), neg = r.alloc();
   r.launch(r.fill, {pos, 1});
   r.launch(r.fill, {neg, 1});
@@ -314,9 +290,7 @@ TEST(Recompute, AWriteHiddenInOneWatchedLaunchShowsInAnother) {
 // producer was made from. Elsewhere it is taken to write all it touches, at no cost.
 TEST(Recompute, OnlyLaunchesWhoseWritesMatterAreWatched) {
   Rig r(4);
-  const DevPtr x = r.alloc();
-  r.launch(r.fill, {x, 7});
-  learn_common(r, x);
+  learned_input(r, false);  // the common kernels learned (its x stays live)
   const DevPtr z = r.alloc();
   r.launch(r.fill, {z, 1});
   r.launch(r.bump, {z});  // written again: no producer makes it now
@@ -335,10 +309,7 @@ TEST(Recompute, ALaunchReadingAnAllocationOutsideTheRangesIsNoProducer) {
   for (uint64_t tag : {uint64_t{0}, uint64_t{1}}) {  // the pool's; an arena member's
     SCOPED_TRACE(tag ? "arena member" : "pool allocation");
     Rig r(4);
-    const DevPtr x = r.alloc();
-    r.launch(r.fill, {x, 7});
-    learn_common(r, x);
-    trust_scale(r, x);
+    const DevPtr x = learned_input(r, true);
     const DevPtr other = r.sim.alloc(kGran);
     r.tr.on_alloc(other, kGran, kA, tag);
     const uint64_t checks = r.res.stats().recompute_checks;
@@ -358,10 +329,7 @@ TEST(Recompute, ALaunchReadingAnAllocationOutsideTheRangesIsNoProducer) {
 // geometry) is counted, and makes nothing it touches a producer.
 TEST(Recompute, ALaunchWithoutItsArgumentsIsCountedAndProducesNothing) {
   Rig r(4);
-  const DevPtr x = r.alloc();
-  r.launch(r.fill, {x, 7});
-  learn_common(r, x);
-  trust_scale(r, x);
+  const DevPtr x = learned_input(r, true);
   const uint64_t before = r.res.stats().undescribed;
   const DevPtr y = r.alloc();
   std::vector<uint64_t> args{y, x};
@@ -380,10 +348,7 @@ TEST(Recompute, ALaunchWithoutItsArgumentsIsCountedAndProducesNothing) {
 // attributes, from the producer's own copy: the hook's array is gone by then.
 TEST(Recompute, ALaunchIsMadeAgainWithItsAttributes) {
   Rig r(4);
-  const DevPtr x = r.alloc();
-  r.launch(r.fill, {x, 7});
-  learn_common(r, x);
-  trust_scale(r, x);
+  const DevPtr x = learned_input(r, true);
   const DevPtr y = r.alloc();
   std::vector<uint64_t> args{y, x};
   std::vector<void*> p{&args[0], &args[1]};
