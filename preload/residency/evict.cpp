@@ -40,12 +40,10 @@ void Residency::reap_copies() {
 bool Residency::start_evict(uint32_t slot, std::string* why) {
   Range& r = slots_[slot];
   // A range its producer can make again is dropped: nothing is copied out (recompute.cpp).
-  r.dropped = o_.recompute && rc_can_drop(slot);
-  void* host = r.dropped ? nullptr : host_.take(r.bytes);
-  if (r.dropped) {
-    for (const auto& [k, v] : rc_.producers[r.producer].inputs) ++slots_[k].dependents;
-    ++st_.dropped;
-    st_.dropped_bytes += r.bytes;
+  const bool drop = o_.recompute && rc_can_drop(slot);
+  void* host = drop ? nullptr : host_.take(r.bytes);
+  if (drop) {
+    rc_drop(r);
   } else if (!host) {
     ++st_.host_full;
     if (why) {

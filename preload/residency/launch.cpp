@@ -106,6 +106,11 @@ void Residency::copying_in(Range& r, Stream s) {
   r.state = State::CopyingIn;
 }
 
+bool Residency::bring_back(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
+  if (slots_[slot].dropped) return rc_restore(slot, s, keep, nkeep, why);
+  return make_room(slots_[slot].bytes, keep, nkeep, why) && reload(slot, s, why);
+}
+
 bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
   Range& r = slots_[slot];
   if (!back_range(r, s, why)) return false;
@@ -201,9 +206,9 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     std::string why;
     // A kernel not checked yet is made again, and checked, even where its inputs must come back
     // first: without a first remake nothing of it is ever dropped.
-    const bool back = r.dropped ? rc_restore(k, s, touched.data(), touched.size(), &why)
-                      : (o_.recompute && rc_check_wanted(k) && rc_restore(k, s, touched.data(), touched.size(), &why)) ||
-                            (make_room(r.bytes, touched.data(), touched.size(), &why) && reload(k, s, &why));
+    const bool back =
+        (o_.recompute && rc_check_wanted(k) && rc_restore(k, s, touched.data(), touched.size(), &why)) ||
+        bring_back(k, s, touched.data(), touched.size(), &why);
     if (!back) {
       refuse_launch(kernel, total, touched.size(), why);
       return;
@@ -351,9 +356,7 @@ void Residency::prepare_access(DevPtr p) {
   const uint32_t keep = uint32_t(k);
   std::string why;
   if (!copy_stream_) copy_stream_ = d_.create_stream();
-  const bool back = r.dropped ? rc_restore(keep, copy_stream_, &keep, 1, &why)
-                              : make_room(r.bytes, &keep, 1, &why) && reload(keep, copy_stream_, &why);
-  if (!back) {
+  if (!bring_back(keep, copy_stream_, &keep, 1, &why)) {
     error_ = why;
     log().error("reloading a range for a pointer query failed: {}", why);
     return;

@@ -316,6 +316,13 @@ bool Residency::rc_check_wanted(uint32_t slot) const {
   return away;
 }
 
+void Residency::rc_drop(Range& r) {
+  r.dropped = true;
+  for (const auto& [k, v] : rc_.producers[r.producer].inputs) ++slots_[k].dependents;
+  ++st_.dropped;
+  st_.dropped_bytes += r.bytes;
+}
+
 void Residency::rc_undrop(Range& r) {
   if (!r.dropped) return;
   r.dropped = false;

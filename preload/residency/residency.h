@@ -451,6 +451,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Before `handle` is released: a range it was given from unmaps it first.
   void settle_given(uint64_t handle);
   bool reload(uint32_t slot, Stream s, std::string* why);
+  // A range on the host back on `s`: room made (`keep` kept) and copied in, or, dropped, made
+  // again from its inputs (rc_restore); false with *why when the room cannot be had.
+  bool bring_back(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
   // A range backed again on `s` (copied in or made again): its event there, and other streams
   // wait for it until it is known complete.
   void copying_in(Range& r, Stream s);
@@ -475,6 +478,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // inputs unchanged and none dropped (resident or with their bytes on the host), and room at any
   // later launch for it and them.
   bool rc_can_drop(uint32_t slot) const;
+  void rc_drop(Range& r);    // evicted without a copy: its inputs gain a dependent
   void rc_undrop(Range& r);  // made again, or kept: its inputs lose a dependent
   // A range on the host whose producer's kernel has not been checked yet, with inputs to reload
   // first: worth making again (rc_restore) for the check, where a copy in would never give one.
