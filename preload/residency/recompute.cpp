@@ -342,10 +342,8 @@ bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t
   std::sort(kept.begin(), kept.end());
   // Room for one range at a time, as it is backed: spares that would tile their sum may not tile
   // each of them.
-  for (const auto& [k, v] : p.inputs)
-    if (slots_[k].state == State::OnHost &&
-        (!make_room(slots_[k].bytes, kept.data(), kept.size(), why) || !reload(k, s, why)))
-      return false;
+  for (const auto& [k, v] : p.inputs)  // never dropped themselves: copied in
+    if (slots_[k].state == State::OnHost && !bring_back(k, s, kept.data(), kept.size(), why)) return false;
   return make_room(r.bytes, kept.data(), kept.size(), why) && reload(slot, s, why);
 }
 
