@@ -76,6 +76,9 @@ struct Settings {
   // third to a half of the waits off most workloads and moved 2-44% more bytes out; not measured
   // on the GPU, so off (docs/results.md).
   bool cap_evict_first = false;
+  // OFFLOAD_CAP_KEEP_ASKED=1|0: freed ranges are let go for room by when the step asks for their
+  // size again, furthest first; 0: the smallest first.
+  bool cap_keep_asked = true;
   // OFFLOAD_CAP_RECOMPUTE=1|0: a range that one launch produced from ranges still resident and
   // unchanged is made again by that launch instead of copied back in (its kernel's first remake
   // checked byte for byte against the saved copy). Off: not yet measured on a GPU.

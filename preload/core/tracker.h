@@ -78,6 +78,7 @@ class Tracker {
 
   // The executor, told of every launch (with what it touches) before it is forwarded.
   void set_gate(LaunchGate* g) { gate_.store(g, std::memory_order_release); }
+  LaunchGate* current_gate() const { return gate_.load(std::memory_order_acquire); }
   // The gate sees each plain launch's arguments and geometry (current_launch_args) while it looks
   // at it: only a gate that launches kernels again wants them (Residency::Options::recompute).
   void set_pass_launch_args(bool on) { pass_args_.store(on, std::memory_order_relaxed); }

@@ -1,7 +1,9 @@
-// Driver-API hooks: kernel launches, async copies and memsets, graph launches.
+// Driver-API hooks: kernel launches, copies and memsets (stream-ordered and synchronous), graph launches.
 // Each is one line: hook.h's launch<> guards, forwards, and tells the tracker.
 #include <cuda.h>
 #undef cuGetProcAddress
+
+#include <algorithm>
 
 #include "hooks/hook.h"
 #include "hooks/launch_attrs.h"
@@ -15,6 +17,23 @@ namespace {
 inline Func fn(CUfunction f) { return reinterpret_cast<Func>(f); }
 inline DevPtr dev(CUdeviceptr p) { return static_cast<DevPtr>(p); }
 inline DevPtr host(const void*) { return 0; }  // host side of a copy: not ours to track
+// A 2D copy's side: its first byte when it is device memory (a host or array side's device
+// pointer is not read by the driver and may hold anything).
+inline DevPtr side(CUmemorytype t, CUdeviceptr p, size_t x, size_t y, size_t pitch) {
+  return t == CU_MEMORYTYPE_DEVICE || t == CU_MEMORYTYPE_UNIFIED ? dev(p + y * pitch + x) : 0;
+}
+inline DevPtr dst2d(const CUDA_MEMCPY2D* c) {
+  return c ? side(c->dstMemoryType, c->dstDevice, c->dstXInBytes, c->dstY, c->dstPitch) : 0;
+}
+inline DevPtr src2d(const CUDA_MEMCPY2D* c) {
+  return c ? side(c->srcMemoryType, c->srcDevice, c->srcXInBytes, c->srcY, c->srcPitch) : 0;
+}
+// The bytes a 2D copy spans on its wider side: every row but the last at its pitch, then a row.
+inline uint64_t bytes2d(const CUDA_MEMCPY2D* c) {
+  if (!c || !c->Height || !c->WidthInBytes) return 0;
+  const size_t pitch = std::max({c->srcPitch, c->dstPitch, c->WidthInBytes});
+  return uint64_t(pitch) * (c->Height - 1) + c->WidthInBytes;
+}
 
 }  // namespace
 
@@ -88,9 +107,47 @@ COPY(cuMemcpyPeerAsync_ptsz, cuMemcpyPeerAsync, true,
      (CUdeviceptr d, CUcontext dc, CUdeviceptr sr, CUcontext sc, size_t n, CUstream s),
      (d, dc, sr, sc, n, s), dev(d), dev(sr), n, nullptr)
 COPY(cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2, false, (const CUDA_MEMCPY2D* c, CUstream s), (c, s),
-     c ? dev(c->dstDevice) : 0, c ? dev(c->srcDevice) : 0, c ? c->WidthInBytes * c->Height : 0, nullptr)
+     dst2d(c), src2d(c), bytes2d(c), nullptr)
 COPY(cuMemcpy2DAsync_v2_ptsz, cuMemcpy2DAsync_v2, true, (const CUDA_MEMCPY2D* c, CUstream s), (c, s),
-     c ? dev(c->dstDevice) : 0, c ? dev(c->srcDevice) : 0, c ? c->WidthInBytes * c->Height : 0, nullptr)
+     dst2d(c), src2d(c), bytes2d(c), nullptr)
+
+// The synchronous copies, on the default stream (legacy; the calling thread's own for _ptds):
+// seen as a copy on that stream, so that what they touch is resident first, then forwarded (the
+// driver returns once the copy is done). PyTorch copies asynchronously; other libraries in the
+// process (and a copy the user makes with cudaMemcpy) may not.
+#define SYNC_COPY(NAME, BASE, PTDS, PARAMS, ARGS, DST, SRC, BYTES, HSRC)                            \
+  OFFLOAD_EXPORT CUresult NAME PARAMS {                                                             \
+    return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
+        [&](Runtime& rt) { shim::on_copy(rt, DST, SRC, BYTES, stream_id(nullptr, PTDS), HSRC); },     \
+        [&](auto real) { return real ARGS; });                                                      \
+  }
+SYNC_COPY(cuMemcpy, cuMemcpy, false, (CUdeviceptr d, CUdeviceptr sr, size_t n), (d, sr, n), dev(d), dev(sr), n, nullptr)
+SYNC_COPY(cuMemcpy_ptds, cuMemcpy, true, (CUdeviceptr d, CUdeviceptr sr, size_t n), (d, sr, n), dev(d), dev(sr), n,
+          nullptr)
+SYNC_COPY(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2, false, (CUdeviceptr d, const void* h, size_t n), (d, h, n), dev(d),
+          host(h), n, h)
+SYNC_COPY(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2, true, (CUdeviceptr d, const void* h, size_t n), (d, h, n), dev(d),
+          host(h), n, h)
+SYNC_COPY(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2, false, (void* h, CUdeviceptr sr, size_t n), (h, sr, n), host(h), dev(sr),
+          n, nullptr)
+SYNC_COPY(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_v2, true, (void* h, CUdeviceptr sr, size_t n), (h, sr, n), host(h),
+          dev(sr), n, nullptr)
+SYNC_COPY(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2, false, (CUdeviceptr d, CUdeviceptr sr, size_t n), (d, sr, n), dev(d),
+          dev(sr), n, nullptr)
+SYNC_COPY(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2, true, (CUdeviceptr d, CUdeviceptr sr, size_t n), (d, sr, n), dev(d),
+          dev(sr), n, nullptr)
+SYNC_COPY(cuMemcpyPeer, cuMemcpyPeer, false, (CUdeviceptr d, CUcontext dc, CUdeviceptr sr, CUcontext sc, size_t n),
+          (d, dc, sr, sc, n), dev(d), dev(sr), n, nullptr)
+SYNC_COPY(cuMemcpyPeer_ptds, cuMemcpyPeer, true,
+          (CUdeviceptr d, CUcontext dc, CUdeviceptr sr, CUcontext sc, size_t n), (d, dc, sr, sc, n), dev(d), dev(sr),
+          n, nullptr)
+SYNC_COPY(cuMemcpy2D_v2, cuMemcpy2D_v2, false, (const CUDA_MEMCPY2D* c), (c), dst2d(c), src2d(c), bytes2d(c), nullptr)
+SYNC_COPY(cuMemcpy2D_v2_ptds, cuMemcpy2D_v2, true, (const CUDA_MEMCPY2D* c), (c), dst2d(c), src2d(c), bytes2d(c),
+          nullptr)
+SYNC_COPY(cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2, false, (const CUDA_MEMCPY2D* c), (c), dst2d(c), src2d(c),
+          bytes2d(c), nullptr)
+SYNC_COPY(cuMemcpy2DUnaligned_v2_ptds, cuMemcpy2DUnaligned_v2, true, (const CUDA_MEMCPY2D* c), (c), dst2d(c),
+          src2d(c), bytes2d(c), nullptr)
 
 #define MEMSET(NAME, BASE, PTSZ, T, UNIT)                                                           \
   OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, T v, size_t n, CUstream s) {                          \
@@ -113,8 +170,37 @@ MEMSET(cuMemsetD32Async_ptsz, cuMemsetD32Async, true, unsigned int, 4)
   }
 MEMSET2D(cuMemsetD2D8Async, cuMemsetD2D8Async, false, unsigned char, 1)
 MEMSET2D(cuMemsetD2D8Async_ptsz, cuMemsetD2D8Async, true, unsigned char, 1)
+MEMSET2D(cuMemsetD2D16Async, cuMemsetD2D16Async, false, unsigned short, 2)
+MEMSET2D(cuMemsetD2D16Async_ptsz, cuMemsetD2D16Async, true, unsigned short, 2)
 MEMSET2D(cuMemsetD2D32Async, cuMemsetD2D32Async, false, unsigned int, 4)
 MEMSET2D(cuMemsetD2D32Async_ptsz, cuMemsetD2D32Async, true, unsigned int, 4)
+
+// The synchronous memsets, on the default stream as the synchronous copies above.
+#define SYNC_MEMSET(NAME, BASE, PTDS, T, UNIT)                                                      \
+  OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, T v, size_t n) {                                      \
+    return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
+        [&](Runtime& rt) { shim::on_memset(rt, dev(d), n * UNIT, stream_id(nullptr, PTDS)); },        \
+        [&](auto real) { return real(d, v, n); });                                                  \
+  }
+SYNC_MEMSET(cuMemsetD8_v2, cuMemsetD8_v2, false, unsigned char, 1)
+SYNC_MEMSET(cuMemsetD8_v2_ptds, cuMemsetD8_v2, true, unsigned char, 1)
+SYNC_MEMSET(cuMemsetD16_v2, cuMemsetD16_v2, false, unsigned short, 2)
+SYNC_MEMSET(cuMemsetD16_v2_ptds, cuMemsetD16_v2, true, unsigned short, 2)
+SYNC_MEMSET(cuMemsetD32_v2, cuMemsetD32_v2, false, unsigned int, 4)
+SYNC_MEMSET(cuMemsetD32_v2_ptds, cuMemsetD32_v2, true, unsigned int, 4)
+
+#define SYNC_MEMSET2D(NAME, BASE, PTDS, T)                                                          \
+  OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h) {              \
+    return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
+        [&](Runtime& rt) { shim::on_memset(rt, dev(d), pitch * h, stream_id(nullptr, PTDS)); },       \
+        [&](auto real) { return real(d, pitch, v, w, h); });                                        \
+  }
+SYNC_MEMSET2D(cuMemsetD2D8_v2, cuMemsetD2D8_v2, false, unsigned char)
+SYNC_MEMSET2D(cuMemsetD2D8_v2_ptds, cuMemsetD2D8_v2, true, unsigned char)
+SYNC_MEMSET2D(cuMemsetD2D16_v2, cuMemsetD2D16_v2, false, unsigned short)
+SYNC_MEMSET2D(cuMemsetD2D16_v2_ptds, cuMemsetD2D16_v2, true, unsigned short)
+SYNC_MEMSET2D(cuMemsetD2D32_v2, cuMemsetD2D32_v2, false, unsigned int)
+SYNC_MEMSET2D(cuMemsetD2D32_v2_ptds, cuMemsetD2D32_v2, true, unsigned int)
 
 // A graph replay runs kernels we cannot see one by one: it is recorded as one opaque launch
 // (later issues make everything it could touch resident first).

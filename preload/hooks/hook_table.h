@@ -36,6 +36,32 @@
   X(cuMemcpyPeerAsync_ptsz, "cuMemcpyPeerAsync", 7000, 1)               \
   X(cuMemcpy2DAsync_v2, "cuMemcpy2DAsync", 3020, 0)                     \
   X(cuMemcpy2DAsync_v2_ptsz, "cuMemcpy2DAsync", 7000, 1)                \
+  X(cuMemcpy, "cuMemcpy", 4000, 0)                                      \
+  X(cuMemcpy_ptds, "cuMemcpy", 7000, 1)                                 \
+  X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020, 0)                           \
+  X(cuMemcpyHtoD_v2_ptds, "cuMemcpyHtoD", 7000, 1)                      \
+  X(cuMemcpyDtoH_v2, "cuMemcpyDtoH", 3020, 0)                           \
+  X(cuMemcpyDtoH_v2_ptds, "cuMemcpyDtoH", 7000, 1)                      \
+  X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, 0)                           \
+  X(cuMemcpyDtoD_v2_ptds, "cuMemcpyDtoD", 7000, 1)                      \
+  X(cuMemcpyPeer, "cuMemcpyPeer", 4000, 0)                              \
+  X(cuMemcpyPeer_ptds, "cuMemcpyPeer", 7000, 1)                         \
+  X(cuMemcpy2D_v2, "cuMemcpy2D", 3020, 0)                               \
+  X(cuMemcpy2D_v2_ptds, "cuMemcpy2D", 7000, 1)                          \
+  X(cuMemcpy2DUnaligned_v2, "cuMemcpy2DUnaligned", 3020, 0)             \
+  X(cuMemcpy2DUnaligned_v2_ptds, "cuMemcpy2DUnaligned", 7000, 1)        \
+  X(cuMemsetD8_v2, "cuMemsetD8", 3020, 0)                               \
+  X(cuMemsetD8_v2_ptds, "cuMemsetD8", 7000, 1)                          \
+  X(cuMemsetD16_v2, "cuMemsetD16", 3020, 0)                             \
+  X(cuMemsetD16_v2_ptds, "cuMemsetD16", 7000, 1)                        \
+  X(cuMemsetD32_v2, "cuMemsetD32", 3020, 0)                             \
+  X(cuMemsetD32_v2_ptds, "cuMemsetD32", 7000, 1)                        \
+  X(cuMemsetD2D8_v2, "cuMemsetD2D8", 3020, 0)                           \
+  X(cuMemsetD2D8_v2_ptds, "cuMemsetD2D8", 7000, 1)                      \
+  X(cuMemsetD2D16_v2, "cuMemsetD2D16", 3020, 0)                         \
+  X(cuMemsetD2D16_v2_ptds, "cuMemsetD2D16", 7000, 1)                    \
+  X(cuMemsetD2D32_v2, "cuMemsetD2D32", 3020, 0)                         \
+  X(cuMemsetD2D32_v2_ptds, "cuMemsetD2D32", 7000, 1)                    \
   X(cuMemsetD8Async, "cuMemsetD8Async", 3020, 0)                        \
   X(cuMemsetD8Async_ptsz, "cuMemsetD8Async", 7000, 1)                   \
   X(cuMemsetD16Async, "cuMemsetD16Async", 3020, 0)                      \
@@ -44,6 +70,8 @@
   X(cuMemsetD32Async_ptsz, "cuMemsetD32Async", 7000, 1)                 \
   X(cuMemsetD2D8Async, "cuMemsetD2D8Async", 3020, 0)                    \
   X(cuMemsetD2D8Async_ptsz, "cuMemsetD2D8Async", 7000, 1)               \
+  X(cuMemsetD2D16Async, "cuMemsetD2D16Async", 3020, 0)                  \
+  X(cuMemsetD2D16Async_ptsz, "cuMemsetD2D16Async", 7000, 1)             \
   X(cuMemsetD2D32Async, "cuMemsetD2D32Async", 3020, 0)                  \
   X(cuMemsetD2D32Async_ptsz, "cuMemsetD2D32Async", 7000, 1)             \
   X(cuGraphLaunch, "cuGraphLaunch", 10000, 0)                           \

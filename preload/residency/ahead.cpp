@@ -106,14 +106,51 @@ bool Residency::room_without_waiting(uint64_t need) {
   // Spares that cannot back it, then freed ranges (let go: their last work is waited for on the
   // GPU by whoever maps their handles).
   release_spares_for(need, false);
-  while (!fits() && !cached_.empty()) {
-    auto it = cached_.begin();
-    const uint32_t slot = it->second;
-    cached_bytes_ -= slots_[slot].bytes;
-    cached_.erase(it);
-    let_go_freed(slot);
+  while (!fits() && let_go_cached()) {
   }
   return fits();
+}
+
+void Residency::note_ask(uint64_t size) {
+  if (!period_) return;
+  const uint64_t now = last_launch_.load(std::memory_order_relaxed);
+  if (now / period_ != asks_step_) {
+    asks_step_ = now / period_;
+    asks_prev_ = std::move(asks_now_);  // sizes not asked again are forgotten
+    asks_now_.clear();
+  }
+  asks_now_[size].push_back(uint32_t(now % period_));
+}
+
+uint64_t Residency::next_ask(uint64_t size, uint64_t now) const {
+  if (!period_) return 0;
+  auto it = asks_prev_.find(size);
+  if (it == asks_prev_.end() || it->second.empty()) return UINT64_MAX;
+  const uint64_t phase = now % period_;
+  const std::vector<uint32_t>& at = it->second;  // in launch order
+  auto next = std::upper_bound(at.begin(), at.end(), uint32_t(phase));
+  return next != at.end() ? *next - phase : at.front() + period_ - phase;
+}
+
+bool Residency::let_go_cached() {
+  if (cached_.empty()) return false;
+  auto pick = cached_.begin();  // without a period: the smallest, the oldest freed of its size first
+  if (period_ && o_.keep_asked) {
+    // The size asked for again furthest ahead (or never) goes first: a freed range of the size the
+    // next allocation asks for serves it with no mapping at all.
+    const uint64_t now = last_launch_.load(std::memory_order_relaxed);
+    uint64_t far = 0;
+    for (auto it = cached_.begin(); it != cached_.end(); it = cached_.upper_bound(it->first)) {
+      const uint64_t d = next_ask(it->first, now);
+      if (d > far) far = d, pick = it;  // every d is at least 1
+      if (d == UINT64_MAX) break;
+    }
+  }
+  const uint32_t slot = pick->second;
+  cached_bytes_ -= slots_[slot].bytes;
+  cached_.erase(pick);
+  let_go_freed(slot);
+  return true;
 }
 
 void Residency::prefetch_due(uint64_t launch_no) {
@@ -166,6 +203,9 @@ void Residency::set_period(uint64_t launches) {
   period_ = launches;
   st_.period = launches;
   lives_.clear();
+  asks_prev_.clear();
+  asks_now_.clear();
+  asks_step_ = UINT64_MAX;
   pf_lead_ = 0;
 }
 

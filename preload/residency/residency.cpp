@@ -186,12 +186,7 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
   if (fits()) return true;
   release_spares_for(need, false);  // spare handles of other sizes, without waiting
   // Freed ranges kept for reuse: oldest free first (the multimap keeps insertion order per size).
-  while (!fits() && !cached_.empty()) {
-    auto it = cached_.begin();
-    const uint32_t slot = it->second;
-    cached_bytes_ -= slots_[slot].bytes;
-    cached_.erase(it);
-    let_go_freed(slot);
+  while (!fits() && let_go_cached()) {
   }
   // Copies out still running give their handles (the taker's stream waits for them), else the
   // oldest is waited for.
@@ -252,6 +247,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   decide_costs();
   ++st_.allocs;
   largest_need_ = std::max(largest_need_, size);
+  note_ask(size);
   const DevPtr va = alloc_range(size, s, tag, refused);
   if (va) slots_[uint32_t(*tag & ~kRangeTag)].asked = bytes;
   return va;
@@ -555,6 +551,7 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->tile_exact = s.cap_tile_exact;
   o->size_classes = s.cap_size_classes;
   o->refit = s.cap_refit;
+  o->keep_asked = s.cap_keep_asked;
   o->prefetch = s.cap_prefetch_max != 0;
   o->prefetch_lead_max = s.cap_prefetch_max;  // kQuarterStep: no ceiling but the step's quarter
 }

@@ -152,6 +152,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // is made again into it, when every other range it touched is resident and unchanged since.
     // OFFLOAD_CAP_RECOMPUTE; off: its cost and gain on a GPU are not measured yet.
     bool recompute = false;
+    // Freed ranges kept for reuse are let go for room by when the step asks for their size again,
+    // furthest first (a freed range of the size asked for serves it with no mapping); false: the
+    // smallest first.
+    bool keep_asked = true;
     enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait,
                                RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
                                RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
@@ -466,7 +470,14 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void note_death(const Range& r);           // a short life's uses become the prediction at its place
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
-  void prefetch_due(uint64_t launch_no);  // reloads ranges whose predicted use is within the lead
+  void prefetch_due(uint64_t launch_no);
+  // Freed ranges kept for reuse, one let go for room (false: none kept); with keep_asked and the
+  // period known, the one whose size the step asks for again furthest ahead. note_ask records an
+  // allocation's size where in the step it is asked for; next_ask: launches until the step before
+  // asked for that size again (UINT64_MAX: it did not).
+  bool let_go_cached();
+  void note_ask(uint64_t size);
+  uint64_t next_ask(uint64_t size, uint64_t now) const;  // reloads ranges whose predicted use is within the lead
   // Options::recompute (recompute.cpp). rc_note_launch: after a launch's reloads, what it may
   // write (versions), whether it produced a range, and a probe of its kernel's writes.
   // rc_remake: a backed range made again by its producer on `s`; false: copy it in.
@@ -600,6 +611,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t copy_touches_ = 0;  // numbers the copy stream's touches of abandoned ranges
   // Place of birth in the step -> the launches after birth that touched the range last born there.
   std::unordered_map<uint64_t, std::vector<uint32_t>> lives_;
+  // Sizes allocated in the step before and in this one -> where in the step (launch % period), in order.
+  std::unordered_map<uint64_t, std::vector<uint32_t>> asks_prev_, asks_now_;
+  uint64_t asks_step_ = UINT64_MAX;
   std::vector<uint32_t> victims_;           // scratch
   Stats st_;
   std::string error_;

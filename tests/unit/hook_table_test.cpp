@@ -40,6 +40,7 @@ extern "C" {
 CUresult cuGetProcAddress(const char* sym, void** pfn, int ver, cuuint64_t flags);
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned smem, CUstream s, void** p, void** e);
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void* h, size_t n);
 cudaError_t cudaMallocAsync_ptsz(void** p, size_t n, cudaStream_t s);
 cudaError_t cudaFreeAsync_ptsz(void* p, cudaStream_t s);
 cudaError_t cudaGetDriverEntryPoint_ptsz(const char* sym, void** pfn, unsigned long long flags,
@@ -128,6 +129,11 @@ cudaError_t fake_free(void* p, cudaStream_t s) {
 int g_copies = 0, g_memsets = 0, g_graphs = 0;
 CUresult fake_htod(CUdeviceptr, const void*, size_t, CUstream) { ++g_copies; return CUDA_SUCCESS; }
 CUresult fake_memset32(CUdeviceptr, unsigned, size_t, CUstream) { ++g_memsets; return CUDA_SUCCESS; }
+// The synchronous copies and memsets: the stream-less calls, counted with the others.
+CUresult fake_dtoh_sync(void*, CUdeviceptr, size_t) { ++g_copies; return CUDA_SUCCESS; }
+CUresult fake_htod_sync(CUdeviceptr, const void*, size_t) { ++g_copies; return CUDA_SUCCESS; }
+CUresult fake_2d_sync(const CUDA_MEMCPY2D*) { ++g_copies; return CUDA_SUCCESS; }
+CUresult fake_memset32_sync(CUdeviceptr, unsigned, size_t) { ++g_memsets; return CUDA_SUCCESS; }
 CUresult fake_graph(CUgraphExec, CUstream) {
   ++g_graphs;
   if (auto inner = g_inside_launch) inner();
@@ -198,6 +204,10 @@ Installed& installed() {
         {"cudaFreeAsync_ptsz", reinterpret_cast<void*>(&fake_free)},
         {"cuMemcpyHtoDAsync_v2", reinterpret_cast<void*>(&fake_htod)},
         {"cuMemsetD32Async", reinterpret_cast<void*>(&fake_memset32)},
+        {"cuMemcpyDtoH_v2", reinterpret_cast<void*>(&fake_dtoh_sync)},
+        {"cuMemcpyHtoD_v2_ptds", reinterpret_cast<void*>(&fake_htod_sync)},
+        {"cuMemcpy2D_v2", reinterpret_cast<void*>(&fake_2d_sync)},
+        {"cuMemsetD32_v2", reinterpret_cast<void*>(&fake_memset32_sync)},
         {"cuGraphLaunch", reinterpret_cast<void*>(&fake_graph)},
         {"cuGetProcAddress", reinterpret_cast<void*>(&fake_gpa_v1)},
         {"cuGetProcAddress_v2", reinterpret_cast<void*>(&fake_gpa_v2)},
@@ -260,7 +270,7 @@ TEST_F(Hooks, TableListsEveryNameOnceWithItsOwnWrapper) {
       ASSERT_NE(e.base, nullptr);
       EXPECT_EQ(std::strncmp(e.symbol, e.base, std::strlen(e.base)), 0) << "the symbol extends its base name";
       EXPECT_GT(e.min_version, 0);
-      EXPECT_EQ(e.ptsz, std::strstr(e.symbol, "_ptsz") != nullptr);
+      EXPECT_EQ(e.ptsz, std::strstr(e.symbol, "_ptsz") != nullptr || std::strstr(e.symbol, "_ptds") != nullptr);
     } else {
       EXPECT_EQ(e.base, nullptr);
       EXPECT_TRUE(std::strncmp(e.symbol, "cuda", 4) == 0 || std::strncmp(e.symbol, "nccl", 4) == 0);
@@ -695,6 +705,77 @@ TEST_F(Hooks, CopiesMemsetsAndGraphsAreForwardedAndCounted) {
   EXPECT_EQ(c.copies.load(), copies + 1);
   EXPECT_EQ(c.memsets.load(), memsets + 1);
   EXPECT_EQ(c.graphs.load(), graphs + 1);
+}
+
+// What the gate (the residency manager under a budget) is shown of each copy or memset.
+struct SeenGate : LaunchGate {
+  struct Seen {
+    EventKind kind;
+    Stream s;
+    std::vector<AllocId> acc;
+  };
+  std::vector<Seen> seen;
+  void before_launch(uint64_t, EventKind kind, uint32_t, Stream s, const AllocId* acc, size_t n, uint8_t) override {
+    seen.push_back({kind, s, std::vector<AllocId>(acc, acc + n)});
+  }
+  void note_pointer_table(AllocId, const AllocId*, size_t) override {}
+};
+
+// A synchronous copy or memset touches device memory as a stream-ordered one does: the gate sees
+// it, on the legacy default stream (the calling thread's own for a _ptds entry point), with the
+// allocations it touches, so that they are resident before it is forwarded. A 2D copy's host side
+// is not read as a device pointer, whatever its device field holds.
+TEST_F(Hooks, SynchronousCopiesAndMemsetsAreSeenOnTheDefaultStream) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  TrackerCounters& c = r->tracker().counters();
+  const uint64_t copies = c.copies.load(), memsets = c.memsets.load();
+  const int fc = g_copies, fm = g_memsets;
+  void *p = nullptr, *q = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, 4096, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMallocAsync(&q, 4096, nullptr), cudaSuccess);
+  const DevPtr a = reinterpret_cast<DevPtr>(p), b = reinterpret_cast<DevPtr>(q);
+  const AllocId ida = r->tracker().allocs().find(a)->id;
+
+  SeenGate gate;
+  Tracker& t = r->tracker();
+  LaunchGate* before = t.current_gate();
+  t.set_gate(&gate);
+  char h[64] = {};
+  EXPECT_EQ(cuMemcpyDtoH_v2(h, a + 8, 16), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemcpyHtoD_v2_ptds(a, h, 16), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemsetD32_v2(a + 64, 7, 4), CUDA_SUCCESS);
+  CUDA_MEMCPY2D copy{};
+  copy.srcMemoryType = CU_MEMORYTYPE_HOST;
+  copy.srcHost = h;
+  copy.srcDevice = b;  // not read: the source is host memory
+  copy.srcPitch = 16;
+  copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.dstDevice = a;
+  copy.dstY = 2;
+  copy.dstPitch = 32;
+  copy.WidthInBytes = 16;
+  copy.Height = 2;
+  EXPECT_EQ(cuMemcpy2D_v2(&copy), CUDA_SUCCESS);
+  t.set_gate(before);
+
+  EXPECT_EQ(g_copies, fc + 3) << "forwarded";
+  EXPECT_EQ(g_memsets, fm + 1);
+  EXPECT_EQ(c.copies.load(), copies + 3);
+  EXPECT_EQ(c.memsets.load(), memsets + 1);
+  ASSERT_EQ(gate.seen.size(), 4u);
+  const std::vector<AllocId> just_a{ida};
+  EXPECT_EQ(gate.seen[0].kind, EventKind::Copy);
+  EXPECT_EQ(gate.seen[0].s, Stream{0});
+  EXPECT_EQ(gate.seen[0].acc, just_a);
+  EXPECT_EQ(gate.seen[1].s, kPerThreadStream);
+  EXPECT_EQ(gate.seen[1].acc, just_a);
+  EXPECT_EQ(gate.seen[2].kind, EventKind::Memset);
+  EXPECT_EQ(gate.seen[2].s, Stream{0});
+  EXPECT_EQ(gate.seen[2].acc, just_a);
+  EXPECT_EQ(gate.seen[3].acc, just_a) << "the host side of a 2D copy was read as a device pointer";
+  ASSERT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(q, nullptr), cudaSuccess);
 }
 
 TEST_F(Hooks, ACallMadeInsideAHookOnlyForwards) {

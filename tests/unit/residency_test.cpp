@@ -586,6 +586,38 @@ TEST(Residency, WithAStepLengthTheVictimIsTheFurthestNextUse) {
   }
 }
 
+// With the step's length known, the freed range let go for room is the one whose size the step
+// asks for again furthest ahead. A step allocates and frees ranges of 3, 1, 2 and 1 granules, a
+// kernel each, under a budget of 5, every handle one granule: the 2 finds freed ranges of 3 and 1
+// kept and room for one of them. Letting the 3 go (asked again a step later) keeps the 1, which the next allocation reuses
+// with no mapping; the smallest-first order lets the 1 go and maps a new one.
+TEST(Residency, AFreedRangeOfASizeAskedForSoonIsKept) {
+  for (bool keep_asked : {false, true}) {
+    Residency::Options o = CapRig::options(5 * kGran, Residency::Options::Fault::None);
+    o.refit = false;  // reuse at the exact size only: the choice of what is let go is what differs
+    o.piece_max = kGran;  // handles of a granule: the handles of either freed range back the 2
+    o.keep_asked = keep_asked;
+    CapRig r(o);
+    r.res.set_period(4);
+    uint64_t reused_last = 0, maps_last = 0;
+    for (int step = 0; step < 3; ++step)
+      for (uint64_t granules : {3, 1, 2, 1}) {
+        const Residency::Stats before = r.res.stats();
+        const DevPtr p = r.alloc(granules * kGran, kA);
+        ASSERT_NE(p, 0u) << r.res.error();
+        ASSERT_TRUE(r.kernel(kA, {p}, fill(p, granules * kGran, step)));
+        r.free(p, kA);
+        reused_last = r.res.stats().reused - before.reused;
+        maps_last = r.res.stats().maps - before.maps;
+      }
+    // The step's last allocation, in the third step (the second one predicted from the step before).
+    EXPECT_EQ(reused_last, keep_asked ? 1u : 0u) << "keep_asked " << keep_asked;
+    EXPECT_EQ(maps_last, keep_asked ? 0u : 1u) << "keep_asked " << keep_asked;
+    EXPECT_LE(r.sim.vmm_stats().physical_peak, 5 * kGran);
+    EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  }
+}
+
 // A "step" that touches less than half the live bytes is a part of a step (a recurrent net's
 // time step, as the detector may cut it): no period, least recently used.
 TEST(Residency, APeriodThatLeavesMostBytesUntouchedIsNotUsed) {
@@ -1089,6 +1121,9 @@ struct Costs {
   bool extra_auto = false;
   uint64_t create_ns = 0, map_ns = 0;
   uint64_t extra_pieces = 1ull << 20;
+  // Freed ranges let go smallest first, not by when their size is asked for again: these loops
+  // compare tilings and limits on pieces, whose handles the order freed ranges go in changes too.
+  bool keep_asked = false;
 };
 LoopHandles loop_of_many_sizes(bool tile_exact, bool refit = false, bool classes = false, Costs costs = {}) {
   Residency::Options o = CapRig::options(500 * kGran, Residency::Options::Fault::None);
@@ -1098,6 +1133,7 @@ LoopHandles loop_of_many_sizes(bool tile_exact, bool refit = false, bool classes
   o.size_classes = classes;
   o.extra_auto = costs.extra_auto;
   o.extra_pieces = costs.extra_pieces;
+  o.keep_asked = costs.keep_asked;
   CapRig r(o);
   r.sim.set_vmm_delays_ns(costs.create_ns, costs.map_ns);
   r.sim.set_copy_bytes(false);  // its kernels read nothing: handles and mappings are what it counts
