@@ -376,6 +376,7 @@ void print_json(const std::string& path, const StepTrace& rec, const CapReplayOp
         .field("evictions", s.evictions).field("reloads", s.reloads).field("prefetches", s.prefetches)
         .field("prefetch_hits", s.prefetch_hits).field("maps", s.maps).field("unmaps", s.unmaps)
         .field("created", s.created).field("created_bytes", unscaled(s.created_bytes)).field("released", s.released)
+        .field("bytes_out", unscaled(s.bytes_out)).field("bytes_in", unscaled(s.bytes_in))
         .field("waits", s.waits).field("host_mapped_bytes", unscaled(s.host_mapped))
         .field("host_peak_bytes", unscaled(s.host_peak)).end();
   }

@@ -34,6 +34,7 @@ struct CapReplayStep {
   uint64_t evictions = 0, reloads = 0, prefetches = 0, prefetch_hits = 0;
   uint64_t maps = 0, unmaps = 0, created = 0, released = 0, waits = 0;
   uint64_t created_bytes = 0;  // of the handles made (making costs about its size)
+  uint64_t bytes_out = 0, bytes_in = 0;  // copied out, and copied in on demand
   uint64_t host_mapped = 0;    // the host store's bytes at the step's end (it only grows)
   uint64_t host_peak = 0;      // its most bytes in use so far
 };
