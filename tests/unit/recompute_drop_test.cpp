@@ -1,10 +1,8 @@
 // Recompute under the cap: ranges dropped at eviction (nothing copied out) once their producer's
 // kernel is trusted, made again where used, or earlier, before a launch writes or the program
 // frees what they are made from; and random two-stream programs against a model of their bytes.
+#include "poll_threads.h"
 #include "recompute_rig.h"
-
-#include <chrono>
-#include <thread>
 
 namespace offload {
 namespace recompute_test {
@@ -173,7 +171,6 @@ TEST(RecomputeThreads, OwnStreamsKeepTheirBytes) {
     r.free(x);
   }
   r.sim.run_all();
-  std::atomic<int> done{0};
   auto loop = [&](Stream s, uint64_t seed) {
     std::mt19937_64 rng(seed);
     const DevPtr x = r.alloc(s);
@@ -201,18 +198,8 @@ TEST(RecomputeThreads, OwnStreamsKeepTheirBytes) {
     for (const auto& [y, b] : ys) r.launch(r.check, {y, b}, s);
     for (const auto& [y, b] : ys) r.free(y, s);
     r.free(x, s);
-    ++done;
   };
-  std::thread watcher([&] {
-    while (done.load() < 2) {
-      r.res.poll();
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  });
-  std::thread a(loop, kA, 1), b(loop, kB, 2);
-  a.join();
-  b.join();
-  watcher.join();
+  run_two_polled(r.res, kA, kB, loop);
   r.sim.run_all();
   EXPECT_EQ(r.bad.load(), 0u);
   const Residency::Stats st = r.res.stats();

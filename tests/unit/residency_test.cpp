@@ -9,7 +9,6 @@
 #include <cstring>
 #include <map>
 #include <random>
-#include <thread>
 #include <vector>
 #include <atomic>
 
@@ -19,6 +18,7 @@
 #include "json_mini.h"
 #include "residency/host_store.h"
 #include "residency/residency.h"
+#include "poll_threads.h"
 #include "sanitizers.h"
 #include "step_telemetry.h"
 
@@ -1481,7 +1481,7 @@ TEST(Residency, AHeldBackCopyIsQueuedBeforeItsTakerWaitsForIt) {
 // that fails without it.
 TEST(ResidencyThreads, OwnStreamsKeepTheirBytes) {
   CapRig r(8 * kGran);  // less than either thread alone keeps live
-  std::atomic<int> bad{0}, done{0}, checks{0}, checked{0};
+  std::atomic<int> bad{0}, checks{0}, checked{0};
   auto loop = [&](Stream s, uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::vector<std::pair<DevPtr, uint64_t>> live;  // range, the seed of its bytes
@@ -1505,18 +1505,8 @@ TEST(ResidencyThreads, OwnStreamsKeepTheirBytes) {
       }
     }
     for (auto [p, seed_of] : live) r.free(p, s);
-    ++done;
   };
-  std::thread watcher([&] {
-    while (done.load() < 2) {
-      r.res.poll();
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  });
-  std::thread a(loop, kA, 1), b(loop, kB, 2);
-  a.join();
-  b.join();
-  watcher.join();
+  run_two_polled(r.res, kA, kB, loop);
   r.sim.run_all();
   EXPECT_EQ(bad.load(), 0) << "a range read back other bytes than its own";
   EXPECT_EQ(checked.load(), checks.load());
