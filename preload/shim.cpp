@@ -46,6 +46,11 @@ void on_copy(Runtime& rt, DevPtr dst, DevPtr src, uint64_t bytes, Stream s, cons
   rt.tracker().on_copy(dst, src, bytes, s, host_src);
 }
 void on_memset(Runtime& rt, DevPtr dst, uint64_t bytes, Stream s) noexcept { rt.tracker().on_memset(dst, bytes, s); }
+void on_copies(Runtime& rt, const void* dsts, const void* srcs, const size_t* sizes, size_t count, Stream s) noexcept {
+  uint64_t bytes = 0;
+  for (size_t i = 0; sizes && i < count; ++i) bytes += sizes[i];
+  rt.tracker().on_copies(dsts, srcs, count, bytes, s);
+}
 void on_graph(Runtime& rt, Stream s) noexcept { rt.tracker().on_graph(s); }
 void on_collective(Runtime& rt, DevPtr send, DevPtr recv, uint64_t bytes, Stream s) noexcept {
   rt.tracker().on_collective(send, recv, bytes, s);

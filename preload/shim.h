@@ -52,6 +52,8 @@ struct Geom {
 void on_kernel(Runtime& rt, Func f, Stream s, void** params, void** extra, const Geom* geom = nullptr) noexcept;
 void on_copy(Runtime& rt, DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src) noexcept;
 void on_memset(Runtime& rt, DevPtr dst, uint64_t bytes, Stream s) noexcept;
+// A batch of copies (cuMemcpyBatchAsync): `count` destination and source addresses and sizes.
+void on_copies(Runtime& rt, const void* dsts, const void* srcs, const size_t* sizes, size_t count, Stream s) noexcept;
 void on_graph(Runtime& rt, Stream s) noexcept;
 void on_collective(Runtime& rt, DevPtr send, DevPtr recv, uint64_t bytes, Stream s) noexcept;
 // The budget refuses the launch just recorded (its working set cannot fit): the hook answers

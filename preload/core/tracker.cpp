@@ -1,5 +1,7 @@
 #include "core/tracker.h"
 
+#include <cstring>
+
 #include <time.h>
 #include <x86intrin.h>
 
@@ -200,6 +202,23 @@ uint64_t Tracker::on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s, cons
 
 uint64_t Tracker::on_collective(DevPtr send, DevPtr recv, uint64_t bytes, Stream s) {
   return on_transfer(EventKind::Copy, recv, send, bytes, s, nullptr, &counters_.collectives);
+}
+
+uint64_t Tracker::on_copies(const void* dsts, const void* srcs, size_t count, uint64_t bytes, Stream s) {
+  HookTimer timer(counters_);
+  uint64_t no = count_launch(s);
+  counters_.copies.fetch_add(1, std::memory_order_relaxed);
+  Event e{};
+  e.kind = EventKind::Copy;
+  e.stream = s;
+  e.a = bytes;
+  AllocId acc[kMaxAccesses];
+  size_t n = dsts ? table_.scan(dsts, count, acc, 0, kMaxAccesses) : 0;
+  if (srcs && n < kMaxAccesses) n = table_.scan(srcs, count, acc, n, kMaxAccesses);
+  if (n == kMaxAccesses) e.flags |= kAccessesTruncated;
+  if (dsts && count) std::memcpy(&e.ptr, dsts, sizeof e.ptr);
+  gate(no, e.kind, 0, s, acc, n, e.flags);
+  return publish(e, acc, static_cast<uint32_t>(n));
 }
 
 uint64_t Tracker::on_memset(DevPtr dst, uint64_t bytes, Stream s) {

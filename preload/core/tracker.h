@@ -57,6 +57,10 @@ class Tracker {
   uint64_t on_copy(DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src = nullptr);
   static constexpr uint64_t kMaxTableBytes = 4096;
   uint64_t on_memset(DevPtr dst, uint64_t bytes, Stream s);
+  // A batch of `count` copies on `s` (cuMemcpyBatchAsync): `dsts` and `srcs` are arrays of
+  // `count` 8-byte addresses each, `bytes` the batch's sum. One launch touching all of them; past
+  // kMaxAccesses allocations it is marked truncated, and the gate treats it as one it cannot see into.
+  uint64_t on_copies(const void* dsts, const void* srcs, size_t count, uint64_t bytes, Stream s);
   // An NCCL collective (or send/recv) on `s`, reading `send` and writing `recv` (either may be
   // 0). Recorded as a copy: a stream-ordered data movement touching both buffers.
   uint64_t on_collective(DevPtr send, DevPtr recv, uint64_t bytes, Stream s);

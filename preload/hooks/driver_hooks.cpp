@@ -149,6 +149,28 @@ SYNC_COPY(cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2, false, (const CUDA_MEM
 SYNC_COPY(cuMemcpy2DUnaligned_v2_ptds, cuMemcpy2DUnaligned_v2, true, (const CUDA_MEMCPY2D* c), (c), dst2d(c),
           src2d(c), bytes2d(c), nullptr)
 
+// Batches of copies: every address in the batch is looked at, as one launch on the stream.
+// CUDA 12.8's first version reports a failed copy's index; 13.0's _v2 does not.
+using BatchCopyFirst = CUresult (*)(CUdeviceptr*, CUdeviceptr*, size_t*, size_t, CUmemcpyAttributes*, size_t*, size_t,
+                                    size_t*, CUstream);
+using BatchCopy = CUresult (*)(CUdeviceptr*, CUdeviceptr*, size_t*, size_t, CUmemcpyAttributes*, size_t*, size_t,
+                               CUstream);
+#define BATCH_COPY(NAME, SIG, PTSZ, FAIL_PARAM, FAIL_ARG)                                           \
+  OFFLOAD_EXPORT CUresult NAME(CUdeviceptr* d, CUdeviceptr* sr, size_t* n, size_t count, CUmemcpyAttributes* a,      \
+                               size_t* ai, size_t na FAIL_PARAM, CUstream s) {                      \
+    return launch<HookId::NAME, SIG>(                                                               \
+        [&](Runtime& rt) { shim::on_copies(rt, d, sr, n, count, stream_id(s, PTSZ)); },               \
+        [&](auto real) { return real(d, sr, n, count, a, ai, na FAIL_ARG, s); });                   \
+  }
+#define OFFLOAD_FAIL_PARAM , size_t* fail
+#define OFFLOAD_FAIL_ARG , fail
+BATCH_COPY(cuMemcpyBatchAsync, BatchCopyFirst, false, OFFLOAD_FAIL_PARAM, OFFLOAD_FAIL_ARG)
+BATCH_COPY(cuMemcpyBatchAsync_ptsz, BatchCopyFirst, true, OFFLOAD_FAIL_PARAM, OFFLOAD_FAIL_ARG)
+BATCH_COPY(cuMemcpyBatchAsync_v2, BatchCopy, false, , )
+BATCH_COPY(cuMemcpyBatchAsync_v2_ptsz, BatchCopy, true, , )
+#undef OFFLOAD_FAIL_PARAM
+#undef OFFLOAD_FAIL_ARG
+
 #define MEMSET(NAME, BASE, PTSZ, T, UNIT)                                                           \
   OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, T v, size_t n, CUstream s) {                          \
     return launch<HookId::NAME, decltype(&::BASE)>(                                                 \

@@ -16,6 +16,9 @@
 #include <cstddef>
 #include <cstdint>
 
+// cuda.h maps this name to its newest version; the table lists both versions by their own names.
+#undef cuMemcpyBatchAsync
+
 // X(symbol, base name for cuGetProcAddress, first cudaVersion of this variant, ptsz)
 #define OFFLOAD_DRIVER_HOOKS(X)                                         \
   X(cuLaunchKernel, "cuLaunchKernel", 4000, 0)                          \
@@ -50,6 +53,10 @@
   X(cuMemcpy2D_v2_ptds, "cuMemcpy2D", 7000, 1)                          \
   X(cuMemcpy2DUnaligned_v2, "cuMemcpy2DUnaligned", 3020, 0)             \
   X(cuMemcpy2DUnaligned_v2_ptds, "cuMemcpy2DUnaligned", 7000, 1)        \
+  X(cuMemcpyBatchAsync, "cuMemcpyBatchAsync", 12080, 0)                 \
+  X(cuMemcpyBatchAsync_ptsz, "cuMemcpyBatchAsync", 12080, 1)            \
+  X(cuMemcpyBatchAsync_v2, "cuMemcpyBatchAsync", 13000, 0)              \
+  X(cuMemcpyBatchAsync_v2_ptsz, "cuMemcpyBatchAsync", 13000, 1)         \
   X(cuMemsetD8_v2, "cuMemsetD8", 3020, 0)                               \
   X(cuMemsetD8_v2_ptds, "cuMemsetD8", 7000, 1)                          \
   X(cuMemsetD16_v2, "cuMemsetD16", 3020, 0)                             \

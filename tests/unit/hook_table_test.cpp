@@ -41,6 +41,8 @@ CUresult cuGetProcAddress(const char* sym, void** pfn, int ver, cuuint64_t flags
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned smem, CUstream s, void** p, void** e);
 CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void* h, size_t n);
+CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* a,
+                            size_t* ai, size_t na, size_t* fail, CUstream s);
 cudaError_t cudaMallocAsync_ptsz(void** p, size_t n, cudaStream_t s);
 cudaError_t cudaFreeAsync_ptsz(void* p, cudaStream_t s);
 cudaError_t cudaGetDriverEntryPoint_ptsz(const char* sym, void** pfn, unsigned long long flags,
@@ -134,6 +136,20 @@ CUresult fake_dtoh_sync(void*, CUdeviceptr, size_t) { ++g_copies; return CUDA_SU
 CUresult fake_htod_sync(CUdeviceptr, const void*, size_t) { ++g_copies; return CUDA_SUCCESS; }
 CUresult fake_2d_sync(const CUDA_MEMCPY2D*) { ++g_copies; return CUDA_SUCCESS; }
 CUresult fake_memset32_sync(CUdeviceptr, unsigned, size_t) { ++g_memsets; return CUDA_SUCCESS; }
+// Batches of copies, CUDA 13's and 12.8's (which reports a failed copy's index).
+size_t g_batch_count = 0;
+CUresult fake_batch(CUdeviceptr*, CUdeviceptr*, size_t*, size_t count, CUmemcpyAttributes*, size_t*, size_t, CUstream) {
+  g_batch_count = count;
+  ++g_copies;
+  return CUDA_SUCCESS;
+}
+CUresult fake_batch_first(CUdeviceptr*, CUdeviceptr*, size_t*, size_t count, CUmemcpyAttributes*, size_t*, size_t,
+                          size_t* fail, CUstream) {
+  g_batch_count = count;
+  *fail = SIZE_MAX;
+  ++g_copies;
+  return CUDA_SUCCESS;
+}
 CUresult fake_graph(CUgraphExec, CUstream) {
   ++g_graphs;
   if (auto inner = g_inside_launch) inner();
@@ -208,6 +224,8 @@ Installed& installed() {
         {"cuMemcpyHtoD_v2_ptds", reinterpret_cast<void*>(&fake_htod_sync)},
         {"cuMemcpy2D_v2", reinterpret_cast<void*>(&fake_2d_sync)},
         {"cuMemsetD32_v2", reinterpret_cast<void*>(&fake_memset32_sync)},
+        {"cuMemcpyBatchAsync_v2", reinterpret_cast<void*>(&fake_batch)},
+        {"cuMemcpyBatchAsync", reinterpret_cast<void*>(&fake_batch_first)},
         {"cuGraphLaunch", reinterpret_cast<void*>(&fake_graph)},
         {"cuGetProcAddress", reinterpret_cast<void*>(&fake_gpa_v1)},
         {"cuGetProcAddress_v2", reinterpret_cast<void*>(&fake_gpa_v2)},
@@ -351,6 +369,10 @@ TEST_F(Hooks, ServeProcPicksTheVariantByVersionAndStream) {
     return name_of(serve_proc(base, p, ver, ptsz, kGetProcAddress));
   };
   EXPECT_EQ(served("cuMemcpyHtoDAsync", 13000, true), "cuMemcpyHtoDAsync_v2_ptsz");
+  EXPECT_EQ(served("cuMemcpyBatchAsync", 12080, false), "cuMemcpyBatchAsync");
+  EXPECT_EQ(served("cuMemcpyBatchAsync", 13000, false), "cuMemcpyBatchAsync_v2");
+  EXPECT_EQ(served("cuMemcpyBatchAsync", 13000, true), "cuMemcpyBatchAsync_v2_ptsz");
+  EXPECT_EQ(served("cuMemcpyHtoD", 13000, true), "cuMemcpyHtoD_v2_ptds");
   EXPECT_EQ(served("cuMemcpyHtoDAsync", 13000, false), "cuMemcpyHtoDAsync_v2");
   EXPECT_EQ(served("cuGetProcAddress", 13000, false), "cuGetProcAddress_v2");
   EXPECT_EQ(served("cuGetProcAddress", 12000, false), "cuGetProcAddress_v2");
@@ -774,6 +796,50 @@ TEST_F(Hooks, SynchronousCopiesAndMemsetsAreSeenOnTheDefaultStream) {
   EXPECT_EQ(gate.seen[2].s, Stream{0});
   EXPECT_EQ(gate.seen[2].acc, just_a);
   EXPECT_EQ(gate.seen[3].acc, just_a) << "the host side of a 2D copy was read as a device pointer";
+  ASSERT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(q, nullptr), cudaSuccess);
+}
+
+// A batch of copies touches every address in it: the gate sees one copy on the batch's stream
+// with each allocation once (host addresses are not ours), so that all are resident before it is
+// forwarded; both versions of the entry point forward their own arguments.
+TEST_F(Hooks, ABatchOfCopiesIsSeenWithEveryAllocationItTouches) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  TrackerCounters& c = r->tracker().counters();
+  const uint64_t copies = c.copies.load();
+  void *p = nullptr, *q = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&p, 4096, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMallocAsync(&q, 4096, nullptr), cudaSuccess);
+  const DevPtr a = reinterpret_cast<DevPtr>(p), b = reinterpret_cast<DevPtr>(q);
+  std::vector<AllocId> both{r->tracker().allocs().find(a)->id, r->tracker().allocs().find(b)->id};
+  std::sort(both.begin(), both.end());
+  char h[64] = {};
+  CUdeviceptr dsts[3] = {a, a + 64, reinterpret_cast<CUdeviceptr>(h)};
+  CUdeviceptr srcs[3] = {reinterpret_cast<CUdeviceptr>(h), b + 128, a + 256};
+  size_t sizes[3] = {16, 32, 8};
+  CUmemcpyAttributes attr{};
+  size_t attr_at = 0, fail = 0;
+  auto s = reinterpret_cast<CUstream>(0x77);
+
+  SeenGate gate;
+  Tracker& t = r->tracker();
+  LaunchGate* before = t.current_gate();
+  t.set_gate(&gate);
+  EXPECT_EQ(cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 3, &attr, &attr_at, 1, s), CUDA_SUCCESS);
+  EXPECT_EQ(g_batch_count, 3u);
+  g_batch_count = 0;
+  EXPECT_EQ(cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attr, &attr_at, 1, &fail, s), CUDA_SUCCESS);
+  EXPECT_EQ(g_batch_count, 2u);
+  EXPECT_EQ(fail, SIZE_MAX) << "the first version's failed index reaches the caller";
+  t.set_gate(before);
+
+  EXPECT_EQ(c.copies.load(), copies + 2);
+  ASSERT_EQ(gate.seen.size(), 2u);
+  EXPECT_EQ(gate.seen[0].kind, EventKind::Copy);
+  EXPECT_EQ(gate.seen[0].s, reinterpret_cast<Stream>(s));
+  EXPECT_EQ(gate.seen[0].acc, both);
+  EXPECT_EQ(gate.seen[1].acc, both);  // its two copies write a and read b
   ASSERT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
   ASSERT_EQ(cudaFreeAsync(q, nullptr), cudaSuccess);
 }
