@@ -34,6 +34,27 @@ inline uint64_t bytes2d(const CUDA_MEMCPY2D* c) {
   const size_t pitch = std::max({c->srcPitch, c->dstPitch, c->WidthInBytes});
   return uint64_t(pitch) * (c->Height - 1) + c->WidthInBytes;
 }
+// The same for a 3D copy (CUDA_MEMCPY3D or its cross-context form): a side's first byte is at
+// its z, y and x in slices of pitch x height rows.
+template <class C>
+DevPtr dst3d(const C* c) {
+  return c ? side(c->dstMemoryType, c->dstDevice + c->dstZ * c->dstPitch * c->dstHeight, c->dstXInBytes, c->dstY,
+                  c->dstPitch)
+           : 0;
+}
+template <class C>
+DevPtr src3d(const C* c) {
+  return c ? side(c->srcMemoryType, c->srcDevice + c->srcZ * c->srcPitch * c->srcHeight, c->srcXInBytes, c->srcY,
+                  c->srcPitch)
+           : 0;
+}
+template <class C>
+uint64_t bytes3d(const C* c) {
+  if (!c || !c->Height || !c->WidthInBytes || !c->Depth) return 0;
+  const uint64_t pitch = std::max({c->srcPitch, c->dstPitch, c->WidthInBytes});
+  const uint64_t slice = std::max({c->srcPitch * c->srcHeight, c->dstPitch * c->dstHeight, pitch * c->Height});
+  return slice * (c->Depth - 1) + pitch * (c->Height - 1) + c->WidthInBytes;
+}
 
 }  // namespace
 
@@ -111,6 +132,15 @@ COPY(cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2, false, (const CUDA_MEMCPY2D* c, CUs
 COPY(cuMemcpy2DAsync_v2_ptsz, cuMemcpy2DAsync_v2, true, (const CUDA_MEMCPY2D* c, CUstream s), (c, s),
      dst2d(c), src2d(c), bytes2d(c), nullptr)
 
+COPY(cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2, false, (const CUDA_MEMCPY3D* c, CUstream s), (c, s), dst3d(c), src3d(c),
+     bytes3d(c), nullptr)
+COPY(cuMemcpy3DAsync_v2_ptsz, cuMemcpy3DAsync_v2, true, (const CUDA_MEMCPY3D* c, CUstream s), (c, s), dst3d(c),
+     src3d(c), bytes3d(c), nullptr)
+COPY(cuMemcpy3DPeerAsync, cuMemcpy3DPeerAsync, false, (const CUDA_MEMCPY3D_PEER* c, CUstream s), (c, s), dst3d(c),
+     src3d(c), bytes3d(c), nullptr)
+COPY(cuMemcpy3DPeerAsync_ptsz, cuMemcpy3DPeerAsync, true, (const CUDA_MEMCPY3D_PEER* c, CUstream s), (c, s),
+     dst3d(c), src3d(c), bytes3d(c), nullptr)
+
 // The synchronous copies, on the default stream (legacy; the calling thread's own for _ptds):
 // seen as a copy on that stream, so that what they touch is resident first, then forwarded (the
 // driver returns once the copy is done). PyTorch copies asynchronously; other libraries in the
@@ -148,6 +178,13 @@ SYNC_COPY(cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2, false, (const CUDA_MEM
           bytes2d(c), nullptr)
 SYNC_COPY(cuMemcpy2DUnaligned_v2_ptds, cuMemcpy2DUnaligned_v2, true, (const CUDA_MEMCPY2D* c), (c), dst2d(c),
           src2d(c), bytes2d(c), nullptr)
+SYNC_COPY(cuMemcpy3D_v2, cuMemcpy3D_v2, false, (const CUDA_MEMCPY3D* c), (c), dst3d(c), src3d(c), bytes3d(c), nullptr)
+SYNC_COPY(cuMemcpy3D_v2_ptds, cuMemcpy3D_v2, true, (const CUDA_MEMCPY3D* c), (c), dst3d(c), src3d(c), bytes3d(c),
+          nullptr)
+SYNC_COPY(cuMemcpy3DPeer, cuMemcpy3DPeer, false, (const CUDA_MEMCPY3D_PEER* c), (c), dst3d(c), src3d(c), bytes3d(c),
+          nullptr)
+SYNC_COPY(cuMemcpy3DPeer_ptds, cuMemcpy3DPeer, true, (const CUDA_MEMCPY3D_PEER* c), (c), dst3d(c), src3d(c),
+          bytes3d(c), nullptr)
 
 // Batches of copies: every address in the batch is looked at, as one launch on the stream.
 // CUDA 12.8's first version reports a failed copy's index; 13.0's _v2 does not.

@@ -53,6 +53,14 @@
   X(cuMemcpy2D_v2_ptds, "cuMemcpy2D", 7000, 1)                          \
   X(cuMemcpy2DUnaligned_v2, "cuMemcpy2DUnaligned", 3020, 0)             \
   X(cuMemcpy2DUnaligned_v2_ptds, "cuMemcpy2DUnaligned", 7000, 1)        \
+  X(cuMemcpy3D_v2, "cuMemcpy3D", 3020, 0)                               \
+  X(cuMemcpy3D_v2_ptds, "cuMemcpy3D", 7000, 1)                          \
+  X(cuMemcpy3DAsync_v2, "cuMemcpy3DAsync", 3020, 0)                     \
+  X(cuMemcpy3DAsync_v2_ptsz, "cuMemcpy3DAsync", 7000, 1)                \
+  X(cuMemcpy3DPeer, "cuMemcpy3DPeer", 4000, 0)                          \
+  X(cuMemcpy3DPeer_ptds, "cuMemcpy3DPeer", 7000, 1)                     \
+  X(cuMemcpy3DPeerAsync, "cuMemcpy3DPeerAsync", 4000, 0)                \
+  X(cuMemcpy3DPeerAsync_ptsz, "cuMemcpy3DPeerAsync", 7000, 1)           \
   X(cuMemcpyBatchAsync, "cuMemcpyBatchAsync", 12080, 0)                 \
   X(cuMemcpyBatchAsync_ptsz, "cuMemcpyBatchAsync", 12080, 1)            \
   X(cuMemcpyBatchAsync_v2, "cuMemcpyBatchAsync", 13000, 0)              \

@@ -135,6 +135,7 @@ CUresult fake_memset32(CUdeviceptr, unsigned, size_t, CUstream) { ++g_memsets; r
 CUresult fake_dtoh_sync(void*, CUdeviceptr, size_t) { ++g_copies; return CUDA_SUCCESS; }
 CUresult fake_htod_sync(CUdeviceptr, const void*, size_t) { ++g_copies; return CUDA_SUCCESS; }
 CUresult fake_2d_sync(const CUDA_MEMCPY2D*) { ++g_copies; return CUDA_SUCCESS; }
+CUresult fake_3d_sync(const CUDA_MEMCPY3D*) { ++g_copies; return CUDA_SUCCESS; }
 CUresult fake_memset32_sync(CUdeviceptr, unsigned, size_t) { ++g_memsets; return CUDA_SUCCESS; }
 // Batches of copies, CUDA 13's and 12.8's (which reports a failed copy's index).
 size_t g_batch_count = 0;
@@ -223,6 +224,7 @@ Installed& installed() {
         {"cuMemcpyDtoH_v2", reinterpret_cast<void*>(&fake_dtoh_sync)},
         {"cuMemcpyHtoD_v2_ptds", reinterpret_cast<void*>(&fake_htod_sync)},
         {"cuMemcpy2D_v2", reinterpret_cast<void*>(&fake_2d_sync)},
+        {"cuMemcpy3D_v2", reinterpret_cast<void*>(&fake_3d_sync)},
         {"cuMemsetD32_v2", reinterpret_cast<void*>(&fake_memset32_sync)},
         {"cuMemcpyBatchAsync_v2", reinterpret_cast<void*>(&fake_batch)},
         {"cuMemcpyBatchAsync", reinterpret_cast<void*>(&fake_batch_first)},
@@ -745,8 +747,8 @@ struct SeenGate : LaunchGate {
 
 // A synchronous copy or memset touches device memory as a stream-ordered one does: the gate sees
 // it, on the legacy default stream (the calling thread's own for a _ptds entry point), with the
-// allocations it touches, so that they are resident before it is forwarded. A 2D copy's host side
-// is not read as a device pointer, whatever its device field holds.
+// allocations it touches, so that they are resident before it is forwarded. A 2D or 3D copy's host
+// side is not read as a device pointer, whatever its device field holds.
 TEST_F(Hooks, SynchronousCopiesAndMemsetsAreSeenOnTheDefaultStream) {
   Runtime* r = rt();
   ASSERT_NE(r, nullptr);
@@ -779,13 +781,30 @@ TEST_F(Hooks, SynchronousCopiesAndMemsetsAreSeenOnTheDefaultStream) {
   copy.WidthInBytes = 16;
   copy.Height = 2;
   EXPECT_EQ(cuMemcpy2D_v2(&copy), CUDA_SUCCESS);
+  // A 3D copy out of b's third slice (two rows of 64 bytes each) into host memory whose device
+  // field points at a.
+  CUDA_MEMCPY3D cube{};
+  cube.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  cube.srcDevice = b;
+  cube.srcZ = 2;
+  cube.srcPitch = 64;
+  cube.srcHeight = 2;
+  cube.dstMemoryType = CU_MEMORYTYPE_HOST;
+  cube.dstHost = h;
+  cube.dstDevice = a;  // not read
+  cube.dstPitch = 16;
+  cube.dstHeight = 2;
+  cube.WidthInBytes = 16;
+  cube.Height = 2;
+  cube.Depth = 1;
+  EXPECT_EQ(cuMemcpy3D_v2(&cube), CUDA_SUCCESS);
   t.set_gate(before);
 
-  EXPECT_EQ(g_copies, fc + 3) << "forwarded";
+  EXPECT_EQ(g_copies, fc + 4) << "forwarded";
   EXPECT_EQ(g_memsets, fm + 1);
-  EXPECT_EQ(c.copies.load(), copies + 3);
+  EXPECT_EQ(c.copies.load(), copies + 4);
   EXPECT_EQ(c.memsets.load(), memsets + 1);
-  ASSERT_EQ(gate.seen.size(), 4u);
+  ASSERT_EQ(gate.seen.size(), 5u);
   const std::vector<AllocId> just_a{ida};
   EXPECT_EQ(gate.seen[0].kind, EventKind::Copy);
   EXPECT_EQ(gate.seen[0].s, Stream{0});
@@ -796,6 +815,8 @@ TEST_F(Hooks, SynchronousCopiesAndMemsetsAreSeenOnTheDefaultStream) {
   EXPECT_EQ(gate.seen[2].s, Stream{0});
   EXPECT_EQ(gate.seen[2].acc, just_a);
   EXPECT_EQ(gate.seen[3].acc, just_a) << "the host side of a 2D copy was read as a device pointer";
+  const std::vector<AllocId> just_b{r->tracker().allocs().find(b)->id};
+  EXPECT_EQ(gate.seen[4].acc, just_b) << "a 3D copy's sides";
   ASSERT_EQ(cudaFreeAsync(p, nullptr), cudaSuccess);
   ASSERT_EQ(cudaFreeAsync(q, nullptr), cudaSuccess);
 }
