@@ -201,6 +201,21 @@ void read_cap(const SettingsReader& in, Settings& st) {
   in.flag("OFFLOAD_CAP_REFIT", st.cap_refit);
   in.flag("OFFLOAD_CAP_EVICT_FIRST", st.cap_evict_first);
   in.flag("OFFLOAD_CAP_KEEP_ASKED", st.cap_keep_asked);
+  if (const char* v = get("OFFLOAD_CAP_AHEAD"); v && *v) {
+    const std::string_view sv(v);
+    char* end = nullptr;
+    const double pct = sv.ends_with("%") ? std::strtod(v, &end) : -1;
+    if (sv.ends_with("%")) {
+      if (end != v + sv.size() - 1 || !std::isfinite(pct) || pct < 0 || pct > 50)
+        in.bad("OFFLOAD_CAP_AHEAD", v, "a share of the budget from 0% to 50% (e.g. 12.5%), or a size (e.g. 2GiB)");
+      else st.cap_ahead_share = pct / 100, st.cap_ahead_bytes = 0;
+    } else if (auto size = parse_size(v)) {
+      st.cap_ahead_bytes = *size;
+      st.cap_ahead_share = 0;
+    } else {
+      in.bad("OFFLOAD_CAP_AHEAD", v, "a share of the budget from 0% to 50% (e.g. 12.5%), or a size (e.g. 2GiB)");
+    }
+  }
   in.flag("OFFLOAD_CAP_RECOMPUTE", st.cap_recompute);
   in.flag("OFFLOAD_CAP_PLAN", st.cap_plan);
   if (const char* v = get("OFFLOAD_CAP_PREFETCH_MAX"); v && *v) {
@@ -241,7 +256,7 @@ namespace {
 
 // Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
 constexpr const char* kKnownSettings[] = {
-    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_HOST_LIMIT",
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_HOST_LIMIT",
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",

@@ -76,6 +76,10 @@ struct Settings {
   // third to a half of the waits off most workloads and moved 2-44% more bytes out; not measured
   // on the GPU, so off (docs/results.md).
   bool cap_evict_first = false;
+  // OFFLOAD_CAP_AHEAD=N%|SIZE: device memory kept free by evicting ahead of need, a share of the
+  // budget (12.5%, the default) or a size; 0 evicts only on need.
+  double cap_ahead_share = 0.125;
+  uint64_t cap_ahead_bytes = 0;  // a size given: this, not the share
   // OFFLOAD_CAP_KEEP_ASKED=1|0: freed ranges are let go for room by when the step asks for their
   // size again, furthest first; 0: the smallest first.
   bool cap_keep_asked = true;

@@ -77,7 +77,7 @@ void Residency::evict_ahead(const uint32_t* keep, size_t nkeep) {
   // Under a plan's arenas (external_) the plan made room for what it moves: ranges are evicted on
   // need only, else the ranges it counted resident (weights) would stream every step.
   if (external_) return;
-  const uint64_t low = o_.low_water ? o_.low_water : o_.budget / 8;
+  const uint64_t low = std::min(o_.budget / 2, o_.low_water ? o_.low_water : uint64_t(double(o_.budget) * o_.low_share));
   const uint64_t lim = limit();
   // What stays held if every copy out, freed range and spare handle gave its memory back.
   auto projected = [&] {

@@ -552,6 +552,8 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->size_classes = s.cap_size_classes;
   o->refit = s.cap_refit;
   o->keep_asked = s.cap_keep_asked;
+  o->low_water = s.cap_ahead_bytes;
+  o->low_share = s.cap_ahead_share;
   o->prefetch = s.cap_prefetch_max != 0;
   o->prefetch_lead_max = s.cap_prefetch_max;  // kQuarterStep: no ceiling but the step's quarter
 }

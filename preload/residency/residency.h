@@ -82,8 +82,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // is measured (Driver::device_used_bytes) and taken off the budget too.
     uint64_t headroom = 0;
     // Kept free by evicting ahead, off the allocation path, so that a reload or an allocation
-    // finds room without the host waiting for a copy out; 0: budget / 8.
+    // finds room without the host waiting for a copy out; 0: low_share of the budget.
     uint64_t low_water = 0;
+    double low_share = 0.125;
     bool prefetch = true;  // reload ahead what the step before predicts is used soon
     // Launches ahead of its predicted use that a range is reloaded at first; doubled (up to a
     // quarter of the step) each time a prefetch is still copying when its launch comes, and a

@@ -400,7 +400,8 @@ def check_recompute_bound():
 
 def check_policy_replay():
     """scripts/bench/policy_replay.py against a made-up offloadctl: its steps 0-3 each map 100 times
-    and the later ones 10 (20 with OFFLOAD_CAP_KEEP_ASKED=0), 2 handles made and 1 GiB out a step;
+    and the later ones 10 (20 with OFFLOAD_CAP_KEEP_ASKED=0), 2 handles made, 1 demand reload, 3 waits
+    and 1 GiB out a step;
     the run with OFFLOAD_CAP_TILE=exact misses the budget. From step 3 on, the defaults' cell is
     (100 + 10 * 6) / 7 = 23 mappings, the other arm's (100 + 20 * 6) / 7 = 31, the failed one says
     FAIL, and an OFFLOAD_CAP_ setting of the caller's own environment reaches no arm. Exit 1
@@ -410,7 +411,7 @@ def check_policy_replay():
         "import json, os",
         "later = 20 if os.environ.get('OFFLOAD_CAP_KEEP_ASKED') == '0' else 10",
         "assert 'OFFLOAD_CAP_PIECE' not in os.environ",
-        "steps = [dict(maps=100 if i < 4 else later, created=2, reloads=1, bytes_out=1 << 30) for i in range(10)]",
+        "steps = [dict(maps=100 if i < 4 else later, created=2, reloads=1, waits=3, bytes_out=1 << 30) for i in range(10)]",
         "ok = os.environ.get('OFFLOAD_CAP_TILE') != 'exact'",
         "print(json.dumps(dict(cap=dict(per_step=steps, within_budget=ok, mismatches=0))))", ""])
     failures = []
@@ -422,7 +423,7 @@ def check_policy_replay():
         out = subprocess.run([sys.executable, os.path.join(root, "scripts", "bench", "policy_replay.py"), path,
                               "--caps", "0.5", "now:", "smallest:OFFLOAD_CAP_KEEP_ASKED=0", "exact:OFFLOAD_CAP_TILE=exact",
                               "--", "one.trace"], check=True, capture_output=True, text=True, env=env).stdout
-    expect_match(failures, out, r"\| one \| 0\.5 \| 23 / 2 / 1, 1\.00 \| 31 / 2 / 1, 1\.00 \| FAIL \|",
+    expect_match(failures, out, r"\| one \| 0\.5 \| 23 / 2 / 1 / 3, 1\.00 \| 31 / 2 / 1 / 3, 1\.00 \| FAIL \|",
                  "the steady means, the arms' settings and the failed run", show_out=True)
     return finish(failures)
 

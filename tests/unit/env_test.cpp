@@ -188,6 +188,14 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_CAP_PREFETCH_MAX", "0").cap_prefetch_max, 0u);
   EXPECT_EQ(one("OFFLOAD_CAP_PREFETCH_MAX", "64").cap_prefetch_max, 64u);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_tile_exact);
+  EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").cap_keep_asked);
+  EXPECT_FALSE(one("OFFLOAD_CAP_KEEP_ASKED", "0").cap_keep_asked);
+  EXPECT_DOUBLE_EQ(one("OFFLOAD_DISABLE", "0").cap_ahead_share, 0.125);
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_ahead_bytes, 0u);
+  EXPECT_DOUBLE_EQ(one("OFFLOAD_CAP_AHEAD", "3%").cap_ahead_share, 0.03);
+  EXPECT_DOUBLE_EQ(one("OFFLOAD_CAP_AHEAD", "0%").cap_ahead_share, 0.0);
+  EXPECT_EQ(one("OFFLOAD_CAP_AHEAD", "2GiB").cap_ahead_bytes, 2ull << 30);
+  EXPECT_DOUBLE_EQ(one("OFFLOAD_CAP_AHEAD", "2GiB").cap_ahead_share, 0.0);
 }
 
 TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
@@ -198,7 +206,8 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_LOG_LEVEL", "trace"},    {"OFFLOAD_DISABLE", "yes"},      {"OFFLOAD_DISABLE", "2"},
       {"OFFLOAD_CAP_PIECE", "big"}, {"OFFLOAD_CAP_WHOLE", "whole"},      {"OFFLOAD_CAP_EXTRA_PIECES", "-1"}, {"OFFLOAD_CAP_EXTRA_PIECES", "many"},
       {"OFFLOAD_CAP_EXTRA_PIECES", "2000"}, {"OFFLOAD_CAP_TILE", "some"}, {"OFFLOAD_CAP_REFIT", "yes"}, {"OFFLOAD_CAP_EVICT_FIRST", "first"},
-      {"OFFLOAD_CAP_RECOMPUTE", "on"},
+      {"OFFLOAD_CAP_RECOMPUTE", "on"}, {"OFFLOAD_CAP_KEEP_ASKED", "yes"}, {"OFFLOAD_CAP_AHEAD", "60%"},
+      {"OFFLOAD_CAP_AHEAD", "-1%"}, {"OFFLOAD_CAP_AHEAD", "x%"}, {"OFFLOAD_CAP_AHEAD", "a lot"},
       {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"},
   };
   for (auto [var, val] : bad) {

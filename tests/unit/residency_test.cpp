@@ -586,6 +586,34 @@ TEST(Residency, WithAStepLengthTheVictimIsTheFurthestNextUse) {
   }
 }
 
+// Evicting ahead keeps the share of the budget set free (OFFLOAD_CAP_AHEAD), and nothing is
+// evicted ahead with a share of 0: 14 ranges of a granule live under a budget of 16, touched in turn.
+TEST(Residency, TheShareKeptFreeAheadIsTheOneSet) {
+  for (double share : {0.0, 0.25}) {
+    Residency::Options o = CapRig::options(16 * kGran, Residency::Options::Fault::None);
+    o.low_share = share;
+    CapRig r(o);
+    std::vector<DevPtr> live;
+    for (int i = 0; i < 14; ++i) {
+      live.push_back(r.alloc(kGran, kA));
+      ASSERT_NE(live.back(), 0u) << r.res.error();
+      ASSERT_TRUE(r.kernel(kA, {live.back()}, fill(live.back(), kGran, i)));
+    }
+    r.sim.run_all();
+    r.res.poll();
+    size_t resident = 0;
+    for (DevPtr p : live) resident += r.res.state_of(p) == Residency::State::Resident;
+    if (share == 0) {
+      EXPECT_EQ(r.res.stats().ahead, 0u);
+      EXPECT_EQ(resident, 14u);
+    } else {
+      EXPECT_EQ(r.res.stats().ahead, 2u);  // 14 + 4 kept free is 2 over the 16
+      EXPECT_EQ(resident, 12u);
+    }
+    EXPECT_LE(r.sim.vmm_stats().physical_peak, 16 * kGran);
+  }
+}
+
 // With the step's length known, the freed range let go for room is the one whose size the step
 // asks for again furthest ahead. A step allocates and frees ranges of 3, 1, 2 and 1 granules, a
 // kernel each, under a budget of 5, every handle one granule: the 2 finds freed ranges of 3 and 1
