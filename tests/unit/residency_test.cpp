@@ -586,6 +586,42 @@ TEST(Residency, WithAStepLengthTheVictimIsTheFurthestNextUse) {
   }
 }
 
+// Copies read what launches do: a synchronous copy out of a range on the host (the legacy default
+// stream, 0) finds it reloaded first on that stream, and a batch of copies touching two ranges
+// finds both resident. The bytes the copy reads are those written before the eviction.
+TEST(Residency, ACopyFromARangeOnTheHostReadsItsBytes) {
+  CapRig r(2 * kGran);
+  const DevPtr x = r.alloc(kGran, kA);
+  ASSERT_TRUE(r.kernel(kA, {x}, fill(x, kGran, 5)));
+  const DevPtr y = r.alloc(kGran, kA);
+  ASSERT_TRUE(r.kernel(kA, {y}, fill(y, kGran, 6)));
+  const DevPtr z = r.alloc(kGran, kA);  // x, the least recently touched, goes out
+  ASSERT_TRUE(r.kernel(kA, {z}, fill(z, kGran, 7)));
+  r.sim.run_all();
+  r.res.poll();
+  ASSERT_EQ(r.res.state_of(x), Residency::State::OnHost);
+  r.join(kA, 0);
+  r.tr.on_copy(0, x, kGran, 0);  // cuMemcpyDtoH: x to the host
+  ASSERT_FALSE(Residency::take_refusal()) << r.res.error();
+  EXPECT_NE(r.res.state_of(x), Residency::State::OnHost);
+  uint64_t got = 0;
+  r.sim.launch(0, [&] { got = hash(x, kGran); });  // the copy itself, as the driver runs it
+  r.res.after_launch();
+  r.sim.run_all();
+  EXPECT_EQ(got, filled_hash(5));
+
+  r.res.poll();
+  const DevPtr dsts[2] = {y, 0}, srcs[2] = {0, z};  // one copy into y, one out of z
+  r.tr.on_copies(dsts, srcs, 2, 2 * kGran, kB);
+  ASSERT_FALSE(Residency::take_refusal()) << r.res.error();
+  EXPECT_NE(r.res.state_of(y), Residency::State::OnHost);
+  EXPECT_NE(r.res.state_of(z), Residency::State::OnHost);
+  r.res.after_launch();
+  r.sim.run_all();
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 2 * kGran);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 // Evicting ahead keeps the share of the budget set free (OFFLOAD_CAP_AHEAD), and nothing is
 // evicted ahead with a share of 0: 14 ranges of a granule live under a budget of 16, touched in turn.
 TEST(Residency, TheShareKeptFreeAheadIsTheOneSet) {
