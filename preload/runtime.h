@@ -226,6 +226,8 @@ class Runtime final : private PlanContext {
   int cap_device_ = -1;                  // its device ordinal
   std::atomic<bool> other_device_said_{false};
   Residency::Stats last_step_cap_;       // the cap's counters at the last step cut (worker)
+  HostStore::Stats last_step_host_;      // the host store's, likewise
+  bool said_host_making_ = false;
   uint64_t capped_steps_logged_ = 0;
   size_t last_step_launches_ = 0;        // the last step's launches (worker)
   static constexpr uint64_t kCappedStepsLogged = 8;

@@ -189,6 +189,13 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
   }
   const bool moved = now.bytes_out != was.bytes_out || now.bytes_in != was.bytes_in;
   last_step_cap_ = now;
+  const HostStore::Stats host = residency_->host_stats();
+  if (!said_host_making_)
+    if (const std::string note = host_making_note(step, wall_ns, host, last_step_host_); !note.empty()) {
+      said_host_making_ = true;
+      log().info("{}", note);
+    }
+  last_step_host_ = host;
   // A step past the first few that moved bytes and took over 1.1x its GPU time: the link is the
   // bound, and checkpointing the layers may be faster (the planner's estimate, docs/design.md),
   // from the kernels' own times: this step's timeline holds its stalls, checkpointing's would not.

@@ -180,4 +180,20 @@ HostStore::Stats HostStore::stats() const {
   return s;
 }
 
+std::string host_making_note(uint64_t step, int64_t step_ns, const HostStore::Stats& now, const HostStore::Stats& was) {
+  const uint64_t made = (now.mapped - now.lent) - std::min(now.mapped - now.lent, was.mapped - was.lent);
+  const int64_t pin_ns = now.pin_ns - was.pin_ns;
+  if (made < (1ull << 30) || pin_ns < 500'000'000 || pin_ns * 4 < step_ns) return "";
+  const double gib = double(1ull << 30);
+  const uint64_t pool_gib = (now.mapped + now.mapped / 4 + (1ull << 30) - 1) >> 30;
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "step %llu spent %.1f s of its %.1f s making %.2f GiB of pinned host memory for evicted bytes. An "
+                "offloadd started before the job makes it ahead: `offloadd --pool-size %lluGiB &`, then this job "
+                "(README, Using it)",
+                static_cast<unsigned long long>(step), pin_ns / 1e9, step_ns / 1e9, made / gib,
+                static_cast<unsigned long long>(pool_gib));
+  return buf;
+}
+
 }  // namespace offload
