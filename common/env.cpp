@@ -206,7 +206,7 @@ void read_cap(const SettingsReader& in, Settings& st) {
     char* end = nullptr;
     const double pct = sv.ends_with("%") ? std::strtod(v, &end) : -1;
     if (sv.ends_with("%")) {
-      if (end != v + sv.size() - 1 || !std::isfinite(pct) || pct < 0 || pct > 50)
+      if (end == v || end != v + sv.size() - 1 || !std::isfinite(pct) || pct < 0 || pct > 50)
         in.bad("OFFLOAD_CAP_AHEAD", v, "a share of the budget from 0% to 50% (e.g. 12.5%), or a size (e.g. 2GiB)");
       else st.cap_ahead_share = pct / 100, st.cap_ahead_bytes = 0;
     } else if (auto size = parse_size(v)) {

@@ -207,7 +207,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_CAP_PIECE", "big"}, {"OFFLOAD_CAP_WHOLE", "whole"},      {"OFFLOAD_CAP_EXTRA_PIECES", "-1"}, {"OFFLOAD_CAP_EXTRA_PIECES", "many"},
       {"OFFLOAD_CAP_EXTRA_PIECES", "2000"}, {"OFFLOAD_CAP_TILE", "some"}, {"OFFLOAD_CAP_REFIT", "yes"}, {"OFFLOAD_CAP_EVICT_FIRST", "first"},
       {"OFFLOAD_CAP_RECOMPUTE", "on"}, {"OFFLOAD_CAP_KEEP_ASKED", "yes"}, {"OFFLOAD_CAP_AHEAD", "60%"},
-      {"OFFLOAD_CAP_AHEAD", "-1%"}, {"OFFLOAD_CAP_AHEAD", "x%"}, {"OFFLOAD_CAP_AHEAD", "a lot"},
+      {"OFFLOAD_CAP_AHEAD", "-1%"}, {"OFFLOAD_CAP_AHEAD", "x%"}, {"OFFLOAD_CAP_AHEAD", "%"}, {"OFFLOAD_CAP_AHEAD", "a lot"},
       {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"},
   };
   for (auto [var, val] : bad) {
