@@ -81,8 +81,9 @@ struct Settings {
   double cap_ahead_share = 0.125;
   uint64_t cap_ahead_bytes = 0;  // a size given: this, not the share
   // OFFLOAD_CAP_KEEP_ASKED=1|0: freed ranges are let go for room by when the step asks for their
-  // size again, furthest first; 0: the smallest first.
-  bool cap_keep_asked = true;
+  // size again, furthest first; 0 (the default): the smallest first. Fewer mappings on the recorded
+  // steps, 3.6% more on the H200's large Llama (docs/results.md), so off.
+  bool cap_keep_asked = false;
   // OFFLOAD_CAP_RECOMPUTE=1|0: a range that one launch produced from ranges still resident and
   // unchanged is made again by that launch instead of copied back in (its kernel's first remake
   // checked byte for byte against the saved copy). Off: not yet measured on a GPU.

@@ -188,8 +188,8 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_CAP_PREFETCH_MAX", "0").cap_prefetch_max, 0u);
   EXPECT_EQ(one("OFFLOAD_CAP_PREFETCH_MAX", "64").cap_prefetch_max, 64u);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_tile_exact);
-  EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").cap_keep_asked);
-  EXPECT_FALSE(one("OFFLOAD_CAP_KEEP_ASKED", "0").cap_keep_asked);
+  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_keep_asked);
+  EXPECT_TRUE(one("OFFLOAD_CAP_KEEP_ASKED", "1").cap_keep_asked);
   EXPECT_DOUBLE_EQ(one("OFFLOAD_DISABLE", "0").cap_ahead_share, 0.125);
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_ahead_bytes, 0u);
   EXPECT_DOUBLE_EQ(one("OFFLOAD_CAP_AHEAD", "3%").cap_ahead_share, 0.03);
