@@ -173,7 +173,17 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       bumped.push_back({k, was, r.version});
     }
   }
-  if (!blind && !described) ++st_.undescribed;
+  if (!blind && !described) {
+    ++st_.undescribed;
+    // Which kernels cannot be made again at all, named once each (a dozen at most): what recompute
+    // can do for a model depends on them.
+    if (!kk.said_undescribed && rc_.kernels_said < 12) {
+      kk.said_undescribed = true;
+      ++rc_.kernels_said;
+      log().info("recompute: kernel {} came without arguments to launch it again (a launch attribute, or no layout)",
+                 namer_ ? namer_(namer_ctx_, kernel) : std::to_string(kernel));
+    }
+  }
   if (blind || !described) return;
   // A producer: one new range, written, and nothing else written.
   bool small = false;
@@ -186,7 +196,9 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   uint32_t len = 0;
   for (int32_t i = 0; i < np; ++i) len = std::max(len, a->fi->params[i].offset + a->fi->params[i].size);
   const bool alone = !others_written || o_.fault == Options::Fault::RecomputeIgnoreWrites;
+  if (learned && nfresh == 1 && writes_fresh && alone && small) ++st_.not_producer_small;
   if (learned && nfresh == 1 && writes_fresh && alone && !small && !kk.rng && !banned && len <= kMaxArgBytes) {
+    ++st_.producers;
     int32_t id;
     if (!rc_.free_producers.empty()) {
       id = rc_.free_producers.back();
@@ -375,11 +387,20 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   const Producer& p = rc_.producers[r.producer];
   KernelKnow& kk = rc_.know[p.kernel];
   const bool versions = o_.fault != Options::Fault::RecomputeIgnoreVersions;
-  if (kk.trust == KernelKnow::Trust::Banned || (versions && p.out_version != r.version)) return false;
+  if (kk.trust == KernelKnow::Trust::Banned || (versions && p.out_version != r.version)) {
+    ++st_.remake_stale;
+    return false;
+  }
   for (const auto& [k, v] : p.inputs) {
     const Range& in = slots_[k];
-    if (!in.live || (versions && in.version != v)) return false;
-    if (in.state != State::Resident && in.state != State::CopyingIn) return false;
+    if (!in.live || (versions && in.version != v)) {
+      ++st_.remake_stale;
+      return false;
+    }
+    if (in.state != State::Resident && in.state != State::CopyingIn) {
+      ++st_.remake_away;
+      return false;
+    }
   }
   // After an input's reload on another stream. Its writes before the launch made again need no
   // wait: they preceded the original launch, which the copy out of this range followed; one after

@@ -18,6 +18,7 @@ struct KernelKnow {
   enum class Trust : uint8_t { Unchecked, Trusted, Banned } trust = Trust::Unchecked;
   int8_t rng = -1;  // its name says it draws random numbers (-1: not looked at yet)
   uint8_t probes = 0;  // launches probed so far
+  bool said_undescribed = false;  // its launches without arguments to launch again were named in the log
   std::vector<uint32_t> at;
   uint64_t written = 0;  // bit i: at[i] is written
 };
@@ -67,6 +68,7 @@ struct State {
   bool writing = false;
   bool prepared = false, described = false;  // before_launch's rc_may_write, for rc_note_launch
   std::vector<unsigned char> stage;  // host staging for hashes and checks
+  uint32_t kernels_said = 0;         // kernels named for launches without arguments (a dozen at most)
 };
 
 }  // namespace offload::recompute

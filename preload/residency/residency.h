@@ -225,6 +225,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // Kernel launches touching ranges that came without arguments to launch again (a launch with
     // attributes, an `extra` buffer, a layout the driver would not give): never producers.
     uint64_t undescribed = 0;
+    // Producers recorded; ranges with one copied back instead of made again because an input was
+    // not resident (away) or had changed, or its kernel was banned (stale); described launches that
+    // made no producer because they touched an allocation outside the ranges (small).
+    uint64_t producers = 0, remake_away = 0, remake_stale = 0, not_producer_small = 0;
     uint64_t create_avg_ns = 0, piece_avg_ns = 0;  // the running averages that decide it
     uint64_t extra_pieces = 0;               // the pieces beyond the fewest a range may take now
   };

@@ -76,7 +76,8 @@ HOST_MS = ("busy_ns", "wait_ns", "map_ns", "unmap_ns", "create_ns", "release_ns"
            "probe_ns")
 HOST_COUNTS = ("allocs", "reused", "refits", "maps", "alloc_maps", "unmaps", "created", "evictions", "reloads",
                "prefetch_hits", "prefetch_late", "waits", "waits_room", "waits_release", "waits_abandon",
-               "recomputed", "dropped", "restored_early", "undescribed")
+               "recomputed", "dropped", "restored_early", "undescribed", "producers", "remake_away", "remake_stale",
+               "not_producer_small")
 
 
 def host_split(r):
