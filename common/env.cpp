@@ -205,16 +205,11 @@ void read_cap(const SettingsReader& in, Settings& st) {
     const std::string_view sv(v);
     char* end = nullptr;
     const double pct = sv.ends_with("%") ? std::strtod(v, &end) : -1;
-    if (sv.ends_with("%")) {
-      if (end == v || end != v + sv.size() - 1 || !std::isfinite(pct) || pct < 0 || pct > 50)
-        in.bad("OFFLOAD_CAP_AHEAD", v, "a share of the budget from 0% to 50% (e.g. 12.5%), or a size (e.g. 2GiB)");
-      else st.cap_ahead_share = pct / 100, st.cap_ahead_bytes = 0;
-    } else if (auto size = parse_size(v)) {
-      st.cap_ahead_bytes = *size;
-      st.cap_ahead_share = 0;
-    } else {
-      in.bad("OFFLOAD_CAP_AHEAD", v, "a share of the budget from 0% to 50% (e.g. 12.5%), or a size (e.g. 2GiB)");
-    }
+    const auto size = sv.ends_with("%") ? std::nullopt : parse_size(v);
+    if (size) st.cap_ahead_bytes = *size, st.cap_ahead_share = 0;
+    else if (end != v && end == v + sv.size() - 1 && std::isfinite(pct) && pct >= 0 && pct <= 50)
+      st.cap_ahead_share = pct / 100, st.cap_ahead_bytes = 0;
+    else in.bad("OFFLOAD_CAP_AHEAD", v, "a share of the budget from 0% to 50% (e.g. 12.5%), or a size (e.g. 2GiB)");
   }
   in.flag("OFFLOAD_CAP_RECOMPUTE", st.cap_recompute);
   in.flag("OFFLOAD_CAP_PLAN", st.cap_plan);

@@ -112,7 +112,7 @@ bool Residency::room_without_waiting(uint64_t need) {
 }
 
 void Residency::note_ask(uint64_t size) {
-  if (!period_) return;
+  if (!period_ || !o_.keep_asked) return;  // only let_go_cached's order under keep_asked reads them
   const uint64_t now = last_launch_.load(std::memory_order_relaxed);
   if (now / period_ != asks_step_) {
     asks_step_ = now / period_;

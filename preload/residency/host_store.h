@@ -109,8 +109,7 @@ class HostStore {
 };
 
 // What a step spent making pinned host memory, said once to the user: when the store made (did not
-// borrow) at least `kNoteMin` bytes in the step and pinning them took at least a quarter of it and
-// half a second, a line saying so, with the offloadd pool that would have made them before the
+// borrow) at least a GiB in the step and pinning took at least a quarter of it and half a second, a line saying so, with the offloadd pool that would have made them before the
 // job (the store's bytes and a quarter more); "" otherwise. From the step's host stats and the
 // ones at the step before.
 std::string host_making_note(uint64_t step, int64_t step_ns, const HostStore::Stats& now, const HostStore::Stats& was);
