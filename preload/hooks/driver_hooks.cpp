@@ -98,13 +98,16 @@ LAUNCH_KERNEL_EX(cuLaunchKernelEx_ptsz, true)
 LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel, false)
 LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz, true)
 
-// HSRC: the host source of a host-to-device copy (scanned for device pointers: a pointer table).
-#define COPY(NAME, BASE, PTSZ, PARAMS, ARGS, DST, SRC, BYTES, HSRC)                                 \
+// A copy on STREAM, stream-ordered or synchronous. HSRC: the host source of a host-to-device copy
+// (scanned for device pointers: a pointer table).
+#define COPY_HOOK(NAME, BASE, STREAM, PARAMS, ARGS, DST, SRC, BYTES, HSRC)                          \
   OFFLOAD_EXPORT CUresult NAME PARAMS {                                                             \
     return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
-        [&](Runtime& rt) { shim::on_copy(rt, DST, SRC, BYTES, stream_id(s, PTSZ), HSRC); },           \
+        [&](Runtime& rt) { shim::on_copy(rt, DST, SRC, BYTES, STREAM, HSRC); },                       \
         [&](auto real) { return real ARGS; });                                                      \
   }
+#define COPY(NAME, BASE, PTSZ, PARAMS, ARGS, DST, SRC, BYTES, HSRC) \
+  COPY_HOOK(NAME, BASE, stream_id(s, PTSZ), PARAMS, ARGS, DST, SRC, BYTES, HSRC)
 COPY(cuMemcpyAsync, cuMemcpyAsync, false, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s),
      (d, sr, n, s), dev(d), dev(sr), n, nullptr)
 COPY(cuMemcpyAsync_ptsz, cuMemcpyAsync, true, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s),
@@ -145,12 +148,8 @@ COPY(cuMemcpy3DPeerAsync_ptsz, cuMemcpy3DPeerAsync, true, (const CUDA_MEMCPY3D_P
 // seen as a copy on that stream, so that what they touch is resident first, then forwarded (the
 // driver returns once the copy is done). PyTorch copies asynchronously; other libraries in the
 // process (and a copy the user makes with cudaMemcpy) may not.
-#define SYNC_COPY(NAME, BASE, PTDS, PARAMS, ARGS, DST, SRC, BYTES, HSRC)                            \
-  OFFLOAD_EXPORT CUresult NAME PARAMS {                                                             \
-    return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
-        [&](Runtime& rt) { shim::on_copy(rt, DST, SRC, BYTES, stream_id(nullptr, PTDS), HSRC); },     \
-        [&](auto real) { return real ARGS; });                                                      \
-  }
+#define SYNC_COPY(NAME, BASE, PTDS, PARAMS, ARGS, DST, SRC, BYTES, HSRC) \
+  COPY_HOOK(NAME, BASE, stream_id(nullptr, PTDS), PARAMS, ARGS, DST, SRC, BYTES, HSRC)
 SYNC_COPY(cuMemcpy, cuMemcpy, false, (CUdeviceptr d, CUdeviceptr sr, size_t n), (d, sr, n), dev(d), dev(sr), n, nullptr)
 SYNC_COPY(cuMemcpy_ptds, cuMemcpy, true, (CUdeviceptr d, CUdeviceptr sr, size_t n), (d, sr, n), dev(d), dev(sr), n,
           nullptr)
@@ -208,12 +207,16 @@ BATCH_COPY(cuMemcpyBatchAsync_v2_ptsz, BatchCopy, true, , )
 #undef OFFLOAD_FAIL_PARAM
 #undef OFFLOAD_FAIL_ARG
 
-#define MEMSET(NAME, BASE, PTSZ, T, UNIT)                                                           \
-  OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, T v, size_t n, CUstream s) {                          \
-    return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
-        [&](Runtime& rt) { shim::on_memset(rt, dev(d), n * UNIT, stream_id(s, PTSZ)); },              \
-        [&](auto real) { return real(d, v, n, s); });                                               \
+// A memset of BYTES from `d` on STREAM, stream-ordered or synchronous; 1D (`n` elements of
+// UNIT bytes) or 2D (`h` rows of `pitch`).
+#define MEMSET_HOOK(NAME, BASE, STREAM, PARAMS, ARGS, BYTES)                                        \
+  OFFLOAD_EXPORT CUresult NAME PARAMS {                                                             \
+    return launch<HookId::NAME, decltype(&::BASE)>(                                                \
+        [&](Runtime& rt) { shim::on_memset(rt, dev(d), BYTES, STREAM); },                             \
+        [&](auto real) { return real ARGS; });                                                      \
   }
+#define MEMSET(NAME, BASE, PTSZ, T, UNIT)                                                           \
+  MEMSET_HOOK(NAME, BASE, stream_id(s, PTSZ), (CUdeviceptr d, T v, size_t n, CUstream s), (d, v, n, s), n * UNIT)
 MEMSET(cuMemsetD8Async, cuMemsetD8Async, false, unsigned char, 1)
 MEMSET(cuMemsetD8Async_ptsz, cuMemsetD8Async, true, unsigned char, 1)
 MEMSET(cuMemsetD16Async, cuMemsetD16Async, false, unsigned short, 2)
@@ -221,12 +224,9 @@ MEMSET(cuMemsetD16Async_ptsz, cuMemsetD16Async, true, unsigned short, 2)
 MEMSET(cuMemsetD32Async, cuMemsetD32Async, false, unsigned int, 4)
 MEMSET(cuMemsetD32Async_ptsz, cuMemsetD32Async, true, unsigned int, 4)
 
-#define MEMSET2D(NAME, BASE, PTSZ, T, UNIT)                                                         \
-  OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h, CUstream s) {  \
-    return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
-        [&](Runtime& rt) { shim::on_memset(rt, dev(d), pitch * h, stream_id(s, PTSZ)); },             \
-        [&](auto real) { return real(d, pitch, v, w, h, s); });                                     \
-  }
+#define MEMSET2D(NAME, BASE, PTSZ, T, UNIT)                                                   \
+  MEMSET_HOOK(NAME, BASE, stream_id(s, PTSZ), (CUdeviceptr d, size_t pitch, T v, size_t w, size_t h, CUstream s), \
+              (d, pitch, v, w, h, s), pitch * h)
 MEMSET2D(cuMemsetD2D8Async, cuMemsetD2D8Async, false, unsigned char, 1)
 MEMSET2D(cuMemsetD2D8Async_ptsz, cuMemsetD2D8Async, true, unsigned char, 1)
 MEMSET2D(cuMemsetD2D16Async, cuMemsetD2D16Async, false, unsigned short, 2)
@@ -235,12 +235,8 @@ MEMSET2D(cuMemsetD2D32Async, cuMemsetD2D32Async, false, unsigned int, 4)
 MEMSET2D(cuMemsetD2D32Async_ptsz, cuMemsetD2D32Async, true, unsigned int, 4)
 
 // The synchronous memsets, on the default stream as the synchronous copies above.
-#define SYNC_MEMSET(NAME, BASE, PTDS, T, UNIT)                                                      \
-  OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, T v, size_t n) {                                      \
-    return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
-        [&](Runtime& rt) { shim::on_memset(rt, dev(d), n * UNIT, stream_id(nullptr, PTDS)); },        \
-        [&](auto real) { return real(d, v, n); });                                                  \
-  }
+#define SYNC_MEMSET(NAME, BASE, PTDS, T, UNIT) \
+  MEMSET_HOOK(NAME, BASE, stream_id(nullptr, PTDS), (CUdeviceptr d, T v, size_t n), (d, v, n), n * UNIT)
 SYNC_MEMSET(cuMemsetD8_v2, cuMemsetD8_v2, false, unsigned char, 1)
 SYNC_MEMSET(cuMemsetD8_v2_ptds, cuMemsetD8_v2, true, unsigned char, 1)
 SYNC_MEMSET(cuMemsetD16_v2, cuMemsetD16_v2, false, unsigned short, 2)
@@ -249,11 +245,8 @@ SYNC_MEMSET(cuMemsetD32_v2, cuMemsetD32_v2, false, unsigned int, 4)
 SYNC_MEMSET(cuMemsetD32_v2_ptds, cuMemsetD32_v2, true, unsigned int, 4)
 
 #define SYNC_MEMSET2D(NAME, BASE, PTDS, T)                                                          \
-  OFFLOAD_EXPORT CUresult NAME(CUdeviceptr d, size_t pitch, T v, size_t w, size_t h) {              \
-    return launch<HookId::NAME, decltype(&::BASE)>(                                                 \
-        [&](Runtime& rt) { shim::on_memset(rt, dev(d), pitch * h, stream_id(nullptr, PTDS)); },       \
-        [&](auto real) { return real(d, pitch, v, w, h); });                                        \
-  }
+  MEMSET_HOOK(NAME, BASE, stream_id(nullptr, PTDS), (CUdeviceptr d, size_t pitch, T v, size_t w, size_t h), \
+              (d, pitch, v, w, h), pitch * h)
 SYNC_MEMSET2D(cuMemsetD2D8_v2, cuMemsetD2D8_v2, false, unsigned char)
 SYNC_MEMSET2D(cuMemsetD2D8_v2_ptds, cuMemsetD2D8_v2, true, unsigned char)
 SYNC_MEMSET2D(cuMemsetD2D16_v2, cuMemsetD2D16_v2, false, unsigned short)
