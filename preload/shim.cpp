@@ -40,6 +40,7 @@ void on_kernel(Runtime& rt, Func f, Stream s, void** params, void** extra, const
   g.attrs = geom->attrs;
   g.nattrs = geom->nattrs;
   g.attr_bytes = geom->attr_bytes;
+  g.refused_attr = geom->refused_attr;
   rt.tracker().on_kernel(f, s, params, extra, &g);
 }
 void on_copy(Runtime& rt, DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src) noexcept {

@@ -48,6 +48,7 @@ struct Geom {
   unsigned grid[3], block[3], smem;
   const void* attrs = nullptr;  // cuLaunchKernelEx's attributes, `nattrs` of `attr_bytes` in all
   unsigned nattrs = 0, attr_bytes = 0;
+  int refused_attr = -1;  // an attribute that forbids launching it again (hooks/launch_attrs.h)
 };
 void on_kernel(Runtime& rt, Func f, Stream s, void** params, void** extra, const Geom* geom = nullptr) noexcept;
 void on_copy(Runtime& rt, DevPtr dst, DevPtr src, uint64_t bytes, Stream s, const void* host_src) noexcept;

@@ -4,8 +4,7 @@
 // to the gate (the residency manager) through a thread-local pointer for the span of its
 // before_launch, so that a range a launch produced can be made again by launching it once more
 // (Residency::Options::recompute) instead of copying its bytes back. A cooperative launch, and one
-// with a launch attribute that names an event or lets it overlap the work before it, carry none:
-// they are never launched again.
+// with a launch attribute the hook does not know, are never launched again (`refused_attr`).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +24,9 @@ struct LaunchGeom {
   // while whoever copied them keeps them.
   const void* attrs = nullptr;
   uint32_t nattrs = 0, attr_bytes = 0;
+  // A launch attribute that forbids launching it again (a cooperative launch, one this build does
+  // not know), or -1.
+  int32_t refused_attr = -1;
 };
 
 struct LaunchArgs {

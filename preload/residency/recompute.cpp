@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -60,6 +61,15 @@ uint64_t hash_bytes(uint64_t h, const unsigned char* p, uint64_t n) {
   }
   for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
+}
+
+// Why a launch came without what it takes to launch it again, for the log.
+std::string why_undescribed(const LaunchArgs* a) {
+  if (!a) return "no arguments handed on (a cooperative launch)";
+  if (a->geom.refused_attr >= 0) return "launch attribute " + std::to_string(a->geom.refused_attr);
+  if (!a->fi || a->fi->nparams < 0) return "no parameter layout";
+  if (a->extra || !a->params) return "arguments passed through `extra`";
+  return "more than " + std::to_string(kMaxAt) + " pointers into ranges";
 }
 
 }  // namespace
@@ -116,7 +126,7 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
   std::vector<uint32_t>& at_slot = rc_.at_slot;
   at.clear();
   at_slot.clear();
-  bool described = a && a->fi && a->fi->nparams >= 0 && a->params && !a->extra;
+  bool described = a && a->fi && a->fi->nparams >= 0 && a->params && !a->extra && a->geom.refused_attr < 0;
   // Words outside every range's address space are no pointer of ours: not looked up.
   const DevPtr lo = by_va_.empty() ? 0 : by_va_.begin()->first;
   const DevPtr hi = by_va_.empty() ? 0 : by_va_.rbegin()->first + slots_[by_va_.rbegin()->second].cap;
@@ -180,8 +190,8 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     if (!kk.said_undescribed && rc_.kernels_said < 12) {
       kk.said_undescribed = true;
       ++rc_.kernels_said;
-      log().info("recompute: kernel {} came without arguments to launch it again (a launch attribute, or no layout)",
-                 namer_ ? namer_(namer_ctx_, kernel) : std::to_string(kernel));
+      log().info("recompute: kernel {} cannot be launched again: {}", namer_ ? namer_(namer_ctx_, kernel) : std::to_string(kernel),
+                 why_undescribed(a));
     }
   }
   if (blind || !described) return;

@@ -1338,24 +1338,50 @@ static_assert(noexcept(offload::hooks::query<offload::hooks::HookId::cuPointerGe
     0, throwing_call)));
 static_assert(noexcept(offload::hooks::no_throw([]() -> int { throw 1; })));
 
-// Which cuLaunchKernelEx launches are handed on to be launched again: those whose attributes only
-// shape or place them; not a cooperative one, one naming an event, one that may start before the
-// work ahead of it, nor a config counting attributes it does not give.
-TEST(LaunchAttrs, OnlyShapeAndPlacementMakeALaunchRelaunchable) {
+// Which cuLaunchKernelEx launches are handed on to be launched again, and with what: attributes
+// that shape, place or hint are kept as given; programmatic serialization and the events a launch
+// signals are dropped (cuBLAS's GEMMs on sm90 ask for the former); a cooperative launch, a
+// graph-only or unknown attribute, too many attributes, or a config counting attributes it does
+// not give, are refused.
+TEST(LaunchAttrs, ShapeIsKeptOverlapAndEventsDroppedTheRestRefused) {
+  using offload::hooks::relaunch_attrs;
+  CUlaunchAttribute out[offload::hooks::kMaxRelaunchAttrs];
   CUlaunchConfig c{};
-  EXPECT_TRUE(offload::hooks::relaunchable(&c));  // none
-  CUlaunchAttribute a[2]{};
+  EXPECT_EQ(relaunch_attrs(&c, out).n, 0u);  // none
+  EXPECT_EQ(relaunch_attrs(&c, out).refused, -1);
+  CUlaunchAttribute a[4]{};
   c.attrs = a;
-  c.numAttrs = 2;
+  c.numAttrs = 4;
   a[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  a[1].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
-  EXPECT_TRUE(offload::hooks::relaunchable(&c));
-  for (CUlaunchAttributeID bad : {CU_LAUNCH_ATTRIBUTE_COOPERATIVE, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                                  CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT}) {
-    a[1].id = bad;
-    EXPECT_FALSE(offload::hooks::relaunchable(&c)) << bad;
+  a[0].value.clusterDim.x = 2;
+  a[1].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  a[1].value.programmaticStreamSerializationAllowed = 1;
+  a[2].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+  a[2].value.priority = -1;
+  a[3].id = CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT;
+  auto r = relaunch_attrs(&c, out);
+  ASSERT_EQ(r.refused, -1);
+  ASSERT_EQ(r.n, 2u);
+  EXPECT_EQ(out[0].id, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
+  EXPECT_EQ(out[0].value.clusterDim.x, 2u);
+  EXPECT_EQ(out[1].id, CU_LAUNCH_ATTRIBUTE_PRIORITY);
+  EXPECT_EQ(out[1].value.priority, -1);
+  a[3].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT;
+  EXPECT_EQ(relaunch_attrs(&c, out).n, 2u);
+  for (int bad : {int(CU_LAUNCH_ATTRIBUTE_COOPERATIVE), int(CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE), 99}) {
+    a[2].id = CUlaunchAttributeID(bad);
+    r = relaunch_attrs(&c, out);
+    EXPECT_EQ(r.refused, bad);
+    EXPECT_EQ(r.n, 0u);
   }
+  std::vector<CUlaunchAttribute> many(offload::hooks::kMaxRelaunchAttrs + 1);
+  for (auto& m : many) m.id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+  c.attrs = many.data();
+  c.numAttrs = unsigned(many.size());
+  EXPECT_GE(relaunch_attrs(&c, out).refused, 0);
+  c.numAttrs = offload::hooks::kMaxRelaunchAttrs;
+  EXPECT_EQ(relaunch_attrs(&c, out).n, offload::hooks::kMaxRelaunchAttrs);
   c.attrs = nullptr;
-  EXPECT_FALSE(offload::hooks::relaunchable(&c));
+  EXPECT_GE(relaunch_attrs(&c, out).refused, 0);
 }
 }  // namespace
