@@ -670,4 +670,15 @@ bool CudaDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** par
                         "cuLaunchKernel");
 }
 
+int64_t CudaDriver::hash_start(DevPtr va, uint64_t bytes, Stream s) {
+  static_assert(gpu::GpuHash::kTickets == kHashTickets);
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  CUcontext cur = nullptr;
+  if (!scope || !cu_ok(a->get_ctx(&cur), "cuCtxGetCurrent") || !cur) return -1;
+  return hash_.start(cur, va, bytes, as_stream(s));
+}
+
+uint64_t CudaDriver::hash_value(int64_t ticket) { return hash_.value(ticket); }
+
 }  // namespace offload

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/driver.h"
+#include "gpu/gpu_hash.h"
 
 namespace offload {
 
@@ -57,8 +58,11 @@ class CudaDriver final : public Driver {
   bool copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) override;
   bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) override;
   bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) override;
+  int64_t hash_start(DevPtr va, uint64_t bytes, Stream s) override;
+  uint64_t hash_value(int64_t ticket) override;
 
  private:
+  gpu::GpuHash hash_;
   std::atomic<Stream> created_[kStreamsKept] = {};
   std::atomic<size_t> n_created_{0};
   bool ready();

@@ -59,6 +59,10 @@ if [ "$(id -u)" = 0 ]; then
 else
   echo "the Debian package test needs root (dpkg -i): not run here"
 fi
+# The hashing kernel's PTX, checked in (no CUDA compiler needed to build), is what its source makes.
+if [ -x "${NVCC:-/usr/local/cuda/bin/nvcc}" ]; then
+  scripts/gen_range_hash_ptx.sh --check || { echo "preload/gpu/range_hash_ptx.h is stale: run scripts/gen_range_hash_ptx.sh"; exit 1; }
+fi
 echo "== fuzz the wire protocol's decoder (bounded) (at ${SECONDS} s)"
 scripts/run-fuzz.sh "${FUZZ_SECONDS:-30}"
 echo "== the recorded traces: replay on the simulated driver and trace check (at ${SECONDS} s)"

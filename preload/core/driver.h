@@ -123,6 +123,19 @@ class Driver {
   // Asynchronous copies on `s` (host memory pinned for full speed).
   virtual bool copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) = 0;
   virtual bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) = 0;
+  // core/range_hash.h's hash of [va, va + bytes), taken on the GPU in stream order: a ticket
+  // whose hash_value() is the hash once `s` has passed this point (record an event after it and
+  // wait for that). A ticket is reused after kHashTickets more. -1: not here (the caller copies
+  // the bytes to the host and hashes them itself).
+  static constexpr int64_t kHashTickets = 512;
+  virtual int64_t hash_start(DevPtr va, uint64_t bytes, Stream s) {
+    (void)va, (void)bytes, (void)s;
+    return -1;
+  }
+  virtual uint64_t hash_value(int64_t ticket) {
+    (void)ticket;
+    return 0;
+  }
   // Launches `f` on `s` once more, with `params` as a kernelParams array (one pointer per
   // parameter, to its bytes). Never passes through the shim's hooks. False when it cannot.
   virtual bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) {

@@ -59,6 +59,12 @@ class SimDriver final : public Driver {
   Func add_kernel(std::string name, std::vector<ParamInfo> params, Body body);
   bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) override;
   size_t kernel_launches() const { return kernel_launches_; }  // through launch_kernel
+  // Hashes taken on the simulated GPU in stream order (core/range_hash.h), unless turned off
+  // (set_hashing(false): callers then copy bytes back to hash them, as on a GPU without it).
+  int64_t hash_start(DevPtr va, uint64_t bytes, Stream s) override;
+  uint64_t hash_value(int64_t ticket) override;
+  void set_hashing(bool on) { hashing_ = on; }
+  size_t hashes() const { return hashes_; }  // taken through hash_start
   // The attribute bytes the last launch_kernel was given (tests: a launch made again carries them).
   std::vector<unsigned char> last_launch_attrs() const {
     std::lock_guard lock(mu_);
@@ -206,6 +212,9 @@ class SimDriver final : public Driver {
   const Kernel* kernel_locked(Func f) const;  // the kernel `f` names, nullptr for none (under mu_)
   std::atomic<size_t> kernel_launches_{0};
   std::vector<unsigned char> last_attrs_;  // under mu_
+  std::atomic<bool> hashing_{true};
+  std::atomic<size_t> hashes_{0};
+  std::unique_ptr<uint64_t[]> hash_ring_{new uint64_t[kHashTickets]()};  // written by the hash ops
   mutable std::mutex mu_;
   bool pool_known_ = false;
   bool outside_known_ = false;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/range_hash.h"
 #include "core/sim_driver.h"
 
 namespace offload {
@@ -57,6 +58,22 @@ bool SimDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** para
   ++kernel_launches_;
   enqueue(s, Op{Op::kKernel, [body = k->body, args] { body(args->data()); }, {}, 0});
   return true;
+}
+
+int64_t SimDriver::hash_start(DevPtr va, uint64_t bytes, Stream s) {
+  if (!hashing_) return -1;
+  std::lock_guard lock(mu_);
+  const int64_t t = int64_t(hashes_++);
+  uint64_t* out = &hash_ring_[t % kHashTickets];
+  // Reads the range where it lies when the GPU gets there (an unmapped one faults, on purpose).
+  enqueue(s, Op{Op::kKernel, [out, va, bytes] { *out = range_hash::of(reinterpret_cast<const unsigned char*>(va), bytes); },
+                {}, 0});
+  return t;
+}
+
+uint64_t SimDriver::hash_value(int64_t ticket) {
+  std::lock_guard lock(mu_);
+  return hash_ring_[ticket % kHashTickets];
 }
 
 void SimDriver::launch(Stream s, std::function<void()> body) {

@@ -39,13 +39,14 @@ namespace offload {
 
 using recompute::Bump;
 using recompute::KernelKnow;
+using recompute::Probe;
 using recompute::Producer;
 
 namespace {
 
 constexpr size_t kMaxAt = 64;               // argument positions into ranges a producer may have
 constexpr size_t kMaxArgBytes = 4096;       // a kernel's parameters, as CUDA has long limited them
-constexpr uint64_t kProbeMax = 256ull << 20;  // bytes a probe copies to the host (twice), at most
+constexpr uint64_t kProbeMax = 256ull << 20;  // bytes a probe copies to the host (twice), at most, without GPU hashes
 constexpr uint64_t kStage = 8ull << 20;     // the host staging buffer
 constexpr uint8_t kProbes = Residency::kRecomputeProbes;
 
@@ -256,54 +257,94 @@ void Residency::rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint
     bytes += slots_[k].asked;
     if (!slots_[k].backed()) return;
   }
-  if (bytes > kProbeMax) return;
   const uint64_t t0 = mono_now_ns();
-  rc_.probe.active = true;
-  rc_.probe.thread = this_thread();
-  rc_.probe.kernel = kernel;
-  rc_.probe.s = s;
-  rc_.probe.at = rc_.at;
-  rc_.probe.at_slot = rc_.at_slot;
-  rc_.probe.before.clear();
+  Probe& pr = rc_.probe;
+  pr.before.clear();
+  // Hashed on the GPU where the driver can (no wait here: the tickets are read at the finish);
+  // else copied to the host, up to kProbeMax.
+  pr.on_gpu = touched.size() * 2 <= Driver::kHashTickets;
+  for (size_t i = 0; pr.on_gpu && i < touched.size(); ++i) {
+    const int64_t t = d_.hash_start(slots_[touched[i]].va, slots_[touched[i]].asked, s);
+    pr.on_gpu = t >= 0;
+    pr.before.push_back({touched[i], uint64_t(t)});
+  }
+  if (!pr.on_gpu) {
+    pr.before.clear();
+    if (bytes > kProbeMax) return;
+    for (uint32_t k : touched) pr.before.push_back({k, rc_hash(slots_[k].va, slots_[k].asked, s)});
+  }
+  pr.active = true;
+  pr.thread = this_thread();
+  pr.kernel = kernel;
+  pr.s = s;
+  pr.at = rc_.at;
+  pr.at_slot = rc_.at_slot;
   // A new range counts as written whatever its bytes do (rc_finish_probe): a kernel may write the
   // bytes it happened to hold (zeros, often, in memory just made). It is not filled with a pattern
   // to show that: something the shim does not see (a synchronous copy) may have filled it.
-  rc_.probe.fresh = rc_.fresh;
-  for (uint32_t k : touched) rc_.probe.before.push_back({k, rc_hash(slots_[k].va, slots_[k].asked, s)});
-  rc_.probe.bumped = rc_.bumped;
+  pr.fresh = rc_.fresh;
+  pr.bumped = rc_.bumped;
   st_.probe_ns += mono_now_ns() - t0;
 }
 
 void Residency::rc_finish_probe() {
-  if (rc_.probe.thread != this_thread()) return;
-  rc_.probe.active = false;
+  Probe& pr = rc_.probe;
+  if (pr.thread != this_thread()) return;
+  pr.active = false;
   const uint64_t t0 = mono_now_ns();
-  KernelKnow& kk = rc_.know[rc_.probe.kernel];
+  KernelKnow& kk = rc_.know[pr.kernel];
+  // The hashes after the launch: on the GPU, taken behind it on its stream and waited for once.
+  std::vector<uint64_t>& after = rc_.after;
+  after.clear();
+  for (const auto& [k, h] : pr.before) {
+    const Range& r = slots_[k];
+    if (!r.backed()) {
+      after.push_back(~h);  // gone since: counted as written
+    } else if (!pr.on_gpu) {
+      after.push_back(rc_hash(r.va, r.asked, pr.s));
+    } else {
+      const int64_t t = d_.hash_start(r.va, r.asked, pr.s);
+      after.push_back(t < 0 ? ~uint64_t{0} : uint64_t(t));
+    }
+  }
+  if (pr.on_gpu) {
+    const uint64_t ev = new_event();
+    record_event(ev, pr.s);
+    wait_event(ev);
+    drop_event(ev);
+    for (size_t i = 0; i < pr.before.size(); ++i) {
+      const bool ok = after[i] != ~uint64_t{0} && slots_[pr.before[i].first].backed();
+      pr.before[i].second = d_.hash_value(int64_t(pr.before[i].second));
+      after[i] = ok ? d_.hash_value(int64_t(after[i])) : ~pr.before[i].second;
+    }
+  }
   uint64_t written = 0;
-  for (const auto& [k, h] : rc_.probe.before) {
+  for (size_t i = 0; i < pr.before.size(); ++i) {
+    const uint32_t k = pr.before[i].first;
     Range& r = slots_[k];
     const bool fresh = o_.fault != Options::Fault::RecomputeFreshByHash &&
-                       std::find(rc_.probe.fresh.begin(), rc_.probe.fresh.end(), k) != rc_.probe.fresh.end();
-    if (!fresh && r.backed() && rc_hash(r.va, r.asked, rc_.probe.s) == h) {
+                       std::find(pr.fresh.begin(), pr.fresh.end(), k) != pr.fresh.end();
+    if (!fresh && after[i] == pr.before[i].second) {
       // Not written: its version back, unless another launch has moved it since.
-      for (const Bump& b : rc_.probe.bumped)
+      for (const Bump& b : pr.bumped)
         if (b.slot == k && r.version == b.now) r.version = b.was;
       continue;
     }
-    for (size_t i = 0; i < rc_.probe.at.size(); ++i)
-      if (rc_.probe.at_slot[i] == k) written |= uint64_t{1} << i;
+    for (size_t j = 0; j < pr.at.size(); ++j)
+      if (pr.at_slot[j] == k) written |= uint64_t{1} << j;
   }
   // Writes are the union over its first kProbes launches, which must point alike.
-  if (kk.probes && kk.at != rc_.probe.at) {
+  if (kk.probes && kk.at != pr.at) {
     kk.written = ~uint64_t{0};  // launches that point differently: never learned
     kk.probes = kProbes;
   } else {
-    kk.at = rc_.probe.at;
+    kk.at = pr.at;
     kk.written |= written;
     ++kk.probes;
   }
   if (kk.probes >= kProbes) kk.writes = KernelKnow::Writes::Learned;
   ++st_.probes;
+  if (pr.on_gpu) ++st_.probes_on_gpu;
   st_.probe_ns += mono_now_ns() - t0;
 }
 

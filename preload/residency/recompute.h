@@ -45,7 +45,8 @@ struct Probe {
   uint32_t kernel = 0;
   Stream s = 0;
   std::vector<uint32_t> at, at_slot;
-  std::vector<std::pair<uint32_t, uint64_t>> before;  // slot, hash
+  std::vector<std::pair<uint32_t, uint64_t>> before;  // slot, hash (or the GPU's ticket for it)
+  bool on_gpu = false;  // hashed by the driver (Driver::hash_start): `before` holds tickets
   std::vector<Bump> bumped;
   std::vector<uint32_t> fresh;  // the new ranges it touches: written, whatever their bytes do
 };
@@ -68,6 +69,7 @@ struct State {
   bool writing = false;
   bool prepared = false, described = false;  // before_launch's rc_may_write, for rc_note_launch
   std::vector<unsigned char> stage;  // host staging for hashes and checks
+  std::vector<uint64_t> after;       // a probe's hashes after its launch (scratch)
   uint32_t kernels_said = 0;         // kernels named for launches without arguments (a dozen at most)
 };
 

@@ -218,6 +218,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t recomputed = 0, recomputed_bytes = 0;
     uint64_t recompute_checks = 0, recompute_bans = 0;
     uint64_t probes = 0, probe_ns = 0;
+    uint64_t probes_on_gpu = 0;  // of them hashed by the driver, not copied to the host
     // Evictions that copied nothing out (the range is made again when next used), their bytes,
     // and ranges made again early because a launch was about to write, or the program to free, a
     // range they are made from.

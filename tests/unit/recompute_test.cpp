@@ -31,6 +31,26 @@ TEST(Recompute, AProducedRangeIsMadeAgainInsteadOfCopiedIn) {
   EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
 }
 
+// Probes hash what a launch touches on the GPU where the driver can, and copy it to the host where
+// it cannot: the same writes are learned either way, and the same range made again.
+TEST(Recompute, ProbesHashOnTheGpuOrCopyToTheHostAlike) {
+  for (bool on_gpu : {true, false}) {
+    SCOPED_TRACE(on_gpu ? "hashed on the GPU" : "copied to the host");
+    Rig r(3);
+    r.sim.set_hashing(on_gpu);
+    const DevPtr x = learned_input(r, false);
+    const DevPtr y = produce_and_evict(r, x);
+    r.use(y);
+    const Residency::Stats st = r.res.stats();
+    EXPECT_EQ(st.recomputed, 1u);
+    EXPECT_EQ(st.probes, 4u * Residency::kRecomputeProbes);
+    EXPECT_EQ(st.probes_on_gpu, on_gpu ? st.probes : 0u);
+    if (on_gpu) EXPECT_GE(r.sim.hashes(), 2 * st.probes);  // each range touched, before and after
+    else EXPECT_EQ(r.sim.hashes(), 0u);
+    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+  }
+}
+
 TEST(Recompute, OffMakesNothingAgain) {
   Rig r(3, Fault::None, false);
   const DevPtr x = learned_input(r, false);

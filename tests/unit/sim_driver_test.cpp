@@ -2,6 +2,7 @@
 // that faults where a GPU would read unmapped memory, and a GPU that runs stream work later
 // (copies last, under copy delay), so that a missing reload or stream wait fails a test.
 #include "core/sim_driver.h"
+#include "core/range_hash.h"
 
 #include <gtest/gtest.h>
 
@@ -633,6 +634,57 @@ TEST(SimThreads, ConcurrentMapAndUnmapOfDisjointRanges) {
   EXPECT_LE(st.mapped_peak, 8 * kG);
   EXPECT_EQ(st.physical_bytes, 0u);
   EXPECT_EQ(st.misuses, 0u);
+}
+
+// ---- Hashes of device memory (recompute's probes) ---------------------------------------------
+
+// The hash is a sum over words, so that the GPU's threads may add their parts in any order: the
+// parts of any split of the words add up to the whole. One word changed, or one byte of a tail
+// shorter than a word, always changes it.
+TEST(RangeHash, PartsAddUpAndAnyOneWordOrTailByteChangesIt) {
+  std::vector<unsigned char> b(8 * 1000 + 5);
+  std::mt19937_64 rng(7);
+  for (auto& c : b) c = static_cast<unsigned char>(rng());
+  const uint64_t whole = range_hash::of(b.data(), b.size());
+  uint64_t even = 0, odd = 0;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    uint64_t w;
+    std::memcpy(&w, b.data() + 8 * i, 8);
+    (i % 2 ? odd : even) += range_hash::mix(w, i);
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, b.data() + 8000, 5);
+  EXPECT_EQ(even + odd + range_hash::mix(tail, 1000), whole);
+  for (size_t at : {size_t{0}, size_t{8 * 517 + 3}, size_t{8000}, b.size() - 1}) {
+    b[at] ^= 0x40;
+    EXPECT_NE(range_hash::of(b.data(), b.size()), whole) << at;
+    b[at] ^= 0x40;
+  }
+  // The same words at other places hash differently: a word's index is mixed in.
+  std::vector<unsigned char> swapped(b);
+  std::swap_ranges(swapped.begin(), swapped.begin() + 8, swapped.begin() + 8);
+  EXPECT_NE(range_hash::of(swapped.data(), swapped.size()), whole);
+}
+
+// The simulated GPU takes a hash in stream order: behind work queued before it, ahead of work
+// queued after, read once the stream has passed it.
+TEST(SimDriverHash, TakenInStreamOrder) {
+  SimDriver d;
+  Arena a(d, kG);
+  std::memset(at(a.va), 1, kG);
+  const Stream s = d.create_stream();
+  d.launch(s, [&] { std::memset(at(a.va), 2, kG); });
+  const int64_t t = d.hash_start(a.va, kG, s);
+  d.launch(s, [&] { std::memset(at(a.va), 3, kG); });
+  ASSERT_GE(t, 0);
+  const uint64_t e = d.create_event();
+  d.record_event(e, s);
+  d.event_sync(e);
+  std::vector<unsigned char> twos(kG, 2);
+  EXPECT_EQ(d.hash_value(t), range_hash::of(twos.data(), kG));
+  EXPECT_EQ(d.hashes(), 1u);
+  d.set_hashing(false);
+  EXPECT_EQ(d.hash_start(a.va, kG, s), -1);
 }
 
 }  // namespace
