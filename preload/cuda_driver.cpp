@@ -651,7 +651,7 @@ bool CudaDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Str
   return scope && cu_ok(a->htod(dst, src, bytes, as_stream(s)), "cuMemcpyHtoDAsync_v2");
 }
 
-bool CudaDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) {
+bool CudaDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params, void** extra) {
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
   if (g.nattrs) {  // with the launch's attributes, as cuLaunchKernelEx took them
@@ -663,10 +663,10 @@ bool CudaDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** par
     c.attrs = static_cast<CUlaunchAttribute*>(const_cast<void*>(g.attrs));
     c.numAttrs = g.nattrs;
     return scope && a->launch_ex && g.attrs && g.attr_bytes == g.nattrs * sizeof(CUlaunchAttribute) &&
-           cu_ok(a->launch_ex(&c, reinterpret_cast<CUfunction>(f), params, nullptr), "cuLaunchKernelEx");
+           cu_ok(a->launch_ex(&c, reinterpret_cast<CUfunction>(f), params, extra), "cuLaunchKernelEx");
   }
   return scope && a->launch && cu_ok(a->launch(reinterpret_cast<CUfunction>(f), g.grid[0], g.grid[1], g.grid[2], g.block[0],
-                                  g.block[1], g.block[2], g.smem, as_stream(s), params, nullptr),
+                                  g.block[1], g.block[2], g.smem, as_stream(s), params, extra),
                         "cuLaunchKernel");
 }
 

@@ -57,7 +57,7 @@ class CudaDriver final : public Driver {
   bool event_sync(uint64_t e) override;
   bool copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) override;
   bool copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) override;
-  bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) override;
+  bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params, void** extra = nullptr) override;
   int64_t hash_start(DevPtr va, uint64_t bytes, Stream s) override;
   uint64_t hash_value(int64_t ticket) override;
 

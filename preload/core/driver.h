@@ -138,8 +138,9 @@ class Driver {
   }
   // Launches `f` on `s` once more, with `params` as a kernelParams array (one pointer per
   // parameter, to its bytes). Never passes through the shim's hooks. False when it cannot.
-  virtual bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) {
-    (void)f, (void)g, (void)s, (void)params;
+  // `extra`: cuLaunchKernel's extra array instead (the arguments packed in one buffer; params null).
+  virtual bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params, void** extra = nullptr) {
+    (void)f, (void)g, (void)s, (void)params, (void)extra;
     return false;
   }
 };

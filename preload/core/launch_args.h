@@ -35,6 +35,10 @@ struct LaunchArgs {
   void** params = nullptr;       // the kernelParams array
   void** extra = nullptr;        // the extra array (then params are not to be relied on)
   LaunchGeom geom;
+  // The arguments packed in one buffer, as `extra` gives them (CU_LAUNCH_PARAM_BUFFER_POINTER and
+  // _SIZE, no other key); nullptr otherwise. cuBLAS's GEMMs are launched so.
+  const void* packed = nullptr;
+  uint32_t packed_len = 0;
 };
 
 // The launch being made on this thread while the gate looks at it; nullptr otherwise, or when

@@ -57,7 +57,7 @@ class SimDriver final : public Driver {
   // layout says, when the simulated GPU reaches it.
   using Body = std::function<void(const unsigned char* args)>;
   Func add_kernel(std::string name, std::vector<ParamInfo> params, Body body);
-  bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) override;
+  bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params, void** extra = nullptr) override;
   size_t kernel_launches() const { return kernel_launches_; }  // through launch_kernel
   // Hashes taken on the simulated GPU in stream order (core/range_hash.h), unless turned off
   // (set_hashing(false): callers then copy bytes back to hash them, as on a GPU without it).

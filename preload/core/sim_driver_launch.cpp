@@ -44,17 +44,29 @@ const char* SimDriver::func_name(Func f) {
   return k ? k->name.c_str() : nullptr;
 }
 
-bool SimDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params) {
+bool SimDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params, void** extra) {
   std::lock_guard lock(mu_);
   const auto* attrs = static_cast<const unsigned char*>(g.attrs);
   last_attrs_.assign(attrs, attrs ? attrs + g.attr_bytes : attrs);
   const Kernel* k = kernel_locked(f);
-  if (!k || !k->body || !params) return false;
+  if (!k || !k->body || !params == !extra) return false;
   size_t len = 0;
   for (const ParamInfo& p : k->params) len = std::max<size_t>(len, p.offset + p.size);
   auto args = std::make_shared<std::vector<unsigned char>>(len);
-  for (size_t i = 0; i < k->params.size(); ++i)
-    std::memcpy(args->data() + k->params[i].offset, params[i], k->params[i].size);
+  if (extra) {  // the arguments packed as the layout lays them out, as CUDA takes them
+    const unsigned char* buf = nullptr;
+    const size_t* size = nullptr;
+    for (int i = 0; extra[i]; i += 2) {
+      if (extra[i] == reinterpret_cast<void*>(1)) buf = static_cast<const unsigned char*>(extra[i + 1]);
+      else if (extra[i] == reinterpret_cast<void*>(2)) size = static_cast<const size_t*>(extra[i + 1]);
+      else return false;
+    }
+    if (!buf || !size || *size < len) return false;
+    std::memcpy(args->data(), buf, len);
+  } else {
+    for (size_t i = 0; i < k->params.size(); ++i)
+      std::memcpy(args->data() + k->params[i].offset, params[i], k->params[i].size);
+  }
   ++kernel_launches_;
   enqueue(s, Op{Op::kKernel, [body = k->body, args] { body(args->data()); }, {}, 0});
   return true;

@@ -43,6 +43,17 @@ bool extra_buffer(void** extra, const void** buf, size_t* len) {
   return true;
 }
 
+// `extra` holds a packed buffer and its size and nothing else (a launch with it can be made again
+// from a copy of the buffer).
+bool packed_only(void** extra) {
+  for (int i = 0; i < 32; i += 2) {
+    const uintptr_t key = reinterpret_cast<uintptr_t>(extra[i]);
+    if (key == 0) return true;
+    if (key != 1 && key != 2) return false;
+  }
+  return false;
+}
+
 }  // namespace
 
 Tracker::Tracker(Driver& driver, EventLog& log) : driver_(driver), funcs_(driver), log_(log) {}
@@ -155,7 +166,8 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra, const
   if (extra && extra_buffer(extra, &buf, &len)) n = table_.scan(buf, len / 8, acc, n, kMaxAccesses);
   if (n == kMaxAccesses) e.flags |= kAccessesTruncated;
   if (geom && fi && pass_args_.load(std::memory_order_relaxed)) {
-    const LaunchArgs args{f, fi, params, extra, *geom};
+    LaunchArgs args{f, fi, params, extra, *geom};
+    if (extra && packed_only(extra) && extra_buffer(extra, &buf, &len)) args.packed = buf, args.packed_len = uint32_t(len);
     LaunchArgsScope scope(&args);
     gate(no, e.kind, e.func, s, acc, n, e.flags);
   } else {

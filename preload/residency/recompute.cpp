@@ -69,7 +69,7 @@ std::string why_undescribed(const LaunchArgs* a) {
   if (!a) return "no arguments handed on (a cooperative launch)";
   if (a->geom.refused_attr >= 0) return "launch attribute " + std::to_string(a->geom.refused_attr);
   if (!a->fi || a->fi->nparams < 0) return "no parameter layout";
-  if (a->extra || !a->params) return "arguments passed through `extra`";
+  if (a->extra || !a->params) return "`extra` holds more than a packed buffer";
   return "more than " + std::to_string(kMaxAt) + " pointers into ranges";
 }
 
@@ -127,15 +127,21 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
   std::vector<uint32_t>& at_slot = rc_.at_slot;
   at.clear();
   at_slot.clear();
-  bool described = a && a->fi && a->fi->nparams >= 0 && a->params && !a->extra && a->geom.refused_attr < 0;
+  // Its arguments one by one (by the kernel's layout), or packed in one buffer (`extra`: read as
+  // one parameter of that size).
+  const bool packed = a && a->packed;
+  bool described = a && a->fi && a->geom.refused_attr < 0 &&
+                   (packed || (a->fi->nparams >= 0 && a->params && !a->extra));
   // Words outside every range's address space are no pointer of ours: not looked up.
   const DevPtr lo = by_va_.empty() ? 0 : by_va_.begin()->first;
   const DevPtr hi = by_va_.empty() ? 0 : by_va_.rbegin()->first + slots_[by_va_.rbegin()->second].cap;
-  for (int32_t i = 0; described && i < a->fi->nparams; ++i) {
-    const ParamInfo& p = a->fi->params[i];
-    for (uint32_t w = 0; described && w + 8 <= p.size; w += 8) {
+  const int32_t nparams = !described ? 0 : packed ? 1 : a->fi->nparams;
+  for (int32_t i = 0; described && i < nparams; ++i) {
+    const uint32_t size = packed ? a->packed_len : a->fi->params[i].size;
+    const auto* bytes = static_cast<const unsigned char*>(packed ? a->packed : a->params[i]);
+    for (uint32_t w = 0; described && w + 8 <= size; w += 8) {
       DevPtr v;
-      std::memcpy(&v, static_cast<const unsigned char*>(a->params[i]) + w, 8);
+      std::memcpy(&v, bytes + w, 8);
       if (v < lo || v >= hi) continue;
       const int32_t k = slot_of(v);
       if (k < 0 || !slots_[k].live || !std::binary_search(touched.begin(), touched.end(), uint32_t(k))) continue;
@@ -203,8 +209,8 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && kernel_draws_random(namer_(namer_ctx_, kernel));
   const bool banned = kk.trust == KernelKnow::Trust::Banned;
   const bool writes_fresh = std::find(at_slot.begin(), at_slot.end(), fresh) != at_slot.end();
-  const int32_t np = a->fi->nparams;
-  uint32_t len = 0;
+  const int32_t np = a->packed ? -1 : a->fi->nparams;  // -1: packed
+  uint32_t len = a->packed ? a->packed_len : 0;
   for (int32_t i = 0; i < np; ++i) len = std::max(len, a->fi->params[i].offset + a->fi->params[i].size);
   const bool alone = !others_written || o_.fault == Options::Fault::RecomputeIgnoreWrites;
   if (learned && nfresh == 1 && writes_fresh && alone && small) ++st_.not_producer_small;
@@ -228,6 +234,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     p.params = a->fi->params;
     p.nparams = np;
     p.args.assign(len, 0);
+    if (a->packed) std::memcpy(p.args.data(), a->packed, len);
     for (int32_t i = 0; i < np; ++i)
       std::memcpy(p.args.data() + p.params[i].offset, a->params[i], p.params[i].size);
     Range& out = slots_[fresh];
@@ -464,9 +471,12 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   void* params[256];
   if (p.nparams > 256) return false;
   for (int32_t i = 0; i < p.nparams; ++i) params[i] = const_cast<unsigned char*>(p.args.data()) + p.params[i].offset;
+  size_t packed_len = p.args.size();
+  void* extra[] = {reinterpret_cast<void*>(1), const_cast<unsigned char*>(p.args.data()), reinterpret_cast<void*>(2), &packed_len,
+                   nullptr};  // CU_LAUNCH_PARAM_BUFFER_POINTER, _SIZE, _END
   LaunchGeom g = p.geom;
   g.attrs = p.attrs.empty() ? nullptr : p.attrs.data();
-  if (!d_.launch_kernel(p.f, g, s, params)) return false;
+  if (!(p.nparams < 0 ? d_.launch_kernel(p.f, g, s, nullptr, extra) : d_.launch_kernel(p.f, g, s, params))) return false;
   // Its inputs are read on `s` now: an eviction or a free of one waits for that (a touch on
   // `s`), and so does a launch on another stream that touches one (read_event).
   for (const auto& [k, v] : p.inputs) {

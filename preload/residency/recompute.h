@@ -29,7 +29,7 @@ struct Producer {
   LaunchGeom geom;
   uint32_t kernel = 0;
   const ParamInfo* params = nullptr;
-  int32_t nparams = 0;
+  int32_t nparams = 0;  // -1: `args` is the packed buffer, launched again through `extra`
   std::vector<unsigned char> args;
   std::vector<unsigned char> attrs;  // geom.attrs points here when it is launched again
   uint64_t out_version = 0;

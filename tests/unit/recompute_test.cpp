@@ -385,6 +385,46 @@ TEST(Recompute, ALaunchWithARefusedAttributeIsCountedAndProducesNothing) {
   EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
 }
 
+// A launch whose arguments come packed in one buffer (`extra`, as cuBLAS launches its GEMMs) is
+// learned and made a producer like any other, and made again from the manager's copy of that
+// buffer: the caller's is reused at once.
+TEST(Recompute, ALaunchWithPackedArgumentsIsMadeAgainFromACopy) {
+  Rig r(4);
+  const DevPtr x = learned_input(r, false);
+  const Func gemm = r.sim.add_kernel("gemm_packed", params(2), [](const unsigned char* a) {
+    for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = 3 * words(arg(a, 1))[i] + 1;
+  });
+  auto packed = [&](DevPtr out) {
+    std::vector<uint64_t> buf{out, x};
+    size_t len = 16;
+    void* extra[] = {reinterpret_cast<void*>(1), buf.data(), reinterpret_cast<void*>(2), &len, nullptr};
+    const LaunchGeom g;
+    r.tr.on_kernel(gemm, kA, nullptr, extra, &g);
+    ASSERT_FALSE(Residency::take_refusal()) << r.res.error();
+    ASSERT_TRUE(r.sim.launch_kernel(gemm, g, kA, nullptr, extra));
+    r.res.after_launch();
+    r.sim.run_all();
+    std::fill(buf.begin(), buf.end(), 0);
+  };
+  for (uint8_t i = 0; i < Residency::kRecomputeProbes; ++i) {
+    const DevPtr t = r.alloc();
+    packed(t);
+    r.free(t);
+  }
+  const uint64_t producers = r.res.stats().producers;
+  const DevPtr y = r.alloc();
+  packed(y);
+  EXPECT_EQ(r.res.stats().producers, producers + 1);
+  r.evict({y}, {x});
+  const uint64_t in_before = r.res.stats().bytes_in;
+  r.use(y);
+  EXPECT_EQ(r.res.stats().recomputed, 1u);
+  EXPECT_EQ(r.res.stats().recompute_checks, 1u);
+  EXPECT_EQ(r.res.stats().recompute_bans, 0u);
+  EXPECT_EQ(r.res.stats().bytes_in, in_before);
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+}
+
 // A launch with attributes (cuLaunchKernelEx's: clusters, priority) is made again with the same
 // attributes, from the producer's own copy: the hook's array is gone by then.
 TEST(Recompute, ALaunchIsMadeAgainWithItsAttributes) {
