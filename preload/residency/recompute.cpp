@@ -214,6 +214,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   for (int32_t i = 0; i < np; ++i) len = std::max(len, a->fi->params[i].offset + a->fi->params[i].size);
   const bool alone = !others_written || o_.fault == Options::Fault::RecomputeIgnoreWrites;
   if (learned && nfresh == 1 && writes_fresh && alone && small) ++st_.not_producer_small;
+  if (learned && nfresh == 1 && writes_fresh && !alone) ++st_.not_producer_alone;
   if (learned && nfresh == 1 && writes_fresh && alone && !small && !kk.rng && !banned && len <= kMaxArgBytes) {
     ++st_.producers;
     int32_t id;

@@ -228,8 +228,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t undescribed = 0;
     // Producers recorded; ranges with one copied back instead of made again because an input was
     // not resident (away) or had changed, or its kernel was banned (stale); described launches that
-    // made no producer because they touched an allocation outside the ranges (small).
-    uint64_t producers = 0, remake_away = 0, remake_stale = 0, not_producer_small = 0;
+    // made no producer because they touched an allocation outside the ranges (small), or wrote a
+    // range besides their new one (not alone: a workspace, an in-place update).
+    uint64_t producers = 0, remake_away = 0, remake_stale = 0, not_producer_small = 0, not_producer_alone = 0;
     uint64_t create_avg_ns = 0, piece_avg_ns = 0;  // the running averages that decide it
     uint64_t extra_pieces = 0;               // the pieces beyond the fewest a range may take now
   };

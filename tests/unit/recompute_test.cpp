@@ -128,6 +128,7 @@ TEST(Recompute, AKernelThatWritesOutsideItsOutputIsNeverMadeAgain) {
     if (f == Fault::None) {
       EXPECT_EQ(launches, ran);
       EXPECT_EQ(r.res.stats().recomputed, 0u);
+      EXPECT_EQ(r.res.stats().not_producer_alone, 1u);  // counted, so that a run's log says why
     } else {
       EXPECT_EQ(launches, ran + 1);  // written again by the remake
     }
