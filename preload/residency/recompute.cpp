@@ -6,8 +6,9 @@
 //   - R was born and first touched by that launch, which touched no other new range, no pointer
 //     table and no allocation outside the ranges (whose versions are not followed);
 //   - K's name does not say it draws random numbers (philox, curand, dropout, ...);
-//   - K's writes were learned (probes, below) at the same argument positions, and the launch
-//     wrote R alone: a kernel that writes outside its output is never made again.
+//   - K's writes were learned (probes, below) at every argument position the launch points into
+//     ranges from, and the launch wrote R alone: a kernel that writes outside its output is never
+//     made again.
 // R is made again only while R and every other range the launch touched (its inputs) have the
 // version they had then: a range's version moves at every launch that may write it (a kernel by
 // what it was seen to write, or all it touches while that is not known; a copy, a memset, a graph:
@@ -18,10 +19,12 @@
 // A dropped range's inputs are never dropped, written or freed before it is made again (rc_guard),
 // and a drop needs room to make it again beside the largest launch (rc_can_drop).
 //
-// Probes learn which ranges a kernel writes, at its first kProbes launches whose writes matter:
-// the ranges a launch touches are hashed (copied to the host after its stream) before it is
-// forwarded and after it has run. A range whose bytes changed was written, and so was a new one
-// whatever its bytes did. Each costs two waits for the stream and two copies of what it touches.
+// Probes learn at which argument positions a kernel writes, from launches whose writes matter,
+// until each position a launch points from was seen kProbes times (kMaxKernelProbes a kernel at
+// most): the ranges a launch touches are hashed before it is forwarded and after it has run (on
+// the GPU, core/range_hash.h; else copied to the host). A range whose bytes changed was written,
+// and so was a new one whatever its bytes did. Per position, not per launch shape: an elementwise
+// kernel points into ranges from some of its positions in one launch and from others in the next.
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -49,6 +52,7 @@ constexpr size_t kMaxArgBytes = 4096;       // a kernel's parameters, as CUDA ha
 constexpr uint64_t kProbeMax = 256ull << 20;  // bytes a probe copies to the host (twice), at most, without GPU hashes
 constexpr uint64_t kStage = 8ull << 20;     // the host staging buffer
 constexpr uint8_t kProbes = Residency::kRecomputeProbes;
+constexpr uint8_t kMaxKernelProbes = 4 * kProbes;  // a kernel's probes in all, whichever positions they see
 
 uint64_t this_thread() { return std::hash<std::thread::id>{}(std::this_thread::get_id()); }
 
@@ -150,13 +154,18 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
       at_slot.push_back(uint32_t(k));
     }
   }
-  // What it may write: what its kernel was seen to write, or everything it touches.
+  // What it may write: the ranges at the positions its kernel was seen to write at, once every
+  // position it points from was seen kProbes times; else everything it touches.
   const KernelKnow* kk = kernel < rc_.know.size() ? &rc_.know[kernel] : nullptr;
-  rc_.learned = described && kk && kk->writes == KernelKnow::Writes::Learned && kk->at == at;
+  rc_.learned = described && kk;
+  for (size_t i = 0; rc_.learned && i < at.size(); ++i) {
+    const KernelKnow::Pos* p = kk->find(at[i]);
+    rc_.learned = p && p->seen >= kProbes;
+  }
   rc_.written.clear();
   for (uint32_t k : touched) {
     bool written = !rc_.learned;
-    for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == k && (kk->written >> i & 1);
+    for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == k && kk->find(at[i])->written;
     if (written) rc_.written.push_back(k);
   }
   return described;
@@ -256,7 +265,7 @@ void Residency::rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint
   // a range that has a producer or that a producer was made from (whose version it would move).
   // (Allocations outside the ranges it touches are not watched: a producer never reads one.)
   const recompute::KernelKnow& kk = rc_.know[kernel];
-  if (kk.writes == KernelKnow::Writes::Learned || rc_.probe.active) return;
+  if (rc_.learned || kk.probes >= kMaxKernelProbes || rc_.probe.active) return;
   bool matters = makes_new;
   for (uint32_t k : touched) matters = matters || slots_[k].consumers > 0 || slots_[k].producer >= 0;
   if (!matters) return;
@@ -326,7 +335,8 @@ void Residency::rc_finish_probe() {
       after[i] = ok ? d_.hash_value(int64_t(after[i])) : ~pr.before[i].second;
     }
   }
-  uint64_t written = 0;
+  std::vector<uint32_t>& wrote = rc_.wrote;
+  wrote.clear();
   for (size_t i = 0; i < pr.before.size(); ++i) {
     const uint32_t k = pr.before[i].first;
     Range& r = slots_[k];
@@ -338,19 +348,19 @@ void Residency::rc_finish_probe() {
         if (b.slot == k && r.version == b.now) r.version = b.was;
       continue;
     }
-    for (size_t j = 0; j < pr.at.size(); ++j)
-      if (pr.at_slot[j] == k) written |= uint64_t{1} << j;
+    wrote.push_back(k);
   }
-  // Writes are the union over its first kProbes launches, which must point alike.
-  if (kk.probes && kk.at != pr.at) {
-    kk.written = ~uint64_t{0};  // launches that point differently: never learned
-    kk.probes = kProbes;
-  } else {
-    kk.at = pr.at;
-    kk.written |= written;
-    ++kk.probes;
+  // Writes are learned per position, the union over the probes that saw it. Positions that share
+  // a written range in this launch (an in-place update) are all taken as written: the hash cannot
+  // tell which one wrote.
+  for (size_t j = 0; j < pr.at.size(); ++j) {
+    const bool w = std::find(wrote.begin(), wrote.end(), pr.at_slot[j]) != wrote.end();
+    auto it = std::find_if(kk.pos.begin(), kk.pos.end(), [&](const KernelKnow::Pos& p) { return p.at == pr.at[j]; });
+    if (it == kk.pos.end()) it = kk.pos.insert(kk.pos.end(), {pr.at[j], 0, false});
+    it->seen = uint8_t(std::min(255, it->seen + 1));
+    it->written = it->written || w;
   }
-  if (kk.probes >= kProbes) kk.writes = KernelKnow::Writes::Learned;
+  if (kk.probes < 255) ++kk.probes;
   ++st_.probes;
   if (pr.on_gpu) ++st_.probes_on_gpu;
   st_.probe_ns += mono_now_ns() - t0;

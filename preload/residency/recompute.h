@@ -11,16 +11,25 @@
 
 namespace offload::recompute {
 
-// Per kernel id: where its launches point into ranges (parameter << 16 | word), which of those it
-// was seen to write, and whether a launch of it made again may be trusted.
+// Per kernel id: the argument positions (parameter << 16 | word) its probed launches pointed into
+// ranges at, how often each was seen and whether a launch wrote the range there; and whether a
+// launch of it made again may be trusted.
 struct KernelKnow {
-  enum class Writes : uint8_t { Unknown, Learned } writes = Writes::Unknown;
   enum class Trust : uint8_t { Unchecked, Trusted, Banned } trust = Trust::Unchecked;
   int8_t rng = -1;  // its name says it draws random numbers (-1: not looked at yet)
   uint8_t probes = 0;  // launches probed so far
   bool said_undescribed = false;  // its launches without arguments to launch again were named in the log
-  std::vector<uint32_t> at;
-  uint64_t written = 0;  // bit i: at[i] is written
+  struct Pos {
+    uint32_t at;
+    uint8_t seen;  // probes that saw it
+    bool written;
+  };
+  std::vector<Pos> pos;  // by `at`
+  const Pos* find(uint32_t at) const {
+    for (const Pos& p : pos)
+      if (p.at == at) return &p;
+    return nullptr;
+  }
 };
 // A producer: the launch as the driver takes it again, its output's version and its other
 // ranges' versions then.
@@ -70,6 +79,7 @@ struct State {
   bool prepared = false, described = false;  // before_launch's rc_may_write, for rc_note_launch
   std::vector<unsigned char> stage;  // host staging for hashes and checks
   std::vector<uint64_t> after;       // a probe's hashes after its launch (scratch)
+  std::vector<uint32_t> wrote;       // the ranges a probe found written (scratch)
   uint32_t kernels_said = 0;         // kernels named for launches without arguments (a dozen at most)
 };
 

@@ -426,6 +426,40 @@ TEST(Recompute, ALaunchWithPackedArgumentsIsMadeAgainFromACopy) {
   EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
 }
 
+// What a kernel writes is learned per argument position: an elementwise kernel whose operand is a
+// range in some launches and not in others (a small tensor, here 0) is learned from both shapes,
+// so a launch of it that only reads a producer's input leaves that input's version alone. Learned
+// per launch shape, the second shape made it "writes all it touches" for good, and the product
+// went back to being copied in.
+TEST(Recompute, WritesAreLearnedPerPositionAcrossLaunchShapes) {
+  Rig r(5);
+  const DevPtr x = learned_input(r, true);
+  // add(out, a, b): out = a + b, b a range or nothing
+  const Func add = r.sim.add_kernel("add", params(3), [](const unsigned char* a) {
+    for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = words(arg(a, 1))[i] + (arg(a, 2) ? words(arg(a, 2))[i] : 0);
+  });
+  const DevPtr z = r.alloc();
+  r.launch(r.fill, {z, 1});
+  for (uint64_t b : {uint64_t{0}, z})
+    for (uint8_t i = 0; i < Residency::kRecomputeProbes; ++i) {
+      const DevPtr t = r.alloc();
+      r.launch(add, {t, x, b});
+      r.free(t);
+    }
+  const uint64_t probes = r.res.stats().probes;
+  const DevPtr y = r.alloc();
+  r.launch(r.scale, {y, x});
+  const DevPtr t = r.alloc();
+  r.launch(add, {t, x, z});  // reads x: y's input keeps its version
+  EXPECT_EQ(r.res.stats().probes, probes);  // learned: not watched again
+  r.free(t);
+  r.evict({y}, {x, z});
+  r.use(y);
+  EXPECT_EQ(r.res.stats().recomputed, 2u);  // trust_scale's and this one
+  EXPECT_EQ(r.res.stats().remake_stale, 0u);
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+}
+
 // A launch with attributes (cuLaunchKernelEx's: clusters, priority) is made again with the same
 // attributes, from the producer's own copy: the hook's array is gone by then.
 TEST(Recompute, ALaunchIsMadeAgainWithItsAttributes) {
