@@ -223,7 +223,20 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   for (int32_t i = 0; i < np; ++i) len = std::max(len, a->fi->params[i].offset + a->fi->params[i].size);
   const bool alone = !others_written || o_.fault == Options::Fault::RecomputeIgnoreWrites;
   if (learned && nfresh == 1 && writes_fresh && alone && small) ++st_.not_producer_small;
-  if (learned && nfresh == 1 && writes_fresh && !alone) ++st_.not_producer_alone;
+  if (learned && nfresh == 1 && writes_fresh && !alone) {
+    ++st_.not_producer_alone;
+    // Named once each (a dozen at most), with what else they wrote: a library's workspace (one
+    // range written by many kernels) would be scratch that a second launch could be given.
+    if (!kk.said_not_alone && rc_.kernels_said_alone < 12) {
+      kk.said_not_alone = true;
+      ++rc_.kernels_said_alone;
+      std::string others;
+      for (uint32_t k : rc_.written)
+        if (k != fresh) others += fmt::format("{}{:#x} ({} KiB)", others.empty() ? "" : ", ", slots_[k].va, slots_[k].asked >> 10);
+      log().info("recompute: kernel {} made a range of {} KiB but also wrote {}", namer_ ? namer_(namer_ctx_, kernel) : std::to_string(kernel),
+                 slots_[fresh].asked >> 10, others);
+    }
+  }
   if (learned && nfresh == 1 && writes_fresh && alone && !small && !kk.rng && !banned && len <= kMaxArgBytes) {
     ++st_.producers;
     int32_t id;

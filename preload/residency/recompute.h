@@ -19,6 +19,7 @@ struct KernelKnow {
   int8_t rng = -1;  // its name says it draws random numbers (-1: not looked at yet)
   uint8_t probes = 0;  // launches probed so far
   bool said_undescribed = false;  // its launches without arguments to launch again were named in the log
+  bool said_not_alone = false;    // a launch of it that wrote besides its new range was named
   struct Pos {
     uint32_t at;
     uint8_t seen;  // probes that saw it
@@ -81,6 +82,7 @@ struct State {
   std::vector<uint64_t> after;       // a probe's hashes after its launch (scratch)
   std::vector<uint32_t> wrote;       // the ranges a probe found written (scratch)
   uint32_t kernels_said = 0;         // kernels named for launches without arguments (a dozen at most)
+  uint32_t kernels_said_alone = 0;   // kernels named for writing besides their new range
 };
 
 }  // namespace offload::recompute
