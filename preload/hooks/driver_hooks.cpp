@@ -71,14 +71,14 @@ uint64_t bytes3d(const C* c) {
 LAUNCH_KERNEL(cuLaunchKernel, false)
 LAUNCH_KERNEL(cuLaunchKernel_ptsz, true)
 
-// The attributes it would be launched again with are a filtered copy (launch_attrs.h), valid
-// while the hook runs: the shim copies what it keeps.
+// The attributes it would be launched again with are a filtered copy (launch_attrs.h) on the
+// hook's stack, valid while it runs: the shim copies what it keeps.
 #define LAUNCH_KERNEL_EX(NAME, PTSZ)                                                                \
   OFFLOAD_EXPORT CUresult NAME(const CUlaunchConfig* c, CUfunction f, void** p, void** e) {         \
     return launch<HookId::NAME, decltype(&::cuLaunchKernelEx)>(                                     \
         [&](Runtime& rt) {                                                                          \
           if (!c) return shim::on_kernel(rt, fn(f), stream_id(nullptr, PTSZ), p, e);                \
-          thread_local CUlaunchAttribute kept[kMaxRelaunchAttrs];                                   \
+          CUlaunchAttribute kept[kMaxRelaunchAttrs];                                                \
           const RelaunchAttrs ra = relaunch_attrs(c, kept);                                         \
           const shim::Geom g{{c->gridDimX, c->gridDimY, c->gridDimZ},                               \
                              {c->blockDimX, c->blockDimY, c->blockDimZ},                            \
