@@ -229,6 +229,7 @@ class Runtime final : private PlanContext {
   HostStore::Stats last_step_host_;      // the host store's, likewise
   bool said_host_making_ = false;
   uint64_t capped_steps_logged_ = 0;
+  uint64_t logged_through_launch_ = 0;   // the launches run when the last step's line was written
   size_t last_step_launches_ = 0;        // the last step's launches (worker)
   static constexpr uint64_t kCappedStepsLogged = 8;
   static constexpr uint64_t kLaunchesBeforeNoAllocations = 1000;

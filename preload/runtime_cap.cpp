@@ -169,6 +169,17 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
   const uint64_t step = t.step;
   const Residency::Stats now = residency_->stats();
   const Residency::Stats& was = last_step_cap_;
+  // The first steps' boundaries are found only once the period shows, after later launches ran:
+  // those steps are cut together, and the first one's line holds their time and moves.
+  const bool late = t.first_launch + t.launches.size() <= logged_through_launch_;
+  logged_through_launch_ = std::max(logged_through_launch_, tracker_.launches());
+  if (late) {
+    if (capped_steps_logged_ < kCappedStepsLogged) {
+      ++capped_steps_logged_;
+      log().info("step {}: its end was found after the line above was written, which counts it", step);
+    }
+    return;
+  }
   if (capped_steps_logged_ < kCappedStepsLogged) {
     ++capped_steps_logged_;
     log().info("step {}: {:.1f} ms, {:.2f} GiB evicted ({} ahead), {} reloads on demand ({:.2f} GiB), {} ahead "
