@@ -101,6 +101,17 @@ CUresult fake_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsign
   return CUDA_SUCCESS;
 }
 
+// cuLaunchKernelEx: the attribute ids the driver was given, and its extra array.
+std::vector<int> g_launch_ex_attrs;
+void** g_launch_ex_extra = nullptr;
+CUresult fake_launch_ex(const CUlaunchConfig* c, CUfunction, void**, void** e) {
+  std::lock_guard lock(g_fake_mu);
+  g_launch_ex_attrs.clear();
+  for (unsigned i = 0; i < c->numAttrs; ++i) g_launch_ex_attrs.push_back(c->attrs[i].id);
+  g_launch_ex_extra = e;
+  return CUDA_SUCCESS;
+}
+
 struct MallocCall {
   size_t n;
   cudaStream_t s;
@@ -215,6 +226,7 @@ Installed& installed() {
     const std::map<std::string, void*> specific = {
         {"cuLaunchKernel", reinterpret_cast<void*>(&fake_launch)},
         {"cuLaunchKernel_ptsz", reinterpret_cast<void*>(&fake_launch)},
+        {"cuLaunchKernelEx", reinterpret_cast<void*>(&fake_launch_ex)},
         {"cudaMallocAsync", reinterpret_cast<void*>(&fake_malloc)},
         {"cudaMallocAsync_ptsz", reinterpret_cast<void*>(&fake_malloc)},
         {"cudaFreeAsync", reinterpret_cast<void*>(&fake_free)},
@@ -744,6 +756,72 @@ struct SeenGate : LaunchGate {
   }
   void note_pointer_table(AllocId, const AllocId*, size_t) override {}
 };
+
+// What the gate is shown of a cuLaunchKernelEx launch to launch it again (current_launch_args).
+struct ArgsGate : LaunchGate {
+  bool had = false;
+  int refused = -2;
+  std::vector<int> ids;
+  const void* packed = nullptr;
+  uint32_t packed_len = 0;
+  void before_launch(uint64_t, EventKind, uint32_t, Stream, const AllocId*, size_t, uint8_t) override {
+    const LaunchArgs* a = current_launch_args();
+    had = a != nullptr;
+    if (!a) return;
+    refused = a->geom.refused_attr;
+    ids.clear();
+    for (uint32_t i = 0; i < a->geom.nattrs; ++i) ids.push_back(static_cast<const CUlaunchAttribute*>(a->geom.attrs)[i].id);
+    packed = a->packed;
+    packed_len = a->packed_len;
+  }
+  void note_pointer_table(AllocId, const AllocId*, size_t) override {}
+};
+
+// cuLaunchKernelEx is forwarded with the caller's attributes as given, and shows the gate the
+// ones a second launch would carry: programmatic serialization dropped, a cluster kept; a
+// cooperative launch shown with that attribute named; arguments packed in `extra` shown as one
+// buffer.
+TEST_F(Hooks, ALaunchExShowsWhatItWouldBeLaunchedAgainWith) {
+  Runtime* r = rt();
+  ASSERT_NE(r, nullptr);
+  Tracker& t = r->tracker();
+  ArgsGate gate;
+  LaunchGate* before = t.current_gate();
+  t.set_gate(&gate);
+  t.set_pass_launch_args(true);
+  auto f = reinterpret_cast<CUfunction>(0x5a5b0);
+  CUlaunchAttribute a[2]{};
+  a[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  a[0].value.programmaticStreamSerializationAllowed = 1;
+  a[1].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  a[1].value.clusterDim.x = 2;
+  CUlaunchConfig c{};
+  c.gridDimX = c.gridDimY = c.gridDimZ = c.blockDimX = c.blockDimY = c.blockDimZ = 1;
+  c.attrs = a;
+  c.numAttrs = 2;
+  uint64_t arg = 42;
+  void* params[] = {&arg};
+  EXPECT_EQ(cuLaunchKernelEx(&c, f, params, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(g_launch_ex_attrs, (std::vector<int>{CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                                                  CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION}));  // as given
+  EXPECT_TRUE(gate.had);
+  EXPECT_EQ(gate.refused, -1);
+  EXPECT_EQ(gate.ids, std::vector<int>{CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION});
+  a[1].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+  EXPECT_EQ(cuLaunchKernelEx(&c, f, params, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(gate.refused, int(CU_LAUNCH_ATTRIBUTE_COOPERATIVE));
+  c.numAttrs = 0;
+  uint64_t buf[2] = {5, 6};
+  size_t len = sizeof buf;
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &len, CU_LAUNCH_PARAM_END};
+  EXPECT_EQ(cuLaunchKernelEx(&c, f, nullptr, extra), CUDA_SUCCESS);
+  EXPECT_EQ(gate.refused, -1);
+  EXPECT_EQ(gate.packed, static_cast<const void*>(buf));
+  EXPECT_EQ(gate.packed_len, sizeof buf);
+  EXPECT_EQ(g_launch_ex_extra, extra);
+  t.set_pass_launch_args(false);
+  t.set_gate(before);
+}
 
 // A synchronous copy or memset touches device memory as a stream-ordered one does: the gate sees
 // it, on the legacy default stream (the calling thread's own for a _ptds entry point), with the
