@@ -7,6 +7,7 @@
 // with a launch attribute the hook does not know, are never launched again (`refused_attr`).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "planner/types.h"  // Func
@@ -40,6 +41,16 @@ struct LaunchArgs {
   const void* packed = nullptr;
   uint32_t packed_len = 0;
 };
+
+// A launch's `extra` array (cuLaunchKernel's): its packed argument buffer and that buffer's size
+// (CU_LAUNCH_PARAM_BUFFER_POINTER, _SIZE), and whether it holds nothing else up to its END (then a
+// launch with it can be made again from a copy of the buffer). False: no buffer and size in it.
+struct ExtraBuffer {
+  const void* buf = nullptr;
+  size_t len = 0;
+  bool only = false;
+};
+bool read_extra(void** extra, ExtraBuffer* out);
 
 // The launch being made on this thread while the gate looks at it; nullptr otherwise, or when
 // the hook could not describe it.

@@ -54,15 +54,9 @@ bool SimDriver::launch_kernel(Func f, const LaunchGeom& g, Stream s, void** para
   for (const ParamInfo& p : k->params) len = std::max<size_t>(len, p.offset + p.size);
   auto args = std::make_shared<std::vector<unsigned char>>(len);
   if (extra) {  // the arguments packed as the layout lays them out, as CUDA takes them
-    const unsigned char* buf = nullptr;
-    const size_t* size = nullptr;
-    for (int i = 0; extra[i]; i += 2) {
-      if (extra[i] == reinterpret_cast<void*>(1)) buf = static_cast<const unsigned char*>(extra[i + 1]);
-      else if (extra[i] == reinterpret_cast<void*>(2)) size = static_cast<const size_t*>(extra[i + 1]);
-      else return false;
-    }
-    if (!buf || !size || *size < len) return false;
-    std::memcpy(args->data(), buf, len);
+    ExtraBuffer x;
+    if (!read_extra(extra, &x) || !x.only || x.len < len) return false;
+    std::memcpy(args->data(), x.buf, len);
   } else {
     for (size_t i = 0; i < k->params.size(); ++i)
       std::memcpy(args->data() + k->params[i].offset, params[i], k->params[i].size);

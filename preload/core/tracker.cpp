@@ -28,33 +28,26 @@ struct HookTimer {
   bool skip = false;
 };
 
-// Walks a launch's `extra` array for the packed argument buffer.
-bool extra_buffer(void** extra, const void** buf, size_t* len) {
+}  // namespace
+
+bool read_extra(void** extra, ExtraBuffer* out) {
   const void* b = nullptr;
   const size_t* l = nullptr;
-  for (int i = 0; i < 32 && extra[i] != nullptr; i += 2) {
-    uintptr_t key = reinterpret_cast<uintptr_t>(extra[i]);
-    if (key == 1) b = extra[i + 1];                                   // BUFFER_POINTER
-    else if (key == 2) l = static_cast<const size_t*>(extra[i + 1]);  // BUFFER_SIZE
-  }
-  if (!b || !l) return false;
-  *buf = b;
-  *len = *l;
-  return true;
-}
-
-// `extra` holds a packed buffer and its size and nothing else (a launch with it can be made again
-// from a copy of the buffer).
-bool packed_only(void** extra) {
+  bool only = true, ended = false;
   for (int i = 0; i < 32; i += 2) {
     const uintptr_t key = reinterpret_cast<uintptr_t>(extra[i]);
-    if (key == 0) return true;
-    if (key != 1 && key != 2) return false;
+    if (key == 0) {
+      ended = true;
+      break;
+    }
+    if (key == 1) b = extra[i + 1];                                   // BUFFER_POINTER
+    else if (key == 2) l = static_cast<const size_t*>(extra[i + 1]);  // BUFFER_SIZE
+    else only = false;
   }
-  return false;
+  if (!b || !l) return false;
+  *out = ExtraBuffer{b, *l, only && ended};
+  return true;
 }
-
-}  // namespace
 
 Tracker::Tracker(Driver& driver, EventLog& log) : driver_(driver), funcs_(driver), log_(log) {}
 
@@ -161,13 +154,13 @@ uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra, const
     e.flags |= kLayoutUnknown;
     counters_.opaque_kernels.fetch_add(1, std::memory_order_relaxed);
   }
-  const void* buf;
-  size_t len;
-  if (extra && extra_buffer(extra, &buf, &len)) n = table_.scan(buf, len / 8, acc, n, kMaxAccesses);
+  ExtraBuffer x;
+  const bool packed = extra && read_extra(extra, &x);
+  if (packed) n = table_.scan(x.buf, x.len / 8, acc, n, kMaxAccesses);
   if (n == kMaxAccesses) e.flags |= kAccessesTruncated;
   if (geom && fi && pass_args_.load(std::memory_order_relaxed)) {
     LaunchArgs args{f, fi, params, extra, *geom};
-    if (extra && packed_only(extra) && extra_buffer(extra, &buf, &len)) args.packed = buf, args.packed_len = uint32_t(len);
+    if (packed && x.only) args.packed = x.buf, args.packed_len = uint32_t(x.len);
     LaunchArgsScope scope(&args);
     gate(no, e.kind, e.func, s, acc, n, e.flags);
   } else {

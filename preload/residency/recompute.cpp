@@ -367,11 +367,9 @@ void Residency::rc_finish_probe() {
   // a written range in this launch (an in-place update) are all taken as written: the hash cannot
   // tell which one wrote.
   for (size_t j = 0; j < pr.at.size(); ++j) {
-    const bool w = std::find(wrote.begin(), wrote.end(), pr.at_slot[j]) != wrote.end();
-    auto it = std::find_if(kk.pos.begin(), kk.pos.end(), [&](const KernelKnow::Pos& p) { return p.at == pr.at[j]; });
-    if (it == kk.pos.end()) it = kk.pos.insert(kk.pos.end(), {pr.at[j], 0, false});
-    it->seen = uint8_t(std::min(255, it->seen + 1));
-    it->written = it->written || w;
+    KernelKnow::Pos& p = kk.find_or_add(pr.at[j]);
+    p.seen = uint8_t(std::min(255, p.seen + 1));
+    p.written = p.written || std::find(wrote.begin(), wrote.end(), pr.at_slot[j]) != wrote.end();
   }
   if (kk.probes < 255) ++kk.probes;
   ++st_.probes;

@@ -31,6 +31,10 @@ struct KernelKnow {
       if (p.at == at) return &p;
     return nullptr;
   }
+  Pos& find_or_add(uint32_t at) {
+    if (const Pos* p = find(at)) return const_cast<Pos&>(*p);
+    return pos.emplace_back(Pos{at, 0, false});
+  }
 };
 // A producer: the launch as the driver takes it again, its output's version and its other
 // ranges' versions then.
