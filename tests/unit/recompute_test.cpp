@@ -346,44 +346,29 @@ TEST(Recompute, ALaunchReadingAnAllocationOutsideTheRangesIsNoProducer) {
   }
 }
 
-// A launch the hook could not describe for launching again (one with launch attributes: no
-// geometry) is counted, and makes nothing it touches a producer.
+// A launch the hook could not describe for launching again is counted, and makes nothing it
+// touches a producer: one without geometry (a cooperative launch), and one whose geometry names an
+// attribute that forbids a second launch.
 TEST(Recompute, ALaunchWithoutItsArgumentsIsCountedAndProducesNothing) {
-  Rig r(4);
-  const DevPtr x = learned_input(r, true);
-  const uint64_t before = r.res.stats().undescribed;
-  const DevPtr y = r.alloc();
-  std::vector<uint64_t> args{y, x};
-  std::vector<void*> p{&args[0], &args[1]};
-  r.tr.on_kernel(r.scale, kA, p.data(), nullptr);  // no geometry
-  ASSERT_TRUE(r.sim.launch_kernel(r.scale, LaunchGeom{}, kA, p.data()));
-  r.res.after_launch();
-  EXPECT_EQ(r.res.stats().undescribed, before + 1);
-  r.evict({y}, {x});
-  r.use(y);
-  EXPECT_EQ(r.res.stats().recomputed, 1u);  // trust_scale's alone
-  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
-}
-
-// A launch whose attributes forbid launching it again (a cooperative one: the hook hands on its
-// geometry with the attribute named) is counted, and makes nothing it touches a producer.
-TEST(Recompute, ALaunchWithARefusedAttributeIsCountedAndProducesNothing) {
-  Rig r(4);
-  const DevPtr x = learned_input(r, true);
-  const uint64_t before = r.res.stats().undescribed;
-  const DevPtr y = r.alloc();
-  std::vector<uint64_t> args{y, x};
-  std::vector<void*> p{&args[0], &args[1]};
-  LaunchGeom g;
-  g.refused_attr = 2;  // CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-  r.tr.on_kernel(r.scale, kA, p.data(), nullptr, &g);
-  ASSERT_TRUE(r.sim.launch_kernel(r.scale, LaunchGeom{}, kA, p.data()));
-  r.res.after_launch();
-  EXPECT_EQ(r.res.stats().undescribed, before + 1);
-  r.evict({y}, {x});
-  r.use(y);
-  EXPECT_EQ(r.res.stats().recomputed, 1u);  // trust_scale's alone
-  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+  for (bool refused_attr : {false, true}) {
+    SCOPED_TRACE(refused_attr ? "a refused attribute" : "no geometry");
+    Rig r(4);
+    const DevPtr x = learned_input(r, true);
+    const uint64_t before = r.res.stats().undescribed;
+    const DevPtr y = r.alloc();
+    std::vector<uint64_t> args{y, x};
+    std::vector<void*> p{&args[0], &args[1]};
+    LaunchGeom g;
+    g.refused_attr = 2;  // CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+    r.tr.on_kernel(r.scale, kA, p.data(), nullptr, refused_attr ? &g : nullptr);
+    ASSERT_TRUE(r.sim.launch_kernel(r.scale, LaunchGeom{}, kA, p.data()));
+    r.res.after_launch();
+    EXPECT_EQ(r.res.stats().undescribed, before + 1);
+    r.evict({y}, {x});
+    r.use(y);
+    EXPECT_EQ(r.res.stats().recomputed, 1u);  // trust_scale's alone
+    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+  }
 }
 
 // A launch whose arguments come packed in one buffer (`extra`, as cuBLAS launches its GEMMs) is
