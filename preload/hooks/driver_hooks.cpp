@@ -227,15 +227,15 @@ MEMSET(cuMemsetD16Async_ptsz, cuMemsetD16Async, true, unsigned short, 2)
 MEMSET(cuMemsetD32Async, cuMemsetD32Async, false, unsigned int, 4)
 MEMSET(cuMemsetD32Async_ptsz, cuMemsetD32Async, true, unsigned int, 4)
 
-#define MEMSET2D(NAME, BASE, PTSZ, T, UNIT)                                                   \
+#define MEMSET2D(NAME, BASE, PTSZ, T)                                                   \
   MEMSET_HOOK(NAME, BASE, stream_id(s, PTSZ), (CUdeviceptr d, size_t pitch, T v, size_t w, size_t h, CUstream s), \
               (d, pitch, v, w, h, s), pitch * h)
-MEMSET2D(cuMemsetD2D8Async, cuMemsetD2D8Async, false, unsigned char, 1)
-MEMSET2D(cuMemsetD2D8Async_ptsz, cuMemsetD2D8Async, true, unsigned char, 1)
-MEMSET2D(cuMemsetD2D16Async, cuMemsetD2D16Async, false, unsigned short, 2)
-MEMSET2D(cuMemsetD2D16Async_ptsz, cuMemsetD2D16Async, true, unsigned short, 2)
-MEMSET2D(cuMemsetD2D32Async, cuMemsetD2D32Async, false, unsigned int, 4)
-MEMSET2D(cuMemsetD2D32Async_ptsz, cuMemsetD2D32Async, true, unsigned int, 4)
+MEMSET2D(cuMemsetD2D8Async, cuMemsetD2D8Async, false, unsigned char)
+MEMSET2D(cuMemsetD2D8Async_ptsz, cuMemsetD2D8Async, true, unsigned char)
+MEMSET2D(cuMemsetD2D16Async, cuMemsetD2D16Async, false, unsigned short)
+MEMSET2D(cuMemsetD2D16Async_ptsz, cuMemsetD2D16Async, true, unsigned short)
+MEMSET2D(cuMemsetD2D32Async, cuMemsetD2D32Async, false, unsigned int)
+MEMSET2D(cuMemsetD2D32Async_ptsz, cuMemsetD2D32Async, true, unsigned int)
 
 // The synchronous memsets, on the default stream as the synchronous copies above.
 #define SYNC_MEMSET(NAME, BASE, PTDS, T, UNIT) \
