@@ -244,6 +244,8 @@ struct ExecApi {
   decltype(&cuMemcpyHtoDAsync_v2) htod;
   decltype(&cuLaunchKernel) launch;
   decltype(&cuLaunchKernelEx) launch_ex;
+  decltype(&cuMemcpyDtoDAsync_v2) dtod;
+  decltype(&cuMemsetD8Async) memset8;
 };
 
 // nullptr until libcuda is loaded, or if it lacks any of them (VMM needs CUDA 10.2).
@@ -290,6 +292,8 @@ const ExecApi* exec_api() {
     // Optional: only a launch made again (Residency::Options::recompute) needs it.
     api.launch = reinterpret_cast<decltype(api.launch)>(hooks::real_dlsym(h, "cuLaunchKernel"));
     api.launch_ex = reinterpret_cast<decltype(api.launch_ex)>(hooks::real_dlsym(h, "cuLaunchKernelEx"));
+    api.dtod = reinterpret_cast<decltype(api.dtod)>(hooks::real_dlsym(h, "cuMemcpyDtoDAsync_v2"));
+    api.memset8 = reinterpret_cast<decltype(api.memset8)>(hooks::real_dlsym(h, "cuMemsetD8Async"));
     state.store(all ? 1 : -1, std::memory_order_release);
   });
   return state.load(std::memory_order_acquire) > 0 ? &api : nullptr;
@@ -680,5 +684,22 @@ int64_t CudaDriver::hash_start(DevPtr va, uint64_t bytes, Stream s) {
 }
 
 uint64_t CudaDriver::hash_value(int64_t ticket) { return hash_.value(ticket); }
+
+bool CudaDriver::device_copies() {
+  const ExecApi* a = exec_api();
+  return a && a->dtod && a->memset8;
+}
+
+bool CudaDriver::copy_device(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  return scope && a->dtod && cu_ok(a->dtod(dst, src, bytes, as_stream(s)), "cuMemcpyDtoDAsync_v2");
+}
+
+bool CudaDriver::zero_device(DevPtr dst, uint64_t bytes, Stream s) {
+  const ExecApi* a = exec_api();
+  CtxScope scope(a, context());
+  return scope && a->memset8 && cu_ok(a->memset8(dst, 0, bytes, as_stream(s)), "cuMemsetD8Async");
+}
 
 }  // namespace offload

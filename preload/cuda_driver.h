@@ -60,6 +60,9 @@ class CudaDriver final : public Driver {
   bool launch_kernel(Func f, const LaunchGeom& g, Stream s, void** params, void** extra = nullptr) override;
   int64_t hash_start(DevPtr va, uint64_t bytes, Stream s) override;
   uint64_t hash_value(int64_t ticket) override;
+  bool device_copies() override;
+  bool copy_device(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) override;
+  bool zero_device(DevPtr dst, uint64_t bytes, Stream s) override;
 
  private:
   gpu::GpuHash hash_;

@@ -192,13 +192,16 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
       log().info("step {}: {} ranges made again ({:.2f} GiB), {} dropped at eviction ({:.2f} GiB), {} made again "
                  "early; {} launches watched for their writes ({:.1f} ms), {} kernels checked, {} banned; {} "
                  "launches without arguments to launch again; {} producers recorded, {} not for touching a small "
-                 "allocation, {} for writing another range; {} copied back as an input was away, {} as one had changed",
+                 "allocation, {} for writing another range; {} made again keeping what they "
+                 "write besides ({:.1f} MiB, {} refused); {} copied back as an input was away, {} as one had changed",
                  step, now.recomputed - was.recomputed, (now.recomputed_bytes - was.recomputed_bytes) / kGiB,
                  now.dropped - was.dropped, (now.dropped_bytes - was.dropped_bytes) / kGiB,
                  now.restored_early - was.restored_early, now.probes - was.probes, (now.probe_ns - was.probe_ns) / 1e6,
                  now.recompute_checks - was.recompute_checks, now.recompute_bans - was.recompute_bans,
                  now.undescribed - was.undescribed, now.producers - was.producers,
                  now.not_producer_small - was.not_producer_small, now.not_producer_alone - was.not_producer_alone,
+                 now.side_kept - was.side_kept, (now.side_kept_bytes - was.side_kept_bytes) / double(1 << 20),
+                 now.side_refused - was.side_refused,
                  now.remake_away - was.remake_away,
                  now.remake_stale - was.remake_stale);
   }

@@ -136,6 +136,18 @@ class Driver {
     (void)ticket;
     return 0;
   }
+  // Device-to-device copies and zeroing on `s`, outside the shim's hooks: a range made again
+  // keeps what its launch writes besides it (saved beside, zeroed, put back). device_copies():
+  // whether this driver has both; the others are false without it.
+  virtual bool device_copies() { return false; }
+  virtual bool copy_device(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
+    (void)dst, (void)src, (void)bytes, (void)s;
+    return false;
+  }
+  virtual bool zero_device(DevPtr dst, uint64_t bytes, Stream s) {
+    (void)dst, (void)bytes, (void)s;
+    return false;
+  }
   // Launches `f` on `s` once more, with `params` as a kernelParams array (one pointer per
   // parameter, to its bytes). Never passes through the shim's hooks. False when it cannot.
   // `extra`: cuLaunchKernel's extra array instead (the arguments packed in one buffer; params null).

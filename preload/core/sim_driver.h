@@ -65,6 +65,12 @@ class SimDriver final : public Driver {
   uint64_t hash_value(int64_t ticket) override;
   void set_hashing(bool on) { hashing_ = on; }
   size_t hashes() const { return hashes_; }  // taken through hash_start
+  // Device-to-device copies and zeroing in stream order, every byte.
+  bool device_copies() override { return device_copies_; }
+  void set_device_copies(bool on) { device_copies_ = on; }
+  bool copy_device(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) override;
+  bool zero_device(DevPtr dst, uint64_t bytes, Stream s) override;
+  size_t device_copies_made() const { return device_copies_made_; }  // copies and zeroings
   // The attribute bytes the last launch_kernel was given (tests: a launch made again carries them).
   std::vector<unsigned char> last_launch_attrs() const {
     std::lock_guard lock(mu_);
@@ -214,6 +220,8 @@ class SimDriver final : public Driver {
   std::vector<unsigned char> last_attrs_;  // under mu_
   std::atomic<bool> hashing_{true};
   std::atomic<size_t> hashes_{0};
+  std::atomic<bool> device_copies_{true};
+  std::atomic<size_t> device_copies_made_{0};
   std::unique_ptr<uint64_t[]> hash_ring_{new uint64_t[kHashTickets]()};  // written by the hash ops
   mutable std::mutex mu_;
   bool pool_known_ = false;

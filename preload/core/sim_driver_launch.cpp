@@ -1,4 +1,5 @@
-// SimDriver's kernels: registered, described, launched (again), and recorded into graphs.
+// SimDriver's kernels: registered, described, launched (again), and recorded into graphs; and its
+// device-to-device copies.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -80,6 +81,24 @@ int64_t SimDriver::hash_start(DevPtr va, uint64_t bytes, Stream s) {
 uint64_t SimDriver::hash_value(int64_t ticket) {
   std::lock_guard lock(mu_);
   return hash_ring_[ticket % kHashTickets];
+}
+
+bool SimDriver::copy_device(DevPtr dst, DevPtr src, uint64_t bytes, Stream s) {
+  if (!device_copies_ || (bytes && (!dst || !src))) return false;
+  std::lock_guard lock(mu_);
+  ++device_copies_made_;
+  // Read and written where they lie when the GPU gets there (an unmapped one faults, on purpose).
+  enqueue(s, Op{Op::kKernel, [dst, src, bytes] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes); },
+                {}, 0});
+  return true;
+}
+
+bool SimDriver::zero_device(DevPtr dst, uint64_t bytes, Stream s) {
+  if (!device_copies_ || (bytes && !dst)) return false;
+  std::lock_guard lock(mu_);
+  ++device_copies_made_;
+  enqueue(s, Op{Op::kKernel, [dst, bytes] { std::memset(reinterpret_cast<void*>(dst), 0, bytes); }, {}, 0});
+  return true;
 }
 
 void SimDriver::launch(Stream s, std::function<void()> body) {

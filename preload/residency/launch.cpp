@@ -108,6 +108,7 @@ void Residency::copying_in(Range& r, Stream s) {
 
 bool Residency::bring_back(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
   if (slots_[slot].dropped) return rc_restore(slot, s, keep, nkeep, why);
+  if (o_.recompute) rc_side_room(slot, s, keep, nkeep);
   return make_room(slots_[slot].bytes, keep, nkeep, why) && reload(slot, s, why);
 }
 

@@ -7,8 +7,12 @@
 //     table and no allocation outside the ranges (whose versions are not followed);
 //   - K's name does not say it draws random numbers (philox, curand, dropout, ...);
 //   - K's writes were learned (probes, below) at every argument position the launch points into
-//     ranges from, and the launch wrote R alone: a kernel that writes outside its output is never
-//     made again.
+//     ranges from. Ranges it wrote besides R (its side: a library's workspace, running statistics)
+//     are kept across every second launch: saved beside on the device, zeroed (a workspace's
+//     counters start at zero, as the library's own memset or the kernel's last act leaves them),
+//     and put back after it, so that no write outside R outlives it. Only where the driver copies
+//     on the device and the side is at most kMaxSide; else a kernel that writes outside its output
+//     is never made again. Whether R depended on the side's bytes is left to the check below.
 // R is made again only while R and every other range the launch touched (its inputs) have the
 // version they had then: a range's version moves at every launch that may write it (a kernel by
 // what it was seen to write, or all it touches while that is not known; a copy, a memset, a graph:
@@ -53,6 +57,9 @@ constexpr uint64_t kProbeMax = 256ull << 20;  // bytes a probe copies to the hos
 constexpr uint64_t kStage = 8ull << 20;     // the host staging buffer
 constexpr uint8_t kProbes = Residency::kRecomputeProbes;
 constexpr uint8_t kMaxKernelProbes = 4 * kProbes;  // a kernel's probes in all, whichever positions they see
+// The bytes a producer may write besides its output and have kept: PyTorch gives cuBLAS a 32 MiB
+// workspace on sm90. The buffer they are kept in is held while recompute runs.
+constexpr uint64_t kMaxSide = 64ull << 20;
 
 uint64_t this_thread() { return std::hash<std::thread::id>{}(std::this_thread::get_id()); }
 
@@ -221,7 +228,24 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   const int32_t np = a->packed ? -1 : a->fi->nparams;  // -1: packed
   uint32_t len = a->packed ? a->packed_len : 0;
   for (int32_t i = 0; i < np; ++i) len = std::max(len, a->fi->params[i].offset + a->fi->params[i].size);
-  const bool alone = !others_written || o_.fault == Options::Fault::RecomputeIgnoreWrites;
+  // Ranges written besides the new one are its side, kept across a second launch where they can be:
+  // each seen written at a side position, none at one refused.
+  uint64_t side_bytes = 0;
+  bool sides_known = true;
+  for (uint32_t k : rc_.written) {
+    if (k == fresh) continue;
+    side_bytes += slots_[k].bytes;
+    bool seen = o_.fault == Options::Fault::RecomputeSideAnyWrite;
+    for (size_t i = 0; learned && i < at_slot.size(); ++i) {
+      if (at_slot[i] != k) continue;
+      const KernelKnow::Side side = kk.find(rc_.at[i])->side;
+      seen = seen || side == KernelKnow::SideSeen || side == KernelKnow::SideChecked;
+      sides_known = sides_known && side != KernelKnow::SideRefused;
+    }
+    sides_known = sides_known && seen;
+  }
+  const bool keeps_side = others_written && sides_known && side_bytes <= kMaxSide && d_.device_copies();
+  const bool alone = !others_written || keeps_side || o_.fault == Options::Fault::RecomputeIgnoreWrites;
   if (learned && nfresh == 1 && writes_fresh && alone && small) ++st_.not_producer_small;
   if (learned && nfresh == 1 && writes_fresh && !alone) {
     ++st_.not_producer_alone;
@@ -263,11 +287,22 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     Range& out = slots_[fresh];
     p.out_version = out.version;
     p.inputs.clear();
-    for (uint32_t k : touched)
-      if (k != fresh) {
-        p.inputs.push_back({k, slots_[k].version});
-        ++slots_[k].consumers;
+    p.side.clear();
+    p.side_at.clear();
+    p.side_bytes = 0;
+    for (uint32_t k : touched) {
+      if (k == fresh) continue;
+      if (o_.fault != Options::Fault::RecomputeIgnoreWrites &&
+          std::binary_search(rc_.written.begin(), rc_.written.end(), k)) {
+        p.side.push_back({k, slots_[k].va});
+        p.side_bytes += slots_[k].bytes;
+        for (size_t i = 0; i < at_slot.size(); ++i)
+          if (at_slot[i] == k) p.side_at.push_back(rc_.at[i]);
+        continue;
       }
+      p.inputs.push_back({k, slots_[k].version});
+      ++slots_[k].consumers;
+    }
     out.producer = id;
   }
   rc_start_probe(kernel, s, touched, nfresh > 0);
@@ -366,10 +401,16 @@ void Residency::rc_finish_probe() {
   // Writes are learned per position, the union over the probes that saw it. Positions that share
   // a written range in this launch (an in-place update) are all taken as written: the hash cannot
   // tell which one wrote.
+  // A written range made before a launch that made a new one marks its positions as sides: seen
+  // written for real, by its bytes (an aliased in-place operand of a launch that makes nothing new
+  // is not one).
   for (size_t j = 0; j < pr.at.size(); ++j) {
     KernelKnow::Pos& p = kk.find_or_add(pr.at[j]);
     p.seen = uint8_t(std::min(255, p.seen + 1));
-    p.written = p.written || std::find(wrote.begin(), wrote.end(), pr.at_slot[j]) != wrote.end();
+    const bool w = std::find(wrote.begin(), wrote.end(), pr.at_slot[j]) != wrote.end();
+    p.written = p.written || w;
+    const bool fresh = std::find(pr.fresh.begin(), pr.fresh.end(), pr.at_slot[j]) != pr.fresh.end();
+    if (w && !fresh && !pr.fresh.empty() && p.side == KernelKnow::NoSide) p.side = KernelKnow::SideSeen;
   }
   if (kk.probes < 255) ++kk.probes;
   ++st_.probes;
@@ -390,6 +431,10 @@ bool Residency::rc_can_drop(uint32_t slot) const {
     if (rc_.writing && std::binary_search(rc_.writes.begin(), rc_.writes.end(), k)) return false;
     bytes += in.bytes;
   }
+  if (!p.side.empty()) {
+    if (!rc_side_ready(p, false) || rc_side_unchecked(p)) return false;
+    bytes += p.side_bytes + std::max(p.side_bytes, rc_side_.bytes);  // the side, and the buffer it is kept in
+  }
   // Room to make it again at any later launch: it and its inputs beside the most one launch needed.
   return bytes + largest_need_ + pool_share_ <= limit();
 }
@@ -398,7 +443,9 @@ bool Residency::rc_check_wanted(uint32_t slot) const {
   const Range& r = slots_[slot];
   if (r.producer < 0 || r.dropped || !r.host) return false;
   const Producer& p = rc_.producers[r.producer];
-  if (rc_.know[p.kernel].trust != KernelKnow::Trust::Unchecked || p.out_version != r.version) return false;
+  if ((rc_.know[p.kernel].trust != KernelKnow::Trust::Unchecked && !rc_side_unchecked(p)) || p.out_version != r.version)
+    return false;
+  if (!rc_side_ready(p, false)) return false;
   bool away = false;
   for (const auto& [k, v] : p.inputs) {
     const Range& in = slots_[k];
@@ -411,6 +458,7 @@ bool Residency::rc_check_wanted(uint32_t slot) const {
 void Residency::rc_drop(Range& r) {
   r.dropped = true;
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) ++slots_[k].dependents;
+  for (const auto& [k, va] : rc_.producers[r.producer].side) ++slots_[k].side_of;
   ++st_.dropped;
   st_.dropped_bytes += r.bytes;
 }
@@ -419,6 +467,7 @@ void Residency::rc_undrop(Range& r) {
   if (!r.dropped) return;
   r.dropped = false;
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) --slots_[k].dependents;
+  for (const auto& [k, va] : rc_.producers[r.producer].side) --slots_[k].side_of;
 }
 
 bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
@@ -427,30 +476,40 @@ bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t
   std::vector<uint32_t>& kept = rc_.keep;
   kept.assign(keep, keep + nkeep);
   kept.push_back(slot);
-  for (const auto& [k, v] : p.inputs) {
-    kept.push_back(k);
-    if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);
-  }
+  for (const auto& [k, v] : p.inputs) kept.push_back(k);
+  for (const auto& [k, va] : p.side) kept.push_back(k);
+  for (size_t i = nkeep + 1; i < kept.size(); ++i)
+    if (slots_[kept[i]].state == State::CopyingOut) abandon(slots_[kept[i]]);
+  const size_t mine = kept.size() - nkeep - 1;  // its inputs and side, after `keep` and it
   std::sort(kept.begin(), kept.end());
   // Room for one range at a time, as it is backed: spares that would tile their sum may not tile
-  // each of them.
-  for (const auto& [k, v] : p.inputs)  // never dropped themselves: copied in
+  // each of them. Its inputs and side are never dropped themselves: copied in.
+  for (size_t i = 0; i < mine; ++i) {
+    const uint32_t k = i < p.inputs.size() ? p.inputs[i].first : p.side[i - p.inputs.size()].first;
     if (slots_[k].state == State::OnHost && !bring_back(k, s, kept.data(), kept.size(), why)) return false;
-  return make_room(r.bytes, kept.data(), kept.size(), why) && reload(slot, s, why);
+  }
+  if (!p.side.empty() && !rc_side_buffer(p.side_bytes, s, kept.data(), kept.size(), why)) return false;
+  const bool held = std::exchange(rc_.side_held, !p.side.empty());
+  const bool done = make_room(r.bytes, kept.data(), kept.size(), why) && reload(slot, s, why);
+  rc_.side_held = held;
+  return done;
 }
 
 bool Residency::rc_guard(const std::vector<uint32_t>& written, Stream s, const uint32_t* keep, size_t nkeep,
-                         std::string* why) {
+                         std::string* why, bool freeing) {
   if (o_.fault == Options::Fault::RecomputeNoWriteGuard) return true;
   for (uint32_t x : written) {
-    if (!slots_[x].dependents) continue;
+    // A side is written over by every launch made again: only its free matters (its address goes).
+    if (!slots_[x].dependents && !(freeing && slots_[x].side_of)) continue;
     std::vector<uint32_t>& deps = rc_.deps;
     deps.clear();
     for (uint32_t k = 0; k < slots_.size(); ++k) {
       const Range& d = slots_[k];
       if (!d.live || !d.dropped) continue;
-      for (const auto& [in, v] : rc_.producers[d.producer].inputs)
-        if (in == x) deps.push_back(k);
+      const Producer& p = rc_.producers[d.producer];
+      bool from = std::any_of(p.inputs.begin(), p.inputs.end(), [&](const auto& in) { return in.first == x; });
+      from = from || (freeing && std::any_of(p.side.begin(), p.side.end(), [&](const auto& w) { return w.first == x; }));
+      if (from) deps.push_back(k);
     }
     for (uint32_t k : deps) {
       if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);  // still mapped: kept
@@ -490,27 +549,49 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
       const Range& in = slots_[k];
       if (in.state == State::CopyingIn && in.in_stream != s) order_after(s, in.copy_event);
     }
-  void* params[256];
   if (p.nparams > 256) return false;
-  for (int32_t i = 0; i < p.nparams; ++i) params[i] = const_cast<unsigned char*>(p.args.data()) + p.params[i].offset;
-  size_t packed_len = p.args.size();
-  void* extra[] = {reinterpret_cast<void*>(1), const_cast<unsigned char*>(p.args.data()), reinterpret_cast<void*>(2), &packed_len,
-                   nullptr};  // CU_LAUNCH_PARAM_BUFFER_POINTER, _SIZE, _END
-  LaunchGeom g = p.geom;
-  g.attrs = p.attrs.empty() ? nullptr : p.attrs.data();
-  if (!(p.nparams < 0 ? d_.launch_kernel(p.f, g, s, nullptr, extra) : d_.launch_kernel(p.f, g, s, params))) return false;
-  // Its inputs are read on `s` now: an eviction or a free of one waits for that (a touch on
-  // `s`), and so does a launch on another stream that touches one (read_event).
-  for (const auto& [k, v] : p.inputs) {
-    Range& in = slots_[k];
+  if (!p.side.empty() && (!rc_side_ready(p, true) || !rc_side_buffer(p.side_bytes, s, nullptr, 0, nullptr))) {
+    ++st_.remake_away;
+    return false;
+  }
+  // Its side, saved and zeroed after all work on it so far (the program ordered none of it before
+  // this launch): then the launch, then the side put back.
+  if (!rc_side_save(p, s)) return false;
+  const bool launched = rc_launch_again(p, s);
+  rc_side_put_back(p, s);
+  if (!launched) return false;
+  // Its inputs are read, and its side written, on `s` now: an eviction or a free of one waits for
+  // that (a touch on `s`), and so does a launch on another stream that touches one (read_event).
+  auto read_here = [&](Range& in) {
     add_touch(in, s, launches_seen_);
     if (!in.read_event) in.read_event = new_event();
     record_event(in.read_event, s);
     in.read_stream = s;
+  };
+  for (const auto& [k, v] : p.inputs) read_here(slots_[k]);
+  for (const auto& [k, va] : p.side) read_here(slots_[k]);
+  if (!p.side.empty()) {
+    ++st_.side_kept;
+    st_.side_kept_bytes += p.side_bytes;
   }
-  if (kk.trust == KernelKnow::Trust::Unchecked && o_.fault != Options::Fault::RecomputeUnchecked) {
+  // Checked: a kernel's first launch made again, and one whose side is at positions not checked yet
+  // (zeroed there, a kernel that reads what it also writes gives other bytes).
+  const bool side_new = rc_side_unchecked(p);
+  if ((kk.trust == KernelKnow::Trust::Unchecked || side_new) && o_.fault != Options::Fault::RecomputeUnchecked) {
     ++st_.recompute_checks;
-    if (!rc_same(r.va, r.host, r.asked, s)) {
+    const bool same = rc_same(r.va, r.host, r.asked, s);
+    for (uint32_t at : p.side_at) {  // positions found out either way
+      KernelKnow::Pos& pos = kk.find_or_add(at);
+      if (pos.side == KernelKnow::SideSeen) pos.side = same ? KernelKnow::SideChecked : KernelKnow::SideRefused;
+    }
+    if (!same && side_new) {
+      // Its side, not the kernel, is what is refused: launches that write there are no producers.
+      ++st_.side_refused;
+      log().info("recompute: kernel {} made again with what it writes besides zeroed gave other bytes; those "
+                 "launches are not made again", namer_ ? namer_(namer_ctx_, p.kernel) : std::to_string(p.kernel));
+      return false;  // the copy in overwrites what it wrote
+    }
+    if (!same) {
       kk.trust = KernelKnow::Trust::Banned;
       ++st_.recompute_bans;
       log().warn("recompute: kernel {} made again did not give the bytes it gave before; it is not made again",
@@ -526,6 +607,18 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   ++st_.recomputed;
   st_.recomputed_bytes += r.bytes;
   return true;
+}
+
+
+bool Residency::rc_launch_again(const Producer& p, Stream s) {
+  void* params[256];
+  for (int32_t i = 0; i < p.nparams; ++i) params[i] = const_cast<unsigned char*>(p.args.data()) + p.params[i].offset;
+  size_t packed_len = p.args.size();
+  void* extra[] = {reinterpret_cast<void*>(1), const_cast<unsigned char*>(p.args.data()), reinterpret_cast<void*>(2), &packed_len,
+                   nullptr};  // CU_LAUNCH_PARAM_BUFFER_POINTER, _SIZE, _END
+  LaunchGeom g = p.geom;
+  g.attrs = p.attrs.empty() ? nullptr : p.attrs.data();
+  return p.nparams < 0 ? d_.launch_kernel(p.f, g, s, nullptr, extra) : d_.launch_kernel(p.f, g, s, params);
 }
 
 }  // namespace offload

@@ -20,10 +20,15 @@ struct KernelKnow {
   uint8_t probes = 0;  // launches probed so far
   bool said_undescribed = false;  // its launches without arguments to launch again were named in the log
   bool said_not_alone = false;    // a launch of it that wrote besides its new range was named
+  // A side position: one a probe saw write a range made before its launch (bytes changed), in a
+  // launch that made a new range; checked by a launch made again that zeroed it and still gave
+  // the bytes the first launch gave, or refused by one that did not.
+  enum Side : uint8_t { NoSide, SideSeen, SideChecked, SideRefused };
   struct Pos {
     uint32_t at;
     uint8_t seen;  // probes that saw it
     bool written;
+    Side side;
   };
   std::vector<Pos> pos;  // by `at`
   const Pos* find(uint32_t at) const {
@@ -33,7 +38,7 @@ struct KernelKnow {
   }
   Pos& find_or_add(uint32_t at) {
     if (const Pos* p = find(at)) return const_cast<Pos&>(*p);
-    return pos.emplace_back(Pos{at, 0, false});
+    return pos.emplace_back(Pos{at, 0, false, NoSide});
   }
 };
 // A producer: the launch as the driver takes it again, its output's version and its other
@@ -48,6 +53,11 @@ struct Producer {
   std::vector<unsigned char> attrs;  // geom.attrs points here when it is launched again
   uint64_t out_version = 0;
   std::vector<std::pair<uint32_t, uint64_t>> inputs;  // slot, version
+  // Ranges it wrote besides its output (slot, address), kept across a launch made again: their
+  // bytes saved beside, the ranges zeroed, the launch, the bytes put back.
+  std::vector<std::pair<uint32_t, DevPtr>> side;
+  std::vector<uint32_t> side_at;  // the argument positions pointing into them
+  uint64_t side_bytes = 0;
 };
 struct Bump {  // a version moved by a launch of unknown writes
   uint32_t slot;
@@ -76,7 +86,7 @@ struct State {
   std::vector<uint32_t> at, at_slot, written, fresh;
   bool learned = false;
   std::vector<Bump> bumped;
-  std::vector<uint32_t> keep, deps;  // scratch
+  std::vector<uint32_t> keep, deps, side_keep;  // scratch
   // While a launch that may write these (or a free of one) is being prepared, no range made from
   // one of them is dropped: rc_guard has made those again already, and would not see a new one.
   std::vector<uint32_t> writes;
@@ -87,6 +97,9 @@ struct State {
   std::vector<uint32_t> wrote;       // the ranges a probe found written (scratch)
   uint32_t kernels_said = 0;         // kernels named for launches without arguments (a dozen at most)
   uint32_t kernels_said_alone = 0;   // kernels named for writing besides their new range
+  uint64_t side_event = 0;           // after the last use of the side buffer, on side_stream
+  Stream side_stream = 0;
+  bool side_held = false;            // a dropped range is being made again with it: not let go for room
 };
 
 }  // namespace offload::recompute

@@ -59,6 +59,7 @@ Residency::~Residency() {
     if (r.load_event) d_.destroy_event(r.load_event);
     if (r.free_event) d_.destroy_event(r.free_event);
   }
+  rc_side_release();
   for (auto& [bytes, sp] : spares_) d_.release_physical(sp.handle);
   for (auto& [s, ring] : rings_)
     for (uint64_t e : ring.events)
@@ -219,6 +220,10 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
   }
   if (o_.evict_before_busy_release && !fits() && evict_for_handles(need, keep, nkeep, why)) return true;
   release_spares_for(need, true);  // spares left of other sizes: the budget must hold the new handle
+  if (!fits() && rc_side_.va && !rc_.side_held) {  // the buffer recompute keeps sides in goes last: made again when next needed
+    rc_side_release();
+    release_spares_for(need, true);
+  }
   note_footprint();
   if (fits()) return true;
   if (why && why->empty()) {
@@ -376,12 +381,13 @@ bool Residency::free(DevPtr p, Stream s) {
     }
     return true;
   }
-  if (r.dependents) {
-    // Dropped ranges made from it are made again first, while its bytes are still there.
+  if (r.dependents || r.side_of) {
+    // Dropped ranges made from it, or writing it besides, are made again first, while its bytes
+    // and its address are still there.
     RcWriting writing(*this, true);
     rc_.writes.assign(1, slot);
     std::string why;
-    if (!rc_guard(rc_.writes, s, &slot, 1, &why)) log().error("recompute: before a free: {}", why);
+    if (!rc_guard(rc_.writes, s, &slot, 1, &why, true)) log().error("recompute: before a free: {}", why);
   }
   if (r.dropped) rc_undrop(r);  // freed before it was needed again: nothing to make
   r.live = false;

@@ -161,7 +161,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
     enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait,
                                RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
                                RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
-                               RecomputeNoWriteGuard };  // tests: proves a missing wait is caught
+                               RecomputeNoWriteGuard, RecomputeSideNotKept, RecomputeSideNotZeroed,
+                               RecomputeSkipSideWait, RecomputeSideAnyWrite };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   struct Stats {
@@ -231,6 +232,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // made no producer because they touched an allocation outside the ranges (small), or wrote a
     // range besides their new one (not alone: a workspace, an in-place update).
     uint64_t producers = 0, remake_away = 0, remake_stale = 0, not_producer_small = 0, not_producer_alone = 0;
+    // Ranges made again whose launch also wrote other ranges (kept: saved beside, put back), and those
+    // bytes; checks that found a kernel's output read what it also writes (those positions refused).
+    uint64_t side_kept = 0, side_kept_bytes = 0, side_refused = 0;
     uint64_t create_avg_ns = 0, piece_avg_ns = 0;  // the running averages that decide it
     uint64_t extra_pieces = 0;               // the pieces beyond the fewest a range may take now
   };
@@ -372,6 +376,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     bool dropped = false;
     uint32_t dependents = 0;
     uint32_t consumers = 0;     // producers that list it among their inputs
+    uint32_t side_of = 0;       // dropped ranges whose producer writes it besides them: never dropped, freed after them
     uint64_t asked = 0;         // the bytes its allocation asked for
     bool in_graph = false;      // a launch recorded into a CUDA graph touched it: never freed
     bool graph_freed = false;   // and the application has freed it
@@ -507,7 +512,23 @@ class Residency final : public LaunchGate, public DeviceRoom {
   bool rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
   // Before a launch that may write, or a free of, a range that dropped ranges are made from: they
   // are made again first, on `s`. `written`: the touched slots to look at.
-  bool rc_guard(const std::vector<uint32_t>& written, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
+  // `freeing`: a free, which ranges written besides a dropped one (its side) wait for too.
+  bool rc_guard(const std::vector<uint32_t>& written, Stream s, const uint32_t* keep, size_t nkeep, std::string* why,
+                bool freeing = false);
+  // The buffer a remake keeps its side ranges in, `bytes` at least, usable on `s`: made once (room
+  // made with `keep` kept, or only where it fits without evicting when keep is null) and held.
+  bool rc_side_buffer(uint64_t bytes, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
+  // Before a range is brought back: room for that buffer if its producer needs it to make it again
+  // (`keep` kept, and what that needs); without it the range is copied in.
+  void rc_side_room(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep);
+  void rc_side_release();  // the buffer's handles to the spares once its last use is done
+  // Its side ranges live where its arguments point (`resident`: and backed there); saved into the
+  // buffer and zeroed on `s` after every stream's work on them; put back after its launch again.
+  bool rc_side_ready(const recompute::Producer& p, bool resident) const;
+  bool rc_side_unchecked(const recompute::Producer& p) const;  // a side position not checked yet
+  bool rc_side_save(const recompute::Producer& p, Stream s);
+  void rc_side_put_back(const recompute::Producer& p, Stream s);
+  bool rc_launch_again(const recompute::Producer& p, Stream s);  // its launch once more, on `s`
   // The touched slots (sorted) a launch of `kernel` may write, into rc_.written: those its kernel
   // was seen to write at the same argument positions (rc_.learned), else all. Its positions go
   // into rc_.at and rc_.at_slot; false when the launch cannot be described (no arguments).
@@ -628,6 +649,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   Namer namer_ = nullptr;
   void* namer_ctx_ = nullptr;
   recompute::State rc_;  // Options::recompute (residency/recompute.h)
+  Range rc_side_;        // rc_side_buffer's, outside slots_: never a victim
   struct RcWriting {
     Residency& r;
     RcWriting(Residency& res, bool on) : r(res) { r.rc_.writing = on; }

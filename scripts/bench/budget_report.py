@@ -77,7 +77,7 @@ HOST_MS = ("busy_ns", "wait_ns", "map_ns", "unmap_ns", "create_ns", "release_ns"
 HOST_COUNTS = ("allocs", "reused", "refits", "maps", "alloc_maps", "unmaps", "created", "evictions", "reloads",
                "prefetch_hits", "prefetch_late", "waits", "waits_room", "waits_release", "waits_abandon",
                "recomputed", "dropped", "restored_early", "undescribed", "producers", "remake_away", "remake_stale",
-               "not_producer_small", "not_producer_alone")
+               "not_producer_small", "not_producer_alone", "side_kept", "side_refused")
 
 
 def host_split(r):

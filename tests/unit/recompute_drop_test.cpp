@@ -56,6 +56,31 @@ TEST(Recompute, AFreeOfAnInputMakesItsDroppedRangesAgainFirst) {
   EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
 }
 
+// A range written besides a dropped one (its side) and then freed: the dropped range is made
+// again first, while the side is still mapped where the launch writes it. Without that it could
+// not be made again at all, and the process stops.
+TEST(Recompute, AFreeOfASideMakesItsDroppedRangesAgainFirst) {
+  auto run = [](Fault f) {
+    Rig r(7, f);  // a drop needs room for y, x, stats and the buffer stats is kept in, beside norm's 3
+    const DevPtr x = learned_input(r, false);
+    const DevPtr stats = r.alloc();
+    r.launch(r.fill, {stats, 0});
+    trust_norm(r, x, stats);
+    const DevPtr y = r.alloc();
+    r.launch(r.norm, {y, x, stats});
+    const uint64_t dropped = r.res.stats().dropped;
+    r.evict({y}, {x, stats});
+    ASSERT_EQ(r.res.stats().dropped, dropped + 1);
+    r.free(stats);
+    EXPECT_EQ(r.res.stats().restored_early, 1u);
+    r.use(y);
+    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 2 * (7000 + i); }));
+  };
+  run(Fault::None);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(run(Fault::RecomputeNoWriteGuard), "could not be made again: its bytes are lost");
+}
+
 // An input evicted (copied out) after the drop comes back first, then the range is made from it.
 TEST(Recompute, AnInputEvictedAfterTheDropIsReloadedToMakeItAgain) {
   Rig r(4);
@@ -85,80 +110,112 @@ TEST(Recompute, NothingIsDroppedWithoutRoomToMakeItAgain) {
 // Random programs on two streams under a small budget, recompute on, scale trusted from the start:
 // every range reads back what a model of the program says, whatever was made again, copied back or
 // refused. (With versions ignored, some of its checks fail; without the write guard a dropped
-// range is lost and the process stops.)
-TEST(Recompute, RandomProgramsReadBackTheirBytes) {
-  uint64_t remade = 0, dropped = 0, early = 0;
-  for (uint64_t seed = 1; seed <= 6; ++seed) {
-    SCOPED_TRACE(seed);
-    std::mt19937_64 rng(seed);
-    Rig r(3 + seed % 2);
-    const DevPtr x0 = r.alloc();
-    r.launch(r.fill, {x0, 3});
-    learn_common(r, x0);
-    trust_scale(r, x0);  // from here on only the rules stand between a wrong remake and a range
-    struct Live {
-      DevPtr p;
-      Stream last;
-      std::vector<uint64_t> want;
-    };
-    std::vector<Live> live{{x0, kA, {}}};
-    for (uint64_t i = 0; i < kWords; ++i) live[0].want.push_back(3000 + i);
-    auto join = [&](Stream from, Stream to) {
-      if (from == to) return;
-      const uint64_t ev = r.sim.create_event();
-      r.sim.record_event(ev, from);
-      r.sim.stream_wait(to, ev);
-      r.sim.destroy_event(ev);
-    };
-    auto check = [&](Live& l) {
-      r.use(l.p, l.last);
-      r.sim.run_all();
-      EXPECT_EQ(std::memcmp(words(l.p), l.want.data(), kGran), 0);
-    };
-    for (int op = 0; op < 300; ++op) {
-      const Stream s = rng() % 3 ? kA : kB;
-      Live& src = live[rng() % live.size()];
-      const int what = int(rng() % 10);
-      if (what < 4 && live.size() < 5 + seed % 3) {  // a new range, from another or filled
-        Live n{r.alloc(s), s, std::vector<uint64_t>(kWords)};
-        if (what < 3) {
-          join(src.last, s);
-          r.launch(r.scale, {n.p, src.p}, s);
-          for (uint64_t i = 0; i < kWords; ++i) n.want[i] = 3 * src.want[i] + 1;
-          src.last = s;
-        } else {
-          const uint64_t k = rng() % 100;
-          r.launch(r.fill, {n.p, k}, s);
-          for (uint64_t i = 0; i < kWords; ++i) n.want[i] = k * 1000 + i;
-        }
-        live.push_back(std::move(n));
-      } else if (what < 6) {  // written in place
-        join(src.last, s);
-        r.launch(r.bump, {src.p}, s);
-        for (uint64_t& w : src.want) ++w;
-        src.last = s;
-      } else if (what < 8 || live.size() < 3) {  // read
-        join(src.last, s);
-        r.use(src.p, s);
-        src.last = s;
-      } else {  // freed
-        const size_t k = size_t(&src - live.data());
-        join(src.last, s);
-        r.free(src.p, s);
-        live.erase(live.begin() + long(k));
-      }
-      for (int g = int(rng() % 8); g-- > 0 && r.sim.step(rng);) {
-      }
-      if (op % 50 == 49) check(live[rng() % live.size()]);
-    }
-    for (Live& l : live) check(l);
-    remade += r.res.stats().recomputed;
-    dropped += r.res.stats().dropped;
-    early += r.res.stats().restored_early;
+// range is lost and the process stops.) With `sides`, norm (trusted too) makes ranges as well,
+// writing a shared statistics range besides them, which the program also writes, reads and frees.
+struct Totals {
+  uint64_t remade = 0, dropped = 0, early = 0, side_kept = 0;
+};
+void random_program(uint64_t seed, bool sides, Totals* t) {
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  Rig r(3 + seed % 2 + (sides ? 2 : 0));
+  const DevPtr x0 = r.alloc();
+  r.launch(r.fill, {x0, 3});
+  learn_common(r, x0);
+  trust_scale(r, x0);  // from here on only the rules stand between a wrong remake and a range
+  struct Live {
+    DevPtr p;
+    Stream last;
+    std::vector<uint64_t> want;
+  };
+  std::vector<Live> live{{x0, kA, {}}};
+  for (uint64_t i = 0; i < kWords; ++i) live[0].want.push_back(3000 + i);
+  DevPtr ws = 0;  // the statistics norm writes, while live
+  if (sides) {
+    ws = r.alloc();
+    r.launch(r.fill, {ws, 0});
+    live.push_back({ws, kA, std::vector<uint64_t>(kWords)});
+    for (uint64_t i = 0; i < kWords; ++i) live[1].want[i] = i;
+    live[1].want[0] = trust_norm(r, x0, ws);
   }
-  EXPECT_GT(remade, 0u);  // the programs do make ranges again,
-  EXPECT_GT(dropped, 0u);  // drop ranges instead of copying them out,
-  EXPECT_GT(early, 0u);    // and make dropped ranges again before their inputs are written
+  auto find = [&](DevPtr p) { return std::find_if(live.begin(), live.end(), [&](const Live& l) { return l.p == p; }); };
+  auto join = [&](Stream from, Stream to) {
+    if (from == to) return;
+    const uint64_t ev = r.sim.create_event();
+    r.sim.record_event(ev, from);
+    r.sim.stream_wait(to, ev);
+    r.sim.destroy_event(ev);
+  };
+  auto check = [&](Live& l) {
+    r.use(l.p, l.last);
+    r.sim.run_all();
+    EXPECT_EQ(std::memcmp(words(l.p), l.want.data(), kGran), 0);
+  };
+  for (int op = 0; op < 300; ++op) {
+    const Stream s = rng() % 3 ? kA : kB;
+    Live& src = live[rng() % live.size()];
+    const int what = int(rng() % 10);
+    if (what < 4 && live.size() < 5 + seed % 3 + (sides ? 1 : 0)) {  // a new range, from another or filled
+      Live n{r.alloc(s), s, std::vector<uint64_t>(kWords)};
+      const auto w = find(ws);
+      if ((what == 1 || what == 2) && w != live.end() && src.p != ws) {  // norm: 2 src, and ws[0] counts it
+        join(src.last, s);
+        join(w->last, s);
+        r.launch(r.norm, {n.p, src.p, ws}, s);
+        for (uint64_t i = 0; i < kWords; ++i) n.want[i] = 2 * src.want[i];
+        ++w->want[0];
+        src.last = w->last = s;
+      } else if (what < 3) {
+        join(src.last, s);
+        r.launch(r.scale, {n.p, src.p}, s);
+        for (uint64_t i = 0; i < kWords; ++i) n.want[i] = 3 * src.want[i] + 1;
+        src.last = s;
+      } else {
+        const uint64_t k = rng() % 100;
+        r.launch(r.fill, {n.p, k}, s);
+        for (uint64_t i = 0; i < kWords; ++i) n.want[i] = k * 1000 + i;
+      }
+      live.push_back(std::move(n));
+    } else if (what < 6) {  // written in place
+      join(src.last, s);
+      r.launch(r.bump, {src.p}, s);
+      for (uint64_t& w : src.want) ++w;
+      src.last = s;
+    } else if (what < 8 || live.size() < 3 || (src.p == ws && rng() % 8)) {  // read (ws rarely freed)
+      join(src.last, s);
+      r.use(src.p, s);
+      src.last = s;
+    } else {  // freed
+      const size_t k = size_t(&src - live.data());
+      join(src.last, s);
+      r.free(src.p, s);
+      if (src.p == ws) ws = 0;
+      live.erase(live.begin() + long(k));
+    }
+    for (int g = int(rng() % 8); g-- > 0 && r.sim.step(rng);) {
+    }
+    if (op % 50 == 49) check(live[rng() % live.size()]);
+  }
+  for (Live& l : live) check(l);
+  t->remade += r.res.stats().recomputed;
+  t->dropped += r.res.stats().dropped;
+  t->early += r.res.stats().restored_early;
+  t->side_kept += r.res.stats().side_kept;
+}
+
+TEST(Recompute, RandomProgramsReadBackTheirBytes) {
+  Totals t;
+  for (uint64_t seed = 1; seed <= 6; ++seed) random_program(seed, false, &t);
+  EXPECT_GT(t.remade, 0u);   // the programs do make ranges again,
+  EXPECT_GT(t.dropped, 0u);  // drop ranges instead of copying them out,
+  EXPECT_GT(t.early, 0u);    // and make dropped ranges again before their inputs are written
+}
+
+TEST(Recompute, RandomProgramsWithSidesReadBackTheirBytes) {
+  Totals t;
+  for (uint64_t seed = 1; seed <= 6; ++seed) random_program(seed, true, &t);
+  EXPECT_GT(t.side_kept, 6u);  // more than each trust_norm's one
+  EXPECT_GT(t.dropped, 0u);
 }
 
 // Two threads, each on its own stream with its own input, making ranges from it, writing it in

@@ -75,6 +75,20 @@ struct Rig {
       for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = 2 * words(arg(a, 1))[i];
       words(arg(a, 2))[0] += 1;
     });
+    // acc(out, in, ctr): out = in + ctr[0], and ctr[0] counts the launches: its output reads the
+    // range it also writes.
+    acc = sim.add_kernel("acc_with_counter", params(3), [](const unsigned char* a) {
+      const uint64_t c = words(arg(a, 2))[0];
+      for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = words(arg(a, 1))[i] + c;
+      words(arg(a, 2))[0] = c + 1;
+    });
+    // sem(out, in, flag): out = 5 in where flag[0] starts at zero (else garbage), and flag[0] set
+    // after: a split-K workspace's counter, zeroed by the library before each launch.
+    sem = sim.add_kernel("gemm_splitk_sem", params(3), [](const unsigned char* a) {
+      const uint64_t f = words(arg(a, 2))[0];
+      for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = f ? 0xdead : 5 * words(arg(a, 1))[i];
+      words(arg(a, 2))[0] = 1;
+    });
     // zero(p): p = 0
     zero = sim.add_kernel("zero", params(1), [](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = 0;
@@ -188,6 +202,7 @@ struct Rig {
   HostStore host;
   Residency res;
   Func fill = 0, scale = 0, bump = 0, read = 0, rng = 0, noisy = 0, norm = 0, split = 0, zero = 0, relu = 0, check = 0;
+  Func acc = 0, sem = 0;
   std::atomic<uint64_t> bad{0};
   uint64_t draws = 0, runs = 0;
 };
@@ -233,6 +248,21 @@ inline void trust_scale(Rig& r, DevPtr x) {
   ASSERT_EQ(r.res.stats().recompute_checks, 1u);
   ASSERT_EQ(r.res.stats().recompute_bans, 0u);
   r.free(y);
+}
+
+// Learns norm (writing `stats` besides its output) and makes it trusted with one remake, checked.
+// Its launches count in stats[0]: returns how many ran.
+inline uint64_t trust_norm(Rig& r, DevPtr x, DevPtr stats) {
+  learn(r, r.norm, 1, {x, stats});
+  const DevPtr y = r.alloc();
+  r.launch(r.norm, {y, x, stats});
+  r.evict({y}, {x, stats});
+  const uint64_t checks = r.res.stats().recompute_checks;
+  r.use(y);
+  EXPECT_EQ(r.res.stats().recompute_checks, checks + 1);
+  EXPECT_EQ(r.res.stats().recompute_bans, 0u);
+  r.free(y);
+  return Residency::kRecomputeProbes + 1;
 }
 
 // The input most tests make ranges from: x = 7000 + i, the common kernels learned from it, and

@@ -2,8 +2,9 @@
 // one launch produced is made again by that launch instead of copied back, and only when it is
 // safe. Each refusal rule has a test that fails when the rule is switched off (a Fault): an input
 // changed after the original launch, a kernel that draws random numbers, a kernel that writes
-// outside its output, a kernel whose remake differs from the saved bytes, and the two stream
-// orders (after an input's reload; a later writer after the remake).
+// outside its output (whose bytes there are kept), a kernel whose remake differs from the saved
+// bytes, and the stream orders (after an input's reload; a later writer after the remake; a side
+// saved after, and put back before, other streams' work on it).
 #include "recompute_rig.h"
 
 namespace offload {
@@ -108,12 +109,15 @@ TEST(Recompute, AKernelThatDrawsRandomNumbersIsNeverMadeAgain) {
   }
 }
 
-// A kernel that writes a range besides its output (running statistics): made again, it would
-// write that range a second time.
-TEST(Recompute, AKernelThatWritesOutsideItsOutputIsNeverMadeAgain) {
-  for (Fault f : {Fault::None, Fault::RecomputeIgnoreWrites}) {
-    SCOPED_TRACE(f == Fault::None ? "checked" : "writes ignored");
-    Rig r(4, f);
+// A kernel that writes a range besides its output (running statistics, a library's workspace):
+// made again, it writes that range once more, so its bytes are saved beside it and put back after.
+// Where the driver cannot copy on the device, it is never made again.
+TEST(Recompute, AKernelThatWritesOutsideItsOutputLeavesThoseBytesAsTheyWere) {
+  enum Case { Kept, NotKept, IgnoreWrites, NoDeviceCopies };
+  for (Case c : {Kept, NotKept, IgnoreWrites, NoDeviceCopies}) {
+    SCOPED_TRACE(c == Kept ? "kept" : c == NotKept ? "not put back" : c == IgnoreWrites ? "writes ignored" : "no device copies");
+    Rig r(5, c == NotKept ? Fault::RecomputeSideNotKept : c == IgnoreWrites ? Fault::RecomputeIgnoreWrites : Fault::None);
+    r.sim.set_device_copies(c != NoDeviceCopies);
     const DevPtr x = learned_input(r, false);
     const DevPtr stats = r.alloc();
     r.launch(r.fill, {stats, 0});
@@ -125,14 +129,130 @@ TEST(Recompute, AKernelThatWritesOutsideItsOutputIsNeverMadeAgain) {
     EXPECT_TRUE(r.is(y, [](uint64_t i) { return 2 * (7000 + i); }));
     const uint64_t launches = r.word(stats, 0);
     constexpr uint64_t ran = Residency::kRecomputeProbes + 1;
-    if (f == Fault::None) {
-      EXPECT_EQ(launches, ran);
-      EXPECT_EQ(r.res.stats().recomputed, 0u);
-      EXPECT_EQ(r.res.stats().not_producer_alone, 1u);  // counted, so that a run's log says why
-    } else {
+    const Residency::Stats st = r.res.stats();
+    EXPECT_EQ(st.recomputed, c == NoDeviceCopies ? 0u : 1u);
+    if (c == Kept) {
+      EXPECT_EQ(launches, ran);  // the remake's count was put back
+      EXPECT_TRUE(r.is(stats, [&](uint64_t i) { return i ? i : ran; }));
+      EXPECT_EQ(st.side_kept, 1u);
+      EXPECT_EQ(st.side_kept_bytes, kGran);
+      EXPECT_EQ(st.not_producer_alone, 0u);
+    } else if (c == NotKept) {
+      EXPECT_EQ(launches, 1u);  // zeroed, counted once, left so
+    } else if (c == IgnoreWrites) {
       EXPECT_EQ(launches, ran + 1);  // written again by the remake
+    } else {
+      EXPECT_EQ(launches, ran);
+      EXPECT_EQ(st.not_producer_alone, 1u);  // counted, so that a run's log says why
     }
   }
+}
+
+// A kernel whose output reads the range it also writes: its side is zeroed for the second launch,
+// so the output differs and the check refuses that side (the kernel is not banned: its launches
+// that write nothing besides may still be made again); unchecked, the range would be wrong.
+TEST(Recompute, AKernelWhoseOutputReadsItsSideIsRefusedAtItsCheck) {
+  for (Fault f : {Fault::None, Fault::RecomputeUnchecked}) {
+    SCOPED_TRACE(f == Fault::None ? "checked" : "unchecked");
+    Rig r(5, f);
+    const DevPtr x = learned_input(r, false);
+    const DevPtr ctr = r.alloc();
+    r.launch(r.zero, {ctr});
+    learn(r, r.acc, 1, {x, ctr});
+    const DevPtr y = r.alloc();
+    r.launch(r.acc, {y, x, ctr});  // y = x + kRecomputeProbes
+    r.evict({y}, {x, ctr});
+    r.use(y);
+    const bool right = r.is(y, [](uint64_t i) { return 7000 + i + Residency::kRecomputeProbes; });
+    EXPECT_EQ(r.word(ctr, 0), Residency::kRecomputeProbes + 1u);  // put back either way
+    if (f == Fault::None) {
+      EXPECT_TRUE(right);
+      EXPECT_EQ(r.res.stats().side_refused, 1u);
+      EXPECT_EQ(r.res.stats().recompute_bans, 0u);
+      // Its later launches that write ctr are no producers: copied back.
+      const uint64_t alone = r.res.stats().not_producer_alone;
+      const DevPtr z = r.alloc();
+      r.launch(r.acc, {z, x, ctr});
+      r.evict({z}, {x, ctr});
+      r.use(z);
+      EXPECT_TRUE(r.is(z, [](uint64_t i) { return 7000 + i + Residency::kRecomputeProbes + 1; }));
+      EXPECT_EQ(r.res.stats().recomputed, 0u);
+      EXPECT_EQ(r.res.stats().not_producer_alone, alone + 1);
+    } else {
+      EXPECT_FALSE(right);
+    }
+  }
+}
+
+// A split-K workspace's counter must start at zero, as the library's memset before each launch
+// leaves it; the launch leaves it set. Its side is zeroed for the second launch, so that launch
+// gives the bytes the first gave; not zeroed, the check refuses the side.
+TEST(Recompute, ASideIsZeroedForTheSecondLaunch) {
+  for (Fault f : {Fault::None, Fault::RecomputeSideNotZeroed}) {
+    SCOPED_TRACE(f == Fault::None ? "zeroed" : "not zeroed");
+    Rig r(5, f);
+    const DevPtr x = learned_input(r, false);
+    const DevPtr flag = r.alloc();
+    for (uint8_t i = 0; i < Residency::kRecomputeProbes; ++i) {
+      const DevPtr t = r.alloc();
+      r.launch(r.zero, {flag});
+      r.launch(r.sem, {t, x, flag});
+      r.free(t);
+    }
+    const DevPtr y = r.alloc();
+    r.launch(r.zero, {flag});
+    r.launch(r.sem, {y, x, flag});
+    r.evict({y}, {x, flag});
+    r.use(y);
+    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 5 * (7000 + i); }));
+    EXPECT_EQ(r.word(flag, 0), 1u);
+    EXPECT_EQ(r.res.stats().recomputed, f == Fault::None ? 1u : 0u);
+    EXPECT_EQ(r.res.stats().side_refused, f == Fault::None ? 0u : 1u);
+    EXPECT_EQ(r.res.stats().recompute_bans, 0u);
+  }
+}
+
+// A side is saved after every stream's work on it so far, and a later launch on another stream
+// that touches it waits until it is put back: the program ordered neither around a launch it never
+// made. Here stats is bumped on kB just before (or just after) y is made again on kA; either way
+// the bump must survive.
+TEST(Recompute, ASideIsKeptInStreamOrder) {
+  for (bool later : {false, true})
+    for (Fault f : {Fault::None, later ? Fault::RecomputeSkipReadOrder : Fault::RecomputeSkipSideWait}) {
+      SCOPED_TRACE(std::string(later ? "bumped after" : "bumped before") + (f == Fault::None ? ", ordered" : ", not ordered"));
+      int wrong = 0;
+      for (uint64_t seed = 1; seed <= 8; ++seed) {
+        Rig r(5, f);
+        const DevPtr x = learned_input(r, false);
+        const DevPtr stats = r.alloc();
+        r.launch(r.fill, {stats, 0});
+        const uint64_t ran = trust_norm(r, x, stats) + 1;
+        const DevPtr y = r.alloc();
+        r.launch(r.norm, {y, x, stats});
+        r.evict({y}, {x, stats});
+        std::vector<uint64_t> ya{y}, sa{stats};
+        std::vector<void*> yp{&ya[0]}, sp{&sa[0]};
+        const LaunchGeom g;
+        auto bump_stats = [&] {
+          r.tr.on_kernel(r.bump, kB, sp.data(), nullptr, &g);
+          r.sim.launch_kernel(r.bump, g, kB, sp.data());
+          r.res.after_launch();
+        };
+        if (!later) bump_stats();
+        r.tr.on_kernel(r.read, kA, yp.data(), nullptr, &g);  // y made again on kA
+        r.sim.launch_kernel(r.read, g, kA, yp.data());
+        r.res.after_launch();
+        if (later) bump_stats();
+        std::mt19937_64 rng(seed);
+        while (r.sim.step(rng)) {
+        }
+        EXPECT_EQ(r.res.stats().side_kept, 2u);
+        EXPECT_TRUE(r.is(y, [](uint64_t i) { return 2 * (7000 + i); }));
+        if (!r.is(stats, [&](uint64_t i) { return (i ? i : ran) + 1; })) ++wrong;
+      }
+      if (f == Fault::None) EXPECT_EQ(wrong, 0);
+      else EXPECT_GT(wrong, 0);
+    }
 }
 
 // A launch that made two new ranges: made again for one, it would write the other too, which may

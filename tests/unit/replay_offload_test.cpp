@@ -291,6 +291,14 @@ TEST(ReplayCap, MakingRangesAgainKeepsTheBudgetAndTheBytes) {
   }
   EXPECT_GT(remade, 0u);
   EXPECT_GT(dropped, 0u);
+  // A recorded kernel writes at a position in some launches and only reads there in others: taken
+  // as its side wherever it was ever written (not only where seen writing a range made before a
+  // launch that made a new one), that input is zeroed for the second launch, which reads it.
+  CapReplayOptions o = options(0.5);
+  apply_cap_policy(Settings{}, &o.policy);
+  o.policy.recompute = true;
+  o.fault = Residency::Options::Fault::RecomputeSideAnyWrite;
+  EXPECT_GT(replay_under_cap(load("llama-compiled"), o).mismatches, 0u);
 }
 
 // A budget no launch fits: the refusal ends the replay and says why, and the check fails.
