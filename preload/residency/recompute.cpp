@@ -294,7 +294,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       if (k == fresh) continue;
       if (o_.fault != Options::Fault::RecomputeIgnoreWrites &&
           std::binary_search(rc_.written.begin(), rc_.written.end(), k)) {
-        p.side.push_back({k, slots_[k].va});
+        p.side.push_back({k, slots_[k].va, slots_[k].bytes});
         p.side_bytes += slots_[k].bytes;
         for (size_t i = 0; i < at_slot.size(); ++i)
           if (at_slot[i] == k) p.side_at.push_back(rc_.at[i]);
@@ -458,7 +458,7 @@ bool Residency::rc_check_wanted(uint32_t slot) const {
 void Residency::rc_drop(Range& r) {
   r.dropped = true;
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) ++slots_[k].dependents;
-  for (const auto& [k, va] : rc_.producers[r.producer].side) ++slots_[k].side_of;
+  for (const auto& [k, va, bytes] : rc_.producers[r.producer].side) ++slots_[k].side_of;
   ++st_.dropped;
   st_.dropped_bytes += r.bytes;
 }
@@ -467,7 +467,7 @@ void Residency::rc_undrop(Range& r) {
   if (!r.dropped) return;
   r.dropped = false;
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) --slots_[k].dependents;
-  for (const auto& [k, va] : rc_.producers[r.producer].side) --slots_[k].side_of;
+  for (const auto& [k, va, bytes] : rc_.producers[r.producer].side) --slots_[k].side_of;
 }
 
 bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
@@ -477,7 +477,7 @@ bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t
   kept.assign(keep, keep + nkeep);
   kept.push_back(slot);
   for (const auto& [k, v] : p.inputs) kept.push_back(k);
-  for (const auto& [k, va] : p.side) kept.push_back(k);
+  for (const auto& [k, va, bytes] : p.side) kept.push_back(k);
   for (size_t i = nkeep + 1; i < kept.size(); ++i)
     if (slots_[kept[i]].state == State::CopyingOut) abandon(slots_[kept[i]]);
   const size_t mine = kept.size() - nkeep - 1;  // its inputs and side, after `keep` and it
@@ -485,7 +485,7 @@ bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t
   // Room for one range at a time, as it is backed: spares that would tile their sum may not tile
   // each of them. Its inputs and side are never dropped themselves: copied in.
   for (size_t i = 0; i < mine; ++i) {
-    const uint32_t k = i < p.inputs.size() ? p.inputs[i].first : p.side[i - p.inputs.size()].first;
+    const uint32_t k = i < p.inputs.size() ? p.inputs[i].first : p.side[i - p.inputs.size()].slot;
     if (slots_[k].state == State::OnHost && !bring_back(k, s, kept.data(), kept.size(), why)) return false;
   }
   if (!p.side.empty() && !rc_side_buffer(p.side_bytes, s, kept.data(), kept.size(), why)) return false;
@@ -508,7 +508,7 @@ bool Residency::rc_guard(const std::vector<uint32_t>& written, Stream s, const u
       if (!d.live || !d.dropped) continue;
       const Producer& p = rc_.producers[d.producer];
       bool from = std::any_of(p.inputs.begin(), p.inputs.end(), [&](const auto& in) { return in.first == x; });
-      from = from || (freeing && std::any_of(p.side.begin(), p.side.end(), [&](const auto& w) { return w.first == x; }));
+      from = from || (freeing && std::any_of(p.side.begin(), p.side.end(), [&](const auto& w) { return w.slot == x; }));
       if (from) deps.push_back(k);
     }
     for (uint32_t k : deps) {
@@ -569,7 +569,7 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
     in.read_stream = s;
   };
   for (const auto& [k, v] : p.inputs) read_here(slots_[k]);
-  for (const auto& [k, va] : p.side) read_here(slots_[k]);
+  for (const auto& [k, va, bytes] : p.side) read_here(slots_[k]);
   if (!p.side.empty()) {
     ++st_.side_kept;
     st_.side_kept_bytes += p.side_bytes;

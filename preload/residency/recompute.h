@@ -53,9 +53,14 @@ struct Producer {
   std::vector<unsigned char> attrs;  // geom.attrs points here when it is launched again
   uint64_t out_version = 0;
   std::vector<std::pair<uint32_t, uint64_t>> inputs;  // slot, version
-  // Ranges it wrote besides its output (slot, address), kept across a launch made again: their
+  // Ranges it wrote besides its output, kept across a launch made again: their
   // bytes saved beside, the ranges zeroed, the launch, the bytes put back.
-  std::vector<std::pair<uint32_t, DevPtr>> side;
+  struct Side {
+    uint32_t slot;
+    DevPtr va;
+    uint64_t bytes;  // as mapped then: the launch writes within them
+  };
+  std::vector<Side> side;
   std::vector<uint32_t> side_at;  // the argument positions pointing into them
   uint64_t side_bytes = 0;
 };

@@ -24,11 +24,11 @@ bool Residency::rc_side_unchecked(const Producer& p) const {
 }
 
 bool Residency::rc_side_ready(const Producer& p, bool resident) const {
-  for (const auto& [k, va] : p.side) {
+  for (const auto& [k, va, bytes] : p.side) {
     const Range& w = slots_[k];
     // Mapped where the launch's arguments point, whichever life it is in: the bytes there are
     // put back. Not dropped (its bytes exist nowhere else) nor a graph's.
-    if (!w.live || w.va != va || w.dropped || w.in_graph) return false;
+    if (!w.live || w.va != va || w.bytes < bytes || w.dropped || w.in_graph) return false;
     if (resident && (!w.backed() || (w.state != State::Resident && w.state != State::CopyingIn))) return false;
   }
   return true;
@@ -36,7 +36,7 @@ bool Residency::rc_side_ready(const Producer& p, bool resident) const {
 
 bool Residency::rc_side_save(const Producer& p, Stream s) {
   uint64_t off = 0;
-  for (const auto& [k, va] : p.side) {
+  for (const auto& [k, va, bytes] : p.side) {
     Range& w = slots_[k];
     if (o_.fault != Options::Fault::RecomputeSkipSideWait) {
       for (const Range::Touch& t : w.touches)
@@ -45,24 +45,23 @@ bool Residency::rc_side_save(const Producer& p, Stream s) {
       if (w.read_stream && w.read_stream != s) order_after(s, w.read_event);
       if (w.state == State::CopyingIn && w.in_stream != s) order_after(s, w.copy_event);
     }
-    if (!d_.copy_device(rc_side_.va + off, w.va, w.bytes, s)) return false;
-    off += w.bytes;
+    if (!d_.copy_device(rc_side_.va + off, va, bytes, s)) return false;
+    off += bytes;
   }
   bool zeroed = true;
-  for (const auto& [k, va] : p.side)
+  for (const auto& [k, va, bytes] : p.side)
     if (o_.fault != Options::Fault::RecomputeSideNotZeroed)
-      zeroed = zeroed && d_.zero_device(slots_[k].va, slots_[k].bytes, s);
+      zeroed = zeroed && d_.zero_device(va, bytes, s);
   if (!zeroed) rc_side_put_back(p, s);
   return zeroed;
 }
 
 void Residency::rc_side_put_back(const Producer& p, Stream s) {
   uint64_t off = 0;
-  for (const auto& [k, va] : p.side) {
-    const Range& w = slots_[k];
-    if (o_.fault != Options::Fault::RecomputeSideNotKept && !d_.copy_device(w.va, rc_side_.va + off, w.bytes, s))
-      log().error("recompute: putting back {:.1f} MiB a launch made again wrote besides its output failed", w.bytes / double(1 << 20));
-    off += w.bytes;
+  for (const auto& [k, va, bytes] : p.side) {
+    if (o_.fault != Options::Fault::RecomputeSideNotKept && !d_.copy_device(va, rc_side_.va + off, bytes, s))
+      log().error("recompute: putting back {:.1f} MiB a launch made again wrote besides its output failed", bytes / double(1 << 20));
+    off += bytes;
   }
   if (p.side.empty()) return;
   if (!rc_.side_event) rc_.side_event = new_event();
@@ -98,7 +97,7 @@ void Residency::rc_side_room(uint32_t slot, Stream s, const uint32_t* keep, size
   kept.assign(keep, keep + nkeep);
   kept.push_back(slot);
   for (const auto& [k, v] : p.inputs) kept.push_back(k);
-  for (const auto& [k, va] : p.side) kept.push_back(k);
+  for (const auto& [k, va, bytes] : p.side) kept.push_back(k);
   std::sort(kept.begin(), kept.end());
   std::string why;
   rc_side_buffer(p.side_bytes, s, kept.data(), kept.size(), &why);  // else it is copied in
