@@ -184,6 +184,38 @@ TEST(Recompute, AKernelWhoseOutputReadsItsSideIsRefusedAtItsCheck) {
   }
 }
 
+// An operand a kernel once updated in place (out and a the same range) is taken as written at
+// both positions. In a launch of that kernel that makes a new range it is an input, not a side:
+// a side position is one seen writing a range made before a launch that made a new one. Taken as
+// a side, it would be zeroed for a launch made again, which the check then refuses.
+TEST(Recompute, AnOperandOnceUpdatedInPlaceIsNoSide) {
+  for (Fault f : {Fault::None, Fault::RecomputeSideAnyWrite}) {
+    SCOPED_TRACE(f == Fault::None ? "side positions seen" : "any written position a side");
+    Rig r(5, f);
+    const DevPtr x = learned_input(r, false);
+    const DevPtr v = r.alloc();
+    r.launch(r.fill, {v, 2});  // made by a producer: its writes matter, the next launch is watched
+    r.launch(r.add2, {v, v, x});  // in place: v += x
+    for (uint8_t i = 1; i < Residency::kRecomputeProbes; ++i) {
+      const DevPtr t = r.alloc();
+      r.launch(r.add2, {t, v, x});
+      r.free(t);
+    }
+    const DevPtr c = r.alloc();
+    r.launch(r.add2, {c, v, x});  // c = 2000 + 7000 + 2 (7000 + i)
+    r.evict({c}, {x, v});
+    r.use(c);
+    EXPECT_TRUE(r.is(c, [](uint64_t i) { return 2000 + i + 2 * (7000 + i); }));
+    EXPECT_TRUE(r.is(v, [](uint64_t i) { return 2000 + i + 7000 + i; }));
+    if (f == Fault::None) {
+      EXPECT_EQ(r.res.stats().side_refused, 0u);
+      EXPECT_EQ(r.res.stats().not_producer_alone, 1u);  // v counts as written there: no producer
+    } else {
+      EXPECT_EQ(r.res.stats().side_refused, 1u);  // v zeroed, c made from it, refused by the check
+    }
+  }
+}
+
 // A split-K workspace's counter must start at zero, as the library's memset before each launch
 // leaves it; the launch leaves it set. Its side is zeroed for the second launch, so that launch
 // gives the bytes the first gave; not zeroed, the check refuses the side.
