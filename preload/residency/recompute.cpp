@@ -549,6 +549,15 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
       const Range& in = slots_[k];
       if (in.state == State::CopyingIn && in.in_stream != s) order_after(s, in.copy_event);
     }
+  // After another launch made again on another stream that wrote an input as its side (zeroed and
+  // put back there): the program ordered nothing around that.
+  if (o_.fault != Options::Fault::RecomputeSkipReadOrder)
+    for (const auto& [k, v] : p.inputs) {
+      Range& in = slots_[k];
+      if (!in.read_stream || in.read_stream == s) continue;
+      if (query_event(in.read_event) == 1) in.read_stream = 0;
+      else order_after(s, in.read_event);
+    }
   if (p.nparams > 256) return false;
   if (!p.side.empty() && (!rc_side_ready(p, true) || !rc_side_buffer(p.side_bytes, s, nullptr, 0, nullptr))) {
     ++st_.remake_away;

@@ -184,6 +184,44 @@ TEST(Recompute, AKernelWhoseOutputReadsItsSideIsRefusedAtItsCheck) {
   }
 }
 
+// A range made again on another stream from a range that a launch made again wrote as its side
+// (zeroed, then put back): it waits for the bytes to be put back, which the program never ordered
+// it after.
+TEST(Recompute, AnInputWrittenAsASideElsewhereIsReadAfterItIsPutBack) {
+  for (Fault f : {Fault::None, Fault::RecomputeSkipReadOrder}) {
+    SCOPED_TRACE(f == Fault::None ? "ordered" : "not ordered");
+    int wrong = 0;
+    for (uint64_t seed = 1; seed <= 8; ++seed) {
+      Rig r(6, f);
+      const DevPtr x = learned_input(r, true);
+      const DevPtr ws = r.alloc();
+      r.launch(r.fill, {ws, 0});
+      const uint64_t ran = trust_norm(r, x, ws) + 1;
+      const DevPtr n = r.alloc();
+      r.launch(r.norm, {n, x, ws});  // ws[0] = ran
+      const DevPtr m = r.alloc();
+      r.launch(r.scale, {m, ws});  // m from ws as it is now
+      r.evict({n, m}, {x, ws});
+      std::vector<uint64_t> na{n}, ma{m};
+      std::vector<void*> np{&na[0]}, mp{&ma[0]};
+      const LaunchGeom g;
+      r.tr.on_kernel(r.read, kA, np.data(), nullptr, &g);  // n made again on kA: ws zeroed, put back
+      r.sim.launch_kernel(r.read, g, kA, np.data());
+      r.res.after_launch();
+      r.tr.on_kernel(r.read, kB, mp.data(), nullptr, &g);  // m made again on kB, from ws
+      r.sim.launch_kernel(r.read, g, kB, mp.data());
+      r.res.after_launch();
+      std::mt19937_64 rng(seed);
+      while (r.sim.step(rng)) {
+      }
+      EXPECT_GE(r.res.stats().recomputed, 3u);  // trust_norm's, n's and m's
+      if (!r.is(m, [&](uint64_t i) { return 3 * (i ? i : ran) + 1; })) ++wrong;
+    }
+    if (f == Fault::None) EXPECT_EQ(wrong, 0);
+    else EXPECT_GT(wrong, 0);
+  }
+}
+
 // An operand a kernel once updated in place (out and a the same range) is taken as written at
 // both positions. In a launch of that kernel that makes a new range it is an input, not a side:
 // a side position is one seen writing a range made before a launch that made a new one. Taken as
