@@ -247,19 +247,22 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   const bool keeps_side = others_written && sides_known && side_bytes <= kMaxSide && d_.device_copies();
   const bool alone = !others_written || keeps_side || o_.fault == Options::Fault::RecomputeIgnoreWrites;
   if (learned && nfresh == 1 && writes_fresh && alone && small) ++st_.not_producer_small;
-  if (learned && nfresh == 1 && writes_fresh && !alone) {
-    ++st_.not_producer_alone;
-    // Named once each (a dozen at most), with what else they wrote: a library's workspace (one
-    // range written by many kernels) would be scratch that a second launch could be given.
-    if (!kk.said_not_alone && rc_.kernels_said_alone < 12) {
-      kk.said_not_alone = true;
-      ++rc_.kernels_said_alone;
-      std::string others;
-      for (uint32_t k : rc_.written)
-        if (k != fresh) others += fmt::format("{}{:#x} ({} KiB)", others.empty() ? "" : ", ", slots_[k].va, slots_[k].asked >> 10);
-      log().info("recompute: kernel {} made a range of {} KiB but also wrote {}", namer_ ? namer_(namer_ctx_, kernel) : std::to_string(kernel),
-                 slots_[fresh].asked >> 10, others);
-    }
+  if (learned && nfresh == 1 && writes_fresh && !alone) ++st_.not_producer_alone;
+  // Kernels that make a range and write others are named once each (a dozen at most), with what
+  // else they wrote and whether that is kept across a launch made again: which range a library's
+  // workspace is, and why a kernel is never made again.
+  if (learned && nfresh == 1 && writes_fresh && others_written && !kk.said_not_alone && rc_.kernels_said_alone < 12) {
+    kk.said_not_alone = true;
+    ++rc_.kernels_said_alone;
+    std::string others;
+    for (uint32_t k : rc_.written)
+      if (k != fresh) others += fmt::format("{}{:#x} ({} KiB)", others.empty() ? "" : ", ", slots_[k].va, slots_[k].asked >> 10);
+    const char* why = keeps_side           ? "kept across its launches made again"
+                      : !sides_known       ? "never made again: not seen writing there while making a range, or refused"
+                      : side_bytes > kMaxSide ? "never made again: more than 64 MiB"
+                                           : "never made again: the driver does not copy on the device";
+    log().info("recompute: kernel {} made a range of {} KiB and also wrote {}: {}",
+               namer_ ? namer_(namer_ctx_, kernel) : std::to_string(kernel), slots_[fresh].asked >> 10, others, why);
   }
   if (learned && nfresh == 1 && writes_fresh && alone && !small && !kk.rng && !banned && len <= kMaxArgBytes) {
     ++st_.producers;
