@@ -81,6 +81,24 @@ TEST(Recompute, AFreeOfASideMakesItsDroppedRangesAgainFirst) {
   EXPECT_DEATH(run(Fault::RecomputeNoWriteGuard), "could not be made again: its bytes are lost");
 }
 
+// The buffer a side is kept in is held once made, inside the budget, and let go last when a
+// launch needs its room: here one that touches the whole budget.
+TEST(Recompute, TheBufferSidesAreKeptInIsLetGoForRoom) {
+  Rig r(4);
+  const DevPtr x = learned_input(r, false);
+  const DevPtr stats = r.alloc();
+  r.launch(r.fill, {stats, 0});
+  const uint64_t ran = trust_norm(r, x, stats);  // its remake made the buffer, one granule
+  EXPECT_EQ(r.res.stats().side_kept, 1u);
+  EXPECT_EQ(r.res.stats().held, 4 * kGran);  // x, stats, the buffer, and y freed and kept for reuse
+  const DevPtr a = r.alloc();
+  r.launch(r.fill, {a, 4});
+  const DevPtr out = r.alloc();
+  r.launch(r.sum3, {out, x, stats, a});  // four granules at once: the buffer goes
+  EXPECT_TRUE(r.is(out, [&](uint64_t i) { return 7000 + i + (i ? i : ran) + 4000 + i; }));
+  EXPECT_EQ(r.res.stats().refused_launches, 0u);
+}
+
 // An input evicted (copied out) after the drop comes back first, then the range is made from it.
 TEST(Recompute, AnInputEvictedAfterTheDropIsReloadedToMakeItAgain) {
   Rig r(4);

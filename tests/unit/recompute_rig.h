@@ -93,6 +93,11 @@ struct Rig {
     add2 = sim.add_kernel("add2", params(3), [](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = words(arg(a, 1))[i] + words(arg(a, 2))[i];
     });
+    // sum3(out, a, b, c): out = a + b + c
+    sum3 = sim.add_kernel("sum3", params(4), [](const unsigned char* a) {
+      for (uint64_t i = 0; i < kWords; ++i)
+        words(arg(a, 0))[i] = words(arg(a, 1))[i] + words(arg(a, 2))[i] + words(arg(a, 3))[i];
+    });
     // zero(p): p = 0
     zero = sim.add_kernel("zero", params(1), [](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = 0;
@@ -206,7 +211,7 @@ struct Rig {
   HostStore host;
   Residency res;
   Func fill = 0, scale = 0, bump = 0, read = 0, rng = 0, noisy = 0, norm = 0, split = 0, zero = 0, relu = 0, check = 0;
-  Func acc = 0, sem = 0, add2 = 0;
+  Func acc = 0, sem = 0, add2 = 0, sum3 = 0;
   std::atomic<uint64_t> bad{0};
   uint64_t draws = 0, runs = 0;
 };
