@@ -90,7 +90,7 @@ TEST(Recompute, TheBufferSidesAreKeptInIsLetGoForRoom) {
   r.launch(r.fill, {stats, 0});
   const uint64_t ran = trust_norm(r, x, stats);  // its remake made the buffer, one granule
   EXPECT_EQ(r.res.stats().side_kept, 1u);
-  EXPECT_EQ(r.res.stats().held, 4 * kGran);  // x, stats, the buffer, and y freed and kept for reuse
+  EXPECT_EQ(r.res.stats().held, 4 * kGran);  // x, stats, the buffer, and a freed range kept for reuse
   const DevPtr a = r.alloc();
   r.launch(r.fill, {a, 4});
   const DevPtr out = r.alloc();
