@@ -75,4 +75,12 @@ class AllocTable {
   std::atomic<uint64_t> live_bytes_{0};
 };
 
+// The allocation holding `p` in the AllocTable `table` (a Residency::Finder): its id, base, size.
+inline bool find_alloc(void* table, DevPtr p, AllocId* id, DevPtr* base, uint64_t* bytes) {
+  const std::optional<AllocEntry> e = static_cast<const AllocTable*>(table)->find(p);
+  if (!e) return false;
+  *id = e->id, *base = e->base, *bytes = e->size;
+  return true;
+}
+
 }  // namespace offload

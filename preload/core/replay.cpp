@@ -146,7 +146,7 @@ class Replayer {
     granularity_ = std::max<uint64_t>(4096, round_up((2u << 20) / div, 4096));
     drv_.set_granularity(granularity_);
     drv_.set_copy_delay(opt_.copy_delay);
-    tracker_.set_gate(opt_.cap ? opt_.cap->attach(drv_, granularity_) : &ex_);
+    tracker_.set_gate(opt_.cap ? opt_.cap->attach(drv_, granularity_, tracker_.allocs()) : &ex_);
     tracker_.set_pass_launch_args(opt_.relaunch);
     res_.offload.divisor = static_cast<uint32_t>(div);
     res_.offload.granularity = granularity_;

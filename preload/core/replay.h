@@ -36,6 +36,7 @@
 
 namespace offload {
 
+class AllocTable;
 class SimDriver;
 
 // Cap mode's manager, as the shim's allocation hooks and worker see it.
@@ -43,7 +44,7 @@ class ReplayCap {
  public:
   virtual ~ReplayCap() = default;
   // Before the first allocation, on the replay's driver (its granularity set): the launch gate.
-  virtual LaunchGate* attach(SimDriver& d, uint64_t granularity) = 0;
+  virtual LaunchGate* attach(SimDriver& d, uint64_t granularity, const AllocTable& allocs) = 0;
   // An allocation: its address (*tag for the tracker), 0 for the replay's pool to serve it, or 0
   // with *refused set when the budget cannot hold it.
   virtual DevPtr alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) = 0;

@@ -165,7 +165,8 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (!any_.load(std::memory_order_acquire)) return;
   const bool blind = blind_launch(kind, flags);
   const bool ranges = n && acc[n - 1] >= kRangeIdBit;
-  if (!ranges && !blind && !has_tables_.load(std::memory_order_acquire)) return;
+  if (!ranges && !blind && !has_tables_.load(std::memory_order_acquire) && !rc_small_watch_.load(std::memory_order_acquire))
+    return;
   if (o_.fault != Options::Fault::IgnoreCapture && d_.stream_capturing(s) == 1) {
     tl_captured = true;
     note_captured(launch_no, s, acc, n);
@@ -179,7 +180,14 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   launches_seen_ = launch_no;
   std::vector<uint32_t>& touched = scratch_;
   collect_touched(blind, acc, n, &touched);
-  if (touched.empty()) return;
+  // Small allocations producers read: a launch we cannot see into may write any of them.
+  if (o_.recompute && blind) rc_bump_smalls(true, acc, n);
+  if (touched.empty()) {
+    // A launch touching no range (an optimizer's step on small parameters, a copy into one): every
+    // small allocation it touches is taken as written.
+    if (o_.recompute) rc_bump_smalls(false, acc, n);
+    return;
+  }
   uint64_t total = 0;
   for (uint32_t k : touched) total += slots_[k].bytes;
   largest_need_ = std::max(largest_need_, total);
@@ -190,7 +198,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   // What it may write: no range made from one of those is dropped while it is being made.
   RcWriting writing(*this, o_.recompute);
   if (o_.recompute) {
-    rc_.described = rc_may_write(kernel, blind || kind != EventKind::Kernel, touched);
+    rc_.described = rc_may_write(kernel, blind || kind != EventKind::Kernel, touched, acc, n);
     rc_.prepared = true;  // for rc_note_launch, unless the launch is refused first
     rc_.writes = rc_.written;
   }
@@ -332,10 +340,14 @@ void Residency::note_pointer_table(AllocId table, const AllocId* targets, size_t
 }
 
 void Residency::forget_table(AllocId table) {
-  if (!has_tables_.load(std::memory_order_acquire)) return;
+  if (!has_tables_.load(std::memory_order_acquire) && !rc_small_watch_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lk(mu_);
   tables_.erase(table);
   has_tables_.store(!tables_.empty(), std::memory_order_release);
+  if (auto it = rc_.small.find(table); it != rc_.small.end()) {
+    it->second.freed = true;
+    it->second.version = ++rc_.clock;
+  }
 }
 
 int32_t Residency::slot_of(DevPtr p) const {

@@ -48,6 +48,7 @@ using recompute::Bump;
 using recompute::KernelKnow;
 using recompute::Probe;
 using recompute::Producer;
+using recompute::kSmallBit;
 
 namespace {
 
@@ -90,6 +91,14 @@ void Residency::rc_drop_producer(Range& r) {
   if (r.producer < 0) return;
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) --slots_[k].consumers;
   rc_.producers[r.producer].inputs.clear();
+  for (const auto& [id, v] : rc_.producers[r.producer].small_inputs) {
+    auto it = rc_.small.find(id);
+    if (it == rc_.small.end()) continue;
+    --rc_.small_consumers;
+    if (--it->second.consumers == 0) rc_.small.erase(it);  // nothing left to follow it for
+  }
+  rc_.producers[r.producer].small_inputs.clear();
+  rc_small_watch_.store(rc_.small_consumers > 0, std::memory_order_release);
   rc_.free_producers.push_back(r.producer);
   r.producer = -1;
 }
@@ -131,19 +140,22 @@ bool Residency::rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s) {
   });
 }
 
-bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched) {
-  // Where the launch points into the ranges it touches.
+bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched, const AllocId* acc,
+                             size_t n) {
+  // Where the launch points into the ranges it touches, and into the small allocations it touches.
   const LaunchArgs* a = blind ? nullptr : current_launch_args();
   std::vector<uint32_t>& at = rc_.at;
   std::vector<uint32_t>& at_slot = rc_.at_slot;
   at.clear();
   at_slot.clear();
+  rc_.smalls.clear();
+  const bool smalls = finder_ && n && acc[0] < kRangeIdBit;  // acc is sorted: plain ids first
   // Its arguments one by one (by the kernel's layout), or packed in one buffer (`extra`: read as
   // one parameter of that size).
   const bool packed = a && a->packed;
   bool described = a && a->fi && a->geom.refused_attr < 0 &&
                    (packed || (a->fi->nparams >= 0 && a->params && !a->extra));
-  // Words outside every range's address space are no pointer of ours: not looked up.
+  // Words outside every range's address space point into no range: not looked up there.
   const DevPtr lo = by_va_.empty() ? 0 : by_va_.begin()->first;
   const DevPtr hi = by_va_.empty() ? 0 : by_va_.rbegin()->first + slots_[by_va_.rbegin()->second].cap;
   const int32_t nparams = !described ? 0 : packed ? 1 : a->fi->nparams;
@@ -153,12 +165,19 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
     for (uint32_t w = 0; described && w + 8 <= size; w += 8) {
       DevPtr v;
       std::memcpy(&v, bytes + w, 8);
-      if (v < lo || v >= hi) continue;
-      const int32_t k = slot_of(v);
-      if (k < 0 || !slots_[k].live || !std::binary_search(touched.begin(), touched.end(), uint32_t(k))) continue;
+      const int32_t k = v >= lo && v < hi ? slot_of(v) : -1;
+      uint32_t target;
+      if (k >= 0) {
+        if (!slots_[k].live || !std::binary_search(touched.begin(), touched.end(), uint32_t(k))) continue;
+        target = uint32_t(k);
+      } else {
+        const int32_t j = smalls ? rc_small_at(v, acc, n) : -1;
+        if (j < 0) continue;
+        target = kSmallBit | uint32_t(j);
+      }
       if (at.size() == kMaxAt) described = false;
       at.push_back(uint32_t(i) << 16 | w / 8);
-      at_slot.push_back(uint32_t(k));
+      at_slot.push_back(target);
     }
   }
   // What it may write: the ranges at the positions its kernel was seen to write at, once every
@@ -175,6 +194,12 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
     for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == k && kk->find(at[i])->written;
     if (written) rc_.written.push_back(k);
   }
+  rc_.small_written.clear();
+  for (uint32_t j = 0; j < rc_.smalls.size(); ++j) {
+    bool written = !rc_.learned;
+    for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == (kSmallBit | j) && kk->find(at[i])->written;
+    if (written) rc_.small_written.push_back(j);
+  }
   return described;
 }
 
@@ -184,7 +209,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   if (rc_.probe.active && rc_.probe.thread == this_thread()) rc_.probe.active = false;  // its launch was never reported
   const LaunchArgs* a = blind ? nullptr : current_launch_args();
   // before_launch worked out what it may write already (nothing since moves a range's address).
-  const bool described = std::exchange(rc_.prepared, false) ? rc_.described : rc_may_write(kernel, blind, touched);
+  const bool described = std::exchange(rc_.prepared, false) ? rc_.described : rc_may_write(kernel, blind, touched, acc, n);
   const std::vector<uint32_t>& at_slot = rc_.at_slot;
   if (kernel >= rc_.know.size()) rc_.know.resize(kernel + 1);
   KernelKnow& kk = rc_.know[kernel];
@@ -206,6 +231,25 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       bumped.push_back({k, was, r.version});
     }
   }
+  // Small allocations producers read: moved where this launch may write them (at the positions its
+  // kernel was seen to write at; all it touches while that is not known). A launch that writes one,
+  // or touches one no position shows, an arena or a pointer table, is no producer.
+  bool small = false;
+  for (size_t i = 0; i < n; ++i) {
+    const AllocId id = acc[i];
+    if (tables_.count(id) || (id >= kRangeIdBit && !is_range_id(id))) {
+      small = true;
+      continue;
+    }
+    if (id >= kRangeIdBit) continue;
+    int32_t j = -1;
+    for (size_t x = 0; x < rc_.smalls.size(); ++x)
+      if (rc_.smalls[x].id == id) j = int32_t(x);
+    const bool w = !learned || j < 0 ||
+                   std::binary_search(rc_.small_written.begin(), rc_.small_written.end(), uint32_t(j));
+    if (w) rc_bump_small(id);
+    small = small || w;
+  }
   if (!blind && !described) {
     ++st_.undescribed;
     // Which kernels cannot be made again at all, named once each (a dozen at most): what recompute
@@ -218,9 +262,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     }
   }
   if (blind || !described) return;
-  // A producer: one new range, written, and nothing else written.
-  bool small = false;
-  for (size_t i = 0; i < n; ++i) small = small || !is_range_id(acc[i]) || tables_.count(acc[i]);  // arenas too
+  // A producer: one new range, written, and nothing else written but its side.
   if (kk.rng < 0)
     kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && kernel_draws_random(namer_(namer_ctx_, kernel));
   const bool banned = kk.trust == KernelKnow::Trust::Banned;
@@ -306,6 +348,14 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       p.inputs.push_back({k, slots_[k].version});
       ++slots_[k].consumers;
     }
+    p.small_inputs.clear();
+    for (const recompute::SmallAt& sm : rc_.smalls) {
+      recompute::Small& f = rc_.small[sm.id];
+      ++f.consumers;
+      ++rc_.small_consumers;
+      p.small_inputs.push_back({sm.id, f.version});
+    }
+    if (!p.small_inputs.empty()) rc_small_watch_.store(true, std::memory_order_release);
     out.producer = id;
   }
   rc_start_probe(kernel, s, touched, nfresh > 0);
@@ -319,27 +369,38 @@ void Residency::rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint
   if (rc_.learned || kk.probes >= kMaxKernelProbes || rc_.probe.active) return;
   bool matters = makes_new;
   for (uint32_t k : touched) matters = matters || slots_[k].consumers > 0 || slots_[k].producer >= 0;
+  for (const recompute::SmallAt& sm : rc_.smalls) matters = matters || rc_.small.count(sm.id);
   if (!matters) return;
   uint64_t bytes = 0;
   for (uint32_t k : touched) {
     bytes += slots_[k].asked;
     if (!slots_[k].backed()) return;
   }
+  for (const recompute::SmallAt& sm : rc_.smalls) bytes += sm.bytes;
   const uint64_t t0 = mono_now_ns();
   Probe& pr = rc_.probe;
   pr.before.clear();
   // Hashed on the GPU where the driver can (no wait here: the tickets are read at the finish);
   // else copied to the host, up to kProbeMax.
-  pr.on_gpu = touched.size() * 2 <= Driver::kHashTickets;
-  for (size_t i = 0; pr.on_gpu && i < touched.size(); ++i) {
-    const int64_t t = d_.hash_start(slots_[touched[i]].va, slots_[touched[i]].asked, s);
+  // Each touched range and each small allocation it points at (kSmallBit | its index).
+  pr.smalls = rc_.smalls;
+  std::vector<uint32_t>& what = rc_.probe_what;
+  what = touched;
+  for (uint32_t j = 0; j < pr.smalls.size(); ++j) what.push_back(kSmallBit | j);
+  pr.on_gpu = what.size() * 2 <= Driver::kHashTickets;
+  for (size_t i = 0; pr.on_gpu && i < what.size(); ++i) {
+    const auto [va, n] = rc_span(pr, what[i]);
+    const int64_t t = d_.hash_start(va, n, s);
     pr.on_gpu = t >= 0;
-    pr.before.push_back({touched[i], uint64_t(t)});
+    pr.before.push_back({what[i], uint64_t(t)});
   }
   if (!pr.on_gpu) {
     pr.before.clear();
     if (bytes > kProbeMax) return;
-    for (uint32_t k : touched) pr.before.push_back({k, rc_hash(slots_[k].va, slots_[k].asked, s)});
+    for (uint32_t k : what) {
+      const auto [va, n] = rc_span(pr, k);
+      pr.before.push_back({k, rc_hash(va, n, s)});
+    }
   }
   pr.active = true;
   pr.thread = this_thread();
@@ -364,14 +425,15 @@ void Residency::rc_finish_probe() {
   // The hashes after the launch: on the GPU, taken behind it on its stream and waited for once.
   std::vector<uint64_t>& after = rc_.after;
   after.clear();
+  auto backed = [&](uint32_t k) { return (k & recompute::kSmallBit) || slots_[k].backed(); };
   for (const auto& [k, h] : pr.before) {
-    const Range& r = slots_[k];
-    if (!r.backed()) {
+    const auto [va, n] = rc_span(pr, k);
+    if (!backed(k)) {
       after.push_back(~h);  // gone since: counted as written
     } else if (!pr.on_gpu) {
-      after.push_back(rc_hash(r.va, r.asked, pr.s));
+      after.push_back(rc_hash(va, n, pr.s));
     } else {
-      const int64_t t = d_.hash_start(r.va, r.asked, pr.s);
+      const int64_t t = d_.hash_start(va, n, pr.s);
       after.push_back(t < 0 ? ~uint64_t{0} : uint64_t(t));
     }
   }
@@ -381,7 +443,7 @@ void Residency::rc_finish_probe() {
     wait_event(ev);
     drop_event(ev);
     for (size_t i = 0; i < pr.before.size(); ++i) {
-      const bool ok = after[i] != ~uint64_t{0} && slots_[pr.before[i].first].backed();
+      const bool ok = after[i] != ~uint64_t{0} && backed(pr.before[i].first);
       pr.before[i].second = d_.hash_value(int64_t(pr.before[i].second));
       after[i] = ok ? d_.hash_value(int64_t(after[i])) : ~pr.before[i].second;
     }
@@ -390,13 +452,13 @@ void Residency::rc_finish_probe() {
   wrote.clear();
   for (size_t i = 0; i < pr.before.size(); ++i) {
     const uint32_t k = pr.before[i].first;
-    Range& r = slots_[k];
     const bool fresh = o_.fault != Options::Fault::RecomputeFreshByHash &&
                        std::find(pr.fresh.begin(), pr.fresh.end(), k) != pr.fresh.end();
     if (!fresh && after[i] == pr.before[i].second) {
-      // Not written: its version back, unless another launch has moved it since.
+      // Not written: a range's version back, unless another launch has moved it since (a small
+      // allocation's stays moved).
       for (const Bump& b : pr.bumped)
-        if (b.slot == k && r.version == b.now) r.version = b.was;
+        if (b.slot == k && !(k & recompute::kSmallBit) && slots_[k].version == b.now) slots_[k].version = b.was;
       continue;
     }
     wrote.push_back(k);
@@ -426,6 +488,9 @@ bool Residency::rc_can_drop(uint32_t slot) const {
   if (r.producer < 0 || r.dependents || r.in_graph || !r.live) return false;
   const Producer& p = rc_.producers[r.producer];
   if (rc_.know[p.kernel].trust != KernelKnow::Trust::Trusted || p.out_version != r.version) return false;
+  // Made from a small allocation: made again on reload, not dropped (a write or free of it would
+  // have to make the range again first, which only ranges' dependents do).
+  if (!p.small_inputs.empty()) return false;
   uint64_t bytes = r.bytes;
   for (const auto& [k, v] : p.inputs) {
     const Range& in = slots_[k];
@@ -448,7 +513,7 @@ bool Residency::rc_check_wanted(uint32_t slot) const {
   const Producer& p = rc_.producers[r.producer];
   if ((rc_.know[p.kernel].trust != KernelKnow::Trust::Unchecked && !rc_side_unchecked(p)) || p.out_version != r.version)
     return false;
-  if (!rc_side_ready(p, false)) return false;
+  if (!rc_side_ready(p, false) || !rc_smalls_kept(p)) return false;
   bool away = false;
   for (const auto& [k, v] : p.inputs) {
     const Range& in = slots_[k];
@@ -530,6 +595,10 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   KernelKnow& kk = rc_.know[p.kernel];
   const bool versions = o_.fault != Options::Fault::RecomputeIgnoreVersions;
   if (kk.trust == KernelKnow::Trust::Banned || (versions && p.out_version != r.version)) {
+    ++st_.remake_stale;
+    return false;
+  }
+  if (versions && !rc_smalls_kept(p)) {
     ++st_.remake_stale;
     return false;
   }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -63,7 +64,23 @@ struct Producer {
   std::vector<Side> side;
   std::vector<uint32_t> side_at;  // the argument positions pointing into them
   uint64_t side_bytes = 0;
+  std::vector<std::pair<AllocId, uint64_t>> small_inputs;  // small allocations it read, and their versions
 };
+// A small allocation (outside the ranges: PyTorch's pool, a bias, a norm's weights) that producers
+// read: its version, moved by every launch that may write it and by its free, and how many
+// producers list it. Only those listed are followed.
+struct Small {
+  uint64_t version = 0;
+  uint32_t consumers = 0;
+  bool freed = false;
+};
+// One a launch points at: in the positions' targets as kSmallBit | its index among the launch's.
+struct SmallAt {
+  AllocId id;
+  DevPtr base;
+  uint64_t bytes;
+};
+inline constexpr uint32_t kSmallBit = 1u << 31;
 struct Bump {  // a version moved by a launch of unknown writes
   uint32_t slot;
   uint64_t was, now;
@@ -78,6 +95,7 @@ struct Probe {
   bool on_gpu = false;  // hashed by the driver (Driver::hash_start): `before` holds tickets
   std::vector<Bump> bumped;
   std::vector<uint32_t> fresh;  // the new ranges it touches: written, whatever their bytes do
+  std::vector<SmallAt> smalls;  // the small allocations it points at (kSmallBit | index in `before`)
 };
 
 struct State {
@@ -89,6 +107,10 @@ struct State {
   // A launch's positions into ranges and the slots there, the slots it may write (whether as its
   // kernel was seen to write: learned), the new ranges it touches; scratch.
   std::vector<uint32_t> at, at_slot, written, fresh;
+  std::vector<SmallAt> smalls;           // the small allocations it points at (at_slot: kSmallBit | index)
+  std::vector<uint32_t> small_written;   // of those, the indices it may write
+  std::unordered_map<AllocId, Small> small;  // those producers read
+  uint64_t small_consumers = 0;          // their consumers in all
   bool learned = false;
   std::vector<Bump> bumped;
   std::vector<uint32_t> keep, deps, side_keep;  // scratch
@@ -99,6 +121,7 @@ struct State {
   bool prepared = false, described = false;  // before_launch's rc_may_write, for rc_note_launch
   std::vector<unsigned char> stage;  // host staging for hashes and checks
   std::vector<uint64_t> after;       // a probe's hashes after its launch (scratch)
+  std::vector<uint32_t> probe_what;  // what a probe hashes: slots, and kSmallBit | small index (scratch)
   std::vector<uint32_t> wrote;       // the ranges a probe found written (scratch)
   uint32_t kernels_said = 0;         // kernels named for launches without arguments (a dozen at most)
   uint32_t kernels_said_alone = 0;   // kernels named for writing besides their new range

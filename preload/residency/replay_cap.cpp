@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/alloc_table.h"
 #include "core/sim_driver.h"
 
 namespace offload {
@@ -14,10 +15,11 @@ class CapGate final : public ReplayCap {
  public:
   CapGate(const Residency::Options& ro, const HostStore::Options& ho, CapReplay* out) : ro_(ro), ho_(ho), out_(out) {}
 
-  LaunchGate* attach(SimDriver& d, uint64_t) override {
+  LaunchGate* attach(SimDriver& d, uint64_t, const AllocTable& allocs) override {
     drv_ = &d;
     host_ = std::make_unique<HostStore>(d, ho_);
     res_ = std::make_unique<Residency>(d, *host_, ro_);
+    res_->set_finder(find_alloc, const_cast<AllocTable*>(&allocs));
     return res_.get();
   }
   DevPtr alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) override {

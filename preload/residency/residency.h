@@ -281,7 +281,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // in flight, and an event on its stream now captures it.
   void after_launch();
   void note_pointer_table(AllocId table, const AllocId* targets, size_t n) override;
-  void forget_table(AllocId table);  // the table's allocation was freed
+  // A small allocation was freed: a pointer table it held goes, and a producer that read it is
+  // never made again (Options::recompute).
+  void forget_table(AllocId table);
   // A launch before_launch refused on this thread (the hook returns out-of-memory); cleared.
   static bool take_refusal();
   // The last launch before_launch saw on this thread was on a stream capturing a CUDA graph.
@@ -294,6 +296,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Names kernels in the refusal's message (FuncRegistry ids to names); may be unset.
   using Namer = std::string (*)(void* ctx, uint32_t kernel);
   void set_namer(Namer n, void* ctx) { namer_ = n, namer_ctx_ = ctx; }
+  // Options::recompute: the allocation holding a device address, as the tracker knows it (its id,
+  // base and size); false: none. Small allocations a producer reads are found through it.
+  using Finder = bool (*)(void* ctx, DevPtr p, AllocId* id, DevPtr* base, uint64_t* bytes);
+  void set_finder(Finder f, void* ctx) { finder_ = f, finder_ctx_ = ctx; }
 
   // Worker: finishes copies out that have completed, gives host slots back, and trims the
   // allocator's pool to its share when it holds more.
@@ -532,7 +538,16 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // The touched slots (sorted) a launch of `kernel` may write, into rc_.written: those its kernel
   // was seen to write at the same argument positions (rc_.learned), else all. Its positions go
   // into rc_.at and rc_.at_slot; false when the launch cannot be described (no arguments).
-  bool rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched);
+  bool rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched, const AllocId* acc, size_t n);
+  // Small allocations: the launch's index of the one holding `v` among acc's (added), -1: none; a
+  // version moved (of one producers read); the versions `acc` may have moved (all: every one
+  // followed); whether a producer's are as it read them.
+  int32_t rc_small_at(DevPtr v, const AllocId* acc, size_t n);
+  void rc_bump_small(AllocId id);
+  void rc_bump_smalls(bool all, const AllocId* acc, size_t n);
+  bool rc_smalls_kept(const recompute::Producer& p) const;
+  // What a probe hashes at `k`: a range's address and asked bytes, or a small allocation's.
+  std::pair<DevPtr, uint64_t> rc_span(const recompute::Probe& pr, uint32_t k) const;
   // A probe of `kernel`'s writes at this launch, where they matter and none runs (before it is
   // forwarded: the hashes before); rc_finish_probe, from after_launch: what it wrote.
   void rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint32_t>& touched, bool makes_new);
@@ -648,6 +663,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   std::string error_;
   Namer namer_ = nullptr;
   void* namer_ctx_ = nullptr;
+  Finder finder_ = nullptr;
+  void* finder_ctx_ = nullptr;
+  std::atomic<bool> rc_small_watch_{false};  // a producer reads a small allocation: launches touching only those are looked at
   recompute::State rc_;  // Options::recompute (residency/recompute.h)
   Range rc_side_;        // rc_side_buffer's, outside slots_: never a victim
   struct RcWriting {

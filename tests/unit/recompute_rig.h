@@ -42,6 +42,7 @@ struct Rig {
     tr.set_gate(&res);
     tr.set_pass_launch_args(true);
     res.set_namer([](void* t, uint32_t k) { return static_cast<Tracker*>(t)->funcs().name(k); }, &tr);
+    res.set_finder(find_alloc, const_cast<AllocTable*>(&tr.allocs()));
     // fill(out, seed): out[i] = seed * 1000 + i
     fill = sim.add_kernel("fill", params(2), [](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = arg(a, 1) * 1000 + i;
@@ -98,6 +99,19 @@ struct Rig {
       for (uint64_t i = 0; i < kWords; ++i)
         words(arg(a, 0))[i] = words(arg(a, 1))[i] + words(arg(a, 2))[i] + words(arg(a, 3))[i];
     });
+    // addb(out, in, b): out = in + b[i % 8], b a small allocation (a bias)
+    addb = sim.add_kernel("addb", params(3), [](const unsigned char* a) {
+      for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = words(arg(a, 1))[i] + words(arg(a, 2))[i % 8];
+    });
+    // setb(b, v): b[0..8) = v, a launch touching a small allocation alone
+    setb = sim.add_kernel("setb", params(2), [](const unsigned char* a) {
+      for (uint64_t i = 0; i < 8; ++i) words(arg(a, 0))[i] = arg(a, 1);
+    });
+    // normb(out, in, s): out = 2 in, and s[0] counts the launches, s a small allocation
+    normb = sim.add_kernel("normb", params(3), [](const unsigned char* a) {
+      for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = 2 * words(arg(a, 1))[i];
+      words(arg(a, 2))[0] += 1;
+    });
     // zero(p): p = 0
     zero = sim.add_kernel("zero", params(1), [](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = 0;
@@ -153,6 +167,20 @@ struct Rig {
   void free(DevPtr p, Stream s = kA) {
     tr.on_free(p, s);
     EXPECT_TRUE(res.free(p, s));
+  }
+  // A small allocation of 8 words outside the ranges (the pool's), as the shim sees one.
+  DevPtr small_alloc() {
+    const DevPtr p = sim.alloc(64);
+    tr.on_alloc(p, 64, kA, 0);
+    return p;
+  }
+  void small_free(DevPtr p) {
+    const std::optional<AllocEntry> e = tr.allocs().find(p);
+    ASSERT_TRUE(e);
+    tr.on_free(p, kA);
+    EXPECT_FALSE(res.free(p, kA));
+    res.forget_table(e->id);  // as the shim does for a free that is not a range's
+    sim.free(p);
   }
   // A launch as the hook makes it: the tracker (whose gate is the manager) with its geometry,
   // then the driver.
@@ -211,7 +239,7 @@ struct Rig {
   HostStore host;
   Residency res;
   Func fill = 0, scale = 0, bump = 0, read = 0, rng = 0, noisy = 0, norm = 0, split = 0, zero = 0, relu = 0, check = 0;
-  Func acc = 0, sem = 0, add2 = 0, sum3 = 0;
+  Func acc = 0, sem = 0, add2 = 0, sum3 = 0, addb = 0, setb = 0, normb = 0;
   std::atomic<uint64_t> bad{0};
   uint64_t draws = 0, runs = 0;
 };

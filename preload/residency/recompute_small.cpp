@@ -1,0 +1,54 @@
+// Recompute's small allocations (recompute.cpp): those outside the ranges (PyTorch's pool: a
+// bias, a norm's weights) that a producer reads. The tracker's table finds them at a launch's
+// argument positions; probes learn whether a kernel writes them there as for ranges; a version,
+// kept only for those some producer lists, moves at every launch that may write one (a launch we
+// cannot see into: all of them; one touching no range: all it touches) and at its free. A
+// producer is made again only while each is as it read it. It writes none of them, and it is not
+// dropped: a write or free of one would have to make it again first.
+#include <algorithm>
+
+#include "residency/residency.h"
+
+namespace offload {
+
+using recompute::kSmallBit;
+
+int32_t Residency::rc_small_at(DevPtr v, const AllocId* acc, size_t n) {
+  AllocId id = 0;
+  DevPtr base = 0;
+  uint64_t bytes = 0;
+  if (!v || !finder_(finder_ctx_, v, &id, &base, &bytes) || id >= kRangeIdBit || !std::binary_search(acc, acc + n, id))
+    return -1;
+  for (size_t i = 0; i < rc_.smalls.size(); ++i)
+    if (rc_.smalls[i].id == id) return int32_t(i);
+  rc_.smalls.push_back({id, base, bytes});
+  return int32_t(rc_.smalls.size() - 1);
+}
+
+void Residency::rc_bump_small(AllocId id) {
+  if (auto it = rc_.small.find(id); it != rc_.small.end()) it->second.version = ++rc_.clock;
+}
+
+void Residency::rc_bump_smalls(bool all, const AllocId* acc, size_t n) {
+  if (rc_.small.empty()) return;
+  if (all) {
+    for (auto& [id, sm] : rc_.small) sm.version = ++rc_.clock;
+    return;
+  }
+  for (size_t i = 0; i < n && acc[i] < kRangeIdBit; ++i) rc_bump_small(acc[i]);
+}
+
+bool Residency::rc_smalls_kept(const recompute::Producer& p) const {
+  for (const auto& [id, v] : p.small_inputs) {
+    auto it = rc_.small.find(id);
+    if (it == rc_.small.end() || it->second.freed || it->second.version != v) return false;
+  }
+  return true;
+}
+
+std::pair<DevPtr, uint64_t> Residency::rc_span(const recompute::Probe& pr, uint32_t k) const {
+  if (k & kSmallBit) return {pr.smalls[k & ~kSmallBit].base, pr.smalls[k & ~kSmallBit].bytes};
+  return {slots_[k].va, slots_[k].asked};
+}
+
+}  // namespace offload

@@ -1,0 +1,122 @@
+// Recompute under the cap with small allocations (outside the ranges: PyTorch's pool, a bias): a
+// producer may read them, and is made again only while each is as it read it. Each rule has a test
+// that fails without it: a small input written since (by a launch touching it alone, by a memset
+// through the hooks, by a launch we cannot see into) or freed refuses the remake; a launch that
+// writes a small allocation is no producer.
+#include "recompute_rig.h"
+
+namespace offload {
+namespace recompute_test {
+namespace {
+
+// x, a bias b (small) holding `v`, and addb learned from them.
+struct Biased {
+  DevPtr x, b;
+};
+Biased biased(Rig& r, uint64_t v) {
+  const DevPtr x = learned_input(r, false);
+  const DevPtr b = r.small_alloc();
+  r.launch(r.setb, {b, v});
+  learn(r, r.addb, 1, {x, b});
+  return {x, b};
+}
+
+// y = addb(x, b), then y evicted while x stays.
+DevPtr biased_product(Rig& r, const Biased& in) {
+  const DevPtr y = r.alloc();
+  r.launch(r.addb, {y, in.x, in.b});
+  r.evict({y}, {in.x});
+  return y;
+}
+
+TEST(RecomputeSmall, AProducerThatReadsASmallAllocationIsMadeAgain) {
+  Rig r(3);
+  const Biased in = biased(r, 5);
+  const DevPtr y = biased_product(r, in);
+  const uint64_t in_before = r.res.stats().bytes_in;
+  r.use(y);
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 7000 + i + 5; }));
+  EXPECT_EQ(r.res.stats().recomputed, 1u);
+  EXPECT_EQ(r.res.stats().bytes_in, in_before);  // nothing copied in for it
+  EXPECT_EQ(r.res.stats().not_producer_small, 0u);
+  EXPECT_EQ(r.res.stats().dropped, 0u);  // made from a small allocation: never dropped
+}
+
+// The bias written after y was made from it, in each way the shim sees a write: the remake would
+// read the new bias. addb is trusted first (one clean remake), so that no check stands between a
+// wrong remake and the range.
+TEST(RecomputeSmall, ASmallInputWrittenSinceIsRefused) {
+  enum How { Alone, Memset, Blind };
+  for (How how : {Alone, Memset, Blind})
+    for (Fault f : {Fault::None, Fault::RecomputeIgnoreVersions}) {
+      SCOPED_TRACE(std::string(how == Alone ? "a launch touching it alone" : how == Memset ? "a memset" : "a blind launch") +
+                   (f == Fault::None ? ", checked" : ", versions ignored"));
+      Rig r(3, f);
+      const Biased in = biased(r, 5);
+      const DevPtr t = biased_product(r, in);
+      r.use(t);
+      ASSERT_EQ(r.res.stats().recompute_checks, 1u);
+      r.free(t);
+      const DevPtr y = biased_product(r, in);
+      if (how == Alone) {
+        r.launch(r.setb, {in.b, 9});
+      } else if (how == Memset) {
+        r.tr.on_memset(in.b, 64, kA);
+        ASSERT_FALSE(Residency::take_refusal());
+        r.sim.launch(kA, [b = in.b] { std::fill(words(b), words(b) + 8, 9); });
+        r.res.after_launch();
+      } else {
+        const Func opaque = r.sim.add_opaque_kernel("opaque_set");
+        std::vector<uint64_t> args{in.b};
+        std::vector<void*> p{&args[0]};
+        const LaunchGeom g;
+        r.tr.on_kernel(opaque, kA, p.data(), nullptr, &g);
+        ASSERT_FALSE(Residency::take_refusal());
+        r.sim.launch(kA, [b = in.b] { std::fill(words(b), words(b) + 8, 9); });
+        r.res.after_launch();
+        r.evict({y}, {in.x});  // it needed every range, y too: out again
+      }
+      r.use(y);
+      const bool right = r.is(y, [](uint64_t i) { return 7000 + i + 5; });
+      if (f == Fault::None) {
+        EXPECT_TRUE(right);
+        EXPECT_EQ(r.res.stats().recomputed, 1u);  // the trusting one
+        EXPECT_GE(r.res.stats().remake_stale, 1u);
+      } else {
+        EXPECT_FALSE(right);  // the rule is what kept the bytes
+      }
+    }
+}
+
+TEST(RecomputeSmall, ASmallInputFreedIsRefused) {
+  Rig r(3);
+  const Biased in = biased(r, 5);
+  const DevPtr y = biased_product(r, in);
+  r.small_free(in.b);
+  r.use(y);
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 7000 + i + 5; }));
+  EXPECT_EQ(r.res.stats().recomputed, 0u);
+  EXPECT_EQ(r.res.stats().remake_stale, 1u);
+}
+
+// A launch that writes a small allocation besides its output (running statistics kept small): made
+// again, it would write it once more.
+TEST(RecomputeSmall, ALaunchThatWritesASmallAllocationIsNoProducer) {
+  Rig r(3);
+  const DevPtr x = learned_input(r, false);
+  const DevPtr s = r.small_alloc();
+  r.launch(r.setb, {s, 0});
+  learn(r, r.normb, 1, {x, s});  // the probes see it write s
+  const DevPtr y = r.alloc();
+  r.launch(r.normb, {y, x, s});
+  r.evict({y}, {x});
+  r.use(y);
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 2 * (7000 + i); }));
+  EXPECT_EQ(r.word(s, 0), Residency::kRecomputeProbes + 1u);
+  EXPECT_EQ(r.res.stats().recomputed, 0u);
+  EXPECT_EQ(r.res.stats().not_producer_small, 1u);
+}
+
+}  // namespace
+}  // namespace recompute_test
+}  // namespace offload
