@@ -259,6 +259,8 @@ void Replayer::release(uint32_t o) {
   const TraceAlloc& a = rec_.allocs[o];
   const DevPtr p = addr_[o];
   addr_[o] = 0;
+  const std::optional<AllocEntry> e = tracker_.allocs().find(p);
+  const AllocId id = e && e->base == p ? e->id : 0;
   tracker_.on_free(p, a.stream);
   if (!acting()) {
     drv_.free(p);
@@ -266,7 +268,7 @@ void Replayer::release(uint32_t o) {
   }
   // Freed on the allocation's stream, after its last use on any stream (record_stream).
   if (last_stream_[o] != a.stream) join(last_stream_[o], a.stream);
-  if (opt_.cap ? opt_.cap->free(p, a.stream, a.bytes) : ex_.release(p, a.stream)) return;
+  if (opt_.cap ? opt_.cap->free(p, a.stream, a.bytes, id) : ex_.release(p, a.stream)) return;
   plain_live_ -= a.bytes;
   // The block is reusable once the stream has reached the free.
   drv_.launch(a.stream, [this, p, bytes = a.bytes] { pool_.emplace(bytes, p); });

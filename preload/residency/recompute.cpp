@@ -55,7 +55,6 @@ namespace {
 constexpr size_t kMaxAt = 64;               // argument positions into ranges a producer may have
 constexpr size_t kMaxArgBytes = 4096;       // a kernel's parameters, as CUDA has long limited them
 constexpr uint64_t kProbeMax = 256ull << 20;  // bytes a probe copies to the host (twice), at most, without GPU hashes
-constexpr uint64_t kStage = 8ull << 20;     // the host staging buffer
 constexpr uint8_t kProbes = Residency::kRecomputeProbes;
 constexpr uint8_t kMaxKernelProbes = 4 * kProbes;  // a kernel's probes in all, whichever positions they see
 // The bytes a producer may write besides its output and have kept: PyTorch gives cuBLAS a 32 MiB
@@ -63,18 +62,6 @@ constexpr uint8_t kMaxKernelProbes = 4 * kProbes;  // a kernel's probes in all, 
 constexpr uint64_t kMaxSide = 64ull << 20;
 
 uint64_t this_thread() { return std::hash<std::thread::id>{}(std::this_thread::get_id()); }
-
-// A 64-bit hash of n bytes, a word at a time (the probe hashes everything a launch touches).
-uint64_t hash_bytes(uint64_t h, const unsigned char* p, uint64_t n) {
-  uint64_t i = 0;
-  for (uint64_t w; i + 8 <= n; i += 8) {
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
-    h ^= h >> 29;
-  }
-  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
 
 // Why a launch came without what it takes to launch it again, for the log.
 std::string why_undescribed(const LaunchArgs* a) {
@@ -107,37 +94,6 @@ void Residency::rc_new_life(Range& r) {
   rc_drop_producer(r);
   r.fresh = r.live;
   r.version = ++rc_.clock;
-}
-
-template <class Each>
-bool Residency::rc_read(DevPtr va, uint64_t bytes, Stream s, Each each) {
-  rc_.stage.resize(kStage);
-  const uint64_t ev = new_event();
-  bool more = true;
-  for (uint64_t off = 0; more && off < bytes; off += kStage) {
-    const uint64_t n = std::min(kStage, bytes - off);
-    d_.copy_to_host(rc_.stage.data(), va + off, n, s);
-    record_event(ev, s);
-    wait_event(ev);
-    more = each(rc_.stage.data(), off, n);
-  }
-  drop_event(ev);
-  return more;
-}
-
-uint64_t Residency::rc_hash(DevPtr va, uint64_t bytes, Stream s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  rc_read(va, bytes, s, [&](const unsigned char* chunk, uint64_t, uint64_t n) {
-    h = hash_bytes(h, chunk, n);
-    return true;
-  });
-  return h;
-}
-
-bool Residency::rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s) {
-  return rc_read(va, bytes, s, [&](const unsigned char* chunk, uint64_t off, uint64_t n) {
-    return std::memcmp(chunk, static_cast<const unsigned char*>(host) + off, n) == 0;
-  });
 }
 
 bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched, const AllocId* acc,

@@ -521,15 +521,13 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // `freeing`: a free, which ranges written besides a dropped one (its side) wait for too.
   bool rc_guard(const std::vector<uint32_t>& written, Stream s, const uint32_t* keep, size_t nkeep, std::string* why,
                 bool freeing = false);
-  // The buffer a remake keeps its side ranges in, `bytes` at least, usable on `s`: made once (room
-  // made with `keep` kept, or only where it fits without evicting when keep is null) and held.
+  // A producer's side (recompute_side.cpp): the buffer it is kept in, `bytes` at least, usable on
+  // `s` (made once, room made with `keep` kept, or where it fits as things are with none); room for
+  // it before a range is brought back; its handles let go; its ranges live where the arguments
+  // point (`resident`: backed); saved and zeroed, and put back around the launch made again.
   bool rc_side_buffer(uint64_t bytes, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
-  // Before a range is brought back: room for that buffer if its producer needs it to make it again
-  // (`keep` kept, and what that needs); without it the range is copied in.
   void rc_side_room(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep);
-  void rc_side_release();  // the buffer's handles to the spares once its last use is done
-  // Its side ranges live where its arguments point (`resident`: and backed there); saved into the
-  // buffer and zeroed on `s` after every stream's work on them; put back after its launch again.
+  void rc_side_release();
   bool rc_side_ready(const recompute::Producer& p, bool resident) const;
   bool rc_side_unchecked(const recompute::Producer& p) const;  // a side position not checked yet
   bool rc_side_save(const recompute::Producer& p, Stream s);
@@ -539,22 +537,20 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // was seen to write at the same argument positions (rc_.learned), else all. Its positions go
   // into rc_.at and rc_.at_slot; false when the launch cannot be described (no arguments).
   bool rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched, const AllocId* acc, size_t n);
-  // Small allocations: the launch's index of the one holding `v` among acc's (added), -1: none; a
-  // version moved (of one producers read); the versions `acc` may have moved (all: every one
-  // followed); whether a producer's are as it read them.
+  // Small allocations (recompute_small.cpp): the launch's index of the one holding `v` among
+  // acc's, -1: none; versions moved; whether a producer's are as it read them.
   int32_t rc_small_at(DevPtr v, const AllocId* acc, size_t n);
   void rc_bump_small(AllocId id);
   void rc_bump_smalls(bool all, const AllocId* acc, size_t n);
   bool rc_smalls_kept(const recompute::Producer& p) const;
-  // What a probe hashes at `k`: a range's address and asked bytes, or a small allocation's.
-  std::pair<DevPtr, uint64_t> rc_span(const recompute::Probe& pr, uint32_t k) const;
+  std::pair<DevPtr, uint64_t> rc_span(const recompute::Probe& pr, uint32_t k) const;  // what a probe hashes at k
   // A probe of `kernel`'s writes at this launch, where they matter and none runs (before it is
   // forwarded: the hashes before); rc_finish_probe, from after_launch: what it wrote.
   void rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint32_t>& touched, bool makes_new);
   void rc_finish_probe();
   void rc_drop_producer(Range& r);
   // Device bytes copied to the host a chunk at a time after `s`'s work, each(chunk, offset, n)
-  // until it answers false (recompute.cpp); their hash, or whether they equal `host`'s.
+  // until it answers false (recompute_bytes.cpp); their hash, or whether they equal `host`'s.
   template <class Each>
   bool rc_read(DevPtr va, uint64_t bytes, Stream s, Each each);
   uint64_t rc_hash(DevPtr va, uint64_t bytes, Stream s);

@@ -291,6 +291,18 @@ TEST(ReplayCap, MakingRangesAgainKeepsTheBudgetAndTheBytes) {
   }
   EXPECT_GT(remade, 0u);
   EXPECT_GT(dropped, 0u);
+  // compiled_gpt2 at sizes / 256: a small allocation a producer points at is freed and its address
+  // given to another before the producer's range is needed (the replay's kernel writes it there, at
+  // a position its probes saw only read): its free must keep the range from being made again.
+  {
+    CapReplayOptions o = options(0.5);
+    apply_cap_policy(Settings{}, &o.policy);
+    o.policy.recompute = true;
+    o.size_divisor = 256;
+    const CapReplay c = replay_under_cap(load("compiled_gpt2"), o);
+    EXPECT_EQ(c.mismatches, 0u) << c.first_mismatch;
+    EXPECT_LE(c.stats.held_peak, c.budget);
+  }
   // A recorded kernel writes at a position in some launches and only reads there in others: taken
   // as its side wherever it was ever written (not only where seen writing a range made before a
   // launch that made a new one), that input is zeroed for the second launch, which reads it.
