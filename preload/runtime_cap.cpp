@@ -192,7 +192,7 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
     if (now.probes || now.recomputed || now.dropped)  // OFFLOAD_CAP_RECOMPUTE
       log().info("step {}: {} ranges made again ({:.2f} GiB), {} dropped at eviction ({:.2f} GiB), {} made again "
                  "early; {} launches watched for their writes ({:.1f} ms), {} kernels checked, {} banned; {} "
-                 "launches without arguments to launch again; {} producers recorded, {} not for touching a small "
+                 "launches without arguments to launch again; {} producers recorded, {} not for writing a small "
                  "allocation, {} for writing another range; {} made again keeping what they "
                  "write besides ({:.1f} MiB, {} refused); {} copied back as an input was away, {} as one had changed",
                  step, now.recomputed - was.recomputed, (now.recomputed_bytes - was.recomputed_bytes) / kGiB,

@@ -229,8 +229,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t undescribed = 0;
     // Producers recorded; ranges with one copied back instead of made again because an input was
     // not resident (away) or had changed, or its kernel was banned (stale); described launches that
-    // made no producer because they touched an allocation outside the ranges (small), or wrote a
-    // range besides their new one (not alone: a workspace, an in-place update).
+    // made no producer because they wrote an allocation outside the ranges or touched one at no
+    // position seen, an arena or a pointer table (small), or wrote a range besides their new one
+    // that cannot be kept (not alone).
     uint64_t producers = 0, remake_away = 0, remake_stale = 0, not_producer_small = 0, not_producer_alone = 0;
     // Ranges made again whose launch also wrote other ranges (kept: saved beside, put back), and those
     // bytes; checks that found a kernel's output read what it also writes (those positions refused).
