@@ -144,7 +144,7 @@ bool Runtime::release_capped(Residency& r, DevPtr d, Stream s) {
   if (planning_ && executor_.release(d, s)) return true;
   if (e && e->base == d) {
     r.small_freed(e->size);
-    r.forget_table(e->id);
+    r.forget_table(e->id, s);
   }
   return false;
 }

@@ -181,13 +181,22 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   std::vector<uint32_t>& touched = scratch_;
   collect_touched(blind, acc, n, &touched);
   // Small allocations producers read: a launch we cannot see into may write any of them.
-  if (o_.recompute && blind) rc_bump_smalls(true, acc, n);
   if (touched.empty()) {
     // A launch touching no range (an optimizer's step on small parameters, a copy into one): every
-    // small allocation it touches is taken as written.
-    if (o_.recompute) rc_bump_smalls(false, acc, n);
+    // small allocation it touches is taken as written, and ranges dropped from one are made again
+    // first.
+    if (o_.recompute) {
+      RcWriting writing(*this, true);
+      rc_.learned = false;
+      rc_.smalls.clear();
+      rc_small_writes(blind, acc, n);
+      std::string why;
+      if (!rc_guard_smalls(s, nullptr, 0, &why)) log().error("recompute: before a launch: {}", why);
+      rc_bump_smalls(blind, acc, n);
+    }
     return;
   }
+  if (o_.recompute && blind) rc_bump_smalls(true, acc, n);
   uint64_t total = 0;
   for (uint32_t k : touched) total += slots_[k].bytes;
   largest_need_ = std::max(largest_need_, total);
@@ -201,6 +210,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     rc_.described = rc_may_write(kernel, blind || kind != EventKind::Kernel, touched, acc, n);
     rc_.prepared = true;  // for rc_note_launch, unless the launch is refused first
     rc_.writes = rc_.written;
+    rc_small_writes(blind, acc, n);
   }
   // Prefetches due at or before this launch go first: one due for a range this launch touches
   // still beats a demand reload, by being on its own stream.
@@ -226,7 +236,8 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (o_.recompute) {
     // Dropped ranges made from what this launch may write are made again before it.
     std::string why;
-    if (!rc_guard(rc_.writes, s, touched.data(), touched.size(), &why)) {
+    if (!rc_guard(rc_.writes, s, touched.data(), touched.size(), &why) ||
+        !rc_guard_smalls(s, touched.data(), touched.size(), &why)) {
       refuse_launch(kernel, total, touched.size(), why);
       return;
     }
@@ -339,15 +350,22 @@ void Residency::note_pointer_table(AllocId table, const AllocId* targets, size_t
   has_tables_.store(!tables_.empty(), std::memory_order_release);
 }
 
-void Residency::forget_table(AllocId table) {
+void Residency::forget_table(AllocId table, Stream s) {
   if (!has_tables_.load(std::memory_order_acquire) && !rc_small_watch_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lk(mu_);
   tables_.erase(table);
   has_tables_.store(!tables_.empty(), std::memory_order_release);
-  if (auto it = rc_.small.find(table); it != rc_.small.end()) {
-    it->second.freed = true;
-    it->second.version = ++rc_.clock;
+  auto it = rc_.small.find(table);
+  if (it == rc_.small.end()) return;
+  if (it->second.dependents) {  // dropped ranges made from it: made again while its bytes are there
+    RcWriting writing(*this, true);
+    rc_.small_writes.assign(1, table);
+    std::string why;
+    if (!rc_guard_smalls(s, nullptr, 0, &why)) log().error("recompute: before a free: {}", why);
+    it = rc_.small.find(table);
   }
+  it->second.freed = true;
+  it->second.version = ++rc_.clock;
 }
 
 int32_t Residency::slot_of(DevPtr p) const {

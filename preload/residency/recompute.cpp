@@ -444,9 +444,11 @@ bool Residency::rc_can_drop(uint32_t slot) const {
   if (r.producer < 0 || r.dependents || r.in_graph || !r.live) return false;
   const Producer& p = rc_.producers[r.producer];
   if (rc_.know[p.kernel].trust != KernelKnow::Trust::Trusted || p.out_version != r.version) return false;
-  // Made from a small allocation: made again on reload, not dropped (a write or free of it would
-  // have to make the range again first, which only ranges' dependents do).
-  if (!p.small_inputs.empty()) return false;
+  // Its small allocations as it read them, and none that the launch being prepared may write.
+  if (!rc_smalls_kept(p)) return false;
+  for (const auto& [id, v] : p.small_inputs)
+    if (rc_.writing && std::find(rc_.small_writes.begin(), rc_.small_writes.end(), id) != rc_.small_writes.end())
+      return false;
   uint64_t bytes = r.bytes;
   for (const auto& [k, v] : p.inputs) {
     const Range& in = slots_[k];
@@ -483,6 +485,7 @@ void Residency::rc_drop(Range& r) {
   r.dropped = true;
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) ++slots_[k].dependents;
   for (const auto& [k, va, bytes] : rc_.producers[r.producer].side) ++slots_[k].side_of;
+  for (const auto& [id, v] : rc_.producers[r.producer].small_inputs) ++rc_.small[id].dependents;
   ++st_.dropped;
   st_.dropped_bytes += r.bytes;
 }
@@ -492,6 +495,8 @@ void Residency::rc_undrop(Range& r) {
   r.dropped = false;
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) --slots_[k].dependents;
   for (const auto& [k, va, bytes] : rc_.producers[r.producer].side) --slots_[k].side_of;
+  for (const auto& [id, v] : rc_.producers[r.producer].small_inputs)
+    if (auto it = rc_.small.find(id); it != rc_.small.end()) --it->second.dependents;
 }
 
 bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {

@@ -72,6 +72,7 @@ struct Producer {
 struct Small {
   uint64_t version = 0;
   uint32_t consumers = 0;
+  uint32_t dependents = 0;  // dropped ranges made from it: made again before it is written or freed
   bool freed = false;
 };
 // One a launch points at: in the positions' targets as kSmallBit | its index among the launch's.
@@ -117,6 +118,7 @@ struct State {
   // While a launch that may write these (or a free of one) is being prepared, no range made from
   // one of them is dropped: rc_guard has made those again already, and would not see a new one.
   std::vector<uint32_t> writes;
+  std::vector<AllocId> small_writes;  // the small allocations it may write (those followed)
   bool writing = false;
   bool prepared = false, described = false;  // before_launch's rc_may_write, for rc_note_launch
   std::vector<unsigned char> stage;  // host staging for hashes and checks

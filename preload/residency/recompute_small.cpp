@@ -3,8 +3,9 @@
 // argument positions; probes learn whether a kernel writes them there as for ranges; a version,
 // kept only for those some producer lists, moves at every launch that may write one (a launch we
 // cannot see into: all of them; one touching no range: all it touches) and at its free. A
-// producer is made again only while each is as it read it. It writes none of them, and it is not
-// dropped: a write or free of one would have to make it again first.
+// producer is made again only while each is as it read it, and writes none of them. A range made
+// from one may be dropped: a launch that may write it, or its free, makes such ranges again first
+// (rc_guard_smalls), as for ranges' dependents.
 #include <algorithm>
 
 #include "residency/residency.h"
@@ -42,6 +43,48 @@ bool Residency::rc_smalls_kept(const recompute::Producer& p) const {
   for (const auto& [id, v] : p.small_inputs) {
     auto it = rc_.small.find(id);
     if (it == rc_.small.end() || it->second.freed || it->second.version != v) return false;
+  }
+  return true;
+}
+
+void Residency::rc_small_writes(bool blind, const AllocId* acc, size_t n) {
+  std::vector<AllocId>& w = rc_.small_writes;
+  w.clear();
+  if (rc_.small.empty()) return;
+  if (blind) {
+    for (const auto& [id, sm] : rc_.small) w.push_back(id);
+    return;
+  }
+  for (size_t i = 0; i < n && acc[i] < kRangeIdBit; ++i) {
+    if (!rc_.small.count(acc[i])) continue;
+    bool written = !rc_.learned;
+    for (uint32_t j : rc_.small_written) written = written || rc_.smalls[j].id == acc[i];
+    // One no position shows (the scan found fewer than the tracker) is taken as written.
+    bool placed = false;
+    for (const recompute::SmallAt& sm : rc_.smalls) placed = placed || sm.id == acc[i];
+    if (written || !placed) w.push_back(acc[i]);
+  }
+}
+
+bool Residency::rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
+  if (o_.fault == Options::Fault::RecomputeNoWriteGuard) return true;
+  for (AllocId id : rc_.small_writes) {
+    auto it = rc_.small.find(id);
+    if (it == rc_.small.end() || !it->second.dependents) continue;
+    std::vector<uint32_t>& deps = rc_.deps;
+    deps.clear();
+    for (uint32_t k = 0; k < slots_.size(); ++k) {
+      const Range& d = slots_[k];
+      if (!d.live || !d.dropped) continue;
+      const auto& in = rc_.producers[d.producer].small_inputs;
+      if (std::any_of(in.begin(), in.end(), [&](const auto& x) { return x.first == id; })) deps.push_back(k);
+    }
+    for (uint32_t k : deps) {
+      if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);  // still mapped: kept
+      if (slots_[k].state != State::OnHost) continue;
+      if (!rc_restore(k, s, keep, nkeep, why)) return false;
+      ++st_.restored_early;
+    }
   }
   return true;
 }

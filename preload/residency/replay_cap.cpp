@@ -40,7 +40,7 @@ class CapGate final : public ReplayCap {
   bool free(DevPtr p, Stream s, uint64_t bytes, AllocId id) override {
     if (res_->free(p, s)) return true;
     res_->small_freed(bytes);
-    res_->forget_table(id);  // as the shim does: a pointer table, or a small allocation a producer read
+    res_->forget_table(id, s);  // as the shim does: a pointer table, or a small allocation a producer read
     return false;
   }
   bool refused_launch() override { return Residency::take_refusal(); }

@@ -284,7 +284,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void note_pointer_table(AllocId table, const AllocId* targets, size_t n) override;
   // A small allocation was freed: a pointer table it held goes, and a producer that read it is
   // never made again (Options::recompute).
-  void forget_table(AllocId table);
+  void forget_table(AllocId table, Stream s = 0);
   // A launch before_launch refused on this thread (the hook returns out-of-memory); cleared.
   static bool take_refusal();
   // The last launch before_launch saw on this thread was on a stream capturing a CUDA graph.
@@ -544,6 +544,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void rc_bump_small(AllocId id);
   void rc_bump_smalls(bool all, const AllocId* acc, size_t n);
   bool rc_smalls_kept(const recompute::Producer& p) const;
+  // The followed small allocations a launch may write, into rc_.small_writes (blind: all; not
+  // learned: all it touches); dropped ranges made from them made again first, on `s`.
+  void rc_small_writes(bool blind, const AllocId* acc, size_t n);
+  bool rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
   std::pair<DevPtr, uint64_t> rc_span(const recompute::Probe& pr, uint32_t k) const;  // what a probe hashes at k
   // A probe of `kernel`'s writes at this launch, where they matter and none runs (before it is
   // forwarded: the hashes before); rc_finish_probe, from after_launch: what it wrote.
@@ -672,6 +676,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
       r.rc_.writing = false;
       r.rc_.prepared = false;
       r.rc_.writes.clear();
+      r.rc_.small_writes.clear();
     }
   };
   std::atomic<bool> any_{false};  // a range exists: launches must be looked at

@@ -179,7 +179,8 @@ struct Rig {
     ASSERT_TRUE(e);
     tr.on_free(p, kA);
     EXPECT_FALSE(res.free(p, kA));
-    res.forget_table(e->id);  // as the shim does for a free that is not a range's
+    res.forget_table(e->id, kA);  // as the shim does for a free that is not a range's
+    sim.run_all();  // the pool's free is in stream order: after what was queued before it
     sim.free(p);
   }
   // A launch as the hook makes it: the tracker (whose gate is the manager) with its geometry,

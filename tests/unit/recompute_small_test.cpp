@@ -2,7 +2,8 @@
 // producer may read them, and is made again only while each is as it read it. Each rule has a test
 // that fails without it: a small input written since (by a launch touching it alone, by a memset
 // through the hooks, by a launch we cannot see into) or freed refuses the remake; a launch that
-// writes a small allocation is no producer.
+// writes a small allocation is no producer; a range dropped from one is made again before the
+// small allocation is written or freed.
 #include "recompute_rig.h"
 
 namespace offload {
@@ -39,7 +40,7 @@ TEST(RecomputeSmall, AProducerThatReadsASmallAllocationIsMadeAgain) {
   EXPECT_EQ(r.res.stats().recomputed, 1u);
   EXPECT_EQ(r.res.stats().bytes_in, in_before);  // nothing copied in for it
   EXPECT_EQ(r.res.stats().not_producer_small, 0u);
-  EXPECT_EQ(r.res.stats().dropped, 0u);  // made from a small allocation: never dropped
+  EXPECT_EQ(r.res.stats().dropped, 0u);  // addb was not checked yet: copied out
 }
 
 // The bias written after y was made from it, in each way the shim sees a write: the remake would
@@ -97,6 +98,41 @@ TEST(RecomputeSmall, ASmallInputFreedIsRefused) {
   EXPECT_TRUE(r.is(y, [](uint64_t i) { return 7000 + i + 5; }));
   EXPECT_EQ(r.res.stats().recomputed, 0u);
   EXPECT_EQ(r.res.stats().remake_stale, 1u);
+}
+
+// Once its kernel is trusted, a range made from a small allocation is dropped, and a write of the
+// small allocation (by a launch touching it alone, by a memset) or its free makes it again first.
+// Without that it could not be made again at all, and the process stops.
+TEST(RecomputeSmall, AWriteOrFreeOfASmallInputMakesItsDroppedRangesAgainFirst) {
+  enum How { Alone, Memset, Free };
+  for (How how : {Alone, Memset, Free}) {
+    SCOPED_TRACE(how == Alone ? "a launch touching it alone" : how == Memset ? "a memset" : "its free");
+    auto run = [how](Fault f) {
+      Rig r(4, f);
+      const Biased in = biased(r, 5);
+      const DevPtr t = biased_product(r, in);
+      r.use(t);  // addb checked
+      r.free(t);
+      const DevPtr y = biased_product(r, in);
+      ASSERT_EQ(r.res.stats().dropped, 1u);
+      if (how == Alone) {
+        r.launch(r.setb, {in.b, 9});
+      } else if (how == Memset) {
+        r.tr.on_memset(in.b, 64, kA);
+        ASSERT_FALSE(Residency::take_refusal());
+        r.sim.launch(kA, [b = in.b] { std::fill(words(b), words(b) + 8, 9); });
+        r.res.after_launch();
+      } else {
+        r.small_free(in.b);
+      }
+      EXPECT_EQ(r.res.stats().restored_early, 1u);
+      r.use(y);
+      EXPECT_TRUE(r.is(y, [](uint64_t i) { return 7000 + i + 5; }));
+    };
+    run(Fault::None);
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_DEATH(run(Fault::RecomputeNoWriteGuard), "could not be made again: its bytes are lost");
+  }
 }
 
 // A launch that writes a small allocation besides its output (running statistics kept small): made
