@@ -128,13 +128,17 @@ TEST(Recompute, NothingIsDroppedWithoutRoomToMakeItAgain) {
 // Random programs on two streams under a small budget, recompute on, scale trusted from the start:
 // every range reads back what a model of the program says, whatever was made again, copied back or
 // refused. (With versions ignored, some of its checks fail; without the write guard a dropped
-// range is lost and the process stops.) With `sides`, norm (trusted too) makes ranges as well,
-// writing a shared statistics range besides them, which the program also writes, reads and frees.
+// range is lost and the process stops.) With Sides, norm (trusted too) makes ranges as well,
+// writing a shared statistics range besides them, which the program also writes, reads and frees;
+// with Smalls, addb (trusted too) makes ranges from a small allocation (a bias), which the program
+// also writes by launches touching it alone and frees for another.
 struct Totals {
   uint64_t remade = 0, dropped = 0, early = 0, side_kept = 0;
 };
-void random_program(uint64_t seed, bool sides, Totals* t) {
+enum class Mode { Plain, Sides, Smalls };
+void random_program(uint64_t seed, Mode mode, Totals* t) {
   SCOPED_TRACE(seed);
+  const bool sides = mode == Mode::Sides;
   std::mt19937_64 rng(seed);
   Rig r(3 + seed % 2 + (sides ? 2 : 0));
   const DevPtr x0 = r.alloc();
@@ -156,6 +160,19 @@ void random_program(uint64_t seed, bool sides, Totals* t) {
     for (uint64_t i = 0; i < kWords; ++i) live[1].want[i] = i;
     live[1].want[0] = trust_norm(r, x0, ws);
   }
+  DevPtr bs = 0;  // the bias addb reads
+  Stream bs_last = kA;
+  uint64_t bs_v = 1;  // every word of it
+  if (mode == Mode::Smalls) {
+    bs = r.small_alloc();
+    r.launch(r.setb, {bs, bs_v});
+    learn(r, r.addb, 1, {x0, bs});
+    const DevPtr tb = r.alloc();
+    r.launch(r.addb, {tb, x0, bs});
+    r.evict({tb}, {x0});
+    r.use(tb);  // addb checked
+    r.free(tb);
+  }
   auto find = [&](DevPtr p) { return std::find_if(live.begin(), live.end(), [&](const Live& l) { return l.p == p; }); };
   auto join = [&](Stream from, Stream to) {
     if (from == to) return;
@@ -176,7 +193,13 @@ void random_program(uint64_t seed, bool sides, Totals* t) {
     if (what < 4 && live.size() < 5 + seed % 3 + (sides ? 1 : 0)) {  // a new range, from another or filled
       Live n{r.alloc(s), s, std::vector<uint64_t>(kWords)};
       const auto w = find(ws);
-      if ((what == 1 || what == 2) && w != live.end() && src.p != ws) {  // norm: 2 src, and ws[0] counts it
+      if ((what == 1 || what == 2) && bs) {  // addb: src + the bias
+        join(src.last, s);
+        join(bs_last, s);
+        r.launch(r.addb, {n.p, src.p, bs}, s);
+        for (uint64_t i = 0; i < kWords; ++i) n.want[i] = src.want[i] + bs_v;
+        src.last = bs_last = s;
+      } else if ((what == 1 || what == 2) && w != live.end() && src.p != ws) {  // norm: 2 src, and ws[0] counts it
         join(src.last, s);
         join(w->last, s);
         r.launch(r.norm, {n.p, src.p, ws}, s);
@@ -194,6 +217,16 @@ void random_program(uint64_t seed, bool sides, Totals* t) {
         for (uint64_t i = 0; i < kWords; ++i) n.want[i] = k * 1000 + i;
       }
       live.push_back(std::move(n));
+    } else if (what < 6 && bs && rng() % 3 == 0) {  // the bias written, or freed and another made
+      join(bs_last, s);
+      if (rng() % 4 == 0) {
+        join(s, kA);
+        r.small_free(bs);
+        bs = r.small_alloc();
+      }
+      bs_v = rng() % 50;
+      r.launch(r.setb, {bs, bs_v}, s);
+      bs_last = s;
     } else if (what < 6) {  // written in place
       join(src.last, s);
       r.launch(r.bump, {src.p}, s);
@@ -223,15 +256,23 @@ void random_program(uint64_t seed, bool sides, Totals* t) {
 
 TEST(Recompute, RandomProgramsReadBackTheirBytes) {
   Totals t;
-  for (uint64_t seed = 1; seed <= 6; ++seed) random_program(seed, false, &t);
+  for (uint64_t seed = 1; seed <= 6; ++seed) random_program(seed, Mode::Plain, &t);
   EXPECT_GT(t.remade, 0u);   // the programs do make ranges again,
   EXPECT_GT(t.dropped, 0u);  // drop ranges instead of copying them out,
   EXPECT_GT(t.early, 0u);    // and make dropped ranges again before their inputs are written
 }
 
+TEST(Recompute, RandomProgramsWithSmallInputsReadBackTheirBytes) {
+  Totals t;
+  for (uint64_t seed = 1; seed <= 6; ++seed) random_program(seed, Mode::Smalls, &t);
+  EXPECT_GT(t.remade, 6u);   // more than each check of addb's
+  EXPECT_GT(t.dropped, 0u);
+  EXPECT_GT(t.early, 0u);    // made again before the bias was written or freed
+}
+
 TEST(Recompute, RandomProgramsWithSidesReadBackTheirBytes) {
   Totals t;
-  for (uint64_t seed = 1; seed <= 6; ++seed) random_program(seed, true, &t);
+  for (uint64_t seed = 1; seed <= 6; ++seed) random_program(seed, Mode::Sides, &t);
   EXPECT_GT(t.side_kept, 6u);  // more than each trust_norm's one
   EXPECT_GT(t.dropped, 0u);
 }
