@@ -52,7 +52,7 @@ using recompute::kSmallBit;
 
 namespace {
 
-constexpr size_t kMaxAt = 64;               // argument positions into ranges a producer may have
+constexpr size_t kMaxAt = 64;               // argument positions into ranges and small allocations a launch may have
 constexpr size_t kMaxArgBytes = 4096;       // a kernel's parameters, as CUDA has long limited them
 constexpr uint64_t kProbeMax = 256ull << 20;  // bytes a probe copies to the host (twice), at most, without GPU hashes
 constexpr uint8_t kProbes = Residency::kRecomputeProbes;
@@ -69,7 +69,7 @@ std::string why_undescribed(const LaunchArgs* a) {
   if (a->geom.refused_attr >= 0) return "launch attribute " + std::to_string(a->geom.refused_attr);
   if (!a->fi || a->fi->nparams < 0) return "no parameter layout";
   if (a->extra || !a->params) return "`extra` holds more than a packed buffer";
-  return "more than " + std::to_string(kMaxAt) + " pointers into ranges";
+  return "more than " + std::to_string(kMaxAt) + " pointers into ranges and small allocations";
 }
 
 }  // namespace
