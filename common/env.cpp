@@ -213,6 +213,13 @@ void read_cap(const SettingsReader& in, Settings& st) {
   }
   in.flag("OFFLOAD_CAP_RECOMPUTE", st.cap_recompute);
   in.flag("OFFLOAD_CAP_PLAN", st.cap_plan);
+  if (const char* v = get("OFFLOAD_CAP_DROP_FIRST"); v && *v) {
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (*v == '-' || end == v || *end || n < 1 || n > 1024)
+      in.bad("OFFLOAD_CAP_DROP_FIRST", v, "a factor from 1 (by next use alone) to 1024");
+    else st.cap_drop_first = uint32_t(n);
+  }
   if (const char* v = get("OFFLOAD_CAP_PREFETCH_MAX"); v && *v) {
     char* end = nullptr;
     const unsigned long long n = std::strtoull(v, &end, 10);
@@ -251,7 +258,7 @@ namespace {
 
 // Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
 constexpr const char* kKnownSettings[] = {
-    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_HOST_LIMIT",
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_HOST_LIMIT",
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",

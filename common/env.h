@@ -88,6 +88,9 @@ struct Settings {
   // unchanged is made again by that launch instead of copied back in (its kernel's first remake
   // checked byte for byte against the saved copy). Off: not yet measured on a GPU.
   bool cap_recompute = false;
+  // OFFLOAD_CAP_DROP_FIRST=N (1-1024): with recompute, a range that can be dropped is evicted as if
+  // its next use were N times further (1, the default: by next use alone).
+  uint32_t cap_drop_first = 1;
   // OFFLOAD_CAP_PLAN=1|0: under the cap, a plan of arenas made from a traced step places the
   // step's activations (core/executor.h), its handles taken from the cap's own room, while the
   // residency manager keeps every other range (1); or the residency manager alone (0, the

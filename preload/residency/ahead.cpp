@@ -67,7 +67,11 @@ void Residency::pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, s
     const Range& r = slots_[i];
     if (!r.live || !r.backed() || r.inflight || (r.state != State::Resident && r.state != State::CopyingIn)) continue;
     if (std::find(keep, keep + nkeep, i) != keep + nkeep) continue;
-    scored.push_back({next_use_distance(r, now), i});
+    uint64_t d = next_use_distance(r, now);
+    // A range its producer can make again goes out with no copy either way: its next use counts
+    // drop_first times as far (Options::drop_first).
+    if (o_.recompute && o_.drop_first > 1 && rc_can_drop(i)) d = d > UINT64_MAX / o_.drop_first ? UINT64_MAX : d * o_.drop_first;
+    scored.push_back({d, i});
   }
   std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   for (const auto& [d, i] : scored) out->push_back(i);

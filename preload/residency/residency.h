@@ -153,6 +153,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // is made again into it, when every other range it touched is resident and unchanged since.
     // OFFLOAD_CAP_RECOMPUTE; off: its cost and gain on a GPU are not measured yet.
     bool recompute = false;
+    // With recompute: a resident range its producer could make again (dropped, nothing copied) is
+    // picked for eviction as if its next use were this many times further. OFFLOAD_CAP_DROP_FIRST;
+    // 1 (the default): by next use alone. 16 moved 1-44% fewer bytes out on eight of nine recorded
+    // steps (docs/results.md); not measured on a GPU, where each drop costs its kernel again.
+    uint32_t drop_first = 1;
     // Freed ranges kept for reuse are let go for room by when the step asks for their size again,
     // furthest first (a freed range of the size asked for serves it with no mapping); false (the
     // default, OFFLOAD_CAP_KEEP_ASKED): the smallest first. On the recorded steps it mapped 4.4%

@@ -99,6 +99,40 @@ TEST(Recompute, TheBufferSidesAreKeptInIsLetGoForRoom) {
   EXPECT_EQ(r.res.stats().refused_launches, 0u);
 }
 
+// With drop_first, a range that can be dropped is evicted before one used longer ago that would
+// be copied out: nothing crosses the link for it.
+TEST(Recompute, ARangeThatCanBeDroppedGoesFirstWithDropFirst) {
+  for (uint32_t factor : {1u, 16u}) {
+    SCOPED_TRACE(factor);
+    Rig r(4, Fault::None, true, factor);
+    const DevPtr x = learned_input(r, true);
+    const DevPtr z = r.alloc();
+    r.launch(r.fill, {z, 8});  // fill is not checked: z would be copied out
+    const DevPtr y = r.alloc();
+    r.launch(r.scale, {y, x});  // scale is: y can be dropped
+    r.use(x);
+    const Residency::Stats before = r.res.stats();
+    const DevPtr w = r.alloc();  // a fourth granule: one of z and y goes
+    r.launch(r.fill, {w, 9});
+    r.sim.run_all();
+    r.res.poll();
+    const Residency::Stats after = r.res.stats();
+    EXPECT_EQ(after.evictions, before.evictions + 1);
+    if (factor == 1) {
+      EXPECT_EQ(r.state(z), Residency::State::OnHost);  // used longest ago
+      EXPECT_EQ(after.bytes_out, before.bytes_out + kGran);
+    } else {
+      EXPECT_EQ(r.state(y), Residency::State::OnHost);
+      EXPECT_EQ(after.dropped, before.dropped + 1);
+      EXPECT_EQ(after.bytes_out, before.bytes_out);  // nothing copied out
+    }
+    r.use(y);
+    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+    r.use(z);
+    EXPECT_TRUE(r.is(z, [](uint64_t i) { return 8000 + i; }));
+  }
+}
+
 // An input evicted (copied out) after the drop comes back first, then the range is made from it.
 TEST(Recompute, AnInputEvictedAfterTheDropIsReloadedToMakeItAgain) {
   Rig r(4);

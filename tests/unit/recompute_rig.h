@@ -37,8 +37,8 @@ inline std::vector<ParamInfo> params(int n) {
 
 // The shim's wiring for ranges, with kernels the simulated driver can launch again.
 struct Rig {
-  explicit Rig(uint64_t granules, Fault fault = Fault::None, bool recompute = true)
-      : tr(sim, log), host(sim, host_options()), res(sim, host, options(granules, fault, recompute)) {
+  explicit Rig(uint64_t granules, Fault fault = Fault::None, bool recompute = true, uint32_t drop_first = 1)
+      : tr(sim, log), host(sim, host_options()), res(sim, host, options(granules, fault, recompute, drop_first)) {
     tr.set_gate(&res);
     tr.set_pass_launch_args(true);
     res.set_namer([](void* t, uint32_t k) { return static_cast<Tracker*>(t)->funcs().name(k); }, &tr);
@@ -144,7 +144,7 @@ struct Rig {
     o.limit = 64 << 20;
     return o;
   }
-  static Residency::Options options(uint64_t granules, Fault fault, bool recompute) {
+  static Residency::Options options(uint64_t granules, Fault fault, bool recompute, uint32_t drop_first) {
     Residency::Options o;
     o.budget = granules * kGran;
     o.pool_floor = 0;
@@ -152,6 +152,7 @@ struct Rig {
     o.prefetch = false;  // reloads happen where a launch needs them: the tests say where
     o.low_water = 1;     // nothing evicted ahead: evictions happen where room is needed
     o.recompute = recompute;
+    o.drop_first = drop_first;
     o.fault = fault;
     return o;
   }
