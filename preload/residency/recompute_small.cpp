@@ -15,13 +15,20 @@ namespace offload {
 using recompute::kSmallBit;
 
 int32_t Residency::rc_small_at(DevPtr v, const AllocId* acc, size_t n) {
+  // One found already holds it; once every one the tracker saw is found, nothing else is looked up
+  // (most words of a packed buffer are sizes and strides).
+  for (size_t i = 0; i < rc_.smalls.size(); ++i)
+    if (v >= rc_.smalls[i].base && v - rc_.smalls[i].base < rc_.smalls[i].bytes) return int32_t(i);
+  size_t seen = 0;
+  while (seen < n && acc[seen] < kRangeIdBit) ++seen;
   AllocId id = 0;
   DevPtr base = 0;
   uint64_t bytes = 0;
-  if (!v || !finder_(finder_ctx_, v, &id, &base, &bytes) || id >= kRangeIdBit || !std::binary_search(acc, acc + n, id))
+  if (!v || rc_.smalls.size() >= seen || !finder_(finder_ctx_, v, &id, &base, &bytes) || id >= kRangeIdBit ||
+      !std::binary_search(acc, acc + n, id))
     return -1;
   for (size_t i = 0; i < rc_.smalls.size(); ++i)
-    if (rc_.smalls[i].id == id) return int32_t(i);
+    if (rc_.smalls[i].id == id) return int32_t(i);  // (an empty one: no address inside it)
   rc_.smalls.push_back({id, base, bytes});
   return int32_t(rc_.smalls.size() - 1);
 }
