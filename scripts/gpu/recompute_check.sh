@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Recompute on the GPU in one command (about 8 minutes on the H200): the reference at half its
+# peak and the large Llama at 70% free memory, each plain, under the cap, and under the cap with
+# OFFLOAD_CAP_RECOMPUTE=1 (arm "rc") and with OFFLOAD_CAP_DROP_FIRST=16 as well ("rcdrop"); then
+# every "recompute:" line the runs logged (which kernels write besides their output and whether
+# that is kept, which cannot be launched again, which were banned or refused) in
+# $OUT/recompute-lines.txt, and budget_report.py's tables. Env as budget.sh (STEPS, default 6).
+# Needs .carry/bin from scripts/gpu/prepare.sh.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+arms="rc:OFFLOAD_CAP_RECOMPUTE=1 rcdrop:OFFLOAD_CAP_RECOMPUTE=1,OFFLOAD_CAP_DROP_FIRST=16"
+export STEPS=${STEPS:-6} MANAGED_STEPS=0 CAP_ALSO="${CAP_ALSO:-$arms}"
+FRACS=0.5 SCALE=large OUT=$out/reference "$root/scripts/gpu/budget.sh" fracs reference
+MARGIN=268435456 SCALE=large OUT=$out/fit "$root/scripts/gpu/budget.sh" fit hf_llama
+for part in reference fit; do
+  for tgz in "$out/$part"/budget-*.tgz; do
+    [ -f "$tgz" ] || continue
+    d=$(mktemp -d)
+    tar -C "$d" -xzf "$tgz"
+    for log in "$d"/*.log; do
+      grep -h "recompute:" "$log" | sed "s|^|$part/$(basename "$log" .log): |" >> "$out/recompute-lines.txt"
+    done
+    python3 "$root/scripts/bench/budget_report.py" "$d"/*.json > "$out/report-$part.md" 2>&1 || true
+    rm -rf "$d"
+  done
+done
+wc -l "$out/recompute-lines.txt" 2> /dev/null
