@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Recompute on the GPU in one command (about 8 minutes on the H200): the reference at half its
-# peak and the large Llama at 70% free memory, each plain, under the cap, and under the cap with
+# Recompute on the GPU:
+#   scripts/gpu/recompute_check.sh [reference] [llama]
+# the reference at half its peak and the large Llama at 70% free memory (each part about 4
+# minutes on the H200; both by default), each plain, under the cap, and under the cap with
 # OFFLOAD_CAP_RECOMPUTE=1 (arm "rc") and with OFFLOAD_CAP_DROP_FIRST=16 as well ("rcdrop"); then
 # every "recompute:" line the runs logged (which kernels write besides their output and whether
 # that is kept, which cannot be launched again, which were banned or refused) in
@@ -11,9 +13,15 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 arms="rc:OFFLOAD_CAP_RECOMPUTE=1 rcdrop:OFFLOAD_CAP_RECOMPUTE=1,OFFLOAD_CAP_DROP_FIRST=16"
 export STEPS=${STEPS:-6} MANAGED_STEPS=0 CAP_ALSO="${CAP_ALSO:-$arms}"
-FRACS=0.5 SCALE=large OUT=$out/reference "$root/scripts/gpu/budget.sh" fracs reference
-MARGIN=268435456 SCALE=large OUT=$out/fit "$root/scripts/gpu/budget.sh" fit hf_llama
-for part in reference fit; do
+[ $# -gt 0 ] || set -- reference llama
+for part in "$@"; do
+  case $part in
+    reference) FRACS=0.5 SCALE=large OUT=$out/reference "$root/scripts/gpu/budget.sh" fracs reference ;;
+    llama) MARGIN=268435456 SCALE=large OUT=$out/llama "$root/scripts/gpu/budget.sh" fit hf_llama ;;
+    *) echo "recompute_check.sh: no part $part (reference, llama)" >&2; exit 2 ;;
+  esac
+done
+for part in "$@"; do
   for tgz in "$out/$part"/budget-*.tgz; do
     [ -f "$tgz" ] || continue
     d=$(mktemp -d)
