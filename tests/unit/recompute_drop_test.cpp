@@ -358,6 +358,85 @@ TEST(RecomputeThreads, OwnStreamsKeepTheirBytes) {
   EXPECT_GT(st.dropped, 0u);
 }
 
+// The same with a workspace and a bias of each thread's own: norm makes ranges writing the
+// workspace besides them (kept across every launch made again) and addb makes ranges from the bias
+// (a small allocation), which each thread also writes now and then.
+TEST(RecomputeThreads, OwnWorkspacesAndBiasesKeepTheirBytes) {
+  Rig r(7);
+  {
+    const DevPtr x = learned_input(r, true);
+    const DevPtr ws = r.alloc();
+    r.launch(r.fill, {ws, 0});
+    trust_norm(r, x, ws);
+    const DevPtr b = r.small_alloc();
+    r.launch(r.setb, {b, 1});
+    learn(r, r.addb, 1, {x, b});
+    const DevPtr t = r.alloc();
+    r.launch(r.addb, {t, x, b});
+    r.evict({t}, {x});
+    r.use(t);  // addb checked
+    r.free(t);
+    r.free(ws);
+    r.free(x);
+    r.small_free(b);
+  }
+  r.sim.run_all();
+  auto loop = [&](Stream s, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    const DevPtr x = r.alloc(s), ws = r.alloc(s);
+    r.launch(r.fill, {x, seed}, s);
+    r.launch(r.fill, {ws, 0}, s);
+    const DevPtr b = r.small_alloc();
+    uint64_t base = seed * 1000, v = 1;
+    r.launch(r.setb, {b, v}, s);
+    struct Made {
+      DevPtr p;
+      bool by_norm;
+      uint64_t base, v;
+    };
+    std::vector<Made> ys;
+    for (int i = 0; i < 40; ++i) {
+      if (ys.size() < 6) {
+        const DevPtr y = r.alloc(s);
+        const bool by_norm = rng() % 2;
+        if (by_norm) r.launch(r.norm, {y, x, ws}, s);
+        else r.launch(r.addb, {y, x, b}, s);
+        ys.push_back({y, by_norm, base, v});
+      }
+      const Made& m = ys[rng() % ys.size()];
+      if (m.by_norm) r.launch(r.checkn, {m.p, m.base}, s);
+      else r.launch(r.checkb, {m.p, m.base, m.v}, s);
+      if (rng() % 5 == 0) {
+        r.launch(r.bump, {x}, s);
+        ++base;
+      }
+      if (rng() % 5 == 0) {
+        v = rng() % 50;
+        r.launch(r.setb, {b, v}, s);
+      }
+      if (rng() % 5 == 0) {
+        const size_t k = rng() % ys.size();
+        r.free(ys[k].p, s);
+        ys.erase(ys.begin() + long(k));
+      }
+    }
+    for (const Made& m : ys) {
+      if (m.by_norm) r.launch(r.checkn, {m.p, m.base}, s);
+      else r.launch(r.checkb, {m.p, m.base, m.v}, s);
+    }
+    for (const Made& m : ys) r.free(m.p, s);
+    r.free(ws, s);
+    r.free(x, s);
+  };
+  run_two_polled(r.res, kA, kB, loop);
+  r.sim.run_all();
+  EXPECT_EQ(r.bad.load(), 0u);
+  const Residency::Stats st = r.res.stats();
+  EXPECT_GT(st.evictions, 0u);
+  EXPECT_GT(st.side_kept, 1u);  // more than trust_norm's
+  EXPECT_GT(st.recomputed, 3u);
+}
+
 }  // namespace
 }  // namespace recompute_test
 }  // namespace offload

@@ -112,6 +112,22 @@ struct Rig {
       for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = 2 * words(arg(a, 1))[i];
       words(arg(a, 2))[0] += 1;
     });
+    // checkn(p, base): counts in `bad` a p that is not 2 (base + i) (a range norm made)
+    checkn = sim.add_kernel("checkn", params(2), [this](const unsigned char* a) {
+      for (uint64_t i = 0; i < kWords; i += 97)
+        if (words(arg(a, 0))[i] != 2 * (arg(a, 1) + i)) {
+          ++bad;
+          return;
+        }
+    });
+    // checkb(p, base, v): counts in `bad` a p that is not base + i + v (a range addb made)
+    checkb = sim.add_kernel("checkb", params(3), [this](const unsigned char* a) {
+      for (uint64_t i = 0; i < kWords; i += 97)
+        if (words(arg(a, 0))[i] != arg(a, 1) + i + arg(a, 2)) {
+          ++bad;
+          return;
+        }
+    });
     // zero(p): p = 0
     zero = sim.add_kernel("zero", params(1), [](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = 0;
@@ -241,7 +257,7 @@ struct Rig {
   HostStore host;
   Residency res;
   Func fill = 0, scale = 0, bump = 0, read = 0, rng = 0, noisy = 0, norm = 0, split = 0, zero = 0, relu = 0, check = 0;
-  Func acc = 0, sem = 0, add2 = 0, sum3 = 0, addb = 0, setb = 0, normb = 0;
+  Func acc = 0, sem = 0, add2 = 0, sum3 = 0, addb = 0, setb = 0, normb = 0, checkn = 0, checkb = 0;
   std::atomic<uint64_t> bad{0};
   uint64_t draws = 0, runs = 0;
 };
