@@ -12,7 +12,9 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 arms="rc:OFFLOAD_CAP_RECOMPUTE=1 rcdrop:OFFLOAD_CAP_RECOMPUTE=1,OFFLOAD_CAP_DROP_FIRST=16"
-export STEPS=${STEPS:-6} MANAGED_STEPS=0 CAP_ALSO="${CAP_ALSO:-$arms}"
+# RUN_TIMEOUT: a run that hangs (a launch made again waiting for ever) is cut short within the
+# device's ten minutes a command.
+export STEPS=${STEPS:-6} MANAGED_STEPS=0 CAP_ALSO="${CAP_ALSO:-$arms}" RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 [ $# -gt 0 ] || set -- reference llama
 for part in "$@"; do
   case $part in
