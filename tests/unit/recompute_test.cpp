@@ -123,7 +123,17 @@ TEST(Recompute, AKernelThatWritesOutsideItsOutputLeavesThoseBytesAsTheyWere) {
     r.launch(r.fill, {stats, 0});
     learn(r, r.norm, 1, {x, stats});  // writes its output and stats
     const DevPtr y = r.alloc();
+    ::testing::internal::CaptureStderr();
     r.launch(r.norm, {y, x, stats});
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    // The log names the kernel, what else it wrote and whether that is kept: which range a
+    // library's workspace is, on a GPU.
+    if (c == Kept) {
+      EXPECT_NE(said.find("norm_with_stats made a range of 64 KiB and also wrote 0x"), std::string::npos) << said;
+      EXPECT_NE(said.find("(64 KiB): kept across its launches made again"), std::string::npos) << said;
+    } else if (c == NoDeviceCopies) {
+      EXPECT_NE(said.find("never made again: the driver does not copy on the device"), std::string::npos) << said;
+    }
     r.evict({y}, {x, stats});
     r.use(y);
     EXPECT_TRUE(r.is(y, [](uint64_t i) { return 2 * (7000 + i); }));
