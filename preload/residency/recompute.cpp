@@ -105,7 +105,8 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
   at.clear();
   at_slot.clear();
   rc_.smalls.clear();
-  const bool smalls = finder_ && n && acc[0] < kRangeIdBit;  // acc is sorted: plain ids first
+  size_t nsmall = 0;  // acc is sorted: the small allocations' (plain) ids first
+  while (finder_ && nsmall < n && acc[nsmall] < kRangeIdBit) ++nsmall;
   // Its arguments one by one (by the kernel's layout), or packed in one buffer (`extra`: read as
   // one parameter of that size).
   const bool packed = a && a->packed;
@@ -127,7 +128,7 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
         if (!slots_[k].live || !std::binary_search(touched.begin(), touched.end(), uint32_t(k))) continue;
         target = uint32_t(k);
       } else {
-        const int32_t j = smalls ? rc_small_at(v, acc, n) : -1;
+        const int32_t j = nsmall ? rc_small_at(v, acc, nsmall) : -1;
         if (j < 0) continue;
         target = kSmallBit | uint32_t(j);
       }
@@ -198,11 +199,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       continue;
     }
     if (id >= kRangeIdBit) continue;
-    int32_t j = -1;
-    for (size_t x = 0; x < rc_.smalls.size(); ++x)
-      if (rc_.smalls[x].id == id) j = int32_t(x);
-    const bool w = !learned || j < 0 ||
-                   std::binary_search(rc_.small_written.begin(), rc_.small_written.end(), uint32_t(j));
+    const bool w = rc_small_may_write(id);
     if (w) rc_bump_small(id);
     small = small || w;
   }
@@ -540,12 +537,17 @@ bool Residency::rc_guard(const std::vector<uint32_t>& written, Stream s, const u
       from = from || (freeing && std::any_of(p.side.begin(), p.side.end(), [&](const auto& w) { return w.slot == x; }));
       if (from) deps.push_back(k);
     }
-    for (uint32_t k : deps) {
-      if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);  // still mapped: kept
-      if (slots_[k].state != State::OnHost) continue;
-      if (!rc_restore(k, s, keep, nkeep, why)) return false;
-      ++st_.restored_early;
-    }
+    if (!rc_restore_deps(s, keep, nkeep, why)) return false;
+  }
+  return true;
+}
+
+bool Residency::rc_restore_deps(Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
+  for (uint32_t k : rc_.deps) {
+    if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);  // still mapped: kept
+    if (slots_[k].state != State::OnHost) continue;
+    if (!rc_restore(k, s, keep, nkeep, why)) return false;
+    ++st_.restored_early;
   }
   return true;
 }

@@ -14,18 +14,16 @@ namespace offload {
 
 using recompute::kSmallBit;
 
-int32_t Residency::rc_small_at(DevPtr v, const AllocId* acc, size_t n) {
+int32_t Residency::rc_small_at(DevPtr v, const AllocId* acc, size_t nsmall) {
   // One found already holds it; once every one the tracker saw is found, nothing else is looked up
   // (most words of a packed buffer are sizes and strides).
   for (size_t i = 0; i < rc_.smalls.size(); ++i)
     if (v >= rc_.smalls[i].base && v - rc_.smalls[i].base < rc_.smalls[i].bytes) return int32_t(i);
-  size_t seen = 0;
-  while (seen < n && acc[seen] < kRangeIdBit) ++seen;
   AllocId id = 0;
   DevPtr base = 0;
   uint64_t bytes = 0;
-  if (!v || rc_.smalls.size() >= seen || !finder_(finder_ctx_, v, &id, &base, &bytes) || id >= kRangeIdBit ||
-      !std::binary_search(acc, acc + n, id))
+  if (!v || rc_.smalls.size() >= nsmall || !finder_(finder_ctx_, v, &id, &base, &bytes) ||
+      !std::binary_search(acc, acc + nsmall, id))
     return -1;
   for (size_t i = 0; i < rc_.smalls.size(); ++i)
     if (rc_.smalls[i].id == id) return int32_t(i);  // (an empty one: no address inside it)
@@ -62,15 +60,16 @@ void Residency::rc_small_writes(bool blind, const AllocId* acc, size_t n) {
     for (const auto& [id, sm] : rc_.small) w.push_back(id);
     return;
   }
-  for (size_t i = 0; i < n && acc[i] < kRangeIdBit; ++i) {
-    if (!rc_.small.count(acc[i])) continue;
-    bool written = !rc_.learned;
-    for (uint32_t j : rc_.small_written) written = written || rc_.smalls[j].id == acc[i];
-    // One no position shows (the scan found fewer than the tracker) is taken as written.
-    bool placed = false;
-    for (const recompute::SmallAt& sm : rc_.smalls) placed = placed || sm.id == acc[i];
-    if (written || !placed) w.push_back(acc[i]);
-  }
+  for (size_t i = 0; i < n && acc[i] < kRangeIdBit; ++i)
+    if (rc_.small.count(acc[i]) && rc_small_may_write(acc[i])) w.push_back(acc[i]);
+}
+
+bool Residency::rc_small_may_write(AllocId id) const {
+  if (!rc_.learned) return true;
+  for (uint32_t j = 0; j < rc_.smalls.size(); ++j)
+    if (rc_.smalls[j].id == id)
+      return std::binary_search(rc_.small_written.begin(), rc_.small_written.end(), j);
+  return true;  // at no position the scan found (it found fewer than the tracker): taken as written
 }
 
 bool Residency::rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
@@ -86,12 +85,7 @@ bool Residency::rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, st
       const auto& in = rc_.producers[d.producer].small_inputs;
       if (std::any_of(in.begin(), in.end(), [&](const auto& x) { return x.first == id; })) deps.push_back(k);
     }
-    for (uint32_t k : deps) {
-      if (slots_[k].state == State::CopyingOut) abandon(slots_[k]);  // still mapped: kept
-      if (slots_[k].state != State::OnHost) continue;
-      if (!rc_restore(k, s, keep, nkeep, why)) return false;
-      ++st_.restored_early;
-    }
+    if (!rc_restore_deps(s, keep, nkeep, why)) return false;
   }
   return true;
 }

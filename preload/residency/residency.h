@@ -473,7 +473,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   bool rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched, const AllocId* acc, size_t n);
   // Small allocations (recompute_small.cpp): the launch's index of the one holding `v` among
   // acc's, -1: none; versions moved; whether a producer's are as it read them.
-  int32_t rc_small_at(DevPtr v, const AllocId* acc, size_t n);
+  int32_t rc_small_at(DevPtr v, const AllocId* acc, size_t nsmall);  // acc's first nsmall: small
+  bool rc_small_may_write(AllocId id) const;  // by its positions in this launch (rc_may_write's)
   void rc_bump_small(AllocId id);
   void rc_bump_smalls(bool all, const AllocId* acc, size_t n);
   bool rc_smalls_kept(const recompute::Producer& p) const;
@@ -481,6 +482,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // learned: all it touches); dropped ranges made from them made again first, on `s`.
   void rc_small_writes(bool blind, const AllocId* acc, size_t n);
   bool rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
+  // The dropped ranges in rc_.deps made again on `s` (a guard's: before a write or free).
+  bool rc_restore_deps(Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
   std::pair<DevPtr, uint64_t> rc_span(const recompute::Probe& pr, uint32_t k) const;  // what a probe hashes at k
   // A probe of `kernel`'s writes at this launch, where they matter and none runs (before it is
   // forwarded: the hashes before); rc_finish_probe, from after_launch: what it wrote.
