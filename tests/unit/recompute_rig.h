@@ -320,6 +320,20 @@ inline uint64_t trust_norm(Rig& r, DevPtr x, DevPtr stats) {
   return Residency::kRecomputeProbes + 1;
 }
 
+// Learns addb (out = in + b[i % 8], b a small allocation) from x and b, and makes it trusted with
+// one remake, checked.
+inline void trust_addb(Rig& r, DevPtr x, DevPtr b) {
+  learn(r, r.addb, 1, {x, b});
+  const DevPtr t = r.alloc();
+  r.launch(r.addb, {t, x, b});
+  r.evict({t}, {x});
+  const uint64_t checks = r.res.stats().recompute_checks;
+  r.use(t);
+  EXPECT_EQ(r.res.stats().recompute_checks, checks + 1);
+  EXPECT_EQ(r.res.stats().recompute_bans, 0u);
+  r.free(t);
+}
+
 // The input most tests make ranges from: x = 7000 + i, the common kernels learned from it, and
 // (with `trust`) scale checked once.
 inline DevPtr learned_input(Rig& r, bool trust) {
