@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Recompute on the GPU:
 #   scripts/gpu/recompute_check.sh [reference] [llama]
-# the reference at half its peak and the large Llama at 70% free memory (each part about 4
+# the reference at half its peak (FRACS, e.g. "0.75 0.5") and the large Llama at 70% free memory (each part about 4
 # minutes on the H200; both by default), each plain, under the cap, and under the cap with
 # OFFLOAD_CAP_RECOMPUTE=1 (arm "rc") and with OFFLOAD_CAP_DROP_FIRST=16 as well ("rcdrop"); then
 # every "recompute:" line the runs logged (which kernels write besides their output and whether
@@ -18,7 +18,7 @@ export STEPS=${STEPS:-6} MANAGED_STEPS=0 CAP_ALSO="${CAP_ALSO:-$arms}" RUN_TIMEO
 [ $# -gt 0 ] || set -- reference llama
 for part in "$@"; do
   case $part in
-    reference) FRACS=0.5 SCALE=large OUT=$out/reference "$root/scripts/gpu/budget.sh" fracs reference ;;
+    reference) FRACS=${FRACS:-0.5} SCALE=large OUT=$out/reference "$root/scripts/gpu/budget.sh" fracs reference ;;
     llama) MARGIN=268435456 SCALE=large OUT=$out/llama "$root/scripts/gpu/budget.sh" fit hf_llama ;;
     *) echo "recompute_check.sh: no part $part (reference, llama)" >&2; exit 2 ;;
   esac
