@@ -92,6 +92,7 @@ void Residency::rc_drop_producer(Range& r) {
 
 void Residency::rc_new_life(Range& r) {
   rc_drop_producer(r);
+  r.producer_lost = false;
   r.fresh = r.live;
   r.version = ++rc_.clock;
 }
@@ -182,7 +183,10 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     else if (written) ++others_written;
     r.fresh = false;
     if (written) {
-      if (learned) rc_drop_producer(r);  // else a probe may find it was not written after all
+      if (learned && r.producer >= 0) {  // else a probe may find it was not written after all
+        rc_drop_producer(r);
+        r.producer_lost = true;
+      }
       const uint64_t was = r.version;
       r.version = ++rc_.clock;
       bumped.push_back({k, was, r.version});
@@ -557,7 +561,11 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   const Producer& p = rc_.producers[r.producer];
   KernelKnow& kk = rc_.know[p.kernel];
   const bool versions = o_.fault != Options::Fault::RecomputeIgnoreVersions;
-  if (kk.trust == KernelKnow::Trust::Banned || (versions && p.out_version != r.version)) {
+  if (versions && p.out_version != r.version) {
+    ++st_.remake_written;
+    return false;
+  }
+  if (kk.trust == KernelKnow::Trust::Banned) {
     ++st_.remake_stale;
     return false;
   }

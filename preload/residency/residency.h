@@ -305,6 +305,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     bool fresh = false;
     uint64_t version = 0;       // from rc_.clock: never the same twice, whatever the slot
     int32_t producer = -1;
+    bool producer_lost = false;  // this life's producer was dropped by a later write
     // The last launch made again that read it, on read_stream: a launch on another stream that
     // touches it before that is known complete waits for it (the application cannot order
     // its own work after a launch it never made).

@@ -77,7 +77,8 @@ HOST_MS = ("busy_ns", "wait_ns", "map_ns", "unmap_ns", "create_ns", "release_ns"
 HOST_COUNTS = ("allocs", "reused", "refits", "maps", "alloc_maps", "unmaps", "created", "evictions", "reloads",
                "prefetch_hits", "prefetch_late", "waits", "waits_room", "waits_release", "waits_abandon",
                "recomputed", "dropped", "restored_early", "undescribed", "producers", "remake_away", "remake_stale",
-               "not_producer_small", "not_producer_alone", "side_kept", "side_refused")
+               "not_producer_small", "not_producer_alone", "side_kept", "side_refused", "remake_written",
+               "copied_unmade", "copied_lost")
 
 
 def host_split(r):
