@@ -90,6 +90,23 @@ void Residency::rc_drop_producer(Range& r) {
   r.producer = -1;
 }
 
+// Kernels that make a range and write (or may write) an allocation outside the ranges are named once
+// each (a dozen at most), with what they wrote there: what keeps a layer's output from a producer.
+void Residency::rc_say_small(KernelKnow& kk, uint32_t kernel, uint32_t fresh, bool table) {
+  kk.said_small = true;
+  ++rc_.kernels_said_small;
+  std::string what;
+  for (AllocId id : rc_.small_hit) {
+    auto it = std::find_if(rc_.smalls.begin(), rc_.smalls.end(), [id](const recompute::SmallAt& s) { return s.id == id; });
+    what += what.empty() ? "" : ", ";
+    what += it == rc_.smalls.end() ? std::string("an allocation at no argument position seen")
+                                   : fmt::format("{:#x} ({} bytes)", it->base, it->bytes);
+  }
+  if (table) what += what.empty() ? "a pointer table or an arena" : ", a pointer table or an arena";
+  log().info("recompute: kernel {} made a range of {} KiB and also wrote outside the ranges {}: never made again",
+             namer_ ? namer_(namer_ctx_, kernel) : std::to_string(kernel), slots_[fresh].asked >> 10, what);
+}
+
 void Residency::rc_new_life(Range& r) {
   rc_drop_producer(r);
   r.producer_lost = false;
@@ -195,16 +212,18 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   // Small allocations producers read: moved where this launch may write them (at the positions its
   // kernel was seen to write at; all it touches while that is not known). A launch that writes one,
   // or touches one no position shows, an arena or a pointer table, is no producer.
-  bool small = false;
+  bool small = false, table = false;
+  std::vector<AllocId>& small_hit = rc_.small_hit;
+  small_hit.clear();
   for (size_t i = 0; i < n; ++i) {
     const AllocId id = acc[i];
     if (tables_.count(id) || (id >= kRangeIdBit && !is_range_id(id))) {
-      small = true;
+      small = table = true;
       continue;
     }
     if (id >= kRangeIdBit) continue;
     const bool w = rc_small_may_write(id);
-    if (w) rc_bump_small(id);
+    if (w) rc_bump_small(id), small_hit.push_back(id);
     small = small || w;
   }
   if (!blind && !described) {
@@ -245,7 +264,10 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   }
   const bool keeps_side = others_written && sides_known && side_bytes <= kMaxSide && d_.device_copies();
   const bool alone = !others_written || keeps_side || o_.fault == Options::Fault::RecomputeIgnoreWrites;
-  if (learned && nfresh == 1 && writes_fresh && alone && small) ++st_.not_producer_small;
+  if (learned && nfresh == 1 && writes_fresh && alone && small) {
+    ++st_.not_producer_small;
+    if (!kk.said_small && rc_.kernels_said_small < 12) rc_say_small(kk, kernel, fresh, table);
+  }
   if (learned && nfresh == 1 && writes_fresh && !alone) ++st_.not_producer_alone;
   // Kernels that make a range and write others are named once each (a dozen at most), with what
   // else they wrote and whether that is kept across a launch made again: which range a library's

@@ -21,6 +21,7 @@ struct KernelKnow {
   uint8_t probes = 0;  // launches probed so far
   bool said_undescribed = false;  // its launches without arguments to launch again were named in the log
   bool said_not_alone = false;    // a launch of it that wrote besides its new range was named
+  bool said_small = false;        // a launch of it that wrote outside the ranges was named
   // A side position: one a probe saw write a range made before its launch (bytes changed), in a
   // launch that made a new range; checked by a launch made again that zeroed it and still gave
   // the bytes the first launch gave, or refused by one that did not.
@@ -127,6 +128,8 @@ struct State {
   std::vector<uint32_t> wrote;       // the ranges a probe found written (scratch)
   uint32_t kernels_said = 0;         // kernels named for launches without arguments (a dozen at most)
   uint32_t kernels_said_alone = 0;   // kernels named for writing besides their new range
+  uint32_t kernels_said_small = 0;   // kernels named for writing outside the ranges
+  std::vector<AllocId> small_hit;    // the small allocations a launch may write (scratch)
   uint64_t side_event = 0;           // after the last use of the side buffer, on side_stream
   Stream side_stream = 0;
   bool side_held = false;            // a dropped range is being made again with it: not let go for room

@@ -491,6 +491,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint32_t>& touched, bool makes_new);
   void rc_finish_probe();
   void rc_drop_producer(Range& r);
+  void rc_say_small(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, bool table);  // the log's line
   // Device bytes copied to the host a chunk at a time after `s`'s work, each(chunk, offset, n)
   // until it answers false (recompute_bytes.cpp); their hash, or whether they equal `host`'s.
   template <class Each>

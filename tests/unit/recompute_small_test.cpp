@@ -140,7 +140,14 @@ TEST(RecomputeSmall, ALaunchThatWritesASmallAllocationIsNoProducer) {
   r.launch(r.setb, {s, 0});
   learn(r, r.normb, 1, {x, s});  // the probes see it write s
   const DevPtr y = r.alloc();
+  ::testing::internal::CaptureStderr();
   r.launch(r.normb, {y, x, s});
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  // The log names the kernel and what it wrote outside the ranges (a norm's mean, on a GPU).
+  char where[64];
+  std::snprintf(where, sizeof where, "also wrote outside the ranges %#llx (64 bytes): never made again", static_cast<unsigned long long>(s));
+  EXPECT_NE(said.find("kernel normb made a range of 64 KiB"), std::string::npos) << said;
+  EXPECT_NE(said.find(where), std::string::npos) << said;
   r.evict({y}, {x});
   r.use(y);
   EXPECT_TRUE(r.is(y, [](uint64_t i) { return 2 * (7000 + i); }));
