@@ -491,7 +491,13 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint32_t>& touched, bool makes_new);
   void rc_finish_probe();
   void rc_drop_producer(Range& r);
-  void rc_say_small(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, bool table);  // the log's line
+  // The producer of range `fresh` from this launch (recompute_producer.cpp); the log's lines naming
+  // a kernel kept from being one for writing outside the ranges, or besides its range (`never`:
+  // why that is not kept; nullptr: kept).
+  void rc_record_producer(uint32_t kernel, const LaunchArgs* a, uint32_t fresh, const std::vector<uint32_t>& touched,
+                          uint32_t len);
+  void rc_say_small(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, bool table);
+  void rc_say_side(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, const char* never);
   // Device bytes copied to the host a chunk at a time after `s`'s work, each(chunk, offset, n)
   // until it answers false (recompute_bytes.cpp); their hash, or whether they equal `host`'s.
   template <class Each>
