@@ -124,22 +124,30 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
   }
   // What it may write: the ranges at the positions its kernel was seen to write at, once every
   // position it points from was seen kProbes times; else everything it touches.
+  // A position written so far only where it aliased another is not learned at a launch where it
+  // is alone, while the kernel may still be probed: that launch is watched to tell.
   const KernelKnow* kk = kernel < rc_.know.size() ? &rc_.know[kernel] : nullptr;
+  const bool by_alias = o_.fault != Options::Fault::RecomputeAliasedWrites;
+  auto alone = [&](size_t i) { return std::count(at_slot.begin(), at_slot.end(), at_slot[i]) == 1; };
   rc_.learned = described && kk;
   for (size_t i = 0; rc_.learned && i < at.size(); ++i) {
     const KernelKnow::Pos* p = kk->find(at[i]);
-    rc_.learned = p && p->seen >= kProbes;
+    rc_.learned = p && p->seen >= kProbes && !(by_alias && p->unsettled() && kk->probes < kMaxKernelProbes && alone(i));
   }
+  auto writes_at = [&](size_t i) {
+    const KernelKnow::Pos* p = kk->find(at[i]);
+    return by_alias && alone(i) ? p->writes() : p->written;
+  };
   rc_.written.clear();
   for (uint32_t k : touched) {
     bool written = !rc_.learned;
-    for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == k && kk->find(at[i])->written;
+    for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == k && writes_at(i);
     if (written) rc_.written.push_back(k);
   }
   rc_.small_written.clear();
   for (uint32_t j = 0; j < rc_.smalls.size(); ++j) {
     bool written = !rc_.learned;
-    for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == (kSmallBit | j) && kk->find(at[i])->written;
+    for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == (kSmallBit | j) && writes_at(i);
     if (written) rc_.small_written.push_back(j);
   }
   return described;
@@ -360,6 +368,7 @@ void Residency::rc_finish_probe() {
     p.seen = uint8_t(std::min(255, p.seen + 1));
     const bool w = std::find(wrote.begin(), wrote.end(), pr.at_slot[j]) != wrote.end();
     p.written = p.written || w;
+    if (std::count(pr.at_slot.begin(), pr.at_slot.end(), pr.at_slot[j]) == 1) (w ? p.written_alone : p.clean_alone) = true;
     const bool fresh = std::find(pr.fresh.begin(), pr.fresh.end(), pr.at_slot[j]) != pr.fresh.end();
     if (w && !fresh && !pr.fresh.empty() && p.side == KernelKnow::NoSide) p.side = KernelKnow::SideSeen;
   }

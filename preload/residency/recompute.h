@@ -26,11 +26,19 @@ struct KernelKnow {
   // launch that made a new range; checked by a launch made again that zeroed it and still gave
   // the bytes the first launch gave, or refused by one that did not.
   enum Side : uint8_t { NoSide, SideSeen, SideChecked, SideRefused };
+  // Written: seen written in some probe. A launch that updates an operand in place points two
+  // positions at one range, and a probe cannot tell which of them wrote it: both count as written.
+  // Seen alone (the only position at its range), written or not, tells them apart: a position
+  // seen unwritten alone and never written alone writes only where it aliases another (an input
+  // of an in-place update).
   struct Pos {
     uint32_t at;
     uint8_t seen;  // probes that saw it
     bool written;
     Side side;
+    bool written_alone = false, clean_alone = false;
+    bool writes() const { return written && (written_alone || !clean_alone); }  // where it is alone
+    bool unsettled() const { return written && !written_alone && !clean_alone; }  // written, never seen alone
   };
   std::vector<Pos> pos;  // by `at`
   const Pos* find(uint32_t at) const {

@@ -168,7 +168,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
                                RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
                                RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
                                RecomputeNoWriteGuard, RecomputeSideNotKept, RecomputeSideNotZeroed,
-                               RecomputeSkipSideWait, RecomputeSideAnyWrite };  // tests: proves a missing wait is caught
+                               RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   using Stats = ResidencyStats;  // residency/residency_stats.h

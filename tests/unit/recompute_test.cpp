@@ -233,20 +233,21 @@ TEST(Recompute, AnInputWrittenAsASideElsewhereIsReadAfterItIsPutBack) {
 }
 
 // An operand a kernel once updated in place (out and a the same range) is taken as written at
-// both positions. In a launch of that kernel that makes a new range it is an input, not a side:
-// a side position is one seen writing a range made before a launch that made a new one. Taken as
-// a side, it would be zeroed for a launch made again, which the check then refuses.
-TEST(Recompute, AnOperandOnceUpdatedInPlaceIsNoSide) {
-  for (Fault f : {Fault::None, Fault::RecomputeSideAnyWrite}) {
-    SCOPED_TRACE(f == Fault::None ? "side positions seen" : "any written position a side");
+// both positions: the probe cannot tell which wrote. Seen unwritten where it is alone at its
+// position, it is read there: a launch of that kernel making a new range from it is a producer
+// (a residual add, whose kernel autograd also uses to sum gradients in place). A later update in
+// place still moves its version.
+TEST(Recompute, AnOperandOnceUpdatedInPlaceIsNotTakenAsWrittenWhereItIsAlone) {
+  for (Fault f : {Fault::None, Fault::RecomputeAliasedWrites}) {
+    SCOPED_TRACE(f == Fault::None ? "told apart where alone" : "written wherever once written");
     Rig r(5, f);
     const DevPtr x = learned_input(r, false);
     const DevPtr v = r.alloc();
     r.launch(r.fill, {v, 2});  // made by a producer: its writes matter, the next launch is watched
-    r.launch(r.add2, {v, v, x});  // in place: v += x
+    r.launch(r.add2, {v, v, x});  // in place: v += x, both first positions written
     for (uint8_t i = 1; i < Residency::kRecomputeProbes; ++i) {
       const DevPtr t = r.alloc();
-      r.launch(r.add2, {t, v, x});
+      r.launch(r.add2, {t, v, x});  // out of place: v alone at its position, unwritten
       r.free(t);
     }
     const DevPtr c = r.alloc();
@@ -255,12 +256,25 @@ TEST(Recompute, AnOperandOnceUpdatedInPlaceIsNoSide) {
     r.use(c);
     EXPECT_TRUE(r.is(c, [](uint64_t i) { return 2000 + i + 2 * (7000 + i); }));
     EXPECT_TRUE(r.is(v, [](uint64_t i) { return 2000 + i + 7000 + i; }));
+    EXPECT_EQ(r.res.stats().side_refused, 0u);
     if (f == Fault::None) {
-      EXPECT_EQ(r.res.stats().side_refused, 0u);
-      EXPECT_EQ(r.res.stats().not_producer_alone, 1u);  // v counts as written there: no producer
+      EXPECT_EQ(r.res.stats().not_producer_alone, 0u);  // v read there, not written: c has a producer
+      EXPECT_EQ(r.res.stats().recomputed, 1u);
     } else {
-      EXPECT_EQ(r.res.stats().side_refused, 1u);  // v zeroed, c made from it, refused by the check
+      EXPECT_EQ(r.res.stats().not_producer_alone, 1u);  // v counts as written there: no producer
+      EXPECT_EQ(r.res.stats().recomputed, 0u);
     }
+    // An update in place after that still counts as a write of v: a range made from v before is
+    // copied back with the bytes it was made with.
+    r.free(c);
+    const DevPtr d = r.alloc();
+    r.launch(r.add2, {d, v, x});
+    r.launch(r.add2, {v, v, x});
+    r.evict({d}, {x, v});
+    const uint64_t stale = r.res.stats().remake_stale;
+    r.use(d);
+    EXPECT_TRUE(r.is(d, [](uint64_t i) { return 2000 + i + 2 * (7000 + i); }));
+    if (f == Fault::None) EXPECT_EQ(r.res.stats().remake_stale, stale + 1);
   }
 }
 
