@@ -165,11 +165,13 @@ TEST(Recompute, NothingIsDroppedWithoutRoomToMakeItAgain) {
 // range is lost and the process stops.) With Sides, norm (trusted too) makes ranges as well,
 // writing a shared statistics range besides them, which the program also writes, reads and frees;
 // with Smalls, addb (trusted too) makes ranges from a small allocation (a bias), which the program
-// also writes by launches touching it alone and frees for another.
+// also writes by launches touching it alone and frees for another; with Aliases, add2 makes
+// ranges from two others and also updates one in place from another (its output and first input
+// the same range), learned as the program runs.
 struct Totals {
   uint64_t remade = 0, dropped = 0, early = 0, side_kept = 0;
 };
-enum class Mode { Plain, Sides, Smalls };
+enum class Mode { Plain, Sides, Smalls, Aliases };
 void random_program(uint64_t seed, Mode mode, Totals* t) {
   SCOPED_TRACE(seed);
   const bool sides = mode == Mode::Sides;
@@ -222,7 +224,14 @@ void random_program(uint64_t seed, Mode mode, Totals* t) {
     if (what < 4 && live.size() < 5 + seed % 3 + (sides ? 1 : 0)) {  // a new range, from another or filled
       Live n{r.alloc(s), s, std::vector<uint64_t>(kWords)};
       const auto w = find(ws);
-      if ((what == 1 || what == 2) && bs) {  // addb: src + the bias
+      Live& other = live[rng() % live.size()];
+      if ((what == 1 || what == 2) && mode == Mode::Aliases) {  // add2: src + other
+        join(src.last, s);
+        join(other.last, s);
+        r.launch(r.add2, {n.p, src.p, other.p}, s);
+        for (uint64_t i = 0; i < kWords; ++i) n.want[i] = src.want[i] + other.want[i];
+        src.last = other.last = s;
+      } else if ((what == 1 || what == 2) && bs) {  // addb: src + the bias
         join(src.last, s);
         join(bs_last, s);
         r.launch(r.addb, {n.p, src.p, bs}, s);
@@ -256,6 +265,14 @@ void random_program(uint64_t seed, Mode mode, Totals* t) {
       bs_v = rng() % 50;
       r.launch(r.setb, {bs, bs_v}, s);
       bs_last = s;
+    } else if (what < 6 && mode == Mode::Aliases && rng() % 2) {  // src += other, in place
+      Live& other = live[rng() % live.size()];
+      join(src.last, s);
+      join(other.last, s);
+      r.launch(r.add2, {src.p, src.p, other.p}, s);
+      const std::vector<uint64_t> add = other.want;  // other may be src
+      for (uint64_t i = 0; i < kWords; ++i) src.want[i] += add[i];
+      src.last = other.last = s;
     } else if (what < 6) {  // written in place
       join(src.last, s);
       r.launch(r.bump, {src.p}, s);
@@ -297,6 +314,15 @@ TEST(Recompute, RandomProgramsWithSmallInputsReadBackTheirBytes) {
   EXPECT_GT(t.remade, 6u);   // more than each check of addb's
   EXPECT_GT(t.dropped, 0u);
   EXPECT_GT(t.early, 0u);    // made again before the bias was written or freed
+}
+
+// add2 learned from launches in place and out of place alike: ranges it makes are made again, and
+// its in-place updates still move the versions they must.
+TEST(Recompute, RandomProgramsWithUpdatesInPlaceReadBackTheirBytes) {
+  Totals t;
+  for (uint64_t seed = 1; seed <= 6; ++seed) random_program(seed, Mode::Aliases, &t);
+  EXPECT_GT(t.remade, 6u);  // more than each trust_scale's one
+  EXPECT_GT(t.dropped, 0u);
 }
 
 TEST(Recompute, RandomProgramsWithSidesReadBackTheirBytes) {
