@@ -274,7 +274,9 @@ TEST(Recompute, AnOperandOnceUpdatedInPlaceIsNotTakenAsWrittenWhereItIsAlone) {
     const uint64_t stale = r.res.stats().remake_stale;
     r.use(d);
     EXPECT_TRUE(r.is(d, [](uint64_t i) { return 2000 + i + 2 * (7000 + i); }));
-    if (f == Fault::None) EXPECT_EQ(r.res.stats().remake_stale, stale + 1);
+    if (f == Fault::None) {
+      EXPECT_EQ(r.res.stats().remake_stale, stale + 1);
+    }
   }
 }
 
