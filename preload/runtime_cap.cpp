@@ -195,7 +195,8 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
                  "launches without arguments to launch again; {} producers recorded, {} not for writing a small "
                  "allocation, {} for writing another range; {} made again keeping what they "
                  "write besides ({:.1f} MiB, {} refused); copied back: {} as an input was away, {} as one had changed, {} "
-                 "as it was written since, {} with no producer, {} whose producer a later write took",
+                 "as it was written since, {} living across steps, {} with no producer, {} whose producer a later "
+                 "write took",
                  step, now.recomputed - was.recomputed, (now.recomputed_bytes - was.recomputed_bytes) / kGiB,
                  now.dropped - was.dropped, (now.dropped_bytes - was.dropped_bytes) / kGiB,
                  now.restored_early - was.restored_early, now.probes - was.probes, (now.probe_ns - was.probe_ns) / 1e6,
@@ -206,7 +207,8 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
                  now.side_refused - was.side_refused,
                  now.remake_away - was.remake_away,
                  now.remake_stale - was.remake_stale, now.remake_written - was.remake_written,
-                 now.copied_unmade - was.copied_unmade, now.copied_lost - was.copied_lost);
+                 now.copied_lasting - was.copied_lasting, now.copied_unmade - was.copied_unmade,
+                 now.copied_lost - was.copied_lost);
   }
   const bool moved = now.bytes_out != was.bytes_out || now.bytes_in != was.bytes_in;
   last_step_cap_ = now;

@@ -116,7 +116,12 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
   Range& r = slots_[slot];
   if (!back_range(r, s, why)) return false;
   if (o_.recompute && r.producer >= 0 && rc_remake(slot, s)) return true;
-  if (o_.recompute && r.producer < 0) ++(r.producer_lost ? st_.copied_lost : st_.copied_unmade);
+  if (o_.recompute && r.producer < 0) {
+    // Lasting: alive for longer than a step (weights, optimizer state), never made by a launch.
+    const uint64_t now = last_launch_.load(std::memory_order_relaxed);
+    const bool lasting = period_ && now > r.birth && now - r.birth > period_;
+    ++(r.producer_lost ? st_.copied_lost : lasting ? st_.copied_lasting : st_.copied_unmade);
+  }
   if (r.dropped) {
     // Its bytes exist nowhere else: the rules that let it be dropped keep this from happening.
     log().error("recompute: a dropped range of {:.1f} MiB could not be made again: its bytes are lost",

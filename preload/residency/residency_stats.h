@@ -77,11 +77,12 @@ struct ResidencyStats {
   // Ranges made again whose launch also wrote other ranges (kept: saved beside, put back), and those
   // bytes; checks that found a kernel's output read what it also writes (those positions refused).
   uint64_t side_kept = 0, side_kept_bytes = 0, side_refused = 0;
-  // Ranges copied in (on demand or ahead) that had no producer to make them again: none in this
-  // life (made by a copy, a graph, an undescribed launch, or living across steps), or one lost to
-  // a later launch that wrote them; and ranges whose producer was kept but which were written
-  // since (a write not learned yet when it ran), counted apart from remake_stale.
-  uint64_t copied_unmade = 0, copied_lost = 0, remake_written = 0;
+  // Ranges copied in (on demand or ahead) that had no producer to make them again: alive for longer
+  // than a step (lasting: weights, optimizer state), none in this life (made by a copy, a graph,
+  // an undescribed launch, a launch that wrote outside the ranges), or one lost to a later launch
+  // that wrote them; and ranges whose producer was kept but which were written since (a write not
+  // learned yet when it ran), counted apart from remake_stale.
+  uint64_t copied_lasting = 0, copied_unmade = 0, copied_lost = 0, remake_written = 0;
   uint64_t create_avg_ns = 0, piece_avg_ns = 0;  // the running averages that decide it
   uint64_t extra_pieces = 0;               // the pieces beyond the fewest a range may take now
 };

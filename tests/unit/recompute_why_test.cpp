@@ -8,17 +8,17 @@ namespace recompute_test {
 namespace {
 
 struct Why {
-  uint64_t made, unmade, lost, written, stale, away;
+  uint64_t made, lasting, unmade, lost, written, stale, away;
   explicit Why(const Residency::Stats& s)
-      : made(s.recomputed), unmade(s.copied_unmade), lost(s.copied_lost), written(s.remake_written),
-        stale(s.remake_stale), away(s.remake_away) {}
+      : made(s.recomputed), lasting(s.copied_lasting), unmade(s.copied_unmade), lost(s.copied_lost),
+        written(s.remake_written), stale(s.remake_stale), away(s.remake_away) {}
   Why operator-(const Why& o) const {
     Why d = *this;
-    d.made -= o.made, d.unmade -= o.unmade, d.lost -= o.lost, d.written -= o.written;
+    d.made -= o.made, d.lasting -= o.lasting, d.unmade -= o.unmade, d.lost -= o.lost, d.written -= o.written;
     d.stale -= o.stale, d.away -= o.away;
     return d;
   }
-  uint64_t total() const { return made + unmade + lost + written + stale + away; }
+  uint64_t total() const { return made + lasting + unmade + lost + written + stale + away; }
 };
 
 TEST(RecomputeWhy, EachRangeCopiedInSaysWhyNoLaunchMadeIt) {
@@ -81,6 +81,21 @@ TEST(RecomputeWhy, EachRangeCopiedInSaysWhyNoLaunchMadeIt) {
   r.use(v);
   d = Why(r.res.stats()) - w0;
   EXPECT_EQ(d.stale, 1u);
+  EXPECT_EQ(d.total(), 1u);
+
+  // With a step of 2 launches known, a range with no producer alive for longer than that (a
+  // weight, optimizer state) is lasting.
+  r.free(v);
+  const DevPtr w = r.alloc();
+  r.launch(r.rng, {w, x});
+  for (int i = 0; i < 3; ++i) r.use(x);
+  r.evict({w}, {x});
+  r.res.set_period(2);  // x touched in it, half the live bytes: taken
+  ASSERT_EQ(r.res.stats().period, 2u);
+  w0 = Why(r.res.stats());
+  r.use(w);
+  d = Why(r.res.stats()) - w0;
+  EXPECT_EQ(d.lasting, 1u);
   EXPECT_EQ(d.total(), 1u);
 }
 
