@@ -65,6 +65,14 @@ std::optional<BudgetSpec> parse_budget(const std::string& s) {
 
 namespace {
 
+// A whole number from lo to hi, in decimal with nothing after it; nullopt for anything else.
+std::optional<uint64_t> parse_count(const char* v, uint64_t lo, uint64_t hi) {
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*v == '-' || end == v || *end || n < lo || n > hi) return std::nullopt;
+  return n;
+}
+
 // Reads the variables one at a time; what is wrong with each is said in the order read.
 struct SettingsReader {
   const std::function<const char*(const char*)>& get;
@@ -184,13 +192,10 @@ void read_cap(const SettingsReader& in, Settings& st) {
     else st.cap_whole = *size;
   }
   if (const char* v = get("OFFLOAD_CAP_EXTRA_PIECES"); v && *v) {
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(v, &end, 10);
     if (std::string_view(v) == "any") st.cap_extra_pieces = Settings::kAnyPieces;
     else if (std::string_view(v) == "auto") st.cap_extra_pieces = Settings::kAutoPieces;
-    else if (*v == '-' || end == v || *end || n > 1024)
-      in.bad("OFFLOAD_CAP_EXTRA_PIECES", v, "a count from 0 to 1024, any, or auto");
-    else st.cap_extra_pieces = n;
+    else if (const auto n = parse_count(v, 0, 1024)) st.cap_extra_pieces = *n;
+    else in.bad("OFFLOAD_CAP_EXTRA_PIECES", v, "a count from 0 to 1024, any, or auto");
   }
   if (const char* v = get("OFFLOAD_CAP_TILE"); v && *v) {
     if (std::string_view(v) == "exact") st.cap_tile_exact = true, st.cap_size_classes = false;
@@ -214,18 +219,12 @@ void read_cap(const SettingsReader& in, Settings& st) {
   in.flag("OFFLOAD_CAP_RECOMPUTE", st.cap_recompute);
   in.flag("OFFLOAD_CAP_PLAN", st.cap_plan);
   if (const char* v = get("OFFLOAD_CAP_DROP_FIRST"); v && *v) {
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    if (*v == '-' || end == v || *end || n < 1 || n > 1024)
-      in.bad("OFFLOAD_CAP_DROP_FIRST", v, "a factor from 1 (by next use alone) to 1024");
-    else st.cap_drop_first = uint32_t(n);
+    if (const auto n = parse_count(v, 1, 1024)) st.cap_drop_first = uint32_t(*n);
+    else in.bad("OFFLOAD_CAP_DROP_FIRST", v, "a factor from 1 (by next use alone) to 1024");
   }
   if (const char* v = get("OFFLOAD_CAP_PREFETCH_MAX"); v && *v) {
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    if (*v == '-' || end == v || *end || n > 1'000'000)
-      in.bad("OFFLOAD_CAP_PREFETCH_MAX", v, "a count of launches from 0 (no prefetching) to 1000000");
-    else st.cap_prefetch_max = n;
+    if (const auto n = parse_count(v, 0, 1'000'000)) st.cap_prefetch_max = *n;
+    else in.bad("OFFLOAD_CAP_PREFETCH_MAX", v, "a count of launches from 0 (no prefetching) to 1000000");
   }
 }
 
