@@ -305,34 +305,32 @@ inline void trust_scale(Rig& r, DevPtr x) {
   r.free(y);
 }
 
-// Learns norm (writing `stats` besides its output) and makes it trusted with one remake, checked.
-// Its launches count in stats[0]: returns how many ran.
-inline uint64_t trust_norm(Rig& r, DevPtr x, DevPtr stats) {
-  learn(r, r.norm, 1, {x, stats});
+// Learns `f` (f(out, ins...)) from `ins` and makes it trusted with one remake, checked: its output
+// made, evicted while `keep` stays, and made again.
+inline void trust(Rig& r, Func f, const std::vector<DevPtr>& ins, std::initializer_list<DevPtr> keep) {
+  learn(r, f, 1, ins);
   const DevPtr y = r.alloc();
-  r.launch(r.norm, {y, x, stats});
-  r.evict({y}, {x, stats});
+  std::vector<uint64_t> args{y};
+  args.insert(args.end(), ins.begin(), ins.end());
+  r.launch(f, args);
+  r.evict({y}, keep);
   const uint64_t checks = r.res.stats().recompute_checks;
   r.use(y);
   EXPECT_EQ(r.res.stats().recompute_checks, checks + 1);
   EXPECT_EQ(r.res.stats().recompute_bans, 0u);
   r.free(y);
+}
+
+// Learns norm (writing `stats` besides its output) and makes it trusted with one remake, checked.
+// Its launches count in stats[0]: returns how many ran.
+inline uint64_t trust_norm(Rig& r, DevPtr x, DevPtr stats) {
+  trust(r, r.norm, {x, stats}, {x, stats});
   return Residency::kRecomputeProbes + 1;
 }
 
 // Learns addb (out = in + b[i % 8], b a small allocation) from x and b, and makes it trusted with
 // one remake, checked.
-inline void trust_addb(Rig& r, DevPtr x, DevPtr b) {
-  learn(r, r.addb, 1, {x, b});
-  const DevPtr t = r.alloc();
-  r.launch(r.addb, {t, x, b});
-  r.evict({t}, {x});
-  const uint64_t checks = r.res.stats().recompute_checks;
-  r.use(t);
-  EXPECT_EQ(r.res.stats().recompute_checks, checks + 1);
-  EXPECT_EQ(r.res.stats().recompute_bans, 0u);
-  r.free(t);
-}
+inline void trust_addb(Rig& r, DevPtr x, DevPtr b) { trust(r, r.addb, {x, b}, {x}); }
 
 // The input most tests make ranges from: x = 7000 + i, the common kernels learned from it, and
 // (with `trust`) scale checked once.
