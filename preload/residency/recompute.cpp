@@ -438,14 +438,19 @@ void Residency::rc_undrop(Range& r) {
     if (auto it = rc_.small.find(id); it != rc_.small.end()) --it->second.dependents;
 }
 
+void Residency::rc_keep_list(const Producer& p, uint32_t slot, const uint32_t* keep, size_t nkeep,
+                             std::vector<uint32_t>* out) const {
+  out->assign(keep, keep + nkeep);
+  out->push_back(slot);
+  for (const auto& [k, v] : p.inputs) out->push_back(k);
+  for (const auto& [k, va, bytes] : p.side) out->push_back(k);
+}
+
 bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
   Range& r = slots_[slot];
   const Producer& p = rc_.producers[r.producer];
   std::vector<uint32_t>& kept = rc_.keep;
-  kept.assign(keep, keep + nkeep);
-  kept.push_back(slot);
-  for (const auto& [k, v] : p.inputs) kept.push_back(k);
-  for (const auto& [k, va, bytes] : p.side) kept.push_back(k);
+  rc_keep_list(p, slot, keep, nkeep, &kept);
   for (size_t i = nkeep + 1; i < kept.size(); ++i)
     if (slots_[kept[i]].state == State::CopyingOut) abandon(slots_[kept[i]]);
   const size_t mine = kept.size() - nkeep - 1;  // its inputs and side, after `keep` and it

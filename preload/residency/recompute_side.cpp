@@ -94,10 +94,7 @@ void Residency::rc_side_room(uint32_t slot, Stream s, const uint32_t* keep, size
   const Producer& p = rc_.producers[r.producer];
   if (p.side.empty() || (rc_side_.backed() && rc_side_.bytes >= p.side_bytes) || !rc_side_ready(p, true)) return;
   std::vector<uint32_t>& kept = rc_.side_keep;
-  kept.assign(keep, keep + nkeep);
-  kept.push_back(slot);
-  for (const auto& [k, v] : p.inputs) kept.push_back(k);
-  for (const auto& [k, va, bytes] : p.side) kept.push_back(k);
+  rc_keep_list(p, slot, keep, nkeep, &kept);
   std::sort(kept.begin(), kept.end());
   std::string why;
   rc_side_buffer(p.side_bytes, s, kept.data(), kept.size(), &why);  // else it is copied in

@@ -451,6 +451,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // A dropped range made again on `s` (its inputs reloaded first, room made for all of them, `keep`
   // kept); false (with *why) only when the room cannot be had.
   bool rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
+  // `keep`, then `slot`, its producer's inputs and side: what making it again must not evict (unsorted).
+  void rc_keep_list(const recompute::Producer& p, uint32_t slot, const uint32_t* keep, size_t nkeep,
+                    std::vector<uint32_t>* out) const;
   // Before a launch that may write, or a free of, a range that dropped ranges are made from: they
   // are made again first, on `s`. `written`: the touched slots to look at.
   // `freeing`: a free, which ranges written besides a dropped one (its side) wait for too.
