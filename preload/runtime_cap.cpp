@@ -42,7 +42,7 @@ void Runtime::start_cap() {
   ro.headroom = std::min<uint64_t>(budget / 64, 64ull << 20);
   residency_ = std::make_unique<Residency>(driver_, *host_store_, ro);
   residency_->set_namer(kernel_name, &tracker_.funcs());
-  residency_->set_finder(find_alloc, const_cast<AllocTable*>(&tracker_.allocs()));
+  residency_->set_finder(find_alloc, const_cast<AllocTable*>(&tracker_.allocs()), alloc_horizon);
   tracker_.set_pass_launch_args(ro.recompute);
   if (planning_) {
     executor_.set_room(residency_.get());

@@ -64,6 +64,7 @@ size_t AllocTable::insert_exact(DevPtr base, uint64_t size, AllocId id, AllocEnt
       ++used_;
     }
     entries_[i] = AllocEntry{base, size, id};
+    note_id(id);
   }
   live_bytes_.fetch_add(size, std::memory_order_relaxed);
   return n;
@@ -106,6 +107,7 @@ size_t AllocTable::insert(DevPtr base, uint64_t size, AllocId id, AllocEntry* re
     while (i > 0 && entries_[i - 1].base + entries_[i - 1].size > base) drop(--i);
     while (i < entries_.size() && entries_[i].base < base + size) drop(i);
     entries_.insert(entries_.begin() + static_cast<ptrdiff_t>(i), AllocEntry{base, size, id});
+    note_id(id);
   }
   live_bytes_.fetch_add(size, std::memory_order_relaxed);
   DevPtr lo = lo_.load(std::memory_order_relaxed);

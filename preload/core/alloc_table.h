@@ -54,6 +54,8 @@ class AllocTable {
 
   size_t size() const;
   uint64_t live_bytes() const { return live_bytes_.load(std::memory_order_relaxed); }
+  // The largest plain id inserted so far: ids are handed out in order, so one above it was not yet born.
+  AllocId max_id() const { return max_id_.load(std::memory_order_relaxed); }
   void set_exact(bool exact);  // before the first insert
 
  private:
@@ -73,6 +75,10 @@ class AllocTable {
   size_t used_ = 0;  // exact: entries in the hash
   std::atomic<DevPtr> lo_{~DevPtr{0}}, hi_{0};  // bounds of every address ever inserted
   std::atomic<uint64_t> live_bytes_{0};
+  std::atomic<AllocId> max_id_{0};  // of plain ids (a range's or an arena member's carries its high bits)
+  void note_id(AllocId id) {  // under the lock
+    if (id < (AllocId{1} << 62) && id > max_id_.load(std::memory_order_relaxed)) max_id_.store(id, std::memory_order_relaxed);
+  }
 };
 
 // The allocation holding `p` in the AllocTable `table` (a Residency::Finder): its id, base, size.
@@ -82,5 +88,8 @@ inline bool find_alloc(void* table, DevPtr p, AllocId* id, DevPtr* base, uint64_
   *id = e->id, *base = e->base, *bytes = e->size;
   return true;
 }
+
+// The largest allocation id `table` has held (a Residency::Horizon).
+inline AllocId alloc_horizon(void* table) { return static_cast<const AllocTable*>(table)->max_id(); }
 
 }  // namespace offload

@@ -171,6 +171,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (!any_.load(std::memory_order_acquire)) return;
   const bool blind = blind_launch(kind, flags);
   const bool ranges = n && acc[n - 1] >= kRangeIdBit;
+  const AllocId small_floor = o_.recompute ? rc_floor_smalls(blind, acc, n) : 0;
   if (!ranges && !blind && !has_tables_.load(std::memory_order_acquire) && !rc_small_watch_.load(std::memory_order_acquire))
     return;
   if (o_.fault != Options::Fault::IgnoreCapture && d_.stream_capturing(s) == 1) {
@@ -184,6 +185,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   decide_costs();
   if (capture_open_ && s == capture_stream_) capture_open_ = false;
   launches_seen_ = launch_no;
+  rc_.small_floor = small_floor;
   std::vector<uint32_t>& touched = scratch_;
   collect_touched(blind, acc, n, &touched);
   // Small allocations producers read: a launch we cannot see into may write any of them.
@@ -199,6 +201,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
       std::string why;
       if (!rc_guard_smalls(s, nullptr, 0, &why)) log().error("recompute: before a launch: {}", why);
       rc_bump_smalls(blind, acc, n);
+      rc_touch_smalls(blind, acc, n, s, launch_no);
     }
     return;
   }
@@ -367,9 +370,12 @@ void Residency::forget_table(AllocId table, Stream s) {
     RcWriting writing(*this, true);
     rc_.small_writes.assign(1, table);
     std::string why;
-    if (!rc_guard_smalls(s, nullptr, 0, &why)) log().error("recompute: before a free: {}", why);
+    if (!rc_guard_smalls(s, nullptr, 0, &why, /*freeing=*/true)) log().error("recompute: before a free: {}", why);
     it = rc_.small.find(table);
   }
+  // Freed after a launch made again put it back on another stream (the pool may hand it on).
+  if (it->second.put_stream && it->second.put_stream != s && o_.fault != Options::Fault::RecomputeSkipReadOrder)
+    order_after(s, it->second.put_event);
   it->second.freed = true;
   it->second.version = ++rc_.clock;
 }

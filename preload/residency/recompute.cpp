@@ -153,6 +153,25 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
   return described;
 }
 
+bool Residency::rc_small_side_kept(const KernelKnow& kk, uint64_t side_bytes) const {
+  if (o_.fault == Options::Fault::RecomputeNoSmallSide || !d_.device_copies()) return false;
+  for (AllocId id : rc_.small_hit) {
+    // New at this launch: the first launch made held whatever the allocation held, so the zeros of
+    // the launch made again serve as well. One written before may be read (running statistics).
+    if (id < rc_.small_floor) return false;
+    auto it = std::find_if(rc_.smalls.begin(), rc_.smalls.end(), [id](const recompute::SmallAt& x) { return x.id == id; });
+    if (it == rc_.smalls.end()) return false;  // written at no position the scan found
+    const uint32_t j = kSmallBit | uint32_t(it - rc_.smalls.begin());
+    side_bytes += it->bytes;
+    for (size_t i = 0; i < rc_.at_slot.size(); ++i) {
+      if (rc_.at_slot[i] != j) continue;
+      const KernelKnow::Side side = kk.find(rc_.at[i])->side;
+      if (side != KernelKnow::SideSeen && side != KernelKnow::SideChecked) return false;
+    }
+  }
+  return side_bytes <= kMaxSide;
+}
+
 void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, const AllocId* acc, size_t n,
                                const std::vector<uint32_t>& touched, bool blind) {
   (void)launch_no;
@@ -201,6 +220,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     if (w) rc_bump_small(id), small_hit.push_back(id);
     small = small || w;
   }
+  rc_touch_smalls(blind, acc, n, s, launch_no);
   if (!blind && !described) {
     ++st_.undescribed;
     // Which kernels cannot be made again at all, named once each (a dozen at most): what recompute
@@ -239,6 +259,9 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   }
   const bool keeps_side = others_written && sides_known && side_bytes <= kMaxSide && d_.device_copies();
   const bool alone = !others_written || keeps_side || o_.fault == Options::Fault::RecomputeIgnoreWrites;
+  // Small allocations it writes are its small side where each is at positions seen writing it
+  // while a range was made, none refused, and all of the side fits kMaxSide: else no producer.
+  if (small && !table && learned && rc_small_side_kept(kk, side_bytes)) small = false;
   if (learned && nfresh == 1 && writes_fresh && alone && small) {
     ++st_.not_producer_small;
     if (!kk.said_small && rc_.kernels_said_small < 12) rc_say_small(kk, kernel, fresh, table);
@@ -396,7 +419,7 @@ bool Residency::rc_can_drop(uint32_t slot) const {
     if (rc_.writing && std::binary_search(rc_.writes.begin(), rc_.writes.end(), k)) return false;
     bytes += in.bytes;
   }
-  if (!p.side.empty()) {
+  if (p.has_side()) {
     if (!rc_side_ready(p, false) || rc_side_unchecked(p)) return false;
     bytes += p.side_bytes + std::max(p.side_bytes, rc_side_.bytes);  // the side, and the buffer it is kept in
   }
@@ -425,6 +448,7 @@ void Residency::rc_drop(Range& r) {
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) ++slots_[k].dependents;
   for (const auto& [k, va, bytes] : rc_.producers[r.producer].side) ++slots_[k].side_of;
   for (const auto& [id, v] : rc_.producers[r.producer].small_inputs) ++rc_.small[id].dependents;
+  for (const recompute::Producer::SmallSide& w : rc_.producers[r.producer].small_side) ++rc_.small[w.id].dependents;
   ++st_.dropped;
   st_.dropped_bytes += r.bytes;
 }
@@ -436,6 +460,8 @@ void Residency::rc_undrop(Range& r) {
   for (const auto& [k, va, bytes] : rc_.producers[r.producer].side) --slots_[k].side_of;
   for (const auto& [id, v] : rc_.producers[r.producer].small_inputs)
     if (auto it = rc_.small.find(id); it != rc_.small.end()) --it->second.dependents;
+  for (const recompute::Producer::SmallSide& w : rc_.producers[r.producer].small_side)
+    if (auto it = rc_.small.find(w.id); it != rc_.small.end()) --it->second.dependents;
 }
 
 void Residency::rc_keep_list(const Producer& p, uint32_t slot, const uint32_t* keep, size_t nkeep,
@@ -461,8 +487,8 @@ bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t
     const uint32_t k = i < p.inputs.size() ? p.inputs[i].first : p.side[i - p.inputs.size()].slot;
     if (slots_[k].state == State::OnHost && !bring_back(k, s, kept.data(), kept.size(), why)) return false;
   }
-  if (!p.side.empty() && !rc_side_buffer(p.side_bytes, s, kept.data(), kept.size(), why)) return false;
-  const bool held = std::exchange(rc_.side_held, !p.side.empty());
+  if (p.has_side() && !rc_side_buffer(p.side_bytes, s, kept.data(), kept.size(), why)) return false;
+  const bool held = std::exchange(rc_.side_held, p.has_side());
   const bool done = make_room(r.bytes, kept.data(), kept.size(), why) && reload(slot, s, why);
   rc_.side_held = held;
   return done;
@@ -545,7 +571,7 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
       else order_after(s, in.read_event);
     }
   if (p.nparams > 256) return false;
-  if (!p.side.empty() && (!rc_side_ready(p, true) || !rc_side_buffer(p.side_bytes, s, nullptr, 0, nullptr))) {
+  if (p.has_side() && (!rc_side_ready(p, true) || !rc_side_buffer(p.side_bytes, s, nullptr, 0, nullptr))) {
     ++st_.remake_away;
     return false;
   }
@@ -565,7 +591,7 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   };
   for (const auto& [k, v] : p.inputs) read_here(slots_[k]);
   for (const auto& [k, va, bytes] : p.side) read_here(slots_[k]);
-  if (!p.side.empty()) {
+  if (p.has_side()) {
     ++st_.side_kept;
     st_.side_kept_bytes += p.side_bytes;
   }

@@ -71,8 +71,17 @@ struct Producer {
     uint64_t bytes;  // as mapped then: the launch writes within them
   };
   std::vector<Side> side;
-  std::vector<uint32_t> side_at;  // the argument positions pointing into them
-  uint64_t side_bytes = 0;
+  // Small allocations it wrote besides its output (a norm's mean and inverse deviation), kept the
+  // same way.
+  struct SmallSide {
+    AllocId id;
+    DevPtr va;
+    uint64_t bytes;
+  };
+  std::vector<SmallSide> small_side;
+  std::vector<uint32_t> side_at;  // the argument positions pointing into either
+  uint64_t side_bytes = 0;        // both together
+  bool has_side() const { return side_bytes > 0; }
   std::vector<std::pair<AllocId, uint64_t>> small_inputs;  // small allocations it read, and their versions
 };
 // A small allocation (outside the ranges: PyTorch's pool, a bias, a norm's weights) that producers
@@ -81,8 +90,18 @@ struct Producer {
 struct Small {
   uint64_t version = 0;
   uint32_t consumers = 0;
-  uint32_t dependents = 0;  // dropped ranges made from it: made again before it is written or freed
+  uint32_t dependents = 0;  // dropped ranges made from it: made again before it is written (an input) or freed
   bool freed = false;
+  // As a producer's side: the last launch on each stream that touched it since it was followed (a
+  // launch made again saves it after those), and the copy that put it back after one (later work on
+  // another stream waits for that).
+  struct Touch {
+    Stream s;
+    uint64_t launch;
+  };
+  std::vector<Touch> touches;
+  uint64_t put_event = 0;
+  Stream put_stream = 0;
 };
 // One a launch points at: in the positions' targets as kSmallBit | its index among the launch's.
 struct SmallAt {
@@ -138,6 +157,7 @@ struct State {
   uint32_t kernels_said_alone = 0;   // kernels named for writing besides their new range
   uint32_t kernels_said_small = 0;   // kernels named for writing outside the ranges
   std::vector<AllocId> small_hit;    // the small allocations a launch may write (scratch)
+  AllocId small_floor = 0;           // rc_small_floor_ before this launch: small allocations new at it are at or above
   uint64_t side_event = 0;           // after the last use of the side buffer, on side_stream
   Stream side_stream = 0;
   bool side_held = false;            // a dropped range is being made again with it: not let go for room

@@ -14,16 +14,13 @@ using recompute::Producer;
 
 void Residency::rc_drop_producer(Range& r) {
   if (r.producer < 0) return;
-  for (const auto& [k, v] : rc_.producers[r.producer].inputs) --slots_[k].consumers;
-  rc_.producers[r.producer].inputs.clear();
-  for (const auto& [id, v] : rc_.producers[r.producer].small_inputs) {
-    auto it = rc_.small.find(id);
-    if (it == rc_.small.end()) continue;
-    --rc_.small_consumers;
-    if (--it->second.consumers == 0) rc_.small.erase(it);  // nothing left to follow it for
-  }
-  rc_.producers[r.producer].small_inputs.clear();
-  rc_small_watch_.store(rc_.small_consumers > 0, std::memory_order_release);
+  Producer& p = rc_.producers[r.producer];
+  for (const auto& [k, v] : p.inputs) --slots_[k].consumers;
+  p.inputs.clear();
+  for (const auto& [id, v] : p.small_inputs) rc_unfollow_small(id);
+  p.small_inputs.clear();
+  for (const Producer::SmallSide& w : p.small_side) rc_unfollow_small(w.id);
+  p.small_side.clear();
   rc_.free_producers.push_back(r.producer);
   r.producer = -1;
 }
@@ -90,14 +87,21 @@ void Residency::rc_record_producer(uint32_t kernel, const LaunchArgs* a, uint32_
     p.inputs.push_back({k, slots_[k].version});
     ++slots_[k].consumers;
   }
+  // The small allocations it writes (rc_.small_hit: its small side, kept) and those it reads.
   p.small_inputs.clear();
-  for (const recompute::SmallAt& sm : rc_.smalls) {
-    recompute::Small& f = rc_.small[sm.id];
-    ++f.consumers;
-    ++rc_.small_consumers;
-    p.small_inputs.push_back({sm.id, f.version});
+  p.small_side.clear();
+  for (uint32_t j = 0; j < rc_.smalls.size(); ++j) {
+    const recompute::SmallAt& sm = rc_.smalls[j];
+    rc_follow_small(sm.id);
+    if (std::find(rc_.small_hit.begin(), rc_.small_hit.end(), sm.id) == rc_.small_hit.end()) {
+      p.small_inputs.push_back({sm.id, rc_.small[sm.id].version});
+      continue;
+    }
+    p.small_side.push_back({sm.id, sm.base, sm.bytes});
+    p.side_bytes += sm.bytes;
+    for (size_t i = 0; i < at_slot.size(); ++i)
+      if (at_slot[i] == (recompute::kSmallBit | j)) p.side_at.push_back(rc_.at[i]);
   }
-  if (!p.small_inputs.empty()) rc_small_watch_.store(true, std::memory_order_release);
   out.producer = id;
 }
 

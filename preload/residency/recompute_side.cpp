@@ -1,5 +1,5 @@
-// Recompute's side (recompute.cpp): the ranges a producer's launch writes besides its output,
-// kept across every launch made again. After every stream's work on them so far, their bytes are
+// Recompute's side (recompute.cpp): the ranges and small allocations a producer's launch writes
+// besides its output, kept across every launch made again. After every stream's work on them so far, their bytes are
 // copied into a buffer of the manager's own (held once made, let go last for room), the ranges
 // zeroed, the launch made, and the bytes put back, all on the launch's stream; later work on
 // another stream that touches them waits for that.
@@ -31,14 +31,20 @@ bool Residency::rc_side_ready(const Producer& p, bool resident) const {
     if (!w.live || w.va != va || w.bytes < bytes || w.dropped || w.in_graph) return false;
     if (resident && (!w.backed() || (w.state != State::Resident && w.state != State::CopyingIn))) return false;
   }
+  // A small side still allocated (the pool's memory may be given back once freed).
+  for (const Producer::SmallSide& w : p.small_side) {
+    auto it = rc_.small.find(w.id);
+    if (it == rc_.small.end() || it->second.freed) return false;
+  }
   return true;
 }
 
 bool Residency::rc_side_save(const Producer& p, Stream s) {
+  const bool wait = o_.fault != Options::Fault::RecomputeSkipSideWait;
   uint64_t off = 0;
   for (const auto& [k, va, bytes] : p.side) {
     Range& w = slots_[k];
-    if (o_.fault != Options::Fault::RecomputeSkipSideWait) {
+    if (wait) {
       for (const Range::Touch& t : w.touches)
         if (t.s != s)
           if (uint64_t e = event_after(t.s, t.launch)) order_after(s, e);
@@ -48,25 +54,50 @@ bool Residency::rc_side_save(const Producer& p, Stream s) {
     if (!d_.copy_device(rc_side_.va + off, va, bytes, s)) return false;
     off += bytes;
   }
+  // A small side after every launch that touched it since its producer's (those before, the
+  // program ordered before that launch, which the range's copy out followed).
+  for (const Producer::SmallSide& w : p.small_side) {
+    recompute::Small& sm = rc_.small[w.id];
+    if (wait) {
+      for (const recompute::Small::Touch& t : sm.touches)
+        if (t.s != s)
+          if (uint64_t e = event_after(t.s, t.launch)) order_after(s, e);
+      if (sm.put_stream && sm.put_stream != s) order_after(s, sm.put_event);
+    }
+    if (!d_.copy_device(rc_side_.va + off, w.va, w.bytes, s)) return false;
+    off += w.bytes;
+  }
   bool zeroed = true;
-  for (const auto& [k, va, bytes] : p.side)
-    if (o_.fault != Options::Fault::RecomputeSideNotZeroed)
-      zeroed = zeroed && d_.zero_device(va, bytes, s);
+  if (o_.fault != Options::Fault::RecomputeSideNotZeroed) {
+    for (const auto& [k, va, bytes] : p.side) zeroed = zeroed && d_.zero_device(va, bytes, s);
+    for (const Producer::SmallSide& w : p.small_side) zeroed = zeroed && d_.zero_device(w.va, w.bytes, s);
+  }
   if (!zeroed) rc_side_put_back(p, s);
   return zeroed;
 }
 
 void Residency::rc_side_put_back(const Producer& p, Stream s) {
+  const bool keep = o_.fault != Options::Fault::RecomputeSideNotKept;
   uint64_t off = 0;
-  for (const auto& [k, va, bytes] : p.side) {
-    if (o_.fault != Options::Fault::RecomputeSideNotKept && !d_.copy_device(va, rc_side_.va + off, bytes, s))
+  auto put = [&](DevPtr va, uint64_t bytes) {
+    if (keep && !d_.copy_device(va, rc_side_.va + off, bytes, s))
       log().error("recompute: putting back {:.1f} MiB a launch made again wrote besides its output failed", bytes / double(1 << 20));
     off += bytes;
-  }
-  if (p.side.empty()) return;
+  };
+  for (const auto& [k, va, bytes] : p.side) put(va, bytes);
+  for (const Producer::SmallSide& w : p.small_side) put(w.va, w.bytes);
+  if (!p.has_side()) return;
   if (!rc_.side_event) rc_.side_event = new_event();
   record_event(rc_.side_event, s);
   rc_.side_stream = s;
+  // Work on another stream that touches a small side later waits for this (rc_touch_smalls).
+  for (const Producer::SmallSide& w : p.small_side) {
+    recompute::Small& sm = rc_.small[w.id];
+    if (!sm.put_event) sm.put_event = new_event();
+    record_event(sm.put_event, s);
+    sm.put_stream = s;
+    rc_touch_smalls(false, &w.id, 1, s, launches_seen_);
+  }
 }
 
 bool Residency::rc_side_buffer(uint64_t bytes, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
@@ -92,7 +123,7 @@ void Residency::rc_side_room(uint32_t slot, Stream s, const uint32_t* keep, size
   const Range& r = slots_[slot];
   if (r.producer < 0) return;
   const Producer& p = rc_.producers[r.producer];
-  if (p.side.empty() || (rc_side_.backed() && rc_side_.bytes >= p.side_bytes) || !rc_side_ready(p, true)) return;
+  if (!p.has_side() || (rc_side_.backed() && rc_side_.bytes >= p.side_bytes) || !rc_side_ready(p, true)) return;
   std::vector<uint32_t>& kept = rc_.side_keep;
   rc_keep_list(p, slot, keep, nkeep, &kept);
   std::sort(kept.begin(), kept.end());

@@ -6,6 +6,9 @@
 // producer is made again only while each is as it read it, and writes none of them. A range made
 // from one may be dropped: a launch that may write it, or its free, makes such ranges again first
 // (rc_guard_smalls), as for ranges' dependents.
+// A producer may also write small allocations besides its output (a norm's mean and inverse
+// deviation): those are its small side, kept across a launch made again as a range side is
+// (recompute_side.cpp). Followed too, for their frees and for the streams that touch them.
 #include <algorithm>
 
 #include "residency/residency.h"
@@ -49,7 +52,69 @@ bool Residency::rc_smalls_kept(const recompute::Producer& p) const {
     auto it = rc_.small.find(id);
     if (it == rc_.small.end() || it->second.freed || it->second.version != v) return false;
   }
+  // Its small sides only still allocated: their bytes are saved and put back around the launch.
+  for (const recompute::Producer::SmallSide& w : p.small_side) {
+    auto it = rc_.small.find(w.id);
+    if (it == rc_.small.end() || it->second.freed) return false;
+  }
   return true;
+}
+
+AllocId Residency::rc_floor_smalls(bool blind, const AllocId* acc, size_t n) {
+  AllocId top;
+  if (blind) {
+    top = horizon_ ? horizon_(finder_ctx_) + 1 : kRangeIdBit;
+  } else {
+    const size_t nsmall = size_t(std::lower_bound(acc, acc + n, kRangeIdBit) - acc);  // acc is sorted
+    top = nsmall ? acc[nsmall - 1] + 1 : 0;
+  }
+  AllocId was = rc_small_floor_.load(std::memory_order_relaxed);
+  while (top > was && !rc_small_floor_.compare_exchange_weak(was, top, std::memory_order_relaxed)) {
+  }
+  return was;
+}
+
+void Residency::rc_follow_small(AllocId id) {
+  ++rc_.small[id].consumers;
+  ++rc_.small_consumers;
+  rc_small_watch_.store(true, std::memory_order_release);
+}
+
+void Residency::rc_unfollow_small(AllocId id) {
+  auto it = rc_.small.find(id);
+  if (it == rc_.small.end()) return;
+  --rc_.small_consumers;
+  if (--it->second.consumers == 0) {  // nothing left to follow it for
+    // A put-back still running on another stream: no launch would wait for it once unfollowed.
+    if (it->second.put_event) {
+      wait_event(it->second.put_event);
+      drop_event(it->second.put_event);
+    }
+    rc_.small.erase(it);
+  }
+  rc_small_watch_.store(rc_.small_consumers > 0, std::memory_order_release);
+}
+
+void Residency::rc_touch_smalls(bool blind, const AllocId* acc, size_t n, Stream s, uint64_t launch_no) {
+  if (rc_.small.empty()) return;
+  auto touch = [&](recompute::Small& sm) {
+    if (sm.put_stream && sm.put_stream != s && o_.fault != Options::Fault::RecomputeSkipReadOrder) {
+      if (query_event(sm.put_event) == 1) sm.put_stream = 0;
+      else order_after(s, sm.put_event);
+    }
+    for (recompute::Small::Touch& t : sm.touches)
+      if (t.s == s) {
+        t.launch = std::max(t.launch, launch_no);
+        return;
+      }
+    sm.touches.push_back({s, launch_no});
+  };
+  if (blind) {
+    for (auto& [id, sm] : rc_.small) touch(sm);
+    return;
+  }
+  for (size_t i = 0; i < n && acc[i] < kRangeIdBit; ++i)
+    if (auto it = rc_.small.find(acc[i]); it != rc_.small.end()) touch(it->second);
 }
 
 void Residency::rc_small_writes(bool blind, const AllocId* acc, size_t n) {
@@ -72,7 +137,7 @@ bool Residency::rc_small_may_write(AllocId id) const {
   return true;  // at no position the scan found (it found fewer than the tracker): taken as written
 }
 
-bool Residency::rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
+bool Residency::rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, std::string* why, bool freeing) {
   if (o_.fault == Options::Fault::RecomputeNoWriteGuard) return true;
   for (AllocId id : rc_.small_writes) {
     auto it = rc_.small.find(id);
@@ -82,8 +147,11 @@ bool Residency::rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, st
     for (uint32_t k = 0; k < slots_.size(); ++k) {
       const Range& d = slots_[k];
       if (!d.live || !d.dropped) continue;
-      const auto& in = rc_.producers[d.producer].small_inputs;
-      if (std::any_of(in.begin(), in.end(), [&](const auto& x) { return x.first == id; })) deps.push_back(k);
+      const recompute::Producer& p = rc_.producers[d.producer];
+      bool from = std::any_of(p.small_inputs.begin(), p.small_inputs.end(), [&](const auto& x) { return x.first == id; });
+      // A side is written over by every launch made again: only its free matters (its address goes).
+      from = from || (freeing && std::any_of(p.small_side.begin(), p.small_side.end(), [&](const auto& w) { return w.id == id; }));
+      if (from) deps.push_back(k);
     }
     if (!rc_restore_deps(s, keep, nkeep, why)) return false;
   }

@@ -19,7 +19,7 @@ class CapGate final : public ReplayCap {
     drv_ = &d;
     host_ = std::make_unique<HostStore>(d, ho_);
     res_ = std::make_unique<Residency>(d, *host_, ro_);
-    res_->set_finder(find_alloc, const_cast<AllocTable*>(&allocs));
+    res_->set_finder(find_alloc, const_cast<AllocTable*>(&allocs), alloc_horizon);
     return res_.get();
   }
   DevPtr alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) override {

@@ -168,7 +168,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
                                RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
                                RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
                                RecomputeNoWriteGuard, RecomputeSideNotKept, RecomputeSideNotZeroed,
-                               RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites };  // tests: proves a missing wait is caught
+                               RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites, RecomputeNoSmallSide };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   using Stats = ResidencyStats;  // residency/residency_stats.h
@@ -233,7 +233,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Options::recompute: the allocation holding a device address, as the tracker knows it (its id,
   // base and size); false: none. Small allocations a producer reads are found through it.
   using Finder = bool (*)(void* ctx, DevPtr p, AllocId* id, DevPtr* base, uint64_t* bytes);
-  void set_finder(Finder f, void* ctx) { finder_ = f, finder_ctx_ = ctx; }
+  // The largest plain id the finder's table has held (alloc_horizon): without it no small
+  // allocation is known to be new at a launch, and none is a producer's small side.
+  using Horizon = AllocId (*)(void* ctx);
+  void set_finder(Finder f, void* ctx, Horizon h = nullptr) { finder_ = f, finder_ctx_ = ctx, horizon_ = h; }
 
   // Worker: finishes copies out that have completed, gives host slots back, and trims the
   // allocator's pool to its share when it holds more.
@@ -475,6 +478,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // was seen to write at the same argument positions (rc_.learned), else all. Its positions go
   // into rc_.at and rc_.at_slot; false when the launch cannot be described (no arguments).
   bool rc_may_write(uint32_t kernel, bool blind, const std::vector<uint32_t>& touched, const AllocId* acc, size_t n);
+  // The small allocations this launch may write (rc_.small_hit) can be kept as its small side,
+  // beside `side_bytes` of ranges.
+  bool rc_small_side_kept(const recompute::KernelKnow& kk, uint64_t side_bytes) const;
   // Small allocations (recompute_small.cpp): the launch's index of the one holding `v` among
   // acc's, -1: none; versions moved; whether a producer's are as it read them.
   int32_t rc_small_at(DevPtr v, const AllocId* acc, size_t nsmall);  // acc's first nsmall: small
@@ -485,7 +491,15 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // The followed small allocations a launch may write, into rc_.small_writes (blind: all; not
   // learned: all it touches); dropped ranges made from them made again first, on `s`.
   void rc_small_writes(bool blind, const AllocId* acc, size_t n);
-  bool rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
+  // freeing: rc_.small_writes are being freed (a dropped range keeping one as its side goes too).
+  bool rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, std::string* why, bool freeing = false);
+  // Followed small allocations a launch on `s` touches (blind: all): a touch each, and the launch
+  // waits for a launch made again on another stream that put one back.
+  void rc_touch_smalls(bool blind, const AllocId* acc, size_t n, Stream s, uint64_t launch_no);
+  // Raises rc_small_floor_ past what a launch touches; returns it as it was before the launch.
+  AllocId rc_floor_smalls(bool blind, const AllocId* acc, size_t n);
+  void rc_follow_small(AllocId id);    // a producer lists it
+  void rc_unfollow_small(AllocId id);  // one fewer does
   // The dropped ranges in rc_.deps made again on `s` (a guard's: before a write or free).
   bool rc_restore_deps(Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
   std::pair<DevPtr, uint64_t> rc_span(const recompute::Probe& pr, uint32_t k) const;  // what a probe hashes at k
@@ -612,8 +626,12 @@ class Residency final : public LaunchGate, public DeviceRoom {
   Namer namer_ = nullptr;
   void* namer_ctx_ = nullptr;
   Finder finder_ = nullptr;
+  Horizon horizon_ = nullptr;
+  // One above every small allocation's id that some launch, copy or memset has touched (every one
+  // born before a launch we cannot see into): one at or above it is new at the next launch.
+  std::atomic<AllocId> rc_small_floor_{0};
   void* finder_ctx_ = nullptr;
-  std::atomic<bool> rc_small_watch_{false};  // a producer reads a small allocation: launches touching only those are looked at
+  std::atomic<bool> rc_small_watch_{false};  // a producer reads or writes a small allocation: launches touching only those are looked at
   recompute::State rc_;  // Options::recompute (residency/recompute.h)
   Range rc_side_;        // rc_side_buffer's, outside slots_: never a victim
   struct RcWriting {

@@ -42,7 +42,7 @@ struct Rig {
     tr.set_gate(&res);
     tr.set_pass_launch_args(true);
     res.set_namer([](void* t, uint32_t k) { return static_cast<Tracker*>(t)->funcs().name(k); }, &tr);
-    res.set_finder(find_alloc, const_cast<AllocTable*>(&tr.allocs()));
+    res.set_finder(find_alloc, const_cast<AllocTable*>(&tr.allocs()), alloc_horizon);
     // fill(out, seed): out[i] = seed * 1000 + i
     fill = sim.add_kernel("fill", params(2), [](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; ++i) words(arg(a, 0))[i] = arg(a, 1) * 1000 + i;
