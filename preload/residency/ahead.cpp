@@ -167,21 +167,24 @@ void Residency::prefetch_due(uint64_t launch_no) {
     if (!r.live || r.state != State::OnHost || r.dropped) continue;
     uint64_t d = 0;
     if (!predicted_next_use(r, launch_no, &d) || d > pf_lead_) continue;
+    // A kernel not checked yet is made again, and checked, with its inputs brought back first, as
+    // a demand reload does: a range prefetched is never reloaded on demand, and a kernel never
+    // made again is never trusted, so nothing it makes is ever dropped.
+    const bool check = o_.recompute && o_.fault != Options::Fault::RecomputeNoCheckAhead && rc_check_wanted(k);
     // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
-    if (!room_without_waiting(r.bytes)) {
+    if (!room_without_waiting(check ? rc_restore_bytes(k) : r.bytes)) {
       ++st_.prefetch_no_room;
       continue;
     }
     if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
     std::string why;
-    const uint64_t copies = st_.reloads;
-    if (!reload(k, prefetch_stream_, &why)) continue;
-    if (st_.reloads > copies) {  // copied in (not made again): a prefetch, not a demand reload
-      --st_.reloads;
-      st_.bytes_in -= r.bytes;
-    }
-    ++st_.prefetches;
-    st_.prefetch_bytes += r.bytes;
+    const uint64_t copies = st_.reloads, in = st_.bytes_in;
+    if (!(check ? rc_restore(k, prefetch_stream_, nullptr, 0, &why) : reload(k, prefetch_stream_, &why))) continue;
+    // What was copied in (it, its inputs), a prefetch, not a demand reload.
+    st_.prefetches += std::max<uint64_t>(st_.reloads - copies, 1);
+    st_.prefetch_bytes += std::max(st_.bytes_in - in, r.bytes);
+    st_.reloads = copies;
+    st_.bytes_in = in;
     r.prefetched = true;
   }
 }

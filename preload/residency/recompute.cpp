@@ -443,6 +443,16 @@ bool Residency::rc_check_wanted(uint32_t slot) const {
   return away;
 }
 
+uint64_t Residency::rc_restore_bytes(uint32_t slot) const {
+  const Range& r = slots_[slot];
+  const Producer& p = rc_.producers[r.producer];
+  uint64_t bytes = r.bytes;
+  for (const auto& [k, v] : p.inputs)
+    if (slots_[k].state == State::OnHost) bytes += slots_[k].bytes;
+  if (p.has_side() && !(rc_side_.backed() && rc_side_.bytes >= p.side_bytes)) bytes += p.side_bytes;
+  return bytes;
+}
+
 void Residency::rc_drop(Range& r) {
   r.dropped = true;
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) ++slots_[k].dependents;

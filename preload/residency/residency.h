@@ -168,7 +168,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
                                RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
                                RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
                                RecomputeNoWriteGuard, RecomputeSideNotKept, RecomputeSideNotZeroed,
-                               RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites, RecomputeNoSmallSide };  // tests: proves a missing wait is caught
+                               RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites, RecomputeNoSmallSide,
+                               RecomputeNoCheckAhead };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   using Stats = ResidencyStats;  // residency/residency_stats.h
@@ -451,6 +452,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // A range on the host whose producer's kernel has not been checked yet, with inputs to reload
   // first: worth making again (rc_restore) for the check, where a copy in would never give one.
   bool rc_check_wanted(uint32_t slot) const;
+  uint64_t rc_restore_bytes(uint32_t slot) const;  // the room rc_restore takes: it, its inputs away, the side buffer
   // A dropped range made again on `s` (its inputs reloaded first, room made for all of them, `keep`
   // kept); false (with *why) only when the room cannot be had.
   bool rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);

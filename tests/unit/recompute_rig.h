@@ -37,8 +37,9 @@ inline std::vector<ParamInfo> params(int n) {
 
 // The shim's wiring for ranges, with kernels the simulated driver can launch again.
 struct Rig {
-  explicit Rig(uint64_t granules, Fault fault = Fault::None, bool recompute = true, uint32_t drop_first = 1)
-      : tr(sim, log), host(sim, host_options()), res(sim, host, options(granules, fault, recompute, drop_first)) {
+  explicit Rig(uint64_t granules, Fault fault = Fault::None, bool recompute = true, uint32_t drop_first = 1,
+               bool prefetch = false)
+      : tr(sim, log), host(sim, host_options()), res(sim, host, options(granules, fault, recompute, drop_first, prefetch)) {
     tr.set_gate(&res);
     tr.set_pass_launch_args(true);
     res.set_namer([](void* t, uint32_t k) { return static_cast<Tracker*>(t)->funcs().name(k); }, &tr);
@@ -160,12 +161,12 @@ struct Rig {
     o.limit = 64 << 20;
     return o;
   }
-  static Residency::Options options(uint64_t granules, Fault fault, bool recompute, uint32_t drop_first) {
+  static Residency::Options options(uint64_t granules, Fault fault, bool recompute, uint32_t drop_first, bool prefetch) {
     Residency::Options o;
     o.budget = granules * kGran;
     o.pool_floor = 0;
     o.pool_step = 0;
-    o.prefetch = false;  // reloads happen where a launch needs them: the tests say where
+    o.prefetch = prefetch;  // off: reloads happen where a launch needs them, where the tests say
     o.low_water = 1;     // nothing evicted ahead: evictions happen where room is needed
     o.recompute = recompute;
     o.drop_first = drop_first;
