@@ -411,20 +411,34 @@ bool Residency::rc_can_drop(uint32_t slot) const {
   for (const auto& [id, v] : p.small_inputs)
     if (rc_.writing && std::find(rc_.small_writes.begin(), rc_.small_writes.end(), id) != rc_.small_writes.end())
       return false;
+  for (const auto& [k, v] : p.inputs) {
+    // An input may be on the host (or going there): its bytes are kept, and it is reloaded first;
+    // or dropped itself: made again first.
+    if (!rc_input_kept(slots_[k], v)) return false;
+    if (rc_.writing && std::binary_search(rc_.writes.begin(), rc_.writes.end(), k)) return false;
+  }
+  if (p.has_side() && (!rc_side_ready(p, false) || rc_side_unchecked(p))) return false;
+  // Room to make it again at any later launch: it and what it is made from beside the most one
+  // launch needed.
+  const uint64_t need = rc_need(slot);
+  return need != UINT64_MAX && need + largest_need_ + pool_share_ <= limit();
+}
+
+uint64_t Residency::rc_need(uint32_t slot, int depth) const {
+  if (depth > kMaxChain) return UINT64_MAX;
+  const Range& r = slots_[slot];
+  const Producer& p = rc_.producers[r.producer];
   uint64_t bytes = r.bytes;
   for (const auto& [k, v] : p.inputs) {
     const Range& in = slots_[k];
-    // An input may be on the host (or going there): its bytes are kept, and it is reloaded first.
-    if (!rc_input_kept(in, v)) return false;
-    if (rc_.writing && std::binary_search(rc_.writes.begin(), rc_.writes.end(), k)) return false;
-    bytes += in.bytes;
+    uint64_t n = in.bytes;
+    if (in.dropped && in.producer >= 0 && o_.fault != Options::Fault::RecomputeChainRoomFlat) n = rc_need(k, depth + 1);
+    if (n == UINT64_MAX) return n;
+    bytes += n;
   }
-  if (p.has_side()) {
-    if (!rc_side_ready(p, false) || rc_side_unchecked(p)) return false;
-    bytes += p.side_bytes + std::max(p.side_bytes, rc_side_.bytes);  // the side, and the buffer it is kept in
-  }
-  // Room to make it again at any later launch: it and its inputs beside the most one launch needed.
-  return bytes + largest_need_ + pool_share_ <= limit();
+  // The side, and the buffer it is kept in.
+  if (p.has_side()) bytes += p.side_bytes + std::max(p.side_bytes, rc_side_.bytes);
+  return bytes;
 }
 
 bool Residency::rc_check_wanted(uint32_t slot) const {
@@ -447,8 +461,12 @@ uint64_t Residency::rc_restore_bytes(uint32_t slot) const {
   const Range& r = slots_[slot];
   const Producer& p = rc_.producers[r.producer];
   uint64_t bytes = r.bytes;
-  for (const auto& [k, v] : p.inputs)
-    if (slots_[k].state == State::OnHost) bytes += slots_[k].bytes;
+  for (const auto& [k, v] : p.inputs) {
+    if (slots_[k].state != State::OnHost) continue;
+    const uint64_t n = slots_[k].dropped ? rc_need(k) : slots_[k].bytes;
+    bytes = n == UINT64_MAX ? n : bytes + n;
+    if (n == UINT64_MAX) return n;
+  }
   if (p.has_side() && !(rc_side_.backed() && rc_side_.bytes >= p.side_bytes)) bytes += p.side_bytes;
   return bytes;
 }
@@ -485,14 +503,20 @@ void Residency::rc_keep_list(const Producer& p, uint32_t slot, const uint32_t* k
 bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {
   Range& r = slots_[slot];
   const Producer& p = rc_.producers[r.producer];
-  std::vector<uint32_t>& kept = rc_.keep;
+  if (rc_.keeps.size() <= rc_.restoring) rc_.keeps.emplace_back();
+  std::vector<uint32_t>& kept = rc_.keeps[rc_.restoring];
+  struct Deeper {
+    uint32_t& depth;
+    ~Deeper() { --depth; }
+  } deeper{++rc_.restoring};
   rc_keep_list(p, slot, keep, nkeep, &kept);
   for (size_t i = nkeep + 1; i < kept.size(); ++i)
     if (slots_[kept[i]].state == State::CopyingOut) abandon(slots_[kept[i]]);
   const size_t mine = kept.size() - nkeep - 1;  // its inputs and side, after `keep` and it
   std::sort(kept.begin(), kept.end());
   // Room for one range at a time, as it is backed: spares that would tile their sum may not tile
-  // each of them. Its inputs and side are never dropped themselves: copied in.
+  // each of them. Its inputs are copied in, or made again first where dropped (bring_back); its
+  // side is never dropped.
   for (size_t i = 0; i < mine; ++i) {
     const uint32_t k = i < p.inputs.size() ? p.inputs[i].first : p.side[i - p.inputs.size()].slot;
     if (slots_[k].state == State::OnHost && !bring_back(k, s, kept.data(), kept.size(), why)) return false;

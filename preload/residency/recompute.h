@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -142,7 +143,11 @@ struct State {
   uint64_t small_consumers = 0;          // their consumers in all
   bool learned = false;
   std::vector<Bump> bumped;
-  std::vector<uint32_t> keep, deps, side_keep;  // scratch
+  std::vector<uint32_t> deps, side_keep;  // scratch
+  // rc_restore's keep lists, one per depth (a dropped input made again inside it): a deque, so that
+  // a deeper one never moves those being read.
+  std::deque<std::vector<uint32_t>> keeps;
+  uint32_t restoring = 0;
   // While a launch that may write these (or a free of one) is being prepared, no range made from
   // one of them is dropped: rc_guard has made those again already, and would not see a new one.
   std::vector<uint32_t> writes;

@@ -169,7 +169,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
                                RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
                                RecomputeNoWriteGuard, RecomputeSideNotKept, RecomputeSideNotZeroed,
                                RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites, RecomputeNoSmallSide,
-                               RecomputeNoCheckAhead };  // tests: proves a missing wait is caught
+                               RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   using Stats = ResidencyStats;  // residency/residency_stats.h
@@ -524,9 +524,16 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t rc_hash(DevPtr va, uint64_t bytes, Stream s);
   bool rc_same(DevPtr va, const void* host, uint64_t bytes, Stream s);
   // An input a producer recorded at version `v`, still as it was and able to make it again.
+  // An input as the producer read it: written since, it moved on; dropped, it is made again first
+  // (a chain, within kMaxChain: rc_need).
   bool rc_input_kept(const Range& in, uint64_t v) const {
-    return in.live && in.version == v && !in.dropped && !in.in_graph;
+    return in.live && in.version == v && !in.in_graph &&
+           (!in.dropped || o_.fault != Options::Fault::RecomputeNoChains);
   }
+  // The room making `slot` again takes at most: it, its side and buffer, and each input, a dropped
+  // one with the room making it again takes; UINT64_MAX past kMaxChain dropped ranges deep.
+  static constexpr int kMaxChain = 16;
+  uint64_t rc_need(uint32_t slot, int depth = 0) const;
   uint64_t lead_ceiling() const { return std::max<uint64_t>(1, std::min(period_ / 4 + 1, o_.prefetch_lead_max)); }
   bool room_without_waiting(uint64_t need);
   bool fits(uint64_t need) const;  // the handover, spares that tile it, and room under the limit
