@@ -396,6 +396,10 @@ void print_json(const std::string& path, const StepTrace& rec, const CapReplayOp
       .field("recompute_checks", st.recompute_checks).field("recompute_bans", st.recompute_bans)
       .field("dropped", st.dropped).field("dropped_bytes", unscaled(st.dropped_bytes))
       .field("restored_early", st.restored_early).field("probes", st.probes)
+      .field("producers", st.producers).field("remake_away", st.remake_away).field("remake_stale", st.remake_stale)
+      .field("remake_written", st.remake_written).field("copied_lasting", st.copied_lasting)
+      .field("copied_unmade", st.copied_unmade).field("copied_lost", st.copied_lost)
+      .field("not_producer_small", st.not_producer_small).field("not_producer_alone", st.not_producer_alone)
       .field("period", st.period).end();
   w.field("vmm_misuses", c.vmm_misuses).field("matching_steps", c.matching_steps)
       .field("steps_replayed", c.steps_replayed).field("launches_verified", c.launches_verified)

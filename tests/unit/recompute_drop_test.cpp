@@ -177,7 +177,9 @@ TEST(Recompute, ARangeMadeFromADroppedOneIsDroppedTooAndBothAreMadeAgain) {
     EXPECT_EQ(r.res.stats().dropped, dropped + (f == Fault::None ? 2 : 1));
     const uint64_t in = r.res.stats().bytes_in;
     r.use(y);
-    if (f == Fault::None) EXPECT_EQ(r.res.stats().bytes_in, in);  // nothing copied: a, then y, made again
+    if (f == Fault::None) {
+      EXPECT_EQ(r.res.stats().bytes_in, in);  // nothing copied: a, then y, made again
+    }
     EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (3 * (7000 + i) + 1) + 1; }));
     r.use(a);
     EXPECT_TRUE(r.is(a, [](uint64_t i) { return 3 * (7000 + i) + 1; }));

@@ -284,7 +284,9 @@ TEST(RecomputeSmall, AFreeOfASmallSideMakesItsDroppedRangeAgainFirst) {
       EXPECT_EQ(r.res.stats().restored_early, freed ? 1u : 0u);
       r.use(n.y);
       EXPECT_TRUE(r.is(n.y, [](uint64_t i) { return 2 * (7000 + i); }));
-      if (!freed) EXPECT_EQ(r.word(n.s, 0), 9u);
+      if (!freed) {
+        EXPECT_EQ(r.word(n.s, 0), 9u);
+      }
     };
     run(Fault::None);
     if (freed) {
