@@ -215,11 +215,13 @@ TEST(Recompute, AChainIsDroppedOnlyWhereMakingItAllAgainFits) {
 // with Smalls, addb (trusted too) makes ranges from a small allocation (a bias), which the program
 // also writes by launches touching it alone and frees for another; with Aliases, add2 makes
 // ranges from two others and also updates one in place from another (its output and first input
-// the same range), learned as the program runs.
+// the same range), learned as the program runs; with SmallSides, normb (trusted too) makes ranges
+// writing a new small allocation each besides them (a norm's mean), which the program later
+// writes or frees.
 struct Totals {
   uint64_t remade = 0, dropped = 0, early = 0, side_kept = 0;
 };
-enum class Mode { Plain, Sides, Smalls, Aliases };
+enum class Mode { Plain, Sides, Smalls, Aliases, SmallSides };
 void random_program(uint64_t seed, Mode mode, Totals* t) {
   SCOPED_TRACE(seed);
   const bool sides = mode == Mode::Sides;
@@ -252,6 +254,26 @@ void random_program(uint64_t seed, Mode mode, Totals* t) {
     r.launch(r.setb, {bs, bs_v});
     trust_addb(r, x0, bs);
   }
+  struct SmallLive {
+    DevPtr p;
+    Stream last;
+    uint64_t want[8];
+  };
+  std::vector<SmallLive> smalls;  // the small sides normb wrote, while live
+  if (mode == Mode::SmallSides) {
+    const DevPtr s0 = r.small_alloc();
+    r.launch(r.setb, {s0, 0});
+    learn(r, r.normb, 1, {x0, s0});
+    const DevPtr y = r.alloc(), s1 = r.small_alloc();  // trusted: made once, evicted, made again
+    r.launch(r.normb, {y, x0, s1});
+    r.evict({y}, {x0});
+    r.use(y);
+    r.free(y);
+  }
+  auto check_small = [&](const SmallLive& m) {
+    r.sim.run_all();
+    EXPECT_EQ(std::memcmp(words(m.p), m.want, sizeof m.want), 0);
+  };
   auto find = [&](DevPtr p) { return std::find_if(live.begin(), live.end(), [&](const Live& l) { return l.p == p; }); };
   auto join = [&](Stream from, Stream to) {
     if (from == to) return;
@@ -279,6 +301,16 @@ void random_program(uint64_t seed, Mode mode, Totals* t) {
         r.launch(r.add2, {n.p, src.p, other.p}, s);
         for (uint64_t i = 0; i < kWords; ++i) n.want[i] = src.want[i] + other.want[i];
         src.last = other.last = s;
+      } else if ((what == 1 || what == 2) && mode == Mode::SmallSides) {  // normb: 2 src, a new m[0] counts it
+        const DevPtr m = r.small_alloc();
+        SmallLive ml{m, s, {}};
+        for (uint64_t i = 0; i < 8; ++i) ml.want[i] = words(m)[i] = 100 * uint64_t(op) + i;  // what the pool left there
+        ++ml.want[0];
+        join(src.last, s);
+        r.launch(r.normb, {n.p, src.p, m}, s);
+        for (uint64_t i = 0; i < kWords; ++i) n.want[i] = 2 * src.want[i];
+        smalls.push_back(ml);
+        src.last = s;
       } else if ((what == 1 || what == 2) && bs) {  // addb: src + the bias
         join(src.last, s);
         join(bs_last, s);
@@ -313,6 +345,21 @@ void random_program(uint64_t seed, Mode mode, Totals* t) {
       bs_v = rng() % 50;
       r.launch(r.setb, {bs, bs_v}, s);
       bs_last = s;
+    } else if (what < 6 && !smalls.empty() && rng() % 2) {  // a small side written, or freed
+      const size_t k = rng() % smalls.size();
+      SmallLive& m = smalls[k];
+      join(m.last, s);
+      if (rng() % 2) {
+        join(s, kA);
+        check_small(m);
+        r.small_free(m.p);
+        smalls.erase(smalls.begin() + long(k));
+      } else {
+        const uint64_t v = rng() % 50;
+        r.launch(r.setb, {m.p, v}, s);
+        std::fill(m.want, m.want + 8, v);
+        m.last = s;
+      }
     } else if (what < 6 && mode == Mode::Aliases && rng() % 2) {  // src += other, in place
       Live& other = live[rng() % live.size()];
       join(src.last, s);
@@ -342,6 +389,7 @@ void random_program(uint64_t seed, Mode mode, Totals* t) {
     if (op % 50 == 49) check(live[rng() % live.size()]);
   }
   for (Live& l : live) check(l);
+  for (const SmallLive& m : smalls) check_small(m);
   t->remade += r.res.stats().recomputed;
   t->dropped += r.res.stats().dropped;
   t->early += r.res.stats().restored_early;
@@ -371,6 +419,14 @@ TEST(Recompute, RandomProgramsWithUpdatesInPlaceReadBackTheirBytes) {
   for (uint64_t seed = 1; seed <= 6; ++seed) random_program(seed, Mode::Aliases, &t);
   EXPECT_GT(t.remade, 6u);  // more than each trust_scale's one
   EXPECT_GT(t.dropped, 0u);
+}
+
+TEST(Recompute, RandomProgramsWithSmallSidesReadBackTheirBytes) {
+  Totals t;
+  for (uint64_t seed = 1; seed <= 6; ++seed) random_program(seed, Mode::SmallSides, &t);
+  EXPECT_GT(t.side_kept, 6u);  // more than each trust's one
+  EXPECT_GT(t.dropped, 0u);
+  EXPECT_GT(t.early, 0u);  // made again before a small side was freed
 }
 
 TEST(Recompute, RandomProgramsWithSidesReadBackTheirBytes) {
