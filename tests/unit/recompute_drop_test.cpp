@@ -159,6 +159,20 @@ TEST(Recompute, NothingIsDroppedWithoutRoomToMakeItAgain) {
   EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
 }
 
+// A chain on `granules`: a = scale(x), y = scale(a), a evicted first, then y. Returns the ranges
+// it dropped, leaving a and y in *a and *y.
+uint64_t chain(Rig& r, DevPtr x, DevPtr* a, DevPtr* y) {
+  *a = r.alloc();
+  r.launch(r.scale, {*a, x});
+  *y = r.alloc();
+  r.launch(r.scale, {*y, *a});
+  const uint64_t dropped = r.res.stats().dropped;
+  r.evict({*a}, {x, *y});
+  r.evict({*y}, {x});
+  return r.res.stats().dropped - dropped;
+}
+bool chained(Rig& r, DevPtr y) { return r.is(y, [](uint64_t i) { return 3 * (3 * (7000 + i) + 1) + 1; }); }
+
 // A range made from a dropped range is dropped too once its kernel is trusted (a chain: a layer's
 // norm, then the GEMM reading it), and made again where used, the dropped input made again first.
 // Without chains it is copied out.
@@ -167,20 +181,14 @@ TEST(Recompute, ARangeMadeFromADroppedOneIsDroppedTooAndBothAreMadeAgain) {
     SCOPED_TRACE(f == Fault::None ? "chains" : "no chains");
     Rig r(6, f);
     const DevPtr x = learned_input(r, true);
-    const DevPtr a = r.alloc();
-    r.launch(r.scale, {a, x});
-    const DevPtr y = r.alloc();
-    r.launch(r.scale, {y, a});
-    const uint64_t dropped = r.res.stats().dropped;
-    r.evict({a}, {x, y});  // a first: dropped
-    r.evict({y}, {x});
-    EXPECT_EQ(r.res.stats().dropped, dropped + (f == Fault::None ? 2 : 1));
+    DevPtr a, y;
+    EXPECT_EQ(chain(r, x, &a, &y), f == Fault::None ? 2u : 1u);
     const uint64_t in = r.res.stats().bytes_in;
     r.use(y);
     if (f == Fault::None) {
       EXPECT_EQ(r.res.stats().bytes_in, in);  // nothing copied: a, then y, made again
     }
-    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (3 * (7000 + i) + 1) + 1; }));
+    EXPECT_TRUE(chained(r, y));
     r.use(a);
     EXPECT_TRUE(r.is(a, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
   }
@@ -194,16 +202,10 @@ TEST(Recompute, AChainIsDroppedOnlyWhereMakingItAllAgainFits) {
     SCOPED_TRACE(f == Fault::None ? "the chain's room" : "its own inputs' room");
     Rig r(4, f);
     const DevPtr x = learned_input(r, true);
-    const DevPtr a = r.alloc();
-    r.launch(r.scale, {a, x});
-    const DevPtr y = r.alloc();
-    r.launch(r.scale, {y, a});
-    const uint64_t dropped = r.res.stats().dropped;
-    r.evict({a}, {x, y});
-    r.evict({y}, {x});
-    EXPECT_EQ(r.res.stats().dropped, dropped + (f == Fault::None ? 1 : 2));
+    DevPtr a, y;
+    EXPECT_EQ(chain(r, x, &a, &y), f == Fault::None ? 1u : 2u);
     r.use(y);
-    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (3 * (7000 + i) + 1) + 1; }));
+    EXPECT_TRUE(chained(r, y));
   }
 }
 
