@@ -476,6 +476,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   bool rc_side_save(const recompute::Producer& p, Stream s);
   void rc_side_put_back(const recompute::Producer& p, Stream s);
   bool rc_launch_again(const recompute::Producer& p, Stream s);  // its launch once more, on `s`
+  // A launch made again into `r`, compared with its copy on the host where its kernel (or its
+  // side's positions) is not checked yet; false: it differed (banned, or its side refused).
+  bool rc_check_remade(const recompute::Producer& p, const Range& r, Stream s);
   // The touched slots (sorted) a launch of `kernel` may write, into rc_.written: those its kernel
   // was seen to write at the same argument positions (rc_.learned), else all. Its positions go
   // into rc_.at and rc_.at_slot; false when the launch cannot be described (no arguments).
