@@ -195,6 +195,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     r.fresh = false;
     if (written) {
       if (learned && r.producer >= 0) {  // else a probe may find it was not written after all
+        if (!kk.said_took && rc_.kernels_said_took < 12) rc_say_took(kk, kernel, k);
         rc_drop_producer(r);
         r.producer_lost = true;
       }

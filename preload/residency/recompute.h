@@ -23,6 +23,7 @@ struct KernelKnow {
   bool said_undescribed = false;  // its launches without arguments to launch again were named in the log
   bool said_not_alone = false;    // a launch of it that wrote besides its new range was named
   bool said_small = false;        // a launch of it that wrote outside the ranges was named
+  bool said_took = false;         // a launch of it that wrote a range another launch made was named
   // A side position: one a probe saw write a range made before its launch (bytes changed), in a
   // launch that made a new range; checked by a launch made again that zeroed it and still gave
   // the bytes the first launch gave, or refused by one that did not.
@@ -161,6 +162,7 @@ struct State {
   uint32_t kernels_said = 0;         // kernels named for launches without arguments (a dozen at most)
   uint32_t kernels_said_alone = 0;   // kernels named for writing besides their new range
   uint32_t kernels_said_small = 0;   // kernels named for writing outside the ranges
+  uint32_t kernels_said_took = 0;    // kernels named for writing a range a producer made
   std::vector<AllocId> small_hit;    // the small allocations a launch may write (scratch)
   AllocId small_floor = 0;           // rc_small_floor_ before this launch: small allocations new at it are at or above
   uint64_t side_event = 0;           // after the last use of the side buffer, on side_stream

@@ -119,4 +119,29 @@ void Residency::rc_say_side(KernelKnow& kk, uint32_t kernel, uint32_t fresh, con
              never ? "never made again: " : "kept across its launches made again", never ? never : "");
 }
 
+// Kernels that write a range some producer made (after it, so that it is copied, not made again)
+// are named once each (a dozen at most), with the producer's kernel and the argument positions
+// (parameter.word) pointing at the range, each alone there or beside another: most copies back
+// under recompute are of such ranges, and whether the write is real or a position taken as written
+// (an operand once updated in place) decides what would let them be made again.
+void Residency::rc_say_took(KernelKnow& kk, uint32_t kernel, uint32_t slot) {
+  kk.said_took = true;
+  ++rc_.kernels_said_took;
+  const Range& r = slots_[slot];
+  const uint32_t maker = rc_.producers[r.producer].kernel;
+  const size_t here = size_t(std::count(rc_.at_slot.begin(), rc_.at_slot.end(), slot));
+  std::string where;
+  for (size_t i = 0; i < rc_.at_slot.size(); ++i) {
+    if (rc_.at_slot[i] != slot) continue;
+    const KernelKnow::Pos* p = kk.find(rc_.at[i]);
+    where += fmt::format("{}{}.{} ({}{})", where.empty() ? "" : ", ", rc_.at[i] >> 16, rc_.at[i] & 0xffff,
+                         here == 1 ? "alone" : "beside another",
+                         !p ? "" : p->written_alone ? ", seen writing alone" : p->clean_alone ? ", seen clean alone" : "");
+  }
+  auto name = [&](uint32_t k) { return namer_ ? namer_(namer_ctx_, k) : std::to_string(k); };
+  log().info("recompute: kernel {} writes ranges other launches made (here {} KiB, made by {}), at {}: those are "
+             "copied, not made again",
+             name(kernel), r.asked >> 10, name(maker), where.empty() ? std::string("no argument position") : where);
+}
+
 }  // namespace offload

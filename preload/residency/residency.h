@@ -520,6 +520,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
                           uint32_t len);
   void rc_say_small(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, bool table);
   void rc_say_side(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, const char* never);
+  void rc_say_took(recompute::KernelKnow& kk, uint32_t kernel, uint32_t slot);
   // Device bytes copied to the host a chunk at a time after `s`'s work, each(chunk, offset, n)
   // until it answers false (recompute_bytes.cpp); their hash, or whether they equal `host`'s.
   template <class Each>

@@ -39,10 +39,17 @@ TEST(RecomputeWhy, EachRangeCopiedInSaysWhyNoLaunchMadeIt) {
   EXPECT_EQ(why(r, y), Made);
   r.free(y);
 
-  // Its producer taken by a later launch that wrote it (bump, learned to write its operand).
+  // Its producer taken by a later launch that wrote it (bump, learned to write its operand); the
+  // log names the writer once, with the producer and the position.
   const DevPtr z = r.alloc();
   r.launch(r.scale, {z, x});
+  ::testing::internal::CaptureStderr();
   r.launch(r.bump, {z});
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("kernel bump writes ranges other launches made (here 64 KiB, made by scale), at 0.0 (alone, "
+                      "seen writing alone): those are copied, not made again"),
+            std::string::npos)
+      << said;
   r.evict({z}, {x});
   EXPECT_EQ(why(r, z), Lost);
   EXPECT_TRUE(r.is(z, [](uint64_t i) { return 3 * (7000 + i) + 1 + 1; }));
