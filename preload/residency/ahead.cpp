@@ -170,9 +170,18 @@ void Residency::prefetch_due(uint64_t launch_no) {
     // A kernel not checked yet is made again, and checked, with its inputs brought back first, as
     // a demand reload does: a range prefetched is never reloaded on demand, and a kernel never
     // made again is never trusted, so nothing it makes is ever dropped.
-    const bool check = o_.recompute && o_.fault != Options::Fault::RecomputeNoCheckAhead && rc_check_wanted(k);
     // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
-    if (!room_without_waiting(check ? rc_restore_bytes(k) : r.bytes)) {
+    // Without room for its inputs as well, it is tried again at a later launch while its use is
+    // further than the next one, and then copied in as any other.
+    bool check = o_.recompute && o_.fault != Options::Fault::RecomputeNoCheckAhead && rc_check_wanted(k);
+    if (check && !room_without_waiting(rc_restore_bytes(k))) {
+      check = false;
+      if (d > 1) {
+        ++st_.prefetch_no_room;
+        continue;
+      }
+    }
+    if (!check && !room_without_waiting(r.bytes)) {
       ++st_.prefetch_no_room;
       continue;
     }

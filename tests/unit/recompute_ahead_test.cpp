@@ -12,7 +12,7 @@ namespace {
 // the steps before, which give a range born at y's place, so that scale is not checked on demand
 // there), three more ranges that push a and y out (a first: its next use is last), each read and
 // freed, then y used (a while), then a. Returns whether y held 3 a + 1.
-bool step(Rig& r, bool first) {
+bool step(Rig& r, bool first, size_t freed_before = 3) {
   const DevPtr h = r.alloc();  // a launch first: a is born inside the step, and its life is learned
   r.launch(r.fill, {h, 1});
   r.free(h);
@@ -29,13 +29,14 @@ bool step(Rig& r, bool first) {
   }
   r.sim.run_all();  // the copies out land
   r.res.poll();
-  for (DevPtr p : more) {  // each read, then freed: room for y and a before y's use
-    r.use(p);
-    r.free(p);
+  for (size_t i = 0; i < more.size(); ++i) {  // each read, the first `freed_before` freed: room before y's use
+    r.use(more[i]);
+    if (i < freed_before) r.free(more[i]);
   }
   for (int i = 0; i < 8; ++i) r.use(y);  // a's use far enough that only y is due
   const bool right = first || r.is(y, [](uint64_t i) { return 3 * (7001 + i) + 1; });
   r.use(a);
+  for (size_t i = freed_before; i < more.size(); ++i) r.free(more[i]);
   r.free(y);
   r.free(a);
   return right;
@@ -63,6 +64,23 @@ TEST(RecomputeAhead, AKernelNotCheckedIsCheckedWhereItsRangeIsPrefetched) {
       EXPECT_EQ(now.recompute_checks, was.recompute_checks);  // y copied in ahead, never made again
     }
   }
+}
+
+// With room for y alone before its use (one of the three freed), y is not left to its use: it is
+// copied in ahead as any other at the last launch before it, and its kernel waits to be checked.
+TEST(RecomputeAhead, WithoutRoomForItsInputsARangeIsStillCopiedInAhead) {
+  Rig r(3, Fault::None, true, 1, /*prefetch=*/true);
+  const DevPtr x = learned_input(r, false);
+  r.free(x);
+  const uint64_t before = r.tr.launches();
+  step(r, true, 1);
+  r.res.set_period(r.tr.launches() - before);
+  step(r, true, 1);
+  const Residency::Stats was = r.res.stats();
+  EXPECT_TRUE(step(r, false, 1));
+  const Residency::Stats now = r.res.stats();
+  EXPECT_GT(now.prefetch_hits, was.prefetch_hits);  // y, used where it was brought in ahead
+  EXPECT_EQ(now.recompute_checks, was.recompute_checks);  // not made again on demand either
 }
 
 }  // namespace
