@@ -171,16 +171,15 @@ void Residency::prefetch_due(uint64_t launch_no) {
     // a demand reload does: a range prefetched is never reloaded on demand, and a kernel never
     // made again is never trusted, so nothing it makes is ever dropped.
     // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
-    // Without room for its inputs as well, it is tried again at a later launch while its use is
-    // further than the next one, and then copied in as any other.
+    // Without room for its inputs as well it waits while its use is further than the next launch
+    // (looking, not letting freed ranges go: that unmaps), then takes what room there is, or is
+    // copied in as any other.
     bool check = o_.recompute && o_.fault != Options::Fault::RecomputeNoCheckAhead && rc_check_wanted(k);
-    if (check && !room_without_waiting(rc_restore_bytes(k))) {
-      check = false;
-      if (d > 1) {
-        ++st_.prefetch_no_room;
-        continue;
-      }
+    if (check && d > 1 && !fits(rc_restore_bytes(k))) {
+      ++st_.prefetch_no_room;
+      continue;
     }
+    if (check && d <= 1 && !room_without_waiting(rc_restore_bytes(k))) check = false;
     if (!check && !room_without_waiting(r.bytes)) {
       ++st_.prefetch_no_room;
       continue;
