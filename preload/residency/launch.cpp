@@ -88,13 +88,19 @@ uint64_t Residency::event_after(Stream s, uint64_t launch) {
   return ring.events[k];
 }
 
-void Residency::add_touch(Range& r, Stream s, uint64_t launch) {
-  for (Range::Touch& t : r.touches)
+void Residency::note_touch(std::vector<recompute::Touch>& touches, Stream s, uint64_t launch) {
+  for (recompute::Touch& t : touches)
     if (t.s == s) {
       t.launch = std::max(t.launch, launch);
       return;
     }
-  r.touches.push_back({s, launch});
+  touches.push_back({s, launch});
+}
+
+void Residency::order_after_touches(Stream s, const std::vector<recompute::Touch>& touches) {
+  for (const recompute::Touch& t : touches)
+    if (t.s != s)
+      if (uint64_t e = event_after(t.s, t.launch)) order_after(s, e);
 }
 
 // ---- Launches: the page-fault handler ------------------------------------------------------

@@ -159,12 +159,11 @@ bool Residency::rc_small_side_kept(const KernelKnow& kk, uint64_t side_bytes) co
     // New at this launch: the first launch made held whatever the allocation held, so the zeros of
     // the launch made again serve as well. One written before may be read (running statistics).
     if (id < rc_.small_floor) return false;
-    auto it = std::find_if(rc_.smalls.begin(), rc_.smalls.end(), [id](const recompute::SmallAt& x) { return x.id == id; });
-    if (it == rc_.smalls.end()) return false;  // written at no position the scan found
-    const uint32_t j = kSmallBit | uint32_t(it - rc_.smalls.begin());
-    side_bytes += it->bytes;
+    const int32_t j = rc_small_index(id);
+    if (j < 0) return false;  // written at no position the scan found
+    side_bytes += rc_.smalls[j].bytes;
     for (size_t i = 0; i < rc_.at_slot.size(); ++i) {
-      if (rc_.at_slot[i] != j) continue;
+      if (rc_.at_slot[i] != (kSmallBit | uint32_t(j))) continue;
       const KernelKnow::Side side = kk.find(rc_.at[i])->side;
       if (side != KernelKnow::SideSeen && side != KernelKnow::SideChecked) return false;
     }

@@ -13,6 +13,13 @@
 
 namespace offload::recompute {
 
+// A stream that touched a range or a followed small allocation, with the number of its last
+// launch there that did.
+struct Touch {
+  Stream s;
+  uint64_t launch;
+};
+
 // Per kernel id: the argument positions (parameter << 16 | word) its probed launches pointed into
 // ranges at, how often each was seen and whether a launch wrote the range there; and whether a
 // launch of it made again may be trusted.
@@ -97,10 +104,6 @@ struct Small {
   // As a producer's side: the last launch on each stream that touched it since it was followed (a
   // launch made again saves it after those), and the copy that put it back after one (later work on
   // another stream waits for that).
-  struct Touch {
-    Stream s;
-    uint64_t launch;
-  };
   std::vector<Touch> touches;
   uint64_t put_event = 0;
   Stream put_stream = 0;

@@ -74,8 +74,8 @@ uint64_t Residency::rc_restore_bytes(uint32_t slot) const {
   for (const auto& [k, v] : p.inputs) {
     if (slots_[k].state != State::OnHost) continue;
     const uint64_t n = slots_[k].dropped ? rc_need(k) : slots_[k].bytes;
-    bytes = n == UINT64_MAX ? n : bytes + n;
     if (n == UINT64_MAX) return n;
+    bytes += n;
   }
   if (p.has_side() && !(rc_side_.backed() && rc_side_.bytes >= p.side_bytes)) bytes += p.side_bytes;
   return bytes;

@@ -32,10 +32,10 @@ void Residency::rc_say_small(KernelKnow& kk, uint32_t kernel, uint32_t fresh, bo
   ++rc_.kernels_said_small;
   std::string what;
   for (AllocId id : rc_.small_hit) {
-    auto it = std::find_if(rc_.smalls.begin(), rc_.smalls.end(), [id](const recompute::SmallAt& s) { return s.id == id; });
+    const int32_t j = rc_small_index(id);
     what += what.empty() ? "" : ", ";
-    what += it == rc_.smalls.end() ? std::string("an allocation at no argument position seen")
-                                   : fmt::format("{:#x} ({} bytes)", it->base, it->bytes);
+    what += j < 0 ? std::string("an allocation at no argument position seen")
+                  : fmt::format("{:#x} ({} bytes)", rc_.smalls[j].base, rc_.smalls[j].bytes);
   }
   if (table) what += what.empty() ? "a pointer table or an arena" : ", a pointer table or an arena";
   log().info("recompute: kernel {} made a range of {} KiB and also wrote outside the ranges {}: never made again",

@@ -32,11 +32,7 @@ bool Residency::rc_side_ready(const Producer& p, bool resident) const {
     if (resident && (!w.backed() || (w.state != State::Resident && w.state != State::CopyingIn))) return false;
   }
   // A small side still allocated (the pool's memory may be given back once freed).
-  for (const Producer::SmallSide& w : p.small_side) {
-    auto it = rc_.small.find(w.id);
-    if (it == rc_.small.end() || it->second.freed) return false;
-  }
-  return true;
+  return rc_small_sides_live(p);
 }
 
 bool Residency::rc_side_save(const Producer& p, Stream s) {
@@ -45,9 +41,7 @@ bool Residency::rc_side_save(const Producer& p, Stream s) {
   for (const auto& [k, va, bytes] : p.side) {
     Range& w = slots_[k];
     if (wait) {
-      for (const Range::Touch& t : w.touches)
-        if (t.s != s)
-          if (uint64_t e = event_after(t.s, t.launch)) order_after(s, e);
+      order_after_touches(s, w.touches);
       if (w.read_stream && w.read_stream != s) order_after(s, w.read_event);
       if (w.state == State::CopyingIn && w.in_stream != s) order_after(s, w.copy_event);
     }
@@ -59,9 +53,7 @@ bool Residency::rc_side_save(const Producer& p, Stream s) {
   for (const Producer::SmallSide& w : p.small_side) {
     recompute::Small& sm = rc_.small[w.id];
     if (wait) {
-      for (const recompute::Small::Touch& t : sm.touches)
-        if (t.s != s)
-          if (uint64_t e = event_after(t.s, t.launch)) order_after(s, e);
+      order_after_touches(s, sm.touches);
       if (sm.put_stream && sm.put_stream != s) order_after(s, sm.put_event);
     }
     if (!d_.copy_device(rc_side_.va + off, w.va, w.bytes, s)) return false;
@@ -96,7 +88,7 @@ void Residency::rc_side_put_back(const Producer& p, Stream s) {
     if (!sm.put_event) sm.put_event = new_event();
     record_event(sm.put_event, s);
     sm.put_stream = s;
-    rc_touch_smalls(false, &w.id, 1, s, launches_seen_);
+    note_touch(sm.touches, s, launches_seen_);
   }
 }
 

@@ -53,6 +53,10 @@ bool Residency::rc_smalls_kept(const recompute::Producer& p) const {
     if (it == rc_.small.end() || it->second.freed || it->second.version != v) return false;
   }
   // Its small sides only still allocated: their bytes are saved and put back around the launch.
+  return rc_small_sides_live(p);
+}
+
+bool Residency::rc_small_sides_live(const recompute::Producer& p) const {
   for (const recompute::Producer::SmallSide& w : p.small_side) {
     auto it = rc_.small.find(w.id);
     if (it == rc_.small.end() || it->second.freed) return false;
@@ -102,12 +106,7 @@ void Residency::rc_touch_smalls(bool blind, const AllocId* acc, size_t n, Stream
       if (query_event(sm.put_event) == 1) sm.put_stream = 0;
       else order_after(s, sm.put_event);
     }
-    for (recompute::Small::Touch& t : sm.touches)
-      if (t.s == s) {
-        t.launch = std::max(t.launch, launch_no);
-        return;
-      }
-    sm.touches.push_back({s, launch_no});
+    note_touch(sm.touches, s, launch_no);
   };
   if (blind) {
     for (auto& [id, sm] : rc_.small) touch(sm);
@@ -129,12 +128,17 @@ void Residency::rc_small_writes(bool blind, const AllocId* acc, size_t n) {
     if (rc_.small.count(acc[i]) && rc_small_may_write(acc[i])) w.push_back(acc[i]);
 }
 
+int32_t Residency::rc_small_index(AllocId id) const {
+  for (uint32_t j = 0; j < rc_.smalls.size(); ++j)
+    if (rc_.smalls[j].id == id) return int32_t(j);
+  return -1;
+}
+
 bool Residency::rc_small_may_write(AllocId id) const {
   if (!rc_.learned) return true;
-  for (uint32_t j = 0; j < rc_.smalls.size(); ++j)
-    if (rc_.smalls[j].id == id)
-      return std::binary_search(rc_.small_written.begin(), rc_.small_written.end(), j);
-  return true;  // at no position the scan found (it found fewer than the tracker): taken as written
+  const int32_t j = rc_small_index(id);
+  // At no position the scan found (it found fewer than the tracker): taken as written.
+  return j < 0 || std::binary_search(rc_.small_written.begin(), rc_.small_written.end(), uint32_t(j));
 }
 
 bool Residency::rc_guard_smalls(Stream s, const uint32_t* keep, size_t nkeep, std::string* why, bool freeing) {

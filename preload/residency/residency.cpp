@@ -410,9 +410,7 @@ bool Residency::free(DevPtr p, Stream s) {
   }
   // The freeing stream stands for every stream that touched the range: it waits for them, then
   // one event marks the free.
-  for (const Range::Touch& t : r.touches)
-    if (t.s != s)
-      if (uint64_t e = event_after(t.s, t.launch)) order_after(s, e);
+  order_after_touches(s, r.touches);
   if (r.copy_event) order_after(s, r.copy_event);  // a reload, on another stream
   if (r.free_event) order_after(s, r.free_event);  // the previous owner's free
   if (!r.free_event) r.free_event = new_event();

@@ -295,10 +295,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t load_event = 0;
     // Streams that touched the range since it was made resident, each with the launch
     // number of its last touch there.
-    struct Touch {
-      Stream s;
-      uint64_t launch;
-    };
+    using Touch = recompute::Touch;
     std::vector<Touch> touches;
     static constexpr int kUses = 8;
     uint64_t uses[kUses] = {};  // the last launches that touched it
@@ -490,9 +487,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // acc's, -1: none; versions moved; whether a producer's are as it read them.
   int32_t rc_small_at(DevPtr v, const AllocId* acc, size_t nsmall);  // acc's first nsmall: small
   bool rc_small_may_write(AllocId id) const;  // by its positions in this launch (rc_may_write's)
+  int32_t rc_small_index(AllocId id) const;   // its index among the launch's (rc_.smalls), -1: none
   void rc_bump_small(AllocId id);
   void rc_bump_smalls(bool all, const AllocId* acc, size_t n);
   bool rc_smalls_kept(const recompute::Producer& p) const;
+  bool rc_small_sides_live(const recompute::Producer& p) const;  // each followed and not freed
   // The followed small allocations a launch may write, into rc_.small_writes (blind: all; not
   // learned: all it touches); dropped ranges made from them made again first, on `s`.
   void rc_small_writes(bool blind, const AllocId* acc, size_t n);
@@ -578,7 +577,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t new_event();
   void drop_event(uint64_t e);
   int32_t slot_of(DevPtr p) const;  // the live or cached range holding p; -1 none
-  void add_touch(Range& r, Stream s, uint64_t launch);
+  void add_touch(Range& r, Stream s, uint64_t launch) { note_touch(r.touches, s, launch); }
+  static void note_touch(std::vector<recompute::Touch>& touches, Stream s, uint64_t launch);  // the last per stream
+  void order_after_touches(Stream s, const std::vector<recompute::Touch>& touches);  // after those on other streams
 
   Driver& d_;
   HostStore& host_;
