@@ -200,7 +200,13 @@ class Replayer {
   std::vector<uint64_t> sig_;
   std::vector<Stream> last_stream_;
   std::vector<bool> member_;
-  std::vector<bool> written_;  // relaunch: written since its birth (a touch now reads it)
+  // relaunch: per ordinal, 0 untouched since its birth, 1 touched by fills only, 2 written since
+  // (a touch now reads it). A fill launch (fill_kernel_) writes what it touches, and so does the
+  // first other launch after fills only: PyTorch's deterministic mode fills each new tensor before
+  // the operation that made it writes it.
+  std::vector<uint8_t> written_;
+  std::map<uint32_t, bool> fill_kernel_;
+  // by recorded kernel id: its name says it fills
 
   // Offload mode: the allocator (a caching pool, stream-ordered as cudaMallocAsync is).
   std::unordered_multimap<uint64_t, DevPtr> pool_;
@@ -216,9 +222,10 @@ class Replayer {
 void Replayer::alloc(uint32_t o) {
   const TraceAlloc& a = rec_.allocs[o];
   sig_[o] = 0;
-  if (!written_.empty()) written_[o] = false;
+  if (!written_.empty()) written_[o] = 0;
   last_stream_[o] = a.stream;
   member_[o] = false;
+
   if (!acting()) {
     addr_[o] = drv_.alloc(a.bytes);
     tracker_.on_alloc(addr_[o], a.bytes, a.stream);
@@ -316,8 +323,8 @@ void Replayer::launch(int step, size_t p) {
       last_stream_[o] = l.stream;
       uint64_t next = mix((uint64_t{o} << 40) ^ (static_cast<uint64_t>(step) << 24) ^ p ^ 0x5eed) | 1;
       if (opt_.relaunch && l.kind == EventKind::Kernel) {
-        if (written_[o]) next = 0;  // read: the signature stays
-        written_[o] = true;
+        if (written_[o] == 2) next = 0;  // read: the signature stays
+        written_[o] = fill_kernel_[l.kernel] ? std::max<uint8_t>(written_[o], 1) : 2;
       }
       touches.push_back(Touch{addr_[o], rec_.allocs[o].bytes / 8, sig_[o], next, o});
       if (next) sig_[o] = next;
@@ -523,6 +530,7 @@ ReplayResult Replayer::run() {
   for (auto& [id, w] : width_) {
     uint32_t bytes = static_cast<uint32_t>(8 * std::max<size_t>(w, 1));
     const std::string name = rec.kernels.count(id) ? rec.kernels.at(id) : "?";
+    fill_kernel_[id] = name.find("FillFunctor") != std::string::npos;
     if (!opt_.relaunch) {
       funcs_[id] = drv_.add_kernel(name, {{0, bytes}, {bytes, 4}, {bytes + 8, 8}});
       continue;
@@ -554,7 +562,7 @@ ReplayResult Replayer::run() {
   sig_.assign(rec.allocs.size(), 0);
   last_stream_.assign(rec.allocs.size(), 0);
   member_.assign(rec.allocs.size(), false);
-  if (opt_.relaunch) written_.assign(rec.allocs.size(), false);
+  if (opt_.relaunch) written_.assign(rec.allocs.size(), 0);
   for (uint32_t o : before_step) alloc(o);
 
   for (int r = 0; r < opt_.repeats; ++r) {

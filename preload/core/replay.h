@@ -84,7 +84,8 @@ struct ReplayOptions {
   ReplayCap* cap = nullptr;
   // Kernels the driver can launch again (a manager that makes ranges again): each launch's
   // signatures travel in its arguments, and a kernel writes only what it touches first after its
-  // birth, reading (checking) the rest, as a recording does not say which launches write in place.
+  // birth, or first after fills only (deterministic mode fills each new tensor), reading (checking)
+  // the rest, as a recording does not say which launches write in place.
   bool relaunch = false;
 };
 

@@ -177,10 +177,16 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (!any_.load(std::memory_order_acquire)) return;
   const bool blind = blind_launch(kind, flags);
   const bool ranges = n && acc[n - 1] >= kRangeIdBit;
-  const AllocId small_floor = o_.recompute ? rc_floor_smalls(blind, acc, n) : 0;
-  if (!ranges && !blind && !has_tables_.load(std::memory_order_acquire) && !rc_small_watch_.load(std::memory_order_acquire))
+  // A kernel that points at one small allocation and nothing else tracked (a fill) leaves it new
+  // for the launch that then writes it, when it is recorded to be launched again before that one.
+  const bool small_fill = o_.recompute && !blind && kind == EventKind::Kernel && n == 1 && !ranges &&
+                          o_.fault != Options::Fault::RecomputeNoPrelude;
+  const AllocId small_floor = o_.recompute ? rc_floor_smalls(blind, acc, small_fill ? 0 : n) : 0;
+  if (!ranges && !blind && !small_fill && !has_tables_.load(std::memory_order_acquire) &&
+      !rc_small_watch_.load(std::memory_order_acquire))
     return;
   if (o_.fault != Options::Fault::IgnoreCapture && d_.stream_capturing(s) == 1) {
+    if (small_fill) rc_floor_smalls(false, acc, n);  // a graph's launch: never launched again from here
     tl_captured = true;
     note_captured(launch_no, s, acc, n);
     return;
@@ -192,6 +198,11 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   if (capture_open_ && s == capture_stream_) capture_open_ = false;
   launches_seen_ = launch_no;
   rc_.small_floor = small_floor;
+  if (small_fill) {
+    const LaunchArgs* a = current_launch_args();
+    if (tables_.count(acc[0]) || !rc_described(a) || !rc_note_small_fill(kernel, acc[0], a, rc_args_len(*a)))
+      rc_floor_smalls(false, acc, n);  // not kept: a launch like any other
+  }
   std::vector<uint32_t>& touched = scratch_;
   collect_touched(blind, acc, n, &touched);
   // Small allocations producers read: a launch we cannot see into may write any of them.

@@ -74,6 +74,16 @@ std::string why_undescribed(const LaunchArgs* a) {
 
 }  // namespace
 
+bool Residency::rc_described(const LaunchArgs* a) {
+  return a && a->fi && a->geom.refused_attr < 0 && (a->packed || (a->fi->nparams >= 0 && a->params && !a->extra));
+}
+
+uint32_t Residency::rc_args_len(const LaunchArgs& a) {
+  uint32_t len = a.packed ? a.packed_len : 0;
+  for (int32_t i = 0; !a.packed && i < a.fi->nparams; ++i) len = std::max(len, a.fi->params[i].offset + a.fi->params[i].size);
+  return len;
+}
+
 void Residency::rc_new_life(Range& r) {
   rc_drop_producer(r);
   r.producer_lost = false;
@@ -95,8 +105,7 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
   // Its arguments one by one (by the kernel's layout), or packed in one buffer (`extra`: read as
   // one parameter of that size).
   const bool packed = a && a->packed;
-  bool described = a && a->fi && a->geom.refused_attr < 0 &&
-                   (packed || (a->fi->nparams >= 0 && a->params && !a->extra));
+  bool described = rc_described(a);
   // Words outside every range's address space point into no range: not looked up there.
   const DevPtr lo = by_va_.empty() ? 0 : by_va_.begin()->first;
   const DevPtr hi = by_va_.empty() ? 0 : by_va_.rbegin()->first + slots_[by_va_.rbegin()->second].cap;
@@ -186,16 +195,43 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   std::vector<Bump>& bumped = rc_.bumped;
   bumped.clear();
   rc_.fresh.clear();
+  rc_.filled.clear();
+  // A launch that makes no new range and writes one range only fills wrote makes that one: the
+  // fills become its prelude if it is its producer.
+  int32_t prelude = -1;
+  int64_t made = -1;
+  for (uint32_t k : touched) {
+    const Range& r = slots_[k];
+    if (r.fresh) {
+      made = -2;
+      break;
+    }
+    if (!rc_fill_only(r)) continue;
+    rc_.filled.push_back(k);
+    if (std::binary_search(rc_.written.begin(), rc_.written.end(), k)) made = made == -1 ? int64_t(k) : -2;
+  }
+  if (!learned) made = -1;
   for (uint32_t k : touched) {
     Range& r = slots_[k];
     const bool written = std::binary_search(rc_.written.begin(), rc_.written.end(), k);
-    if (r.fresh) fresh = k, ++nfresh, rc_.fresh.push_back(k);
-    else if (written) ++others_written;
+    if (r.fresh) {
+      fresh = k, ++nfresh, rc_.fresh.push_back(k);
+    } else if (int64_t(k) == made) {
+      // Made by this launch, after fills: they become its prelude if it is its producer.
+      fresh = k, ++nfresh;
+      prelude = std::exchange(r.producer, -1);
+    } else if (written) {
+      ++others_written;
+    }
     r.fresh = false;
     if (written) {
       if (learned && r.producer >= 0) {  // else a probe may find it was not written after all
-        if (!kk.said_took && rc_.kernels_said_took < 12) rc_say_took(kk, kernel, k);
-        rc_drop_producer(r);
+        if (rc_fill_only(r)) {
+          rc_.side_fills.push_back({k, std::exchange(r.producer, -1)});  // for its producer's side
+        } else {
+          if (!kk.said_took && rc_.kernels_said_took < 12) rc_say_took(kk, kernel, k);
+          rc_drop_producer(r);
+        }
         r.producer_lost = true;
       }
       const uint64_t was = r.version;
@@ -238,9 +274,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && kernel_draws_random(namer_(namer_ctx_, kernel));
   const bool banned = kk.trust == KernelKnow::Trust::Banned;
   const bool writes_fresh = std::find(at_slot.begin(), at_slot.end(), fresh) != at_slot.end();
-  const int32_t np = a->packed ? -1 : a->fi->nparams;  // -1: packed
-  uint32_t len = a->packed ? a->packed_len : 0;
-  for (int32_t i = 0; i < np; ++i) len = std::max(len, a->fi->params[i].offset + a->fi->params[i].size);
+  const uint32_t len = rc_args_len(*a);
   // Ranges written besides the new one are its side, kept across a second launch where they can be:
   // each seen written at a side position, none at one refused.
   uint64_t side_bytes = 0;
@@ -272,8 +306,28 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
                                    : !sides_known ? "not seen writing there while making a range, or refused"
                                    : side_bytes > kMaxSide ? "more than 64 MiB"
                                                            : "the driver does not copy on the device");
+  bool recorded = false;
   if (learned && nfresh == 1 && writes_fresh && alone && !small && !kk.rng && !banned && len <= kMaxArgBytes) {
     rc_record_producer(kernel, a, fresh, touched, len);
+    recorded = true;
+  }
+  for (const auto& [k, chain] : rc_.side_fills) rc_free_producer(chain);  // not kept as a side's
+  rc_.side_fills.clear();
+  if (prelude >= 0) {
+    Range& r = slots_[fresh];
+    if (r.producer >= 0) {
+      rc_.producers[r.producer].prelude = prelude;
+    } else {
+      rc_free_producer(prelude);
+      r.producer_lost = true;
+    }
+  }
+  if (recorded) {
+    const Producer& p = rc_.producers[slots_[fresh].producer];
+    bool filled = p.prelude >= 0;
+    for (const Producer::Side& w : p.side) filled = filled || w.fills >= 0;
+    for (const Producer::SmallSide& w : p.small_side) filled = filled || w.fills >= 0;
+    if (filled) ++st_.producers_filled;
   }
   rc_start_probe(kernel, s, touched, nfresh > 0);
 }
@@ -329,6 +383,7 @@ void Residency::rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint
   // bytes it happened to hold (zeros, often, in memory just made). It is not filled with a pattern
   // to show that: something the shim does not see (a synchronous copy) may have filled it.
   pr.fresh = rc_.fresh;
+  pr.filled = rc_.filled;
   pr.bumped = rc_.bumped;
   st_.probe_ns += mono_now_ns() - t0;
 }
@@ -386,14 +441,18 @@ void Residency::rc_finish_probe() {
   // A written range made before a launch that made a new one marks its positions as sides: seen
   // written for real, by its bytes (an aliased in-place operand of a launch that makes nothing new
   // is not one).
+  // Writing a range only fills wrote before makes it as writing a new one does.
+  auto in = [](const std::vector<uint32_t>& v, uint32_t k) { return std::find(v.begin(), v.end(), k) != v.end(); };
+  bool made = !pr.fresh.empty();
+  for (uint32_t k : pr.filled) made = made || in(wrote, k);
   for (size_t j = 0; j < pr.at.size(); ++j) {
     KernelKnow::Pos& p = kk.find_or_add(pr.at[j]);
     p.seen = uint8_t(std::min(255, p.seen + 1));
     const bool w = std::find(wrote.begin(), wrote.end(), pr.at_slot[j]) != wrote.end();
     p.written = p.written || w;
     if (std::count(pr.at_slot.begin(), pr.at_slot.end(), pr.at_slot[j]) == 1) (w ? p.written_alone : p.clean_alone) = true;
-    const bool fresh = std::find(pr.fresh.begin(), pr.fresh.end(), pr.at_slot[j]) != pr.fresh.end();
-    if (w && !fresh && !pr.fresh.empty() && p.side == KernelKnow::NoSide) p.side = KernelKnow::SideSeen;
+    const bool made_here = in(pr.fresh, pr.at_slot[j]) || (pr.fresh.empty() && in(pr.filled, pr.at_slot[j]));
+    if (w && !made_here && made && p.side == KernelKnow::NoSide) p.side = KernelKnow::SideSeen;
   }
   if (kk.probes < 255) ++kk.probes;
   ++st_.probes;
@@ -454,7 +513,7 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   // Its side, saved and zeroed after all work on it so far (the program ordered none of it before
   // this launch): then the launch, then the side put back.
   if (!rc_side_save(p, s)) return false;
-  const bool launched = rc_launch_again(p, s);
+  const bool launched = rc_launch_preludes(p, s) && rc_launch_again(p, s);
   rc_side_put_back(p, s);
   if (!launched) return false;
   // Its inputs are read, and its side written, on `s` now: an eviction or a free of one waits for
@@ -466,7 +525,7 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
     in.read_stream = s;
   };
   for (const auto& [k, v] : p.inputs) read_here(slots_[k]);
-  for (const auto& [k, va, bytes] : p.side) read_here(slots_[k]);
+  for (const auto& [k, va, bytes, fills] : p.side) read_here(slots_[k]);
   if (p.has_side()) {
     ++st_.side_kept;
     st_.side_kept_bytes += p.side_bytes;

@@ -78,6 +78,7 @@ struct Producer {
     uint32_t slot;
     DevPtr va;
     uint64_t bytes;  // as mapped then: the launch writes within them
+    int32_t fills;   // where only fills wrote it before (Producer records, newest first): launched again after it is zeroed; -1: none
   };
   std::vector<Side> side;
   // Small allocations it wrote besides its output (a norm's mean and inverse deviation), kept the
@@ -86,12 +87,18 @@ struct Producer {
     AllocId id;
     DevPtr va;
     uint64_t bytes;
+    int32_t fills;  // the fills since its birth (Producer records, newest first), launched again after it is zeroed; -1: none
   };
   std::vector<SmallSide> small_side;
   std::vector<uint32_t> side_at;  // the argument positions pointing into either
   uint64_t side_bytes = 0;        // both together
   bool has_side() const { return side_bytes > 0; }
   std::vector<std::pair<AllocId, uint64_t>> small_inputs;  // small allocations it read, and their versions
+  // A launch that wrote the output before it and read nothing (a fill: PyTorch's deterministic mode
+  // fills each new tensor before its operation writes it; zeros before an accumulation), launched
+  // again first; its own prelude before it. -1: none.
+  int32_t prelude = -1;
+  bool reads_nothing() const { return inputs.empty() && small_inputs.empty() && !has_side(); }
 };
 // A small allocation (outside the ranges: PyTorch's pool, a bias, a norm's weights) that producers
 // read: its version, moved by every launch that may write it and by its free, and how many
@@ -129,6 +136,7 @@ struct Probe {
   bool on_gpu = false;  // hashed by the driver (Driver::hash_start): `before` holds tickets
   std::vector<Bump> bumped;
   std::vector<uint32_t> fresh;  // the new ranges it touches: written, whatever their bytes do
+  std::vector<uint32_t> filled; // ranges only fills wrote so far: making one counts as making a range
   std::vector<SmallAt> smalls;  // the small allocations it points at (kSmallBit | index in `before`)
 };
 
@@ -141,9 +149,14 @@ struct State {
   // A launch's positions into ranges and the slots there, the slots it may write (whether as its
   // kernel was seen to write: learned), the new ranges it touches; scratch.
   std::vector<uint32_t> at, at_slot, written, fresh;
+  std::vector<uint32_t> filled;          // the ranges it touches that only fills wrote (rc_fill_only)
+  std::vector<std::pair<uint32_t, int32_t>> side_fills;  // of those, the ones it writes besides: slot, fills
   std::vector<SmallAt> smalls;           // the small allocations it points at (at_slot: kSmallBit | index)
   std::vector<uint32_t> small_written;   // of those, the indices it may write
   std::unordered_map<AllocId, Small> small;  // those producers read
+  // Small allocations that fills alone touched since their birth: the fills (Producer records,
+  // newest first), handed to the producer that writes one as its side.
+  std::unordered_map<AllocId, int32_t> small_fills;
   uint64_t small_consumers = 0;          // their consumers in all
   bool learned = false;
   std::vector<Bump> bumped;

@@ -84,7 +84,7 @@ uint64_t Residency::rc_restore_bytes(uint32_t slot) const {
 void Residency::rc_drop(Range& r) {
   r.dropped = true;
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) ++slots_[k].dependents;
-  for (const auto& [k, va, bytes] : rc_.producers[r.producer].side) ++slots_[k].side_of;
+  for (const auto& [k, va, bytes, fills] : rc_.producers[r.producer].side) ++slots_[k].side_of;
   for (const auto& [id, v] : rc_.producers[r.producer].small_inputs) ++rc_.small[id].dependents;
   for (const recompute::Producer::SmallSide& w : rc_.producers[r.producer].small_side) ++rc_.small[w.id].dependents;
   ++st_.dropped;
@@ -95,7 +95,7 @@ void Residency::rc_undrop(Range& r) {
   if (!r.dropped) return;
   r.dropped = false;
   for (const auto& [k, v] : rc_.producers[r.producer].inputs) --slots_[k].dependents;
-  for (const auto& [k, va, bytes] : rc_.producers[r.producer].side) --slots_[k].side_of;
+  for (const auto& [k, va, bytes, fills] : rc_.producers[r.producer].side) --slots_[k].side_of;
   for (const auto& [id, v] : rc_.producers[r.producer].small_inputs)
     if (auto it = rc_.small.find(id); it != rc_.small.end()) --it->second.dependents;
   for (const recompute::Producer::SmallSide& w : rc_.producers[r.producer].small_side)
@@ -107,7 +107,7 @@ void Residency::rc_keep_list(const Producer& p, uint32_t slot, const uint32_t* k
   out->assign(keep, keep + nkeep);
   out->push_back(slot);
   for (const auto& [k, v] : p.inputs) out->push_back(k);
-  for (const auto& [k, va, bytes] : p.side) out->push_back(k);
+  for (const auto& [k, va, bytes, fills] : p.side) out->push_back(k);
 }
 
 bool Residency::rc_restore(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why) {

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "common/log.h"
+#include "core/launch_args.h"
+#include "planner/recompute_choice.h"  // kernel_draws_random
 #include "residency/residency.h"
 
 namespace offload {
@@ -12,17 +15,96 @@ namespace offload {
 using recompute::KernelKnow;
 using recompute::Producer;
 
+namespace {
+// Fills before a producer launched again ahead of it: deterministic mode fills once, a partial
+// fill (a slice set after zeros) adds one more.
+constexpr int kMaxPrelude = 4;
+constexpr size_t kMaxSmallFills = 64;  // small allocations with fills kept, waiting for their producer
+constexpr uint32_t kMaxArgBytes = 4096;  // as recompute.cpp's
+}  // namespace
+
+void Residency::rc_free_producer(int32_t id) {
+  while (id >= 0) {
+    Producer& p = rc_.producers[id];
+    for (const auto& [k, v] : p.inputs) --slots_[k].consumers;
+    p.inputs.clear();
+    for (const auto& [sid, v] : p.small_inputs) rc_unfollow_small(sid);
+    p.small_inputs.clear();
+    for (const Producer::SmallSide& w : p.small_side) {
+      rc_unfollow_small(w.id);
+      rc_free_producer(w.fills);
+    }
+    for (const Producer::Side& w : p.side) rc_free_producer(w.fills);
+    p.side.clear();
+    p.small_side.clear();
+    rc_.free_producers.push_back(id);
+    id = std::exchange(p.prelude, -1);
+  }
+}
+
 void Residency::rc_drop_producer(Range& r) {
   if (r.producer < 0) return;
-  Producer& p = rc_.producers[r.producer];
-  for (const auto& [k, v] : p.inputs) --slots_[k].consumers;
-  p.inputs.clear();
-  for (const auto& [id, v] : p.small_inputs) rc_unfollow_small(id);
-  p.small_inputs.clear();
-  for (const Producer::SmallSide& w : p.small_side) rc_unfollow_small(w.id);
-  p.small_side.clear();
-  rc_.free_producers.push_back(r.producer);
+  rc_free_producer(r.producer);
   r.producer = -1;
+}
+
+bool Residency::rc_fill_only(const Range& r) const {
+  if (o_.fault == Options::Fault::RecomputeNoPrelude) return false;
+  int depth = 0;
+  for (int32_t id = r.producer; id >= 0; id = rc_.producers[id].prelude) {
+    const Producer& p = rc_.producers[id];
+    if (++depth >= kMaxPrelude || !p.reads_nothing() || rc_.know[p.kernel].trust == KernelKnow::Trust::Banned) return false;
+  }
+  return depth > 0;
+}
+
+bool Residency::rc_launch_chain(int32_t head, Stream s) {
+  int32_t chain[kMaxPrelude];
+  int n = 0;
+  for (int32_t id = head; id >= 0 && n < kMaxPrelude; id = rc_.producers[id].prelude) chain[n++] = id;
+  while (n > 0)
+    if (!rc_launch_again(rc_.producers[chain[--n]], s)) return false;
+  return true;
+}
+
+bool Residency::rc_launch_preludes(const Producer& p, Stream s) {
+  if (o_.fault == Options::Fault::RecomputeSkipPrelude) return true;
+  for (const Producer::Side& w : p.side)
+    if (!rc_launch_chain(w.fills, s)) return false;
+  for (const Producer::SmallSide& w : p.small_side)
+    if (!rc_launch_chain(w.fills, s)) return false;
+  return rc_launch_chain(p.prelude, s);
+}
+
+bool Residency::rc_note_small_fill(uint32_t kernel, AllocId id, const LaunchArgs* a, uint32_t len) {
+  if (o_.fault == Options::Fault::RecomputeNoPrelude || len > kMaxArgBytes) return false;
+  if (kernel >= rc_.know.size()) rc_.know.resize(kernel + 1);
+  KernelKnow& kk = rc_.know[kernel];
+  if (kk.rng < 0)
+    kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && kernel_draws_random(namer_(namer_ctx_, kernel));
+  if (kk.rng || kk.trust == KernelKnow::Trust::Banned) return false;
+  const auto it = rc_.small_fills.find(id);
+  const bool had = it != rc_.small_fills.end();
+  int depth = 0;
+  for (int32_t q = had ? it->second : -1; q >= 0; q = rc_.producers[q].prelude) ++depth;
+  if (depth + 1 >= kMaxPrelude) return false;
+  if (!had && rc_.small_fills.size() >= kMaxSmallFills) {
+    // Those under the floor were touched since by other launches: never a producer's new side.
+    const AllocId floor = rc_small_floor_.load(std::memory_order_relaxed);
+    for (auto i = rc_.small_fills.begin(); i != rc_.small_fills.end();)
+      if (i->first < floor) {
+        rc_free_producer(i->second);
+        i = rc_.small_fills.erase(i);
+      } else {
+        ++i;
+      }
+    if (rc_.small_fills.size() >= kMaxSmallFills) return false;
+  }
+  const int32_t q = rc_record_launch(kernel, a, len);
+  int32_t& head = rc_.small_fills[id];
+  rc_.producers[q].prelude = had ? head : -1;
+  head = q;
+  return true;
 }
 
 // Kernels that make a range and write (or may write) an allocation outside the ranges are named once
@@ -42,11 +124,7 @@ void Residency::rc_say_small(KernelKnow& kk, uint32_t kernel, uint32_t fresh, bo
              namer_ ? namer_(namer_ctx_, kernel) : std::to_string(kernel), slots_[fresh].asked >> 10, what);
 }
 
-void Residency::rc_record_producer(uint32_t kernel, const LaunchArgs* a, uint32_t fresh,
-                                   const std::vector<uint32_t>& touched, uint32_t len) {
-  const std::vector<uint32_t>& at_slot = rc_.at_slot;
-  const int32_t np = a->packed ? -1 : a->fi->nparams;  // -1: packed
-  ++st_.producers;
+int32_t Residency::rc_record_launch(uint32_t kernel, const LaunchArgs* a, uint32_t len) {
   int32_t id;
   if (!rc_.free_producers.empty()) {
     id = rc_.free_producers.back();
@@ -63,22 +141,37 @@ void Residency::rc_record_producer(uint32_t kernel, const LaunchArgs* a, uint32_
   p.geom.attrs = nullptr;  // the hook's: set to the copy when launched again
   p.kernel = kernel;
   p.params = a->fi->params;
-  p.nparams = np;
+  p.nparams = a->packed ? -1 : a->fi->nparams;  // -1: packed
   p.args.assign(len, 0);
   if (a->packed) std::memcpy(p.args.data(), a->packed, len);
-  for (int32_t i = 0; i < np; ++i)
+  for (int32_t i = 0; i < p.nparams; ++i)
     std::memcpy(p.args.data() + p.params[i].offset, a->params[i], p.params[i].size);
-  Range& out = slots_[fresh];
-  p.out_version = out.version;
   p.inputs.clear();
   p.side.clear();
   p.side_at.clear();
   p.side_bytes = 0;
+  p.small_inputs.clear();
+  p.small_side.clear();
+  p.prelude = -1;
+  return id;
+}
+
+void Residency::rc_record_producer(uint32_t kernel, const LaunchArgs* a, uint32_t fresh,
+                                   const std::vector<uint32_t>& touched, uint32_t len) {
+  const std::vector<uint32_t>& at_slot = rc_.at_slot;
+  ++st_.producers;
+  const int32_t id = rc_record_launch(kernel, a, len);
+  Producer& p = rc_.producers[id];
+  Range& out = slots_[fresh];
+  p.out_version = out.version;
   for (uint32_t k : touched) {
     if (k == fresh) continue;
     if (o_.fault != Options::Fault::RecomputeIgnoreWrites &&
         std::binary_search(rc_.written.begin(), rc_.written.end(), k)) {
-      p.side.push_back({k, slots_[k].va, slots_[k].bytes});
+      int32_t fills = -1;
+      for (auto& [slot, chain] : rc_.side_fills)
+        if (slot == k) fills = std::exchange(chain, -1);
+      p.side.push_back({k, slots_[k].va, slots_[k].bytes, fills});
       p.side_bytes += slots_[k].bytes;
       for (size_t i = 0; i < at_slot.size(); ++i)
         if (at_slot[i] == k) p.side_at.push_back(rc_.at[i]);
@@ -87,9 +180,8 @@ void Residency::rc_record_producer(uint32_t kernel, const LaunchArgs* a, uint32_
     p.inputs.push_back({k, slots_[k].version});
     ++slots_[k].consumers;
   }
-  // The small allocations it writes (rc_.small_hit: its small side, kept) and those it reads.
-  p.small_inputs.clear();
-  p.small_side.clear();
+  // The small allocations it writes (rc_.small_hit: its small side, kept, with the fills since its
+  // birth) and those it reads.
   for (uint32_t j = 0; j < rc_.smalls.size(); ++j) {
     const recompute::SmallAt& sm = rc_.smalls[j];
     rc_follow_small(sm.id);
@@ -97,7 +189,12 @@ void Residency::rc_record_producer(uint32_t kernel, const LaunchArgs* a, uint32_
       p.small_inputs.push_back({sm.id, rc_.small[sm.id].version});
       continue;
     }
-    p.small_side.push_back({sm.id, sm.base, sm.bytes});
+    int32_t fills = -1;
+    if (auto it = rc_.small_fills.find(sm.id); it != rc_.small_fills.end()) {
+      fills = it->second;
+      rc_.small_fills.erase(it);
+    }
+    p.small_side.push_back({sm.id, sm.base, sm.bytes, fills});
     p.side_bytes += sm.bytes;
     for (size_t i = 0; i < at_slot.size(); ++i)
       if (at_slot[i] == (recompute::kSmallBit | j)) p.side_at.push_back(rc_.at[i]);

@@ -24,7 +24,7 @@ bool Residency::rc_side_unchecked(const Producer& p) const {
 }
 
 bool Residency::rc_side_ready(const Producer& p, bool resident) const {
-  for (const auto& [k, va, bytes] : p.side) {
+  for (const auto& [k, va, bytes, fills] : p.side) {
     const Range& w = slots_[k];
     // Mapped where the launch's arguments point, whichever life it is in: the bytes there are
     // put back. Not dropped (its bytes exist nowhere else) nor a graph's.
@@ -38,7 +38,7 @@ bool Residency::rc_side_ready(const Producer& p, bool resident) const {
 bool Residency::rc_side_save(const Producer& p, Stream s) {
   const bool wait = o_.fault != Options::Fault::RecomputeSkipSideWait;
   uint64_t off = 0;
-  for (const auto& [k, va, bytes] : p.side) {
+  for (const auto& [k, va, bytes, fills] : p.side) {
     Range& w = slots_[k];
     if (wait) {
       order_after_touches(s, w.touches);
@@ -61,7 +61,7 @@ bool Residency::rc_side_save(const Producer& p, Stream s) {
   }
   bool zeroed = true;
   if (o_.fault != Options::Fault::RecomputeSideNotZeroed) {
-    for (const auto& [k, va, bytes] : p.side) zeroed = zeroed && d_.zero_device(va, bytes, s);
+    for (const auto& [k, va, bytes, fills] : p.side) zeroed = zeroed && d_.zero_device(va, bytes, s);
     for (const Producer::SmallSide& w : p.small_side) zeroed = zeroed && d_.zero_device(w.va, w.bytes, s);
   }
   if (!zeroed) rc_side_put_back(p, s);
@@ -76,7 +76,7 @@ void Residency::rc_side_put_back(const Producer& p, Stream s) {
       log().error("recompute: putting back {:.1f} MiB a launch made again wrote besides its output failed", bytes / double(1 << 20));
     off += bytes;
   };
-  for (const auto& [k, va, bytes] : p.side) put(va, bytes);
+  for (const auto& [k, va, bytes, fills] : p.side) put(va, bytes);
   for (const Producer::SmallSide& w : p.small_side) put(w.va, w.bytes);
   if (!p.has_side()) return;
   if (!rc_.side_event) rc_.side_event = new_event();

@@ -169,7 +169,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
                                RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
                                RecomputeNoWriteGuard, RecomputeSideNotKept, RecomputeSideNotZeroed,
                                RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites, RecomputeNoSmallSide,
-                               RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat };  // tests: proves a missing wait is caught
+                               RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat,
+                               RecomputeNoPrelude, RecomputeSkipPrelude };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   using Stats = ResidencyStats;  // residency/residency_stats.h
@@ -512,6 +513,19 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint32_t>& touched, bool makes_new);
   void rc_finish_probe();
   void rc_drop_producer(Range& r);
+  void rc_free_producer(int32_t id);  // a producer record and its preludes, back to the free list
+  // Its producer and that one's preludes read nothing (fills, kMaxPrelude deep at most): a launch
+  // that writes it makes it, with them as its prelude.
+  bool rc_fill_only(const Range& r) const;
+  bool rc_launch_preludes(const recompute::Producer& p, Stream s);  // its small sides' fills, then its own, on `s`
+  bool rc_launch_chain(int32_t head, Stream s);                    // a prelude chain, oldest first
+  // A launch's record to launch it again (its arguments copied), as a free producer record.
+  int32_t rc_record_launch(uint32_t kernel, const LaunchArgs* a, uint32_t len);
+  // A kernel launch that points at small allocation `id` and at nothing else tracked (a fill):
+  // recorded for the producer that writes `id` as its side. False: not (the floor is raised).
+  bool rc_note_small_fill(uint32_t kernel, AllocId id, const LaunchArgs* a, uint32_t len);
+  static bool rc_described(const LaunchArgs* a);     // what it takes to launch it again is there
+  static uint32_t rc_args_len(const LaunchArgs& a);  // its arguments' bytes (of one described)
   // The producer of range `fresh` from this launch (recompute_producer.cpp); the log's lines naming
   // a kernel kept from being one for writing outside the ranges, or besides its range (`never`:
   // why that is not kept; nullptr: kept).

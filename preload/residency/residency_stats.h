@@ -74,6 +74,9 @@ struct ResidencyStats {
   // position seen, an arena or a pointer table (small), or wrote a range besides their new one
   // that cannot be kept (not alone).
   uint64_t producers = 0, remake_away = 0, remake_stale = 0, not_producer_small = 0, not_producer_alone = 0;
+  // Of the producers, those made again after the fills that wrote their output or a side first
+  // (PyTorch's deterministic mode fills each new tensor; zeros before an accumulation).
+  uint64_t producers_filled = 0;
   // Ranges made again whose launch also wrote other ranges (kept: saved beside, put back), and those
   // bytes; checks that found a kernel's output read what it also writes (those positions refused).
   uint64_t side_kept = 0, side_kept_bytes = 0, side_refused = 0;

@@ -527,9 +527,9 @@ TEST(Recompute, AWriteHiddenInOneWatchedLaunchShowsInAnother) {
 // producer was made from. Elsewhere it is taken to write all it touches, at no cost.
 TEST(Recompute, OnlyLaunchesWhoseWritesMatterAreWatched) {
   Rig r(4);
-  learned_input(r, false);  // the common kernels learned (its x stays live)
+  const DevPtr x = learned_input(r, false);  // the common kernels learned (x stays live)
   const DevPtr z = r.alloc();
-  r.launch(r.fill, {z, 1});
+  r.launch(r.scale, {z, x});
   r.launch(r.bump, {z});  // written again: no producer makes it now
   const uint64_t probes = r.res.stats().probes;
   for (int i = 0; i < 3; ++i) r.launch(r.relu, {z});
