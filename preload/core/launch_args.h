@@ -56,6 +56,25 @@ bool read_extra(void** extra, ExtraBuffer* out);
 // the hook could not describe it.
 const LaunchArgs* current_launch_args();
 
+// The copy or memset being made on this thread while the gate looks at it: what it writes (its
+// source is only read); nullptr otherwise.
+struct TransferDst {
+  DevPtr dst = 0;
+  uint64_t bytes = 0;
+};
+const TransferDst* current_transfer();
+
+class TransferScope {
+ public:
+  explicit TransferScope(const TransferDst* t);
+  ~TransferScope();
+  TransferScope(const TransferScope&) = delete;
+  TransferScope& operator=(const TransferScope&) = delete;
+
+ private:
+  const TransferDst* prev_;
+};
+
 class LaunchArgsScope {
  public:
   explicit LaunchArgsScope(const LaunchArgs* a);

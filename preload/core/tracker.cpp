@@ -133,6 +133,10 @@ thread_local const LaunchArgs* tl_launch_args = nullptr;
 const LaunchArgs* current_launch_args() { return tl_launch_args; }
 LaunchArgsScope::LaunchArgsScope(const LaunchArgs* a) : prev_(tl_launch_args) { tl_launch_args = a; }
 LaunchArgsScope::~LaunchArgsScope() { tl_launch_args = prev_; }
+thread_local const TransferDst* tl_transfer = nullptr;
+const TransferDst* current_transfer() { return tl_transfer; }
+TransferScope::TransferScope(const TransferDst* t) : prev_(tl_transfer) { tl_transfer = t; }
+TransferScope::~TransferScope() { tl_transfer = prev_; }
 
 uint64_t Tracker::on_kernel(Func f, Stream s, void** params, void** extra, const LaunchGeom* geom) {
   HookTimer timer(counters_);
@@ -185,7 +189,11 @@ uint64_t Tracker::on_transfer(EventKind kind, DevPtr dst, DevPtr src, uint64_t b
   AllocId acc[2];
   DevPtr words[2] = {dst, src};
   size_t n = table_.scan(words, kind == EventKind::Copy ? 2 : 1, acc, 0, 2);
-  gate(no, kind, 0, s, acc, n, 0);
+  {
+    const TransferDst t{dst, bytes};
+    TransferScope scope(&t);
+    gate(no, kind, 0, s, acc, n, 0);
+  }
   if (host_src && bytes >= 8 && bytes <= kMaxTableBytes && n == 1 && acc[0] < kRangeIdBit) {
     // A pointer table? Only pointers into arenas and ranges matter (anything else is always
     // resident).

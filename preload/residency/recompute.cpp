@@ -147,9 +147,12 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
     const KernelKnow::Pos* p = kk->find(at[i]);
     return by_alias && alone(i) ? p->writes() : p->written;
   };
+  // A copy or memset writes its destination only (its source is read).
+  const TransferDst* t = rc_.learned || o_.fault == Options::Fault::RecomputeCopyWritesAll ? nullptr : current_transfer();
   rc_.written.clear();
   for (uint32_t k : touched) {
     bool written = !rc_.learned;
+    if (t) written = t->dst < slots_[k].va + slots_[k].cap && slots_[k].va < t->dst + std::max<uint64_t>(t->bytes, 1);
     for (size_t i = 0; !written && i < at.size(); ++i) written = at_slot[i] == k && writes_at(i);
     if (written) rc_.written.push_back(k);
   }
@@ -236,6 +239,12 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       }
       const uint64_t was = r.version;
       r.version = ++rc_.clock;
+      // Who wrote it last without a learned write: named where a producer it had is refused for it.
+      r.written_by = kernel;
+      r.written_as = learned ? recompute::WrittenAs::Learned
+                     : current_transfer() ? recompute::WrittenAs::Transfer
+                     : blind ? recompute::WrittenAs::Blind
+                             : recompute::WrittenAs::Unlearned;
       bumped.push_back({k, was, r.version});
     }
   }
@@ -467,6 +476,7 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   const bool versions = o_.fault != Options::Fault::RecomputeIgnoreVersions;
   if (versions && p.out_version != r.version) {
     ++st_.remake_written;
+    if (rc_.kernels_said_written < 12) rc_say_written(r, p);
     return false;
   }
   if (kk.trust == KernelKnow::Trust::Banned) {

@@ -13,6 +13,11 @@
 
 namespace offload::recompute {
 
+// How a range was last written (Range::written_as): by a launch whose writes were learned, by one
+// not learned yet (every range it touches taken as written), by a copy or memset, or by a launch
+// we cannot see into.
+enum class WrittenAs : uint8_t { None, Learned, Unlearned, Transfer, Blind };
+
 // A stream that touched a range or a followed small allocation, with the number of its last
 // launch there that did.
 struct Touch {
@@ -31,6 +36,7 @@ struct KernelKnow {
   bool said_not_alone = false;    // a launch of it that wrote besides its new range was named
   bool said_small = false;        // a launch of it that wrote outside the ranges was named
   bool said_took = false;         // a launch of it that wrote a range another launch made was named
+  bool said_written = false;      // a range made again refused for its unlearned write was named
   // A side position: one a probe saw write a range made before its launch (bytes changed), in a
   // launch that made a new range; checked by a launch made again that zeroed it and still gave
   // the bytes the first launch gave, or refused by one that did not.
@@ -179,6 +185,8 @@ struct State {
   uint32_t kernels_said_alone = 0;   // kernels named for writing besides their new range
   uint32_t kernels_said_small = 0;   // kernels named for writing outside the ranges
   uint32_t kernels_said_took = 0;    // kernels named for writing a range a producer made
+  uint32_t kernels_said_written = 0; // writers named for a range made again refused for their write
+  bool said_transfer = false, said_blind = false;
   std::vector<AllocId> small_hit;    // the small allocations a launch may write (scratch)
   AllocId small_floor = 0;           // rc_small_floor_ before this launch: small allocations new at it are at or above
   uint64_t side_event = 0;           // after the last use of the side buffer, on side_stream

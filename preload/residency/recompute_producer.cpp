@@ -241,4 +241,39 @@ void Residency::rc_say_took(KernelKnow& kk, uint32_t kernel, uint32_t slot) {
              name(kernel), r.asked >> 10, name(maker), where.empty() ? std::string("no argument position") : where);
 }
 
+// Writers that keep ranges from being made again (a producer kept, the range written since by a
+// write not learned) are named once each (a dozen at most), with why the write was taken: what
+// would let those ranges be made again, on a GPU.
+void Residency::rc_say_written(const Range& r, const Producer& p) {
+  auto name = [&](uint32_t k) { return namer_ ? namer_(namer_ctx_, k) : std::to_string(k); };
+  std::string who, why;
+  if (r.written_as == recompute::WrittenAs::Transfer) {
+    if (std::exchange(rc_.said_transfer, true)) return;
+    who = "a copy or memset";
+    why = "it writes its destination";
+  } else if (r.written_as == recompute::WrittenAs::Blind) {
+    if (std::exchange(rc_.said_blind, true)) return;
+    who = "a launch we cannot see into";
+    why = "a graph's, or one whose arguments were not read: it may write all it touches";
+  } else {
+    if (r.written_by >= rc_.know.size()) return;
+    KernelKnow& kk = rc_.know[r.written_by];
+    if (std::exchange(kk.said_written, true)) return;
+    who = "kernel " + name(r.written_by);
+    if (r.written_as == recompute::WrittenAs::Learned) {
+      why = "learned to write it";
+    } else {
+      std::string few;
+      for (const KernelKnow::Pos& q : kk.pos)
+        if (q.seen < kRecomputeProbes || q.unsettled())
+          few += fmt::format("{}{}.{} (seen {}{})", few.empty() ? "" : ", ", q.at >> 16, q.at & 0xffff, q.seen,
+                             q.unsettled() ? ", written only beside another" : "");
+      why = fmt::format("its writes not learned after {} probes{}{}", kk.probes, few.empty() ? "" : ": ", few);
+    }
+  }
+  ++rc_.kernels_said_written;
+  log().info("recompute: a range of {} KiB made by {} was written since by {} ({}): copied, not made again",
+             r.asked >> 10, name(p.kernel), who, why);
+}
+
 }  // namespace offload

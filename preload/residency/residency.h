@@ -170,7 +170,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
                                RecomputeNoWriteGuard, RecomputeSideNotKept, RecomputeSideNotZeroed,
                                RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites, RecomputeNoSmallSide,
                                RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat,
-                               RecomputeNoPrelude, RecomputeSkipPrelude };  // tests: proves a missing wait is caught
+                               RecomputeNoPrelude, RecomputeSkipPrelude, RecomputeCopyWritesAll };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   using Stats = ResidencyStats;  // residency/residency_stats.h
@@ -308,6 +308,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t version = 0;       // from rc_.clock: never the same twice, whatever the slot
     int32_t producer = -1;
     bool producer_lost = false;  // this life's producer was dropped by a later write
+    recompute::WrittenAs written_as = recompute::WrittenAs::None;  // its last write, and the kernel's id
+    uint32_t written_by = 0;
     // The last launch made again that read it, on read_stream: a launch on another stream that
     // touches it before that is known complete waits for it (the application cannot order
     // its own work after a launch it never made).
@@ -534,6 +536,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void rc_say_small(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, bool table);
   void rc_say_side(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, const char* never);
   void rc_say_took(recompute::KernelKnow& kk, uint32_t kernel, uint32_t slot);
+  void rc_say_written(const Range& r, const recompute::Producer& p);  // why its remake is refused for a write
   // Device bytes copied to the host a chunk at a time after `s`'s work, each(chunk, offset, n)
   // until it answers false (recompute_bytes.cpp); their hash, or whether they equal `host`'s.
   template <class Each>

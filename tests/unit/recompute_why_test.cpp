@@ -2,6 +2,7 @@
 // in with recompute on is counted by why no launch made it instead, so that a run on a GPU says
 // which rule stands between its ranges and being made again.
 #include <array>
+#include <cstring>
 
 #include "recompute_rig.h"
 
@@ -88,6 +89,44 @@ TEST(RecomputeWhy, EachRangeCopiedInSaysWhyNoLaunchMadeIt) {
   r.res.set_period(2);  // x touched in it, half the live bytes: taken
   ASSERT_EQ(r.res.stats().period, 2u);
   EXPECT_EQ(why(r, w), Lasting);
+}
+
+// A copy through the hooks, as the shim sees cudaMemcpyAsync between two allocations.
+void copy(Rig& r, DevPtr dst, DevPtr src) {
+  r.tr.on_copy(dst, src, kGran, kA, nullptr);
+  ASSERT_FALSE(Residency::take_refusal());
+  r.sim.launch(kA, [dst, src] { std::memcpy(words(dst), words(src), kGran); });
+  r.res.after_launch();
+}
+
+// A copy writes its destination and only reads its source: a range made from the source is still
+// made again; one the copy wrote is copied, and the log says a copy wrote it.
+TEST(RecomputeWhy, ACopyWritesOnlyItsDestination) {
+  for (Fault f : {Fault::None, Fault::RecomputeCopyWritesAll}) {
+    SCOPED_TRACE(f == Fault::None ? "destination only" : "source taken as written too");
+    Rig r(5, f);
+    const DevPtr x = learned_input(r, true);
+    const DevPtr y = r.alloc();
+    r.launch(r.scale, {y, x});
+    const DevPtr z = r.alloc();
+    copy(r, z, x);
+    r.evict({y}, {x});
+    EXPECT_EQ(why(r, y), f == Fault::None ? Made : Stale);
+    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+    // Written by a copy after it was made: copied in, and named.
+    copy(r, y, z);
+    ::testing::internal::CaptureStderr();
+    r.evict({y}, {x});
+    EXPECT_EQ(why(r, y), Written);
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    if (f == Fault::None) {
+      EXPECT_NE(said.find("recompute: a range of 64 KiB made by scale was written since by a copy or memset (it "
+                          "writes its destination): copied, not made again"),
+                std::string::npos)
+          << said;
+    }
+    EXPECT_TRUE(r.is(y, [](uint64_t i) { return 7000 + i; }));
+  }
 }
 
 }  // namespace
