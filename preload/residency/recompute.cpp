@@ -139,9 +139,11 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
   const bool by_alias = o_.fault != Options::Fault::RecomputeAliasedWrites;
   auto alone = [&](size_t i) { return std::count(at_slot.begin(), at_slot.end(), at_slot[i]) == 1; };
   rc_.learned = described && kk;
+  rc_.unlearned_at = UINT32_MAX;
   for (size_t i = 0; rc_.learned && i < at.size(); ++i) {
     const KernelKnow::Pos* p = kk->find(at[i]);
     rc_.learned = p && p->seen >= kProbes && !(by_alias && p->unsettled() && kk->probes < kMaxKernelProbes && alone(i));
+    if (!rc_.learned) rc_.unlearned_at = at[i];  // for the log (rc_say_written)
   }
   auto writes_at = [&](size_t i) {
     const KernelKnow::Pos* p = kk->find(at[i]);
@@ -241,6 +243,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       r.version = ++rc_.clock;
       // Who wrote it last without a learned write: named where a producer it had is refused for it.
       r.written_by = kernel;
+      r.written_at = rc_.unlearned_at;
       r.written_as = learned ? recompute::WrittenAs::Learned
                      : current_transfer() ? recompute::WrittenAs::Transfer
                      : blind ? recompute::WrittenAs::Blind
@@ -346,15 +349,29 @@ void Residency::rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint
   // a range that has a producer or that a producer was made from (whose version it would move).
   // (Allocations outside the ranges it touches are not watched: a producer never reads one.)
   const recompute::KernelKnow& kk = rc_.know[kernel];
-  if (rc_.learned || kk.probes >= kMaxKernelProbes || rc_.probe.active) return;
+  if (rc_.learned) return;
   bool matters = makes_new;
   for (uint32_t k : touched) matters = matters || slots_[k].consumers > 0 || slots_[k].producer >= 0;
   for (const recompute::SmallAt& sm : rc_.smalls) matters = matters || rc_.small.count(sm.id);
   if (!matters) return;
+  // A launch whose writes matter and are not learned takes all it touches as written; why it is
+  // not watched instead is counted.
+  ++st_.unlearned;
+  if (kk.probes >= kMaxKernelProbes) {
+    ++st_.probes_spent;
+    return;
+  }
+  if (rc_.probe.active) {
+    ++st_.probes_busy;
+    return;
+  }
   uint64_t bytes = 0;
   for (uint32_t k : touched) {
     bytes += slots_[k].asked;
-    if (!slots_[k].backed()) return;
+    if (!slots_[k].backed()) {
+      ++st_.probes_unbacked;
+      return;
+    }
   }
   for (const recompute::SmallAt& sm : rc_.smalls) bytes += sm.bytes;
   const uint64_t t0 = mono_now_ns();
@@ -376,7 +393,10 @@ void Residency::rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint
   }
   if (!pr.on_gpu) {
     pr.before.clear();
-    if (bytes > kProbeMax) return;
+    if (bytes > kProbeMax) {
+      ++st_.probes_unbacked;
+      return;
+    }
     for (uint32_t k : what) {
       const auto [va, n] = rc_span(pr, k);
       pr.before.push_back({k, rc_hash(va, n, s)});

@@ -187,6 +187,7 @@ struct State {
   uint32_t kernels_said_took = 0;    // kernels named for writing a range a producer made
   uint32_t kernels_said_written = 0; // writers named for a range made again refused for their write
   bool said_transfer = false, said_blind = false;
+  uint32_t unlearned_at = 0;  // the position that kept a launch's writes from being learned (UINT32_MAX: none)
   std::vector<AllocId> small_hit;    // the small allocations a launch may write (scratch)
   AllocId small_floor = 0;           // rc_small_floor_ before this launch: small allocations new at it are at or above
   uint64_t side_event = 0;           // after the last use of the side buffer, on side_stream

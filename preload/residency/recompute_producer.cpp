@@ -268,7 +268,15 @@ void Residency::rc_say_written(const Range& r, const Producer& p) {
         if (q.seen < kRecomputeProbes || q.unsettled())
           few += fmt::format("{}{}.{} (seen {}{})", few.empty() ? "" : ", ", q.at >> 16, q.at & 0xffff, q.seen,
                              q.unsettled() ? ", written only beside another" : "");
-      why = fmt::format("its writes not learned after {} probes{}{}", kk.probes, few.empty() ? "" : ": ", few);
+      std::string here = "its launch was not described";
+      if (r.written_at != UINT32_MAX) {
+        const KernelKnow::Pos* q = kk.find(r.written_at);
+        here = fmt::format("at its launch, position {}.{} {}", r.written_at >> 16, r.written_at & 0xffff,
+                           !q ? std::string("was never seen by a probe")
+                              : q->seen < kRecomputeProbes ? fmt::format("was seen by {} probes", q->seen)
+                                                           : std::string("was alone, written before only beside another"));
+      }
+      why = fmt::format("its writes not learned after {} probes ({}){}{}", kk.probes, here, few.empty() ? "" : "; ", few);
     }
   }
   ++rc_.kernels_said_written;

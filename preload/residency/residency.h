@@ -310,6 +310,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     bool producer_lost = false;  // this life's producer was dropped by a later write
     recompute::WrittenAs written_as = recompute::WrittenAs::None;  // its last write, and the kernel's id
     uint32_t written_by = 0;
+    uint32_t written_at = UINT32_MAX;  // unlearned: the position that kept its writes from being learned
     // The last launch made again that read it, on read_stream: a launch on another stream that
     // touches it before that is known complete waits for it (the application cannot order
     // its own work after a launch it never made).

@@ -77,6 +77,10 @@ struct ResidencyStats {
   // Of the producers, those made again after the fills that wrote their output or a side first
   // (PyTorch's deterministic mode fills each new tensor; zeros before an accumulation).
   uint64_t producers_filled = 0;
+  // Launches whose writes matter but are not learned (probed, or else all they touch taken as
+  // written), and the ones not probed because the kernel's probes were spent, another probe was
+  // running, or what it touches was not all backed or too large to copy to the host.
+  uint64_t unlearned = 0, probes_spent = 0, probes_busy = 0, probes_unbacked = 0;
   // Ranges made again whose launch also wrote other ranges (kept: saved beside, put back), and those
   // bytes; checks that found a kernel's output read what it also writes (those positions refused).
   uint64_t side_kept = 0, side_kept_bytes = 0, side_refused = 0;

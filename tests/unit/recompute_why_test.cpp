@@ -129,6 +129,51 @@ TEST(RecomputeWhy, ACopyWritesOnlyItsDestination) {
   }
 }
 
+// A kernel whose probes are spent before a position points into a range (in its probed launches
+// that position pointed at memory outside every allocation): its launch is not learned, takes all
+// it touches as written, is counted, and the log names that position when a range it touched is
+// refused for it.
+TEST(RecomputeWhy, AWriterNotLearnedIsNamedWithThePositionItsProbesNeverSaw) {
+  Rig r(5);
+  const DevPtr x = learned_input(r, true);
+  // wide(out, a, b, c, d, e): out = a + b + c + d + e
+  const Func wide = r.sim.add_kernel("wide", params(6), [](const unsigned char* a) {
+    for (uint64_t i = 0; i < kWords; ++i) {
+      uint64_t v = 0;
+      for (int k = 1; k < 6; ++k) v += words(arg(a, k))[i];
+      words(arg(a, 0))[i] = v;
+    }
+  });
+  const DevPtr out = r.sim.alloc(kGran);  // the tracker never hears of it: zeros
+  std::memset(words(out), 0, kGran);
+  // Each position from 1 to 4 pointing at x in turn: three probes each, twelve in all.
+  for (int at = 1; at <= 4; ++at)
+    for (uint8_t i = 0; i < Residency::kRecomputeProbes; ++i) {
+      std::vector<uint64_t> args{r.alloc(), out, out, out, out, out};
+      args[at] = x;
+      r.launch(wide, args);
+      r.free(args[0]);
+    }
+  const uint64_t unlearned = r.res.stats().unlearned;  // the probed launches among them
+  EXPECT_EQ(r.res.stats().probes_spent, 0u);
+  const DevPtr z = r.alloc();
+  r.launch(r.scale, {z, x});
+  const DevPtr w = r.alloc();
+  r.launch(wide, {w, out, out, out, out, z});  // only reads z, but nothing says so
+  EXPECT_EQ(r.res.stats().unlearned, unlearned + 1);
+  EXPECT_EQ(r.res.stats().probes_spent, 1u);
+  ::testing::internal::CaptureStderr();
+  r.evict({z}, {x});
+  EXPECT_EQ(why(r, z), Written);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("was written since by kernel wide (its writes not learned after 12 probes (at its launch, "
+                      "position 5.0 was never seen by a probe))"),
+            std::string::npos)
+      << said;
+  EXPECT_TRUE(r.is(z, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+  r.sim.free(out);
+}
+
 }  // namespace
 }  // namespace recompute_test
 }  // namespace offload
