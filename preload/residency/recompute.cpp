@@ -139,7 +139,7 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
   const bool by_alias = o_.fault != Options::Fault::RecomputeAliasedWrites;
   auto alone = [&](size_t i) { return std::count(at_slot.begin(), at_slot.end(), at_slot[i]) == 1; };
   rc_.learned = described && kk;
-  rc_.unlearned_at = UINT32_MAX;
+  rc_.unlearned_at = described && !kk ? recompute::kFirstLaunch : UINT32_MAX;
   for (size_t i = 0; rc_.learned && i < at.size(); ++i) {
     const KernelKnow::Pos* p = kk->find(at[i]);
     rc_.learned = p && p->seen >= kProbes && !(by_alias && p->unsettled() && kk->probes < kMaxKernelProbes && alone(i));

@@ -268,8 +268,8 @@ void Residency::rc_say_written(const Range& r, const Producer& p) {
         if (q.seen < kRecomputeProbes || q.unsettled())
           few += fmt::format("{}{}.{} (seen {}{})", few.empty() ? "" : ", ", q.at >> 16, q.at & 0xffff, q.seen,
                              q.unsettled() ? ", written only beside another" : "");
-      std::string here = "its launch was not described";
-      if (r.written_at != UINT32_MAX) {
+      std::string here = r.written_at == recompute::kFirstLaunch ? "its first launch" : "its launch was not described";
+      if (r.written_at < recompute::kFirstLaunch) {
         const KernelKnow::Pos* q = kk.find(r.written_at);
         here = fmt::format("at its launch, position {}.{} {}", r.written_at >> 16, r.written_at & 0xffff,
                            !q ? std::string("was never seen by a probe")
