@@ -55,15 +55,38 @@ void Residency::after_launch() {
   if (rc_.probe.active) rc_finish_probe();
 }
 
+uint64_t Residency::StreamRing::captured(uint64_t want, bool ours) const {
+  if (ours) return want;  // the manager's own stream: all its work is queued under the lock
+  if (unlisted) return 0;  // launches in flight not listed: none is known forwarded
+  uint64_t n = std::min(want, closed);
+  for (uint32_t i = 0; i < nopen; ++i) n = std::min(n, open[i] - 1);
+  return n;
+}
+
+void Residency::open_inflight(InFlight& f, Stream s, uint64_t launch_no) {
+  if (f.owner == this) close_inflight(f);  // the hook did not report the last one forwarded
+  f.owner = this;
+  f.s = s;
+  f.launch = launch_no;
+  f.n = 0;
+  StreamRing& ring = rings_[s];
+  if (ring.nopen < StreamRing::kOpen) ring.open[ring.nopen++] = launch_no;
+  else ++ring.unlisted;
+}
+
 void Residency::close_inflight(InFlight& f) {
   f.owner = nullptr;
   for (uint32_t i = 0; i < f.n; ++i)
     if (slots_[f.slots[i]].inflight) --slots_[f.slots[i]].inflight;
   StreamRing& ring = rings_[f.s];
+  const auto it = std::find(ring.open, ring.open + ring.nopen, f.launch);
+  if (it != ring.open + ring.nopen) *it = ring.open[--ring.nopen];
+  else if (ring.unlisted) --ring.unlisted;
+  ring.closed = std::max(ring.closed, f.launch);
   size_t k = ring.next;
   if (!ring.events[k]) ring.events[k] = create_event();
   if (ring.events[k] && record_event(ring.events[k], f.s)) {
-    ring.after[k] = f.launch;
+    ring.after[k] = ring.captured(f.launch, o_.fault == Options::Fault::TagEventsAsAsked);
     ring.next = (k + 1) % StreamRing::kSize;
   }
 }
@@ -77,13 +100,14 @@ uint64_t Residency::event_after(Stream s, uint64_t launch) {
       best_after = ring.after[i];
     }
   if (best) return best;
-  // No launch of `s` was recorded after `launch`: it has been forwarded (it is not in flight:
-  // ranges in flight are never evicted or freed from under it), so an event recorded now
-  // captures it.
+  // No launch of `s` was recorded after `launch`: an event recorded now captures all queued on
+  // `s` so far, which is all the caller asks for (ranges in flight are never evicted or freed
+  // from under their launch). Later askers may rely on it only as far as it is known forwarded.
   size_t k = ring.next;
   if (!ring.events[k]) ring.events[k] = create_event();
   if (!ring.events[k] || !record_event(ring.events[k], s)) return 0;
-  ring.after[k] = launch;
+  ring.after[k] = ring.captured(launch, s == copy_stream_ || s == prefetch_stream_ ||
+                                            o_.fault == Options::Fault::TagEventsAsAsked);
   ring.next = (k + 1) % StreamRing::kSize;
   return ring.events[k];
 }
@@ -269,11 +293,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     }
   }
   InFlight& f = tl_inflight;
-  if (f.owner == this) close_inflight(f);  // the hook did not report the last one forwarded
-  f.owner = this;
-  f.s = s;
-  f.launch = launch_no;
-  f.n = 0;
+  open_inflight(f, s, launch_no);
   for (uint32_t k : touched) mark_touched(k, s, launch_no, f);
   if (o_.recompute) rc_note_launch(kernel, s, launch_no, acc, n, touched, blind || kind != EventKind::Kernel);
   t0 = mono_now_ns();

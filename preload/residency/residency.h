@@ -170,7 +170,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
                                RecomputeNoWriteGuard, RecomputeSideNotKept, RecomputeSideNotZeroed,
                                RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites, RecomputeNoSmallSide,
                                RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat,
-                               RecomputeNoPrelude, RecomputeSkipPrelude, RecomputeCopyWritesAll };  // tests: proves a missing wait is caught
+                               RecomputeNoPrelude, RecomputeSkipPrelude, RecomputeCopyWritesAll,
+                               TagEventsAsAsked };  // tests: proves a missing wait is caught
     Fault fault = Fault::None;
   };
   using Stats = ResidencyStats;  // residency/residency_stats.h
@@ -336,12 +337,20 @@ class Residency final : public LaunchGate, public DeviceRoom {
   };
   static constexpr uint64_t kNoKey = UINT64_MAX;
   static constexpr size_t kLifeUses = 64;  // uses of one life remembered
-  // Per stream: events recorded after its launches, with the launch number they follow.
+  // Per stream: events recorded after its launches, with the launch number they follow. An
+  // event's number never passes a launch of the stream not yet forwarded (open: before_launch
+  // done, the launch not reported), nor the last one reported: launches run ahead of their
+  // forwarding in another thread, or in the same one while before_launch is still queuing.
   struct StreamRing {
     static constexpr size_t kSize = 64;
+    static constexpr size_t kOpen = 4;
     uint64_t events[kSize] = {};
     uint64_t after[kSize] = {};  // the last launch number the event captures
     size_t next = 0;
+    uint64_t closed = 0;          // the highest launch number reported forwarded
+    uint64_t open[kOpen] = {};    // launches in flight (a thread each)
+    uint32_t nopen = 0, unlisted = 0;  // unlisted: in flight past kOpen (numbers then say nothing)
+    uint64_t captured(uint64_t want, bool ours) const;  // the number an event recorded now may carry
   };
 
   void note_footprint();
@@ -349,6 +358,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t limit() const { return o_.budget - std::min(o_.budget, outside_ + o_.headroom + external_); }
   void refresh_outside();
   uint64_t see_pool();  // what the pool holds now; notes it, and any excess over its share
+  void open_inflight(InFlight& f, Stream s, uint64_t launch_no);  // under mu_
   void close_inflight(InFlight& f);  // under mu_
   // before_launch's parts: a launch recorded into a graph (nothing moves; its ranges are kept),
   // the live ranges a launch touches (sorted, each once), and a touched range's bookkeeping (its

@@ -478,7 +478,7 @@ TEST(RecomputeThreads, OwnStreamsKeepTheirBytes) {
   };
   run_two_polled(r.res, kA, kB, loop);
   r.sim.run_all();
-  EXPECT_EQ(r.bad.load(), 0u);
+  EXPECT_EQ(r.bad.load(), 0u) << r.bad_what;
   const Residency::Stats st = r.res.stats();
   EXPECT_GT(st.evictions, 0u);
   EXPECT_GT(st.recomputed, 1u);  // more than trust_scale's
@@ -552,7 +552,7 @@ TEST(RecomputeThreads, OwnWorkspacesAndBiasesKeepTheirBytes) {
   };
   run_two_polled(r.res, kA, kB, loop);
   r.sim.run_all();
-  EXPECT_EQ(r.bad.load(), 0u);
+  EXPECT_EQ(r.bad.load(), 0u) << r.bad_what;
   const Residency::Stats st = r.res.stats();
   EXPECT_GT(st.evictions, 0u);
   EXPECT_GT(st.side_kept, 1u);  // more than trust_norm's

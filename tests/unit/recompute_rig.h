@@ -8,6 +8,10 @@
 #include <atomic>
 #include <cstring>
 #include <random>
+#include <cinttypes>
+#include <cstdio>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/event_log.h"
@@ -21,7 +25,7 @@ namespace offload::recompute_test {
 using Fault = Residency::Options::Fault;
 inline constexpr uint64_t kGran = 64 << 10;
 inline constexpr uint64_t kWords = kGran / 8;
-inline constexpr Stream kA = 0x2000, kB = 0x3000;
+inline constexpr Stream kA = 0x2000, kB = 0x3000, kC = 0x4000;
 
 inline uint64_t* words(uint64_t p) { return reinterpret_cast<uint64_t*>(p); }
 inline uint64_t arg(const unsigned char* a, int i) {
@@ -117,6 +121,7 @@ struct Rig {
     checkn = sim.add_kernel("checkn", params(2), [this](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; i += 97)
         if (words(arg(a, 0))[i] != 2 * (arg(a, 1) + i)) {
+          note_bad("checkn", arg(a, 0), i, words(arg(a, 0))[i], 2 * (arg(a, 1) + i));
           ++bad;
           return;
         }
@@ -125,6 +130,7 @@ struct Rig {
     checkb = sim.add_kernel("checkb", params(3), [this](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; i += 97)
         if (words(arg(a, 0))[i] != arg(a, 1) + i + arg(a, 2)) {
+          note_bad("checkb", arg(a, 0), i, words(arg(a, 0))[i], arg(a, 1) + i + arg(a, 2));
           ++bad;
           return;
         }
@@ -141,6 +147,7 @@ struct Rig {
     check = sim.add_kernel("check", params(2), [this](const unsigned char* a) {
       for (uint64_t i = 0; i < kWords; i += 97)
         if (words(arg(a, 0))[i] != 3 * (arg(a, 1) + i) + 1) {
+          note_bad("check", arg(a, 0), i, words(arg(a, 0))[i], 3 * (arg(a, 1) + i) + 1);
           ++bad;
           return;
         }
@@ -154,6 +161,18 @@ struct Rig {
     });
   }
   ~Rig() { sim.run_all(); }
+
+  // What each check that failed read, for the failure's message: which range, which word, and
+  // what it held (another range's bytes, or a write missed, show in the value).
+  void note_bad(const char* kernel, uint64_t p, uint64_t i, uint64_t got, uint64_t want) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%s at %#" PRIx64 ", word %" PRIu64 ": %" PRIu64 " where %" PRIu64 " was due\n",
+                  kernel, p, i, got, want);
+    std::lock_guard<std::mutex> lk(bad_mu);
+    bad_what += line;
+  }
+  std::mutex bad_mu;
+  std::string bad_what;
 
   static HostStore::Options host_options() {
     HostStore::Options o;

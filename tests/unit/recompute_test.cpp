@@ -464,6 +464,62 @@ TEST(Recompute, ALaterWriterOnAnotherStreamWaitsForTheRemake) {
   }
 }
 
+// A launch whose range is made again first touches the remake's input, which it does not touch
+// itself: another thread's allocation may evict that input before the launch is forwarded, and the
+// event it records on the launch's stream then precedes the launch. That event must not stand for
+// the launch later: the copy out of what the launch writes waits for the launch, or copies bytes
+// the launch had not written yet.
+TEST(Recompute, AnEventRecordedBeforeALaunchIsForwardedDoesNotStandForIt) {
+  for (Fault f : {Fault::None, Fault::TagEventsAsAsked}) {
+    SCOPED_TRACE(f == Fault::None ? "numbered as forwarded" : "numbered as asked");
+    int wrong = 0;
+    for (uint64_t seed = 1; seed <= 8; ++seed) {
+      Rig r(3, f);
+      const DevPtr x = learned_input(r, true);
+      learn(r, r.rng, 1, {x});  // its launches no longer watched (a probe waits for its launch)
+      const DevPtr y = produce_and_evict(r, x);  // dropped: made again from x when read
+      const DevPtr out = r.alloc();
+      // out = y ^ a draw, on kA: y made again first, reading x at this launch.
+      std::vector<uint64_t> args{out, y};
+      std::vector<void*> p{&args[0], &args[1]};
+      const LaunchGeom g;
+      r.tr.on_kernel(r.rng, kA, p.data(), nullptr, &g);
+      ASSERT_EQ(r.state(y), Residency::State::CopyingIn);
+      // Another thread takes room before the launch is forwarded: x, the one range not in flight.
+      const DevPtr z = r.alloc(kB);
+      ASSERT_NE(r.state(x), Residency::State::Resident);
+      // The program has kA wait for other work first: the GPU may run a copy out that nothing
+      // orders after the launch before the launch itself.
+      const uint64_t gate = r.sim.create_event();
+      for (int i = 0; i < 64; ++i) r.sim.launch(kC, [] {});
+      r.sim.record_event(gate, kC);
+      r.sim.stream_wait(kA, gate);
+      ASSERT_TRUE(r.sim.launch_kernel(r.rng, g, kA, p.data()));
+      r.res.after_launch();
+      // Then out, the least recently used, goes for the next allocation (the others touched on kB,
+      // whose work waits for nothing of kA's since).
+      r.launch(r.read, {z}, kB);
+      r.launch(r.read, {y}, kB);
+      const DevPtr w = r.alloc(kB);
+      ASSERT_NE(r.state(out), Residency::State::Resident);
+      std::mt19937_64 rng(seed);
+      while (r.sim.step(rng)) {
+      }
+      r.use(out);
+      const uint64_t draw = r.draws;  // the last launch's
+      if (!r.is(out, [&](uint64_t i) { return (3 * (7000 + i) + 1) ^ (draw << 32); })) ++wrong;
+      r.free(w, kB);
+      r.free(z, kB);
+      r.sim.destroy_event(gate);
+    }
+    if (f == Fault::None) {
+      EXPECT_EQ(wrong, 0);
+    } else {
+      EXPECT_GT(wrong, 0);
+    }
+  }
+}
+
 // A kernel that writes zeros, watched on new memory that already held zeros (as memory just made
 // often does): a new range counts as written whatever its bytes do. Taken for a reader, its later
 // launches on an input would leave that input's version alone.
