@@ -222,6 +222,10 @@ void read_cap(const SettingsReader& in, Settings& st) {
     if (const auto n = parse_count(v, 1, 1024)) st.cap_drop_first = uint32_t(*n);
     else in.bad("OFFLOAD_CAP_DROP_FIRST", v, "a factor from 1 (by next use alone) to 1024");
   }
+  if (const char* v = get("OFFLOAD_CAP_RECOMPUTE_PROBES"); v && *v) {
+    if (const auto n = parse_count(v, 3, 255)) st.cap_recompute_probes = uint32_t(*n);
+    else in.bad("OFFLOAD_CAP_RECOMPUTE_PROBES", v, "a count of launches a kernel from 3 to 255");
+  }
   if (const char* v = get("OFFLOAD_CAP_PREFETCH_MAX"); v && *v) {
     if (const auto n = parse_count(v, 0, 1'000'000)) st.cap_prefetch_max = *n;
     else in.bad("OFFLOAD_CAP_PREFETCH_MAX", v, "a count of launches from 0 (no prefetching) to 1000000");
@@ -257,7 +261,7 @@ namespace {
 
 // Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
 constexpr const char* kKnownSettings[] = {
-    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_HOST_LIMIT",
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_RECOMPUTE_PROBES", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_HOST_LIMIT",
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",

@@ -91,6 +91,10 @@ struct Settings {
   // OFFLOAD_CAP_DROP_FIRST=N (1-1024): with recompute, a range that can be dropped is evicted as if
   // its next use were N times further (1, the default: by next use alone).
   uint32_t cap_drop_first = 1;
+  // OFFLOAD_CAP_RECOMPUTE_PROBES=N (3-255): with recompute, the launches of one kernel probed for
+  // what they write, at most (12, the default). A position a kernel points from that was seen
+  // fewer than three times leaves its launches unlearned: they take all they touch as written.
+  uint32_t cap_recompute_probes = 12;
   // OFFLOAD_CAP_PLAN=1|0: under the cap, a plan of arenas made from a traced step places the
   // step's activations (core/executor.h), its handles taken from the cap's own room, while the
   // residency manager keeps every other range (1); or the residency manager alone (0, the

@@ -24,7 +24,7 @@
 // and a drop needs room to make it again beside the largest launch (rc_can_drop).
 //
 // Probes learn at which argument positions a kernel writes, from launches whose writes matter,
-// until each position a launch points from was seen kProbes times (kMaxKernelProbes a kernel at
+// until each position a launch points from was seen kProbes times (Options::kernel_probes a kernel at
 // most): the ranges a launch touches are hashed before it is forwarded and after it has run (on
 // the GPU, core/range_hash.h; else copied to the host). A range whose bytes changed was written,
 // and so was a new one whatever its bytes did. Per position, not per launch shape: an elementwise
@@ -56,7 +56,6 @@ constexpr size_t kMaxAt = 64;               // argument positions into ranges an
 constexpr size_t kMaxArgBytes = 4096;       // a kernel's parameters, as CUDA has long limited them
 constexpr uint64_t kProbeMax = 256ull << 20;  // bytes a probe copies to the host (twice), at most, without GPU hashes
 constexpr uint8_t kProbes = Residency::kRecomputeProbes;
-constexpr uint8_t kMaxKernelProbes = 4 * kProbes;  // a kernel's probes in all, whichever positions they see
 // The bytes a producer may write besides its output and have kept: PyTorch gives cuBLAS a 32 MiB
 // workspace on sm90. The buffer they are kept in is held while recompute runs.
 constexpr uint64_t kMaxSide = 64ull << 20;
@@ -142,7 +141,7 @@ bool Residency::rc_may_write(uint32_t kernel, bool blind, const std::vector<uint
   rc_.unlearned_at = described && !kk ? recompute::kFirstLaunch : UINT32_MAX;
   for (size_t i = 0; rc_.learned && i < at.size(); ++i) {
     const KernelKnow::Pos* p = kk->find(at[i]);
-    rc_.learned = p && p->seen >= kProbes && !(by_alias && p->unsettled() && kk->probes < kMaxKernelProbes && alone(i));
+    rc_.learned = p && p->seen >= kProbes && !(by_alias && p->unsettled() && kk->probes < o_.kernel_probes && alone(i));
     if (!rc_.learned) rc_.unlearned_at = at[i];  // for the log (rc_say_written)
   }
   auto writes_at = [&](size_t i) {
@@ -357,7 +356,7 @@ void Residency::rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint
   // A launch whose writes matter and are not learned takes all it touches as written; why it is
   // not watched instead is counted.
   ++st_.unlearned;
-  if (kk.probes >= kMaxKernelProbes) {
+  if (kk.probes >= o_.kernel_probes) {
     ++st_.probes_spent;
     return;
   }

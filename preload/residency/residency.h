@@ -159,6 +159,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // 1 (the default): by next use alone. 16 moved 1-44% fewer bytes out on eight of nine recorded
     // steps (docs/results.md); not measured on a GPU, where each drop costs its kernel again.
     uint32_t drop_first = 1;
+    // With recompute: a kernel's launches probed for their writes, at most
+    // (OFFLOAD_CAP_RECOMPUTE_PROBES; four positions' worth of kRecomputeProbes).
+    uint8_t kernel_probes = 4 * kRecomputeProbes;
     // Freed ranges kept for reuse are let go for room by when the step asks for their size again,
     // furthest first (a freed range of the size asked for serves it with no mapping); false (the
     // default, OFFLOAD_CAP_KEEP_ASKED): the smallest first. On the recorded steps it mapped 4.4%

@@ -42,8 +42,10 @@ inline std::vector<ParamInfo> params(int n) {
 // The shim's wiring for ranges, with kernels the simulated driver can launch again.
 struct Rig {
   explicit Rig(uint64_t granules, Fault fault = Fault::None, bool recompute = true, uint32_t drop_first = 1,
-               bool prefetch = false)
-      : tr(sim, log), host(sim, host_options()), res(sim, host, options(granules, fault, recompute, drop_first, prefetch)) {
+               bool prefetch = false, uint8_t kernel_probes = 4 * Residency::kRecomputeProbes)
+      : tr(sim, log),
+        host(sim, host_options()),
+        res(sim, host, options(granules, fault, recompute, drop_first, prefetch, kernel_probes)) {
     tr.set_gate(&res);
     tr.set_pass_launch_args(true);
     res.set_namer([](void* t, uint32_t k) { return static_cast<Tracker*>(t)->funcs().name(k); }, &tr);
@@ -180,8 +182,10 @@ struct Rig {
     o.limit = 64 << 20;
     return o;
   }
-  static Residency::Options options(uint64_t granules, Fault fault, bool recompute, uint32_t drop_first, bool prefetch) {
+  static Residency::Options options(uint64_t granules, Fault fault, bool recompute, uint32_t drop_first, bool prefetch,
+                                    uint8_t kernel_probes) {
     Residency::Options o;
+    o.kernel_probes = kernel_probes;
     o.budget = granules * kGran;
     o.pool_floor = 0;
     o.pool_step = 0;

@@ -133,10 +133,9 @@ TEST(RecomputeWhy, ACopyWritesOnlyItsDestination) {
 // that position pointed at memory outside every allocation): its launch is not learned, takes all
 // it touches as written, is counted, and the log names that position when a range it touched is
 // refused for it.
-TEST(RecomputeWhy, AWriterNotLearnedIsNamedWithThePositionItsProbesNeverSaw) {
-  Rig r(5);
-  const DevPtr x = learned_input(r, true);
-  // wide(out, a, b, c, d, e): out = a + b + c + d + e
+// Returns the kernel `wide` (out = a + b + c + d + e), probed twelve times with x at each of
+// positions 1 to 4 in turn and `out` (memory the tracker never heard of) at the others.
+Func probe_wide(Rig& r, DevPtr x, DevPtr out) {
   const Func wide = r.sim.add_kernel("wide", params(6), [](const unsigned char* a) {
     for (uint64_t i = 0; i < kWords; ++i) {
       uint64_t v = 0;
@@ -144,9 +143,6 @@ TEST(RecomputeWhy, AWriterNotLearnedIsNamedWithThePositionItsProbesNeverSaw) {
       words(arg(a, 0))[i] = v;
     }
   });
-  const DevPtr out = r.sim.alloc(kGran);  // the tracker never hears of it: zeros
-  std::memset(words(out), 0, kGran);
-  // Each position from 1 to 4 pointing at x in turn: three probes each, twelve in all.
   for (int at = 1; at <= 4; ++at)
     for (uint8_t i = 0; i < Residency::kRecomputeProbes; ++i) {
       std::vector<uint64_t> args{r.alloc(), out, out, out, out, out};
@@ -154,6 +150,15 @@ TEST(RecomputeWhy, AWriterNotLearnedIsNamedWithThePositionItsProbesNeverSaw) {
       r.launch(wide, args);
       r.free(args[0]);
     }
+  return wide;
+}
+
+TEST(RecomputeWhy, AWriterNotLearnedIsNamedWithThePositionItsProbesNeverSaw) {
+  Rig r(5);
+  const DevPtr x = learned_input(r, true);
+  const DevPtr out = r.sim.alloc(kGran);  // the tracker never hears of it: zeros
+  std::memset(words(out), 0, kGran);
+  const Func wide = probe_wide(r, x, out);  // three probes at each of positions 1 to 4, twelve in all
   const uint64_t unlearned = r.res.stats().unlearned;  // the probed launches among them
   EXPECT_EQ(r.res.stats().probes_spent, 0u);
   const DevPtr z = r.alloc();
@@ -170,6 +175,28 @@ TEST(RecomputeWhy, AWriterNotLearnedIsNamedWithThePositionItsProbesNeverSaw) {
                       "position 5.0 was never seen by a probe))"),
             std::string::npos)
       << said;
+  EXPECT_TRUE(r.is(z, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+  r.sim.free(out);
+}
+
+// The same kernel allowed more probes (OFFLOAD_CAP_RECOMPUTE_PROBES): the launch with a range at
+// the position its first twelve never saw is watched instead, found to read it only, and the
+// range keeps its producer.
+TEST(RecomputeWhy, MoreProbesLearnAPositionTheFirstOnesNeverSaw) {
+  Rig r(5, Fault::None, true, 1, false, 15);
+  const DevPtr x = learned_input(r, true);
+  const DevPtr out = r.sim.alloc(kGran);
+  std::memset(words(out), 0, kGran);
+  const Func wide = probe_wide(r, x, out);
+  const uint64_t probes = r.res.stats().probes;
+  const DevPtr z = r.alloc();
+  r.launch(r.scale, {z, x});
+  const DevPtr w = r.alloc();
+  r.launch(wide, {w, out, out, out, out, z});
+  EXPECT_EQ(r.res.stats().probes, probes + 1);
+  EXPECT_EQ(r.res.stats().probes_spent, 0u);
+  r.evict({z}, {x});
+  EXPECT_EQ(why(r, z), Made);
   EXPECT_TRUE(r.is(z, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
   r.sim.free(out);
 }
