@@ -48,12 +48,12 @@ using recompute::Bump;
 using recompute::KernelKnow;
 using recompute::Probe;
 using recompute::Producer;
+using recompute::kMaxArgBytes;
 using recompute::kSmallBit;
 
 namespace {
 
 constexpr size_t kMaxAt = 64;               // argument positions into ranges and small allocations a launch may have
-constexpr size_t kMaxArgBytes = 4096;       // a kernel's parameters, as CUDA has long limited them
 constexpr uint64_t kProbeMax = 256ull << 20;  // bytes a probe copies to the host (twice), at most, without GPU hashes
 constexpr uint8_t kProbes = Residency::kRecomputeProbes;
 // The bytes a producer may write besides its output and have kept: PyTorch gives cuBLAS a 32 MiB
@@ -75,6 +75,11 @@ std::string why_undescribed(const LaunchArgs* a) {
 
 bool Residency::rc_described(const LaunchArgs* a) {
   return a && a->fi && a->geom.refused_attr < 0 && (a->packed || (a->fi->nparams >= 0 && a->params && !a->extra));
+}
+
+void Residency::rc_looked_at_name(KernelKnow& kk, uint32_t kernel) const {
+  if (kk.rng < 0)
+    kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && kernel_draws_random(namer_(namer_ctx_, kernel));
 }
 
 uint32_t Residency::rc_args_len(const LaunchArgs& a) {
@@ -281,8 +286,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   }
   if (blind || !described) return;
   // A producer: one new range, written, and nothing else written but its side.
-  if (kk.rng < 0)
-    kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && kernel_draws_random(namer_(namer_ctx_, kernel));
+  rc_looked_at_name(kk, kernel);
   const bool banned = kk.trust == KernelKnow::Trust::Banned;
   const bool writes_fresh = std::find(at_slot.begin(), at_slot.end(), fresh) != at_slot.end();
   const uint32_t len = rc_args_len(*a);

@@ -128,6 +128,7 @@ struct SmallAt {
   uint64_t bytes;
 };
 inline constexpr uint32_t kSmallBit = 1u << 31;
+inline constexpr uint32_t kMaxArgBytes = 4096;  // a kernel's parameters kept to launch again, as CUDA has long limited them
 inline constexpr uint32_t kFirstLaunch = ~0u - 1;  // State::unlearned_at: the kernel's first launch
 struct Bump {  // a version moved by a launch of unknown writes
   uint32_t slot;

@@ -7,20 +7,19 @@
 
 #include "common/log.h"
 #include "core/launch_args.h"
-#include "planner/recompute_choice.h"  // kernel_draws_random
 #include "residency/residency.h"
 
 namespace offload {
 
 using recompute::KernelKnow;
 using recompute::Producer;
+using recompute::kMaxArgBytes;
 
 namespace {
 // Fills before a producer launched again ahead of it: deterministic mode fills once, a partial
 // fill (a slice set after zeros) adds one more.
 constexpr int kMaxPrelude = 4;
 constexpr size_t kMaxSmallFills = 64;  // small allocations with fills kept, waiting for their producer
-constexpr uint32_t kMaxArgBytes = 4096;  // as recompute.cpp's
 }  // namespace
 
 void Residency::rc_free_producer(int32_t id) {
@@ -80,8 +79,7 @@ bool Residency::rc_note_small_fill(uint32_t kernel, AllocId id, const LaunchArgs
   if (o_.fault == Options::Fault::RecomputeNoPrelude || len > kMaxArgBytes) return false;
   if (kernel >= rc_.know.size()) rc_.know.resize(kernel + 1);
   KernelKnow& kk = rc_.know[kernel];
-  if (kk.rng < 0)
-    kk.rng = o_.fault != Options::Fault::RecomputeIgnoreNames && namer_ && kernel_draws_random(namer_(namer_ctx_, kernel));
+  rc_looked_at_name(kk, kernel);
   if (kk.rng || kk.trust == KernelKnow::Trust::Banned) return false;
   const auto it = rc_.small_fills.find(id);
   const bool had = it != rc_.small_fills.end();

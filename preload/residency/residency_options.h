@@ -1,0 +1,119 @@
+// The residency manager's options (Residency::Options): the budget, how ranges are backed and
+// let go, recompute's rules, and the faults tests switch on to prove a rule is needed. Each says
+// which environment variable sets it (common/env.h) and why its default is what it is.
+#pragma once
+
+#include <cstdint>
+
+namespace offload {
+
+struct ResidencyOptions {
+  uint64_t budget = 0;     // device bytes: our handles plus the pool's share
+  uint64_t min_bytes = 0;  // allocations served as ranges; 0: the VMM granularity
+  // Bytes set aside for the allocator's pool (allocations under min_bytes) at the start;
+  // the share grows with what the pool holds, never past the budget less one range.
+  uint64_t pool_floor = 64ull << 20;
+  // Room the share keeps above what the pool holds: between two looks at it, the pool grows by
+  // at most one chunk of its own (a small allocation that finds no free block).
+  uint64_t pool_step = 32ull << 20;
+  // Kept free below the budget for device memory that grows outside the allocator between two
+  // looks at it (modules loaded lazily, library workspaces): their growth since the first range
+  // is measured (Driver::device_used_bytes) and taken off the budget too.
+  uint64_t headroom = 0;
+  // Kept free by evicting ahead, off the allocation path, so that a reload or an allocation
+  // finds room without the host waiting for a copy out; 0: low_share of the budget.
+  uint64_t low_water = 0;
+  double low_share = 0.125;
+  bool prefetch = true;  // reload ahead what the step before predicts is used soon
+  // Launches ahead of its predicted use that a range is reloaded at first; doubled (up to a
+  // quarter of the step) each time a prefetch is still copying when its launch comes, and a
+  // quarter shorter each time one is evicted again before its use (the room cannot hold
+  // what a lead that long brings in).
+  uint64_t prefetch_lead = 24;
+  uint64_t prefetch_lead_max = UINT64_MAX;  // the lead's ceiling besides a quarter of the step
+  // The largest physical handle made: a range is backed by handles of this size and one for
+  // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
+  // backs only a range of its size.
+  uint64_t piece_max = 64ull << 20;
+  // A range of at most this many bytes is backed by one handle of its size: a spare of that
+  // size, or one made, never smaller spares (each piece costs a mapping, its access grant and
+  // an unmapping every time the range is mapped, about what making and releasing a small handle
+  // costs once), while making a handle costs at most twice what a piece's mapping and unmapping
+  // do, as measured here (on the H200: 27-49 us against 100-140 in a small model's step, about
+  // 1.7 ms against 210 us in a 59 GiB Llama's). 0: any range may be tiled.
+  uint64_t whole_max = 0;
+  bool whole_measured = true;  // false: whole_max applies whatever the costs (the replay's simulated driver)
+  // Pieces more than the fewest that back it (whole pieces and one tail) a range may map from
+  // spares: each costs a mapping and an unmapping every time the range comes back, while the
+  // rest is made new (and as many bytes of spares dropped). Default: no limit.
+  uint64_t extra_pieces = 1ull << 20;
+  // Instead, while the costs are measured (whole_measured) and known: as many extra pieces as
+  // making one handle costs in pieces' mappings and unmappings (at least 1, at most
+  // kExtraAutoMost). With no limit the mappings of a loop grow step after step without end
+  // (the recorded llama-compiled step: 1,173 to 4,126 over 40 steps, `offloadctl replay`);
+  // any limit keeps them flat, and the cost of making a handle, which on the H200 rose from
+  // 31-98 us to 2.2 ms as the device filled (docs/results.md), sets how many handles that
+  // limit may make instead. Not the default: on the H200 it was 1.6% faster with 4 GiB of the
+  // device outside the budget and 5% slower over steps 21-40 with 256 MiB.
+  bool extra_auto = false;
+  // Spares back a range only where they tile all of it, or as whole pieces and a tail of its
+  // exact size, the rest made as whole pieces and one tail: every handle has a size some range
+  // has, and a loop's handles stop growing in number. false (the default, the one measured on
+  // the GPU): any spares, and the remainder made at whatever size they leave, which fewer
+  // handles are made for but which makes the handles held smaller step after step.
+  bool tile_exact = false;
+  // A freed range of another size serves an allocation by its own address when that changes
+  // fewer bytes of mappings than backing a new range would: its pieces beyond the new size are
+  // dropped (once its free is known complete), and pieces mapped after them for the rest, up to
+  // the address space it reserved (twice its first size). Mapping, not copying, is what a Llama
+  // step spent its host time on: about 1,100 of 1,419 allocations a step mapped a new range.
+  bool refit = true;
+  // With tile_exact: a range's tail (what is left past its whole pieces) is rounded up to a size
+  // class (granules 1, 2, 3, 4, 6, 8, 12, ... up to a piece) where that adds at most an eighth
+  // of the range, so that fewer handle sizes exist and a spare of the class backs the next one.
+  bool size_classes = false;
+  // Spare handles whose last work (a copy out, a freed range's work) still runs are released
+  // after those whose work is done, and only when nothing else makes room: releasing one makes
+  // the host wait for that work, which drains the GPU's queue (on the H200 it took a 59 GiB
+  // Llama's step from 1234 to 1133 ms, docs/results.md). false: smallest first whatever their
+  // work, as a comparison.
+  bool busy_spares_last = true;
+  // The copies out that an allocation or a launch starts are queued after the mappings it makes:
+  // an access grant made while a copy to the host runs took 0.7-1 ms a piece on the H200,
+  // against about 50 us otherwise (scripts/gpu/load_probe.cpp, docs/results.md). false: each
+  // copy is queued as its eviction starts, as a comparison.
+  bool copies_after_maps = true;
+  // When nothing else makes room without the host waiting, a resident range whose handles can
+  // back part of the need is evicted (its copy out gives them; the taker's stream waits for it)
+  // before a spare whose last work still runs is released (the host waits for that work).
+  // OFFLOAD_CAP_EVICT_FIRST; off: it trades host waits for bytes moved, not yet measured on a GPU.
+  bool evict_before_busy_release = false;
+  // A range that one launch produced (recompute.cpp): instead of copying it back, that launch
+  // is made again into it, when every other range it touched is resident and unchanged since.
+  // OFFLOAD_CAP_RECOMPUTE; off: its cost and gain on a GPU are not measured yet.
+  bool recompute = false;
+  // With recompute: a resident range its producer could make again (dropped, nothing copied) is
+  // picked for eviction as if its next use were this many times further. OFFLOAD_CAP_DROP_FIRST;
+  // 1 (the default): by next use alone. 16 moved 1-44% fewer bytes out on eight of nine recorded
+  // steps (docs/results.md); not measured on a GPU, where each drop costs its kernel again.
+  uint32_t drop_first = 1;
+  // With recompute: a kernel's launches probed for their writes, at most
+  // (OFFLOAD_CAP_RECOMPUTE_PROBES; four positions' worth of Residency::kRecomputeProbes).
+  uint8_t kernel_probes = 12;
+  // Freed ranges kept for reuse are let go for room by when the step asks for their size again,
+  // furthest first (a freed range of the size asked for serves it with no mapping); false (the
+  // default, OFFLOAD_CAP_KEEP_ASKED): the smallest first. On the recorded steps it mapped 4.4%
+  // less at half their peak; on the H200's large Llama at 70% free, 3.6% more (docs/results.md).
+  bool keep_asked = false;
+  enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait,
+                             RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
+                             RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
+                             RecomputeNoWriteGuard, RecomputeSideNotKept, RecomputeSideNotZeroed,
+                             RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites, RecomputeNoSmallSide,
+                             RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat,
+                             RecomputeNoPrelude, RecomputeSkipPrelude, RecomputeCopyWritesAll,
+                             TagEventsAsAsked };  // tests: proves a missing wait is caught
+  Fault fault = Fault::None;
+};
+
+}  // namespace offload
