@@ -205,8 +205,9 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   bumped.clear();
   rc_.fresh.clear();
   rc_.filled.clear();
-  // A launch that makes no new range and writes one range only fills wrote makes that one: the
-  // fills become its prelude if it is its producer.
+  // A launch that makes no new range and writes one range only fills wrote, or one whose
+  // producer chain can run again before it (an in-place update), makes that one: the fills, or
+  // the chain, become its prelude if it is its producer.
   int32_t prelude = -1;
   int64_t made = -1;
   for (uint32_t k : touched) {
@@ -215,8 +216,8 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
       made = -2;
       break;
     }
-    if (!rc_fill_only(r)) continue;
-    rc_.filled.push_back(k);
+    if (rc_fill_only(r)) rc_.filled.push_back(k);
+    else if (!rc_updatable(r, k)) continue;
     if (std::binary_search(rc_.written.begin(), rc_.written.end(), k)) made = made == -1 ? int64_t(k) : -2;
   }
   if (!learned) made = -1;
@@ -238,7 +239,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
         if (rc_fill_only(r)) {
           rc_.side_fills.push_back({k, std::exchange(r.producer, -1)});  // for its producer's side
         } else {
-          if (!kk.said_took && rc_.kernels_said_took < 12) rc_say_took(kk, kernel, k);
+          if (!kk.said_took && rc_.kernels_said_took < 12) rc_say_took(kk, kernel, k, r.producer);
           rc_drop_producer(r);
         }
         r.producer_lost = true;
@@ -332,7 +333,13 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     Range& r = slots_[fresh];
     if (r.producer >= 0) {
       rc_.producers[r.producer].prelude = prelude;
+      if (!rc_.producers[prelude].reads_nothing()) ++st_.producers_updated;
+      rc_gather_inputs(r.producer);
     } else {
+      // Not a producer itself (it draws random numbers, writes another range besides): the chain
+      // it wrote over is lost, as for any write.
+      if (!rc_.producers[prelude].reads_nothing() && !kk.said_took && rc_.kernels_said_took < 12)
+        rc_say_took(kk, kernel, fresh, prelude);
       rc_free_producer(prelude);
       r.producer_lost = true;
     }

@@ -57,6 +57,47 @@ bool Residency::rc_fill_only(const Range& r) const {
   return depth > 0;
 }
 
+bool Residency::rc_updatable(const Range& r, uint32_t slot) const {
+  if (!o_.updates || o_.fault == Options::Fault::RecomputeNoUpdates || o_.fault == Options::Fault::RecomputeNoPrelude ||
+      r.producer < 0 ||
+      rc_.producers[r.producer].out_version != r.version)
+    return false;
+  int depth = 0;
+  for (int32_t id = r.producer; id >= 0; id = rc_.producers[id].prelude) {
+    const Producer& p = rc_.producers[id];
+    const KernelKnow::Trust trust = rc_.know[p.kernel].trust;
+    if (++depth >= kMaxPrelude || p.has_side() || !p.small_side.empty() || trust == KernelKnow::Trust::Banned) return false;
+    if (!p.reads_nothing() && trust != KernelKnow::Trust::Trusted) return false;
+    for (const auto& [k, v] : p.inputs)
+      if (k == slot || !slots_[k].live || slots_[k].version != v) return false;
+    for (const auto& [id2, v] : p.small_inputs) {
+      const auto it = rc_.small.find(id2);
+      if (it == rc_.small.end() || it->second.freed || it->second.version != v) return false;
+    }
+  }
+  return true;
+}
+
+void Residency::rc_gather_inputs(int32_t head) {
+  if (o_.fault == Options::Fault::RecomputeUpdateInputsOwn) return;
+  Producer& h = rc_.producers[head];
+  for (int32_t id = h.prelude; id >= 0; id = rc_.producers[id].prelude) {
+    Producer& p = rc_.producers[id];
+    for (const auto& in : p.inputs) {
+      const bool had = std::any_of(h.inputs.begin(), h.inputs.end(), [&](const auto& x) { return x.first == in.first; });
+      if (had) --slots_[in.first].consumers;  // counted once, by the head
+      else h.inputs.push_back(in);
+    }
+    p.inputs.clear();
+    for (const auto& sm : p.small_inputs) {
+      const bool had = std::any_of(h.small_inputs.begin(), h.small_inputs.end(), [&](const auto& x) { return x.first == sm.first; });
+      if (had) rc_unfollow_small(sm.first);
+      else h.small_inputs.push_back(sm);
+    }
+    p.small_inputs.clear();
+  }
+}
+
 bool Residency::rc_launch_chain(int32_t head, Stream s) {
   int32_t chain[kMaxPrelude];
   int n = 0;
@@ -219,11 +260,11 @@ void Residency::rc_say_side(KernelKnow& kk, uint32_t kernel, uint32_t fresh, con
 // (parameter.word) pointing at the range, each alone there or beside another: most copies back
 // under recompute are of such ranges, and whether the write is real or a position taken as written
 // (an operand once updated in place) decides what would let them be made again.
-void Residency::rc_say_took(KernelKnow& kk, uint32_t kernel, uint32_t slot) {
+void Residency::rc_say_took(KernelKnow& kk, uint32_t kernel, uint32_t slot, int32_t producer) {
   kk.said_took = true;
   ++rc_.kernels_said_took;
   const Range& r = slots_[slot];
-  const uint32_t maker = rc_.producers[r.producer].kernel;
+  const uint32_t maker = rc_.producers[producer].kernel;
   const size_t here = size_t(std::count(rc_.at_slot.begin(), rc_.at_slot.end(), slot));
   std::string where;
   for (size_t i = 0; i < rc_.at_slot.size(); ++i) {

@@ -550,6 +550,7 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->recompute = s.cap_recompute;
   o->drop_first = s.cap_drop_first;
   o->kernel_probes = uint8_t(s.cap_recompute_probes);
+  o->updates = s.cap_recompute_updates;
   o->piece_max = s.cap_piece;
   o->whole_max = s.cap_whole;
   o->extra_auto = s.cap_extra_pieces == Settings::kAutoPieces;

@@ -428,6 +428,13 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Its producer and that one's preludes read nothing (fills, kMaxPrelude deep at most): a launch
   // that writes it makes it, with them as its prelude.
   bool rc_fill_only(const Range& r) const;
+  // Its producer chain can run again, as it did, before a launch that writes it in place (an
+  // update: a bias added, a mask applied): no side, every kernel not banned and trusted where it
+  // reads anything, every input as it was read, kMaxPrelude deep at most.
+  bool rc_updatable(const Range& r, uint32_t slot) const;
+  // The inputs of a producer's preludes, moved to it: the chain is made again only while all are
+  // as they were read, and none is written or freed while it is dropped.
+  void rc_gather_inputs(int32_t head);
   bool rc_launch_preludes(const recompute::Producer& p, Stream s);  // its small sides' fills, then its own, on `s`
   bool rc_launch_chain(int32_t head, Stream s);                    // a prelude chain, oldest first
   // A launch's record to launch it again (its arguments copied), as a free producer record.
@@ -445,7 +452,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
                           uint32_t len);
   void rc_say_small(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, bool table);
   void rc_say_side(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, const char* never);
-  void rc_say_took(recompute::KernelKnow& kk, uint32_t kernel, uint32_t slot);
+  void rc_say_took(recompute::KernelKnow& kk, uint32_t kernel, uint32_t slot, int32_t producer);
   void rc_say_written(const Range& r, const recompute::Producer& p);  // why its remake is refused for a write
   // Device bytes copied to the host a chunk at a time after `s`'s work, each(chunk, offset, n)
   // until it answers false (recompute_bytes.cpp); their hash, or whether they equal `host`'s.

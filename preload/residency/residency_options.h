@@ -100,6 +100,9 @@ struct ResidencyOptions {
   // With recompute: a kernel's launches probed for their writes, at most
   // (OFFLOAD_CAP_RECOMPUTE_PROBES; four positions' worth of Residency::kRecomputeProbes).
   uint8_t kernel_probes = 12;
+  // With recompute: a launch writing a range another launch made becomes its producer, the chain
+  // run again before it (OFFLOAD_CAP_RECOMPUTE_UPDATES).
+  bool updates = true;
   // Freed ranges kept for reuse are let go for room by when the step asks for their size again,
   // furthest first (a freed range of the size asked for serves it with no mapping); false (the
   // default, OFFLOAD_CAP_KEEP_ASKED): the smallest first. On the recorded steps it mapped 4.4%
@@ -112,7 +115,7 @@ struct ResidencyOptions {
                              RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites, RecomputeNoSmallSide,
                              RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat,
                              RecomputeNoPrelude, RecomputeSkipPrelude, RecomputeCopyWritesAll,
-                             TagEventsAsAsked };  // tests: proves a missing wait is caught
+                             TagEventsAsAsked, RecomputeNoUpdates, RecomputeUpdateInputsOwn };  // tests: proves a missing wait is caught
   Fault fault = Fault::None;
 };
 

@@ -77,6 +77,7 @@ struct ResidencyStats {
   // Of the producers, those made again after the fills that wrote their output or a side first
   // (PyTorch's deterministic mode fills each new tensor; zeros before an accumulation).
   uint64_t producers_filled = 0;
+  uint64_t producers_updated = 0;  // producers recorded after another launch made their range (an in-place update)
   // Launches whose writes matter but are not learned (probed, or else all they touch taken as
   // written), and the ones not probed because the kernel's probes were spent, another probe was
   // running, or what it touches was not all backed or too large to copy to the host.

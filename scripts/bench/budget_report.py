@@ -78,7 +78,7 @@ HOST_COUNTS = ("allocs", "reused", "refits", "maps", "alloc_maps", "unmaps", "cr
                "prefetch_hits", "prefetch_late", "waits", "waits_room", "waits_release", "waits_abandon",
                "recomputed", "dropped", "restored_early", "undescribed", "producers", "remake_away", "remake_stale",
                "not_producer_small", "not_producer_alone", "side_kept", "side_refused", "remake_written",
-               "copied_lasting", "copied_unmade", "copied_lost", "producers_filled", "unlearned", "probes_spent",
+               "copied_lasting", "copied_unmade", "copied_lost", "producers_filled", "producers_updated", "unlearned", "probes_spent",
                "probes_busy", "probes_unbacked")
 
 

@@ -186,6 +186,8 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_CAP_DROP_FIRST", "16").cap_drop_first, 16u);
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_recompute_probes, 12u);
   EXPECT_EQ(one("OFFLOAD_CAP_RECOMPUTE_PROBES", "48").cap_recompute_probes, 48u);
+  EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").cap_recompute_updates);
+  EXPECT_FALSE(one("OFFLOAD_CAP_RECOMPUTE_UPDATES", "0").cap_recompute_updates);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_plan);
   EXPECT_TRUE(one("OFFLOAD_CAP_PLAN", "1").cap_plan);
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_prefetch_max, Settings::kQuarterStep);
@@ -214,6 +216,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_CAP_AHEAD", "-1%"}, {"OFFLOAD_CAP_AHEAD", "x%"}, {"OFFLOAD_CAP_AHEAD", "%"}, {"OFFLOAD_CAP_AHEAD", "a lot"},
       {"OFFLOAD_CAP_DROP_FIRST", "0"}, {"OFFLOAD_CAP_DROP_FIRST", "2000"}, {"OFFLOAD_CAP_DROP_FIRST", "first"},
       {"OFFLOAD_CAP_RECOMPUTE_PROBES", "2"}, {"OFFLOAD_CAP_RECOMPUTE_PROBES", "256"}, {"OFFLOAD_CAP_RECOMPUTE_PROBES", "many"},
+      {"OFFLOAD_CAP_RECOMPUTE_UPDATES", "yes"},
       {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"},
   };
   for (auto [var, val] : bad) {

@@ -40,20 +40,22 @@ TEST(RecomputeWhy, EachRangeCopiedInSaysWhyNoLaunchMadeIt) {
   EXPECT_EQ(why(r, y), Made);
   r.free(y);
 
-  // Its producer taken by a later launch that wrote it (bump, learned to write its operand); the
-  // log names the writer once, with the producer and the position.
+  // Its producer taken by a later launch that wrote it in place and is no producer itself (it
+  // draws random numbers); the log names the writer once, with the producer and the positions.
   const DevPtr z = r.alloc();
   r.launch(r.scale, {z, x});
   ::testing::internal::CaptureStderr();
-  r.launch(r.bump, {z});
+  r.launch(r.rng, {z, z});
   const std::string said = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(said.find("kernel bump writes ranges other launches made (here 64 KiB, made by scale), at 0.0 (alone, "
-                      "seen writing alone): those are copied, not made again"),
+  EXPECT_NE(said.find("kernel philox_masked_scale writes ranges other launches made (here 64 KiB, made by scale), at "
+                      "0.0 (beside another, seen writing alone), 1.0 (beside another, seen clean alone): those are "
+                      "copied, not made again"),
             std::string::npos)
       << said;
   r.evict({z}, {x});
   EXPECT_EQ(why(r, z), Lost);
-  EXPECT_TRUE(r.is(z, [](uint64_t i) { return 3 * (7000 + i) + 1 + 1; }));
+  const uint64_t draw = r.draws;
+  EXPECT_TRUE(r.is(z, [&](uint64_t i) { return (3 * (7000 + i) + 1) ^ (draw << 32); }));
 
   // The next life of its range forgets the producer lost in this one.
   r.free(z);
