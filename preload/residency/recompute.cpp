@@ -509,7 +509,7 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
     if (rc_.kernels_said_written < 12) rc_say_written(r, p);
     return false;
   }
-  if (kk.trust == KernelKnow::Trust::Banned) {
+  if (kk.trust == KernelKnow::Trust::Banned || rc_prelude_banned(p)) {
     ++st_.remake_stale;
     return false;
   }

@@ -15,7 +15,8 @@ bool Residency::rc_can_drop(uint32_t slot) const {
   const Range& r = slots_[slot];
   if (r.producer < 0 || r.dependents || r.in_graph || !r.live) return false;
   const Producer& p = rc_.producers[r.producer];
-  if (rc_.know[p.kernel].trust != KernelKnow::Trust::Trusted || p.out_version != r.version) return false;
+  if (rc_.know[p.kernel].trust != KernelKnow::Trust::Trusted || p.out_version != r.version || rc_prelude_banned(p))
+    return false;
   // Its small allocations as it read them, and none that the launch being prepared may write.
   if (!rc_smalls_kept(p)) return false;
   for (const auto& [id, v] : p.small_inputs)

@@ -78,6 +78,12 @@ bool Residency::rc_updatable(const Range& r, uint32_t slot) const {
   return true;
 }
 
+bool Residency::rc_prelude_banned(const Producer& p) const {
+  for (int32_t id = p.prelude; id >= 0; id = rc_.producers[id].prelude)
+    if (rc_.know[rc_.producers[id].kernel].trust == KernelKnow::Trust::Banned) return true;
+  return false;
+}
+
 void Residency::rc_gather_inputs(int32_t head) {
   if (o_.fault == Options::Fault::RecomputeUpdateInputsOwn) return;
   Producer& h = rc_.producers[head];

@@ -435,6 +435,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // The inputs of a producer's preludes, moved to it: the chain is made again only while all are
   // as they were read, and none is written or freed while it is dropped.
   void rc_gather_inputs(int32_t head);
+  bool rc_prelude_banned(const recompute::Producer& p) const;  // a kernel it launches first was banned since
   bool rc_launch_preludes(const recompute::Producer& p, Stream s);  // its small sides' fills, then its own, on `s`
   bool rc_launch_chain(int32_t head, Stream s);                    // a prelude chain, oldest first
   // A launch's record to launch it again (its arguments copied), as a free producer record.
