@@ -96,9 +96,9 @@ struct Settings {
   // fewer than three times leaves its launches unlearned: they take all they touch as written.
   uint32_t cap_recompute_probes = 12;
   // OFFLOAD_CAP_RECOMPUTE_UPDATES=1|0: with recompute, a launch that writes a range another
-  // launch made (an in-place update) becomes its producer, that launch run again before it (1, the
-  // default); or the range's producer is lost to the write (0).
-  bool cap_recompute_updates = true;
+  // launch made (an in-place update) becomes its producer, that launch run again before it (1);
+  // or the range's producer is lost to the write (0, the default: not yet measured on a GPU).
+  bool cap_recompute_updates = false;
   // OFFLOAD_CAP_PLAN=1|0: under the cap, a plan of arenas made from a traced step places the
   // step's activations (core/executor.h), its handles taken from the cap's own room, while the
   // residency manager keeps every other range (1); or the residency manager alone (0, the

@@ -101,8 +101,8 @@ struct ResidencyOptions {
   // (OFFLOAD_CAP_RECOMPUTE_PROBES; four positions' worth of Residency::kRecomputeProbes).
   uint8_t kernel_probes = 12;
   // With recompute: a launch writing a range another launch made becomes its producer, the chain
-  // run again before it (OFFLOAD_CAP_RECOMPUTE_UPDATES).
-  bool updates = true;
+  // run again before it (OFFLOAD_CAP_RECOMPUTE_UPDATES; off: not yet measured on a GPU).
+  bool updates = false;
   // Freed ranges kept for reuse are let go for room by when the step asks for their size again,
   // furthest first (a freed range of the size asked for serves it with no mapping); false (the
   // default, OFFLOAD_CAP_KEEP_ASKED): the smallest first. On the recorded steps it mapped 4.4%

@@ -186,8 +186,8 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_CAP_DROP_FIRST", "16").cap_drop_first, 16u);
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_recompute_probes, 12u);
   EXPECT_EQ(one("OFFLOAD_CAP_RECOMPUTE_PROBES", "48").cap_recompute_probes, 48u);
-  EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").cap_recompute_updates);
-  EXPECT_FALSE(one("OFFLOAD_CAP_RECOMPUTE_UPDATES", "0").cap_recompute_updates);
+  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_recompute_updates);
+  EXPECT_TRUE(one("OFFLOAD_CAP_RECOMPUTE_UPDATES", "1").cap_recompute_updates);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_plan);
   EXPECT_TRUE(one("OFFLOAD_CAP_PLAN", "1").cap_plan);
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_prefetch_max, Settings::kQuarterStep);

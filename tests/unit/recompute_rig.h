@@ -186,6 +186,7 @@ struct Rig {
                                     uint8_t kernel_probes) {
     Residency::Options o;
     o.kernel_probes = kernel_probes;
+    o.updates = true;  // as OFFLOAD_CAP_RECOMPUTE_UPDATES=1 sets it (RecomputeNoUpdates: off)
     o.budget = granules * kGran;
     o.pool_floor = 0;
     o.pool_step = 0;
