@@ -59,8 +59,7 @@ bool Residency::rc_fill_only(const Range& r) const {
 
 bool Residency::rc_updatable(const Range& r, uint32_t slot) const {
   if (!o_.updates || o_.fault == Options::Fault::RecomputeNoUpdates || o_.fault == Options::Fault::RecomputeNoPrelude ||
-      r.producer < 0 ||
-      rc_.producers[r.producer].out_version != r.version)
+      r.producer < 0 || rc_.producers[r.producer].out_version != r.version)
     return false;
   int depth = 0;
   for (int32_t id = r.producer; id >= 0; id = rc_.producers[id].prelude) {
@@ -70,10 +69,7 @@ bool Residency::rc_updatable(const Range& r, uint32_t slot) const {
     if (!p.reads_nothing() && trust != KernelKnow::Trust::Trusted) return false;
     for (const auto& [k, v] : p.inputs)
       if (k == slot || !slots_[k].live || slots_[k].version != v) return false;
-    for (const auto& [id2, v] : p.small_inputs) {
-      const auto it = rc_.small.find(id2);
-      if (it == rc_.small.end() || it->second.freed || it->second.version != v) return false;
-    }
+    if (!rc_smalls_kept(p)) return false;  // its small inputs as it read them (it has no small side)
   }
   return true;
 }
