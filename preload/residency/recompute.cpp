@@ -189,90 +189,136 @@ bool Residency::rc_small_side_kept(const KernelKnow& kk, uint64_t side_bytes) co
   return side_bytes <= kMaxSide;
 }
 
-void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, const AllocId* acc, size_t n,
-                               const std::vector<uint32_t>& touched, bool blind) {
-  (void)launch_no;
-  if (rc_.probe.active && rc_.probe.thread == this_thread()) rc_.probe.active = false;  // its launch was never reported
-  const LaunchArgs* a = blind ? nullptr : current_launch_args();
-  // before_launch worked out what it may write already (nothing since moves a range's address).
-  const bool described = std::exchange(rc_.prepared, false) ? rc_.described : rc_may_write(kernel, blind, touched, acc, n);
-  const std::vector<uint32_t>& at_slot = rc_.at_slot;
-  if (kernel >= rc_.know.size()) rc_.know.resize(kernel + 1);
-  KernelKnow& kk = rc_.know[kernel];
-  const bool learned = rc_.learned;
-  uint32_t fresh = 0, nfresh = 0, others_written = 0;
-  std::vector<Bump>& bumped = rc_.bumped;
-  bumped.clear();
-  rc_.fresh.clear();
-  rc_.filled.clear();
+int64_t Residency::rc_made_in_place(const std::vector<uint32_t>& touched) {
   // A launch that makes no new range and writes one range only fills wrote, or one whose
   // producer chain can run again before it (an in-place update), makes that one: the fills, or
-  // the chain, become its prelude if it is its producer.
-  int32_t prelude = -1;
+  // the chain, become its prelude if it is its producer. -1: none (-2 inside: more than one, or
+  // a new range too).
+  rc_.filled.clear();
   int64_t made = -1;
   for (uint32_t k : touched) {
     const Range& r = slots_[k];
-    if (r.fresh) {
-      made = -2;
-      break;
-    }
+    if (r.fresh) return -1;
     if (rc_fill_only(r)) rc_.filled.push_back(k);
     else if (!rc_updatable(r, k)) continue;
     if (std::binary_search(rc_.written.begin(), rc_.written.end(), k)) made = made == -1 ? int64_t(k) : -2;
   }
-  if (!learned) made = -1;
+  return rc_.learned && made >= 0 ? made : -1;
+}
+
+recompute::Made Residency::rc_bump_touched(uint32_t kernel, recompute::KernelKnow& kk, const std::vector<uint32_t>& touched,
+                                           int64_t made, bool blind) {
+  const bool learned = rc_.learned;
+  recompute::Made m;
+  rc_.bumped.clear();
+  rc_.fresh.clear();
   for (uint32_t k : touched) {
     Range& r = slots_[k];
     const bool written = std::binary_search(rc_.written.begin(), rc_.written.end(), k);
     if (r.fresh) {
-      fresh = k, ++nfresh, rc_.fresh.push_back(k);
+      m.fresh = k, ++m.nfresh, rc_.fresh.push_back(k);
     } else if (int64_t(k) == made) {
       // Made by this launch, after fills: they become its prelude if it is its producer.
-      fresh = k, ++nfresh;
-      prelude = std::exchange(r.producer, -1);
+      m.fresh = k, ++m.nfresh;
+      m.prelude = std::exchange(r.producer, -1);
     } else if (written) {
-      ++others_written;
+      ++m.others_written;
     }
     r.fresh = false;
-    if (written) {
-      if (learned && r.producer >= 0) {  // else a probe may find it was not written after all
-        if (rc_fill_only(r)) {
-          rc_.side_fills.push_back({k, std::exchange(r.producer, -1)});  // for its producer's side
-        } else {
-          if (!kk.said_took && rc_.kernels_said_took < 12) rc_say_took(kk, kernel, k, r.producer);
-          rc_drop_producer(r);
-        }
-        r.producer_lost = true;
+    if (!written) continue;
+    if (learned && r.producer >= 0) {  // else a probe may find it was not written after all
+      if (rc_fill_only(r)) {
+        rc_.side_fills.push_back({k, std::exchange(r.producer, -1)});  // for its producer's side
+      } else {
+        if (!kk.said_took && rc_.kernels_said_took < 12) rc_say_took(kk, kernel, k, r.producer);
+        rc_drop_producer(r);
       }
-      const uint64_t was = r.version;
-      r.version = ++rc_.clock;
-      // Who wrote it last without a learned write: named where a producer it had is refused for it.
-      r.written_by = kernel;
-      r.written_at = rc_.unlearned_at;
-      r.written_as = learned ? recompute::WrittenAs::Learned
-                     : current_transfer() ? recompute::WrittenAs::Transfer
-                     : blind ? recompute::WrittenAs::Blind
-                             : recompute::WrittenAs::Unlearned;
-      bumped.push_back({k, was, r.version});
+      r.producer_lost = true;
     }
+    const uint64_t was = r.version;
+    r.version = ++rc_.clock;
+    // Who wrote it last without a learned write: named where a producer it had is refused for it.
+    r.written_by = kernel;
+    r.written_at = rc_.unlearned_at;
+    r.written_as = learned ? recompute::WrittenAs::Learned
+                   : current_transfer() ? recompute::WrittenAs::Transfer
+                   : blind ? recompute::WrittenAs::Blind
+                           : recompute::WrittenAs::Unlearned;
+    rc_.bumped.push_back({k, was, r.version});
   }
+  return m;
+}
+
+bool Residency::rc_note_small_writes(const AllocId* acc, size_t n, bool* table) {
   // Small allocations producers read: moved where this launch may write them (at the positions its
   // kernel was seen to write at; all it touches while that is not known). A launch that writes one,
   // or touches one no position shows, an arena or a pointer table, is no producer.
-  bool small = false, table = false;
-  std::vector<AllocId>& small_hit = rc_.small_hit;
-  small_hit.clear();
+  bool small = false;
+  *table = false;
+  rc_.small_hit.clear();
   for (size_t i = 0; i < n; ++i) {
     const AllocId id = acc[i];
     if (tables_.count(id) || (id >= kRangeIdBit && !is_range_id(id))) {
-      small = table = true;
+      small = *table = true;
       continue;
     }
     if (id >= kRangeIdBit) continue;
     const bool w = rc_small_may_write(id);
-    if (w) rc_bump_small(id), small_hit.push_back(id);
+    if (w) rc_bump_small(id), rc_.small_hit.push_back(id);
     small = small || w;
   }
+  return small;
+}
+
+bool Residency::rc_side_known(const recompute::KernelKnow& kk, uint32_t fresh, uint64_t* side_bytes) const {
+  // Ranges written besides the new one are its side, kept across a second launch where they can be:
+  // each seen written at a side position, none at one refused.
+  bool sides_known = true;
+  *side_bytes = 0;
+  for (uint32_t k : rc_.written) {
+    if (k == fresh) continue;
+    *side_bytes += slots_[k].bytes;
+    bool seen = o_.fault == Options::Fault::RecomputeSideAnyWrite;
+    for (size_t i = 0; rc_.learned && i < rc_.at_slot.size(); ++i) {
+      if (rc_.at_slot[i] != k) continue;
+      const recompute::KernelKnow::Side side = kk.find(rc_.at[i])->side;
+      seen = seen || side == recompute::KernelKnow::SideSeen || side == recompute::KernelKnow::SideChecked;
+      sides_known = sides_known && side != recompute::KernelKnow::SideRefused;
+    }
+    sides_known = sides_known && seen;
+  }
+  return sides_known;
+}
+
+void Residency::rc_take_prelude(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, int32_t prelude) {
+  Range& r = slots_[fresh];
+  if (r.producer >= 0) {
+    rc_.producers[r.producer].prelude = prelude;
+    if (!rc_.producers[prelude].reads_nothing()) ++st_.producers_updated;
+    rc_gather_inputs(r.producer);
+    return;
+  }
+  // Not a producer itself (it draws random numbers, writes another range besides): the chain
+  // it wrote over is lost, as for any write.
+  if (!rc_.producers[prelude].reads_nothing() && !kk.said_took && rc_.kernels_said_took < 12)
+    rc_say_took(kk, kernel, fresh, prelude);
+  rc_free_producer(prelude);
+  r.producer_lost = true;
+}
+
+void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, const AllocId* acc, size_t n,
+                               const std::vector<uint32_t>& touched, bool blind) {
+  if (rc_.probe.active && rc_.probe.thread == this_thread()) rc_.probe.active = false;  // its launch was never reported
+  const LaunchArgs* a = blind ? nullptr : current_launch_args();
+  // before_launch worked out what it may write already (nothing since moves a range's address).
+  const bool described = std::exchange(rc_.prepared, false) ? rc_.described : rc_may_write(kernel, blind, touched, acc, n);
+  if (kernel >= rc_.know.size()) rc_.know.resize(kernel + 1);
+  KernelKnow& kk = rc_.know[kernel];
+  const bool learned = rc_.learned;
+  const recompute::Made m = rc_bump_touched(kernel, kk, touched, rc_made_in_place(touched), blind);
+  const uint32_t fresh = m.fresh;
+  bool table = false;
+  bool small = rc_note_small_writes(acc, n, &table);
   rc_touch_smalls(blind, acc, n, s, launch_no);
   if (!blind && !described) {
     ++st_.undescribed;
@@ -289,61 +335,30 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
   // A producer: one new range, written, and nothing else written but its side.
   rc_looked_at_name(kk, kernel);
   const bool banned = kk.trust == KernelKnow::Trust::Banned;
-  const bool writes_fresh = std::find(at_slot.begin(), at_slot.end(), fresh) != at_slot.end();
-  const uint32_t len = rc_args_len(*a);
-  // Ranges written besides the new one are its side, kept across a second launch where they can be:
-  // each seen written at a side position, none at one refused.
+  const bool makes_one = learned && m.nfresh == 1 && std::find(rc_.at_slot.begin(), rc_.at_slot.end(), fresh) != rc_.at_slot.end();
   uint64_t side_bytes = 0;
-  bool sides_known = true;
-  for (uint32_t k : rc_.written) {
-    if (k == fresh) continue;
-    side_bytes += slots_[k].bytes;
-    bool seen = o_.fault == Options::Fault::RecomputeSideAnyWrite;
-    for (size_t i = 0; learned && i < at_slot.size(); ++i) {
-      if (at_slot[i] != k) continue;
-      const KernelKnow::Side side = kk.find(rc_.at[i])->side;
-      seen = seen || side == KernelKnow::SideSeen || side == KernelKnow::SideChecked;
-      sides_known = sides_known && side != KernelKnow::SideRefused;
-    }
-    sides_known = sides_known && seen;
-  }
-  const bool keeps_side = others_written && sides_known && side_bytes <= kMaxSide && d_.device_copies();
-  const bool alone = !others_written || keeps_side || o_.fault == Options::Fault::RecomputeIgnoreWrites;
+  const bool sides_known = rc_side_known(kk, fresh, &side_bytes);
+  const bool keeps_side = m.others_written && sides_known && side_bytes <= kMaxSide && d_.device_copies();
+  const bool alone = !m.others_written || keeps_side || o_.fault == Options::Fault::RecomputeIgnoreWrites;
   // Small allocations it writes are its small side where each is at positions seen writing it
   // while a range was made, none refused, and all of the side fits kMaxSide: else no producer.
   if (small && !table && learned && rc_small_side_kept(kk, side_bytes)) small = false;
-  if (learned && nfresh == 1 && writes_fresh && alone && small) {
+  if (makes_one && alone && small) {
     ++st_.not_producer_small;
     if (!kk.said_small && rc_.kernels_said_small < 12) rc_say_small(kk, kernel, fresh, table);
   }
-  if (learned && nfresh == 1 && writes_fresh && !alone) ++st_.not_producer_alone;
-  if (learned && nfresh == 1 && writes_fresh && others_written && !kk.said_not_alone && rc_.kernels_said_alone < 12)
+  if (makes_one && !alone) ++st_.not_producer_alone;
+  if (makes_one && m.others_written && !kk.said_not_alone && rc_.kernels_said_alone < 12)
     rc_say_side(kk, kernel, fresh, keeps_side ? nullptr
                                    : !sides_known ? "not seen writing there while making a range, or refused"
                                    : side_bytes > kMaxSide ? "more than 64 MiB"
                                                            : "the driver does not copy on the device");
-  bool recorded = false;
-  if (learned && nfresh == 1 && writes_fresh && alone && !small && !kk.rng && !banned && len <= kMaxArgBytes) {
-    rc_record_producer(kernel, a, fresh, touched, len);
-    recorded = true;
-  }
+  const uint32_t len = rc_args_len(*a);
+  const bool recorded = makes_one && alone && !small && !kk.rng && !banned && len <= kMaxArgBytes;
+  if (recorded) rc_record_producer(kernel, a, fresh, touched, len);
   for (const auto& [k, chain] : rc_.side_fills) rc_free_producer(chain);  // not kept as a side's
   rc_.side_fills.clear();
-  if (prelude >= 0) {
-    Range& r = slots_[fresh];
-    if (r.producer >= 0) {
-      rc_.producers[r.producer].prelude = prelude;
-      if (!rc_.producers[prelude].reads_nothing()) ++st_.producers_updated;
-      rc_gather_inputs(r.producer);
-    } else {
-      // Not a producer itself (it draws random numbers, writes another range besides): the chain
-      // it wrote over is lost, as for any write.
-      if (!rc_.producers[prelude].reads_nothing() && !kk.said_took && rc_.kernels_said_took < 12)
-        rc_say_took(kk, kernel, fresh, prelude);
-      rc_free_producer(prelude);
-      r.producer_lost = true;
-    }
-  }
+  if (m.prelude >= 0) rc_take_prelude(kk, kernel, fresh, m.prelude);
   if (recorded) {
     const Producer& p = rc_.producers[slots_[fresh].producer];
     bool filled = p.prelude >= 0;
@@ -351,7 +366,7 @@ void Residency::rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, co
     for (const Producer::SmallSide& w : p.small_side) filled = filled || w.fills >= 0;
     if (filled) ++st_.producers_filled;
   }
-  rc_start_probe(kernel, s, touched, nfresh > 0);
+  rc_start_probe(kernel, s, touched, m.nfresh > 0);
 }
 
 void Residency::rc_start_probe(uint32_t kernel, Stream s, const std::vector<uint32_t>& touched, bool makes_new) {

@@ -134,6 +134,11 @@ struct Bump {  // a version moved by a launch of unknown writes
   uint32_t slot;
   uint64_t was, now;
 };
+struct Made {  // what one launch made among the ranges it touches (rc_bump_touched)
+  uint32_t fresh = 0, nfresh = 0;  // a range it made (the last), and how many
+  uint32_t others_written = 0;     // ranges it may write besides
+  int32_t prelude = -1;            // the chain an update in place was made by, now its prelude
+};
 struct Probe {
   bool active = false;
   uint64_t thread = 0;

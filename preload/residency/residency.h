@@ -350,6 +350,16 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // rc_remake: a backed range made again by its producer on `s`; false: copy it in.
   void rc_note_launch(uint32_t kernel, Stream s, uint64_t launch_no, const AllocId* acc, size_t n,
                       const std::vector<uint32_t>& touched, bool blind);
+  // Its parts: the range an update in place makes (-1: none); versions moved for what it may
+  // write; the small allocations it may write (*table: it touches an arena or pointer table);
+  // whether the ranges written besides `fresh` (*side_bytes) were each seen at a side position;
+  // an update's chain taken as its prelude.
+  int64_t rc_made_in_place(const std::vector<uint32_t>& touched);
+  recompute::Made rc_bump_touched(uint32_t kernel, recompute::KernelKnow& kk, const std::vector<uint32_t>& touched,
+                                  int64_t made, bool blind);
+  bool rc_note_small_writes(const AllocId* acc, size_t n, bool* table);
+  bool rc_side_known(const recompute::KernelKnow& kk, uint32_t fresh, uint64_t* side_bytes) const;
+  void rc_take_prelude(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, int32_t prelude);
   bool rc_remake(uint32_t slot, Stream s);
   void rc_new_life(Range& r);            // born or freed: no producer, a new version
   // Whether a range being evicted can be dropped instead of copied out: its kernel trusted, its
