@@ -597,31 +597,49 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
 
 
 bool Residency::rc_check_remade(const Producer& p, const Range& r, Stream s) {
-  // Checked: a kernel's first launch made again, and one whose side is at positions not checked yet
-  // (zeroed there, a kernel that reads what it also writes gives other bytes).
+  // Checked: a kernel's first launch made again, one whose side is at positions not checked yet
+  // (zeroed there, a kernel that reads what it also writes gives other bytes), and one after a
+  // chain with a kernel not checked yet.
   KernelKnow& kk = rc_.know[p.kernel];
   const bool side_new = rc_side_unchecked(p);
-  if ((kk.trust != KernelKnow::Trust::Unchecked && !side_new) || o_.fault == Options::Fault::RecomputeUnchecked) return true;
+  const bool chain_new = rc_chain_unchecked(p);
+  if ((kk.trust != KernelKnow::Trust::Unchecked && !side_new && !chain_new) || o_.fault == Options::Fault::RecomputeUnchecked)
+    return true;
   ++st_.recompute_checks;
   const bool same = rc_same(r.va, r.host, r.asked, s);
   for (uint32_t at : p.side_at) {  // positions found out either way
     KernelKnow::Pos& pos = kk.find_or_add(at);
     if (pos.side == KernelKnow::SideSeen) pos.side = same ? KernelKnow::SideChecked : KernelKnow::SideRefused;
   }
-  const std::string name = same ? std::string() : namer_ ? namer_(namer_ctx_, p.kernel) : std::to_string(p.kernel);
+  auto name = [&](uint32_t kernel) { return namer_ ? namer_(namer_ctx_, kernel) : std::to_string(kernel); };
   if (!same && side_new) {
     // Its side, not the kernel, is what is refused: launches that write there are no producers.
     ++st_.side_refused;
     log().info("recompute: kernel {} made again with what it writes besides zeroed gave other bytes; those "
-               "launches are not made again", name);
+               "launches are not made again", name(p.kernel));
     return false;
   }
-  if (!same) {
+  // The chain's kernels not checked yet: checked with it, or banned with it (which of them gave
+  // other bytes is not known).
+  for (int32_t id = p.prelude; chain_new && id >= 0; id = rc_.producers[id].prelude) {
+    const Producer& q = rc_.producers[id];
+    KernelKnow& qk = rc_.know[q.kernel];
+    if (!q.reads() || qk.trust != KernelKnow::Trust::Unchecked || qk.chain_checked) continue;
+    if (same) {
+      qk.chain_checked = true;
+      continue;
+    }
+    qk.trust = KernelKnow::Trust::Banned;
+    ++st_.recompute_bans;
+    log().warn("recompute: kernel {} launched again before kernel {} did not give the bytes they gave before; "
+               "it is not launched again", name(q.kernel), name(p.kernel));
+  }
+  if (!same && kk.trust == KernelKnow::Trust::Unchecked) {
     kk.trust = KernelKnow::Trust::Banned;
     ++st_.recompute_bans;
-    log().warn("recompute: kernel {} made again did not give the bytes it gave before; it is not made again", name);
-    return false;
+    log().warn("recompute: kernel {} made again did not give the bytes it gave before; it is not made again", name(p.kernel));
   }
+  if (!same) return false;
   kk.trust = KernelKnow::Trust::Trusted;
   return true;
 }

@@ -37,6 +37,9 @@ struct KernelKnow {
   bool said_small = false;        // a launch of it that wrote outside the ranges was named
   bool said_took = false;         // a launch of it that wrote a range another launch made was named
   bool said_written = false;      // a range made again refused for its unlearned write was named
+  // Launched again first in an update's chain whose bytes were checked (Trusted: checked alone).
+  // Enough to launch it again in a chain, not alone: the update may hide a difference.
+  bool chain_checked = false;
   // A side position: one a probe saw write a range made before its launch (bytes changed), in a
   // launch that made a new range; checked by a launch made again that zeroed it and still gave
   // the bytes the first launch gave, or refused by one that did not.
@@ -105,6 +108,8 @@ struct Producer {
   // again first; its own prelude before it. -1: none.
   int32_t prelude = -1;
   bool reads_nothing() const { return inputs.empty() && small_inputs.empty() && !has_side(); }
+  bool gathered = false;  // a chain's member whose inputs moved to the chain's head (rc_gather_inputs)
+  bool reads() const { return !reads_nothing() || gathered; }
 };
 // A small allocation (outside the ranges: PyTorch's pool, a bias, a norm's weights) that producers
 // read: its version, moved by every launch that may write it and by its free, and how many

@@ -15,7 +15,8 @@ bool Residency::rc_can_drop(uint32_t slot) const {
   const Range& r = slots_[slot];
   if (r.producer < 0 || r.dependents || r.in_graph || !r.live) return false;
   const Producer& p = rc_.producers[r.producer];
-  if (rc_.know[p.kernel].trust != KernelKnow::Trust::Trusted || p.out_version != r.version || rc_prelude_banned(p))
+  if (rc_.know[p.kernel].trust != KernelKnow::Trust::Trusted || p.out_version != r.version || rc_prelude_banned(p) ||
+      rc_chain_unchecked(p))
     return false;
   // Its small allocations as it read them, and none that the launch being prepared may write.
   if (!rc_smalls_kept(p)) return false;
@@ -56,8 +57,8 @@ bool Residency::rc_check_wanted(uint32_t slot) const {
   const Range& r = slots_[slot];
   if (r.producer < 0 || r.dropped || !r.host) return false;
   const Producer& p = rc_.producers[r.producer];
-  if ((rc_.know[p.kernel].trust != KernelKnow::Trust::Unchecked && !rc_side_unchecked(p)) || p.out_version != r.version)
-    return false;
+  const bool checked = rc_.know[p.kernel].trust != KernelKnow::Trust::Unchecked && !rc_side_unchecked(p) && !rc_chain_unchecked(p);
+  if (checked || p.out_version != r.version) return false;
   if (!rc_side_ready(p, false) || !rc_smalls_kept(p)) return false;
   bool away = false;
   for (const auto& [k, v] : p.inputs) {

@@ -66,7 +66,6 @@ bool Residency::rc_updatable(const Range& r, uint32_t slot) const {
     const Producer& p = rc_.producers[id];
     const KernelKnow::Trust trust = rc_.know[p.kernel].trust;
     if (++depth >= kMaxPrelude || p.has_side() || !p.small_side.empty() || trust == KernelKnow::Trust::Banned) return false;
-    if (!p.reads_nothing() && trust != KernelKnow::Trust::Trusted) return false;
     for (const auto& [k, v] : p.inputs)
       if (k == slot || !slots_[k].live || slots_[k].version != v) return false;
     if (!rc_smalls_kept(p)) return false;  // its small inputs as it read them (it has no small side)
@@ -80,11 +79,22 @@ bool Residency::rc_prelude_banned(const Producer& p) const {
   return false;
 }
 
+bool Residency::rc_chain_unchecked(const Producer& p) const {
+  if (o_.fault == Options::Fault::RecomputeChainUnchecked) return false;
+  for (int32_t id = p.prelude; id >= 0; id = rc_.producers[id].prelude) {
+    const Producer& q = rc_.producers[id];
+    const KernelKnow& k = rc_.know[q.kernel];
+    if (q.reads() && k.trust != KernelKnow::Trust::Trusted && !k.chain_checked) return true;
+  }
+  return false;
+}
+
 void Residency::rc_gather_inputs(int32_t head) {
   if (o_.fault == Options::Fault::RecomputeUpdateInputsOwn) return;
   Producer& h = rc_.producers[head];
   for (int32_t id = h.prelude; id >= 0; id = rc_.producers[id].prelude) {
     Producer& p = rc_.producers[id];
+    p.gathered = p.gathered || !p.reads_nothing();
     for (const auto& in : p.inputs) {
       const bool had = std::any_of(h.inputs.begin(), h.inputs.end(), [&](const auto& x) { return x.first == in.first; });
       if (had) --slots_[in.first].consumers;  // counted once, by the head
@@ -194,6 +204,7 @@ int32_t Residency::rc_record_launch(uint32_t kernel, const LaunchArgs* a, uint32
   p.small_inputs.clear();
   p.small_side.clear();
   p.prelude = -1;
+  p.gathered = false;
   return id;
 }
 

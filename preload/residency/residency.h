@@ -446,6 +446,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // as they were read, and none is written or freed while it is dropped.
   void rc_gather_inputs(int32_t head);
   bool rc_prelude_banned(const recompute::Producer& p) const;  // a kernel it launches first was banned since
+  // A kernel it launches first that reads something and was never checked (alone or in a chain):
+  // its chain's remake is compared with the copy on the host, as an unchecked kernel's is.
+  bool rc_chain_unchecked(const recompute::Producer& p) const;
   bool rc_launch_preludes(const recompute::Producer& p, Stream s);  // its small sides' fills, then its own, on `s`
   bool rc_launch_chain(int32_t head, Stream s);                    // a prelude chain, oldest first
   // A launch's record to launch it again (its arguments copied), as a free producer record.

@@ -115,7 +115,8 @@ struct ResidencyOptions {
                              RecomputeSkipSideWait, RecomputeSideAnyWrite, RecomputeAliasedWrites, RecomputeNoSmallSide,
                              RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat,
                              RecomputeNoPrelude, RecomputeSkipPrelude, RecomputeCopyWritesAll,
-                             TagEventsAsAsked, RecomputeNoUpdates, RecomputeUpdateInputsOwn };  // tests: proves a missing wait is caught
+                             TagEventsAsAsked, RecomputeNoUpdates, RecomputeUpdateInputsOwn,
+                             RecomputeChainUnchecked };  // tests: proves a missing wait is caught
   Fault fault = Fault::None;
 };
 

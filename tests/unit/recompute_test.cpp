@@ -582,11 +582,11 @@ TEST(Recompute, AWriteHiddenInOneWatchedLaunchShowsInAnother) {
 // A kernel is watched only where its writes matter: where it makes a new range, or touches one a
 // producer was made from. Elsewhere it is taken to write all it touches, at no cost.
 TEST(Recompute, OnlyLaunchesWhoseWritesMatterAreWatched) {
-  Rig r(4);
+  Rig r(4, Fault::RecomputeNoUpdates);
   const DevPtr x = learned_input(r, false);  // the common kernels learned (x stays live)
   const DevPtr z = r.alloc();
   r.launch(r.scale, {z, x});
-  r.launch(r.bump, {z});  // written again: no producer makes it now
+  r.launch(r.bump, {z});  // written again: no producer makes it now (updates not kept)
   const uint64_t probes = r.res.stats().probes;
   for (int i = 0; i < 3; ++i) r.launch(r.relu, {z});
   EXPECT_EQ(r.res.stats().probes, probes);  // z has no producer and is no producer's input

@@ -74,6 +74,77 @@ TEST(RecomputeUpdate, TheFirstLaunchsInputsAreGuardedAsTheUpdatesOwn) {
   }
 }
 
+// A chain whose first launch's kernel was never checked is checked whole on its first remake:
+// then the chain may be dropped, and the kernel launched again in chains, though not alone.
+TEST(RecomputeUpdate, AChainWithAKernelNeverCheckedIsCheckedWhole) {
+  Rig r(4);
+  const DevPtr x = learned_input(r, false);
+  auto want = [](uint64_t i) { return 3 * (7000 + i) + 1 + 1; };
+  const DevPtr y = r.alloc();
+  r.launch(r.scale, {y, x});
+  r.launch(r.bump, {y});
+  Residency::Stats st = r.res.stats();
+  r.evict({y}, {x});
+  EXPECT_EQ(r.res.stats().dropped, st.dropped);  // copied: nothing in the chain checked
+  r.use(y);
+  EXPECT_TRUE(r.is(y, want));
+  EXPECT_EQ(r.res.stats().recompute_checks, st.recompute_checks + 1);
+  EXPECT_EQ(r.res.stats().recomputed, st.recomputed + 1);
+  r.free(y);
+  const DevPtr y2 = r.alloc();
+  r.launch(r.scale, {y2, x});
+  r.launch(r.bump, {y2});
+  st = r.res.stats();
+  r.evict({y2}, {x});
+  EXPECT_EQ(r.res.stats().dropped, st.dropped + 1);
+  r.use(y2);
+  EXPECT_TRUE(r.is(y2, want));
+  EXPECT_EQ(r.res.stats().recompute_checks, st.recompute_checks);
+  r.free(y2);
+  // scale alone is still checked before it is trusted: copied out, made again, compared.
+  const DevPtr t = produce_and_evict(r, x);
+  EXPECT_EQ(r.res.stats().dropped, st.dropped + 1);
+  r.use(t);
+  EXPECT_TRUE(r.is(t, [](uint64_t i) { return 3 * (7000 + i) + 1; }));
+  EXPECT_EQ(r.res.stats().recompute_checks, st.recompute_checks + 1);
+  EXPECT_EQ(r.res.stats().recompute_bans, 0u);
+}
+
+// bump trusted, then a chain of a kernel never checked (an atomic reduction, other bytes each
+// run) and bump: the range is copied out and the chain's first remake compared, which bans the
+// reduction. Taking the chain as checked because bump is drops the range and makes it again wrong.
+TEST(RecomputeUpdate, AChainThatGivesOtherBytesBansItsKernelNeverChecked) {
+  for (Fault f : {Fault::None, Fault::RecomputeChainUnchecked}) {
+    SCOPED_TRACE(f == Fault::None ? "chain checked" : "the update's kernel checked only");
+    Rig r(4, f);
+    const DevPtr x = learned_input(r, true);
+    learn(r, r.noisy, 1, {x});
+    {
+      // bump trusted: its first remake, checked, after scale (trusted).
+      const DevPtr t = r.alloc();
+      r.launch(r.scale, {t, x});
+      r.launch(r.bump, {t});
+      r.evict({t}, {x});
+      r.use(t);
+      r.free(t);
+    }
+    const uint64_t bans = r.res.stats().recompute_bans;
+    const DevPtr y = r.alloc();
+    r.launch(r.noisy, {y, x});
+    r.launch(r.bump, {y});
+    const uint64_t first = r.word(y, 0);  // x + the reduction's run + 1
+    r.evict({y}, {x});
+    r.use(y);
+    const bool right = r.is(y, [first](uint64_t i) { return first + i; });
+    if (f == Fault::None) {
+      EXPECT_TRUE(right);
+      EXPECT_EQ(r.res.stats().recompute_bans, bans + 1);
+    } else {
+      EXPECT_FALSE(right);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace recompute_test
 }  // namespace offload
