@@ -209,6 +209,11 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
                  now.remake_stale - was.remake_stale, now.remake_written - was.remake_written,
                  now.copied_lasting - was.copied_lasting, now.copied_unmade - was.copied_unmade,
                  now.copied_lost - was.copied_lost);
+    if (now.remake_written || now.copied_lost) {
+      const std::string top = residency_->rc_top_writers(5);
+      if (!top.empty())
+        log().info("step {}: copied back, not made again, by the last write since their producer (so far): {}", step, top);
+    }
   }
   const bool moved = now.bytes_out != was.bytes_out || now.bytes_in != was.bytes_in;
   last_step_cap_ = now;

@@ -151,6 +151,7 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
     const uint64_t now = last_launch_.load(std::memory_order_relaxed);
     const bool lasting = period_ && now > r.birth && now - r.birth > period_;
     ++(r.producer_lost ? st_.copied_lost : lasting ? st_.copied_lasting : st_.copied_unmade);
+    if (r.producer_lost) rc_count_kept_back(r);
   }
   if (r.dropped) {
     // Its bytes exist nowhere else: the rules that let it be dropped keep this from happening.

@@ -521,6 +521,7 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   const bool versions = o_.fault != Options::Fault::RecomputeIgnoreVersions;
   if (versions && p.out_version != r.version) {
     ++st_.remake_written;
+    rc_count_kept_back(r);
     if (rc_.kernels_said_written < 12) rc_say_written(r, p);
     return false;
   }

@@ -40,6 +40,10 @@ struct KernelKnow {
   // Launched again first in an update's chain whose bytes were checked (Trusted: checked alone).
   // Enough to launch it again in a chain, not alone: the update may hide a difference.
   bool chain_checked = false;
+  // Ranges copied back, not made again, because a write of it (the last since their producer)
+  // moved their version or took their producer: what recompute loses to it.
+  uint32_t kept_back = 0;
+  uint64_t kept_back_bytes = 0;
   // A side position: one a probe saw write a range made before its launch (bytes changed), in a
   // launch that made a new range; checked by a launch made again that zeroed it and still gave
   // the bytes the first launch gave, or refused by one that did not.
@@ -199,6 +203,8 @@ struct State {
   uint32_t kernels_said_took = 0;    // kernels named for writing a range a producer made
   uint32_t kernels_said_written = 0; // writers named for a range made again refused for their write
   bool said_transfer = false, said_blind = false;
+  uint32_t transfer_kept_back = 0;  // as KernelKnow::kept_back, for copies and memsets
+  uint64_t transfer_kept_back_bytes = 0;
   uint32_t unlearned_at = 0;  // the position that kept a launch's writes from being learned (UINT32_MAX: none)
   std::vector<AllocId> small_hit;    // the small allocations a launch may write (scratch)
   AllocId small_floor = 0;           // rc_small_floor_ before this launch: small allocations new at it are at or above

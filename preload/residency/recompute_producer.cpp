@@ -2,8 +2,10 @@
 // it again, and the log's lines that name the kernels kept from being one.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/log.h"
 #include "core/launch_args.h"
@@ -57,20 +59,23 @@ bool Residency::rc_fill_only(const Range& r) const {
   return depth > 0;
 }
 
-bool Residency::rc_updatable(const Range& r, uint32_t slot) const {
-  if (!o_.updates || o_.fault == Options::Fault::RecomputeNoUpdates || o_.fault == Options::Fault::RecomputeNoPrelude ||
-      r.producer < 0 || rc_.producers[r.producer].out_version != r.version)
-    return false;
+const char* Residency::rc_not_updatable(const Range& r, uint32_t slot) const {
+  if (!o_.updates || o_.fault == Options::Fault::RecomputeNoUpdates || o_.fault == Options::Fault::RecomputeNoPrelude)
+    return "updates in place are off (OFFLOAD_CAP_RECOMPUTE_UPDATES)";
+  if (r.producer < 0 || rc_.producers[r.producer].out_version != r.version) return "written since its producer";
   int depth = 0;
   for (int32_t id = r.producer; id >= 0; id = rc_.producers[id].prelude) {
     const Producer& p = rc_.producers[id];
-    const KernelKnow::Trust trust = rc_.know[p.kernel].trust;
-    if (++depth >= kMaxPrelude || p.has_side() || !p.small_side.empty() || trust == KernelKnow::Trust::Banned) return false;
-    for (const auto& [k, v] : p.inputs)
-      if (k == slot || !slots_[k].live || slots_[k].version != v) return false;
-    if (!rc_smalls_kept(p)) return false;  // its small inputs as it read them (it has no small side)
+    if (++depth >= kMaxPrelude) return "its chain is four deep";
+    if (p.has_side() || !p.small_side.empty()) return "a launch in its chain writes besides it";
+    if (rc_.know[p.kernel].trust == KernelKnow::Trust::Banned) return "a kernel in its chain is banned";
+    for (const auto& [k, v] : p.inputs) {
+      if (k == slot) return "its chain reads it";
+      if (!slots_[k].live || slots_[k].version != v) return "an input of its chain changed since";
+    }
+    if (!rc_smalls_kept(p)) return "a small input of its chain changed since";  // it has no small side
   }
-  return true;
+  return nullptr;
 }
 
 bool Residency::rc_prelude_banned(const Producer& p) const {
@@ -288,9 +293,39 @@ void Residency::rc_say_took(KernelKnow& kk, uint32_t kernel, uint32_t slot, int3
                          !p ? "" : p->written_alone ? ", seen writing alone" : p->clean_alone ? ", seen clean alone" : "");
   }
   auto name = [&](uint32_t k) { return namer_ ? namer_(namer_ctx_, k) : std::to_string(k); };
+  // Why it is not kept as the range's producer, after the chain that made it.
+  const char* not_update = rc_not_updatable(r, slot);
   log().info("recompute: kernel {} writes ranges other launches made (here {} KiB, made by {}), at {}: those are "
-             "copied, not made again",
-             name(kernel), r.asked >> 10, name(maker), where.empty() ? std::string("no argument position") : where);
+             "copied, not made again ({})",
+             name(kernel), r.asked >> 10, name(maker), where.empty() ? std::string("no argument position") : where,
+             not_update ? not_update : "this launch writes another range, or makes one, too");
+}
+
+void Residency::rc_count_kept_back(const Range& r) {
+  if (r.written_as == recompute::WrittenAs::Transfer) {
+    ++rc_.transfer_kept_back;
+    rc_.transfer_kept_back_bytes += r.bytes;
+  } else if (r.written_by < rc_.know.size()) {
+    ++rc_.know[r.written_by].kept_back;
+    rc_.know[r.written_by].kept_back_bytes += r.bytes;
+  }
+}
+
+std::string Residency::rc_top_writers(size_t n) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<std::pair<uint64_t, int64_t>> top;  // bytes, kernel (-1: copies and memsets)
+  if (rc_.transfer_kept_back) top.push_back({rc_.transfer_kept_back_bytes, -1});
+  for (uint32_t k = 0; k < rc_.know.size(); ++k)
+    if (rc_.know[k].kept_back) top.push_back({rc_.know[k].kept_back_bytes, k});
+  std::sort(top.begin(), top.end(), std::greater<>());
+  std::string out;
+  for (size_t i = 0; i < top.size() && i < n; ++i) {
+    const auto [bytes, k] = top[i];
+    const uint32_t ranges = k < 0 ? rc_.transfer_kept_back : rc_.know[k].kept_back;
+    const std::string name = k < 0 ? "copies and memsets" : namer_ ? namer_(namer_ctx_, uint32_t(k)) : std::to_string(k);
+    out += fmt::format("{}{}: {} ranges, {:.2f} GiB", out.empty() ? "" : "; ", name, ranges, bytes / double(1ull << 30));
+  }
+  return out;
 }
 
 // Writers that keep ranges from being made again (a producer kept, the range written since by a

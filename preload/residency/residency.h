@@ -147,6 +147,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void set_period(uint64_t launches);
   Stats stats() const;
   HostStore::Stats host_stats() const { return host_.stats(); }
+  // OFFLOAD_CAP_RECOMPUTE: the `n` writers that kept the most bytes from being made again (each
+  // the last write since the range's producer), "name: ranges, GiB; ..."; "" if none.
+  std::string rc_top_writers(size_t n) const;
   std::string error() const;  // the last refusal, said plainly; "" if none
   State state_of(DevPtr p) const;  // tests (the range holding p; Resident if not ours)
   // Options::extra_auto's limit: what one handle made costs in pieces mapped and unmapped.
@@ -361,6 +364,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   bool rc_side_known(const recompute::KernelKnow& kk, uint32_t fresh, uint64_t* side_bytes) const;
   void rc_take_prelude(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, int32_t prelude);
   bool rc_remake(uint32_t slot, Stream s);
+  void rc_count_kept_back(const Range& r);  // copied back for its last writer (rc_top_writers)
   void rc_new_life(Range& r);            // born or freed: no producer, a new version
   // Whether a range being evicted can be dropped instead of copied out: its kernel trusted, its
   // inputs unchanged and none dropped (resident or with their bytes on the host), and room at any
@@ -439,9 +443,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // that writes it makes it, with them as its prelude.
   bool rc_fill_only(const Range& r) const;
   // Its producer chain can run again, as it did, before a launch that writes it in place (an
-  // update: a bias added, a mask applied): no side, every kernel not banned and trusted where it
-  // reads anything, every input as it was read, kMaxPrelude deep at most.
-  bool rc_updatable(const Range& r, uint32_t slot) const;
+  // update: a bias added, a mask applied): no side, no kernel banned, every input as it was read,
+  // kMaxPrelude deep at most.
+  // Why a write of `r` cannot be kept as an update in place (nullptr: it can).
+  const char* rc_not_updatable(const Range& r, uint32_t slot) const;
+  bool rc_updatable(const Range& r, uint32_t slot) const { return !rc_not_updatable(r, slot); }
   // The inputs of a producer's preludes, moved to it: the chain is made again only while all are
   // as they were read, and none is written or freed while it is dropped.
   void rc_gather_inputs(int32_t head);
