@@ -212,7 +212,7 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
     if (now.remake_written || now.copied_lost) {
       const std::string top = residency_->rc_top_writers(5);
       if (!top.empty())
-        log().info("step {}: copied back, not made again, by the last write since their producer (so far): {}", step, top);
+        log().info("step {}: recompute: copied back, not made again, by the last write since their producer (so far): {}", step, top);
     }
   }
   const bool moved = now.bytes_out != was.bytes_out || now.bytes_in != was.bytes_in;
