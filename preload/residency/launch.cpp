@@ -232,19 +232,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   collect_touched(blind, acc, n, &touched);
   // Small allocations producers read: a launch we cannot see into may write any of them.
   if (touched.empty()) {
-    // A launch touching no range (an optimizer's step on small parameters, a copy into one): every
-    // small allocation it touches is taken as written, and ranges dropped from one are made again
-    // first.
-    if (o_.recompute) {
-      RcWriting writing(*this, true);
-      rc_.learned = false;
-      rc_.smalls.clear();
-      rc_small_writes(blind, acc, n);
-      std::string why;
-      if (!rc_guard_smalls(s, nullptr, 0, &why)) log().error("recompute: before a launch: {}", why);
-      rc_bump_smalls(blind, acc, n);
-      rc_touch_smalls(blind, acc, n, s, launch_no);
-    }
+    if (o_.recompute) rc_note_smalls_only(blind, acc, n, s, launch_no);
     return;
   }
   if (o_.recompute && blind) rc_bump_smalls(true, acc, n);
@@ -300,6 +288,20 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   t0 = mono_now_ns();
   evict_ahead(touched.data(), touched.size());
   st_.ahead_ns += mono_now_ns() - t0;
+}
+
+void Residency::rc_note_smalls_only(bool blind, const AllocId* acc, size_t n, Stream s, uint64_t launch_no) {
+  // A launch touching no range (an optimizer's step on small parameters, a copy into one): every
+  // small allocation it touches is taken as written, and ranges dropped from one are made again
+  // first.
+  RcWriting writing(*this, true);
+  rc_.learned = false;
+  rc_.smalls.clear();
+  rc_small_writes(blind, acc, n);
+  std::string why;
+  if (!rc_guard_smalls(s, nullptr, 0, &why)) log().error("recompute: before a launch: {}", why);
+  rc_bump_smalls(blind, acc, n);
+  rc_touch_smalls(blind, acc, n, s, launch_no);
 }
 
 void Residency::note_captured(uint64_t launch_no, Stream s, const AllocId* acc, size_t n) {

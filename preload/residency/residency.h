@@ -364,7 +364,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   bool rc_side_known(const recompute::KernelKnow& kk, uint32_t fresh, uint64_t* side_bytes) const;
   void rc_take_prelude(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, int32_t prelude);
   bool rc_remake(uint32_t slot, Stream s);
-  void rc_count_kept_back(const Range& r);  // copied back for its last writer (rc_top_writers)
+  void rc_count_kept_back(const Range& r);
+  // Before a launch touching no range: the small allocations it touches taken as written.
+  void rc_note_smalls_only(bool blind, const AllocId* acc, size_t n, Stream s, uint64_t launch_no);  // copied back for its last writer (rc_top_writers)
   void rc_new_life(Range& r);            // born or freed: no producer, a new version
   // Whether a range being evicted can be dropped instead of copied out: its kernel trusted, its
   // inputs unchanged and none dropped (resident or with their bytes on the host), and room at any
