@@ -145,6 +145,26 @@ TEST(RecomputeUpdate, AChainThatGivesOtherBytesBansItsKernelNeverChecked) {
   }
 }
 
+// An update whose chain read an input written since is not kept: y's producer is lost, and the
+// log says why (the first such write of a kernel is named).
+TEST(RecomputeUpdate, AnUpdateNotKeptSaysWhy) {
+  Rig r(4);
+  const DevPtr x = learned_input(r, true);
+  const DevPtr y = r.alloc();
+  r.launch(r.scale, {y, x});
+  r.launch(r.bump, {x});
+  ::testing::internal::CaptureStderr();
+  r.launch(r.bump, {y});
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("recompute: kernel bump writes ranges other launches made"), std::string::npos) << said;
+  EXPECT_NE(said.find("(an input of its chain changed since)"), std::string::npos) << said;
+  const uint64_t lost = r.res.stats().copied_lost;
+  r.evict({y}, {x});
+  r.use(y);
+  EXPECT_EQ(r.res.stats().copied_lost, lost + 1);
+  EXPECT_TRUE(r.is(y, [](uint64_t i) { return 3 * (7000 + i) + 1 + 1; }));
+}
+
 }  // namespace
 }  // namespace recompute_test
 }  // namespace offload
