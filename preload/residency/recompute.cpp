@@ -601,11 +601,10 @@ bool Residency::rc_check_remade(const Producer& p, const Range& r, Stream s) {
   // Checked: a kernel's first launch made again, one whose side is at positions not checked yet
   // (zeroed there, a kernel that reads what it also writes gives other bytes), and one after a
   // chain with a kernel not checked yet.
+  if (rc_all_checked(p) || o_.fault == Options::Fault::RecomputeUnchecked) return true;
   KernelKnow& kk = rc_.know[p.kernel];
   const bool side_new = rc_side_unchecked(p);
   const bool chain_new = rc_chain_unchecked(p);
-  if ((kk.trust != KernelKnow::Trust::Unchecked && !side_new && !chain_new) || o_.fault == Options::Fault::RecomputeUnchecked)
-    return true;
   ++st_.recompute_checks;
   const bool same = rc_same(r.va, r.host, r.asked, s);
   for (uint32_t at : p.side_at) {  // positions found out either way
@@ -625,7 +624,7 @@ bool Residency::rc_check_remade(const Producer& p, const Range& r, Stream s) {
   for (int32_t id = p.prelude; chain_new && id >= 0; id = rc_.producers[id].prelude) {
     const Producer& q = rc_.producers[id];
     KernelKnow& qk = rc_.know[q.kernel];
-    if (!q.reads() || qk.trust != KernelKnow::Trust::Unchecked || qk.chain_checked) continue;
+    if (!rc_member_unchecked(q) || qk.trust == KernelKnow::Trust::Banned) continue;  // banned in this loop already
     if (same) {
       qk.chain_checked = true;
       continue;

@@ -57,8 +57,7 @@ bool Residency::rc_check_wanted(uint32_t slot) const {
   const Range& r = slots_[slot];
   if (r.producer < 0 || r.dropped || !r.host) return false;
   const Producer& p = rc_.producers[r.producer];
-  const bool checked = rc_.know[p.kernel].trust != KernelKnow::Trust::Unchecked && !rc_side_unchecked(p) && !rc_chain_unchecked(p);
-  if (checked || p.out_version != r.version) return false;
+  if (rc_all_checked(p) || p.out_version != r.version) return false;
   if (!rc_side_ready(p, false) || !rc_smalls_kept(p)) return false;
   bool away = false;
   for (const auto& [k, v] : p.inputs) {

@@ -84,14 +84,20 @@ bool Residency::rc_prelude_banned(const Producer& p) const {
   return false;
 }
 
+bool Residency::rc_member_unchecked(const Producer& q) const {
+  const KernelKnow& k = rc_.know[q.kernel];
+  return q.reads() && k.trust != KernelKnow::Trust::Trusted && !k.chain_checked;
+}
+
 bool Residency::rc_chain_unchecked(const Producer& p) const {
   if (o_.fault == Options::Fault::RecomputeChainUnchecked) return false;
-  for (int32_t id = p.prelude; id >= 0; id = rc_.producers[id].prelude) {
-    const Producer& q = rc_.producers[id];
-    const KernelKnow& k = rc_.know[q.kernel];
-    if (q.reads() && k.trust != KernelKnow::Trust::Trusted && !k.chain_checked) return true;
-  }
+  for (int32_t id = p.prelude; id >= 0; id = rc_.producers[id].prelude)
+    if (rc_member_unchecked(rc_.producers[id])) return true;
   return false;
+}
+
+bool Residency::rc_all_checked(const Producer& p) const {
+  return rc_.know[p.kernel].trust != KernelKnow::Trust::Unchecked && !rc_side_unchecked(p) && !rc_chain_unchecked(p);
 }
 
 void Residency::rc_gather_inputs(int32_t head) {

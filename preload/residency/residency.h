@@ -364,9 +364,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   bool rc_side_known(const recompute::KernelKnow& kk, uint32_t fresh, uint64_t* side_bytes) const;
   void rc_take_prelude(recompute::KernelKnow& kk, uint32_t kernel, uint32_t fresh, int32_t prelude);
   bool rc_remake(uint32_t slot, Stream s);
-  void rc_count_kept_back(const Range& r);
+  void rc_count_kept_back(const Range& r);  // copied back for its last writer (rc_top_writers)
   // Before a launch touching no range: the small allocations it touches taken as written.
-  void rc_note_smalls_only(bool blind, const AllocId* acc, size_t n, Stream s, uint64_t launch_no);  // copied back for its last writer (rc_top_writers)
+  void rc_note_smalls_only(bool blind, const AllocId* acc, size_t n, Stream s, uint64_t launch_no);
   void rc_new_life(Range& r);            // born or freed: no producer, a new version
   // Whether a range being evicted can be dropped instead of copied out: its kernel trusted, its
   // inputs unchanged and none dropped (resident or with their bytes on the host), and room at any
@@ -446,8 +446,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   bool rc_fill_only(const Range& r) const;
   // Its producer chain can run again, as it did, before a launch that writes it in place (an
   // update: a bias added, a mask applied): no side, no kernel banned, every input as it was read,
-  // kMaxPrelude deep at most.
-  // Why a write of `r` cannot be kept as an update in place (nullptr: it can).
+  // kMaxPrelude deep at most. rc_not_updatable says which of those fails (nullptr: none).
   const char* rc_not_updatable(const Range& r, uint32_t slot) const;
   bool rc_updatable(const Range& r, uint32_t slot) const { return !rc_not_updatable(r, slot); }
   // The inputs of a producer's preludes, moved to it: the chain is made again only while all are
@@ -457,6 +456,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // A kernel it launches first that reads something and was never checked (alone or in a chain):
   // its chain's remake is compared with the copy on the host, as an unchecked kernel's is.
   bool rc_chain_unchecked(const recompute::Producer& p) const;
+  bool rc_member_unchecked(const recompute::Producer& q) const;  // one such kernel of a chain
+  // Its launch made again needs no comparison: its kernel, its side's positions and its chain's
+  // kernels are all checked.
+  bool rc_all_checked(const recompute::Producer& p) const;
   bool rc_launch_preludes(const recompute::Producer& p, Stream s);  // its small sides' fills, then its own, on `s`
   bool rc_launch_chain(int32_t head, Stream s);                    // a prelude chain, oldest first
   // A launch's record to launch it again (its arguments copied), as a free producer record.

@@ -10,6 +10,18 @@ namespace offload {
 namespace recompute_test {
 namespace {
 
+// Makes bump trusted: a chain of scale (from x) and bump, evicted and made again, checked.
+void trust_bump(Rig& r, DevPtr x) {
+  const DevPtr t = r.alloc();
+  r.launch(r.scale, {t, x});
+  r.launch(r.bump, {t});
+  r.evict({t}, {x});
+  const uint64_t checks = r.res.stats().recompute_checks;
+  r.use(t);
+  EXPECT_EQ(r.res.stats().recompute_checks, checks + 1);
+  r.free(t);
+}
+
 // y = scale(x), then bumped in place: bump makes y, scale launched again before it. Its first
 // remake is checked; once trusted, y is dropped at eviction and made again.
 TEST(RecomputeUpdate, ARangeUpdatedInPlaceIsMadeAgainByItsChain) {
@@ -47,15 +59,7 @@ TEST(RecomputeUpdate, TheFirstLaunchsInputsAreGuardedAsTheUpdatesOwn) {
     SCOPED_TRACE(f == Fault::None ? "inputs gathered" : "the update's own inputs only");
     Rig r(4, f);
     const DevPtr x = learned_input(r, true);
-    {
-      // bump trusted: its first remake, checked.
-      const DevPtr t = r.alloc();
-      r.launch(r.scale, {t, x});
-      r.launch(r.bump, {t});
-      r.evict({t}, {x});
-      r.use(t);
-      r.free(t);
-    }
+    trust_bump(r, x);
     const DevPtr y = r.alloc();
     r.launch(r.scale, {y, x});
     r.launch(r.bump, {y});
@@ -119,15 +123,7 @@ TEST(RecomputeUpdate, AChainThatGivesOtherBytesBansItsKernelNeverChecked) {
     Rig r(4, f);
     const DevPtr x = learned_input(r, true);
     learn(r, r.noisy, 1, {x});
-    {
-      // bump trusted: its first remake, checked, after scale (trusted).
-      const DevPtr t = r.alloc();
-      r.launch(r.scale, {t, x});
-      r.launch(r.bump, {t});
-      r.evict({t}, {x});
-      r.use(t);
-      r.free(t);
-    }
+    trust_bump(r, x);
     const uint64_t bans = r.res.stats().recompute_bans;
     const DevPtr y = r.alloc();
     r.launch(r.noisy, {y, x});
