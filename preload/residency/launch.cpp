@@ -51,6 +51,7 @@ void Residency::after_launch() {
   if (f.owner != this) return;
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
+  busy.locked(lock_ns_);
   close_inflight(f);
   if (rc_.probe.active) rc_finish_probe();
 }
@@ -218,6 +219,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   }
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
+  busy.locked(lock_ns_);
   DeferCopies defer(*this);
   decide_costs();
   if (capture_open_ && s == capture_stream_) capture_open_ = false;

@@ -149,6 +149,7 @@ bool Residency::take(uint64_t bytes, Want want) {
   const bool force = want == Want::Forced;
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
+  busy.locked(lock_ns_);
   if (outside_base_ == UINT64_MAX) refresh_outside();
   // Never the room this manager needs for its own largest launch or allocation: it cannot take
   // back what another owner holds, and would refuse them.
@@ -248,6 +249,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   const uint64_t size = range_size(bytes);
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
+  busy.locked(lock_ns_);
   DeferCopies defer(*this);
   decide_costs();
   ++st_.allocs;
@@ -366,6 +368,7 @@ DevPtr Residency::new_range(uint64_t size, Stream s, uint64_t* tag, bool* refuse
 bool Residency::free(DevPtr p, Stream s) {
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
+  busy.locked(lock_ns_);
   auto it = by_va_.find(p);
   if (it == by_va_.end()) return false;
   const uint32_t slot = it->second;
@@ -429,6 +432,7 @@ bool Residency::free(DevPtr p, Stream s) {
 bool Residency::admit_small(uint64_t bytes) {
   Busy busy(busy_ns_);
   std::lock_guard<std::mutex> lk(mu_);
+  busy.locked(lock_ns_);
   // The pool's memory is counted as the larger of its share and what it holds: it holds more than
   // its live bytes (blocks freed and kept, fragments), and grows by its own chunks.
   const uint64_t live = small_live_ + bytes;
@@ -488,6 +492,7 @@ void Residency::small_freed(uint64_t bytes) {
 
 void Residency::poll() {
   std::lock_guard<std::mutex> lk(mu_);
+  const uint64_t t0 = mono_now_ns();
   reap_copies();
   for (Range& r : slots_)
     if (r.state == State::CopyingIn && query_event(r.copy_event) == 1) r.state = State::Resident;
@@ -518,12 +523,15 @@ void Residency::poll() {
   // without a driver allocation (a create and a release cost 0.1-0.6 ms together on the H200).
   // make_room gives back those of other sizes when the budget needs the room.
   note_footprint();
+  ++st_.polls;
+  st_.poll_ns += mono_now_ns() - t0;
 }
 
 Residency::Stats Residency::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   Stats s = st_;
   s.busy_ns = busy_ns_.load(std::memory_order_relaxed);
+  s.lock_ns = lock_ns_.load(std::memory_order_relaxed);
   s.prefetch_lead = pf_lead_;
   s.held = held_;
   s.pool_share = pool_share_;

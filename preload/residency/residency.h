@@ -622,12 +622,17 @@ class Residency final : public LaunchGate, public DeviceRoom {
   Stream capture_stream_ = 0;
   uint64_t capture_from_ = 0;     // its first captured launch
   std::atomic<uint64_t> busy_ns_{0};
+  std::atomic<uint64_t> lock_ns_{0};  // of busy_ns_: the hooks' waits for mu_ (the worker's poll holds it)
   // Adds the time from its making to its end to busy_ns_ (made before the lock: waiting for it counts).
   struct Busy {
     std::atomic<uint64_t>& sum;
     uint64_t t0;
     explicit Busy(std::atomic<uint64_t>& s) : sum(s), t0(mono_now_ns()) {}
     ~Busy() { sum.fetch_add(mono_now_ns() - t0, std::memory_order_relaxed); }
+    // The lock is held now: the time since the call began went to waiting for it.
+    void locked(std::atomic<uint64_t>& lock_sum) const {
+      lock_sum.fetch_add(mono_now_ns() - t0, std::memory_order_relaxed);
+    }
   };
   static uint64_t mono_now_ns() { return static_cast<uint64_t>(mono_ns()); }
   void wait_event(uint64_t e);  // the host waits for `e`; counted, by the site set (WaitAt)

@@ -30,6 +30,8 @@ struct ResidencyStats {
   uint64_t waits_release = 0, wait_release_ns = 0;
   uint64_t waits_abandon = 0, wait_abandon_ns = 0;
   uint64_t busy_ns = 0;                    // the host's time in the hooks' calls here (waits included)
+  uint64_t lock_ns = 0;                    // of it, waiting for the manager's lock (held by the worker's polls)
+  uint64_t polls = 0, poll_ns = 0;         // the worker's polls (copies reaped, the pool trimmed) and its time in them
   // The driver's virtual-memory calls: how many, and the host's time in them.
   uint64_t maps = 0, unmaps = 0, map_ns = 0, unmap_ns = 0, create_ns = 0, release_ns = 0;
   uint64_t alloc_maps = 0;                 // of the maps, those that back a new allocation (not a reload)
