@@ -492,8 +492,15 @@ void Residency::small_freed(uint64_t bytes) {
 
 void Residency::poll() {
   std::lock_guard<std::mutex> lk(mu_);
-  const uint64_t t0 = mono_now_ns();
+  uint64_t t0 = mono_now_ns();
+  const uint64_t start = t0;
+  auto part = [&](uint64_t& sum) {
+    const uint64_t t = mono_now_ns();
+    sum += t - t0;
+    t0 = t;
+  };
   reap_copies();
+  part(st_.poll_reap_ns);
   for (Range& r : slots_)
     if (r.state == State::CopyingIn && query_event(r.copy_event) == 1) r.state = State::Resident;
   for (size_t i = 0; i < pending_host_.size();) {
@@ -506,7 +513,9 @@ void Residency::poll() {
       ++i;
     }
   }
+  part(st_.poll_query_ns);
   refresh_outside();
+  part(st_.poll_outside_ns);
   // The allocator's pool holds more than its share less a chunk (fragments, frees it has not yet
   // reused): its unused memory goes back; what it still holds after that sets its share.
   if (see_pool() + o_.pool_step > pool_share_) {
@@ -515,16 +524,18 @@ void Residency::poll() {
     const uint64_t now = see_pool();
     if (now + o_.pool_step > pool_share_) pool_share_ = std::min(round_up(now + o_.pool_step, gran_), limit());
   }
+  part(st_.poll_pool_ns);
   if (held_ + pool_share_ > limit()) {
     std::string why;
     make_room(0, nullptr, 0, &why);
   }
+  part(st_.poll_room_ns);
   // Spare handles stay: they are inside the budget, and the next range of their size maps one
   // without a driver allocation (a create and a release cost 0.1-0.6 ms together on the H200).
   // make_room gives back those of other sizes when the budget needs the room.
   note_footprint();
   ++st_.polls;
-  st_.poll_ns += mono_now_ns() - t0;
+  st_.poll_ns += mono_now_ns() - start;
 }
 
 Residency::Stats Residency::stats() const {

@@ -32,6 +32,9 @@ struct ResidencyStats {
   uint64_t busy_ns = 0;                    // the host's time in the hooks' calls here (waits included)
   uint64_t lock_ns = 0;                    // of it, waiting for the manager's lock (held by the worker's polls)
   uint64_t polls = 0, poll_ns = 0;         // the worker's polls (copies reaped, the pool trimmed) and its time in them
+  // Of poll_ns: copies out and frees reaped, copies in and host slots asked about, the device's
+  // used memory read, the pool trimmed, room made.
+  uint64_t poll_reap_ns = 0, poll_query_ns = 0, poll_outside_ns = 0, poll_pool_ns = 0, poll_room_ns = 0;
   // The driver's virtual-memory calls: how many, and the host's time in them.
   uint64_t maps = 0, unmaps = 0, map_ns = 0, unmap_ns = 0, create_ns = 0, release_ns = 0;
   uint64_t alloc_maps = 0;                 // of the maps, those that back a new allocation (not a reload)
