@@ -41,7 +41,7 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   Range& r = slots_[slot];
   // A range its producer can make again is dropped: nothing is copied out (recompute.cpp).
   const bool drop = o_.recompute && rc_can_drop(slot);
-  void* host = drop ? nullptr : host_.take(r.bytes);
+  void* host = drop ? nullptr : take_host(r.bytes);
   if (drop) {
     rc_drop(r);
   } else if (!host) {

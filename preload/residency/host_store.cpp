@@ -43,10 +43,11 @@ HostStore::~HostStore() {
     if (!c.lent) munmap(c.base, c.bytes);
 }
 
-void* HostStore::take(uint64_t bytes) {
+void* HostStore::take(uint64_t bytes, bool grow) {
   bytes = round_up(std::max<uint64_t>(bytes, 1), kSlotAlign);
   std::lock_guard<std::mutex> lk(mu_);
   if (void* p = take_locked(bytes)) return p;
+  if (!grow) return nullptr;
   // Out of room: a chunk more.
   const uint64_t size = bytes > o_.pin_piece ? bytes : std::max(bytes, std::min(o_.chunk_bytes, o_.pin_piece));
   if (st_.mapped + size > o_.limit) {

@@ -65,8 +65,9 @@ class HostStore {
   HostStore(const HostStore&) = delete;
   HostStore& operator=(const HostStore&) = delete;
 
-  // `bytes` of pinned host memory, or nullptr past the limit (or when the OS refuses).
-  void* take(uint64_t bytes);
+  // `bytes` of pinned host memory, or nullptr past the limit (or when the OS refuses); with
+  // `grow` false, only from room already pinned.
+  void* take(uint64_t bytes, bool grow = true);
   void give(void* p, uint64_t bytes);
   uint64_t limit() const { return o_.limit; }
   uint64_t pin_piece() const { return o_.pin_piece; }

@@ -258,6 +258,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // What we and the pool may hold: the budget less the headroom and the outside growth.
   uint64_t limit() const { return o_.budget - std::min(o_.budget, outside_ + o_.headroom + external_); }
   void refresh_outside();
+  bool give_host_read();             // host slots whose copies in have ended go back; any did
+  void* take_host(uint64_t bytes);  // a host slot, from pinned room first (see there)
   uint64_t see_pool();  // what the pool holds now; notes it, and any excess over its share
   void open_inflight(InFlight& f, Stream s, uint64_t launch_no);  // under mu_
   void close_inflight(InFlight& f);  // under mu_

@@ -292,10 +292,10 @@ CaptureOutcome capture_touching_an_evicted_range(Residency::Options::Fault fault
   return o;
 }
 
-uint64_t filled_hash(uint64_t seed) {
-  std::vector<uint64_t> want(kGran / 8);
+uint64_t filled_hash(uint64_t seed, uint64_t bytes = kGran) {
+  std::vector<uint64_t> want(bytes / 8);
   for (uint64_t k = 0; k < want.size(); ++k) want[k] = mix(seed + k);
-  return hash(reinterpret_cast<DevPtr>(want.data()), kGran);
+  return hash(reinterpret_cast<DevPtr>(want.data()), bytes);
 }
 
 // A range reloaded on B (into a handle another range wrote) is evicted ahead while that reload is
@@ -619,6 +619,46 @@ TEST(Residency, ACopyFromARangeOnTheHostReadsItsBytes) {
   r.res.after_launch();
   r.sim.run_all();
   EXPECT_LE(r.sim.vmm_stats().physical_peak, 2 * kGran);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
+// A host slot whose copy in has ended serves the next eviction before the store grows, which
+// pins on the evicting thread. Ranges of one host chunk each under a budget of two: x goes out
+// and comes back (its slot read by the copy in) while y goes out into a second chunk; z then
+// goes out into x's old slot, with no poll in between to give it back.
+TEST(Residency, AHostSlotReadBackServesTheNextEvictionBeforeTheStoreGrows) {
+  const uint64_t chunk = CapRig::host_options().chunk_bytes;
+  Residency::Options o = CapRig::options(2 * chunk, Residency::Options::Fault::None);
+  o.low_share = 0;
+  o.prefetch = false;
+  CapRig r(o);
+  const DevPtr x = r.alloc(chunk, kA), y = r.alloc(chunk, kA);
+  ASSERT_TRUE(x && y) << r.res.error();
+  ASSERT_TRUE(r.kernel(kA, {x}, fill(x, chunk, 1)));
+  ASSERT_TRUE(r.kernel(kA, {y}, fill(y, chunk, 2)));
+  const DevPtr z = r.alloc(chunk, kA);  // x, the least recently touched, goes out
+  ASSERT_NE(z, 0u) << r.res.error();
+  ASSERT_TRUE(r.kernel(kA, {z}, fill(z, chunk, 3)));
+  r.sim.run_all();
+  r.res.poll();
+  ASSERT_EQ(r.res.state_of(x), Residency::State::OnHost);
+  EXPECT_EQ(r.host.stats().chunks, 1u);
+  uint64_t got_x = 0, got_y = 0, got_z = 0;
+  ASSERT_TRUE(r.kernel(kA, {x}, [&] { got_x = hash(x, chunk); }));  // y out, x back
+  r.sim.run_all();  // the copy in has read x's slot
+  ASSERT_NE(r.res.state_of(y), Residency::State::Resident);
+  EXPECT_EQ(r.host.stats().chunks, 2u);
+  ASSERT_TRUE(r.kernel(kA, {y}, [&] { got_y = hash(y, chunk); }));  // z out, into x's slot; y back
+  r.sim.run_all();
+  ASSERT_NE(r.res.state_of(z), Residency::State::Resident);
+  EXPECT_EQ(r.host.stats().chunks, 2u);
+  ASSERT_TRUE(r.kernel(kA, {z}, [&] { got_z = hash(z, chunk); }));
+  r.sim.run_all();
+  EXPECT_EQ(got_x, filled_hash(1, chunk));
+  EXPECT_EQ(got_y, filled_hash(2, chunk));
+  EXPECT_EQ(got_z, filled_hash(3, chunk));
+  EXPECT_EQ(r.host.stats().chunks, 2u);
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 2 * chunk);
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
