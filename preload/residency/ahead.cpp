@@ -187,7 +187,7 @@ void Residency::prefetch_due(uint64_t launch_no) {
     if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
     std::string why;
     const uint64_t copies = st_.reloads, in = st_.bytes_in;
-    if (!(check ? rc_restore(k, prefetch_stream_, nullptr, 0, &why) : reload(k, prefetch_stream_, &why))) continue;
+    if (!(check ? rc_restore(k, prefetch_stream_, nullptr, 0, &why) : reload(k, prefetch_stream_, &why, true))) continue;
     // What was copied in (it, its inputs), a prefetch, not a demand reload.
     st_.prefetches += std::max<uint64_t>(st_.reloads - copies, 1);
     st_.prefetch_bytes += std::max(st_.bytes_in - in, r.bytes);

@@ -40,8 +40,10 @@ void Residency::reap_copies() {
 bool Residency::start_evict(uint32_t slot, std::string* why) {
   Range& r = slots_[slot];
   // A range its producer can make again is dropped: nothing is copied out (recompute.cpp).
-  const bool drop = o_.recompute && rc_can_drop(slot);
-  void* host = drop ? nullptr : take_host(r.bytes);
+  // One prefetched and untouched since has its bytes on the host still: nothing is copied.
+  const bool clean = r.host_read != 0;
+  const bool drop = !clean && o_.recompute && rc_can_drop(slot);
+  void* host = drop ? nullptr : clean ? r.host : take_host(r.bytes);
   if (drop) {
     rc_drop(r);
   } else if (!host) {
@@ -65,6 +67,11 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   const bool loading = r.state == State::CopyingIn && query_event(r.copy_event) != 1;
   if (loading) r.load_event = std::exchange(r.copy_event, 0);  // the copy out gets an event of its own
   if (!r.copy_event) r.copy_event = new_event();
+  if (clean) {
+    drop_event(r.host_read);  // the copy stream orders after the copy in (load_event) if need be
+    r.host_read = 0;
+    r.clean_out = true;
+  }
   r.host = host;
   r.state = State::CopyingOut;
   copying_out_.push_back(slot);
@@ -85,7 +92,7 @@ void Residency::enqueue_copy_out(uint32_t slot) {
   const uint64_t piece = host_.pin_piece();
   auto* dst = static_cast<unsigned char*>(r.host);
   const uint64_t t0 = mono_now_ns();
-  for (uint64_t off = 0; dst && off < r.bytes; off += piece)
+  for (uint64_t off = 0; dst && !r.clean_out && off < r.bytes; off += piece)
     d_.copy_to_host(dst + off, r.va + off, std::min(piece, r.bytes - off), copy_stream_);
   st_.copy_ns += mono_now_ns() - t0;
   record_event(r.copy_event, copy_stream_);  // dropped: after the range's last work, all the same
@@ -138,7 +145,13 @@ void Residency::finish_evict(uint32_t slot) {
   drop_event(r.free_event);
   r.free_event = 0;
   ++st_.evictions;
-  if (!r.dropped) st_.bytes_out += r.bytes;
+  if (r.clean_out) {
+    ++st_.clean_out;
+    st_.clean_out_bytes += r.bytes;
+  } else if (!r.dropped) {
+    st_.bytes_out += r.bytes;
+  }
+  r.clean_out = false;
 }
 
 void Residency::abandon(Range& r) {
@@ -164,6 +177,7 @@ void Residency::abandon(Range& r) {
   }
   if (r.dropped) rc_undrop(r);  // its bytes never left
   r.host = nullptr;
+  r.clean_out = false;
   r.state = State::Resident;
   add_touch(r, copy_stream_, ++copy_touches_);  // its own count: event_after then records afresh
   drop_event(r.copy_event);  // the copy out's: its bytes are thrown away

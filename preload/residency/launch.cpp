@@ -130,6 +130,13 @@ void Residency::order_after_touches(Stream s, const std::vector<recompute::Touch
 
 // ---- Launches: the page-fault handler ------------------------------------------------------
 
+void Residency::release_clean(Range& r) {
+  if (!r.host_read || r.state == State::CopyingOut || r.state == State::OnHost) return;
+  pending_host_.push_back({r.host, r.bytes, r.host_read});
+  r.host = nullptr;
+  r.host_read = 0;
+}
+
 void Residency::copying_in(Range& r, Stream s) {
   if (!r.copy_event) r.copy_event = new_event();
   record_event(r.copy_event, s);
@@ -143,7 +150,7 @@ bool Residency::bring_back(uint32_t slot, Stream s, const uint32_t* keep, size_t
   return make_room(slots_[slot].bytes, keep, nkeep, why) && reload(slot, s, why);
 }
 
-bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
+bool Residency::reload(uint32_t slot, Stream s, std::string* why, bool keep_host) {
   Range& r = slots_[slot];
   if (!back_range(r, s, why)) return false;
   if (o_.recompute && r.producer >= 0 && rc_remake(slot, s)) return true;
@@ -167,11 +174,16 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why) {
     d_.copy_to_device(r.va + off, src + off, std::min(piece, r.bytes - off), s);
   st_.copy_ns += mono_now_ns() - t0;
   copying_in(r, s);
-  // The host slot goes back once the copy has read it.
+  // The host slot goes back once the copy has read it; a prefetch keeps it until the range is
+  // touched, so that going out again unused copies nothing.
   const uint64_t done = new_event();
   record_event(done, s);
-  pending_host_.push_back({r.host, r.bytes, done});
-  r.host = nullptr;
+  if (keep_host) {
+    r.host_read = done;
+  } else {
+    pending_host_.push_back({r.host, r.bytes, done});
+    r.host = nullptr;
+  }
   ++st_.reloads;
   st_.bytes_in += r.bytes;
   return true;
@@ -371,6 +383,7 @@ void Residency::mark_touched(uint32_t k, Stream s, uint64_t launch_no, InFlight&
   const uint64_t age = launch_no - r.birth;
   if (r.life.size() < kLifeUses && age <= UINT32_MAX && (r.life.empty() || r.life.back() != age))
     r.life.push_back(static_cast<uint32_t>(age));
+  release_clean(r);  // it may be written now
   if (r.prefetched) {
     r.prefetched = false;
     ++st_.prefetch_hits;
@@ -436,6 +449,7 @@ void Residency::prepare_access(DevPtr p) {
   const int32_t k = slot_of(p);
   if (k < 0 || !slots_[k].live) return;
   Range& r = slots_[k];
+  release_clean(r);  // the host may write it through the pointer
   if (r.state == State::CopyingOut) abandon(r);
   if (r.state != State::OnHost) return;
   const uint32_t keep = uint32_t(k);

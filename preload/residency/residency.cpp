@@ -54,6 +54,10 @@ Residency::~Residency() {
     if (!r.given)
       for (const Piece& p : r.pieces) d_.release_physical(p.handle);
     d_.unreserve(r.va, r.cap);
+    if (r.host_read) {  // a prefetch's copy in may still read the slot
+      d_.event_sync(r.host_read);
+      d_.destroy_event(r.host_read);
+    }
     if (r.host) host_.give(r.host, r.bytes);
     if (r.copy_event) d_.destroy_event(r.copy_event);
     if (r.load_event) d_.destroy_event(r.load_event);
@@ -384,6 +388,7 @@ bool Residency::free(DevPtr p, Stream s) {
     }
     return true;
   }
+  release_clean(r);  // its address serves another allocation next
   if (r.dependents || r.side_of) {
     // Dropped ranges made from it, or writing it besides, are made again first, while its bytes
     // and its address are still there.
@@ -512,6 +517,15 @@ void* Residency::take_host(uint64_t bytes) {
   // a quarter of the reference's step at half its peak while it grew; docs/results.md).
   if (void* p = host_.take(bytes, false)) return p;
   if (give_host_read())
+    if (void* p = host_.take(bytes, false)) return p;
+  // The copies prefetched ranges keep are a cache: they go before the store grows.
+  bool dropped = false;
+  for (Range& r : slots_)
+    if (r.host_read && r.state != State::CopyingOut && r.state != State::OnHost) {
+      release_clean(r);
+      dropped = true;
+    }
+  if (dropped && give_host_read())
     if (void* p = host_.take(bytes, false)) return p;
   return host_.take(bytes);
 }

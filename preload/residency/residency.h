@@ -204,6 +204,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t uses[kUses] = {};  // the last launches that touched it
     uint8_t nuses = 0, upos = 0;
     bool prefetched = false;    // reloaded ahead and not yet touched
+    // Prefetched and not touched since: `host` still holds its bytes, read by the copy in once
+    // this event is done. An eviction then copies nothing out (clean); a touch gives the slot back.
+    uint64_t host_read = 0;
+    bool clean_out = false;     // copying out with nothing to copy: the host has its bytes
     // Options::recompute: born and not yet touched; bumped at each new life and at every launch
     // that may write it; the launch that produced it (rc_.producers), -1: none known.
     bool fresh = false;
@@ -326,7 +330,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   bool give_copies(uint64_t need);
   // Before `handle` is released: a range it was given from unmaps it first.
   void settle_given(uint64_t handle);
-  bool reload(uint32_t slot, Stream s, std::string* why);
+  bool reload(uint32_t slot, Stream s, std::string* why, bool keep_host = false);
+  void release_clean(Range& r);  // its host copy kept since a prefetch goes back (after the copy in)
   // A range on the host back on `s`: room made (`keep` kept) and copied in, or, dropped, made
   // again from its inputs (rc_restore); false with *why when the room cannot be had.
   bool bring_back(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);

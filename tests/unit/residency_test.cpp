@@ -961,6 +961,38 @@ TEST(Residency, APrefetchEvictedUnusedShortensTheLead) {
   EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
 }
 
+// A range prefetched and going out before any launch touched it still has its bytes on the host:
+// nothing is copied out, and they come back intact. Once a launch touched it (here one writing
+// it), it goes out with a copy, and its new bytes come back.
+TEST(Residency, APrefetchGoingOutUnusedCopiesNothing) {
+  for (bool written : {false, true}) {
+    FortyLaunchSteps t;
+    CapRig& r = t.r;
+    for (int step = 0; step < 4; ++step)
+      for (uint64_t i = 0; i < 40; ++i) t.launch(i);
+    for (uint64_t i = 0; i < 22; ++i) t.launch(i);
+    ASSERT_NE(r.res.state_of(t.x), Residency::State::OnHost) << "x is prefetched ahead of its use at 25";
+    if (written) ASSERT_TRUE(r.kernel(kA, {t.x}, fill(t.x, kGran, 9)));
+    const Residency::Stats before = r.res.stats();
+    const DevPtr w = r.alloc(3 * kGran, kA);  // the whole budget: x goes out
+    ASSERT_NE(w, 0u) << r.res.error();
+    r.free(w, kA);
+    r.sim.run_all();
+    r.res.poll();
+    const Residency::Stats out = r.res.stats();
+    ASSERT_EQ(r.res.state_of(t.x), Residency::State::OnHost);
+    EXPECT_EQ(out.clean_out, before.clean_out + (written ? 0 : 1)) << written;
+    EXPECT_EQ(out.prefetch_wasted, before.prefetch_wasted + (written ? 0 : 1)) << written;
+    if (!written) EXPECT_EQ(out.clean_out_bytes, before.clean_out_bytes + kGran);
+    uint64_t got = 0;
+    ASSERT_TRUE(r.kernel(kA, {t.x}, [&] { got = hash(t.x, kGran); }));
+    r.sim.run_all();
+    EXPECT_EQ(got, filled_hash(written ? 9 : 1)) << written;
+    EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+    EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  }
+}
+
 // A training loop's shape: weights born once; each step allocates activations, runs a forward
 // over them (activation i from activation i-1 and weight i), a backward that updates each weight
 // from its activation in reverse, and frees the activations. With the step's length given, the
