@@ -575,6 +575,7 @@ bool Residency::rc_remake(uint32_t slot, Stream s) {
   // Its inputs are read, and its side written, on `s` now: an eviction or a free of one waits for
   // that (a touch on `s`), and so does a launch on another stream that touches one (read_event).
   auto read_here = [&](Range& in) {
+    release_clean(in);  // used now, as a launch's touch would
     add_touch(in, s, launches_seen_);
     if (!in.read_event) in.read_event = new_event();
     record_event(in.read_event, s);
