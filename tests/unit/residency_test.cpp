@@ -972,7 +972,9 @@ TEST(Residency, APrefetchGoingOutUnusedCopiesNothing) {
       for (uint64_t i = 0; i < 40; ++i) t.launch(i);
     for (uint64_t i = 0; i < 22; ++i) t.launch(i);
     ASSERT_NE(r.res.state_of(t.x), Residency::State::OnHost) << "x is prefetched ahead of its use at 25";
-    if (written) ASSERT_TRUE(r.kernel(kA, {t.x}, fill(t.x, kGran, 9)));
+    if (written) {
+      ASSERT_TRUE(r.kernel(kA, {t.x}, fill(t.x, kGran, 9)));
+    }
     const Residency::Stats before = r.res.stats();
     const DevPtr w = r.alloc(3 * kGran, kA);  // the whole budget: x goes out
     ASSERT_NE(w, 0u) << r.res.error();
@@ -983,7 +985,9 @@ TEST(Residency, APrefetchGoingOutUnusedCopiesNothing) {
     ASSERT_EQ(r.res.state_of(t.x), Residency::State::OnHost);
     EXPECT_EQ(out.clean_out, before.clean_out + (written ? 0 : 1)) << written;
     EXPECT_EQ(out.prefetch_wasted, before.prefetch_wasted + (written ? 0 : 1)) << written;
-    if (!written) EXPECT_EQ(out.clean_out_bytes, before.clean_out_bytes + kGran);
+    if (!written) {
+      EXPECT_EQ(out.clean_out_bytes, before.clean_out_bytes + kGran);
+    }
     uint64_t got = 0;
     ASSERT_TRUE(r.kernel(kA, {t.x}, [&] { got = hash(t.x, kGran); }));
     r.sim.run_all();
