@@ -173,7 +173,7 @@ void Residency::abandon(Range& r) {
   if (r.host) {
     const uint64_t done = new_event();
     record_event(done, copy_stream_);
-    pending_host_.push_back({r.host, r.bytes, done});
+    give_host_after(r, done);
   }
   if (r.dropped) rc_undrop(r);  // its bytes never left
   r.host = nullptr;

@@ -49,9 +49,7 @@ bool Residency::take_refusal() {
 void Residency::after_launch() {
   InFlight& f = tl_inflight;
   if (f.owner != this) return;
-  Busy busy(busy_ns_);
-  std::lock_guard<std::mutex> lk(mu_);
-  busy.locked(lock_ns_);
+  Busy busy(*this);
   close_inflight(f);
   if (rc_.probe.active) rc_finish_probe();
 }
@@ -130,11 +128,16 @@ void Residency::order_after_touches(Stream s, const std::vector<recompute::Touch
 
 // ---- Launches: the page-fault handler ------------------------------------------------------
 
-void Residency::release_clean(Range& r) {
-  if (!r.host_read || r.state == State::CopyingOut || r.state == State::OnHost) return;
-  pending_host_.push_back({r.host, r.bytes, r.host_read});
+void Residency::give_host_after(Range& r, uint64_t event) {
+  pending_host_.push_back({r.host, r.bytes, event});
   r.host = nullptr;
-  r.host_read = 0;
+}
+
+bool Residency::release_clean(Range& r) {
+  // host_read is set only while the range is resident or copying in (start_evict takes it).
+  if (!r.host_read) return false;
+  give_host_after(r, std::exchange(r.host_read, 0));
+  return true;
 }
 
 void Residency::copying_in(Range& r, Stream s) {
@@ -181,8 +184,7 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why, bool keep_host
   if (keep_host) {
     r.host_read = done;
   } else {
-    pending_host_.push_back({r.host, r.bytes, done});
-    r.host = nullptr;
+    give_host_after(r, done);
   }
   ++st_.reloads;
   st_.bytes_in += r.bytes;
@@ -229,9 +231,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     note_captured(launch_no, s, acc, n);
     return;
   }
-  Busy busy(busy_ns_);
-  std::lock_guard<std::mutex> lk(mu_);
-  busy.locked(lock_ns_);
+  Busy busy(*this);
   DeferCopies defer(*this);
   decide_costs();
   if (capture_open_ && s == capture_stream_) capture_open_ = false;

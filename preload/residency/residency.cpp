@@ -151,9 +151,7 @@ void Residency::note_footprint() {
 
 bool Residency::take(uint64_t bytes, Want want) {
   const bool force = want == Want::Forced;
-  Busy busy(busy_ns_);
-  std::lock_guard<std::mutex> lk(mu_);
-  busy.locked(lock_ns_);
+  Busy busy(*this);
   if (outside_base_ == UINT64_MAX) refresh_outside();
   // Never the room this manager needs for its own largest launch or allocation: it cannot take
   // back what another owner holds, and would refuse them.
@@ -251,9 +249,7 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   *refused = false;
   if (bytes < o_.min_bytes) return 0;
   const uint64_t size = range_size(bytes);
-  Busy busy(busy_ns_);
-  std::lock_guard<std::mutex> lk(mu_);
-  busy.locked(lock_ns_);
+  Busy busy(*this);
   DeferCopies defer(*this);
   decide_costs();
   ++st_.allocs;
@@ -370,9 +366,7 @@ DevPtr Residency::new_range(uint64_t size, Stream s, uint64_t* tag, bool* refuse
 }
 
 bool Residency::free(DevPtr p, Stream s) {
-  Busy busy(busy_ns_);
-  std::lock_guard<std::mutex> lk(mu_);
-  busy.locked(lock_ns_);
+  Busy busy(*this);
   auto it = by_va_.find(p);
   if (it == by_va_.end()) return false;
   const uint32_t slot = it->second;
@@ -435,9 +429,7 @@ bool Residency::free(DevPtr p, Stream s) {
 }
 
 bool Residency::admit_small(uint64_t bytes) {
-  Busy busy(busy_ns_);
-  std::lock_guard<std::mutex> lk(mu_);
-  busy.locked(lock_ns_);
+  Busy busy(*this);
   // The pool's memory is counted as the larger of its share and what it holds: it holds more than
   // its live bytes (blocks freed and kept, fragments), and grows by its own chunks.
   const uint64_t live = small_live_ + bytes;
@@ -520,11 +512,7 @@ void* Residency::take_host(uint64_t bytes) {
     if (void* p = host_.take(bytes, false)) return p;
   // The copies prefetched ranges keep are a cache: they go before the store grows.
   bool dropped = false;
-  for (Range& r : slots_)
-    if (r.host_read && r.state != State::CopyingOut && r.state != State::OnHost) {
-      release_clean(r);
-      dropped = true;
-    }
+  for (Range& r : slots_) dropped |= release_clean(r);
   if (dropped && give_host_read())
     if (void* p = host_.take(bytes, false)) return p;
   return host_.take(bytes);

@@ -331,7 +331,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Before `handle` is released: a range it was given from unmaps it first.
   void settle_given(uint64_t handle);
   bool reload(uint32_t slot, Stream s, std::string* why, bool keep_host = false);
-  void release_clean(Range& r);  // its host copy kept since a prefetch goes back (after the copy in)
+  void give_host_after(Range& r, uint64_t event);  // its host slot goes back once `event` is done
+  bool release_clean(Range& r);  // its host copy kept since a prefetch goes back (after the copy in); any
   // A range on the host back on `s`: room made (`keep` kept) and copied in, or, dropped, made
   // again from its inputs (rc_restore); false with *why when the room cannot be had.
   bool bring_back(uint32_t slot, Stream s, const uint32_t* keep, size_t nkeep, std::string* why);
@@ -630,16 +631,16 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t capture_from_ = 0;     // its first captured launch
   std::atomic<uint64_t> busy_ns_{0};
   std::atomic<uint64_t> lock_ns_{0};  // of busy_ns_: the hooks' waits for mu_ (the worker's poll holds it)
-  // Adds the time from its making to its end to busy_ns_ (made before the lock: waiting for it counts).
+  // A hook's call under mu_: its whole time goes to busy_ns_ (waiting for mu_ counts), and the
+  // part spent getting mu_ to lock_ns_.
   struct Busy {
-    std::atomic<uint64_t>& sum;
+    Residency& r;
     uint64_t t0;
-    explicit Busy(std::atomic<uint64_t>& s) : sum(s), t0(mono_now_ns()) {}
-    ~Busy() { sum.fetch_add(mono_now_ns() - t0, std::memory_order_relaxed); }
-    // The lock is held now: the time since the call began went to waiting for it.
-    void locked(std::atomic<uint64_t>& lock_sum) const {
-      lock_sum.fetch_add(mono_now_ns() - t0, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lk;
+    explicit Busy(Residency& res) : r(res), t0(mono_now_ns()), lk(res.mu_) {
+      r.lock_ns_.fetch_add(mono_now_ns() - t0, std::memory_order_relaxed);
     }
+    ~Busy() { r.busy_ns_.fetch_add(mono_now_ns() - t0, std::memory_order_relaxed); }
   };
   static uint64_t mono_now_ns() { return static_cast<uint64_t>(mono_ns()); }
   void wait_event(uint64_t e);  // the host waits for `e`; counted, by the site set (WaitAt)
