@@ -513,7 +513,7 @@ bool SimDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stre
 bool SimDriver::pick_locked(Pick how, std::mt19937_64* rng, Stream* out) {
   std::vector<Stream> runnable, non_copy;
   for (auto& [s, q] : queues_) {
-    if (q.running || q.ops.empty()) continue;
+    if (q.running || q.ops.empty() || std::find(held_.begin(), held_.end(), s) != held_.end()) continue;
     const Op& head = q.ops.front();
     if (head.kind == Op::kWait && !head.ev->done(head.gen)) continue;
     runnable.push_back(s);
@@ -583,7 +583,10 @@ void SimDriver::run_all() {
     bool empty = std::all_of(queues_.begin(), queues_.end(), [](auto& kv) { return kv.second.ops.empty(); });
     if (empty) return;
     Stream s;
-    if (!pick_locked(Pick::kRoundRobin, nullptr, &s)) deadlock_locked("run_all");
+    if (!pick_locked(Pick::kRoundRobin, nullptr, &s)) {
+      if (!held_.empty()) return;  // what is left waits for a held stream
+      deadlock_locked("run_all");
+    }
     execute(lock, s);
   }
 }
@@ -591,6 +594,12 @@ void SimDriver::run_all() {
 void SimDriver::set_copy_delay(bool on) {
   std::lock_guard lock(mu_);
   copy_delay_ = on;
+}
+
+void SimDriver::hold(Stream s, bool on) {
+  std::lock_guard lock(mu_);
+  std::erase(held_, s);
+  if (on) held_.push_back(s);
 }
 
 size_t SimDriver::pending_ops() const {

@@ -205,6 +205,9 @@ class SimDriver final : public Driver {
   void run_all();
   // When on, step/run_all/event_sync run a copy only when no other op is runnable.
   void set_copy_delay(bool on);
+  // A held stream runs nothing (a GPU busy with its work for long): run_all returns with its ops,
+  // and those of streams waiting for it, still queued.
+  void hold(Stream s, bool on);
   size_t pending_ops() const;  // queued or running, all streams
   size_t live_events() const;
 
@@ -301,6 +304,7 @@ class SimDriver final : public Driver {
   Stream rr_last_ = 0;
   bool rr_started_ = false;
   bool copy_delay_ = false;
+  std::vector<Stream> held_;
   std::atomic<uint64_t> create_delay_ns_{0}, map_delay_ns_{0};
   std::atomic<bool> copy_bytes_{true};
 };

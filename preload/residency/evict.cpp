@@ -32,9 +32,18 @@ void Residency::reap_copies() {
       ++i;
     }
   }
-  // Copies out run on one stream, in the order of copying_out_: none after one still running is done.
-  while (!copying_out_.empty() && query_event(slots_[copying_out_.front()].copy_event) == 1)
-    finish_evict(copying_out_.front());  // erases it
+  // Copies out run on one stream, in the order of copying_out_: none after one still running is
+  // done. A clean eviction's event is its copy in's, on another stream: asked about on its own.
+  bool running = false;
+  for (size_t i = 0; i < copying_out_.size();) {
+    const Range& r = slots_[copying_out_[i]];
+    if ((r.clean_out || !running) && query_event(r.copy_event) == 1) {
+      finish_evict(copying_out_[i]);  // erases it
+      continue;
+    }
+    running |= !r.clean_out;
+    ++i;
+  }
 }
 
 bool Residency::start_evict(uint32_t slot, std::string* why) {
@@ -66,16 +75,20 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   if (!copy_stream_) copy_stream_ = d_.create_stream();
   const bool loading = r.state == State::CopyingIn && query_event(r.copy_event) != 1;
   if (loading) r.load_event = std::exchange(r.copy_event, 0);  // the copy out gets an event of its own
-  if (!r.copy_event) r.copy_event = new_event();
   if (clean) {
-    drop_event(r.host_read);  // the copy stream orders after the copy in (load_event) if need be
-    r.host_read = 0;
+    // Nothing touched it since its copy in: its memory is free once that copy has ended, and
+    // the copy stream, with every copy out queued on it, is not waited for (docs/design.md).
+    drop_event(r.copy_event);  // a copy in's that has ended
+    r.copy_event = std::exchange(r.host_read, 0);
     r.clean_out = true;
+  } else if (!r.copy_event) {
+    r.copy_event = new_event();
   }
   r.host = host;
   r.state = State::CopyingOut;
   copying_out_.push_back(slot);
   out_bytes_ += r.bytes;
+  if (clean) return true;
   if (defer_copies_) deferred_.push_back(slot);
   else enqueue_copy_out(slot);
   return true;
@@ -92,7 +105,7 @@ void Residency::enqueue_copy_out(uint32_t slot) {
   const uint64_t piece = host_.pin_piece();
   auto* dst = static_cast<unsigned char*>(r.host);
   const uint64_t t0 = mono_now_ns();
-  for (uint64_t off = 0; dst && !r.clean_out && off < r.bytes; off += piece)
+  for (uint64_t off = 0; dst && off < r.bytes; off += piece)
     d_.copy_to_host(dst + off, r.va + off, std::min(piece, r.bytes - off), copy_stream_);
   st_.copy_ns += mono_now_ns() - t0;
   record_event(r.copy_event, copy_stream_);  // dropped: after the range's last work, all the same
@@ -170,16 +183,21 @@ void Residency::abandon(Range& r) {
   ++st_.abandoned;
   std::erase(copying_out_, uint32_t(&r - slots_.data()));
   out_bytes_ -= r.bytes;
-  if (r.host) {
-    const uint64_t done = new_event();
-    record_event(done, copy_stream_);
-    give_host_after(r, done);
+  if (r.clean_out) {
+    // Nothing was copied out: the copy in (copy_event) is the last to read its host slot.
+    give_host_after(r, std::exchange(r.copy_event, 0));
+  } else {
+    if (r.host) {
+      const uint64_t done = new_event();
+      record_event(done, copy_stream_);
+      give_host_after(r, done);
+    }
+    add_touch(r, copy_stream_, ++copy_touches_);  // its own count: event_after then records afresh
   }
   if (r.dropped) rc_undrop(r);  // its bytes never left
   r.host = nullptr;
   r.clean_out = false;
   r.state = State::Resident;
-  add_touch(r, copy_stream_, ++copy_touches_);  // its own count: event_after then records afresh
   drop_event(r.copy_event);  // the copy out's: its bytes are thrown away
   r.copy_event = std::exchange(r.load_event, 0);
   if (r.copy_event && o_.fault != Options::Fault::SkipReloadWait) {

@@ -195,8 +195,11 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
   // Copies out still running give their handles (the taker's stream waits for them), else the
   // oldest is waited for.
   if (give_copies(need)) return true;
-  while (!fits()) {
-    auto it = std::find_if(copying_out_.begin(), copying_out_.end(), [&](uint32_t k) { return !slots_[k].given; });
+  while (!fits()) {  // clean evictions first (they wait for a copy in), then the oldest copy out
+    auto it = std::find_if(copying_out_.begin(), copying_out_.end(),
+                           [&](uint32_t k) { return !slots_[k].given && slots_[k].clean_out; });
+    if (it == copying_out_.end())
+      it = std::find_if(copying_out_.begin(), copying_out_.end(), [&](uint32_t k) { return !slots_[k].given; });
     if (it == copying_out_.end()) break;
     finish_evict(*it);
   }
