@@ -32,18 +32,9 @@ void Residency::reap_copies() {
       ++i;
     }
   }
-  // Copies out run on one stream, in the order of copying_out_: none after one still running is
-  // done. A clean eviction's event is its copy in's, on another stream: asked about on its own.
-  bool running = false;
-  for (size_t i = 0; i < copying_out_.size();) {
-    const Range& r = slots_[copying_out_[i]];
-    if ((r.clean_out || !running) && query_event(r.copy_event) == 1) {
-      finish_evict(copying_out_[i]);  // erases it
-      continue;
-    }
-    running |= !r.clean_out;
-    ++i;
-  }
+  // Copies out run on one stream, in the order of copying_out_: none after one still running is done.
+  while (!copying_out_.empty() && query_event(slots_[copying_out_.front()].copy_event) == 1)
+    finish_evict(copying_out_.front());  // erases it
 }
 
 bool Residency::start_evict(uint32_t slot, std::string* why) {
@@ -75,20 +66,15 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   if (!copy_stream_) copy_stream_ = d_.create_stream();
   const bool loading = r.state == State::CopyingIn && query_event(r.copy_event) != 1;
   if (loading) r.load_event = std::exchange(r.copy_event, 0);  // the copy out gets an event of its own
+  if (!r.copy_event) r.copy_event = new_event();
   if (clean) {
-    // Nothing touched it since its copy in: its memory is free once that copy has ended, and
-    // the copy stream, with every copy out queued on it, is not waited for (docs/design.md).
-    drop_event(r.copy_event);  // a copy in's that has ended
-    r.copy_event = std::exchange(r.host_read, 0);
+    r.in_done = std::exchange(r.host_read, 0);  // the copy stream orders after the copy in (load_event) too
     r.clean_out = true;
-  } else if (!r.copy_event) {
-    r.copy_event = new_event();
   }
   r.host = host;
   r.state = State::CopyingOut;
   copying_out_.push_back(slot);
   out_bytes_ += r.bytes;
-  if (clean) return true;
   if (defer_copies_) deferred_.push_back(slot);
   else enqueue_copy_out(slot);
   return true;
@@ -105,7 +91,7 @@ void Residency::enqueue_copy_out(uint32_t slot) {
   const uint64_t piece = host_.pin_piece();
   auto* dst = static_cast<unsigned char*>(r.host);
   const uint64_t t0 = mono_now_ns();
-  for (uint64_t off = 0; dst && off < r.bytes; off += piece)
+  for (uint64_t off = 0; dst && !r.clean_out && off < r.bytes; off += piece)
     d_.copy_to_host(dst + off, r.va + off, std::min(piece, r.bytes - off), copy_stream_);
   st_.copy_ns += mono_now_ns() - t0;
   record_event(r.copy_event, copy_stream_);  // dropped: after the range's last work, all the same
@@ -142,7 +128,7 @@ void Residency::finish_evict(uint32_t slot) {
   }
   unmap_pieces(r);
   if (r.given) {
-    no_wait_for(r, r.copy_event);  // the copy is done (and its event is reused)
+    no_wait_for(r, r.in_done ? r.in_done : r.copy_event);  // the copy is done (and its event is reused)
   } else {
     out_bytes_ -= r.bytes;
     spare_pieces(r);  // still counted in held_: the caller takes or releases them
@@ -157,6 +143,8 @@ void Residency::finish_evict(uint32_t slot) {
   r.copy_event = 0;
   drop_event(r.free_event);
   r.free_event = 0;
+  drop_event(r.in_done);
+  r.in_done = 0;
   ++st_.evictions;
   if (r.clean_out) {
     ++st_.clean_out;
@@ -184,8 +172,7 @@ void Residency::abandon(Range& r) {
   std::erase(copying_out_, uint32_t(&r - slots_.data()));
   out_bytes_ -= r.bytes;
   if (r.clean_out) {
-    // Nothing was copied out: the copy in (copy_event) is the last to read its host slot.
-    give_host_after(r, std::exchange(r.copy_event, 0));
+    give_host_after(r, std::exchange(r.in_done, 0));  // the copy stream never read it
   } else {
     if (r.host) {
       const uint64_t done = new_event();

@@ -119,18 +119,16 @@ bool Residency::can_back(const Range& r, uint64_t need) const {
 }
 
 bool Residency::give_copies(uint64_t need) {
-  // Clean evictions first: their takers wait for a copy in, not for the copies out queued ahead.
-  for (bool clean : {true, false})
-    for (uint32_t slot : copying_out_) {
-      if (fits(need)) return true;
-      Range& r = slots_[slot];
-      if (r.given || r.clean_out != clean) continue;
-      if (!can_back(r, need)) continue;
-      r.given = true;
-      out_bytes_ -= r.bytes;  // no longer coming back to us: the taker counts it
-      add_spares(r.pieces, r.copy_event);
-      ++st_.handovers;
-    }
+  for (uint32_t slot : copying_out_) {
+    if (fits(need)) return true;
+    Range& r = slots_[slot];
+    if (r.given) continue;
+    if (!can_back(r, need)) continue;
+    r.given = true;
+    out_bytes_ -= r.bytes;  // no longer coming back to us: the taker counts it
+    add_spares(r.pieces, r.in_done ? r.in_done : r.copy_event);
+    ++st_.handovers;
+  }
   return fits(need);
 }
 

@@ -40,6 +40,7 @@ Residency::~Residency() {
   // handle and range goes back.
   for (Range& r : slots_) {
     if (r.copy_event) d_.event_sync(r.copy_event);
+    if (r.in_done) d_.event_sync(r.in_done);
     if (r.load_event) d_.event_sync(r.load_event);
     if (r.free_event) d_.event_sync(r.free_event);
   }
@@ -60,6 +61,7 @@ Residency::~Residency() {
     }
     if (r.host) host_.give(r.host, r.bytes);
     if (r.copy_event) d_.destroy_event(r.copy_event);
+    if (r.in_done) d_.destroy_event(r.in_done);
     if (r.load_event) d_.destroy_event(r.load_event);
     if (r.free_event) d_.destroy_event(r.free_event);
   }
@@ -195,11 +197,8 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
   // Copies out still running give their handles (the taker's stream waits for them), else the
   // oldest is waited for.
   if (give_copies(need)) return true;
-  while (!fits()) {  // clean evictions first (they wait for a copy in), then the oldest copy out
-    auto it = std::find_if(copying_out_.begin(), copying_out_.end(),
-                           [&](uint32_t k) { return !slots_[k].given && slots_[k].clean_out; });
-    if (it == copying_out_.end())
-      it = std::find_if(copying_out_.begin(), copying_out_.end(), [&](uint32_t k) { return !slots_[k].given; });
+  while (!fits()) {
+    auto it = std::find_if(copying_out_.begin(), copying_out_.end(), [&](uint32_t k) { return !slots_[k].given; });
     if (it == copying_out_.end()) break;
     finish_evict(*it);
   }

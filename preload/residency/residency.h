@@ -208,6 +208,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // this event is done. An eviction then copies nothing out (clean); a touch gives the slot back.
     uint64_t host_read = 0;
     bool clean_out = false;     // copying out with nothing to copy: the host has its bytes
+    // Its copy in's end, the last work on its memory: a range given its handles waits for that
+    // alone, not for the copies out queued before its (empty) one. Its eviction still ends with
+    // the copy stream, so that a touch before then keeps it with nothing copied.
+    uint64_t in_done = 0;
     // Options::recompute: born and not yet touched; bumped at each new life and at every launch
     // that may write it; the launch that produced it (rc_.producers), -1: none known.
     bool fresh = false;

@@ -997,11 +997,12 @@ TEST(Residency, APrefetchGoingOutUnusedCopiesNothing) {
   }
 }
 
-// A prefetched range going out unused has nothing to copy: its memory is free once its copy in
-// has ended, not once every copy out queued before it on the copy stream has. Here z's copy out
-// waits behind a write on a stream the GPU has not reached (held): x, evicted after it, still
-// ends its eviction, and the bytes of both come back whole.
-TEST(Residency, AnUnusedPrefetchGoesOutWithoutWaitingForTheCopiesOutBeforeIt) {
+// A prefetched range going out unused has nothing to copy: a range given its memory waits for its
+// copy in alone, not for the copies out queued before its eviction on the copy stream. Here z's
+// copy out waits behind a write on a stream the GPU has not reached (held); w2, backed by x's
+// handle, is written at once all the same, and the bytes of x and z come back whole.
+TEST(Residency, AnUnusedPrefetchHandsItsMemoryOnWithoutWaitingForTheCopiesOutBeforeIt) {
+  constexpr Stream kC = 0x4000;
   CapRig r(CapRig::options(4 * kGran, Residency::Options::Fault::None));
   const DevPtr x = r.alloc(kGran, kA), z = r.alloc(kGran, kA), u = r.alloc(kGran, kA);
   r.kernel(kA, {x}, fill(x, kGran, 1));
@@ -1030,20 +1031,26 @@ TEST(Residency, AnUnusedPrefetchGoesOutWithoutWaitingForTheCopiesOutBeforeIt) {
   ASSERT_EQ(r.res.state_of(x), Residency::State::Resident) << "x is prefetched ahead of its use at 25";
   ASSERT_EQ(r.res.state_of(z), Residency::State::Resident);
   ASSERT_EQ(r.res.state_of(u), Residency::State::Resident);
+  // z (used furthest ahead) and u go out for w1, and hand it their handles; z's copy waits for the
+  // held write, u's for z's, and w1's writer for both.
+  const DevPtr w1 = r.alloc(3 * kGran, kA);
+  ASSERT_NE(w1, 0u) << r.res.error();
+  ASSERT_TRUE(r.kernel(kA, {w1}, fill(w1, 3 * kGran, 5)));
   const Residency::Stats before = r.res.stats();
-  // The whole budget: z goes out first (used furthest ahead), u, then x, each handing its memory
-  // on; z's copy waits for the held write, and u's for z's.
-  const DevPtr w = r.alloc(4 * kGran, kA);
-  ASSERT_NE(w, 0u) << r.res.error();
+  const DevPtr w2 = r.alloc(kGran, kC);  // x goes out, unused, and hands it its handle
+  ASSERT_NE(w2, 0u) << r.res.error();
+  bool written = false;
+  ASSERT_TRUE(r.kernel(kC, {w2}, [&] { written = true; }));
   r.sim.run_all();
-  r.res.poll();
-  EXPECT_EQ(r.res.stats().clean_out, before.clean_out + 1);
-  EXPECT_EQ(r.res.state_of(x), Residency::State::OnHost);
+  EXPECT_TRUE(written) << "w2's writer waits only for x's copy in";
+  EXPECT_EQ(r.res.stats().handovers, before.handovers + 1);
   EXPECT_EQ(r.res.state_of(z), Residency::State::CopyingOut);
-  r.free(w, kA);
+  r.free(w2, kC);
+  r.free(w1, kA);
   r.sim.hold(kB, false);
   r.sim.run_all();
   r.res.poll();
+  EXPECT_EQ(r.res.stats().clean_out, before.clean_out + 1);
   uint64_t got_x = 0, got_z = 0;
   ASSERT_TRUE(r.kernel(kA, {x}, [&] { got_x = hash(x, kGran); })) << r.res.error();
   ASSERT_TRUE(r.kernel(kA, {z}, [&] { got_z = hash(z, kGran); })) << r.res.error();
