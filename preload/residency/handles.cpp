@@ -128,6 +128,7 @@ bool Residency::give_copies(uint64_t need) {
     out_bytes_ -= r.bytes;  // no longer coming back to us: the taker counts it
     add_spares(r.pieces, r.in_done ? r.in_done : r.copy_event);
     ++st_.handovers;
+    st_.clean_handovers += r.in_done != 0;
   }
   return fits(need);
 }

@@ -50,6 +50,7 @@ struct ResidencyStats {
   uint64_t prefetch_late = 0;              // used before their copy was known complete
   uint64_t prefetch_wasted = 0;            // evicted again before their use
   uint64_t clean_out = 0, clean_out_bytes = 0;  // evictions with nothing to copy: unused prefetches, whose host copy was kept
+  uint64_t clean_handovers = 0;                 // of them, handed on: the taker waits for the copy in alone
   uint64_t prefetch_lead = 0;              // the lead now, in launches
   uint64_t prefetch_no_room = 0;           // due but skipped: no free room
   uint64_t period = 0;                     // launches per step, once known
