@@ -5,7 +5,7 @@
 # budget_report.py's tables and the two arms' steady steps (from the fourth) pooled:
 #   LIB_B=.carry/prev/liboffload.so WORKLOAD=reference SCALE=large FRAC=0.5 STEPS=10 ROUNDS=2 \
 #     scripts/gpu/ab_budget.sh
-# LIB_A defaults to .carry/bin/liboffload.so (scripts/gpu/prepare.sh). Leaves $OUT/ab-budget.tgz.
+# LIB_A defaults to .carry/bin/liboffload.so (scripts/gpu/prepare.sh). Leaves $OUT/ab-budget-WORKLOAD-FRAC.tgz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/out}; work=$(mktemp -d); mkdir -p "$out"
@@ -15,7 +15,7 @@ export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PYTHONUNBUFFERED=1 OFFLOA
 py() {
   timeout "${RUN_TIMEOUT:-300}" python3 "$root/scripts/bench/budget.py" --workload "$w" --scale "${SCALE:-small}" \
     --steps "${STEPS:-10}" --workdir "$work" "$@"
-  tar -C "$work" -czf "$out/ab-budget.tgz" . 2> /dev/null
+  tar -C "$work" -czf "$out/ab-budget-$w-$frac.tgz" . 2> /dev/null
 }
 python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log" || rm -f "$work/link.json"
 py --out "$work/$w-plain.json" 2> "$work/$w-plain.log"
@@ -42,4 +42,4 @@ if len(a) > 1 and len(b) > 1:
           f"B {statistics.median(b):.1f} ms (median of {len(b)}); mean B - A {d:+.1f} ms, "
           f"about +-{1.96 * se:.1f} (95%)")
 PY
-tar -C "$work" -czf "$out/ab-budget.tgz" .
+tar -C "$work" -czf "$out/ab-budget-$w-$frac.tgz" .
