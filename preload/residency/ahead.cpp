@@ -98,6 +98,7 @@ void Residency::evict_ahead(const uint32_t* keep, size_t nkeep) {
     if (period_ && next_use_distance(slots_[v], launches_seen_) <= std::max<uint64_t>(8, pf_lead_)) break;
     std::string why;
     if (!start_evict(v, &why)) break;
+    slots_[v].out_ahead = true;
     ++st_.ahead;
     st_.ahead_bytes += slots_[v].bytes;
   }

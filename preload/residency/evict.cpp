@@ -73,6 +73,8 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   }
   r.host = host;
   r.state = State::CopyingOut;
+  r.out_ahead = false;  // evict_ahead says otherwise
+  r.out_next = uint32_t(std::min<uint64_t>(next_use_distance(r, launches_seen_), UINT32_MAX));
   copying_out_.push_back(slot);
   out_bytes_ += r.bytes;
   if (defer_copies_) deferred_.push_back(slot);
@@ -161,6 +163,9 @@ void Residency::abandon(Range& r) {
   if (r.given) {
     // Its memory is another range's now: the copy out is finished (waited for) instead, and the
     // range is on the host, to be reloaded.
+    ++st_.taken_back;
+    st_.taken_back_ahead += r.out_ahead;
+    st_.taken_back_near += period_ && r.out_next <= std::max<uint64_t>(8, pf_lead_);
     finish_evict(uint32_t(&r - slots_.data()));
     return;
   }

@@ -212,6 +212,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // alone, not for the copies out queued before its (empty) one. Its eviction still ends with
     // the copy stream, so that a touch before then keeps it with nothing copied.
     uint64_t in_done = 0;
+    // Its eviction's: whether it was ahead of need, and its next use then, in launches (capped).
+    bool out_ahead = false;
+    uint32_t out_next = 0;
     // Options::recompute: born and not yet touched; bumped at each new life and at every launch
     // that may write it; the launch that produced it (rc_.producers), -1: none known.
     bool fresh = false;

@@ -1048,12 +1048,16 @@ TEST(Residency, AnUnusedPrefetchHandsItsMemoryOnWithoutWaitingForTheCopiesOutBef
   r.free(w2, kC);
   r.free(w1, kA);
   r.sim.hold(kB, false);
+  // z, its handles handed on while its copy out waits, is taken back: the host waits for that copy.
+  uint64_t got_x = 0, got_z = 0;
+  ASSERT_TRUE(r.kernel(kA, {z}, [&] { got_z = hash(z, kGran); })) << r.res.error();
+  EXPECT_EQ(r.res.stats().taken_back, before.taken_back + 1);
+  EXPECT_EQ(r.res.stats().taken_back_ahead, before.taken_back_ahead) << "z went out for w1";
+  EXPECT_EQ(r.res.stats().taken_back_near, before.taken_back_near) << "z is used next in the next step";
   r.sim.run_all();
   r.res.poll();
   EXPECT_EQ(r.res.stats().clean_out, before.clean_out + 1);
-  uint64_t got_x = 0, got_z = 0;
   ASSERT_TRUE(r.kernel(kA, {x}, [&] { got_x = hash(x, kGran); })) << r.res.error();
-  ASSERT_TRUE(r.kernel(kA, {z}, [&] { got_z = hash(z, kGran); })) << r.res.error();
   r.sim.run_all();
   EXPECT_EQ(got_x, filled_hash(1));
   EXPECT_EQ(got_z, filled_hash(7));
