@@ -95,7 +95,7 @@ void Residency::evict_ahead(const uint32_t* keep, size_t nkeep) {
   for (uint32_t v : victims_) {
     if (projected() + low <= lim) break;
     // Not what is used within the prefetch lead: a prefetch would bring it straight back.
-    if (period_ && next_use_distance(slots_[v], launches_seen_) <= std::max<uint64_t>(8, pf_lead_)) break;
+    if (period_ && next_use_distance(slots_[v], launches_seen_) <= lead_reach()) break;
     std::string why;
     if (!start_evict(v, &why)) break;
     slots_[v].out_ahead = true;

@@ -130,7 +130,7 @@ void Residency::finish_evict(uint32_t slot) {
   }
   unmap_pieces(r);
   if (r.given) {
-    no_wait_for(r, r.in_done ? r.in_done : r.copy_event);  // the copy is done (and its event is reused)
+    no_wait_for(r, handover_event(r));  // the copy is done (and its event is reused)
   } else {
     out_bytes_ -= r.bytes;
     spare_pieces(r);  // still counted in held_: the caller takes or releases them
@@ -165,7 +165,7 @@ void Residency::abandon(Range& r) {
     // range is on the host, to be reloaded.
     ++st_.taken_back;
     st_.taken_back_ahead += r.out_ahead;
-    st_.taken_back_near += period_ && r.out_next <= std::max<uint64_t>(8, pf_lead_);
+    st_.taken_back_near += period_ && r.out_next <= lead_reach();
     finish_evict(uint32_t(&r - slots_.data()));
     return;
   }

@@ -126,7 +126,7 @@ bool Residency::give_copies(uint64_t need) {
     if (!can_back(r, need)) continue;
     r.given = true;
     out_bytes_ -= r.bytes;  // no longer coming back to us: the taker counts it
-    add_spares(r.pieces, r.in_done ? r.in_done : r.copy_event);
+    add_spares(r.pieces, handover_event(r));
     ++st_.handovers;
     st_.clean_handovers += r.in_done != 0;
   }

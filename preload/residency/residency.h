@@ -314,6 +314,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Its handles still spare with `event` (the copy or free it gave them before): nothing left to
   // wait for. A handle given on since then carries another range's event, which stays.
   void no_wait_for(const Range& r, uint64_t event);
+  // What a range given the handles of `r`, copying out, waits for: its copy out, or, with nothing
+  // copied (clean_out), its copy in.
+  static uint64_t handover_event(const Range& r) { return r.in_done ? r.in_done : r.copy_event; }
   void abandon(Range& r);             // a range copying out is touched: it stays
   // Handles mapped under r.va from `from` (its pieces up to there stay) to r.bytes, for work
   // queued on `s` (which waits for given handles' copy out).
@@ -512,6 +515,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   static constexpr int kMaxChain = 16;
   uint64_t rc_need(uint32_t slot, int depth = 0) const;
   uint64_t lead_ceiling() const { return std::max<uint64_t>(1, std::min(period_ / 4 + 1, o_.prefetch_lead_max)); }
+  // Launches ahead within which a range is used "soon": a prefetch would bring it back.
+  uint64_t lead_reach() const { return std::max<uint64_t>(8, pf_lead_); }
   bool room_without_waiting(uint64_t need);
   bool fits(uint64_t need) const;  // the handover, spares that tile it, and room under the limit
   // The spares a range of `need` bytes maps (cleared first), the largest that fit first, in at
