@@ -390,6 +390,7 @@ void print_json(const std::string& path, const StepTrace& rec, const CapReplayOp
       .field("waits_room", st.waits_room).field("waits_release", st.waits_release)
       .field("waits_abandon", st.waits_abandon).field("taken_back", st.taken_back)
       .field("taken_back_ahead", st.taken_back_ahead).field("taken_back_near", st.taken_back_near)
+      .field("freed_copying", st.freed_copying).field("freed_copying_given", st.freed_copying_given)
       .field("bytes_out", unscaled(st.bytes_out)).field("bytes_in", unscaled(st.bytes_in))
       .field("freed_out", st.freed_out).field("freed_out_bytes", unscaled(st.freed_out_bytes))
       .field("alloc_maps", st.alloc_maps).field("refits", st.refits).field("reused", st.reused).field("allocs", st.allocs)

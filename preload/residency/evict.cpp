@@ -157,6 +157,32 @@ void Residency::finish_evict(uint32_t slot) {
   r.clean_out = false;
 }
 
+void Residency::retire_copying(uint32_t slot) {
+  Range& r = slots_[slot];
+  ensure_recorded(r.copy_event);  // a copy held back is queued before it is waited for
+  std::erase(copying_out_, slot);
+  ++st_.freed_copying_given;
+  // The last work on its memory is what a taker of its handles waits for: the copy out, or, with
+  // nothing copied, the copy in before it. retire_done unmaps it after that, as a freed range's.
+  if (r.host) {  // the copy stream follows the copy out, and the copy in of a clean one
+    const uint64_t done = new_event();
+    record_event(done, copy_stream_);
+    give_host_after(r, done);
+  }
+  r.free_event = handover_event(r);
+  if (r.in_done) drop_event(r.copy_event);  // the empty copy out's: nothing waits for it
+  r.copy_event = 0;
+  r.in_done = 0;
+  drop_event(r.load_event);  // the copy out, or the copy in, followed the reload
+  r.load_event = 0;
+  r.free_stream = copy_stream_;  // reap_copies only orders its queries by it
+  r.free_seq = ++frees_recorded_;
+  r.host = nullptr;
+  r.clean_out = false;
+  r.touches.clear();
+  retiring_.push_back(slot);
+}
+
 void Residency::abandon(Range& r) {
   WaitAt site(*this, WaitSite::Abandon);
   ensure_recorded(r.copy_event);  // a copy held back is queued before the range's state changes

@@ -399,7 +399,15 @@ bool Residency::free(DevPtr p, Stream s) {
   if (o_.recompute) rc_new_life(r);
   --st_.ranges;
   st_.live_bytes -= r.bytes;
-  if (r.state == State::CopyingOut) abandon(r);  // on the host after it, if its handle was handed over
+  if (r.state == State::CopyingOut) {
+    ++st_.freed_copying;
+    if (r.given) {  // its bytes are dead: nothing waits for its copy out but its unmapping
+      retire_copying(slot);
+      by_va_.erase(it);
+      return true;
+    }
+    abandon(r);
+  }
   if (r.state == State::OnHost) {
     ++st_.freed_out;
     st_.freed_out_bytes += r.bytes;

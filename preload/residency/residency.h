@@ -318,6 +318,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // copied (clean_out), its copy in.
   static uint64_t handover_event(const Range& r) { return r.in_done ? r.in_done : r.copy_event; }
   void abandon(Range& r);             // a range copying out is touched: it stays
+  // A range freed while copying out, its handles handed on: retired (retiring_) once the last
+  // work on its memory ends, its host slot given back then, and no host wait now.
+  void retire_copying(uint32_t slot);
   // Handles mapped under r.va from `from` (its pieces up to there stay) to r.bytes, for work
   // queued on `s` (which waits for given handles' copy out).
   bool back_range(Range& r, Stream s, std::string* why, uint64_t from = 0);

@@ -54,6 +54,9 @@ struct ResidencyStats {
   // copy out, then brings them back); of them, evicted ahead of need, and predicted then to be
   // used within the prefetch lead.
   uint64_t taken_back = 0, taken_back_ahead = 0, taken_back_near = 0;
+  // Ranges freed while copying out (the copy was for nothing); of them, those whose handles had
+  // been handed on, retired once their copy ends, with no wait.
+  uint64_t freed_copying = 0, freed_copying_given = 0;
   uint64_t clean_handovers = 0;                 // of them, handed on: the taker waits for the copy in alone
   uint64_t prefetch_lead = 0;              // the lead now, in launches
   uint64_t prefetch_no_room = 0;           // due but skipped: no free room

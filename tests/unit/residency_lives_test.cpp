@@ -1,0 +1,55 @@
+// The residency manager and the lives of ranges: what a range freed while it copies out costs,
+// and how a range's next use is predicted from the step before (its uses, its free).
+#include <gtest/gtest.h>
+
+#include "cap_rig.h"
+
+namespace offload {
+namespace {
+
+using namespace cap_rig;
+
+// x goes out for z and hands z its handle while its copy out is still queued; then the program
+// frees x. Its bytes are dead: the host does not wait for that copy (it used to, as for a range
+// taken back), and x's memory and host slot go back once the copy has ended.
+TEST(ResidencyLives, ARangeFreedWhileCopyingOutIsRetiredWithoutWaitingForItsCopy) {
+  Residency::Options o = CapRig::options(2 * kGran, Residency::Options::Fault::None);
+  o.low_share = 0;  // nothing evicted ahead of need
+  CapRig r(o);
+  const DevPtr x = r.alloc(kGran, kA), y = r.alloc(kGran, kA);
+  ASSERT_TRUE(r.kernel(kA, {x}, fill(x, kGran, 1)));
+  ASSERT_TRUE(r.kernel(kA, {y}, fill(y, kGran, 2)));
+  r.sim.run_all();
+  const Residency::Stats before = r.res.stats();
+  const DevPtr z = r.alloc(kGran, kA);  // x, the least recently used, goes out for it
+  ASSERT_NE(z, 0u) << r.res.error();
+  ASSERT_EQ(r.res.state_of(x), Residency::State::CopyingOut);
+  ASSERT_EQ(r.res.stats().handovers, before.handovers + 1);
+  r.free(x, kA);
+  EXPECT_EQ(r.res.stats().waits, before.waits) << "nothing to wait for: x's bytes are dead";
+  EXPECT_EQ(r.res.stats().taken_back, before.taken_back);
+  EXPECT_EQ(r.res.stats().freed_copying_given, before.freed_copying_given + 1);
+  EXPECT_GT(r.sim.pending_ops(), 0u) << "x's copy out is still queued";
+  ASSERT_TRUE(r.kernel(kA, {z}, fill(z, kGran, 3)));
+  uint64_t got_y = 0, got_z = 0;
+  ASSERT_TRUE(r.kernel(kA, {y, z}, [&] { got_y = hash(y, kGran), got_z = hash(z, kGran); }));
+  r.sim.run_all();
+  r.res.poll();
+  EXPECT_EQ(got_y, filled_hash(2));
+  EXPECT_EQ(got_z, filled_hash(3));
+  EXPECT_EQ(r.host.stats().in_use, 0u) << "x's host slot is back";
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 2 * kGran);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  // x's address is unmapped and its slot reused: a new range is made and written whole.
+  const DevPtr w = r.alloc(kGran, kA);
+  ASSERT_NE(w, 0u) << r.res.error();
+  uint64_t got_w = 0;
+  ASSERT_TRUE(r.kernel(kA, {w}, fill(w, kGran, 4)));
+  ASSERT_TRUE(r.kernel(kA, {w}, [&] { got_w = hash(w, kGran); }));
+  r.sim.run_all();
+  EXPECT_EQ(got_w, filled_hash(4));
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
+}  // namespace
+}  // namespace offload
