@@ -51,5 +51,31 @@ TEST(ResidencyLives, ARangeFreedWhileCopyingOutIsRetiredWithoutWaitingForItsCopy
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
+// A range living across steps is predicted to be used next where its first use in the last step
+// recurs, even when it was used more than 8 times since: w, used at every other launch in the
+// step's first half, is needed (at the next step's 2) before v (at its 3), so v goes out for a
+// range twice their size. Remembering w's last 8 uses alone put its next use at 6, after v's.
+TEST(ResidencyLives, ARangeUsedManyTimesAStepIsPredictedFromItsFirstUse) {
+  Residency::Options o = CapRig::options(3 * kGran, Residency::Options::Fault::None);
+  o.low_share = 0;  // nothing evicted ahead of need
+  CapRig r(o);
+  const DevPtr w = r.alloc(kGran, kA), v = r.alloc(kGran, kA);
+  r.res.set_period(40);
+  uint64_t sink = 0;
+  auto launch = [&](int i) {
+    if (i >= 2 && i <= 20 && i % 2 == 0) r.kernel(kA, {w}, [&] { sink += words(w)[0]; });
+    else if (i == 3) r.kernel(kA, {v}, [&] { sink += words(v)[0]; });
+    else r.kernel(kA, {}, [] {});
+  };
+  for (int step = 0; step < 3; ++step)
+    for (int i = 0; i < 40; ++i) launch(i);
+  for (int i = 0; i < 26; ++i) launch(i);
+  ASSERT_NE(r.alloc(2 * kGran, kA), 0u) << r.res.error();
+  EXPECT_NE(r.res.state_of(v), Residency::State::Resident);
+  EXPECT_EQ(r.res.state_of(w), Residency::State::Resident);
+  r.sim.run_all();
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 }  // namespace
 }  // namespace offload
