@@ -20,7 +20,8 @@ bool Residency::predicted_next_use(const Range& r, uint64_t now, uint64_t* dist)
         return true;
       }
     // Past the uses remembered of the one born there, if it had more: not known. Predicted
-    // unused, such ranges went out just before their next use (docs/results.md).
+    // unused, such ranges went out just before their next use (docs/results.md, "Ranges copied
+    // out for nothing").
     if (r.pred.size() >= kLifeUses) return false;
     *dist = period_;  // no use left before the one born there was freed
     return true;

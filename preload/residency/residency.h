@@ -202,7 +202,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     std::vector<Touch> touches;
     // The last launches that touched it, oldest first from upos - nuses: a step's worth. With 8, a
     // range used at every layer had its first uses in a step forgotten and went out just before
-    // them (docs/results.md, "A step's uses remembered").
+    // them (docs/results.md, "Ranges copied out for nothing").
     static constexpr int kUses = 64;
     uint64_t uses[kUses] = {};
     uint8_t nuses = 0, upos = 0;
