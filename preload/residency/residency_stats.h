@@ -50,6 +50,7 @@ struct ResidencyStats {
   uint64_t prefetch_late = 0;              // used before their copy was known complete
   uint64_t prefetch_wasted = 0;            // evicted again before their use
   uint64_t clean_out = 0, clean_out_bytes = 0;  // evictions with nothing to copy: unused prefetches, whose host copy was kept
+  uint64_t clean_handovers = 0;                 // of them, handed on: the taker waits for the copy in alone
   // Ranges touched while copying out after their handles were handed on (the host waits for the
   // copy out, then brings them back); of them, evicted ahead of need, and predicted then to be
   // used within the prefetch lead.
@@ -57,7 +58,6 @@ struct ResidencyStats {
   // Ranges freed while copying out (the copy was for nothing); of them, those whose handles had
   // been handed on, retired once their copy ends, with no wait.
   uint64_t freed_copying = 0, freed_copying_given = 0;
-  uint64_t clean_handovers = 0;                 // of them, handed on: the taker waits for the copy in alone
   uint64_t prefetch_lead = 0;              // the lead now, in launches
   uint64_t prefetch_no_room = 0;           // due but skipped: no free room
   uint64_t period = 0;                     // launches per step, once known
