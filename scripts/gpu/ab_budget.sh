@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Two builds of liboffload.so under one device budget, alternated on one GPU (A B A B ...), so that
-# neither has the job's first place: scripts/bench/budget.py's runs of one workload, a plain run first
+# Two builds of liboffload.so under one device budget, alternated on one GPU (A B B A A B ...: each
+# round reverses the order of the one before), so that neither has the job's first place or the
+# place after the other: scripts/bench/budget.py's runs of one workload, a plain run first
 # (the budget is FRAC of its peak rise, and its losses and parameters the bitwise reference), then
 # budget_report.py's tables and the two arms' steady steps (from the fourth) pooled:
 #   LIB_B=.carry/prev/liboffload.so WORKLOAD=reference SCALE=large FRAC=0.5 STEPS=10 ROUNDS=2 \
@@ -21,7 +22,8 @@ python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log" ||
 py --out "$work/$w-plain.json" 2> "$work/$w-plain.log"
 budget=$(python3 -c "import json,sys; print(int(json.load(open(sys.argv[1]))['peak_rise'] * $frac))" "$work/$w-plain.json")
 for r in $(seq "${ROUNDS:-2}"); do
-  for arm in a b; do
+  arms="a b"; [ $((r % 2)) = 0 ] && arms="b a"
+  for arm in $arms; do
     lib=$lib_a; [ $arm = b ] && lib=$lib_b
     OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py --out "$work/$w-cap$frac-$arm$r.json" 2> "$work/$w-cap$frac-$arm$r.log"
   done
