@@ -270,9 +270,9 @@ TEST(ReplayCap, EvictingFirstTakesWaitsOff) {
     // waited for the copy stream too, and more releases waited without the rule).
     EXPECT_LE(2 * first.stats.waits_release, off.stats.waits_release)
         << name << ": " << first.stats.waits_release << " against " << off.stats.waits_release;
-    // All the host's waits: resnet50 116 against 153. hf_gpt2 waits a few dozen times either way,
-    // and which way differs between builds of the same code (30 against 41 in the Release build,
-    // 21 against 17 under AddressSanitizer; each the same run after run): not compared.
+    // All the host's waits, on resnet50. hf_gpt2 waits a few dozen times either way, and which way
+    // has differed between a Release and an AddressSanitizer build of the same code (each giving
+    // the same figures run after run): not compared.
     if (std::string(name) == "resnet50") {
       EXPECT_LT(first.stats.waits, off.stats.waits) << name << ": " << first.stats.waits << " against " << off.stats.waits;
     }
