@@ -157,6 +157,13 @@ void Residency::finish_evict(uint32_t slot) {
   r.clean_out = false;
 }
 
+void Residency::give_host_after_copies(Range& r) {
+  if (!r.host) return;
+  const uint64_t done = new_event();
+  record_event(done, copy_stream_);
+  give_host_after(r, done);
+}
+
 void Residency::retire_copying(uint32_t slot) {
   Range& r = slots_[slot];
   ensure_recorded(r.copy_event);  // a copy held back is queued before it is waited for
@@ -164,11 +171,7 @@ void Residency::retire_copying(uint32_t slot) {
   ++st_.freed_copying_given;
   // The last work on its memory is what a taker of its handles waits for: the copy out, or, with
   // nothing copied, the copy in before it. retire_done unmaps it after that, as a freed range's.
-  if (r.host) {  // the copy stream follows the copy out, and the copy in of a clean one
-    const uint64_t done = new_event();
-    record_event(done, copy_stream_);
-    give_host_after(r, done);
-  }
+  give_host_after_copies(r);  // the copy stream follows the copy out, and the copy in of a clean one
   r.free_event = handover_event(r);
   if (r.in_done) drop_event(r.copy_event);  // the empty copy out's: nothing waits for it
   r.copy_event = 0;
@@ -177,9 +180,9 @@ void Residency::retire_copying(uint32_t slot) {
   r.load_event = 0;
   r.free_stream = copy_stream_;  // reap_copies only orders its queries by it
   r.free_seq = ++frees_recorded_;
-  r.host = nullptr;
   r.clean_out = false;
   r.touches.clear();
+  by_va_.erase(r.va);
   retiring_.push_back(slot);
 }
 
@@ -205,11 +208,7 @@ void Residency::abandon(Range& r) {
   if (r.clean_out) {
     give_host_after(r, std::exchange(r.in_done, 0));  // the copy stream never read it
   } else {
-    if (r.host) {
-      const uint64_t done = new_event();
-      record_event(done, copy_stream_);
-      give_host_after(r, done);
-    }
+    give_host_after_copies(r);
     add_touch(r, copy_stream_, ++copy_touches_);  // its own count: event_after then records afresh
   }
   if (r.dropped) rc_undrop(r);  // its bytes never left

@@ -403,7 +403,6 @@ bool Residency::free(DevPtr p, Stream s) {
     ++st_.freed_copying;
     if (r.given) {  // its bytes are dead: nothing waits for its copy out but its unmapping
       retire_copying(slot);
-      by_va_.erase(it);
       return true;
     }
     abandon(r);

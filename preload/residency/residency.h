@@ -318,8 +318,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // copied (clean_out), its copy in.
   static uint64_t handover_event(const Range& r) { return r.in_done ? r.in_done : r.copy_event; }
   void abandon(Range& r);             // a range copying out is touched: it stays
-  // A range freed while copying out, its handles handed on: retired (retiring_) once the last
-  // work on its memory ends, its host slot given back then, and no host wait now.
+  // A range freed while copying out, its handles handed on: retired (retiring_, its address out
+  // of by_va_) once the last work on its memory ends, its host slot given back then, and no host
+  // wait now.
   void retire_copying(uint32_t slot);
   // Handles mapped under r.va from `from` (its pieces up to there stay) to r.bytes, for work
   // queued on `s` (which waits for given handles' copy out).
@@ -345,6 +346,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void settle_given(uint64_t handle);
   bool reload(uint32_t slot, Stream s, std::string* why, bool keep_host = false);
   void give_host_after(Range& r, uint64_t event);  // its host slot goes back once `event` is done
+  void give_host_after_copies(Range& r);           // ... once the copies queued so far are done
   bool release_clean(Range& r);  // its host copy kept since a prefetch goes back (after the copy in); any
   // A range on the host back on `s`: room made (`keep` kept) and copied in, or, dropped, made
   // again from its inputs (rc_restore); false with *why when the room cannot be had.

@@ -15,6 +15,7 @@
 #include "core/tracker.h"
 #include "residency/host_store.h"
 #include "residency/residency.h"
+#include "sim_words.h"
 
 namespace offload::cap_rig {
 
@@ -28,13 +29,8 @@ constexpr uint64_t kSeeds = 2;
 constexpr uint64_t kSeeds = 8;
 #endif
 
-inline uint64_t mix(uint64_t x) {
-  x ^= x >> 31;
-  x *= 0x9e3779b97f4a7c15ull;
-  x ^= x >> 29;
-  return x;
-}
-inline uint64_t* words(DevPtr p) { return reinterpret_cast<uint64_t*>(p); }
+using sim_words::mix;
+using sim_words::words;
 
 // The shim's wiring for ranges: allocations through Residency::alloc, launches through the
 // tracker (whose gate is the residency manager) and then the simulated GPU.

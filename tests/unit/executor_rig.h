@@ -32,17 +32,12 @@
 #include "residency/cap_and_plan.h"
 #include "residency/host_store.h"
 #include "residency/residency.h"
+#include "sim_words.h"
 
 namespace offload::rig {
 
-inline uint64_t mix(uint64_t x) {
-  x ^= x >> 31;
-  x *= 0x9e3779b97f4a7c15ull;
-  x ^= x >> 29;
-  return x;
-}
-
-inline uint64_t* words(DevPtr p) { return reinterpret_cast<uint64_t*>(p); }
+using sim_words::mix;
+using sim_words::words;
 
 // Every word of [from, to) changes the result.
 inline uint64_t hash_words(DevPtr p, uint64_t from, uint64_t to) {
