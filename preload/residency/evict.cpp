@@ -172,6 +172,7 @@ void Residency::retire_copying(uint32_t slot) {
   // The last work on its memory is what a taker of its handles waits for: the copy out, or, with
   // nothing copied, the copy in before it. retire_done unmaps it after that, as a freed range's.
   give_host_after_copies(r);  // the copy stream follows the copy out, and the copy in of a clean one
+  drop_event(r.free_event);  // the copy out followed it
   r.free_event = handover_event(r);
   if (r.in_done) drop_event(r.copy_event);  // the empty copy out's: nothing waits for it
   r.copy_event = 0;

@@ -276,9 +276,17 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
   // reading the spares it took (a copy out, a freed range's work): only after the copies are
   // queued, as their events are recorded with them.
   flush_copies();
+  bool waited = false;
   if (o_.fault != Options::Fault::SkipGivenWait)
     for (uint64_t e : events)
-      if (e) order_after(s, e);
+      if (e) waited |= order_after(s, e);
+  // Whoever its memory goes to next waits for those users too, by way of the range: its copy out
+  // and its free follow free_event. Without it, a range given on before any launch touched it
+  // let its taker write a handle that a freed range's last launch still read.
+  if (waited && o_.fault != Options::Fault::SkipMapCarry) {
+    if (!r.free_event) r.free_event = new_event();
+    record_event(r.free_event, s);
+  }
   note_footprint();
   return true;
 }

@@ -185,6 +185,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
     Stream in_stream = 0;
     uint64_t last_use = 0;      // launch number
     Stream free_stream = 0;
+    // Freed: after its last work. Live: after the work of its memory's earlier users (a previous
+    // owner's free, or what the spares it maps waited for), which its copy out and its free follow.
     uint64_t free_event = 0;
     uint64_t free_seq = 0;      // the order its free_event was recorded in, among all frees
     uint32_t inflight = 0;      // launches between before_launch and after_launch

@@ -116,7 +116,7 @@ struct ResidencyOptions {
                              RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat,
                              RecomputeNoPrelude, RecomputeSkipPrelude, RecomputeCopyWritesAll,
                              TagEventsAsAsked, RecomputeNoUpdates, RecomputeUpdateInputsOwn,
-                             RecomputeChainUnchecked };  // tests: proves a missing wait is caught
+                             RecomputeChainUnchecked, SkipMapCarry };  // tests: proves a missing wait is caught
   Fault fault = Fault::None;
 };
 

