@@ -19,16 +19,29 @@ bool Residency::predicted_next_use(const Range& r, uint64_t now, uint64_t* dist)
         *dist = off - age;
         return true;
       }
+    // Past the uses remembered of the one born there, if it had more: not known. Predicted
+    // unused, such ranges went out just before their next use (docs/results.md, "Ranges copied
+    // out for nothing").
+    if (r.pred.size() >= kLifeUses) return false;
     *dist = period_;  // no use left before the one born there was freed
     return true;
   }
-  // A range living across steps (weights, optimizer state): its uses recur a period later.
+  // A range living across steps (weights, optimizer state): its uses recur a period later. The
+  // earliest use in the last period is the next; a few before it (a range not used every step)
+  // recur at their own place. A binary search: this runs for every candidate victim.
   if (!r.nuses || now - r.birth < period_) return false;
-  uint64_t next = UINT64_MAX;
-  for (int i = 0; i < r.nuses; ++i) {
-    const uint64_t u = r.uses[i];
-    const uint64_t t = u + period_ * ((now >= u ? (now - u) / period_ : 0) + 1);
-    next = std::min(next, t);
+  const int n = r.nuses;
+  auto at = [&](int i) { return r.uses[(r.upos + Range::kUses - n + i) % Range::kUses]; };  // oldest first
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (at(mid) + period_ > now) hi = mid;
+    else lo = mid + 1;
+  }
+  uint64_t next = lo < n ? at(lo) + period_ : UINT64_MAX;
+  for (int i = std::max(0, lo - 8); i < lo; ++i) {
+    const uint64_t u = at(i);
+    next = std::min(next, u + period_ * ((now - u) / period_ + 1));  // u + period_ <= now here
   }
   *dist = next - now;
   return true;

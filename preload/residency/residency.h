@@ -202,8 +202,11 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // number of its last touch there.
     using Touch = recompute::Touch;
     std::vector<Touch> touches;
-    static constexpr int kUses = 8;
-    uint64_t uses[kUses] = {};  // the last launches that touched it
+    // The last launches that touched it, oldest first from upos - nuses: a step's worth. With 8, a
+    // range used at every layer had its first uses in a step forgotten and went out just before
+    // them (docs/results.md, "Ranges copied out for nothing").
+    static constexpr int kUses = 64;
+    uint64_t uses[kUses] = {};
     uint8_t nuses = 0, upos = 0;
     bool prefetched = false;    // reloaded ahead and not yet touched
     // Prefetched and not touched since: `host` still holds its bytes, read by the copy in once
