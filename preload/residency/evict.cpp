@@ -82,8 +82,17 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   return true;
 }
 
+void Residency::carry_out(Range& r) {
+  if (!r.carry) return;
+  // Its stream waited for free_event, if it had one, before it waited for the spares.
+  if (!r.free_event) r.free_event = new_event();
+  record_event(r.free_event, r.carry);
+  r.carry = 0;
+}
+
 void Residency::enqueue_copy_out(uint32_t slot) {
   Range& r = slots_[slot];
+  if (!r.clean_out) carry_out(r);  // a clean one: its copy in followed those waits
   if (o_.fault != Options::Fault::SkipEvictWait) {
     for (const Range::Touch& t : r.touches)
       if (uint64_t e = event_after(t.s, t.launch)) order_after(copy_stream_, e);
@@ -136,6 +145,7 @@ void Residency::finish_evict(uint32_t slot) {
     spare_pieces(r);  // still counted in held_: the caller takes or releases them
   }
   r.given = false;
+  r.carry = 0;  // a clean one's copy in followed its stream's waits
   drop_event(r.load_event);  // the copy out followed the reload
   r.load_event = 0;
   r.pieces.clear();

@@ -280,12 +280,14 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
   if (o_.fault != Options::Fault::SkipGivenWait)
     for (uint64_t e : events)
       if (e) waited |= order_after(s, e);
-  // Whoever its memory goes to next waits for those users too, by way of the range: its copy out
-  // and its free follow free_event. Without it, a range given on before any launch touched it
-  // let its taker write a handle that a freed range's last launch still read.
+  // Whoever its memory goes to next waits for those users too, by way of the range: its first
+  // launch on `s`, or else free_event, recorded when it goes out or is freed (carry_out; once
+  // per mapping, an event record cost about 0.1 s a step on an H100). Without it, a range given
+  // on before any launch touched it let its taker write a handle that a freed range's last
+  // launch still read (docs/results.md).
   if (waited && o_.fault != Options::Fault::SkipMapCarry) {
-    if (!r.free_event) r.free_event = new_event();
-    record_event(r.free_event, s);
+    if (r.carry != s) carry_out(r);
+    r.carry = s;
   }
   note_footprint();
   return true;

@@ -366,6 +366,7 @@ void Residency::collect_touched(bool blind, const AllocId* acc, size_t n, std::v
 
 void Residency::mark_touched(uint32_t k, Stream s, uint64_t launch_no, InFlight& f) {
   Range& r = slots_[k];
+  const bool copying_in = r.state == State::CopyingIn;
   if (r.state == State::CopyingIn && r.in_stream != s) {
     if (query_event(r.copy_event) == 1) {
       r.state = State::Resident;
@@ -374,6 +375,9 @@ void Residency::mark_touched(uint32_t k, Stream s, uint64_t launch_no, InFlight&
       ++st_.event_waits;
     }
   }
+  // A launch on the stream that waited for its spares' earlier users follows those waits; so
+  // does one after its copy in there (complete, or waited for above).
+  if (r.carry && (r.carry == s || (copying_in && r.in_stream == r.carry))) r.carry = 0;
   if (r.read_stream && r.read_stream != s && o_.fault != Options::Fault::RecomputeSkipReadOrder) {
     if (query_event(r.read_event) == 1) r.read_stream = 0;
     else order_after(s, r.read_event);

@@ -421,6 +421,7 @@ bool Residency::free(DevPtr p, Stream s) {
   }
   // The freeing stream stands for every stream that touched the range: it waits for them, then
   // one event marks the free.
+  carry_out(r);
   order_after_touches(s, r.touches);
   if (r.copy_event) order_after(s, r.copy_event);  // a reload, on another stream
   if (r.free_event) order_after(s, r.free_event);  // the previous owner's free

@@ -189,6 +189,10 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // owner's free, or what the spares it maps waited for), which its copy out and its free follow.
     uint64_t free_event = 0;
     uint64_t free_seq = 0;      // the order its free_event was recorded in, among all frees
+    // The stream that waited for the earlier users of the spares it maps, while no launch there
+    // has touched it since (whose event would cover those waits): its copy out or free records
+    // free_event there first (carry_out). 0: none.
+    Stream carry = 0;
     uint32_t inflight = 0;      // launches between before_launch and after_launch
     // Copying out, its handles given to the spares (and maybe mapped by another range) already:
     // the copy still reads them here, so the range cannot keep its bytes if touched; unmapped
@@ -323,6 +327,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // copied (clean_out), its copy in.
   static uint64_t handover_event(const Range& r) { return r.in_done ? r.in_done : r.copy_event; }
   void abandon(Range& r);             // a range copying out is touched: it stays
+  void carry_out(Range& r);           // free_event recorded after r.carry's waits, if any
   // A range freed while copying out, its handles handed on: retired (retiring_, its address out
   // of by_va_) once the last work on its memory ends, its host slot given back then, and no host
   // wait now.
