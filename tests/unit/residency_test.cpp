@@ -888,6 +888,42 @@ TEST(Residency, APrefetchGoingOutUnusedCopiesNothing) {
   }
 }
 
+// The copies prefetched ranges keep on the host are a cache: when the store has no room pinned
+// for a copy out, they go back before the store grows (growing pins on the hook's thread). Here
+// the store's room is taken but for x's kept copy; z goes out into that room instead, and x,
+// touched, reads its own bytes.
+TEST(Residency, KeptPrefetchCopiesGoBeforeTheStoreGrows) {
+  FortyLaunchSteps t;
+  CapRig& r = t.r;
+  for (int step = 0; step < 4; ++step)
+    for (uint64_t i = 0; i < 40; ++i) t.launch(i);
+  for (uint64_t i = 0; i < 22; ++i) t.launch(i);
+  r.sim.run_all();
+  r.res.poll();
+  ASSERT_EQ(r.res.state_of(t.x), Residency::State::Resident) << "x is prefetched ahead of its use at 25";
+  std::vector<void*> taken;  // the store's room but x's kept copy, taken away
+  while (void* p = r.host.take(kGran, false)) taken.push_back(p);
+  const HostStore::Stats full = r.host.stats();
+  const Residency::Stats before = r.res.stats();
+  const DevPtr w = r.alloc(2 * kGran, kA);  // z (used furthest ahead) goes out
+  ASSERT_NE(w, 0u) << r.res.error();
+  EXPECT_EQ(r.res.state_of(t.z), Residency::State::CopyingOut);
+  EXPECT_EQ(r.host.stats().mapped, full.mapped) << "the store grew with a kept copy in it";
+  r.free(w, kA);
+  for (uint64_t i = 22; i < 40; ++i) t.launch(i);  // x at 25, z at 30 and 35
+  r.sim.run_all();
+  r.res.poll();
+  EXPECT_EQ(r.res.stats().prefetch_hits, before.prefetch_hits + 1);
+  uint64_t got_x = 0, got_z = 0;
+  ASSERT_TRUE(r.kernel(kA, {t.x, t.z}, [&] { got_x = hash(t.x, kGran), got_z = hash(t.z, kGran); }));
+  r.sim.run_all();
+  EXPECT_EQ(got_x, filled_hash(1));
+  EXPECT_EQ(got_z, filled_hash(3));
+  for (void* p : taken) r.host.give(p, kGran);
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 // A prefetched range going out unused has nothing to copy: a range given its memory waits for its
 // copy in alone, not for the copies out queued before its eviction on the copy stream. Here z's
 // copy out waits behind a write on a stream the GPU has not reached (held); w2, backed by x's
