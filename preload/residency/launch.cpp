@@ -466,6 +466,7 @@ void Residency::prepare_access(DevPtr p) {
   }
   wait_event(r.copy_event);
   r.state = State::Resident;
+  if (r.carry == r.in_stream) r.carry = 0;  // its copy in there followed the waits, and is done
 }
 
 }  // namespace offload
