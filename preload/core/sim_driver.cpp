@@ -323,6 +323,7 @@ bool SimDriver::unmap(DevPtr va, uint64_t bytes) {
     ++stats_.misuses;
     return false;
   }
+  if (copy_touches_locked(va, bytes)) ++stats_.misuses;  // unmapped all the same, as CUDA would
   if (!protect_none(va, bytes)) return false;
   if (auto ph = physical_.find(it->second.handle); ph != physical_.end()) --ph->second.mapped;
   ++stats_.unmaps;
@@ -496,7 +497,7 @@ bool SimDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
   check_host_range_locked(dst, bytes);
   enqueue(s, Op{Op::kCopy, [dst, src, bytes, g = granularity_, whole = copy_bytes_.load(std::memory_order_relaxed)] {
                   run_copy(dst, as_ptr(src), bytes, g, whole, false);
-                }, {}, 0});
+                }, {}, 0, src, src + bytes});
   return true;
 }
 
@@ -506,7 +507,7 @@ bool SimDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stre
   check_host_range_locked(src, bytes);
   enqueue(s, Op{Op::kCopy, [dst, src, bytes, g = granularity_, whole = copy_bytes_.load(std::memory_order_relaxed)] {
                   run_copy(as_ptr(dst), src, bytes, g, whole, true);
-                }, {}, 0});
+                }, {}, 0, dst, dst + bytes});
   return true;
 }
 
@@ -545,11 +546,13 @@ void SimDriver::execute(std::unique_lock<std::mutex>& lock, Stream s) {
     case Op::kKernel:
     case Op::kCopy:
       q.running = true;  // later ops of this stream wait for it, as on a GPU
+      q.run_dev = op.dev, q.run_dev_end = op.dev_end;
       lock.unlock();
       op.body();
       op.body = nullptr;  // captured state dies outside the lock too
       lock.lock();
       q.running = false;
+      q.run_dev = q.run_dev_end = 0;
       break;
   }
 }
@@ -589,6 +592,16 @@ void SimDriver::run_all() {
     }
     execute(lock, s);
   }
+}
+
+bool SimDriver::copy_touches_locked(DevPtr va, uint64_t bytes) const {
+  auto meets = [&](DevPtr lo, DevPtr hi) { return lo < va + bytes && va < hi; };
+  for (const auto& [s, q] : queues_) {
+    if (q.running && meets(q.run_dev, q.run_dev_end)) return true;
+    for (const Op& op : q.ops)
+      if (op.kind == Op::kCopy && meets(op.dev, op.dev_end)) return true;
+  }
+  return false;
 }
 
 void SimDriver::set_copy_delay(bool on) {

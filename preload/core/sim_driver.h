@@ -12,7 +12,9 @@
 //     kernel touching an evicted range segfaults; one reading a range that was mapped but
 //     never reloaded reads 0xA5 garbage. Misuses (mapping outside a reservation, over a
 //     mapping, part of a handle (the H200 refuses that too), misaligned; unmapping what is
-//     not mapped exactly; releasing a handle still mapped) fail and are counted.
+//     not mapped exactly; releasing a handle still mapped) fail and are counted. So is an
+//     unmapping of memory that a copy queued or running still reads or writes (the GPU would
+//     fault), whatever its bytes end up being.
 //     A copy whose host side lies partly in a pinned registration (pin_host) and partly
 //     beyond it is counted as a misuse too: a real driver may take it for pinned memory.
 //   - A GPU that runs later. Every stream (any value, 0 and 2 included, all independent:
@@ -283,10 +285,12 @@ class SimDriver final : public Driver {
     std::function<void()> body;       // kernel, copy
     std::shared_ptr<EventState> ev;   // record, wait
     uint64_t gen = 0;                 // record: its generation; wait: the one awaited
+    DevPtr dev = 0, dev_end = 0;      // copy: the device memory it reads or writes
   };
   struct Queue {
     std::deque<Op> ops;
     bool running = false;  // its head op has been taken and is executing
+    DevPtr run_dev = 0, run_dev_end = 0;  // the running op's device memory, if a copy
   };
   enum class Pick { kRandom, kRoundRobin };
   // Chooses a stream whose head op may run now, or returns false. Under mu_.
@@ -295,6 +299,7 @@ class SimDriver final : public Driver {
   void execute(std::unique_lock<std::mutex>& lock, Stream s);
   [[noreturn]] void deadlock_locked(const char* where);
   void enqueue(Stream s, Op op);
+  bool copy_touches_locked(DevPtr va, uint64_t bytes) const;  // a copy queued or running
 
   std::recursive_mutex exec_mu_;  // one op executes at a time; taken before mu_
   std::map<Stream, Queue> queues_;

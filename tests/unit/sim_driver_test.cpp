@@ -562,6 +562,22 @@ TEST(SimCopies, EvictAndReloadRoundTripKeepsTheBytes) {
   }
 }
 
+// Unmapping memory that a queued copy still reads (or one still running) is a misuse, whatever
+// bytes the copy then finds: the GPU would fault. Once the copy has run, the unmapping is fine.
+TEST(SimCopies, UnmappingMemoryAQueuedCopyUsesIsAMisuse) {
+  for (bool ran : {false, true}) {
+    SimDriver d;
+    Stream s = d.create_stream();
+    Arena ar(d, 2 * kG);
+    std::vector<unsigned char> host(kG, 0);
+    d.copy_to_host(host.data(), ar.va + kG, kG, s);  // the second granule only
+    if (ran) d.run_all();
+    const uint64_t before = d.vmm_stats().misuses;
+    ASSERT_TRUE(d.unmap(ar.va, 2 * kG));
+    EXPECT_EQ(d.vmm_stats().misuses, before + (ran ? 0 : 1)) << ran;
+  }
+}
+
 // ---- Threads -------------------------------------------------------------------------------
 
 TEST(SimThreads, ConcurrentProducersAndAStepper) {
