@@ -90,6 +90,11 @@ void Residency::carry_out(Range& r) {
   r.carry = 0;
 }
 
+void Residency::copied_in(Range& r) {
+  r.state = State::Resident;
+  if (r.carry == r.in_stream) r.carry = 0;  // its copy in there followed the waits, and is done
+}
+
 void Residency::enqueue_copy_out(uint32_t slot) {
   Range& r = slots_[slot];
   if (!r.clean_out) carry_out(r);  // a clean one: its copy in followed those waits

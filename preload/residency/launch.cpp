@@ -369,14 +369,14 @@ void Residency::mark_touched(uint32_t k, Stream s, uint64_t launch_no, InFlight&
   const bool copying_in = r.state == State::CopyingIn;
   if (r.state == State::CopyingIn && r.in_stream != s) {
     if (query_event(r.copy_event) == 1) {
-      r.state = State::Resident;
+      copied_in(r);
     } else {
       order_after(s, r.copy_event);
       ++st_.event_waits;
     }
   }
   // A launch on the stream that waited for its spares' earlier users follows those waits; so
-  // does one after its copy in there (complete, or waited for above).
+  // does one after its copy in there (waited for above, or on that stream itself).
   if (r.carry && (r.carry == s || (copying_in && r.in_stream == r.carry))) r.carry = 0;
   if (r.read_stream && r.read_stream != s && o_.fault != Options::Fault::RecomputeSkipReadOrder) {
     if (query_event(r.read_event) == 1) r.read_stream = 0;
@@ -465,8 +465,7 @@ void Residency::prepare_access(DevPtr p) {
     return;
   }
   wait_event(r.copy_event);
-  r.state = State::Resident;
-  if (r.carry == r.in_stream) r.carry = 0;  // its copy in there followed the waits, and is done
+  copied_in(r);
 }
 
 }  // namespace offload

@@ -542,10 +542,7 @@ void Residency::poll() {
   reap_copies();
   part(st_.poll_reap_ns);
   for (Range& r : slots_)
-    if (r.state == State::CopyingIn && query_event(r.copy_event) == 1) {
-      r.state = State::Resident;
-      if (r.carry == r.in_stream) r.carry = 0;  // its copy in there followed the waits, and is done
-    }
+    if (r.state == State::CopyingIn && query_event(r.copy_event) == 1) copied_in(r);
   give_host_read();
   part(st_.poll_query_ns);
   refresh_outside();

@@ -328,6 +328,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   static uint64_t handover_event(const Range& r) { return r.in_done ? r.in_done : r.copy_event; }
   void abandon(Range& r);             // a range copying out is touched: it stays
   void carry_out(Range& r);           // free_event recorded after r.carry's waits, if any
+  void copied_in(Range& r);           // its copy in known complete: resident, r.carry covered there
   // A range freed while copying out, its handles handed on: retired (retiring_, its address out
   // of by_va_) once the last work on its memory ends, its host slot given back then, and no host
   // wait now.

@@ -785,6 +785,12 @@ struct FortyLaunchSteps {
     else r.kernel(kA, {}, [] {});
     if (i % 5 == 4) r.sim.run_all();  // the GPU catches up: copies complete
   }
+  // Four steps, then the fifth up to launch 22: x is prefetched by then, ahead of its use at 25.
+  void to_x_prefetched() {
+    for (int step = 0; step < 4; ++step)
+      for (uint64_t i = 0; i < 40; ++i) launch(i);
+    for (uint64_t i = 0; i < 22; ++i) launch(i);
+  }
 };
 
 // A range reloaded on demand is prefetched in the next step from a place before its use, even
@@ -834,9 +840,7 @@ TEST(Residency, ThePrefetchLeadStaysUnderItsCeilingAndZeroTurnsPrefetchingOff) {
 TEST(Residency, APrefetchEvictedUnusedShortensTheLead) {
   FortyLaunchSteps t;
   CapRig& r = t.r;
-  for (int step = 0; step < 4; ++step)
-    for (uint64_t i = 0; i < 40; ++i) t.launch(i);
-  for (uint64_t i = 0; i < 22; ++i) t.launch(i);
+  t.to_x_prefetched();
   const Residency::Stats before = r.res.stats();
   ASSERT_TRUE(before.prefetch_lead > 8 && r.res.state_of(t.x) != Residency::State::OnHost)
       << "x is prefetched ahead of its use at 25 (lead " << before.prefetch_lead << ")";
@@ -859,9 +863,7 @@ TEST(Residency, APrefetchGoingOutUnusedCopiesNothing) {
   for (bool written : {false, true}) {
     FortyLaunchSteps t;
     CapRig& r = t.r;
-    for (int step = 0; step < 4; ++step)
-      for (uint64_t i = 0; i < 40; ++i) t.launch(i);
-    for (uint64_t i = 0; i < 22; ++i) t.launch(i);
+    t.to_x_prefetched();
     ASSERT_NE(r.res.state_of(t.x), Residency::State::OnHost) << "x is prefetched ahead of its use at 25";
     if (written) {
       ASSERT_TRUE(r.kernel(kA, {t.x}, fill(t.x, kGran, 9)));
@@ -895,9 +897,7 @@ TEST(Residency, APrefetchGoingOutUnusedCopiesNothing) {
 TEST(Residency, KeptPrefetchCopiesGoBeforeTheStoreGrows) {
   FortyLaunchSteps t;
   CapRig& r = t.r;
-  for (int step = 0; step < 4; ++step)
-    for (uint64_t i = 0; i < 40; ++i) t.launch(i);
-  for (uint64_t i = 0; i < 22; ++i) t.launch(i);
+  t.to_x_prefetched();
   r.sim.run_all();
   r.res.poll();
   ASSERT_EQ(r.res.state_of(t.x), Residency::State::Resident) << "x is prefetched ahead of its use at 25";
