@@ -32,6 +32,15 @@ bool Residency::predicted_next_use(const Range& r, uint64_t now, uint64_t* dist)
   if (!r.nuses || now - r.birth < period_) return false;
   const int n = r.nuses;
   auto at = [&](int i) { return r.uses[(r.upos + Range::kUses - n + i) % Range::kUses]; };  // oldest first
+  // Used more often than the uses remembered reach back a period (a mask or a table every layer
+  // reads): the uses a period ago are forgotten, and the first remembered one, a period on, was
+  // the next use predicted. Such ranges went out and were touched again tens of launches later,
+  // waited for on the host (docs/results.md, "Ranges used more often than remembered"). The
+  // mean gap between the uses remembered is the next use instead.
+  if (n == Range::kUses && at(0) + period_ > now) {
+    *dist = std::max<uint64_t>(1, std::min((now - at(0)) / n, at(0) + period_ - now));
+    return true;
+  }
   int lo = 0, hi = n;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;

@@ -153,5 +153,32 @@ TEST(ResidencyLives, PastTheUsesRememberedOfItsPlaceARangesNextUseIsNotKnown) {
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
+// A range living across steps and used more often than its uses are remembered: the uses a period
+// ago are forgotten, and its next use is near (the mean gap between those remembered), not where
+// its first remembered use recurs. m is used at launches 1-120 of each step, v at 150; at launch
+// 90 a range twice their size makes v go out (used in 60), not m (used at the next launch; its
+// first remembered use, launch 26, recurs 136 launches on).
+TEST(ResidencyLives, ARangeUsedMoreOftenThanRememberedIsUsedSoon) {
+  Residency::Options o = CapRig::options(3 * kGran, Residency::Options::Fault::None);
+  o.low_share = 0;  // nothing evicted ahead of need
+  CapRig r(o);
+  const DevPtr m = r.alloc(kGran, kA), v = r.alloc(kGran, kA);
+  r.res.set_period(200);
+  uint64_t sink = 0;
+  auto launch = [&](int i) {
+    if (i >= 1 && i <= 120) r.kernel(kA, {m}, [&] { sink += words(m)[0]; });
+    else if (i == 150) r.kernel(kA, {v}, [&] { sink += words(v)[0]; });
+    else r.kernel(kA, {}, [] {});
+  };
+  for (int step = 0; step < 3; ++step)
+    for (int i = 0; i < 200; ++i) launch(i);
+  for (int i = 0; i < 90; ++i) launch(i);
+  ASSERT_NE(r.alloc(2 * kGran, kA), 0u) << r.res.error();
+  EXPECT_EQ(r.res.state_of(m), Residency::State::Resident);
+  EXPECT_NE(r.res.state_of(v), Residency::State::Resident);
+  r.sim.run_all();
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 }  // namespace
 }  // namespace offload
