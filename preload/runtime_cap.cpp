@@ -103,13 +103,16 @@ Runtime::Placed Runtime::place_capped(uint64_t bytes, Stream s, void** p) {
       executor_.note_live(tracker_.allocs().live_bytes());
       return Placed::Served;
     }
-  if (bytes < r->min_bytes()) return r->admit_small(bytes) ? Placed::Forward : Placed::Refused;
-  bool refused = false;
-  const DevPtr a = gates_ ? gates_->alloc(bytes, s, &tag, &refused) : r->alloc(bytes, s, &tag, &refused);
-  if (refused) {
+  // A refusal is said once, small or not: PyTorch's out-of-memory error alone does not say that
+  // the budget, not the GPU, was too small.
+  auto refuse = [&] {
     if (refused_said_.exchange(true) == false) log().error("out of memory under the device budget: {}", r->error());
     return Placed::Refused;
-  }
+  };
+  if (bytes < r->min_bytes()) return r->admit_small(bytes) ? Placed::Forward : refuse();
+  bool refused = false;
+  const DevPtr a = gates_ ? gates_->alloc(bytes, s, &tag, &refused) : r->alloc(bytes, s, &tag, &refused);
+  if (refused) return refuse();
   if (!a) return Placed::Forward;
   *p = reinterpret_cast<void*>(a);
   tracker_.on_alloc(a, bytes, s, tag);

@@ -468,7 +468,7 @@ bool Residency::admit_small(uint64_t bytes) {
     std::snprintf(buf, sizeof buf,
                   "the allocator's pool needs %.2f GiB for allocations under %.1f MiB (%.2f GiB of them live): ",
                   need / kGiB, o_.min_bytes / double(1 << 20), live / kGiB);
-    error_ = buf + why;
+    error_ = buf + why + "; those stay on the device, in PyTorch's pool: a larger budget holds them";
     count_refused_alloc();
     note_footprint();
     return false;

@@ -428,6 +428,7 @@ TEST(Residency, WhatThePoolHoldsCountsAgainstTheBudget) {
   r.sim.set_pool(kBudget, kBudget);
   EXPECT_FALSE(r.res.admit_small(kGran / 4));
   EXPECT_NE(r.res.error().find("allocator's pool"), std::string::npos) << r.res.error();
+  EXPECT_NE(r.res.error().find("a larger budget holds them"), std::string::npos) << r.res.error();
 }
 
 TEST(Residency, MemoryGrownOutsideTheAllocatorComesOffTheBudget) {
