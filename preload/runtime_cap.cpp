@@ -10,8 +10,6 @@
 namespace offload {
 namespace {
 
-constexpr double kGiB = double(1ull << 30);
-
 std::string kernel_name(void* ctx, uint32_t kernel) {
   return "kernel " + static_cast<FuncRegistry*>(ctx)->name(kernel);
 }

@@ -8,11 +8,6 @@
 #include "residency/residency.h"
 
 namespace offload {
-namespace {
-
-constexpr double kGiB = double(1ull << 30);
-
-}  // namespace
 
 void Residency::reap_copies() {
   // Frees end on their streams in the order they were recorded there: a free recorded after one

@@ -7,11 +7,6 @@
 #include "residency/residency.h"
 
 namespace offload {
-namespace {
-
-constexpr double kGiB = double(1ull << 30);
-
-}  // namespace
 
 uint64_t Residency::pick_spares(uint64_t need, std::vector<std::multimap<uint64_t, Spare>::const_iterator>* out) const {
   out->clear();

@@ -14,7 +14,7 @@ namespace {
 
 constexpr uint64_t kSlotAlign = 4096;
 
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+uint64_t round_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
@@ -32,7 +32,7 @@ uint64_t HostStore::mem_available() {
 HostStore::HostStore(Driver& d, Options o, ChunkSource* source) : d_(d), o_(o), source_(source) {
   if (o_.chunk_bytes == 0) o_.chunk_bytes = 256ull << 20;
   if (o_.pin_piece == 0) o_.pin_piece = 1ull << 30;
-  o_.chunk_bytes = round_up(o_.chunk_bytes, kSlotAlign);
+  o_.chunk_bytes = round_to(o_.chunk_bytes, kSlotAlign);
   if (o_.limit == 0) o_.limit = mem_available() / 4 * 3;
 }
 
@@ -44,7 +44,7 @@ HostStore::~HostStore() {
 }
 
 void* HostStore::take(uint64_t bytes, bool grow) {
-  bytes = round_up(std::max<uint64_t>(bytes, 1), kSlotAlign);
+  bytes = round_to(std::max<uint64_t>(bytes, 1), kSlotAlign);
   std::lock_guard<std::mutex> lk(mu_);
   if (void* p = take_locked(bytes)) return p;
   if (!grow) return nullptr;
@@ -149,7 +149,7 @@ uint32_t HostStore::add_chunk(unsigned char* base, uint64_t size, bool lent) {
 
 void HostStore::give(void* p, uint64_t bytes) {
   if (!p) return;
-  bytes = round_up(std::max<uint64_t>(bytes, 1), kSlotAlign);
+  bytes = round_to(std::max<uint64_t>(bytes, 1), kSlotAlign);
   std::lock_guard<std::mutex> lk(mu_);
   st_.in_use -= std::min(st_.in_use, bytes);
   if (bytes > o_.pin_piece) {

@@ -11,7 +11,6 @@
 namespace offload {
 namespace {
 
-constexpr double kGiB = double(1ull << 30);
 thread_local bool tl_refused = false;
 thread_local bool tl_last_try = false;
 thread_local bool tl_captured = false;

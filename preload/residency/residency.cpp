@@ -10,7 +10,6 @@
 namespace offload {
 namespace {
 
-constexpr double kGiB = double(1ull << 30);
 
 // A size for a message: GiB from 1 GiB up, else MiB (a 2 MiB allocation is not "0.00 GiB").
 struct Size {

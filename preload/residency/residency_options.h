@@ -7,6 +7,8 @@
 
 namespace offload {
 
+inline constexpr double kGiB = double(1ull << 30);  // bytes in a GiB, for messages
+
 struct ResidencyOptions {
   uint64_t budget = 0;     // device bytes: our handles plus the pool's share
   uint64_t min_bytes = 0;  // allocations served as ranges; 0: the VMM granularity
