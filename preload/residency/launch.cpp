@@ -53,7 +53,7 @@ void Residency::after_launch() {
   if (rc_.probe.active) rc_finish_probe();
 }
 
-uint64_t Residency::StreamRing::captured(uint64_t want, bool ours) const {
+uint64_t StreamRing::captured(uint64_t want, bool ours) const {
   if (ours) return want;  // the manager's own stream: all its work is queued under the lock
   if (unlisted) return 0;  // launches in flight not listed: none is known forwarded
   uint64_t n = std::min(want, closed);
