@@ -28,8 +28,11 @@ void Residency::reap_copies() {
     }
   }
   // Copies out run on one stream, in the order of copying_out_: none after one still running is done.
-  while (!copying_out_.empty() && query_event(slots_[copying_out_.front()].copy_event) == 1)
+  while (!copying_out_.empty() && query_event(slots_[copying_out_.front()].copy_event) == 1) {
+    const uint64_t lag = launches_seen_ - std::min(launches_seen_, slots_[copying_out_.front()].out_at);
+    out_lag_ = out_lag_ ? (3 * out_lag_ + lag) / 4 : lag;
     finish_evict(copying_out_.front());  // erases it
+  }
 }
 
 bool Residency::start_evict(uint32_t slot, std::string* why) {
@@ -70,6 +73,7 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   r.state = State::CopyingOut;
   r.out_ahead = false;  // evict_ahead says otherwise
   r.out_next = uint32_t(std::min<uint64_t>(next_use_distance(r, launches_seen_), UINT32_MAX));
+  r.out_at = launches_seen_;
   copying_out_.push_back(slot);
   out_bytes_ += r.bytes;
   if (defer_copies_) deferred_.push_back(slot);

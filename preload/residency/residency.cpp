@@ -574,6 +574,7 @@ Residency::Stats Residency::stats() const {
   s.busy_ns = busy_ns_.load(std::memory_order_relaxed);
   s.lock_ns = lock_ns_.load(std::memory_order_relaxed);
   s.prefetch_lead = pf_lead_;
+  s.out_lag = out_lag_;
   s.held = held_;
   s.pool_share = pool_share_;
   s.whole = o_.whole_max && o_.piece_max && whole_pays();

@@ -225,6 +225,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // Its eviction's: whether it was ahead of need, and its next use then, in launches (capped).
     bool out_ahead = false;
     uint32_t out_next = 0;
+    uint64_t out_at = 0;        // the launches seen when its copy out was started
     // Options::recompute: born and not yet touched; bumped at each new life and at every launch
     // that may write it; the launch that produced it (rc_.producers), -1: none known.
     bool fresh = false;
@@ -600,6 +601,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   bool whole_now_ = true;
   uint64_t extra_now_ = 0;  // decide_costs(); Options::extra_pieces until the first
   uint64_t out_bytes_ = 0;                  // bytes of ranges copying out
+  // Launches that passed, lately, between a copy out's start and its end being found (a moving
+  // average; Stats::out_lag): how deep the copy stream's queue runs, in the step's own units.
+  uint64_t out_lag_ = 0;
   uint64_t cached_bytes_ = 0, spare_bytes_ = 0;  // of freed ranges kept, of spare handles
   std::vector<uint32_t> copying_out_;       // their slots
   bool defer_copies_ = false;               // inside an allocation's or a launch's call (DeferCopies)

@@ -55,6 +55,7 @@ struct ResidencyStats {
   // copy out, then brings them back); of them, evicted ahead of need, and predicted then to be
   // used within the prefetch lead.
   uint64_t taken_back = 0, taken_back_ahead = 0, taken_back_near = 0;
+  uint64_t out_lag = 0;  // launches a copy out lately took to be found done (Residency::out_lag_)
   // Ranges freed while copying out (the copy was for nothing); of them, those whose handles had
   // been handed on, retired once their copy ends, with no wait.
   uint64_t freed_copying = 0, freed_copying_given = 0;

@@ -180,5 +180,32 @@ TEST(ResidencyLives, ARangeUsedMoreOftenThanRememberedIsUsedSoon) {
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
+// How deep the copy stream runs, in launches: a copy out started at a launch and found done ten
+// launches on (the stream it waits for held until then) counts ten (Stats::out_lag).
+TEST(ResidencyLives, ACopyOutsLagIsCountedInLaunches) {
+  Residency::Options o = CapRig::options(2 * kGran, Residency::Options::Fault::None);
+  o.low_share = 0;  // nothing evicted ahead of need
+  CapRig r(o);
+  const DevPtr a = r.alloc(kGran, kA);
+  r.kernel(kA, {a}, fill(a, kGran, 1));
+  const DevPtr b = r.alloc(kGran, kA);
+  r.kernel(kA, {b}, fill(b, kGran, 2));
+  r.sim.run_all();
+  EXPECT_EQ(r.res.stats().out_lag, 0u) << "no copy out yet";
+  r.sim.hold(kA, true);  // the copy out waits for a's launch, queued behind the held stream
+  const DevPtr c = r.alloc(kGran, kA);  // a goes out
+  ASSERT_NE(c, 0u) << r.res.error();
+  for (int i = 0; i < 10; ++i) r.kernel(kB, {b}, [] {});
+  r.res.poll();
+  EXPECT_EQ(r.res.stats().out_lag, 0u) << "its copy is not done";
+  r.sim.hold(kA, false);
+  r.sim.run_all();
+  r.res.poll();
+  EXPECT_EQ(r.res.stats().out_lag, 10u);
+  EXPECT_NE(r.res.state_of(a), Residency::State::Resident);
+  r.sim.run_all();
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 }  // namespace
 }  // namespace offload
