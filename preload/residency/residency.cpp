@@ -10,7 +10,6 @@
 namespace offload {
 namespace {
 
-
 // A size for a message: GiB from 1 GiB up, else MiB (a 2 MiB allocation is not "0.00 GiB").
 struct Size {
   char s[32];
