@@ -3,6 +3,8 @@
 // (its uses, its free).
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "cap_rig.h"
 
 namespace offload {
@@ -97,30 +99,44 @@ TEST(ResidencyLives, AHandleGivenOnCarriesTheWaitsOfItsMapping) {
   }
 }
 
+// Two ranges living across steps under a budget of three granules: `hot` used at the launches
+// `hot_at` names and `cold` at `cold_at` of each `period`-launch step. Three steps, then the
+// fourth up to `ask_at`, where a range twice their size is allocated: what each is then.
+struct TwoLasting {
+  Residency::State hot, cold;
+  uint64_t misuses;
+};
+TwoLasting ask_after_two_lasting(uint64_t period, const std::function<bool(int)>& hot_at, int cold_at, int ask_at) {
+  Residency::Options o = CapRig::options(3 * kGran, Residency::Options::Fault::None);
+  o.low_share = 0;  // nothing evicted ahead of need
+  CapRig r(o);
+  const DevPtr hot = r.alloc(kGran, kA), cold = r.alloc(kGran, kA);
+  r.res.set_period(period);
+  uint64_t sink = 0;
+  auto launch = [&](int i) {
+    if (hot_at(i)) r.kernel(kA, {hot}, [&] { sink += words(hot)[0]; });
+    else if (i == cold_at) r.kernel(kA, {cold}, [&] { sink += words(cold)[0]; });
+    else r.kernel(kA, {}, [] {});
+  };
+  for (int step = 0; step < 3; ++step)
+    for (int i = 0; i < int(period); ++i) launch(i);
+  for (int i = 0; i < ask_at; ++i) launch(i);
+  EXPECT_NE(r.alloc(2 * kGran, kA), 0u) << r.res.error();
+  TwoLasting out{r.res.state_of(hot), r.res.state_of(cold), 0};
+  r.sim.run_all();
+  out.misuses = r.sim.vmm_stats().misuses;
+  return out;
+}
+
 // A range living across steps is predicted to be used next where its first use in the last step
 // recurs, even when it was used more than 8 times since: w, used at every other launch in the
 // step's first half, is needed (at the next step's 2) before v (at its 3), so v goes out for a
 // range twice their size. Remembering w's last 8 uses alone put its next use at 6, after v's.
 TEST(ResidencyLives, ARangeUsedManyTimesAStepIsPredictedFromItsFirstUse) {
-  Residency::Options o = CapRig::options(3 * kGran, Residency::Options::Fault::None);
-  o.low_share = 0;  // nothing evicted ahead of need
-  CapRig r(o);
-  const DevPtr w = r.alloc(kGran, kA), v = r.alloc(kGran, kA);
-  r.res.set_period(40);
-  uint64_t sink = 0;
-  auto launch = [&](int i) {
-    if (i >= 2 && i <= 20 && i % 2 == 0) r.kernel(kA, {w}, [&] { sink += words(w)[0]; });
-    else if (i == 3) r.kernel(kA, {v}, [&] { sink += words(v)[0]; });
-    else r.kernel(kA, {}, [] {});
-  };
-  for (int step = 0; step < 3; ++step)
-    for (int i = 0; i < 40; ++i) launch(i);
-  for (int i = 0; i < 26; ++i) launch(i);
-  ASSERT_NE(r.alloc(2 * kGran, kA), 0u) << r.res.error();
-  EXPECT_NE(r.res.state_of(v), Residency::State::Resident);
-  EXPECT_EQ(r.res.state_of(w), Residency::State::Resident);
-  r.sim.run_all();
-  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  const TwoLasting out = ask_after_two_lasting(40, [](int i) { return i >= 2 && i <= 20 && i % 2 == 0; }, 3, 26);
+  EXPECT_EQ(out.hot, Residency::State::Resident);   // w
+  EXPECT_NE(out.cold, Residency::State::Resident);  // v
+  EXPECT_EQ(out.misuses, 0u);
 }
 
 // A range born at the same place every step and used more often than its uses are remembered
@@ -159,25 +175,10 @@ TEST(ResidencyLives, PastTheUsesRememberedOfItsPlaceARangesNextUseIsNotKnown) {
 // 90 a range twice their size makes v go out (used in 60), not m (used at the next launch; its
 // first remembered use, launch 26, recurs 136 launches on).
 TEST(ResidencyLives, ARangeUsedMoreOftenThanRememberedIsUsedSoon) {
-  Residency::Options o = CapRig::options(3 * kGran, Residency::Options::Fault::None);
-  o.low_share = 0;  // nothing evicted ahead of need
-  CapRig r(o);
-  const DevPtr m = r.alloc(kGran, kA), v = r.alloc(kGran, kA);
-  r.res.set_period(200);
-  uint64_t sink = 0;
-  auto launch = [&](int i) {
-    if (i >= 1 && i <= 120) r.kernel(kA, {m}, [&] { sink += words(m)[0]; });
-    else if (i == 150) r.kernel(kA, {v}, [&] { sink += words(v)[0]; });
-    else r.kernel(kA, {}, [] {});
-  };
-  for (int step = 0; step < 3; ++step)
-    for (int i = 0; i < 200; ++i) launch(i);
-  for (int i = 0; i < 90; ++i) launch(i);
-  ASSERT_NE(r.alloc(2 * kGran, kA), 0u) << r.res.error();
-  EXPECT_EQ(r.res.state_of(m), Residency::State::Resident);
-  EXPECT_NE(r.res.state_of(v), Residency::State::Resident);
-  r.sim.run_all();
-  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  const TwoLasting out = ask_after_two_lasting(200, [](int i) { return i >= 1 && i <= 120; }, 150, 90);
+  EXPECT_EQ(out.hot, Residency::State::Resident);   // m
+  EXPECT_NE(out.cold, Residency::State::Resident);  // v
+  EXPECT_EQ(out.misuses, 0u);
 }
 
 // How deep the copy stream runs, in launches: a copy out started at a launch and found done ten
