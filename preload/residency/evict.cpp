@@ -74,6 +74,8 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   r.out_ahead = false;  // evict_ahead says otherwise
   r.out_next = uint32_t(std::min<uint64_t>(next_use_distance(r, launches_seen_), UINT32_MAX));
   r.out_at = launches_seen_;
+  r.out_lead = uint32_t(std::min<uint64_t>(lead_reach(), UINT32_MAX));
+  r.out_lag = uint32_t(std::min<uint64_t>(out_lag_, UINT32_MAX));
   copying_out_.push_back(slot);
   out_bytes_ += r.bytes;
   if (defer_copies_) deferred_.push_back(slot);
@@ -210,6 +212,10 @@ void Residency::abandon(Range& r) {
     ++st_.taken_back;
     st_.taken_back_ahead += r.out_ahead;
     st_.taken_back_near += period_ && r.out_next <= lead_reach();
+    st_.taken_back_next += r.out_next;
+    st_.taken_back_after += launches_seen_ - std::min(launches_seen_, r.out_at);
+    st_.taken_back_lead += r.out_lead;
+    st_.taken_back_lag += r.out_lag;
     finish_evict(uint32_t(&r - slots_.data()));
     return;
   }

@@ -225,6 +225,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     // Its eviction's: whether it was ahead of need, and its next use then, in launches (capped).
     bool out_ahead = false;
     uint32_t out_next = 0;
+    uint32_t out_lead = 0, out_lag = 0;  // lead_reach() and out_lag_ then (capped), for Stats
     uint64_t out_at = 0;        // the launches seen when its copy out was started
     // Options::recompute: born and not yet touched; bumped at each new life and at every launch
     // that may write it; the launch that produced it (rc_.producers), -1: none known.

@@ -55,6 +55,9 @@ struct ResidencyStats {
   // copy out, then brings them back); of them, evicted ahead of need, and predicted then to be
   // used within the prefetch lead.
   uint64_t taken_back = 0, taken_back_ahead = 0, taken_back_near = 0;
+  // Over the ranges taken back, sums in launches: the next use predicted at their eviction, the
+  // launches from their copy out's start to the take-back, and the prefetch lead and out_lag then.
+  uint64_t taken_back_next = 0, taken_back_after = 0, taken_back_lead = 0, taken_back_lag = 0;
   uint64_t out_lag = 0;  // launches a copy out lately took to be found done (Residency::out_lag_)
   // Ranges freed while copying out (the copy was for nothing); of them, those whose handles had
   // been handed on, retired once their copy ends, with no wait.

@@ -982,6 +982,15 @@ TEST(Residency, AnUnusedPrefetchHandsItsMemoryOnWithoutWaitingForTheCopiesOutBef
   EXPECT_EQ(r.res.stats().taken_back, before.taken_back + 1);
   EXPECT_EQ(r.res.stats().taken_back_ahead, before.taken_back_ahead) << "z went out for w1";
   EXPECT_EQ(r.res.stats().taken_back_near, before.taken_back_near) << "z is used next in the next step";
+  // z went out for a use predicted in the next step, within a period, and is taken back three
+  // launches later (w1's writer, w2's, its own); the lead then was the lead before x went out
+  // unused and shortened it.
+  const uint64_t next = r.res.stats().taken_back_next - before.taken_back_next;
+  EXPECT_GT(next, 0u);
+  EXPECT_LE(next, 40u);
+  EXPECT_EQ(r.res.stats().taken_back_after - before.taken_back_after, 3u);
+  EXPECT_EQ(r.res.stats().taken_back_lead - before.taken_back_lead, before.prefetch_lead);
+  EXPECT_LT(r.res.stats().prefetch_lead, before.prefetch_lead);
   r.sim.run_all();
   r.res.poll();
   EXPECT_EQ(r.res.stats().clean_out, before.clean_out + 1);
