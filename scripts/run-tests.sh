@@ -79,7 +79,7 @@ done
 # One replay per process, as many at once as there are cores.
 for t in tests/data/traces/*.trace; do
   case $t in *lora.trace | *reference.trace) continue ;; esac
-  for policy in OFFLOAD_CAP=1 OFFLOAD_CAP_WHOLE=0 OFFLOAD_CAP_EXTRA_PIECES=1 OFFLOAD_CAP_PIECE=0 OFFLOAD_CAP_TILE=class \
+  for policy in OFFLOAD_CAP=1 OFFLOAD_CAP_WHOLE=0 OFFLOAD_CAP_EXTRA_PIECES=1 OFFLOAD_CAP_PIECE=0 OFFLOAD_CAP_TILE=class OFFLOAD_CAP_AHEAD_HORIZON=ceiling \
     OFFLOAD_CAP_RECOMPUTE=1; do
     echo "$policy $t"
   done

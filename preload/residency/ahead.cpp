@@ -116,8 +116,11 @@ void Residency::evict_ahead(const uint32_t* keep, size_t nkeep) {
   pick_victims(&victims_, keep, nkeep, launches_seen_);
   for (uint32_t v : victims_) {
     if (projected() + low <= lim) break;
-    // Not what is used within the prefetch lead: a prefetch would bring it straight back.
-    if (period_ && next_use_distance(slots_[v], launches_seen_) <= lead_reach()) break;
+    // Not what is used within the prefetch lead (Options::ahead_to_ceiling: its ceiling): a
+    // prefetch would bring it straight back. (The lead shortens as this loop evicts unused
+    // prefetches: read it each time.)
+    const uint64_t horizon = o_.ahead_to_ceiling ? lead_ceiling() : lead_reach();
+    if (period_ && next_use_distance(slots_[v], launches_seen_) <= horizon) break;
     std::string why;
     if (!start_evict(v, &why)) break;
     slots_[v].out_ahead = true;

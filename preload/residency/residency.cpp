@@ -608,6 +608,7 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->size_classes = s.cap_size_classes;
   o->refit = s.cap_refit;
   o->keep_asked = s.cap_keep_asked;
+  o->ahead_to_ceiling = s.cap_ahead_to_ceiling;
   o->low_water = s.cap_ahead_bytes;
   o->low_share = s.cap_ahead_share;
   o->prefetch = s.cap_prefetch_max != 0;

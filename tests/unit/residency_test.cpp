@@ -582,6 +582,54 @@ TEST(Residency, TheShareKeptFreeAheadIsTheOneSet) {
   }
 }
 
+// Evicting ahead leaves out what is used within its horizon: the current prefetch lead (24
+// launches at first) by default, a quarter step (101 launches of 400) with ahead_to_ceiling.
+// Ranges a, b and c of a granule are used at launches 350, 330 and 320 of each 400-launch step,
+// under a budget of 4 with one kept free; w, a granule more, is written at 300 in the second
+// step, when a is used 50 launches on: the lead lets a go ahead of need, the ceiling does not.
+TEST(Residency, EvictingAheadStopsAtItsHorizon) {
+  for (bool ceiling : {false, true}) {
+    Residency::Options o = CapRig::options(4 * kGran, Residency::Options::Fault::None);
+    o.low_share = 0.25;
+    o.prefetch_lead_max = UINT64_MAX;
+    o.ahead_to_ceiling = ceiling;
+    CapRig r(o);
+    const DevPtr a = r.alloc(kGran, kA), b = r.alloc(kGran, kA), c = r.alloc(kGran, kA);
+    ASSERT_TRUE(r.kernel(kA, {a}, fill(a, kGran, 1)));
+    ASSERT_TRUE(r.kernel(kA, {b}, fill(b, kGran, 2)));
+    ASSERT_TRUE(r.kernel(kA, {c}, fill(c, kGran, 3)));
+    r.res.set_period(400);
+    uint64_t sink = 0;
+    DevPtr w = 0;
+    Residency::Stats before{};
+    bool a_out = false;
+    for (int step = 0; step < 2; ++step)
+      for (uint64_t i = 0; i < 400; ++i) {
+        if (i == 350) ASSERT_TRUE(r.kernel(kA, {a}, [&] { sink += words(a)[0]; }));
+        else if (i == 330) ASSERT_TRUE(r.kernel(kA, {b}, [&] { sink += words(b)[0]; }));
+        else if (i == 320) ASSERT_TRUE(r.kernel(kA, {c}, [&] { sink += words(c)[0]; }));
+        else if (i == 300 && step == 1) {
+          before = r.res.stats();
+          w = r.alloc(kGran, kA);
+          ASSERT_NE(w, 0u) << r.res.error();
+          ASSERT_TRUE(r.kernel(kA, {w}, fill(w, kGran, 4)));
+          a_out = r.res.state_of(a) != Residency::State::Resident;
+          r.free(w, kA);
+        } else {
+          r.kernel(kA, {}, [] {});
+        }
+        if (i % 10 == 9) r.sim.run_all();
+      }
+    r.sim.run_all();
+    ASSERT_EQ(before.ahead, 0u) << "nothing went out ahead in the first step";
+    EXPECT_EQ(a_out, !ceiling) << "ceiling " << ceiling;
+    EXPECT_EQ(r.res.stats().ahead > 0, !ceiling) << "ceiling " << ceiling;
+    EXPECT_EQ(sink, 2 * (mix(1) + mix(2) + mix(3))) << "every use read the bytes written";
+    EXPECT_LE(r.sim.vmm_stats().physical_peak, 4 * kGran);
+    EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+  }
+}
+
 // With the step's length known, the freed range let go for room is the one whose size the step
 // asks for again furthest ahead. A step allocates and frees ranges of 3, 1, 2 and 1 granules, a
 // kernel each, under a budget of 5, every handle one granule: the 2 finds freed ranges of 3 and 1
