@@ -6,12 +6,17 @@
 # budget_report.py's tables and the two arms' steady steps (from the fourth) pooled:
 #   LIB_B=.carry/prev/liboffload.so WORKLOAD=reference SCALE=large FRAC=0.5 STEPS=10 ROUNDS=2 \
 #     scripts/gpu/ab_budget.sh
-# LIB_A defaults to .carry/bin/liboffload.so (scripts/gpu/prepare.sh). Leaves $OUT/ab-budget-WORKLOAD-FRAC.tgz.
+# LIB_A defaults to .carry/bin/liboffload.so (scripts/gpu/prepare.sh). ENV_B="VAR=value ..." sets
+# variables in arm B alone; LIB_B then defaults to LIB_A (one build, two settings):
+#   ENV_B="OFFLOAD_CAP_AHEAD_HORIZON=ceiling" WORKLOAD=reference SCALE=large scripts/gpu/ab_budget.sh
+# Leaves $OUT/ab-budget-WORKLOAD-FRAC.tgz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/out}; work=$(mktemp -d); mkdir -p "$out"
 w=${WORKLOAD:-reference}; frac=${FRAC:-0.5}
-lib_a=${LIB_A:-$root/.carry/bin/liboffload.so}; lib_b=${LIB_B:?LIB_B: the other build of liboffload.so}
+lib_a=${LIB_A:-$root/.carry/bin/liboffload.so}; env_b=${ENV_B:-}
+[ -n "${LIB_B:-}$env_b" ] || { echo "ab_budget.sh: LIB_B (the other build of liboffload.so) or ENV_B (arm B's variables) is needed" >&2; exit 2; }
+lib_b=${LIB_B:-$lib_a}
 export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PYTHONUNBUFFERED=1 OFFLOAD_DAEMON=off
 py() {
   timeout "${RUN_TIMEOUT:-300}" python3 "$root/scripts/bench/budget.py" --workload "$w" --scale "${SCALE:-small}" \
@@ -24,8 +29,9 @@ budget=$(python3 -c "import json,sys; print(int(json.load(open(sys.argv[1]))['pe
 for r in $(seq "${ROUNDS:-2}"); do
   arms="a b"; [ $((r % 2)) = 0 ] && arms="b a"
   for arm in $arms; do
-    lib=$lib_a; [ $arm = b ] && lib=$lib_b
-    OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py --out "$work/$w-cap$frac-$arm$r.json" 2> "$work/$w-cap$frac-$arm$r.log"
+    lib=$lib_a vars=""; [ $arm = b ] && lib=$lib_b vars=$env_b
+    (for v in $vars; do export "$v"; done
+     OFFLOAD_DEVICE_BUDGET=$budget LD_PRELOAD=$lib py --out "$work/$w-cap$frac-$arm$r.json" 2> "$work/$w-cap$frac-$arm$r.log")
   done
 done
 python3 "$root/scripts/bench/budget_report.py" "$work"/*.json | tee "$work/table.md"
