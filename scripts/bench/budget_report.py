@@ -21,6 +21,11 @@ handles made and released, the scans ahead, enqueuing copies, and the events' ca
 records and stream waits), and the manager's operations, per step: among them its waits, and of
 those the ones made to make room, to release a spare still in use, and to take back a range whose
 handles were given on while it was copied out.
+
+A third lists the steady steps that took ranges back while they were copied out (the host waits
+for each one's copy out): how many, and, as means over them, the next use predicted when each went
+out and the launches until it was taken back (in launches; equal when the prediction was right),
+and the prefetch lead and out_lag at its eviction, then the host's wait for them in the step.
 """
 import json
 import statistics
@@ -93,6 +98,22 @@ def host_split(r):
     return [per(k) / 1e6 for k in HOST_MS], [per(k) for k in HOST_COUNTS]
 
 
+def taken_back(r):
+    """Per steady step that took ranges back while copying out: (step, how many, means over them of
+    the next use predicted, the launches until taken back, the lead and out_lag then, the host's
+    wait in ms); [] without the per-step counters."""
+    steps = r.get("offload_steps") or []
+    rows = []
+    for i in range(3, len(steps)):
+        a, b = steps[i - 1], steps[i]
+        n = b.get("taken_back", 0) - a.get("taken_back", 0)
+        if n > 0:
+            mean = lambda k: (b.get(k, 0) - a.get(k, 0)) / n
+            rows.append((i + 1, n, mean("taken_back_next"), mean("taken_back_after"), mean("taken_back_lead"),
+                         mean("taken_back_lag"), (b.get("wait_abandon_ns", 0) - a.get("wait_abandon_ns", 0)) / 1e6))
+    return rows
+
+
 def bound_ms(plain_ms, out_b, in_b, link):
     fwd, bwd = plain_ms / 3, plain_ms * 2 / 3
     return max(fwd, out_b / (link["d2h_gbps"] * 1e6)) + max(bwd, in_b / (link["h2d_gbps"] * 1e6))
@@ -147,6 +168,13 @@ def main(paths):
             if hs:
                 print(f"| {w} | {name} | {steady(r['step_ms']):.1f} | " + " | ".join(f"{v:.1f}" for v in hs[0]) +
                       " | " + " | ".join(f"{v:.0f}" for v in hs[1]) + " |")
+    back = [(w, name, row) for w, name, r, _ in split for row in taken_back(r)]
+    if back:
+        print("\nSteady steps that took ranges back while copying out (means over the ranges; launches):\n")
+        print("| workload | run | step | taken back | next use predicted | used after | lead then | out_lag then | host wait ms |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for w, name, (step, n, nxt, after, lead, lag, wait) in back:
+            print(f"| {w} | {name} | {step} | {n} | {nxt:.0f} | {after:.0f} | {lead:.0f} | {lag:.0f} | {wait:.1f} |")
     if link:
         print(f"\nLink: H2D {link['h2d_gbps']:.2f} GB/s, D2H {link['d2h_gbps']:.2f} GB/s (scripts/bench/link.py).")
 

@@ -350,7 +350,9 @@ def check_budget_report():
     whose losses differ here. ckpt's steady step is 100 ms and the capped run's 110 ms (the median
     of 105, 110, 120 and 110: its range 105-120): 1.10x, bitwise yes, within its budget. Its
     residency counters split its steady steps (the fourth to the seventh): 80 ms of host time in
-    the manager and 40 mappings over four steps are 20.0 ms and 10 a step. Exit 1 otherwise."""
+    the manager and 40 mappings over four steps are 20.0 ms and 10 a step. Its fifth step took a
+    range back, predicted and used 400 launches on, evicted with the lead at 8 and out_lag 3,
+    waited for 450 ms. Exit 1 otherwise."""
     def run(name, ms, losses, budget="", peak=5 << 30):
         return name, {"workload": "w", "budget_env": budget, "step_ms": [900.0] + [ms] * 6,
                       "losses": losses, "param_hash": "h" + str(losses[0]), "peak_rise": peak, "error": None}
@@ -361,6 +363,9 @@ def check_budget_report():
         capped[1]["step_ms"] = [900.0, 110.0, 110.0, 105.0, 110.0, 120.0, 110.0]
         capped[1]["offload_at_3"] = {"busy_ns": 5_000_000, "maps": 7, "bytes_out": 0, "bytes_in": 0}
         capped[1]["offload"] = {"busy_ns": 85_000_000, "maps": 47, "bytes_out": 0, "bytes_in": 0}
+        back = {"taken_back": 1, "taken_back_next": 400, "taken_back_after": 400, "taken_back_lead": 8,
+                "taken_back_lag": 3, "wait_abandon_ns": 450_000_000}
+        capped[1]["offload_steps"] = [{}] * 4 + [back] * 3  # the fifth step's, then none more
         for name, r in [run("plain", 80.0, [1.0, 2.0]), run("ckpt", 100.0, [1.5, 2.5]), capped]:
             paths.append(os.path.join(tmp, f"w-{name}.json"))
             json.dump(r, open(paths[-1], "w"))
@@ -371,6 +376,10 @@ def check_budget_report():
     expect_match(failures, out, r"\| w \| ckpt \|[^\n]*\| 100\.0 \| 100-100 \| 1\.25 \|[^\n]*\| NO \|", "ckpt against plain")
     expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 110\.0 \| 20\.0 \|( 0\.0 \|){17}( 0 \|){4} 10 \|",
                  "the capped run's host time and mappings a steady step")
+    expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 5 \| 1 \| 400 \| 400 \| 8 \| 3 \| 450\.0 \|",
+                 "the range the fifth step took back")
+    if re.search(r"\| w \| ckpt-cap0\.5 \| [67] \|", out):
+        failures.append("only the fifth step took a range back")
     return finish(failures)
 
 
