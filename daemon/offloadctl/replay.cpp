@@ -377,7 +377,8 @@ void print_json(const std::string& path, const StepTrace& rec, const CapReplayOp
         .field("prefetch_hits", s.prefetch_hits).field("maps", s.maps).field("unmaps", s.unmaps)
         .field("created", s.created).field("created_bytes", unscaled(s.created_bytes)).field("released", s.released)
         .field("bytes_out", unscaled(s.bytes_out)).field("bytes_in", unscaled(s.bytes_in))
-        .field("waits", s.waits).field("host_mapped_bytes", unscaled(s.host_mapped))
+        .field("waits", s.waits).field("taken_back", s.taken_back).field("prefetch_wasted", s.prefetch_wasted)
+        .field("host_mapped_bytes", unscaled(s.host_mapped))
         .field("host_peak_bytes", unscaled(s.host_peak)).end();
   }
   w.end();

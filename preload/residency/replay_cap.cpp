@@ -71,6 +71,8 @@ class CapGate final : public ReplayCap {
     step_.created_bytes = s.created_bytes - at_start_.created_bytes;
     step_.released = s.released - at_start_.released;
     step_.waits = s.waits - at_start_.waits;
+    step_.taken_back = s.taken_back - at_start_.taken_back;
+    step_.prefetch_wasted = s.prefetch_wasted - at_start_.prefetch_wasted;
     step_.bytes_out = s.bytes_out - at_start_.bytes_out;
     step_.bytes_in = s.bytes_in - at_start_.bytes_in;
     const HostStore::Stats h = res_->host_stats();

@@ -33,6 +33,8 @@ struct CapReplayStep {
   uint64_t device_peak = 0;    // the simulated driver's handles + the pool's live bytes, likewise
   uint64_t evictions = 0, reloads = 0, prefetches = 0, prefetch_hits = 0;
   uint64_t maps = 0, unmaps = 0, created = 0, released = 0, waits = 0;
+  uint64_t taken_back = 0;       // ranges touched after their handles were handed on (the host waits)
+  uint64_t prefetch_wasted = 0;  // prefetched ranges evicted again before their use
   uint64_t created_bytes = 0;  // of the handles made (making costs about its size)
   uint64_t bytes_out = 0, bytes_in = 0;  // copied out, and copied in on demand
   uint64_t host_mapped = 0;    // the host store's bytes at the step's end (it only grows)

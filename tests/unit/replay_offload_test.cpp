@@ -179,6 +179,12 @@ void expect_clean(const std::string& name, int repeats = kRepeats) {
   EXPECT_GT(c.stats.evictions, 0u) << "the cap moved nothing";
   EXPECT_GT(c.stats.reloads + c.stats.prefetches, 0u) << "nothing came back";
   EXPECT_GT(c.stats.period, 0u) << "two equal steps give the period";
+  // Ranges are taken back and prefetches wasted only at launches, inside the steps: the steps'
+  // counts add up to the run's.
+  uint64_t taken_back = 0, wasted = 0;
+  for (const CapReplayStep& s : c.steps) taken_back += s.taken_back, wasted += s.prefetch_wasted;
+  EXPECT_EQ(taken_back, c.stats.taken_back);
+  EXPECT_EQ(wasted, c.stats.prefetch_wasted);
   EXPECT_TRUE(c.ok());
 }
 
