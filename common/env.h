@@ -110,6 +110,12 @@ struct Settings {
   static constexpr uint64_t kQuarterStep = UINT64_MAX;
   uint64_t cap_prefetch_max = kQuarterStep;
   uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
+  // OFFLOAD_HOST_AHEAD=auto|off|SIZE: under the cap, once steps are found, host memory for evicted
+  // bytes kept made and pinned ahead of need by the shim's worker, off the training thread (auto:
+  // a sixteenth of the most bytes held on the host at once); off (the default, not yet measured on
+  // a GPU): made where an eviction needs it.
+  static constexpr uint64_t kHostAheadAuto = UINT64_MAX;
+  uint64_t host_ahead = 0;
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // OFFLOAD_OBSERVE=light|full. Full: every launch is scanned for the allocations it touches,
   // and steps are found and timed (CUPTI), as a budget and OFFLOAD_TRACE need. Light: launches

@@ -146,6 +146,7 @@ void Runtime::worker() {
     if (stop_.load(std::memory_order_relaxed) || g_pass_through.load(std::memory_order_relaxed)) break;
     relax_capture_checks_for_good();  // a thread of ours: never captures (retried until libcuda is loaded)
     pump(false);
+    grow_host_ahead();  // outside the pump's lock: a query of the stats never waits for pinning
   }
   worker_done_.store(true, std::memory_order_release);
 }

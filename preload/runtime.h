@@ -184,6 +184,7 @@ class Runtime final : private PlanContext {
   // The first steps under the cap, one line each; once, where the link is the bound, the
   // estimate of checkpointing the layers instead.
   void log_capped_step(const StepTrace& t, int64_t wall_ns);
+  void grow_host_ahead();  // the worker's: the host store grown to its reserve, a chunk at a time
   bool said_checkpointing_ = false;
   // PlanContext: what the plan controller asks of the process.
   HostPool& host_pool() override;  // offloadd's, or this process's own without a daemon
@@ -228,6 +229,9 @@ class Runtime final : private PlanContext {
   Residency::Stats last_step_cap_;       // the cap's counters at the last step cut (worker)
   HostStore::Stats last_step_host_;      // the host store's, likewise
   bool said_host_making_ = false;
+  // Host memory the worker keeps made ahead for evicted bytes (OFFLOAD_HOST_AHEAD), set once steps
+  // are found; 0 until then and when off.
+  std::atomic<uint64_t> host_reserve_{0};
   uint64_t capped_steps_logged_ = 0;
   uint64_t logged_through_launch_ = 0;   // the launches run when the last step's line was written
   size_t last_step_launches_ = 0;        // the last step's launches (worker)

@@ -167,6 +167,11 @@ void Runtime::check_allocations_seen() {
               kLaunchesBeforeNoAllocations, conf ? conf : "unset");
 }
 
+void Runtime::grow_host_ahead() {
+  const uint64_t reserve = host_reserve_.load(std::memory_order_relaxed);
+  if (reserve && cap_.load(std::memory_order_acquire)) host_store_->grow_ahead(reserve);
+}
+
 void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
   const uint64_t step = t.step;
   const Residency::Stats now = residency_->stats();
@@ -225,6 +230,14 @@ void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {
       log().info("{}", note);
     }
   last_step_host_ = host;
+  // From the first step found on, the host memory the next steps' evictions may need is made
+  // ahead by the worker: in steady steps the bytes on the host still grow by up to a GiB or two,
+  // pinned otherwise on the training thread (docs/results.md, "Host memory made ahead").
+  if (settings_.host_ahead)
+    host_reserve_.store(settings_.host_ahead == Settings::kHostAheadAuto
+                            ? std::max<uint64_t>(host.peak_in_use / 16, 256ull << 20)
+                            : settings_.host_ahead,
+                        std::memory_order_relaxed);
   // A step past the first few that moved bytes and took over 1.1x its GPU time: the link is the
   // bound, and checkpointing the layers may be faster (the planner's estimate, docs/design.md),
   // from the kernels' own times: this step's timeline holds its stalls, checkpointing's would not.

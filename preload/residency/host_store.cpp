@@ -50,17 +50,18 @@ void* HostStore::take(uint64_t bytes, bool grow) {
   if (!grow) return nullptr;
   // Out of room: a chunk more.
   const uint64_t size = bytes > o_.pin_piece ? bytes : std::max(bytes, std::min(o_.chunk_bytes, o_.pin_piece));
-  if (st_.mapped + size > o_.limit) {
+  if (st_.mapped + growing_ + size > o_.limit) {
     ++st_.refused;
     return nullptr;
   }
-  bool lent = false;
-  unsigned char* base = map_chunk(size, &lent);
-  if (!base) {
+  const Made m = map_chunk(size, false);
+  note_made(m);
+  if (!m.base) {
     ++st_.refused;
     return nullptr;
   }
-  const uint32_t c = add_chunk(base, size, lent);
+  unsigned char* base = m.base;
+  const uint32_t c = add_chunk(base, size, m.lent);
   if (bytes > o_.pin_piece) {  // its own chunk, whole
     note_taken(bytes);
     return base;
@@ -112,29 +113,57 @@ void HostStore::note_taken(uint64_t bytes) {
   st_.peak_in_use = std::max(st_.peak_in_use, st_.in_use);
 }
 
-unsigned char* HostStore::map_chunk(uint64_t size, bool* lent) {
+HostStore::Made HostStore::map_chunk(uint64_t size, bool fault_first) const {
+  Made m;
   if (source_)
     if (void* p = source_->take(size)) {
-      *lent = true;
-      pin(static_cast<unsigned char*>(p), size);
-      return static_cast<unsigned char*>(p);
+      m.base = static_cast<unsigned char*>(p);
+      m.lent = true;
+      pin(&m, size);
+      return m;
     }
-  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return nullptr;
-  auto* base = static_cast<unsigned char*>(m);
   // Pinning faults the pages in itself: on the H200's host that made memory ready in about 340
   // ms/GiB, against 350-510 faulted in first (MAP_POPULATE) and then pinned, and transparent
-  // huge pages were slower still (scripts/gpu/pin_probe.cpp; docs/results.md).
-  pin(base, size);
-  return base;
+  // huge pages were slower still (scripts/gpu/pin_probe.cpp; docs/results.md). Off the evicting
+  // thread the faulting goes first all the same, so that the driver is held only to pin.
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (fault_first ? MAP_POPULATE : 0);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (p == MAP_FAILED) return m;
+  m.base = static_cast<unsigned char*>(p);
+  pin(&m, size);
+  return m;
 }
 
 // A chunk that could not be pinned is faulted in by its first copy, as pageable memory.
-void HostStore::pin(unsigned char* base, uint64_t size) {
+void HostStore::pin(Made* m, uint64_t size) const {
   const int64_t t0 = mono_ns();
   for (uint64_t off = 0; off < size; off += o_.pin_piece)
-    if (!d_.pin_host(base + off, std::min(o_.pin_piece, size - off))) ++st_.pin_failures;
-  st_.pin_ns += mono_ns() - t0;
+    if (!d_.pin_host(m->base + off, std::min(o_.pin_piece, size - off))) ++m->pin_failures;
+  m->pin_ns = mono_ns() - t0;
+}
+
+void HostStore::note_made(const Made& m) {
+  st_.pin_ns += m.pin_ns;
+  st_.pin_failures += m.pin_failures;
+}
+
+uint64_t HostStore::grow_ahead(uint64_t reserve) {
+  const uint64_t size = std::min(o_.chunk_bytes, o_.pin_piece);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (growing_ || st_.mapped - st_.in_use >= reserve || st_.mapped + size > o_.limit) return 0;
+    growing_ = size;
+  }
+  const int64_t t0 = mono_ns();
+  const Made m = map_chunk(size, true);
+  std::lock_guard<std::mutex> lk(mu_);
+  growing_ = 0;
+  st_.pin_failures += m.pin_failures;
+  if (!m.base) return 0;
+  add_free(m.base, size, add_chunk(m.base, size, m.lent));
+  st_.ahead += size;
+  st_.ahead_ns += mono_ns() - t0;
+  return size;
 }
 
 uint32_t HostStore::add_chunk(unsigned char* base, uint64_t size, bool lent) {
@@ -182,7 +211,8 @@ HostStore::Stats HostStore::stats() const {
 }
 
 std::string host_making_note(uint64_t step, int64_t step_ns, const HostStore::Stats& now, const HostStore::Stats& was) {
-  const uint64_t made = (now.mapped - now.lent) - std::min(now.mapped - now.lent, was.mapped - was.lent);
+  const uint64_t made_now = now.mapped - now.lent - now.ahead, made_was = was.mapped - was.lent - was.ahead;
+  const uint64_t made = made_now - std::min(made_now, made_was);  // where take() needed it
   const int64_t pin_ns = now.pin_ns - was.pin_ns;
   if (made < (1ull << 30) || pin_ns < 500'000'000 || pin_ns * 4 < step_ns) return "";
   const double gib = double(1ull << 30);

@@ -23,7 +23,13 @@
 // the daemon faulted in before this process needed them, so that only pinning is left to pay
 // here (making fresh memory cost 340 ms/GiB on the H200's host, pinning made memory about 42).
 //
-// Thread-safe: one mutex. Never called from a hook while another of its locks is held.
+// The store can also grow ahead of need, off the evicting thread (grow_ahead(), from the shim's
+// worker): in steady steps the bytes on the host still creep up (the reference at half its peak:
+// 0.3-1.6 GiB more in a step, pinned where it was needed, 0.15-0.7 s; docs/results.md), and
+// every such byte pinned on the training thread stalls the step.
+//
+// Thread-safe: one mutex, never held while memory is made or pinned. Never called from a hook
+// while another of its locks is held.
 #pragma once
 
 #include <cstdint>
@@ -55,9 +61,11 @@ class HostStore {
   struct Stats {
     uint64_t mapped = 0, in_use = 0, peak_in_use = 0, chunks = 0, pin_failures = 0;
     uint64_t refused = 0;  // take() past the limit
-    int64_t pin_ns = 0;    // wall time pinning chunks (which faults them in)
+    int64_t pin_ns = 0;    // wall time pinning chunks where take() needed them (which faults them in)
     uint64_t lent = 0;     // of `mapped`, the bytes a ChunkSource lent
     uint64_t free_blocks = 0;  // free blocks inside chunks (how fragmented the room is)
+    uint64_t ahead = 0;        // of `mapped`, the bytes grow_ahead() made
+    int64_t ahead_ns = 0;      // wall time grow_ahead() spent making and pinning them (not in pin_ns)
   };
 
   HostStore(Driver& d, Options o, ChunkSource* source = nullptr);
@@ -69,6 +77,11 @@ class HostStore {
   // `grow` false, only from room already pinned.
   void* take(uint64_t bytes, bool grow = true);
   void give(void* p, uint64_t bytes);
+  // While less than `reserve` bytes lie free, one chunk more, made and pinned with no lock held
+  // (its pages faulted in first: pinning made memory holds the driver about 42 ms/GiB, making it
+  // as it pins about 340). For a thread other than the evicting one. Returns the bytes added: 0
+  // when the room suffices, another grow_ahead() runs, the limit is near or the OS refuses.
+  uint64_t grow_ahead(uint64_t reserve);
   uint64_t limit() const { return o_.limit; }
   uint64_t pin_piece() const { return o_.pin_piece; }
   Stats stats() const;
@@ -93,8 +106,16 @@ class HostStore {
   void add_free(unsigned char* p, uint64_t bytes, uint32_t chunk);
   void drop_free(std::map<unsigned char*, Free>::iterator it);
   uint32_t chunk_of(const unsigned char* p) const;
-  unsigned char* map_chunk(uint64_t size, bool* lent);  // mapped or lent, and pinned
-  void pin(unsigned char* base, uint64_t size);
+  struct Made {
+    unsigned char* base = nullptr;
+    bool lent = false;  // the source's
+    int64_t pin_ns = 0;
+    uint64_t pin_failures = 0;
+  };
+  // Mapped or lent, and pinned; `fault_first`: its pages faulted in before pinning.
+  Made map_chunk(uint64_t size, bool fault_first) const;
+  void pin(Made* m, uint64_t size) const;
+  void note_made(const Made& m);
   uint32_t add_chunk(unsigned char* base, uint64_t size, bool lent);
 
   Driver& d_;
@@ -107,6 +128,7 @@ class HostStore {
   BySize free_by_size_;                                // the same blocks, by size (best fit)
   std::multimap<uint64_t, void*> free_big_;            // freed slots over pin_piece, by size
   Stats st_;
+  uint64_t growing_ = 0;  // bytes grow_ahead() is making outside the lock
 };
 
 // What a step spent making pinned host memory, said once to the user: when the store made (did not

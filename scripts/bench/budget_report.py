@@ -78,7 +78,7 @@ def handles_per_step(r):
 
 
 HOST_MS = ("busy_ns", "lock_ns", "poll_ns", "poll_reap_ns", "poll_query_ns", "poll_outside_ns",
-           "poll_pool_ns", "poll_room_ns", "wait_ns", "map_ns", "unmap_ns", "create_ns", "release_ns", "ahead_ns", "copy_ns", "event_ns", "host_pin_ns",
+           "poll_pool_ns", "poll_room_ns", "wait_ns", "map_ns", "unmap_ns", "create_ns", "release_ns", "ahead_ns", "copy_ns", "event_ns", "host_pin_ns", "host_ahead_ns",
            "probe_ns")
 HOST_COUNTS = ("polls", "allocs", "reused", "refits", "maps", "alloc_maps", "unmaps", "created", "evictions", "reloads",
                "prefetch_hits", "prefetch_late", "waits", "waits_room", "waits_release", "waits_abandon",

@@ -205,6 +205,11 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_DOUBLE_EQ(one("OFFLOAD_CAP_AHEAD", "0%").cap_ahead_share, 0.0);
   EXPECT_EQ(one("OFFLOAD_CAP_AHEAD", "2GiB").cap_ahead_bytes, 2ull << 30);
   EXPECT_DOUBLE_EQ(one("OFFLOAD_CAP_AHEAD", "2GiB").cap_ahead_share, 0.0);
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").host_ahead, 0u);
+  EXPECT_EQ(one("OFFLOAD_HOST_AHEAD", "auto").host_ahead, Settings::kHostAheadAuto);
+  EXPECT_EQ(one("OFFLOAD_HOST_AHEAD", "off").host_ahead, 0u);
+  EXPECT_EQ(one("OFFLOAD_HOST_AHEAD", "0").host_ahead, 0u);
+  EXPECT_EQ(one("OFFLOAD_HOST_AHEAD", "3GiB").host_ahead, 3ull << 30);
 }
 
 TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
@@ -221,6 +226,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_CAP_RECOMPUTE_PROBES", "2"}, {"OFFLOAD_CAP_RECOMPUTE_PROBES", "256"}, {"OFFLOAD_CAP_RECOMPUTE_PROBES", "many"},
       {"OFFLOAD_CAP_RECOMPUTE_UPDATES", "yes"}, {"OFFLOAD_CAP_AHEAD_HORIZON", "far"}, {"OFFLOAD_CAP_AHEAD_HORIZON", "1"},
       {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"},
+      {"OFFLOAD_HOST_AHEAD", "on"}, {"OFFLOAD_HOST_AHEAD", "1MiB"}, {"OFFLOAD_HOST_AHEAD", "-1GiB"},
   };
   for (auto [var, val] : bad) {
     Env env;

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <random>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -191,6 +193,85 @@ TEST(HostStore, FreeBlocksOfTwoChunksNeverMerge) {
   two_adjacent_chunks_freed(true);   // the first merges forwards
 }
 
+// Grown ahead (from another thread than the evicting one), the store keeps `reserve` bytes free:
+// takes within them pin nothing where they are made, and it grows no further while the room
+// suffices, nor past its limit. Its chunks are faulted in first and pinned whole.
+TEST(HostStore, GrowsAheadToItsReserveAndTakesPinNothingThen) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.limit = 5 << 20;
+  HostStore h(sim, o);
+  EXPECT_EQ(h.grow_ahead(0), 0u) << "no reserve, nothing made";
+  EXPECT_EQ(h.grow_ahead(2 << 20), 1u << 20);
+  EXPECT_EQ(h.grow_ahead(2 << 20), 1u << 20);
+  EXPECT_EQ(h.grow_ahead(2 << 20), 0u) << "two chunks free: the reserve is met";
+  HostStore::Stats s = h.stats();
+  EXPECT_EQ(s.mapped, 2u << 20);
+  EXPECT_EQ(s.ahead, 2u << 20);
+  EXPECT_EQ(s.pin_ns, 0) << "no pinning where take() needed memory";
+  ASSERT_EQ(sim.pinned().size(), 2u);
+  EXPECT_EQ(sim.pinned()[0].second, 1u << 20);
+
+  void* a = h.take(1 << 20);
+  void* b = h.take(1 << 20);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(h.stats().chunks, 2u) << "served from the room made ahead";
+  EXPECT_EQ(h.stats().pin_ns, 0);
+  static_cast<unsigned char*>(b)[(1 << 20) - 1] = 7;  // faulted, mapped memory of the caller's
+
+  // Two chunks more would restore the reserve; the limit (5 MiB) leaves room for three in all.
+  EXPECT_EQ(h.grow_ahead(2 << 20), 1u << 20);
+  EXPECT_EQ(h.grow_ahead(2 << 20), 1u << 20);
+  EXPECT_EQ(h.grow_ahead(8 << 20), 1u << 20);
+  EXPECT_EQ(h.grow_ahead(8 << 20), 0u) << "at the limit";
+  EXPECT_EQ(h.stats().mapped, 5u << 20);
+  EXPECT_EQ(h.take(2 << 20), nullptr) << "no free block holds 2 MiB, and a chunk more would pass the limit";
+  h.give(a, 1 << 20);
+  h.give(b, 1 << 20);
+}
+
+// A take() that needs a chunk while grow_ahead() makes one on another thread never lets the two
+// together pass the limit, and every byte handed out is the caller's alone.
+TEST(HostStore, GrowingAheadBesideTakesKeepsToTheLimitAndNeverHandsOutABlockTwice) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 256 << 10;
+  o.limit = 8 << 20;
+  HostStore h(sim, o);
+  std::atomic<bool> done{false};
+  std::thread grower([&] {
+    while (!done.load()) h.grow_ahead(1 << 20);
+  });
+  std::mt19937 rng(7);
+  std::vector<std::pair<unsigned char*, uint64_t>> held;
+  uint64_t taken = 0;
+  for (int i = 0; i < 4000; ++i) {
+    if (!held.empty() && (rng() % 2 || taken > (6 << 20))) {
+      const size_t k = rng() % held.size();
+      auto [p, n] = held[k];
+      for (uint64_t j = 0; j < n; j += 4096) ASSERT_EQ(p[j], static_cast<unsigned char>(n >> 12)) << "a slot shared";
+      h.give(p, n);
+      taken -= n;
+      held[k] = held.back();
+      held.pop_back();
+    } else {
+      const uint64_t n = (1 + rng() % 48) * 4096;
+      auto* p = static_cast<unsigned char*>(h.take(n));
+      if (!p) continue;
+      for (uint64_t j = 0; j < n; j += 4096) p[j] = static_cast<unsigned char>(n >> 12);
+      held.emplace_back(p, n);
+      taken += n;
+    }
+    ASSERT_LE(h.stats().mapped, o.limit);
+  }
+  done.store(true);
+  grower.join();
+  EXPECT_GT(h.stats().ahead, 0u);
+  for (auto [p, n] : held) h.give(p, n);
+  EXPECT_EQ(h.stats().in_use, 0u);
+}
+
 // The first steps of a model that does not fit make the host memory their evicted bytes go to,
 // which on the H200's host took 0.3-0.5 s a GiB: said once, with the pool that makes it ahead. Not
 // said for memory lent by offloadd's pool, for less than a GiB, nor when pinning took under a
@@ -214,6 +295,9 @@ TEST(HostStore, AStepThatSpentItsTimeMakingHostMemorySaysSo) {
   HostStore::Stats quick = now;
   quick.pin_ns = 400'000'000;
   EXPECT_EQ(host_making_note(1, 1'000'000'000, quick, was), "") << "under half a second";
+  HostStore::Stats ahead = now;
+  ahead.ahead = now.mapped;  // made ahead, off the evicting thread: nothing to say
+  EXPECT_EQ(host_making_note(1, 7'700'000'000, ahead, was), "");
   // A later step: only what it made counts.
   HostStore::Stats later = now;
   later.mapped += kG / 4;
