@@ -81,6 +81,7 @@ void* HostStore::take_locked(uint64_t bytes) {
     note_taken(bytes);
     return p;
   }
+  largest_asked_ = std::max(largest_asked_, bytes);
   // Best fit: the smallest free block that holds it, its front taken, the rest left free.
   auto fit = free_by_size_.lower_bound(bytes);
   if (fit == free_by_size_.end()) return nullptr;
@@ -148,10 +149,17 @@ void HostStore::note_made(const Made& m) {
 }
 
 uint64_t HostStore::grow_ahead(uint64_t reserve) {
-  const uint64_t size = std::min(o_.chunk_bytes, o_.pin_piece);
+  uint64_t size = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (growing_ || st_.mapped - st_.in_use >= reserve || st_.mapped + size > o_.limit) return 0;
+    // Chunks that hold the largest slot asked for: room in smaller ones cannot serve it (the
+    // reference's large activations are slots of several chunks, each given a chunk of its own
+    // on the evicting thread while 2-4 GiB lay free in smaller blocks).
+    size = std::min(o_.pin_piece, std::max(std::min(o_.chunk_bytes, o_.pin_piece), largest_asked_));
+    const uint64_t free = st_.mapped - st_.in_use;
+    const uint64_t largest_free = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+    const bool short_of_room = free < reserve || (largest_free < largest_asked_ && free < 2 * reserve);
+    if (growing_ || !short_of_room || st_.mapped + size > o_.limit) return 0;
     growing_ = size;
   }
   const int64_t t0 = mono_ns();

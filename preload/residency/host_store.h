@@ -77,7 +77,8 @@ class HostStore {
   // `grow` false, only from room already pinned.
   void* take(uint64_t bytes, bool grow = true);
   void give(void* p, uint64_t bytes);
-  // While less than `reserve` bytes lie free, one chunk more, made and pinned with no lock held
+  // While less than `reserve` bytes lie free (or less than twice that, none of them in a block
+  // that holds the largest slot asked for), one chunk more, large enough for that slot, made and pinned with no lock held
   // (its pages faulted in first: pinning made memory holds the driver about 42 ms/GiB, making it
   // as it pins about 340). For a thread other than the evicting one. Returns the bytes added: 0
   // when the room suffices, another grow_ahead() runs, the limit is near or the OS refuses.
@@ -129,6 +130,7 @@ class HostStore {
   std::multimap<uint64_t, void*> free_big_;            // freed slots over pin_piece, by size
   Stats st_;
   uint64_t growing_ = 0;  // bytes grow_ahead() is making outside the lock
+  uint64_t largest_asked_ = 0;  // the largest slot of at most pin_piece asked for
 };
 
 // What a step spent making pinned host memory, said once to the user: when the store made (did not

@@ -231,6 +231,34 @@ TEST(HostStore, GrowsAheadToItsReserveAndTakesPinNothingThen) {
   h.give(b, 1 << 20);
 }
 
+// A slot larger than a chunk gets a chunk of its own, and the free room of smaller chunks cannot
+// serve it: grown ahead, the store makes chunks that hold the largest slot asked for, and makes
+// one while none of its free blocks holds it, within twice the reserve.
+TEST(HostStore, GrowsAheadInChunksThatHoldTheLargestSlotAskedFor) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.pin_piece = 4 << 20;
+  o.limit = 64 << 20;
+  HostStore h(sim, o);
+  void* big = h.take(3 << 20);  // a chunk of its own, made where it was asked for
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(h.grow_ahead(2 << 20), 3u << 20) << "a chunk as large as the largest slot";
+  EXPECT_EQ(h.grow_ahead(2 << 20), 0u) << "3 MiB free in one block: the reserve is met";
+  void* again = h.take(3 << 20);
+  ASSERT_NE(again, nullptr);
+  void* small = h.take(1 << 20);  // a chunk of 1 MiB, made where it was asked for
+  ASSERT_NE(small, nullptr);
+  h.give(small, 1 << 20);
+  const int64_t pinned_where_asked = h.stats().pin_ns;
+  EXPECT_EQ(h.grow_ahead(1 << 20), 3u << 20) << "the reserve of 1 MiB lies free, but no block holds 3 MiB";
+  EXPECT_EQ(h.grow_ahead(1 << 20), 0u) << "one does now";
+  void* third = h.take(3 << 20);
+  ASSERT_NE(third, nullptr);
+  EXPECT_EQ(h.stats().pin_ns, pinned_where_asked) << "served from the chunk made ahead";
+  for (void* p : {big, again, third}) h.give(p, 3 << 20);
+}
+
 // A take() that needs a chunk while grow_ahead() makes one on another thread never lets the two
 // together pass the limit, and every byte handed out is the caller's alone.
 TEST(HostStore, GrowingAheadBesideTakesKeepsToTheLimitAndNeverHandsOutABlockTwice) {
