@@ -73,9 +73,12 @@ void* HostStore::take(uint64_t bytes, bool grow) {
 void* HostStore::take_locked(uint64_t bytes) {
   // A slot over pin_piece had a chunk of its own, registered in pieces from its start: it is
   // never split, since a piece of it elsewhere would put a copy across two registrations.
+  // The smallest free one that holds it, if at most twice its size: a slot over pin_piece takes
+  // the whole chunk, and the reference's large slots come in sizes a few percent apart.
   if (bytes > o_.pin_piece) {
-    auto it = free_big_.find(bytes);
-    if (it == free_big_.end()) return nullptr;
+    largest_big_asked_ = std::max(largest_big_asked_, bytes);
+    auto it = free_big_.lower_bound(bytes);
+    if (it == free_big_.end() || it->first > 2 * bytes) return nullptr;
     void* p = it->second;
     free_big_.erase(it);
     note_taken(bytes);
@@ -148,18 +151,26 @@ void HostStore::note_made(const Made& m) {
   st_.pin_failures += m.pin_failures;
 }
 
+uint64_t HostStore::ahead_size_locked(uint64_t reserve) const {
+  const uint64_t free = st_.mapped - st_.in_use;
+  if (free < reserve) return std::min(o_.pin_piece, std::max(std::min(o_.chunk_bytes, o_.pin_piece), largest_asked_));
+  if (free >= 2 * reserve) return 0;
+  // Room that cannot serve the largest slots asked for: a slot of several chunks is given a chunk
+  // of its own on the evicting thread while smaller blocks lie free (on the H200, 2-4 GiB of them
+  // beside the reference's large slots), and a slot over pin_piece one of its own size.
+  const uint64_t largest_free = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+  if (largest_free < largest_asked_) return largest_asked_;
+  if (largest_big_asked_ && (free_big_.empty() || free_big_.rbegin()->first < largest_big_asked_))
+    return largest_big_asked_;
+  return 0;
+}
+
 uint64_t HostStore::grow_ahead(uint64_t reserve) {
   uint64_t size = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    // Chunks that hold the largest slot asked for: room in smaller ones cannot serve it (the
-    // reference's large activations are slots of several chunks, each given a chunk of its own
-    // on the evicting thread while 2-4 GiB lay free in smaller blocks).
-    size = std::min(o_.pin_piece, std::max(std::min(o_.chunk_bytes, o_.pin_piece), largest_asked_));
-    const uint64_t free = st_.mapped - st_.in_use;
-    const uint64_t largest_free = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
-    const bool short_of_room = free < reserve || (largest_free < largest_asked_ && free < 2 * reserve);
-    if (growing_ || !short_of_room || st_.mapped + size > o_.limit) return 0;
+    size = ahead_size_locked(reserve);
+    if (growing_ || !size || st_.mapped + size > o_.limit) return 0;
     growing_ = size;
   }
   const int64_t t0 = mono_ns();
@@ -168,7 +179,9 @@ uint64_t HostStore::grow_ahead(uint64_t reserve) {
   growing_ = 0;
   st_.pin_failures += m.pin_failures;
   if (!m.base) return 0;
-  add_free(m.base, size, add_chunk(m.base, size, m.lent));
+  const uint32_t c = add_chunk(m.base, size, m.lent);
+  if (size > o_.pin_piece) free_big_.emplace(size, m.base);  // whole, registered in pieces from its start
+  else add_free(m.base, size, c);
   st_.ahead += size;
   st_.ahead_ns += mono_ns() - t0;
   return size;
@@ -189,8 +202,8 @@ void HostStore::give(void* p, uint64_t bytes) {
   bytes = round_to(std::max<uint64_t>(bytes, 1), kSlotAlign);
   std::lock_guard<std::mutex> lk(mu_);
   st_.in_use -= std::min(st_.in_use, bytes);
-  if (bytes > o_.pin_piece) {
-    free_big_.emplace(bytes, p);
+  if (bytes > o_.pin_piece) {  // the whole chunk it had, which may be larger
+    free_big_.emplace(chunks_[chunk_of(static_cast<unsigned char*>(p))].bytes, p);
     return;
   }
   // Merged with the free blocks either side that lie in the same chunk.

@@ -10,7 +10,7 @@
 // served from room already pinned: with slots reused by exact size only, the recorded steps'
 // stores grew 15-66% past their most bytes in use (`offloadctl replay --cap`, host_mapped_bytes
 // against host_peak_bytes; docs/results.md), and every byte of growth is pinned on the thread
-// that evicts. Slots over pin_piece are reused by exact size.
+// that evicts. A slot over pin_piece takes a whole free chunk of at most twice its size.
 //
 // A copy never spans two pinned registrations (a driver may take such a copy for pinned memory
 // it is not): a chunk of at most pin_piece is one registration, and a larger one holds one
@@ -77,8 +77,9 @@ class HostStore {
   // `grow` false, only from room already pinned.
   void* take(uint64_t bytes, bool grow = true);
   void give(void* p, uint64_t bytes);
-  // While less than `reserve` bytes lie free (or less than twice that, none of them in a block
-  // that holds the largest slot asked for), one chunk more, large enough for that slot, made and pinned with no lock held
+  // While less than `reserve` bytes lie free, or less than twice that and no free block holds
+  // the largest slot asked for (of at most pin_piece, or over it), one chunk more that holds it,
+  // made and pinned with no lock held
   // (its pages faulted in first: pinning made memory holds the driver about 42 ms/GiB, making it
   // as it pins about 340). For a thread other than the evicting one. Returns the bytes added: 0
   // when the room suffices, another grow_ahead() runs, the limit is near or the OS refuses.
@@ -103,6 +104,7 @@ class HostStore {
     BySize::iterator by_size;
   };
   void* take_locked(uint64_t bytes);
+  uint64_t ahead_size_locked(uint64_t reserve) const;  // the chunk grow_ahead() makes; 0: none
   void note_taken(uint64_t bytes);
   void add_free(unsigned char* p, uint64_t bytes, uint32_t chunk);
   void drop_free(std::map<unsigned char*, Free>::iterator it);
@@ -130,7 +132,8 @@ class HostStore {
   std::multimap<uint64_t, void*> free_big_;            // freed slots over pin_piece, by size
   Stats st_;
   uint64_t growing_ = 0;  // bytes grow_ahead() is making outside the lock
-  uint64_t largest_asked_ = 0;  // the largest slot of at most pin_piece asked for
+  uint64_t largest_asked_ = 0;      // the largest slot of at most pin_piece asked for
+  uint64_t largest_big_asked_ = 0;  // the largest slot over pin_piece asked for
 };
 
 // What a step spent making pinned host memory, said once to the user: when the store made (did not

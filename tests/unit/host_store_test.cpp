@@ -259,6 +259,45 @@ TEST(HostStore, GrowsAheadInChunksThatHoldTheLargestSlotAskedFor) {
   for (void* p : {big, again, third}) h.give(p, 3 << 20);
 }
 
+// A slot over pin_piece takes a whole chunk: a freed one of at most twice its size serves it (the
+// copies split at pin_piece from its start, which is the chunk's), and grown ahead, the store
+// keeps one free as large as the largest such slot asked for.
+TEST(HostStore, SlotsOverAPinPieceTakeWholeChunksUpToTwiceTheirSizeAndAreGrownAheadToo) {
+  SimDriver sim;
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.pin_piece = 2 << 20;
+  o.limit = 64 << 20;
+  HostStore h(sim, o);
+  void* a = h.take(5 << 20);  // a chunk of its own, made where it was asked for
+  ASSERT_NE(a, nullptr);
+  h.give(a, 5 << 20);
+  EXPECT_EQ(h.take(6 << 20, false), nullptr) << "no free chunk holds 6 MiB";
+  EXPECT_EQ(h.take(4 << 20, false), a) << "a free chunk of 5 MiB serves 4";
+  h.give(a, 4 << 20);
+  EXPECT_EQ(h.take((2 << 20) + 4096, false), nullptr) << "a chunk of more than twice its size is not taken";
+  EXPECT_EQ(h.take(5 << 20, false), a) << "given back whole: 5 MiB again";
+
+  void* b = h.take(1 << 20);  // a chunk of 1 MiB more, made where it was asked for
+  ASSERT_NE(b, nullptr);
+  h.give(b, 1 << 20);
+  const auto pins = sim.pinned().size();
+  // 1 MiB free: the reserve of 1 MiB is met, but no free chunk holds the largest slot over
+  // pin_piece asked for (6 MiB, asked for above, though not served).
+  EXPECT_EQ(h.grow_ahead(1 << 20), 6u << 20);
+  EXPECT_EQ(h.grow_ahead(1 << 20), 0u) << "7 MiB free: over twice the reserve";
+  ASSERT_EQ(sim.pinned().size(), pins + 3) << "pinned in pieces of pin_piece from its start";
+  EXPECT_EQ(sim.pinned().back().second, 2u << 20);
+  const int64_t pinned_where_asked = h.stats().pin_ns;
+  void* d = h.take(5 << 20, false);
+  ASSERT_NE(d, nullptr);
+  EXPECT_NE(d, a);
+  EXPECT_EQ(h.stats().pin_ns, pinned_where_asked) << "served from the chunk made ahead";
+  h.give(a, 5 << 20);
+  h.give(d, 5 << 20);
+  EXPECT_EQ(h.stats().in_use, 0u);
+}
+
 // A take() that needs a chunk while grow_ahead() makes one on another thread never lets the two
 // together pass the limit, and every byte handed out is the caller's alone.
 TEST(HostStore, GrowingAheadBesideTakesKeepsToTheLimitAndNeverHandsOutABlockTwice) {
