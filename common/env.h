@@ -112,8 +112,9 @@ struct Settings {
   uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
   // OFFLOAD_HOST_AHEAD=auto|off|SIZE: under the cap, once steps are found, host memory for evicted
   // bytes kept made and pinned ahead of need by the shim's worker, off the training thread (auto:
-  // a sixteenth of the most bytes held on the host at once); off (the default, not yet measured on
-  // a GPU): made where an eviction needs it.
+  // a sixteenth of the most bytes held on the host at once); off (the default: on the H200 the
+  // worker's making memory slowed the training thread about as much, docs/results.md): made
+  // where an eviction needs it.
   static constexpr uint64_t kHostAheadAuto = UINT64_MAX;
   uint64_t host_ahead = 0;
   bool offload() const { return device_budget || device_budget_fraction > 0; }
