@@ -156,8 +156,9 @@ uint64_t HostStore::ahead_size_locked(uint64_t reserve) const {
   if (free < reserve) return std::min(o_.pin_piece, std::max(std::min(o_.chunk_bytes, o_.pin_piece), largest_asked_));
   if (free >= 2 * reserve) return 0;
   // Room that cannot serve the largest slots asked for: a slot of several chunks is given a chunk
-  // of its own on the evicting thread while smaller blocks lie free (on the H200, 2-4 GiB of them
-  // beside the reference's large slots), and a slot over pin_piece one of its own size.
+  // of its own on the evicting thread while smaller blocks lie free (on the H200, 1-5 GiB mapped
+  // past the most held, beside the reference's large slots; docs/results.md), and a slot over
+  // pin_piece one of its own size.
   const uint64_t largest_free = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
   if (largest_free < largest_asked_) return largest_asked_;
   if (largest_big_asked_ && (free_big_.empty() || free_big_.rbegin()->first < largest_big_asked_))
