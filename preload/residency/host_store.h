@@ -24,9 +24,9 @@
 // here (making fresh memory cost 340 ms/GiB on the H200's host, pinning made memory about 42).
 //
 // The store can also grow ahead of need, off the evicting thread (grow_ahead(), from the shim's
-// worker): in steady steps the bytes on the host still creep up (the reference at half its peak:
-// 0.3-1.6 GiB more in a step, pinned where it was needed, 0.15-0.7 s; docs/results.md), and
-// every such byte pinned on the training thread stalls the step.
+// worker): in steady steps the bytes on the host still creep up (the reference at half its peak
+// on the H200: pinned where it was needed, 173-469 ms a step; docs/results.md). Off by default:
+// made on the worker, the memory held the training thread up about as long.
 //
 // Thread-safe: one mutex, never held while memory is made or pinned. Never called from a hook
 // while another of its locks is held.
