@@ -73,8 +73,8 @@ void* HostStore::take(uint64_t bytes, bool grow) {
 void* HostStore::take_locked(uint64_t bytes) {
   // A slot over pin_piece had a chunk of its own, registered in pieces from its start: it is
   // never split, since a piece of it elsewhere would put a copy across two registrations.
-  // The smallest free one that holds it, if at most twice its size: a slot over pin_piece takes
-  // the whole chunk, and the reference's large slots come in sizes a few percent apart.
+  // It takes the smallest free one that holds it, whole, if at most twice its size: pinning a
+  // chunk more for each size asked costs the evicting thread more than the bytes left unused.
   if (bytes > o_.pin_piece) {
     largest_big_asked_ = std::max(largest_big_asked_, bytes);
     auto it = free_big_.lower_bound(bytes);
