@@ -26,6 +26,10 @@ A third lists the steady steps that took ranges back while they were copied out 
 for each one's copy out): how many, and, as means over them, the next use predicted when each went
 out and the launches until it was taken back (in launches; equal when the prediction was right),
 and the prefetch lead and out_lag at its eviction, then the host's wait for them in the step.
+
+A fourth follows the host store through the steady steps: what it had mapped at their start and
+at the end, the most bytes it held at once, and what it made in them, where an eviction needed it
+(pinned on the training thread) and ahead of need on the worker (OFFLOAD_HOST_AHEAD).
 """
 import json
 import statistics
@@ -114,6 +118,20 @@ def taken_back(r):
     return rows
 
 
+def host_growth(r):
+    """The host store over the steady steps: GiB mapped at their start and at the end, the most
+    held at once at the end, and the GiB made in them where an eviction needed it and ahead of
+    need (OFFLOAD_HOST_AHEAD) with the ms a step each took; None without the counters."""
+    c = steady_counters(r)
+    if not c or "host_mapped" not in c[1]:
+        return None
+    a, b, n = c
+    d = lambda k: b.get(k, 0) - a.get(k, 0)
+    made = d("host_mapped") - d("host_ahead")
+    return (a["host_mapped"] / GiB, b["host_mapped"] / GiB, b.get("host_peak_in_use", 0) / GiB, made / GiB,
+            d("host_pin_ns") / n / 1e6, d("host_ahead") / GiB, d("host_ahead_ns") / n / 1e6)
+
+
 def bound_ms(plain_ms, out_b, in_b, link):
     fwd, bwd = plain_ms / 3, plain_ms * 2 / 3
     return max(fwd, out_b / (link["d2h_gbps"] * 1e6)) + max(bwd, in_b / (link["h2d_gbps"] * 1e6))
@@ -175,6 +193,15 @@ def main(paths):
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for w, name, (step, n, nxt, after, lead, lag, wait) in back:
             print(f"| {w} | {name} | {step} | {n} | {nxt:.0f} | {after:.0f} | {lead:.0f} | {lag:.0f} | {wait:.1f} |")
+    grown = [(w, name, g) for w, name, r, _ in split if (g := host_growth(r))]
+    if grown:
+        print("\nThe host store over the steady steps (GiB; ms a step):\n")
+        print("| workload | run | mapped at their start | mapped at the end | most held | made where needed | "
+              "its pinning ms | made ahead | its ms |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for w, name, g in grown:
+            print(f"| {w} | {name} | " + " | ".join(f"{v:.2f}" if i < 4 or i == 5 else f"{v:.1f}"
+                                                  for i, v in enumerate(g)) + " |")
     if link:
         print(f"\nLink: H2D {link['h2d_gbps']:.2f} GB/s, D2H {link['d2h_gbps']:.2f} GB/s (scripts/bench/link.py).")
 

@@ -361,8 +361,12 @@ def check_budget_report():
         paths = []
         capped = run("ckpt-cap0.5", 110.0, [1.5, 2.5], str(3 << 30), 2 << 30)
         capped[1]["step_ms"] = [900.0, 110.0, 110.0, 105.0, 110.0, 120.0, 110.0]
-        capped[1]["offload_at_3"] = {"busy_ns": 5_000_000, "maps": 7, "bytes_out": 0, "bytes_in": 0}
-        capped[1]["offload"] = {"busy_ns": 85_000_000, "maps": 47, "bytes_out": 0, "bytes_in": 0}
+        G = 1 << 30
+        capped[1]["offload_at_3"] = {"busy_ns": 5_000_000, "maps": 7, "bytes_out": 0, "bytes_in": 0,
+                                     "host_mapped": 10 * G, "host_pin_ns": 9_000_000_000}
+        capped[1]["offload"] = {"busy_ns": 85_000_000, "maps": 47, "bytes_out": 0, "bytes_in": 0,
+                                "host_mapped": 13 * G, "host_peak_in_use": 12 * G, "host_ahead": 2 * G,
+                                "host_pin_ns": 9_400_000_000, "host_ahead_ns": 800_000_000}
         back = {"taken_back": 1, "taken_back_next": 400, "taken_back_after": 400, "taken_back_lead": 8,
                 "taken_back_lag": 3, "wait_abandon_ns": 450_000_000}
         capped[1]["offload_steps"] = [{}] * 4 + [back] * 3  # the fifth step's, then none more
@@ -374,10 +378,13 @@ def check_budget_report():
     expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 3\.00 \| 2\.00 \| yes \| 900\.0 \| 110\.0 \| 105-120 \| 1\.10 \|"
                  r"[^\n]*\| yes \|  \|", "the capped checkpointed run against ckpt", show_out=True)
     expect_match(failures, out, r"\| w \| ckpt \|[^\n]*\| 100\.0 \| 100-100 \| 1\.25 \|[^\n]*\| NO \|", "ckpt against plain")
-    expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 110\.0 \| 20\.0 \|( 0\.0 \|){18}( 0 \|){4} 10 \|",
+    expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 110\.0 \| 20\.0 \|( 0\.0 \|){15} 100\.0 \| 200\.0 \| 0\.0 \|( 0 \|){4} 10 \|",
                  "the capped run's host time and mappings a steady step")
     expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 5 \| 1 \| 400 \| 400 \| 8 \| 3 \| 450\.0 \|",
                  "the range the fifth step took back")
+    # 3 GiB more over four steady steps, 2 of them made ahead (200 ms a step), 1 where needed (100 ms a step).
+    expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 10\.00 \| 13\.00 \| 12\.00 \| 1\.00 \| 100\.0 \| 2\.00 \| 200\.0 \|",
+                 "the host store over the steady steps")
     if re.search(r"\| w \| ckpt-cap0\.5 \| [67] \|", out):
         failures.append("only the fifth step took a range back")
     return finish(failures)
