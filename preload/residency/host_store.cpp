@@ -32,7 +32,7 @@ uint64_t HostStore::mem_available() {
 HostStore::HostStore(Driver& d, Options o, ChunkSource* source) : d_(d), o_(o), source_(source) {
   if (o_.chunk_bytes == 0) o_.chunk_bytes = 256ull << 20;
   if (o_.pin_piece == 0) o_.pin_piece = 1ull << 30;
-  o_.chunk_bytes = round_to(o_.chunk_bytes, kSlotAlign);
+  o_.chunk_bytes = std::min(round_to(o_.chunk_bytes, kSlotAlign), o_.pin_piece);  // one registration
   if (o_.limit == 0) o_.limit = mem_available() / 4 * 3;
 }
 
@@ -49,7 +49,7 @@ void* HostStore::take(uint64_t bytes, bool grow) {
   if (void* p = take_locked(bytes)) return p;
   if (!grow) return nullptr;
   // Out of room: a chunk more.
-  const uint64_t size = bytes > o_.pin_piece ? bytes : std::max(bytes, std::min(o_.chunk_bytes, o_.pin_piece));
+  const uint64_t size = bytes > o_.pin_piece ? bytes : std::max(bytes, o_.chunk_bytes);
   if (st_.mapped + growing_ + size > o_.limit) {
     ++st_.refused;
     return nullptr;
@@ -60,13 +60,12 @@ void* HostStore::take(uint64_t bytes, bool grow) {
     ++st_.refused;
     return nullptr;
   }
-  unsigned char* base = m.base;
-  const uint32_t c = add_chunk(base, size, m.lent);
+  const uint32_t c = add_chunk(m.base, size, m.lent);
   if (bytes > o_.pin_piece) {  // its own chunk, whole
     note_taken(bytes);
-    return base;
+    return m.base;
   }
-  add_free(base, size, c);
+  add_free(m.base, size, c);
   return take_locked(bytes);
 }
 
@@ -153,7 +152,7 @@ void HostStore::note_made(const Made& m) {
 
 uint64_t HostStore::ahead_size_locked(uint64_t reserve) const {
   const uint64_t free = st_.mapped - st_.in_use;
-  if (free < reserve) return std::min(o_.pin_piece, std::max(std::min(o_.chunk_bytes, o_.pin_piece), largest_asked_));
+  if (free < reserve) return std::max(o_.chunk_bytes, largest_asked_);  // both at most pin_piece
   if (free >= 2 * reserve) return 0;
   // Room that cannot serve the largest slots asked for: a slot of several chunks is given a chunk
   // of its own on the evicting thread while smaller blocks lie free (on the H200, 1-5 GiB mapped

@@ -79,10 +79,10 @@ class HostStore {
   void give(void* p, uint64_t bytes);
   // While less than `reserve` bytes lie free, or less than twice that and no free block holds
   // the largest slot asked for (of at most pin_piece, or over it), one chunk more that holds it,
-  // made and pinned with no lock held
-  // (its pages faulted in first: pinning made memory holds the driver about 42 ms/GiB, making it
-  // as it pins about 340). For a thread other than the evicting one. Returns the bytes added: 0
-  // when the room suffices, another grow_ahead() runs, the limit is near or the OS refuses.
+  // made and pinned with no lock held (its pages faulted in first: pinning made memory holds the
+  // driver about 42 ms/GiB, making it as it pins about 340). For a thread other than the
+  // evicting one. Returns the bytes added: 0 when the room suffices, another grow_ahead() runs,
+  // the limit is near or the OS refuses.
   uint64_t grow_ahead(uint64_t reserve);
   uint64_t limit() const { return o_.limit; }
   uint64_t pin_piece() const { return o_.pin_piece; }
@@ -129,7 +129,7 @@ class HostStore {
   std::map<const unsigned char*, uint32_t> chunk_at_;  // base -> index in chunks_
   std::map<unsigned char*, Free> free_;                // free blocks inside chunks, by address
   BySize free_by_size_;                                // the same blocks, by size (best fit)
-  std::multimap<uint64_t, void*> free_big_;            // freed slots over pin_piece, by size
+  std::multimap<uint64_t, void*> free_big_;            // free chunks over pin_piece, whole, by size
   Stats st_;
   uint64_t growing_ = 0;  // bytes grow_ahead() is making outside the lock
   uint64_t largest_asked_ = 0;      // the largest slot of at most pin_piece asked for
