@@ -3,16 +3,22 @@
 // granted at once), an event recorded and queried, a launch; under loads queued on other streams:
 // kernels that fill every SM, copies by the copy engines in either direction and of several sizes,
 // a copy made by a kernel (SMs writing mapped host memory) instead, and copies queued behind
-// kernels that have not started yet. Inside a training step under the cap a mapping took about
+// kernels that have not started yet; copies out on streams of the lowest and the highest priority,
+// spread over four streams, in long queues of small copies, and into registered host memory (the
+// host store's kind). CUDA_DEVICE_MAX_COPY_CONNECTIONS may be set around it; LOAD_PROBE_FROM=K
+// skips the loads of kinds below K (the idle row stays). Then, idle and with copies out running,
+// what a thread's calls cost while another thread grants mappings in a loop. Inside a training step under the cap a mapping took about
 // 125 us, against 28 us on an idle GPU (docs/results.md): this says which load makes the
 // difference. On the GPU machine:
 //   g++ -std=c++20 -O2 -I/usr/local/cuda/include scripts/gpu/load_probe.cpp -o /tmp/load_probe
-//     -L/usr/local/cuda/lib64/stubs -lcuda && /tmp/load_probe
+//     -L/usr/local/cuda/lib64/stubs -lcuda -pthread && /tmp/load_probe
 #include <cuda.h>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 static double now_us() {
@@ -121,9 +127,11 @@ struct Probe {
   CUmemAccessDesc acc = {};
   CUfunction spin = nullptr, copy16 = nullptr;
   CUstream sm = nullptr, d2h = nullptr, h2d = nullptr, work = nullptr;
+  CUstream d2h_low = nullptr, d2h_high = nullptr, d2h_more[3] = {};  // the copy stream's other shapes
   CUdeviceptr big = 0;  // 1 GiB of device memory the copies read and write
   void* host_out = nullptr;
   void* host_in = nullptr;
+  void* host_reg = nullptr;  // mapped here and registered (cuMemHostRegister), as liboffload's host store
   CUdeviceptr host_out_dev = 0;  // host_out as the kernels see it
   CUdeviceptr va = 0;            // address space the measured mappings use
 
@@ -144,9 +152,16 @@ struct Probe {
     CK(cuModuleGetFunction(&spin, m, "spin"));
     CK(cuModuleGetFunction(&copy16, m, "copy16"));
     for (CUstream* s : {&sm, &d2h, &h2d, &work}) CK(cuStreamCreate(s, CU_STREAM_NON_BLOCKING));
+    int least = 0, greatest = 0;
+    CK(cuCtxGetStreamPriorityRange(&least, &greatest));
+    CK(cuStreamCreateWithPriority(&d2h_low, CU_STREAM_NON_BLOCKING, least));
+    CK(cuStreamCreateWithPriority(&d2h_high, CU_STREAM_NON_BLOCKING, greatest));
+    for (CUstream& s : d2h_more) CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CK(cuMemAlloc(&big, kGiB));
     CK(cuMemHostAlloc(&host_out, kGiB, CU_MEMHOSTALLOC_DEVICEMAP));
     CK(cuMemHostAlloc(&host_in, kGiB, 0));
+    host_reg = std::aligned_alloc(2 * kMiB, kGiB);
+    CK(cuMemHostRegister(host_reg, kGiB, 0));
     CK(cuMemHostGetDevicePointer(&host_out_dev, host_out, 0));
     CK(cuMemAddressReserve(&va, 8 * kPiece, 0, 0, 0));
   }
@@ -156,11 +171,16 @@ struct Probe {
     for (int i = 0; i < int(ms / 0.5) + 1; ++i) CK(cuLaunchKernel(spin, 132 * 8, 1, 1, 256, 1, 1, 0, sm, args, nullptr));
   }
   // About `ms` of copies of `chunk` bytes each, device to host and/or host to device.
-  void copies(double ms, size_t chunk, bool out, bool in) {
+  // `spread`: the copies out go round that many streams (d2h, then d2h_more); `on`: one other stream.
+  // `registered`: into host_reg instead of host_out.
+  void copies(double ms, size_t chunk, bool out, bool in, int spread = 1, CUstream on = nullptr, bool registered = false) {
     const size_t n = size_t(ms * 55e6 / double(chunk)) + 1;  // at about 55 GB/s
     for (size_t i = 0; i < n; ++i) {
       const size_t off = (i * chunk) % kGiB;
-      if (out) CK(cuMemcpyDtoHAsync(static_cast<char*>(host_out) + off, big + off, chunk, d2h));
+      const int k = int(i % size_t(spread));
+      CUstream s = on ? on : k == 0 ? d2h : d2h_more[k - 1];
+      char* dst = static_cast<char*>(registered ? host_reg : host_out);
+      if (out) CK(cuMemcpyDtoHAsync(dst + off, big + off, chunk, s));
       if (in) CK(cuMemcpyHtoDAsync(big + off, static_cast<char*>(host_in) + off, chunk, h2d));
     }
   }
@@ -177,7 +197,7 @@ struct Probe {
     return double(kGiB) / (one_ms * 1e6);  // GB/s
   }
   bool still_busy() {
-    for (CUstream s : {sm, d2h, h2d})
+    for (CUstream s : {sm, d2h, h2d, d2h_low, d2h_high, d2h_more[0], d2h_more[1], d2h_more[2]})
       if (cuStreamQuery(s) == CUDA_ERROR_NOT_READY) return true;
     return false;
   }
@@ -231,6 +251,63 @@ struct Probe {
     CK(cuEventDestroy(e));
     return {median(c), median(r), median(mp), median(g), median(u), median(m4), median(u4), median(rec), median(q), median(l)};
   }
+  // While another thread maps a piece, grants it and unmaps it in a loop: this thread's calls
+  // (a launch, an event recorded, a small copy queued, a mapping and its unmapping with no
+  // grant), medians of n, and the other thread's grants (their count and median). Says whether a
+  // grant made on a worker holds the training thread's calls up.
+  struct Beside {
+    double launch, record, copy, map_unmap, grant;
+    size_t grants;
+  };
+  Beside measure_beside(int n) {
+    CUdeviceptr gva = 0;
+    CK(cuMemAddressReserve(&gva, kPiece, 0, 0, 0));
+    CUmemGenericAllocationHandle gh, mh;
+    CK(cuMemCreate(&gh, kPiece, &prop, 0));
+    CK(cuMemCreate(&mh, kPiece, &prop, 0));
+    std::atomic<bool> stop{false};
+    std::vector<double> grants;
+    CUcontext ctx;
+    CK(cuCtxGetCurrent(&ctx));
+    std::thread granter([&] {
+      CK(cuCtxSetCurrent(ctx));
+      while (!stop.load()) {
+        CK(cuMemMap(gva, kPiece, 0, gh, 0));
+        const double t0 = now_us();
+        CK(cuMemSetAccess(gva, kPiece, &acc, 1));
+        grants.push_back(now_us() - t0);
+        CK(cuMemUnmap(gva, kPiece));
+      }
+    });
+    std::vector<double> l, rec, cp, mu;
+    CUevent e;
+    CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    unsigned long long zero = 0;
+    void* args[] = {&zero};
+    for (int i = 0; i < n; ++i) {
+      double t0 = now_us();
+      CK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, work, args, nullptr));
+      double t1 = now_us();
+      CK(cuEventRecord(e, work));
+      double t2 = now_us();
+      CK(cuMemcpyHtoDAsync(big, host_in, 4096, work));
+      double t3 = now_us();
+      CK(cuMemMap(va, kPiece, 0, mh, 0));
+      CK(cuMemUnmap(va, kPiece));
+      l.push_back(t1 - t0), rec.push_back(t2 - t1), cp.push_back(t3 - t2), mu.push_back(now_us() - t3);
+      const double pause = now_us() + 200;  // the granter's calls in between
+      while (now_us() < pause) {
+      }
+    }
+    stop = true;
+    granter.join();
+    CK(cuEventDestroy(e));
+    CK(cuMemRelease(gh));
+    CK(cuMemRelease(mh));
+    CK(cuMemAddressFree(gva, kPiece));
+    const size_t ng = grants.size();
+    return {median(l), median(rec), median(cp), median(mu), ng ? median(grants) : 0.0, ng};
+  }
 };
 
 int main() {
@@ -239,7 +316,9 @@ int main() {
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   struct Load {
     const char* name;
-    int kind;  // 0 none, 1 spin, 2 copies, 3 kernel copies, 4 copies queued behind spinning kernels
+    int kind;  // 0 none, 1 spin, 2 copies, 3 kernel copies, 4 copies queued behind spinning kernels,
+               // 5 copies out on the lowest-priority stream, 6 on the highest, 7 over 4 streams,
+               // 8 longer queues of copies, 9 copies into registered host memory
     size_t chunk;
     bool out, in;
     int blocks;
@@ -256,8 +335,16 @@ int main() {
       {"copies out by a kernel, 132 blocks", 3, 0, false, false, 132},
       {"copies out by a kernel, 16 blocks", 3, 0, false, false, 16},
       {"copies out queued behind kernels (SMs busy, no copy running yet)", 4, 64 * kMiB, true, false, 0},
+      {"copies out, 64 MiB each, on a stream of the lowest priority", 5, 64 * kMiB, true, false, 0},
+      {"copies out, 64 MiB each, on a stream of the highest priority", 6, 64 * kMiB, true, false, 0},
+      {"copies out, 64 MiB each, over 4 streams", 7, 64 * kMiB, true, false, 0},
+      {"copies out, 2 MiB each, 3 s of them", 8, 2 * kMiB, true, false, 0},
+      {"copies out, 512 KiB each, 3 s of them", 8, kMiB / 2, true, false, 0},
+      {"copies out, 64 MiB each, into registered host memory", 9, 64 * kMiB, true, false, 0},
   };
+  const char* only = std::getenv("LOAD_PROBE_FROM");  // skip the loads before this kind
   for (const Load& l : loads) {
+    if (only && l.kind != 0 && l.kind < std::atoi(only)) continue;
     CK(cuCtxSynchronize());
     p.measure(3);  // warm
     double gbs = 0;
@@ -273,6 +360,11 @@ int main() {
       CK(cuEventDestroy(e));
       p.copies(200, l.chunk, l.out, l.in);
     }
+    if (l.kind == 5) p.copies(500, l.chunk, l.out, l.in, 1, p.d2h_low);
+    if (l.kind == 6) p.copies(500, l.chunk, l.out, l.in, 1, p.d2h_high);
+    if (l.kind == 7) p.copies(500, l.chunk, l.out, l.in, 4);
+    if (l.kind == 8) p.copies(3000, l.chunk, l.out, l.in);
+    if (l.kind == 9) p.copies(500, l.chunk, l.out, l.in, 1, nullptr, true);
     const auto c = p.measure(40);
     const bool busy = p.still_busy();
     char name[96];
@@ -280,6 +372,18 @@ int main() {
     std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %s |\n", name, c.create,
                 c.release, c.map, c.grant, c.unmap, c.map4, c.unmap4, c.record, c.query, c.launch,
                 l.kind ? (busy ? "yes" : "NO: the load ended early") : "-");
+    std::fflush(stdout);
+  }
+  CK(cuCtxSynchronize());
+  std::printf("\nBeside a thread that maps, grants and unmaps a 64 MiB piece in a loop (us, medians):\n\n");
+  std::printf("| load | launch | event record | 4 KiB copy queued | map + unmap, no grant | the other thread's grant | its grants |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  for (int copying = 0; copying < 2; ++copying) {
+    CK(cuCtxSynchronize());
+    if (copying) p.copies(1000, 64 * kMiB, true, false);
+    const auto b = p.measure_beside(200);
+    std::printf("| %s | %.2f | %.2f | %.2f | %.1f | %.1f | %zu |\n", copying ? "copies out, 64 MiB each" : "idle",
+                b.launch, b.record, b.copy, b.map_unmap, b.grant, b.grants);
     std::fflush(stdout);
   }
   CK(cuCtxSynchronize());
