@@ -85,6 +85,7 @@ struct Settings {
   // steps, 3.6% more on the H200's large Llama (docs/results.md), so off.
   bool cap_keep_asked = false;
   bool cap_ahead_to_ceiling = false;  // OFFLOAD_CAP_AHEAD_HORIZON=ceiling
+  bool cap_grant_apart = false;       // OFFLOAD_CAP_GRANT=apart
   // OFFLOAD_CAP_RECOMPUTE=1|0: a range that one launch produced from ranges still resident and
   // unchanged is made again by that launch instead of copied back in (its kernel's first remake
   // checked byte for byte against the saved copy). Off: not yet measured on a GPU.

@@ -103,6 +103,11 @@ const ExecApi* exec_api() {
     api.launch_ex = reinterpret_cast<decltype(api.launch_ex)>(hooks::real_dlsym(h, "cuLaunchKernelEx"));
     api.dtod = reinterpret_cast<decltype(api.dtod)>(hooks::real_dlsym(h, "cuMemcpyDtoDAsync_v2"));
     api.memset8 = reinterpret_cast<decltype(api.memset8)>(hooks::real_dlsym(h, "cuMemsetD8Async"));
+    api.wait_value64 = reinterpret_cast<decltype(api.wait_value64)>(hooks::real_dlsym(h, "cuStreamWaitValue64_v2"));
+    api.host_register = reinterpret_cast<decltype(api.host_register)>(hooks::real_dlsym(h, "cuMemHostRegister_v2"));
+    api.host_device_ptr =
+        reinterpret_cast<decltype(api.host_device_ptr)>(hooks::real_dlsym(h, "cuMemHostGetDevicePointer_v2"));
+    api.device_attr = reinterpret_cast<decltype(api.device_attr)>(hooks::real_dlsym(h, "cuDeviceGetAttribute"));
     state.store(all ? 1 : -1, std::memory_order_release);
   });
   return state.load(std::memory_order_acquire) > 0 ? &api : nullptr;

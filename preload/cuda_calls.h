@@ -54,6 +54,11 @@ struct ExecApi {
   decltype(&cuLaunchKernelEx) launch_ex;
   decltype(&cuMemcpyDtoDAsync_v2) dtod;
   decltype(&cuMemsetD8Async) memset8;
+  // Optional: grants made apart (Residency::Options::grant_apart) need them.
+  decltype(&cuStreamWaitValue64_v2) wait_value64;
+  decltype(&cuMemHostRegister_v2) host_register;
+  decltype(&cuMemHostGetDevicePointer_v2) host_device_ptr;
+  decltype(&cuDeviceGetAttribute) device_attr;
 };
 
 // nullptr until libcuda is loaded, or if it lacks any of them (VMM needs CUDA 10.2).

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <mutex>
 #include <vector>
 
 #include "core/driver.h"
@@ -45,6 +46,12 @@ class CudaDriver final : public Driver {
   bool map(DevPtr va, uint64_t bytes, uint64_t handle) override;
   bool map_run(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) override;
   bool unmap(DevPtr va, uint64_t bytes) override;
+  // Grants apart (cuda_grants.cpp): the word lives in registered host memory the GPU reads, made
+  // on the first call; nullptr where the device cannot wait on 64-bit values.
+  bool map_run_ungranted(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) override;
+  bool grant(DevPtr va, uint64_t bytes) override;
+  std::atomic<uint64_t>* grant_word() override;
+  bool stream_wait_word(Stream s, uint64_t value) override;
   Stream create_stream() override;
   // The streams create_stream made (the shim's own copies run on them), at most kStreamsKept.
   std::vector<Stream> created_streams() const;
@@ -92,6 +99,9 @@ class CudaDriver final : public Driver {
   void* context() const { return ctx_.load(std::memory_order_relaxed); }
 
   std::atomic<int> device_{-1};
+  std::once_flag word_once_;
+  std::atomic<uint64_t>* word_ = nullptr;  // grant_word(): host memory, registered
+  uint64_t word_dev_ = 0;                  // its address as the GPU sees it
   std::atomic<uint64_t> granularity_{0}, total_bytes_{0};
 };
 

@@ -73,13 +73,13 @@ for t in tests/data/traces/*.trace; do
   build-test-release/offloadctl replay "$t" > /dev/null
   build-test-release/offloadctl replay "$t" --cap 0.5 --steps 4 --scale 1024 > /dev/null  # the hard cap: about 6 s for all
 done
-# The hard cap's default and five other policies (recompute among them), every launch's bytes checked, on the recorded steps that replay in a
+# The hard cap's default and seven other policies (recompute among them), every launch's bytes checked, on the recorded steps that replay in a
 # few seconds (lora and the reference take 10-20 s each): a policy changes which ranges and handles
 # meet, and so which orderings are exercised.
 # One replay per process, as many at once as there are cores.
 for t in tests/data/traces/*.trace; do
   case $t in *lora.trace | *reference.trace) continue ;; esac
-  for policy in OFFLOAD_CAP=1 OFFLOAD_CAP_WHOLE=0 OFFLOAD_CAP_EXTRA_PIECES=1 OFFLOAD_CAP_PIECE=0 OFFLOAD_CAP_TILE=class OFFLOAD_CAP_AHEAD_HORIZON=ceiling \
+  for policy in OFFLOAD_CAP=1 OFFLOAD_CAP_WHOLE=0 OFFLOAD_CAP_EXTRA_PIECES=1 OFFLOAD_CAP_PIECE=0 OFFLOAD_CAP_TILE=class OFFLOAD_CAP_AHEAD_HORIZON=ceiling OFFLOAD_CAP_GRANT=apart \
     OFFLOAD_CAP_RECOMPUTE=1; do
     echo "$policy $t"
   done

@@ -7,6 +7,7 @@
 // Threading: every method may be called from any thread, concurrently.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -100,6 +101,18 @@ class Driver {
   // Unmaps [va, va+bytes); the range stays reserved. The caller has made sure no queued
   // work still touches it.
   virtual bool unmap(DevPtr va, uint64_t bytes) = 0;
+  // Grants apart from mappings (Residency::Options::grant_apart): map_run's mappings without
+  // their access grant, the grant alone (from any thread, over mappings made that way), and a
+  // stream's wait until a word of host memory the GPU reads holds at least `value`. A grant
+  // made while a copy to the host runs takes about 0.7 ms (docs/results.md, "The driver's calls
+  // while copies run"); made apart, the thread that maps need not wait for it, and the GPU
+  // waits only if it gets there first. grant_word() nullptr: not offered.
+  virtual bool map_run_ungranted(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) {
+    return map_run(va, handles, sizes, n);
+  }
+  virtual bool grant(DevPtr, uint64_t) { return true; }
+  virtual std::atomic<uint64_t>* grant_word() { return nullptr; }
+  virtual bool stream_wait_word(Stream, uint64_t) { return false; }
 
   // A stream that does not synchronise with the legacy default stream; 0 on failure.
   virtual Stream create_stream() = 0;

@@ -286,6 +286,65 @@ bool SimDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
   if (const uint64_t ns = map_delay_ns_.load(std::memory_order_relaxed))
     std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
   std::lock_guard lock(mu_);
+  return map_locked(va, bytes, handle, true);
+}
+
+bool SimDriver::map_run_ungranted(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) {
+  if (on_map_run) on_map_run(sizes, n);
+  uint64_t off = 0;
+  for (size_t i = 0; i < n; off += sizes[i++]) {
+    if (const uint64_t ns = map_delay_ns_.load(std::memory_order_relaxed))
+      std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
+    std::lock_guard lock(mu_);
+    if (map_locked(va + off, sizes[i], handles[i], false)) continue;
+    for (size_t j = 0, o = 0; j < i; o += sizes[j++]) unmap(va + o, sizes[j]);  // mu_ is taken again there
+    return false;
+  }
+  return true;
+}
+
+bool SimDriver::grant(DevPtr va, uint64_t bytes) {
+  {
+    std::unique_lock hold(grant_hold_mu_);
+    grant_hold_cv_.wait(hold, [this] { return !grants_held_; });
+  }
+  std::lock_guard lock(mu_);
+  // Every byte of [va, va + bytes) mapped ungranted or granted already, as cuMemSetAccess needs.
+  DevPtr at = va;
+  for (auto m = mapped_.find(va); m != mapped_.end() && m->first == at && at < va + bytes; ++m) at += m->second.bytes;
+  if (at != va + bytes) {
+    ++stats_.misuses;
+    return false;
+  }
+  for (auto m = mapped_.find(va); m != mapped_.end() && m->first < va + bytes; ++m) {
+    if (m->second.granted) continue;
+    if (mprotect(as_ptr(m->first), m->second.bytes, PROT_READ | PROT_WRITE) != 0) return false;
+    m->second.granted = true;
+  }
+  return true;
+}
+
+void SimDriver::hold_grants(bool on) {
+  {
+    std::lock_guard hold(grant_hold_mu_);
+    grants_held_ = on;
+  }
+  grant_hold_cv_.notify_all();
+}
+
+bool SimDriver::stream_wait_word(Stream s, uint64_t value) {
+  std::lock_guard lock(mu_);
+  enqueue(s, Op{Op::kWaitWord, {}, {}, value, 0, 0});
+  return true;
+}
+
+bool SimDriver::word_waits_locked() const {
+  for (const auto& [s, q] : queues_)
+    if (!q.running && !q.ops.empty() && q.ops.front().kind == Op::kWaitWord) return true;
+  return false;
+}
+
+bool SimDriver::map_locked(DevPtr va, uint64_t bytes, uint64_t handle, bool granted) {
   const uint64_t g = granularity_;
   auto ph = physical_.find(handle);
   bool ok = g != 0 && bytes != 0 && va % g == 0 && bytes % g == 0 && ph != physical_.end() &&
@@ -305,10 +364,11 @@ bool SimDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
   }
   // Faulted in at once: a page fault each costs more (a third of the time of the randomised
   // residency tests went to faults).
-  const int populate = copy_bytes_.load(std::memory_order_relaxed) ? MAP_POPULATE : 0;
-  void* p = mmap(as_ptr(va), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | populate, ph->second.fd, 0);
+  const int populate = granted && copy_bytes_.load(std::memory_order_relaxed) ? MAP_POPULATE : 0;
+  const int prot = granted ? PROT_READ | PROT_WRITE : PROT_NONE;
+  void* p = mmap(as_ptr(va), bytes, prot, MAP_SHARED | MAP_FIXED | populate, ph->second.fd, 0);
   if (p == MAP_FAILED) return false;
-  mapped_[va] = Mapping{bytes, handle};
+  mapped_[va] = Mapping{bytes, handle, granted};
   ++ph->second.mapped;
   ++stats_.maps;
   stats_.mapped_bytes += bytes;
@@ -447,12 +507,18 @@ bool SimDriver::event_sync(uint64_t e) {
     }
   }
   for (;;) {
-    std::lock_guard exec(exec_mu_);
-    std::unique_lock lock(mu_);
-    if (ev->done(gen)) return true;
-    Stream s;
-    if (!pick_locked(Pick::kRoundRobin, nullptr, &s)) deadlock_locked("event_sync");
-    execute(lock, s);
+    {
+      std::lock_guard exec(exec_mu_);
+      std::unique_lock lock(mu_);
+      if (ev->done(gen)) return true;
+      Stream s;
+      if (pick_locked(Pick::kRoundRobin, nullptr, &s)) {
+        execute(lock, s);
+        continue;
+      }
+      if (!word_waits_locked()) deadlock_locked("event_sync");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));  // a grant made apart is on its way
   }
 }
 
@@ -517,6 +583,7 @@ bool SimDriver::pick_locked(Pick how, std::mt19937_64* rng, Stream* out) {
     if (q.running || q.ops.empty() || std::find(held_.begin(), held_.end(), s) != held_.end()) continue;
     const Op& head = q.ops.front();
     if (head.kind == Op::kWait && !head.ev->done(head.gen)) continue;
+    if (head.kind == Op::kWaitWord && grant_word_.load(std::memory_order_acquire) < head.gen) continue;
     runnable.push_back(s);
     if (head.kind != Op::kCopy) non_copy.push_back(s);
   }
@@ -539,7 +606,8 @@ void SimDriver::execute(std::unique_lock<std::mutex>& lock, Stream s) {
   q.ops.pop_front();
   switch (op.kind) {
     case Op::kWait:
-      break;  // runnable means the awaited capture has completed
+    case Op::kWaitWord:
+      break;  // runnable means the awaited capture has completed, or the word holds the value
     case Op::kRecord:
       op.ev->pending.erase(op.gen);
       break;
@@ -564,8 +632,9 @@ void SimDriver::deadlock_locked(const char* where) {
     const Op& head = q.ops.front();
     std::fprintf(stderr, "  stream 0x%" PRIx64 ": %zu ops%s, head %s\n", s, q.ops.size(),
                  q.running ? " (one running)" : "",
-                 head.kind == Op::kWait ? "waits for an event capture that never completes"
-                                        : "is runnable but its stream is busy");
+                 head.kind == Op::kWait       ? "waits for an event capture that never completes"
+                 : head.kind == Op::kWaitWord ? "waits for the grant word"
+                                              : "is runnable but its stream is busy");
   }
   std::abort();
 }
@@ -581,16 +650,20 @@ bool SimDriver::step(std::mt19937_64& rng) {
 
 void SimDriver::run_all() {
   for (;;) {
-    std::lock_guard exec(exec_mu_);
-    std::unique_lock lock(mu_);
-    bool empty = std::all_of(queues_.begin(), queues_.end(), [](auto& kv) { return kv.second.ops.empty(); });
-    if (empty) return;
-    Stream s;
-    if (!pick_locked(Pick::kRoundRobin, nullptr, &s)) {
+    {
+      std::lock_guard exec(exec_mu_);
+      std::unique_lock lock(mu_);
+      bool empty = std::all_of(queues_.begin(), queues_.end(), [](auto& kv) { return kv.second.ops.empty(); });
+      if (empty) return;
+      Stream s;
+      if (pick_locked(Pick::kRoundRobin, nullptr, &s)) {
+        execute(lock, s);
+        continue;
+      }
       if (!held_.empty()) return;  // what is left waits for a held stream
-      deadlock_locked("run_all");
+      if (!word_waits_locked()) deadlock_locked("run_all");
     }
-    execute(lock, s);
+    std::this_thread::sleep_for(std::chrono::microseconds(20));  // a grant made apart is on its way
   }
 }
 

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -116,6 +117,15 @@ class SimDriver final : public Driver {
   // Sees the handle sizes of every run mapped (tests: how many pieces back a range).
   std::function<void(const uint64_t* sizes, size_t n)> on_map_run;
   bool unmap(DevPtr va, uint64_t bytes) override;
+  // Grants apart: a mapping made ungranted faults on any access (PROT_NONE) until grant()
+  // covers it; a grant over anything not mapped that way is a misuse. A stream's wait for the
+  // word runs once the word holds the value (run_all and event_sync wait for it, as a GPU spins).
+  bool map_run_ungranted(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) override;
+  bool grant(DevPtr va, uint64_t bytes) override;
+  std::atomic<uint64_t>* grant_word() override { return &grant_word_; }
+  bool stream_wait_word(Stream s, uint64_t value) override;
+  // Tests: while held, grant() blocks (a grant slowed by copies to the host).
+  void hold_grants(bool on);
 
   // 0 (the driver cannot tell) or a multiple of the page size; default 64 KiB. Aborts
   // otherwise. Set it before reserving.
@@ -260,7 +270,10 @@ class SimDriver final : public Driver {
   struct Mapping {
     uint64_t bytes;
     uint64_t handle;
+    bool granted = true;
   };
+  bool map_locked(DevPtr va, uint64_t bytes, uint64_t handle, bool granted);
+  bool word_waits_locked() const;  // a stream's head waits for the grant word
   uint64_t granularity_ = 64 << 10;
   uint64_t device_total_ = 16ull << 30;
   uint64_t physical_limit_ = UINT64_MAX;
@@ -281,10 +294,10 @@ class SimDriver final : public Driver {
     bool done(uint64_t gen) const { return gen == 0 || !pending.count(gen); }
   };
   struct Op {
-    enum Kind { kKernel, kCopy, kRecord, kWait } kind;
+    enum Kind { kKernel, kCopy, kRecord, kWait, kWaitWord } kind;
     std::function<void()> body;       // kernel, copy
     std::shared_ptr<EventState> ev;   // record, wait
-    uint64_t gen = 0;                 // record: its generation; wait: the one awaited
+    uint64_t gen = 0;                 // record: its generation; wait: the one awaited; wait word: its value
     DevPtr dev = 0, dev_end = 0;      // copy: the device memory it reads or writes
   };
   struct Queue {
@@ -311,6 +324,10 @@ class SimDriver final : public Driver {
   bool copy_delay_ = false;
   std::vector<Stream> held_;
   std::atomic<uint64_t> create_delay_ns_{0}, map_delay_ns_{0};
+  std::atomic<uint64_t> grant_word_{0};
+  std::mutex grant_hold_mu_;
+  std::condition_variable grant_hold_cv_;
+  bool grants_held_ = false;
   std::atomic<bool> copy_bytes_{true};
 };
 

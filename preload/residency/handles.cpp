@@ -91,6 +91,7 @@ void Residency::release_spares_for(uint64_t need, bool busy_too) {
 }
 
 void Residency::unmap_pieces(const Range& r) {
+  grant_wait(r);  // never unmapped under the Granter's call
   const uint64_t t0 = mono_now_ns();
   uint64_t off = 0;
   for (const Piece& p : r.pieces) {
@@ -259,10 +260,27 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
   sz.clear();
   for (size_t i = first; i < got.size(); ++i) hs.push_back(got[i].handle), sz.push_back(got[i].bytes);
   st_.maps += hs.size();
-  if (!d_.map_run(r.va + from, hs.data(), sz.data(), hs.size())) {
+  const bool mapped = granter_ ? d_.map_run_ungranted(r.va + from, hs.data(), sz.data(), hs.size())
+                               : d_.map_run(r.va + from, hs.data(), sz.data(), hs.size());
+  if (!mapped) {
     give_back();
     if (why) *why = "mapping a range failed";
     return false;
+  }
+  if (granter_ && !hs.empty()) {
+    // Granted on the Granter's thread: `s` waits for it on the GPU; any other stream, when a
+    // launch there touches the range first (before_launch), or the copy out (enqueue_copy_out).
+    uint64_t bytes = 0;
+    for (uint64_t b : sz) bytes += b;
+    r.grant_no = granter_->ask(r.va + from, bytes);
+    ++st_.grants_apart;
+    // A stream being captured into a graph: the host waits instead (a graph replays long after).
+    if (o_.fault == Options::Fault::SkipGrantWait) {
+    } else if (d_.stream_capturing(s) == 1 || !d_.stream_wait_word(s, r.grant_no)) {
+      grant_wait(r);
+    } else {
+      ++st_.grant_stream_waits;
+    }
   }
   const uint64_t map_ns = mono_now_ns() - t0;
   st_.map_ns += map_ns;
@@ -348,6 +366,7 @@ int32_t Residency::refit_cached(uint64_t size, Stream s, std::string* why, bool*
   cached_bytes_ -= r.bytes;
   if (r.free_stream != s) order_after(s, r.free_event);
   if (best_keep < r.pieces.size()) {
+    grant_wait(r);
     const uint64_t t0 = mono_now_ns();
     uint64_t off = best_kept;
     for (size_t i = best_keep; i < r.pieces.size(); ++i) {

@@ -294,6 +294,12 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
       return;
     }
   }
+  if (granter_) {  // ranges whose grants are not known made yet: the launch's stream waits for them
+    uint64_t last = 0;
+    for (uint32_t k : touched)
+      if (grant_pending(slots_[k])) last = std::max(last, slots_[k].grant_no);
+    if (last && o_.fault != Options::Fault::SkipGrantWait && d_.stream_wait_word(s, last)) ++st_.grant_stream_waits;
+  }
   InFlight& f = tl_inflight;
   open_inflight(f, s, launch_no);
   for (uint32_t k : touched) mark_touched(k, s, launch_no, f);

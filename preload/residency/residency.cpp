@@ -30,6 +30,13 @@ Residency::Residency(Driver& d, HostStore& host, Options o) : d_(d), host_(host)
   pool_share_ = std::min(o_.pool_floor, o_.budget / 2);
   extra_now_ = o_.extra_pieces;
   st_.pool_share = pool_share_;
+  if (o_.grant_apart && !o_.recompute && d_.grant_word()) granter_ = std::make_unique<Granter>(d_);
+}
+
+void Residency::grant_wait(const Range& r) {
+  if (!grant_pending(r)) return;
+  ++st_.grant_waits;
+  st_.grant_wait_ns += granter_->wait(r.grant_no);
 }
 
 Residency::~Residency() {
@@ -574,6 +581,7 @@ Residency::Stats Residency::stats() const {
   s.lock_ns = lock_ns_.load(std::memory_order_relaxed);
   s.prefetch_lead = pf_lead_;
   s.out_lag = out_lag_;
+  if (granter_) s.grant_ns = granter_->grant_ns();
   s.held = held_;
   s.pool_share = pool_share_;
   s.whole = o_.whole_max && o_.piece_max && whole_pays();
@@ -609,6 +617,7 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->refit = s.cap_refit;
   o->keep_asked = s.cap_keep_asked;
   o->ahead_to_ceiling = s.cap_ahead_to_ceiling;
+  o->grant_apart = s.cap_grant_apart;
   o->low_water = s.cap_ahead_bytes;
   o->low_share = s.cap_ahead_share;
   o->prefetch = s.cap_prefetch_max != 0;

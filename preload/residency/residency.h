@@ -49,6 +49,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -60,6 +61,7 @@
 #include "core/event_log.h"
 #include "core/executor.h"
 #include "core/tracker.h"
+#include "residency/granter.h"
 #include "residency/host_store.h"
 #include "residency/recompute.h"
 #include "residency/residency_options.h"
@@ -178,6 +180,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint64_t bytes = 0;   // rounded to the granularity: mapped when backed (the allocation's size or a little more)
     uint64_t cap = 0;     // address space reserved at va (at least bytes)
     std::vector<Piece> pieces;  // mapped one after another from va; empty while on the host
+    uint64_t grant_no = 0;      // Options::grant_apart: the Granter's number of its last grant; 0: made
     bool backed() const { return !pieces.empty(); }
     State state = State::Resident;
     bool live = false;    // false: freed, kept mapped for reuse (or a slot not in use)
@@ -567,6 +570,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   Driver& d_;
   HostStore& host_;
   Options o_;
+  std::unique_ptr<Granter> granter_;  // Options::grant_apart, where the driver offers its word
+  bool grant_pending(const Range& r) const { return r.grant_no && granter_->done() < r.grant_no; }
+  void grant_wait(const Range& r);  // the host waits for r's grant, if any is still pending
   uint64_t gran_ = 0;
   mutable std::mutex mu_;
   std::vector<Range> slots_;

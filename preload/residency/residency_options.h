@@ -118,6 +118,14 @@ struct ResidencyOptions {
   // 14% less on demand and 4% more host waits; on the H200 (the reference at 50%) 16% fewer
   // bytes out a step in the same step time.
   bool ahead_to_ceiling = false;
+  // A range's access grant is made apart from its mappings, on a thread of its own
+  // (OFFLOAD_CAP_GRANT=apart): the mapping thread goes on, and every stream that uses the range
+  // before the grant is known made waits for it on the GPU (Driver::stream_wait_word). A grant
+  // made while a copy to the host runs took about 0.7 ms on the H200, against 0.05 idle, and
+  // mappings were 20-40% of the manager's host time in a step (docs/results.md). Off (the
+  // default): not yet measured in a training step. Not with recompute (its own launches would
+  // need the same waits); without the driver's word, grants stay where the mappings are.
+  bool grant_apart = false;
   enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait,
                              RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
                              RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
@@ -126,7 +134,7 @@ struct ResidencyOptions {
                              RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat,
                              RecomputeNoPrelude, RecomputeSkipPrelude, RecomputeCopyWritesAll,
                              TagEventsAsAsked, RecomputeNoUpdates, RecomputeUpdateInputsOwn,
-                             RecomputeChainUnchecked, SkipMapCarry };  // tests: proves a missing wait is caught
+                             RecomputeChainUnchecked, SkipMapCarry, SkipGrantWait };  // tests: proves a missing wait is caught
   Fault fault = Fault::None;
 };
 

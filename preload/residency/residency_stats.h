@@ -59,6 +59,10 @@ struct ResidencyStats {
   // launches from their copy out's start to the take-back, and the prefetch lead and out_lag then.
   uint64_t taken_back_next = 0, taken_back_after = 0, taken_back_lead = 0, taken_back_lag = 0;
   uint64_t out_lag = 0;  // launches a copy out lately took to be found done (Residency::out_lag_)
+  // Options::grant_apart: grants asked of the Granter, the streams' waits for them on the GPU, the
+  // host's waits for them (before an unmapping or a captured launch) and their ns, and the
+  // granter thread's ns in grants (not in busy_ns).
+  uint64_t grants_apart = 0, grant_stream_waits = 0, grant_waits = 0, grant_wait_ns = 0, grant_ns = 0;
   // Ranges freed while copying out (the copy was for nothing); of them, those whose handles had
   // been handed on, retired once their copy ends, with no wait.
   uint64_t freed_copying = 0, freed_copying_given = 0;

@@ -693,6 +693,7 @@ struct Shape {
   uint64_t extra_pieces = Residency::Options{}.extra_pieces;
   bool refit = Residency::Options{}.refit;
   bool classes = false;  // tile_exact with size classes
+  bool grant_apart = false;
 };
 
 Outcome random_program(uint64_t seed, uint64_t budget, Shape shape = {}) {
@@ -702,6 +703,7 @@ Outcome random_program(uint64_t seed, uint64_t budget, Shape shape = {}) {
   opt.extra_pieces = shape.extra_pieces;
   opt.refit = shape.refit;
   opt.tile_exact = opt.size_classes = shape.classes;
+  opt.grant_apart = shape.grant_apart;
   CapRig r(opt);
   // Ranges mapped in more pieces than the fewest that back them (whole pieces, a tail) allow.
   const uint64_t top = std::max(shape.piece_max, kGran);
@@ -803,6 +805,24 @@ TEST(Residency, RandomProgramsInPiecesMatchBytewise) {
       refits += capped.refits;
     }
     EXPECT_EQ(refits > 0, pieces.refit) << "freed ranges refitted";
+  }
+}
+
+// The same with each range's access grant made on a thread of its own (Options::grant_apart): the
+// streams wait for the grants on the simulated GPU, whose ungranted mappings fault on any access.
+TEST(Residency, RandomProgramsWithGrantsApartMatchBytewise) {
+  for (const Shape shape : {Shape{}, Shape{8 * kGran, 20}}) {
+    for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+      Shape s = shape;
+      s.grant_apart = true;
+      const uint64_t budget = shape.most_grans > 3 ? 64 * kGran : 10 * kGran;
+      const Outcome capped = random_program(seed, budget, s);
+      const Outcome free_run = random_program(seed, 1ull << 30, shape);
+      EXPECT_GT(capped.evictions, 0u) << "seed " << seed;
+      EXPECT_LE(capped.peak, budget) << "seed " << seed;
+      EXPECT_EQ(capped.misuses, 0u) << "seed " << seed;
+      EXPECT_EQ(capped.hashes, free_run.hashes) << "seed " << seed;
+    }
   }
 }
 
