@@ -557,9 +557,21 @@ void run_copy(void* dst, const void* src, uint64_t bytes, uint64_t granule, bool
 }
 }  // namespace
 
+bool SimDriver::ungranted_locked(DevPtr va, uint64_t bytes) {
+  auto m = mapped_.upper_bound(va);
+  if (m != mapped_.begin()) --m;
+  for (; m != mapped_.end() && m->first < va + bytes; ++m)
+    if (m->first + m->second.bytes > va && !m->second.granted) {
+      ++stats_.misuses;
+      return true;
+    }
+  return false;
+}
+
 bool SimDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
   if (bytes != 0 && (dst == nullptr || src == 0)) return false;
   std::lock_guard lock(mu_);
+  if (ungranted_locked(src, bytes)) return false;
   check_host_range_locked(dst, bytes);
   enqueue(s, Op{Op::kCopy, [dst, src, bytes, g = granularity_, whole = copy_bytes_.load(std::memory_order_relaxed)] {
                   run_copy(dst, as_ptr(src), bytes, g, whole, false);
@@ -570,6 +582,7 @@ bool SimDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
 bool SimDriver::copy_to_device(DevPtr dst, const void* src, uint64_t bytes, Stream s) {
   if (bytes != 0 && (dst == 0 || src == nullptr)) return false;
   std::lock_guard lock(mu_);
+  if (ungranted_locked(dst, bytes)) return false;
   check_host_range_locked(src, bytes);
   enqueue(s, Op{Op::kCopy, [dst, src, bytes, g = granularity_, whole = copy_bytes_.load(std::memory_order_relaxed)] {
                   run_copy(as_ptr(dst), src, bytes, g, whole, true);

@@ -118,7 +118,8 @@ class SimDriver final : public Driver {
   std::function<void(const uint64_t* sizes, size_t n)> on_map_run;
   bool unmap(DevPtr va, uint64_t bytes) override;
   // Grants apart: a mapping made ungranted faults on any access (PROT_NONE) until grant()
-  // covers it; a grant over anything not mapped that way is a misuse. A stream's wait for the
+  // covers it, and a copy queued over it fails (a misuse); a grant over anything not mapped is a
+  // misuse. A stream's wait for the
   // word runs once the word holds the value (run_all and event_sync wait for it, as a GPU spins).
   bool map_run_ungranted(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) override;
   bool grant(DevPtr va, uint64_t bytes) override;
@@ -274,6 +275,9 @@ class SimDriver final : public Driver {
   };
   bool map_locked(DevPtr va, uint64_t bytes, uint64_t handle, bool granted);
   bool word_waits_locked() const;  // a stream's head waits for the grant word
+  // A copy's device side over a mapping not granted yet: a misuse, and the copy fails, as the
+  // driver checks a copy's memory when it is called (CUDA_ERROR_INVALID_VALUE on an H100).
+  bool ungranted_locked(DevPtr va, uint64_t bytes);
   uint64_t granularity_ = 64 << 10;
   uint64_t device_total_ = 16ull << 30;
   uint64_t physical_limit_ = UINT64_MAX;

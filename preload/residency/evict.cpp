@@ -105,10 +105,9 @@ void Residency::enqueue_copy_out(uint32_t slot) {
     if (r.free_event) order_after(copy_stream_, r.free_event);
     if (r.load_event) order_after(copy_stream_, r.load_event);  // a reload still running
   }
-  // A grant made apart and not yet known made: the copy stream waits for it on the GPU.
-  if (!r.clean_out && grant_pending(r) && o_.fault != Options::Fault::SkipGrantWait &&
-      d_.stream_wait_word(copy_stream_, r.grant_no))
-    ++st_.grant_stream_waits;
+  // A grant made apart and not yet known made: the host waits for it, as the driver checks a
+  // copy's memory when the copy is queued.
+  if (!r.clean_out && o_.fault != Options::Fault::SkipGrantWait) grant_wait(r);
   const uint64_t piece = host_.pin_piece();
   auto* dst = static_cast<unsigned char*>(r.host);
   const uint64_t t0 = mono_now_ns();

@@ -204,7 +204,7 @@ void Residency::release_freed(uint32_t slot) {
   free_slots_.push_back(slot);
 }
 
-bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) {
+bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from, bool copied_into) {
   std::vector<Piece>& got = r.pieces;
   if (!from) got.clear();
   const size_t first = got.size();  // the pieces mapped before `from` stay
@@ -260,14 +260,15 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from) 
   sz.clear();
   for (size_t i = first; i < got.size(); ++i) hs.push_back(got[i].handle), sz.push_back(got[i].bytes);
   st_.maps += hs.size();
-  const bool mapped = granter_ ? d_.map_run_ungranted(r.va + from, hs.data(), sz.data(), hs.size())
-                               : d_.map_run(r.va + from, hs.data(), sz.data(), hs.size());
+  const bool apart = granter_ && !copied_into;
+  const bool mapped = apart ? d_.map_run_ungranted(r.va + from, hs.data(), sz.data(), hs.size())
+                            : d_.map_run(r.va + from, hs.data(), sz.data(), hs.size());
   if (!mapped) {
     give_back();
     if (why) *why = "mapping a range failed";
     return false;
   }
-  if (granter_ && !hs.empty()) {
+  if (apart && !hs.empty()) {
     // Granted on the Granter's thread: `s` waits for it on the GPU; any other stream, when a
     // launch there touches the range first (before_launch), or the copy out (enqueue_copy_out).
     uint64_t bytes = 0;

@@ -154,7 +154,7 @@ bool Residency::bring_back(uint32_t slot, Stream s, const uint32_t* keep, size_t
 
 bool Residency::reload(uint32_t slot, Stream s, std::string* why, bool keep_host) {
   Range& r = slots_[slot];
-  if (!back_range(r, s, why)) return false;
+  if (!back_range(r, s, why, 0, true)) return false;
   if (o_.recompute && r.producer >= 0 && rc_remake(slot, s)) return true;
   if (o_.recompute && r.producer < 0) {
     // Lasting: alive for longer than a step (weights, optimizer state), never made by a launch.
@@ -169,6 +169,9 @@ bool Residency::reload(uint32_t slot, Stream s, std::string* why, bool keep_host
                 r.bytes / double(1 << 20));
     std::abort();
   }
+  // The driver checks a copy's memory when it is queued: back_range granted it where it mapped
+  // it, and the pieces kept of a freed range refitted had their grants asked for before.
+  if (o_.fault != Options::Fault::SkipGrantWait) grant_wait(r);
   const uint64_t piece = host_.pin_piece();
   const auto* src = static_cast<const unsigned char*>(r.host);
   const uint64_t t0 = mono_now_ns();
@@ -294,11 +297,19 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
       return;
     }
   }
-  if (granter_) {  // ranges whose grants are not known made yet: the launch's stream waits for them
+  if (granter_) {  // ranges whose grants are not known made yet: the launch waits for them
     uint64_t last = 0;
     for (uint32_t k : touched)
       if (grant_pending(slots_[k])) last = std::max(last, slots_[k].grant_no);
-    if (last && o_.fault != Options::Fault::SkipGrantWait && d_.stream_wait_word(s, last)) ++st_.grant_stream_waits;
+    if (!last || o_.fault == Options::Fault::SkipGrantWait) {
+    } else if (kind != EventKind::Kernel) {
+      // The driver checks a copy's or a memset's device memory when it is called: on the H100 a
+      // copy into a range not granted yet failed there with an invalid argument. The host waits.
+      ++st_.grant_waits;
+      st_.grant_wait_ns += granter_->wait(last);
+    } else if (d_.stream_wait_word(s, last)) {
+      ++st_.grant_stream_waits;  // a kernel's memory is looked at only when it runs
+    }
   }
   InFlight& f = tl_inflight;
   open_inflight(f, s, launch_no);
@@ -458,6 +469,7 @@ void Residency::prepare_access(DevPtr p) {
   const int32_t k = slot_of(p);
   if (k < 0 || !slots_[k].live) return;
   Range& r = slots_[k];
+  grant_wait(r);      // a pointer query is answered from the mapping's access
   release_clean(r);  // the host may write it through the pointer
   if (r.state == State::CopyingOut) abandon(r);
   if (r.state != State::OnHost) return;

@@ -326,7 +326,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void retire_copying(uint32_t slot);
   // Handles mapped under r.va from `from` (its pieces up to there stay) to r.bytes, for work
   // queued on `s` (which waits for given handles' copy out).
-  bool back_range(Range& r, Stream s, std::string* why, uint64_t from = 0);
+  // `copied_into`: a copy is queued into it next, which needs its grant made first (the driver
+  // checks a copy's memory when it is called): granted here even with Options::grant_apart.
+  bool back_range(Range& r, Stream s, std::string* why, uint64_t from = 0, bool copied_into = false);
   // alloc's ranges, under mu_. reuse_cached: a freed range of `size` kept for reuse, live again
   // on `s` (its address; 0: none kept, as no range's address is 0). new_range: a range made for
   // `size`, room made first; 0 with *refused and error_ set when the budget cannot hold it (*why:
