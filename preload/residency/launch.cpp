@@ -302,13 +302,13 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     for (uint32_t k : touched)
       if (grant_pending(slots_[k])) last = std::max(last, slots_[k].grant_no);
     if (!last || o_.fault == Options::Fault::SkipGrantWait) {
-    } else if (kind != EventKind::Kernel) {
-      // The driver checks a copy's or a memset's device memory when it is called: on the H100 a
+    } else if (kind == EventKind::Kernel && d_.stream_wait_word(s, last)) {
+      ++st_.grant_stream_waits;  // a kernel's memory is looked at only when it runs
+    } else {
+      // The driver checks a copy's or a memset's device memory when it is called: on an H100 a
       // copy into a range not granted yet failed there with an invalid argument. The host waits.
       ++st_.grant_waits;
       st_.grant_wait_ns += granter_->wait(last);
-    } else if (d_.stream_wait_word(s, last)) {
-      ++st_.grant_stream_waits;  // a kernel's memory is looked at only when it runs
     }
   }
   InFlight& f = tl_inflight;
