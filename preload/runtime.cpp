@@ -162,6 +162,7 @@ void Runtime::end_at_exit() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (worker_done_.load(std::memory_order_acquire)) thread_.join();
   else thread_.detach();
+  if (Residency* r = cap_.load(std::memory_order_acquire)) r->end_grants();  // OFFLOAD_CAP_GRANT=apart's thread
 }
 
 void Runtime::pump(bool no_wait) {

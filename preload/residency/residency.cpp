@@ -33,6 +33,11 @@ Residency::Residency(Driver& d, HostStore& host, Options o) : d_(d), host_(host)
   if (o_.grant_apart && !o_.recompute && d_.grant_word()) granter_ = std::make_unique<Granter>(d_);
 }
 
+void Residency::end_grants() {
+  std::lock_guard<std::mutex> lk(mu_);  // the Granter's thread never takes it
+  granter_.reset();
+}
+
 void Residency::grant_wait(const Range& r) {
   if (!grant_pending(r)) return;
   ++st_.grant_waits;

@@ -144,6 +144,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Worker: finishes copies out that have completed, gives host slots back, and trims the
   // allocator's pool to its share when it holds more.
   void poll();
+  void end_grants();  // at exit: the grants asked for are made, and the Granter's thread joined
   // Worker: the training step repeats every `launches` launches (0: not known). With it the
   // victim is the range whose next use, a step after its last ones, is furthest away
   // (Belady's rule); without it, the least recently touched.
@@ -573,7 +574,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   HostStore& host_;
   Options o_;
   std::unique_ptr<Granter> granter_;  // Options::grant_apart, where the driver offers its word
-  bool grant_pending(const Range& r) const { return r.grant_no && granter_->done() < r.grant_no; }
+  bool grant_pending(const Range& r) const { return r.grant_no && granter_ && granter_->done() < r.grant_no; }
   void grant_wait(const Range& r);  // the host waits for r's grant, if any is still pending
   uint64_t gran_ = 0;
   mutable std::mutex mu_;

@@ -88,6 +88,28 @@ TEST(GrantsApart, ACopyIntoARangeWaitsOnTheHostForItsGrant) {
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
+// At exit the grants asked for are made and the Granter's thread is joined; ranges mapped after
+// that are granted where they are mapped.
+TEST(GrantsApart, EndingGrantsMakesThosePendingAndLaterOnesAreMadeInline) {
+  CapRig r(apart(8 * kGran));
+  r.sim.hold_grants(true);
+  const DevPtr p = r.alloc(kGran, kA);
+  ASSERT_TRUE(r.kernel(kA, {p}, fill(p, kGran, 3)));
+  {
+    ReleaseLater later(r.sim, 30);
+    r.res.end_grants();  // waits for p's grant
+  }
+  r.sim.run_all();
+  EXPECT_EQ(words(p)[0], mix(3));
+  const DevPtr q = r.alloc(kGran, kB);
+  ASSERT_NE(q, 0u);
+  ASSERT_TRUE(r.kernel(kB, {q}, fill(q, kGran, 4)));
+  r.sim.run_all();
+  EXPECT_EQ(words(q)[0], mix(4));
+  EXPECT_EQ(r.res.stats().grants_apart, 1u);  // p's alone
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 // Without the streams' waits the first kernel runs on a mapping not granted yet: it faults.
 TEST(GrantsApart, WithoutTheStreamsWaitAKernelTouchesMemoryNotGrantedYet) {
 #if defined(OFFLOAD_TEST_ASAN) || defined(OFFLOAD_TEST_TSAN)
