@@ -362,43 +362,18 @@ void CudaDriver::release_physical(uint64_t handle) {
   if (scope && handle) cu_ok(a->release(handle), "cuMemRelease");
 }
 
-bool CudaDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
-  int dev = device();
-  if (dev < 0) return false;
-  const ExecApi* a = exec_api();
-  CtxScope scope(a, context());
-  if (!scope || !cu_ok(a->map(va, bytes, 0, handle, 0), "cuMemMap")) return false;
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = dev;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (cu_ok(a->set_access(va, bytes, &access, 1), "cuMemSetAccess")) return true;
-  // A mapping nobody may access would only fault later, in some kernel: take it back.
-  cu_ok(a->unmap(va, bytes), "cuMemUnmap");
-  return false;
-}
+bool CudaDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) { return map_run(va, &handle, &bytes, 1); }
 
 // One access grant over the whole run: the grant costs about as much as a mapping, and one
-// over several mappings is what PyTorch's expandable segments do too.
+// over several mappings is what PyTorch's expandable segments do too. The mappings and the
+// grant are cuda_grants.cpp's, which grants made apart use alone.
 bool CudaDriver::map_run(DevPtr va, const uint64_t* handles, const uint64_t* sizes, size_t n) {
-  int dev = device();
-  if (dev < 0) return false;
-  const ExecApi* a = exec_api();
-  CtxScope scope(a, context());
-  if (!scope) return false;
-  uint64_t off = 0;
-  size_t i = 0;
-  for (; i < n; off += sizes[i++])
-    if (!cu_ok(a->map(va + off, sizes[i], 0, handles[i], 0), "cuMemMap")) break;
-  if (i == n) {
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = dev;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (cu_ok(a->set_access(va, off, &access, 1), "cuMemSetAccess")) return true;
-  }
+  if (device() < 0 || !map_run_ungranted(va, handles, sizes, n)) return false;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) bytes += sizes[i];
+  if (grant(va, bytes)) return true;
   // A mapping nobody may access would only fault later, in some kernel: take them back.
-  for (size_t j = 0, o = 0; j < i; o += sizes[j++]) cu_ok(a->unmap(va + o, sizes[j]), "cuMemUnmap");
+  for (size_t j = 0, o = 0; j < n; o += sizes[j++]) unmap(va + o, sizes[j]);
   return false;
 }
 

@@ -1,6 +1,7 @@
 // CudaDriver's grants made apart from their mappings (Residency::Options::grant_apart): mappings
 // without their access grant, the grant alone, and a stream's wait on a word of registered host
-// memory that the granting thread counts up (cuStreamWaitValue64, GEQ).
+// memory that the granting thread counts up (cuStreamWaitValue64, GEQ). map_run is these two
+// together.
 #include <cuda.h>
 
 #include <cstdlib>

@@ -29,11 +29,6 @@ uint64_t Granter::ask(DevPtr va, uint64_t bytes) {
   return n;
 }
 
-uint64_t Granter::asked() const {
-  std::lock_guard lk(mu_);
-  return asked_;
-}
-
 uint64_t Granter::wait(uint64_t n) {
   if (done() >= n) return 0;
   const int64_t t0 = mono_ns();
@@ -54,7 +49,6 @@ void Granter::run() {
     // A mapping left without its grant faults in the first kernel that touches it: try twice,
     // and say so. The word moves on either way, or every stream waiting for it would hang.
     if (!d_.grant(j.va, j.bytes) && !d_.grant(j.va, j.bytes)) {
-      failures_.fetch_add(1, std::memory_order_relaxed);
       log().error("cap: the access grant of {} bytes at {:#x} failed: a kernel that touches them will fault", j.bytes,
                   j.va);
     }

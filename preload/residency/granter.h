@@ -28,11 +28,9 @@ class Granter {
   // A grant of [va, va + bytes), mapped already: its number, made once done() reaches it.
   uint64_t ask(DevPtr va, uint64_t bytes);
   uint64_t done() const { return word_->load(std::memory_order_acquire); }
-  uint64_t asked() const;
   // The host waits until grant n is made: the ns it waited (0: made already).
   uint64_t wait(uint64_t n);
   uint64_t grant_ns() const { return grant_ns_.load(std::memory_order_relaxed); }  // the thread's, in grants
-  uint64_t failures() const { return failures_.load(std::memory_order_relaxed); }
 
  private:
   struct Job {
@@ -43,12 +41,12 @@ class Granter {
 
   Driver& d_;
   std::atomic<uint64_t>* word_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   std::deque<Job> jobs_;
   uint64_t asked_;
   bool stop_ = false;
-  std::atomic<uint64_t> grant_ns_{0}, failures_{0};
+  std::atomic<uint64_t> grant_ns_{0};
   std::thread thread_;
 };
 
