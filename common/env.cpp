@@ -216,6 +216,12 @@ void read_cap(const SettingsReader& in, Settings& st) {
     else if (std::string_view(v) == "inline") st.cap_grant_apart = false;
     else in.bad("OFFLOAD_CAP_GRANT", v, "inline (each mapping's access granted where it is made) or apart (on a thread of its own)");
   }
+  if (const char* v = get("OFFLOAD_CAP_GATE"); v && *v) {
+    const auto size = std::string_view(v) == "off" ? std::optional<uint64_t>(0) : parse_size(v);
+    if (!size || (*size && (*size < (256ull << 10) || *size > (1ull << 30))))
+      in.bad("OFFLOAD_CAP_GATE", v, "off, or the size of a gated chunk of a copy out, 256KiB to 1GiB (e.g. 4MiB)");
+    else st.cap_gate = *size;
+  }
   if (const char* v = get("OFFLOAD_CAP_AHEAD"); v && *v) {
     const std::string_view sv(v);
     char* end = nullptr;
@@ -280,7 +286,7 @@ namespace {
 
 // Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
 constexpr const char* kKnownSettings[] = {
-    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_AHEAD_HORIZON", "OFFLOAD_CAP_GRANT", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_RECOMPUTE_PROBES", "OFFLOAD_CAP_RECOMPUTE_UPDATES", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_HOST_LIMIT", "OFFLOAD_HOST_AHEAD",
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_AHEAD_HORIZON", "OFFLOAD_CAP_GRANT", "OFFLOAD_CAP_GATE", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_RECOMPUTE_PROBES", "OFFLOAD_CAP_RECOMPUTE_UPDATES", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_HOST_LIMIT", "OFFLOAD_HOST_AHEAD",
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",

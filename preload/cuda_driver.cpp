@@ -465,6 +465,7 @@ bool CudaDriver::event_sync(uint64_t e) {
 }
 
 bool CudaDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
+  if (s && gate_stream_.load(std::memory_order_acquire) == s) return gated_copy_to_host(dst, src, bytes, s);
   const ExecApi* a = exec_api();
   CtxScope scope(a, context());
   nvtx::Range range(nvtx::Move::Evict, bytes);

@@ -52,6 +52,9 @@ class CudaDriver final : public Driver {
   bool grant(DevPtr va, uint64_t bytes) override;
   std::atomic<uint64_t>* grant_word() override;
   bool stream_wait_word(Stream s, uint64_t value) override;
+  // The copy gate (cuda_gate.cpp): three words in registered host memory, made on the first call.
+  bool gate_copies_out(Stream s, uint64_t chunk) override;
+  GateCounts gate_counts() override;
   Stream create_stream() override;
   // The streams create_stream made (the shim's own copies run on them), at most kStreamsKept.
   std::vector<Stream> created_streams() const;
@@ -103,6 +106,31 @@ class CudaDriver final : public Driver {
   std::atomic<uint64_t>* word_ = nullptr;  // grant_word(): host memory, registered
   uint64_t word_dev_ = 0;                  // its address as the GPU sees it
   std::atomic<uint64_t> granularity_{0}, total_bytes_{0};
+
+  // The copy gate: `open` 1 while copies may start, 0 while a grant is made; `passed` and `done`
+  // the number of the last chunk past the gate and of the last ended, written by the stream.
+  struct GateWords {
+    std::atomic<uint32_t> open;
+    char pad0[60];
+    std::atomic<uint32_t> passed;
+    char pad1[60];
+    std::atomic<uint32_t> done;
+  };
+  // Around a grant: close the gate and wait (bounded) for the chunks past it; open it again.
+  void gate_close();
+  void gate_open();
+  bool gated_copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s);
+  void gate_off();  // a stream operation failed: copies go ungated, the gate stays open
+  GateWords* gate_ = nullptr;
+  uint64_t gate_dev_ = 0;                   // gate_'s address as the GPU sees it
+  std::atomic<Stream> gate_stream_{0};      // the gated stream; 0: none (off)
+  uint64_t gate_chunk_ = 0;
+  uint64_t gate_drain_max_ns_ = 0;          // a drain's bound
+  std::mutex gate_mu_;                      // the chunks' numbers, in their stream's order
+  uint32_t gate_seq_ = 0;
+  std::mutex closers_mu_;
+  int closers_ = 0;                         // grants under way: the last one out opens the gate
+  std::atomic<uint64_t> gate_grants_{0}, gate_drain_ns_{0}, gate_cut_{0};
 };
 
 }  // namespace offload

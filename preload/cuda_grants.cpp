@@ -40,7 +40,10 @@ bool CudaDriver::grant(DevPtr va, uint64_t bytes) {
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = dev;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  return cu_ok(a->set_access(va, bytes, &access, 1), "cuMemSetAccess");
+  gate_close();
+  const bool ok = cu_ok(a->set_access(va, bytes, &access, 1), "cuMemSetAccess");
+  gate_open();
+  return ok;
 }
 
 std::atomic<uint64_t>* CudaDriver::grant_word() {

@@ -61,7 +61,10 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
     ++st_.prefetch_wasted;
     pf_lead_ = std::max<uint64_t>(std::min<uint64_t>(8, lead_ceiling()), pf_lead_ - pf_lead_ / 4);
   }
-  if (!copy_stream_) copy_stream_ = d_.create_stream();
+  if (!copy_stream_) {
+    copy_stream_ = d_.create_stream();
+    if (o_.copy_gate && copy_stream_) d_.gate_copies_out(copy_stream_, o_.copy_gate);
+  }
   const bool loading = r.state == State::CopyingIn && query_event(r.copy_event) != 1;
   if (loading) r.load_event = std::exchange(r.copy_event, 0);  // the copy out gets an event of its own
   if (!r.copy_event) r.copy_event = new_event();

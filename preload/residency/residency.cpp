@@ -587,6 +587,8 @@ Residency::Stats Residency::stats() const {
   s.prefetch_lead = pf_lead_;
   s.out_lag = out_lag_;
   if (granter_) s.grant_ns = granter_->grant_ns();
+  const Driver::GateCounts g = d_.gate_counts();
+  s.gate_grants = g.grants, s.gate_drain_ns = g.drain_ns, s.gate_drains_cut = g.drains_cut;
   s.held = held_;
   s.pool_share = pool_share_;
   s.whole = o_.whole_max && o_.piece_max && whole_pays();
@@ -623,6 +625,7 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->keep_asked = s.cap_keep_asked;
   o->ahead_to_ceiling = s.cap_ahead_to_ceiling;
   o->grant_apart = s.cap_grant_apart;
+  o->copy_gate = s.cap_gate;
   o->low_water = s.cap_ahead_bytes;
   o->low_share = s.cap_ahead_share;
   o->prefetch = s.cap_prefetch_max != 0;

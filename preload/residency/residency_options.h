@@ -127,6 +127,10 @@ struct ResidencyOptions {
   // 24 +- 24 ms longer, its kernels waiting on the GPU for the grants. Not with recompute (its
   // own launches would need the same waits); without the driver's word, grants stay inline.
   bool grant_apart = false;
+  // Copies out queued in chunks of this many bytes behind a gate that each access grant closes
+  // (OFFLOAD_CAP_GATE; Driver::gate_copies_out), so that the grant need not wait for a copy to the
+  // host. 0: off.
+  uint64_t copy_gate = 0;
   enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait,
                              RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
                              RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
