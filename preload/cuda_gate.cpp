@@ -63,8 +63,8 @@ bool CudaDriver::gate_copies_out(Stream s, uint64_t chunk) {
   // the stream may have started behind it, at 10 GB/s, and at least 200 us.
   gate_drain_max_ns_ = std::max<uint64_t>(200'000, chunk / 10);
   gate_stream_.store(s, std::memory_order_release);
-  log().info("copies out gated in chunks of %llu KiB; a grant waits at most %llu us for them",
-             static_cast<unsigned long long>(chunk >> 10), static_cast<unsigned long long>(gate_drain_max_ns_ / 1000));
+  log().info("copies out gated in chunks of {} KiB; a grant waits at most {} us for them", chunk >> 10,
+             gate_drain_max_ns_ / 1000);
   return true;
 }
 

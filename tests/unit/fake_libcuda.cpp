@@ -4,7 +4,9 @@
 // offload_fake_fail named it. Loaded only in a child process: in the test binary's own process
 // the hook tests rely on no libcuda being loaded.
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <string>
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -20,6 +22,11 @@ int answer(const char* fn) { return g_failing && std::strcmp(g_failing, fn) == 0
 FAKE_EXPORT void offload_fake_fail(const char* fn, int result) {
   g_failing = fn;
   g_result = result;
+}
+
+FAKE_EXPORT int cuCtxGetDevice(int* dev) {
+  *dev = 0;
+  return answer("cuCtxGetDevice");
 }
 
 FAKE_EXPORT int cuCtxGetCurrent(void** ctx) {
@@ -66,7 +73,6 @@ FAKE_EXPORT int cuEventQuery(void*) {
   FAKE_EXPORT int fn(__VA_ARGS__) { return answer(#fn); }
 FAKE(cuCtxPushCurrent_v2, void*)
 FAKE(cuCtxPopCurrent_v2, void**)
-FAKE(cuCtxGetDevice, int*)
 FAKE(cuCtxSynchronize)
 FAKE(cuDeviceTotalMem_v2, size_t*, int)
 FAKE(cuMemGetAllocationGranularity, size_t*, const void*, int)
@@ -75,7 +81,6 @@ FAKE(cuMemCreate, unsigned long long*, size_t, const void*, unsigned long long)
 FAKE(cuMemRelease, unsigned long long)
 FAKE(cuMemMap, unsigned long long, size_t, size_t, unsigned long long, unsigned long long)
 FAKE(cuMemUnmap, unsigned long long, size_t)
-FAKE(cuMemSetAccess, unsigned long long, size_t, const void*, size_t)
 FAKE(cuStreamCreate, void**, unsigned)
 FAKE(cuEventCreate, void**, unsigned)
 FAKE(cuEventDestroy_v2, void*)
@@ -83,7 +88,7 @@ FAKE(cuEventRecord, void*, void*)
 FAKE(cuStreamWaitEvent, void*, void*, unsigned)
 FAKE(cuStreamQuery, void*)
 FAKE(cuEventSynchronize, void*)
-FAKE(cuMemcpyDtoHAsync_v2, void*, unsigned long long, size_t, void*)
+FAKE(cuEventElapsedTime_v2, float*, void*, void*)
 FAKE(cuMemcpyHtoDAsync_v2, unsigned long long, const void*, size_t, void*)
 
 // A launch: its geometry and its first parameter's first 8 bytes, kept for offload_fake_last_launch.
@@ -117,4 +122,48 @@ FAKE_EXPORT int cuLaunchKernelEx(const FakeLaunchConfig* c, void*, void**, void*
 }
 FAKE_EXPORT void offload_fake_last_launch_ex(unsigned long long out[3]) {
   std::memcpy(out, g_launch_ex, sizeof g_launch_ex);
+}
+
+// The copy gate's calls (CudaDriver::gate_copies_out): copies out, stream memory operations and
+// grants are logged in order ("wait:GATE", "write", "copy:BYTES", "grant:GATE", GATE the gate
+// word's value then). A write reaches host memory at once, as if its stream had run to it,
+// until offload_fake_write_limit's count of them is spent (-1: no limit).
+namespace {
+std::string g_log;
+uintptr_t g_gate = 0;       // the address the last wait read
+long g_writes_left = -1;
+}  // namespace
+FAKE_EXPORT void offload_fake_write_limit(long n) { g_writes_left = n; }
+FAKE_EXPORT size_t offload_fake_log(char* out, size_t cap) {
+  const size_t n = g_log.size() < cap ? g_log.size() : cap - 1;
+  std::memcpy(out, g_log.data(), n);
+  out[n] = 0;
+  g_log.clear();
+  return n;
+}
+FAKE_EXPORT int cuMemHostRegister_v2(void*, size_t, unsigned) { return answer("cuMemHostRegister_v2"); }
+FAKE_EXPORT int cuMemHostGetDevicePointer_v2(unsigned long long* d, void* p, unsigned) {
+  *d = reinterpret_cast<uintptr_t>(p);
+  return answer("cuMemHostGetDevicePointer_v2");
+}
+FAKE_EXPORT int cuStreamWaitValue32_v2(void*, unsigned long long addr, unsigned, unsigned) {
+  g_gate = addr;
+  g_log += "wait:" + std::to_string(*reinterpret_cast<volatile uint32_t*>(addr)) + " ";
+  return answer("cuStreamWaitValue32_v2");
+}
+FAKE_EXPORT int cuStreamWriteValue32_v2(void*, unsigned long long addr, unsigned value, unsigned) {
+  g_log += "write ";
+  if (g_writes_left != 0) {
+    *reinterpret_cast<volatile uint32_t*>(addr) = value;
+    if (g_writes_left > 0) --g_writes_left;
+  }
+  return answer("cuStreamWriteValue32_v2");
+}
+FAKE_EXPORT int cuMemcpyDtoHAsync_v2(void*, unsigned long long, size_t bytes, void*) {
+  g_log += "copy:" + std::to_string(bytes) + " ";
+  return answer("cuMemcpyDtoHAsync_v2");
+}
+FAKE_EXPORT int cuMemSetAccess(unsigned long long, size_t, const void*, size_t) {
+  g_log += "grant:" + (g_gate ? std::to_string(*reinterpret_cast<volatile uint32_t*>(g_gate)) : std::string("-")) + " ";
+  return answer("cuMemSetAccess");
 }
