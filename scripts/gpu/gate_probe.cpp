@@ -6,7 +6,8 @@
 // then maps a 64 MiB piece and grants it three ways: with the gate open; with the gate closed
 // around the grant; with the gate closed and the chunks already past it finished (drained) before
 // the grant. It prints each one's cost and the copies' rate meanwhile, against copies of 64 MiB with
-// no gate, and the host's cost of queueing a chunk with its stream operations. On the GPU machine:
+// no gate, and the host's cost of queueing a chunk with its stream operations; and what making a
+// handle costs with the gate open and closed. On the GPU machine:
 //   g++ -std=c++20 -O2 -I/usr/local/cuda/include scripts/gpu/gate_probe.cpp -o /tmp/gate_probe
 //     -L/usr/local/cuda/lib64/stubs -lcuda -pthread && /tmp/gate_probe
 #include <cuda.h>
@@ -126,6 +127,30 @@ struct Probe {
     double grant, drain, total, gbs;
     int timeouts;
   };
+  // A handle made (64 and 96 MiB in turn, so that freed memory of the size asked is not at hand)
+  // and released, with the gate open or closed and drained: the median of the makes.
+  double measure_create(int n, bool closed) {
+    std::vector<double> c;
+    for (int i = 0; i < n; ++i) {
+      const size_t bytes = (i % 2 ? 96 : 64) * kMiB;
+      if (closed) {
+        w->gate = 0;
+        const double t0 = now_us();
+        while (w->done != w->passed && now_us() - t0 < 20000) {
+        }
+      }
+      CUmemGenericAllocationHandle h;
+      const double t0 = now_us();
+      CK(cuMemCreate(&h, bytes, &prop, 0));
+      c.push_back(now_us() - t0);
+      if (closed) w->gate = 1;
+      CK(cuMemRelease(h));
+      const double pause = now_us() + 1000;
+      while (now_us() < pause) {
+      }
+    }
+    return median(c);
+  }
   // mode 0: the gate left open; 1: closed around the grant; 2: closed, drained, granted.
   Costs measure(int n, int mode, size_t chunk) {
     std::vector<double> g, d, t;
@@ -169,6 +194,7 @@ int main() {
   {
     const auto c = p.measure(40, 0, 0);
     std::printf("| none | - | %.1f | - | - | - |\n", c.grant);
+    std::printf("<!-- no copies: a handle made in %.1f us -->\n", p.measure_create(20, false));
   }
   struct Case {
     size_t chunk;
@@ -186,7 +212,10 @@ int main() {
     const auto open = p.measure(40, 0, cs.chunk);
     Probe::Costs closed{}, drained{};
     if (cs.gated) closed = p.measure(40, 1, cs.chunk), drained = p.measure(40, 2, cs.chunk);
+    const double make_open = p.measure_create(20, false), make_closed = cs.gated ? p.measure_create(20, true) : 0;
     p.stop(l);
+    std::printf("<!-- %zu MiB%s: a handle made in %.1f us with the gate open, %.1f closed and drained -->\n",
+                cs.chunk / kMiB, cs.gated ? ", gated" : "", make_open, make_closed);
     char name[64];
     std::snprintf(name, sizeof name, "%zu MiB each%s", cs.chunk / kMiB, cs.gated ? ", gated" : "");
     if (!cs.gated) {
