@@ -307,8 +307,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
     } else {
       // The driver checks a copy's or a memset's device memory when it is called: on an H100 a
       // copy into a range not granted yet failed there with an invalid argument. The host waits.
-      ++st_.grant_waits;
-      st_.grant_wait_ns += granter_->wait(last);
+      grant_wait_for(last);
     }
   }
   InFlight& f = tl_inflight;

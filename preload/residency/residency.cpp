@@ -39,9 +39,12 @@ void Residency::end_grants() {
 }
 
 void Residency::grant_wait(const Range& r) {
-  if (!grant_pending(r)) return;
+  if (grant_pending(r)) grant_wait_for(r.grant_no);
+}
+
+void Residency::grant_wait_for(uint64_t grant_no) {
   ++st_.grant_waits;
-  st_.grant_wait_ns += granter_->wait(r.grant_no);
+  st_.grant_wait_ns += granter_->wait(grant_no);
 }
 
 Residency::~Residency() {

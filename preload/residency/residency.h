@@ -576,6 +576,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   std::unique_ptr<Granter> granter_;  // Options::grant_apart, where the driver offers its word
   bool grant_pending(const Range& r) const { return r.grant_no && granter_ && granter_->done() < r.grant_no; }
   void grant_wait(const Range& r);  // the host waits for r's grant, if any is still pending
+  void grant_wait_for(uint64_t grant_no);  // the host waits for the Granter's grant number, counted
   uint64_t gran_ = 0;
   mutable std::mutex mu_;
   std::vector<Range> slots_;
