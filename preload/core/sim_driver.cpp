@@ -290,6 +290,7 @@ bool SimDriver::map(DevPtr va, uint64_t bytes, uint64_t handle) {
 }
 
 bool SimDriver::map_locked(DevPtr va, uint64_t bytes, uint64_t handle, bool granted) {
+  if (granted && gate_chunk_.load()) gate_grants_.fetch_add(1);
   const uint64_t g = granularity_;
   auto ph = physical_.find(handle);
   bool ok = g != 0 && bytes != 0 && va % g == 0 && bytes % g == 0 && ph != physical_.end() &&
@@ -503,6 +504,16 @@ void run_copy(void* dst, const void* src, uint64_t bytes, uint64_t granule, bool
 }  // namespace
 
 bool SimDriver::copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s) {
+  const uint64_t chunk = gate_chunk_.load();
+  if (!chunk || !s || s != gate_stream_.load()) return copy_out_one(dst, src, bytes, s);
+  for (uint64_t off = 0; off < bytes; off += chunk) {
+    if (!copy_out_one(static_cast<unsigned char*>(dst) + off, src + off, std::min(chunk, bytes - off), s)) return false;
+    gated_chunks_.fetch_add(1);
+  }
+  return true;
+}
+
+bool SimDriver::copy_out_one(void* dst, DevPtr src, uint64_t bytes, Stream s) {
   if (bytes != 0 && (dst == nullptr || src == 0)) return false;
   std::lock_guard lock(mu_);
   if (ungranted_locked(src, bytes)) return false;

@@ -127,6 +127,12 @@ class SimDriver final : public Driver {
   bool stream_wait_word(Stream s, uint64_t value) override;
   // Tests: while held, grant() blocks (a grant slowed by copies to the host).
   void hold_grants(bool on);
+  // The copy gate, modelled (Residency::Options::copy_gate): copies to the host on the gated
+  // stream are queued in chunks of the gate's size, each an operation of its own, and mappings
+  // granted while it is set count as gated grants.
+  bool gate_copies_out(Stream s, uint64_t chunk) override;
+  GateCounts gate_counts() override { return {gate_grants_.load(), 0, 0}; }
+  uint64_t gated_chunks() const { return gated_chunks_.load(); }  // tests
 
   // 0 (the driver cannot tell) or a multiple of the page size; default 64 KiB. Aborts
   // otherwise. Set it before reserving.
@@ -329,6 +335,9 @@ class SimDriver final : public Driver {
   std::vector<Stream> held_;
   std::atomic<uint64_t> create_delay_ns_{0}, map_delay_ns_{0};
   std::atomic<uint64_t> grant_word_{0};
+  std::atomic<Stream> gate_stream_{0};
+  std::atomic<uint64_t> gate_chunk_{0}, gated_chunks_{0}, gate_grants_{0};
+  bool copy_out_one(void* dst, DevPtr src, uint64_t bytes, Stream s);
   std::mutex grant_hold_mu_;
   std::condition_variable grant_hold_cv_;
   bool grants_held_ = false;

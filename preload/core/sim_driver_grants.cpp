@@ -1,6 +1,6 @@
 // SimDriver's grants made apart from their mappings (Residency::Options::grant_apart): mappings
 // not granted yet fault on any access and refuse copies, grants made from any thread, and streams
-// that wait on the grant word.
+// that wait on the grant word; and the copy gate's chunks and gated grants, counted.
 #include <sys/mman.h>
 
 #include <chrono>
@@ -24,7 +24,15 @@ bool SimDriver::map_run_ungranted(DevPtr va, const uint64_t* handles, const uint
   return true;
 }
 
+bool SimDriver::gate_copies_out(Stream s, uint64_t chunk) {
+  if (!s || !chunk || gate_chunk_.load()) return false;
+  gate_stream_.store(s);
+  gate_chunk_.store(chunk);
+  return true;
+}
+
 bool SimDriver::grant(DevPtr va, uint64_t bytes) {
+  if (gate_chunk_.load()) gate_grants_.fetch_add(1);
   {
     std::unique_lock hold(grant_hold_mu_);
     grant_hold_cv_.wait(hold, [this] { return !grants_held_; });
