@@ -120,6 +120,23 @@ inline uint64_t hash(DevPtr p, uint64_t bytes) {
   return h;
 }
 
+// `n` ranges of a granule allocated on kA, each filled with its index as the seed, then run and
+// polled; empty (and a failure added) if one was refused.
+inline std::vector<DevPtr> filled_ranges(CapRig& r, int n) {
+  std::vector<DevPtr> t;
+  for (int i = 0; i < n; ++i) {
+    const DevPtr p = r.alloc(kGran, kA);
+    if (!p || !r.kernel(kA, {p}, fill(p, kGran, uint64_t(i)))) {
+      ADD_FAILURE() << "range " << i << " refused: " << r.res.error();
+      return {};
+    }
+    t.push_back(p);
+  }
+  r.sim.run_all();
+  r.res.poll();
+  return t;
+}
+
 // The hash of a range filled with `seed`.
 inline uint64_t filled_hash(uint64_t seed, uint64_t bytes = kGran) {
   std::vector<uint64_t> want(bytes / 8);

@@ -176,14 +176,8 @@ TEST(CopyGate, CopiesOutGoInChunksOfTheGateAndEveryRangeComesBackIntact) {
     Residency::Options o = CapRig::options(4 * kGran, Residency::Options::Fault::None);
     o.copy_gate = gate;
     CapRig r(o);
-    std::vector<DevPtr> t;
-    for (int i = 0; i < 10; ++i) {
-      t.push_back(r.alloc(kGran, kA));
-      ASSERT_NE(t.back(), 0u) << r.res.error();
-      ASSERT_TRUE(r.kernel(kA, {t.back()}, fill(t.back(), kGran, i)));
-    }
-    r.sim.run_all();
-    r.res.poll();
+    const std::vector<DevPtr> t = filled_ranges(r, 10);
+    ASSERT_EQ(t.size(), 10u);
     for (int i = 0; i < 10; ++i) {
       uint64_t got = 0;
       ASSERT_TRUE(r.kernel(kA, {t[i]}, [&, i] { got = hash(t[i], kGran); }));

@@ -561,14 +561,8 @@ TEST(Residency, TheShareKeptFreeAheadIsTheOneSet) {
     Residency::Options o = CapRig::options(16 * kGran, Residency::Options::Fault::None);
     o.low_share = share;
     CapRig r(o);
-    std::vector<DevPtr> live;
-    for (int i = 0; i < 14; ++i) {
-      live.push_back(r.alloc(kGran, kA));
-      ASSERT_NE(live.back(), 0u) << r.res.error();
-      ASSERT_TRUE(r.kernel(kA, {live.back()}, fill(live.back(), kGran, i)));
-    }
-    r.sim.run_all();
-    r.res.poll();
+    const std::vector<DevPtr> live = filled_ranges(r, 14);
+    ASSERT_EQ(live.size(), 14u);
     size_t resident = 0;
     for (DevPtr p : live) resident += r.res.state_of(p) == Residency::State::Resident;
     if (share == 0) {
