@@ -116,8 +116,9 @@ class CudaDriver final : public Driver {
     char pad1[60];
     std::atomic<uint32_t> done;
   };
-  // Around a grant: close the gate and wait (bounded) for the chunks past it; open it again.
-  void gate_close();
+  // Around a grant: close the gate and wait (bounded) for the chunks past it (false: no gate);
+  // then, only where it closed, open it again.
+  bool gate_close();
   void gate_open();
   bool gated_copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s);
   void gate_off();  // a stream operation failed: copies go ungated, the gate stays open

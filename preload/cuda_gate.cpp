@@ -111,8 +111,9 @@ bool CudaDriver::gated_copy_to_host(void* dst, DevPtr src, uint64_t bytes, Strea
   return true;
 }
 
-void CudaDriver::gate_close() {
-  if (!gate_ || !gate_stream_.load(std::memory_order_acquire)) return;
+bool CudaDriver::gate_close() {
+  // gate_ is read only once the gated stream is seen: it was written before that, once.
+  if (!gate_stream_.load(std::memory_order_acquire)) return false;
   {
     std::lock_guard<std::mutex> lk(closers_mu_);
     if (closers_++ == 0) gate_->open.store(0);
@@ -135,12 +136,12 @@ void CudaDriver::gate_close() {
   }
   gate_drain_ns_.fetch_add(t - t0, std::memory_order_relaxed);
   gate_grants_.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 void CudaDriver::gate_open() {
-  if (!gate_) return;
   std::lock_guard<std::mutex> lk(closers_mu_);
-  if (closers_ > 0 && --closers_ == 0) gate_->open.store(1);
+  if (--closers_ == 0) gate_->open.store(1);
 }
 
 }  // namespace offload

@@ -40,9 +40,9 @@ bool CudaDriver::grant(DevPtr va, uint64_t bytes) {
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = dev;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  gate_close();
+  const bool closed = gate_close();
   const bool ok = cu_ok(a->set_access(va, bytes, &access, 1), "cuMemSetAccess");
-  gate_open();
+  if (closed) gate_open();
   return ok;
 }
 
