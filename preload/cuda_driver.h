@@ -121,6 +121,9 @@ class CudaDriver final : public Driver {
   bool gate_close();
   void gate_open();
   bool gated_copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s);
+  // A zeroed page of host memory registered for the GPU to read and write (its address there in
+  // `dev`), kept for the process's life; nullptr on failure. In a context's scope.
+  void* device_page(uint64_t* dev);
   void gate_off();  // a stream operation failed: copies go ungated, the gate stays open
   GateWords* gate_ = nullptr;
   uint64_t gate_dev_ = 0;                   // gate_'s address as the GPU sees it

@@ -9,10 +9,9 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
 #include <new>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "cuda_calls.h"
 #include "cuda_driver.h"
@@ -26,11 +25,7 @@ using cu::CtxScope;
 using cu::exec_api;
 
 namespace {
-uint64_t now_ns() {
-  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now().time_since_epoch())
-                      .count());
-}
+uint64_t now_ns() { return uint64_t(mono_ns()); }
 // After the counts agree, they are read again this much later: the GPU may have read the gate
 // open just before it closed, and its count of a chunk past it takes a trip over the link.
 constexpr uint64_t kSettleNs = 3'000;
@@ -45,17 +40,11 @@ bool CudaDriver::gate_copies_out(Stream s, uint64_t chunk) {
   }
   CtxScope scope(a, context());
   if (!scope) return false;
-  void* page = std::aligned_alloc(4096, 4096);
+  uint64_t dptr = 0;
+  void* page = device_page(&dptr);
   if (!page) return false;
   auto* w = new (page) GateWords{};
   w->open.store(1);
-  CUdeviceptr dptr = 0;
-  if (!cu_ok(a->host_register(page, 4096, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE),
-             "cuMemHostRegister") ||
-      !cu_ok(a->host_device_ptr(&dptr, page, 0), "cuMemHostGetDevicePointer")) {
-    std::free(page);  // the registration, if made, goes with the process
-    return false;
-  }
   gate_ = w;  // kept for the process's life: the stream may wait on it until the end
   gate_dev_ = dptr;
   gate_chunk_ = chunk;

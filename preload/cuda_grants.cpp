@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "common/log.h"
@@ -59,20 +60,29 @@ std::atomic<uint64_t>* CudaDriver::grant_word() {
       log().info("OFFLOAD_CAP_GRANT=apart: the device cannot wait on 64-bit values; grants stay with their mappings");
       return;
     }
-    void* page = std::aligned_alloc(4096, 4096);
+    uint64_t dptr = 0;
+    void* page = device_page(&dptr);
     if (!page) return;
-    auto* word = new (page) std::atomic<uint64_t>(0);
-    CUdeviceptr dptr = 0;
-    if (!cu_ok(a->host_register(page, 4096, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE),
-               "cuMemHostRegister") ||
-        !cu_ok(a->host_device_ptr(&dptr, page, 0), "cuMemHostGetDevicePointer")) {
-      std::free(page);  // the registration, if made, goes with the process
-      return;
-    }
     word_dev_ = dptr;
-    word_ = word;  // kept for the process's life: streams may wait on it until the end
+    word_ = new (page) std::atomic<uint64_t>(0);  // kept for the process's life: streams may wait on it
   });
   return word_;
+}
+
+void* CudaDriver::device_page(uint64_t* dev) {
+  const cu::ExecApi* a = exec_api();
+  void* page = std::aligned_alloc(4096, 4096);
+  if (!page) return nullptr;
+  std::memset(page, 0, 4096);
+  CUdeviceptr dptr = 0;
+  if (!cu_ok(a->host_register(page, 4096, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE),
+             "cuMemHostRegister") ||
+      !cu_ok(a->host_device_ptr(&dptr, page, 0), "cuMemHostGetDevicePointer")) {
+    std::free(page);  // the registration, if made, goes with the process
+    return nullptr;
+  }
+  *dev = dptr;
+  return page;
 }
 
 bool CudaDriver::stream_wait_word(Stream s, uint64_t value) {
