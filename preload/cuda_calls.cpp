@@ -109,7 +109,6 @@ const ExecApi* exec_api() {
         reinterpret_cast<decltype(api.host_device_ptr)>(hooks::real_dlsym(h, "cuMemHostGetDevicePointer_v2"));
     api.device_attr = reinterpret_cast<decltype(api.device_attr)>(hooks::real_dlsym(h, "cuDeviceGetAttribute"));
     api.wait_value32 = reinterpret_cast<decltype(api.wait_value32)>(hooks::real_dlsym(h, "cuStreamWaitValue32_v2"));
-    api.write_value32 = reinterpret_cast<decltype(api.write_value32)>(hooks::real_dlsym(h, "cuStreamWriteValue32_v2"));
     state.store(all ? 1 : -1, std::memory_order_release);
   });
   return state.load(std::memory_order_acquire) > 0 ? &api : nullptr;

@@ -59,9 +59,8 @@ struct ExecApi {
   decltype(&cuMemHostRegister_v2) host_register;
   decltype(&cuMemHostGetDevicePointer_v2) host_device_ptr;
   decltype(&cuDeviceGetAttribute) device_attr;
-  // Optional: the copy gate (Residency::Options::copy_gate) needs them.
+  // Optional: the copy gate (Residency::Options::copy_gate) needs it.
   decltype(&cuStreamWaitValue32_v2) wait_value32;
-  decltype(&cuStreamWriteValue32_v2) write_value32;
 };
 
 // nullptr until libcuda is loaded, or if it lacks any of them (VMM needs CUDA 10.2).

@@ -107,17 +107,7 @@ class CudaDriver final : public Driver {
   uint64_t word_dev_ = 0;                  // its address as the GPU sees it
   std::atomic<uint64_t> granularity_{0}, total_bytes_{0};
 
-  // The copy gate: `open` 1 while copies may start, 0 while a grant is made; `passed` and `done`
-  // the number of the last chunk past the gate and of the last ended, written by the stream.
-  struct GateWords {
-    std::atomic<uint32_t> open;
-    char pad0[60];
-    std::atomic<uint32_t> passed;
-    char pad1[60];
-    std::atomic<uint32_t> done;
-  };
-  // Around a grant: close the gate and wait (bounded) for the chunks past it (false: no gate);
-  // then, only where it closed, open it again.
+  // Around a grant: close the gate (false: no gate); then, only where it closed, open it again.
   bool gate_close();
   void gate_open();
   bool gated_copy_to_host(void* dst, DevPtr src, uint64_t bytes, Stream s);
@@ -125,16 +115,14 @@ class CudaDriver final : public Driver {
   // `dev`), kept for the process's life; nullptr on failure. In a context's scope.
   void* device_page(uint64_t* dev);
   void gate_off();  // a stream operation failed: copies go ungated, the gate stays open
-  GateWords* gate_ = nullptr;
+  std::atomic<uint32_t>* gate_ = nullptr;  // 1 while copies may start, 0 while a grant is made
   uint64_t gate_dev_ = 0;                   // gate_'s address as the GPU sees it
   std::atomic<Stream> gate_stream_{0};      // the gated stream; 0: none (off)
   uint64_t gate_chunk_ = 0;
-  uint64_t gate_drain_max_ns_ = 0;          // a drain's bound
-  std::mutex gate_mu_;                      // the chunks' numbers, in their stream's order
-  uint32_t gate_seq_ = 0;
   std::mutex closers_mu_;
   int closers_ = 0;                         // grants under way: the last one out opens the gate
-  std::atomic<uint64_t> gate_grants_{0}, gate_drain_ns_{0}, gate_cut_{0};
+  uint64_t closed_at_ = 0;                  // under closers_mu_
+  std::atomic<uint64_t> gate_grants_{0}, gate_closed_ns_{0};
 };
 
 }  // namespace offload

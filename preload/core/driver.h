@@ -115,7 +115,7 @@ class Driver {
   virtual bool stream_wait_word(Stream, uint64_t) { return false; }
   // The copy gate (Residency::Options::copy_gate): copies to the host on stream `s` are queued in
   // chunks of `chunk` bytes, each behind a wait on a gate word the host holds closed while it
-  // makes an access grant, after the chunks already past it end (a bounded wait). A grant costs
+  // makes an access grant, which then waits only for the chunk already past it. A grant costs
   // about 0.7 ms while a copy to the host runs and about 0.05 ms while none does
   // (docs/results.md). False: not offered, copies and grants as without it.
   virtual bool gate_copies_out(Stream s, uint64_t chunk) {
@@ -123,9 +123,8 @@ class Driver {
     return false;
   }
   struct GateCounts {
-    uint64_t grants = 0;      // grants made with the gate closed
-    uint64_t drain_ns = 0;    // waiting for the chunks past the gate to end
-    uint64_t drains_cut = 0;  // those waits that reached their bound; the grant went ahead
+    uint64_t grants = 0;     // grants made with the gate closed
+    uint64_t closed_ns = 0;  // the time the gate was closed: copies out could not start
   };
   virtual GateCounts gate_counts() { return {}; }
 

@@ -22,9 +22,8 @@ records and stream waits), and the manager's operations, per step: among them it
 those the ones made to make room, to release a spare still in use, and to take back a range whose
 handles were given on while it was copied out. With OFFLOAD_CAP_GRANT=apart, the grant thread's
 time in access grants (grant, not in busy), the host's waits for grants, and the grants made, the
-streams' waits for them on the GPU and the host's waits. With OFFLOAD_CAP_GATE, the host's time
-waiting for copies out past the gate (gate_drain, inside map), the grants made with the gate
-closed and those waits cut at their bound.
+streams' waits for them on the GPU and the host's waits. With OFFLOAD_CAP_GATE, the time the gate
+held copies out (gate_closed, inside map: the grants made with it closed) and those grants.
 
 A third lists the steady steps that took ranges back while they were copied out (the host waits
 for each one's copy out): how many, and, as means over them, the next use predicted when each went
@@ -87,14 +86,13 @@ def handles_per_step(r):
 
 HOST_MS = ("busy_ns", "lock_ns", "poll_ns", "poll_reap_ns", "poll_query_ns", "poll_outside_ns",
            "poll_pool_ns", "poll_room_ns", "wait_ns", "map_ns", "unmap_ns", "create_ns", "release_ns", "ahead_ns", "copy_ns", "event_ns", "host_pin_ns", "host_ahead_ns",
-           "probe_ns", "grant_ns", "grant_wait_ns", "gate_drain_ns")
+           "probe_ns", "grant_ns", "grant_wait_ns", "gate_closed_ns")
 HOST_COUNTS = ("polls", "allocs", "reused", "refits", "maps", "alloc_maps", "unmaps", "created", "evictions", "reloads",
                "prefetch_hits", "prefetch_late", "waits", "waits_room", "waits_release", "waits_abandon",
                "recomputed", "dropped", "restored_early", "undescribed", "producers", "remake_away", "remake_stale",
                "not_producer_small", "not_producer_alone", "side_kept", "side_refused", "remake_written",
                "copied_lasting", "copied_unmade", "copied_lost", "producers_filled", "producers_updated", "unlearned", "probes_spent",
-               "probes_busy", "probes_unbacked", "grants_apart", "grant_stream_waits", "grant_waits", "gate_grants",
-               "gate_drains_cut")
+               "probes_busy", "probes_unbacked", "grants_apart", "grant_stream_waits", "grant_waits", "gate_grants")
 
 
 def host_split(r):

@@ -124,16 +124,12 @@ FAKE_EXPORT void offload_fake_last_launch_ex(unsigned long long out[3]) {
   std::memcpy(out, g_launch_ex, sizeof g_launch_ex);
 }
 
-// The copy gate's calls (CudaDriver::gate_copies_out): copies out, stream memory operations and
-// grants are logged in order ("wait:GATE", "write", "copy:BYTES", "grant:GATE", GATE the gate
-// word's value then). A write reaches host memory at once, as if its stream had run to it,
-// until offload_fake_write_limit's count of them is spent (-1: no limit).
+// The copy gate's calls (CudaDriver::gate_copies_out): copies out, waits and grants are logged in
+// order ("wait:GATE", "copy:BYTES", "grant:GATE", GATE the gate word's value then).
 namespace {
 std::string g_log;
-uintptr_t g_gate = 0;       // the address the last wait read
-long g_writes_left = -1;
+uintptr_t g_gate = 0;  // the address the last wait read
 }  // namespace
-FAKE_EXPORT void offload_fake_write_limit(long n) { g_writes_left = n; }
 FAKE_EXPORT size_t offload_fake_log(char* out, size_t cap) {
   const size_t n = g_log.size() < cap ? g_log.size() : cap - 1;
   std::memcpy(out, g_log.data(), n);
@@ -150,14 +146,6 @@ FAKE_EXPORT int cuStreamWaitValue32_v2(void*, unsigned long long addr, unsigned,
   g_gate = addr;
   g_log += "wait:" + std::to_string(*reinterpret_cast<volatile uint32_t*>(addr)) + " ";
   return answer("cuStreamWaitValue32_v2");
-}
-FAKE_EXPORT int cuStreamWriteValue32_v2(void*, unsigned long long addr, unsigned value, unsigned) {
-  g_log += "write ";
-  if (g_writes_left != 0) {
-    *reinterpret_cast<volatile uint32_t*>(addr) = value;
-    if (g_writes_left > 0) --g_writes_left;
-  }
-  return answer("cuStreamWriteValue32_v2");
 }
 FAKE_EXPORT int cuMemcpyDtoHAsync_v2(void*, unsigned long long, size_t bytes, void*) {
   g_log += "copy:" + std::to_string(bytes) + " ";
