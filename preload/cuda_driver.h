@@ -122,7 +122,9 @@ class CudaDriver final : public Driver {
   std::mutex closers_mu_;
   int closers_ = 0;                         // grants under way: the last one out opens the gate
   uint64_t closed_at_ = 0;                  // under closers_mu_
-  std::atomic<uint64_t> gate_grants_{0}, gate_closed_ns_{0};
+  std::mutex gate_mu_;
+  uint64_t gate_ahead_until_ = 0;           // under gate_mu_: when the chunks queued would end
+  std::atomic<uint64_t> gate_grants_{0}, gate_closed_ns_{0}, gate_chunks_{0};
 };
 
 }  // namespace offload

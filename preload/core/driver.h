@@ -125,6 +125,7 @@ class Driver {
   struct GateCounts {
     uint64_t grants = 0;     // grants made with the gate closed
     uint64_t closed_ns = 0;  // the time the gate was closed: copies out could not start
+    uint64_t chunks = 0;     // chunks queued behind the gate
   };
   virtual GateCounts gate_counts() { return {}; }
 

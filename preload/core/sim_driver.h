@@ -131,7 +131,7 @@ class SimDriver final : public Driver {
   // stream are queued in chunks of the gate's size, each an operation of its own, and mappings
   // granted while it is set count as gated grants.
   bool gate_copies_out(Stream s, uint64_t chunk) override;
-  GateCounts gate_counts() override { return {gate_grants_.load(), 0}; }
+  GateCounts gate_counts() override { return {gate_grants_.load(), 0, gated_chunks_.load()}; }
   uint64_t gated_chunks() const { return gated_chunks_.load(); }  // tests
 
   // 0 (the driver cannot tell) or a multiple of the page size; default 64 KiB. Aborts

@@ -591,7 +591,7 @@ Residency::Stats Residency::stats() const {
   s.out_lag = out_lag_;
   if (granter_) s.grant_ns = granter_->grant_ns();
   const Driver::GateCounts g = d_.gate_counts();
-  s.gate_grants = g.grants, s.gate_closed_ns = g.closed_ns;
+  s.gate_grants = g.grants, s.gate_closed_ns = g.closed_ns, s.gate_chunks = g.chunks;
   s.held = held_;
   s.pool_share = pool_share_;
   s.whole = o_.whole_max && o_.piece_max && whole_pays();

@@ -26,7 +26,7 @@ std::string residency_json(const Residency* r) {
                 ",\"recomputed\":%" PRIu64 ",\"recomputed_bytes\":%" PRIu64 ",\"recompute_checks\":%" PRIu64 ",\"recompute_bans\":%" PRIu64 ",\"probes\":%" PRIu64 ",\"probes_on_gpu\":%" PRIu64 ",\"probe_ns\":%" PRIu64
                 ",\"dropped\":%" PRIu64 ",\"dropped_bytes\":%" PRIu64 ",\"restored_early\":%" PRIu64 ",\"undescribed\":%" PRIu64 ",\"producers\":%" PRIu64 ",\"remake_away\":%" PRIu64 ",\"remake_stale\":%" PRIu64 ",\"not_producer_small\":%" PRIu64 ",\"not_producer_alone\":%" PRIu64 ",\"side_kept\":%" PRIu64 ",\"side_kept_bytes\":%" PRIu64 ",\"side_refused\":%" PRIu64
                 ",\"copied_lasting\":%" PRIu64 ",\"copied_unmade\":%" PRIu64 ",\"copied_lost\":%" PRIu64 ",\"remake_written\":%" PRIu64 ",\"producers_filled\":%" PRIu64 ",\"producers_updated\":%" PRIu64 ",\"unlearned\":%" PRIu64 ",\"probes_spent\":%" PRIu64 ",\"probes_busy\":%" PRIu64 ",\"probes_unbacked\":%" PRIu64
-                ",\"grants_apart\":%" PRIu64 ",\"grant_stream_waits\":%" PRIu64 ",\"grant_waits\":%" PRIu64 ",\"grant_wait_ns\":%" PRIu64 ",\"grant_ns\":%" PRIu64 ",\"gate_grants\":%" PRIu64 ",\"gate_closed_ns\":%" PRIu64 ",\"error\":\"",
+                ",\"grants_apart\":%" PRIu64 ",\"grant_stream_waits\":%" PRIu64 ",\"grant_waits\":%" PRIu64 ",\"grant_wait_ns\":%" PRIu64 ",\"grant_ns\":%" PRIu64 ",\"gate_grants\":%" PRIu64 ",\"gate_closed_ns\":%" PRIu64 ",\"gate_chunks\":%" PRIu64 ",\"error\":\"",
                 r->budget(), r->min_bytes(), s.ranges, s.live_bytes, s.allocs, s.reused, s.created, s.created_bytes, s.released,
                 s.evictions, s.abandoned, s.bytes_out, s.reloads, s.bytes_in, s.held, s.held_peak, s.pool_share,
                 s.pool_reserved, s.pool_trims, s.pool_over, s.footprint_peak, s.refused_allocs, s.refused_launches, s.host_full,
@@ -38,7 +38,7 @@ std::string residency_json(const Residency* r) {
                 s.dropped, s.dropped_bytes, s.restored_early, s.undescribed, s.producers, s.remake_away, s.remake_stale,
                 s.not_producer_small, s.not_producer_alone, s.side_kept, s.side_kept_bytes, s.side_refused,
                 s.copied_lasting, s.copied_unmade, s.copied_lost, s.remake_written, s.producers_filled, s.producers_updated, s.unlearned, s.probes_spent, s.probes_busy, s.probes_unbacked,
-                s.grants_apart, s.grant_stream_waits, s.grant_waits, s.grant_wait_ns, s.grant_ns, s.gate_grants, s.gate_closed_ns);
+                s.grants_apart, s.grant_stream_waits, s.grant_waits, s.grant_wait_ns, s.grant_ns, s.gate_grants, s.gate_closed_ns, s.gate_chunks);
   return std::string(buf) + esc + "\"}";
 }
 

@@ -63,8 +63,9 @@ struct ResidencyStats {
   // host's waits for them (before an unmapping or a captured launch) and their ns, and the
   // granter thread's ns in grants (not in busy_ns).
   uint64_t grants_apart = 0, grant_stream_waits = 0, grant_waits = 0, grant_wait_ns = 0, grant_ns = 0;
-  // Options::copy_gate: grants made with the copies out held, and the ns the gate was closed.
-  uint64_t gate_grants = 0, gate_closed_ns = 0;
+  // Options::copy_gate: grants made with the copies out held, the ns the gate was closed, and
+  // the chunks queued behind it.
+  uint64_t gate_grants = 0, gate_closed_ns = 0, gate_chunks = 0;
   // Ranges freed while copying out (the copy was for nothing); of them, those whose handles had
   // been handed on, retired once their copy ends, with no wait.
   uint64_t freed_copying = 0, freed_copying_given = 0;

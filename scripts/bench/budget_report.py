@@ -23,7 +23,8 @@ those the ones made to make room, to release a spare still in use, and to take b
 handles were given on while it was copied out. With OFFLOAD_CAP_GRANT=apart, the grant thread's
 time in access grants (grant, not in busy), the host's waits for grants, and the grants made, the
 streams' waits for them on the GPU and the host's waits. With OFFLOAD_CAP_GATE, the time the gate
-held copies out (gate_closed, inside map: the grants made with it closed) and those grants.
+held copies out (gate_closed, inside map: the grants made with it closed), those grants and
+the chunks queued behind it.
 
 A third lists the steady steps that took ranges back while they were copied out (the host waits
 for each one's copy out): how many, and, as means over them, the next use predicted when each went
@@ -92,7 +93,7 @@ HOST_COUNTS = ("polls", "allocs", "reused", "refits", "maps", "alloc_maps", "unm
                "recomputed", "dropped", "restored_early", "undescribed", "producers", "remake_away", "remake_stale",
                "not_producer_small", "not_producer_alone", "side_kept", "side_refused", "remake_written",
                "copied_lasting", "copied_unmade", "copied_lost", "producers_filled", "producers_updated", "unlearned", "probes_spent",
-               "probes_busy", "probes_unbacked", "grants_apart", "grant_stream_waits", "grant_waits", "gate_grants")
+               "probes_busy", "probes_unbacked", "grants_apart", "grant_stream_waits", "grant_waits", "gate_grants", "gate_chunks")
 
 
 def host_split(r):

@@ -4,9 +4,11 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/log.h"
 #include "capture_mode.h"
@@ -111,7 +113,7 @@ TEST(CudaDriverLog, CopiesOutWaitAtAGateThatEachGrantCloses) {
     FailFn fail = load_fake_driver();
     auto log = fake_knob<size_t (*)(char*, size_t)>("offload_fake_log");
     auto calls = [&] {
-      char buf[1024];
+      static char buf[1 << 16];
       log(buf, sizeof buf);
       return std::string(buf);
     };
@@ -128,8 +130,21 @@ TEST(CudaDriverLog, CopiesOutWaitAtAGateThatEachGrantCloses) {
     if (!d.grant(va, 2 << 20) || calls() != "grant:0 ") std::_Exit(7);  // the gate closed
     if (!d.copy_to_host(host, 0x1000, 1 << 20, s) || calls() != "wait:1 copy:1048576 ") std::_Exit(8);
     if (!d.grant(va, 2 << 20) || calls() != "grant:0 ") std::_Exit(11);
-    const Driver::GateCounts c = d.gate_counts();
-    if (c.grants != 2 || c.closed_ns == 0) std::_Exit(12);
+    Driver::GateCounts c = d.gate_counts();
+    if (c.grants != 2 || c.closed_ns == 0 || c.chunks != 4) std::_Exit(12);
+    // 8 GiB at once: chunks of the gate's size until about 32 are ahead of the link, then larger
+    // ones, each a multiple of it, so that the stream never holds thousands.
+    if (!d.copy_to_host(host, 0x1000, 8ull << 30, s)) std::_Exit(16);
+    std::vector<uint64_t> sizes;
+    const std::string got = calls();
+    for (size_t at = got.find("copy:"); at != std::string::npos; at = got.find("copy:", at + 1))
+      sizes.push_back(std::stoull(got.substr(at + 5)));
+    uint64_t sum = 0;
+    for (const uint64_t n : sizes) sum += n;
+    if (sum != 8ull << 30 || sizes.front() != 4 << 20 || sizes[16] != 4 << 20) std::_Exit(17);
+    if (sizes.size() > 512 || *std::max_element(sizes.begin(), sizes.end()) <= 4 << 20 || d.gate_counts().chunks != 4 + sizes.size()) std::_Exit(18);
+    for (const uint64_t n : sizes)
+      if (n % (4 << 20)) std::_Exit(19);
     fail("cuStreamWaitValue32_v2", 1);
     if (!d.copy_to_host(host, 0x1000, 10 << 20, s) || calls() != "wait:1 copy:10485760 ") std::_Exit(13);
     fail(nullptr, 0);
