@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/driver.h"
+#include "core/gate_chunks.h"
 #include "gpu/gpu_hash.h"
 
 namespace offload {
@@ -118,12 +119,11 @@ class CudaDriver final : public Driver {
   std::atomic<uint32_t>* gate_ = nullptr;  // 1 while copies may start, 0 while a grant is made
   uint64_t gate_dev_ = 0;                   // gate_'s address as the GPU sees it
   std::atomic<Stream> gate_stream_{0};      // the gated stream; 0: none (off)
-  uint64_t gate_chunk_ = 0;
   std::mutex closers_mu_;
   int closers_ = 0;                         // grants under way: the last one out opens the gate
   uint64_t closed_at_ = 0;                  // under closers_mu_
   std::mutex gate_mu_;
-  uint64_t gate_ahead_until_ = 0;           // under gate_mu_: when the chunks queued would end
+  GateChunks gate_chunks_size_{0};          // under gate_mu_
   std::atomic<uint64_t> gate_grants_{0}, gate_closed_ns_{0}, gate_chunks_{0};
 };
 

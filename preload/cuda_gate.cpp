@@ -5,12 +5,8 @@
 // memory says the gate is open (cuStreamWaitValue32). A grant closes the gate, grants and opens it
 // again: it then waits for the chunk already past the gate and no more (81 us with 4 MiB chunks on
 // an H100, against 111 when it first waited for that chunk to end; docs/results.md, "copies out
-// held at a gate"). The gate only delays copies: no byte or order changes.
-//
-// The chunks queued ahead of the link are kept to about kChunksAhead: past that, a chunk takes a
-// share of the bytes queued ahead instead of the gate's size. The driver blocks the host once a
-// stream holds too many operations: chunks of 4 MiB on every copy out took 810-870 ms a step to
-// queue on a Llama and the reference, which queue seconds of copies ahead (docs/results.md).
+// held at a gate"). The gate only delays copies: no byte or order changes. Chunks widen with what
+// is queued ahead of the link (core/gate_chunks.h).
 #include <cuda.h>
 
 #include <algorithm>
@@ -29,15 +25,6 @@ using cu::cu_ok;
 using cu::CtxScope;
 using cu::exec_api;
 
-namespace {
-// About this many chunks ahead of the link at the gate's size (the probe kept 64 ahead, at 4.4 us
-// a chunk); past that, about this many more for each time the bytes ahead grow by e.
-constexpr uint64_t kChunksAhead = 32;
-// The link's rate for the estimate of what is queued ahead, in bytes a ns (40 GB/s: a little
-// below what copies out reach, so the estimate errs long and the chunks large).
-constexpr uint64_t kLinkBytesPerNs = 40;
-}  // namespace
-
 bool CudaDriver::gate_copies_out(Stream s, uint64_t chunk) {
   if (!s || !chunk || gate_) return false;  // one gated stream a process
   const cu::ExecApi* a = exec_api();
@@ -53,7 +40,7 @@ bool CudaDriver::gate_copies_out(Stream s, uint64_t chunk) {
   auto* open = new (page) std::atomic<uint32_t>{1};
   gate_ = open;  // kept for the process's life: the stream may wait on it until the end
   gate_dev_ = dptr;
-  gate_chunk_ = chunk;
+  gate_chunks_size_ = GateChunks(chunk);
   gate_stream_.store(s, std::memory_order_release);
   log().info("copies out gated in chunks of {} KiB", chunk >> 10);
   return true;
@@ -79,12 +66,7 @@ bool CudaDriver::gated_copy_to_host(void* dst, DevPtr src, uint64_t bytes, Strea
   auto* out = static_cast<unsigned char*>(dst);
   std::lock_guard<std::mutex> lk(gate_mu_);  // the estimate of what is queued ahead
   for (uint64_t off = 0, n = 0; off < bytes; off += n) {
-    const uint64_t now = uint64_t(mono_ns());
-    gate_ahead_until_ = std::max(gate_ahead_until_, now);
-    const uint64_t ahead = (gate_ahead_until_ - now) * kLinkBytesPerNs;
-    const uint64_t share = (ahead / kChunksAhead + gate_chunk_ - 1) / gate_chunk_ * gate_chunk_;
-    n = std::min(std::max(gate_chunk_, share), bytes - off);
-    gate_ahead_until_ += n / kLinkBytesPerNs;
+    n = gate_chunks_size_.next(uint64_t(mono_ns()), bytes - off);
     gate_chunks_.fetch_add(1, std::memory_order_relaxed);
     if (gate_stream_.load(std::memory_order_acquire) == s &&
         !cu_ok(a->wait_value32(cs, gate_dev_, 1, CU_STREAM_WAIT_VALUE_EQ), "cuStreamWaitValue32")) {
