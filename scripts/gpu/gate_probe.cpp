@@ -7,7 +7,8 @@
 // around the grant; with the gate closed and the chunks already past it finished (drained) before
 // the grant. It prints each one's cost and the copies' rate meanwhile, against copies of 64 MiB with
 // no gate, and the host's cost of queueing a chunk with its stream operations; and what making a
-// handle costs with the gate open and closed. On the GPU machine:
+// handle costs with the gate open and closed; and how deep a stream may be queued before queueing
+// one more chunk blocks the host. On the GPU machine:
 //   g++ -std=c++20 -O2 -I/usr/local/cuda/include scripts/gpu/gate_probe.cpp -o /tmp/gate_probe
 //     -L/usr/local/cuda/lib64/stubs -lcuda -pthread && /tmp/gate_probe
 #include <cuda.h>
@@ -91,6 +92,7 @@ struct Probe {
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> queued{0};
     double enqueue_us = 0;  // the host's time to queue one chunk with its operations (median)
+    double deep_us = 0;     // the same once `depth` chunks were queued ahead (median)
     std::thread t;
   };
   void start(Load& l, size_t chunk, bool gated, uint32_t depth) {
@@ -114,6 +116,7 @@ struct Probe {
         l.queued.store(i);
       }
       l.enqueue_us = median(q);
+      if (q.size() > depth) l.deep_us = median(std::vector<double>(q.begin() + depth, q.end()));
     });
   }
   void stop(Load& l) {
@@ -225,6 +228,24 @@ int main() {
     std::printf("| %s | %.1f | %.1f (%.1f) | %.1f (%.1f) | %.1f, %.1f, %.1f (%.1f) | %d |\n", name, l.enqueue_us,
                 open.grant, open.gbs, closed.grant, closed.gbs, drained.drain, drained.grant, drained.total,
                 drained.gbs, drained.timeouts);
+    std::fflush(stdout);
+  }
+  // How many operations a stream holds before queueing one more blocks the host: gated 4 MiB
+  // chunks (four operations each) kept deeper and deeper ahead of the link, no grants.
+  std::printf("\n| chunks ahead (operations) | queueing a chunk, us (median, once that deep) | GB/s |\n|---:|---:|---:|\n");
+  for (uint32_t depth : {16u, 64u, 256u, 1024u, 4096u}) {
+    Probe::Load l;
+    p.start(l, 4 * kMiB, true, depth);
+    const double t0 = now_us() + 400000;  // 4096 chunks are 16 GiB, about 0.3 s of the link
+    while (now_us() < t0) {
+    }
+    const uint32_t d0 = p.w->done;
+    const double t1 = now_us() + 200000;
+    while (now_us() < t1) {
+    }
+    const double gbs = double(p.w->done - d0) * double(4 * kMiB) / 0.2 / 1e9;
+    p.stop(l);
+    std::printf("| %u (%u) | %.1f | %.1f |\n", depth, 4 * depth, l.deep_us, gbs);
     std::fflush(stdout);
   }
   // The copies' rate with no grants at all, for the link's own figure.
