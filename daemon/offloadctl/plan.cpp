@@ -20,9 +20,7 @@
 using namespace offload;
 
 namespace {
-double gib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); }
 double ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
-unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); }
 long long ll(int64_t v) { return static_cast<long long>(v); }
 
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));

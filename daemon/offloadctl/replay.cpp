@@ -19,8 +19,6 @@ using namespace offload;
 
 namespace {
 
-double gib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); }
-
 // One replay of the recording through the observing pipeline.
 struct ObserveRun {
   bool marked = false;  // step boundaries from offload_mark_step(), else detected
@@ -310,10 +308,6 @@ void print_json(const Replayed& rp) {
 
 // --cap: a recorded step under the residency manager's budget on the simulated driver, every
 // launch's data checked (residency/replay_cap.h).
-using ull = unsigned long long;
-
-double mib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024); }
-
 void print_steps(const CapReplay& c) {
   printf("\n  %4s %11s %11s %11s %9s %7s %10s %6s %6s %6s %7s %8s %5s\n", "step", "held MiB", "footprint",
          "device MiB", "evictions", "reloads", "prefetches", "(hits)", "maps", "unmaps", "created", "released",

@@ -51,7 +51,6 @@ bool list_step_files(const std::string& path, std::vector<fs::path>* files) {
   return !files->empty();
 }
 
-double gib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); }
 
 // One recorded step, as trace show prints it.
 struct StepRow {
