@@ -9,7 +9,8 @@
 # LIB_A defaults to .carry/bin/liboffload.so (scripts/gpu/prepare.sh). ENV_B="VAR=value ..." sets
 # variables in arm B alone; LIB_B then defaults to LIB_A (one build, two settings):
 #   ENV_B="OFFLOAD_CAP_AHEAD_HORIZON=ceiling" WORKLOAD=reference SCALE=large scripts/gpu/ab_budget.sh
-# Leaves $OUT/ab-budget-WORKLOAD-FRAC.tgz.
+# CKPT=1: the model with activation checkpointing in every run (budget.py --ckpt), the budget a
+# FRAC of that run's peak rise. Leaves $OUT/ab-budget-WORKLOAD-FRAC.tgz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/out}; work=$(mktemp -d); mkdir -p "$out"
@@ -17,10 +18,11 @@ w=${WORKLOAD:-reference}; frac=${FRAC:-0.5}
 lib_a=${LIB_A:-$root/.carry/bin/liboffload.so}; env_b=${ENV_B:-}
 [ -n "${LIB_B:-}$env_b" ] || { echo "ab_budget.sh: LIB_B (the other build of liboffload.so) or ENV_B (arm B's variables) is needed" >&2; exit 2; }
 lib_b=${LIB_B:-$lib_a}
+ckpt=(); [ "${CKPT:-0}" = 1 ] && ckpt=(--ckpt)
 export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PYTHONUNBUFFERED=1 OFFLOAD_DAEMON=off
 py() {
   timeout "${RUN_TIMEOUT:-300}" python3 "$root/scripts/bench/budget.py" --workload "$w" --scale "${SCALE:-small}" \
-    --steps "${STEPS:-10}" --workdir "$work" "$@"
+    --steps "${STEPS:-10}" --workdir "$work" "${ckpt[@]}" "$@"
   tar -C "$work" -czf "$out/ab-budget-$w-$frac.tgz" . 2> /dev/null
 }
 python3 "$root/scripts/bench/link.py" > "$work/link.json" 2> "$work/link.log" || rm -f "$work/link.json"
