@@ -87,6 +87,7 @@ struct Settings {
   bool cap_ahead_to_ceiling = false;  // OFFLOAD_CAP_AHEAD_HORIZON=ceiling
   bool cap_grant_apart = false;       // OFFLOAD_CAP_GRANT=apart
   uint64_t cap_gate = 0;              // OFFLOAD_CAP_GATE: a gated chunk's bytes; 0 off
+  uint32_t cap_gate_ahead = 32;       // OFFLOAD_CAP_GATE_AHEAD: gated chunks queued before they widen
   // OFFLOAD_CAP_RECOMPUTE=1|0: a range that one launch produced from ranges still resident and
   // unchanged is made again by that launch instead of copied back in (its kernel's first remake
   // checked byte for byte against the saved copy). Off: not yet measured on a GPU.

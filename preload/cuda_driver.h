@@ -54,7 +54,7 @@ class CudaDriver final : public Driver {
   std::atomic<uint64_t>* grant_word() override;
   bool stream_wait_word(Stream s, uint64_t value) override;
   // The copy gate (cuda_gate.cpp): three words in registered host memory, made on the first call.
-  bool gate_copies_out(Stream s, uint64_t chunk) override;
+  bool gate_copies_out(Stream s, uint64_t chunk, uint32_t ahead) override;
   GateCounts gate_counts() override;
   Stream create_stream() override;
   // The streams create_stream made (the shim's own copies run on them), at most kStreamsKept.

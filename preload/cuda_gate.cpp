@@ -25,7 +25,7 @@ using cu::cu_ok;
 using cu::CtxScope;
 using cu::exec_api;
 
-bool CudaDriver::gate_copies_out(Stream s, uint64_t chunk) {
+bool CudaDriver::gate_copies_out(Stream s, uint64_t chunk, uint32_t ahead) {
   if (!s || !chunk || gate_) return false;  // one gated stream a process
   const cu::ExecApi* a = exec_api();
   if (!a || !a->wait_value32 || !a->host_register || !a->host_device_ptr) {
@@ -40,9 +40,9 @@ bool CudaDriver::gate_copies_out(Stream s, uint64_t chunk) {
   auto* open = new (page) std::atomic<uint32_t>{1};
   gate_ = open;  // kept for the process's life: the stream may wait on it until the end
   gate_dev_ = dptr;
-  gate_chunks_size_ = GateChunks(chunk);
+  gate_chunks_size_ = GateChunks(chunk, ahead);
   gate_stream_.store(s, std::memory_order_release);
-  log().info("copies out gated in chunks of {} KiB", chunk >> 10);
+  log().info("copies out gated in chunks of {} KiB, wider past {} of them queued", chunk >> 10, ahead);
   return true;
 }
 

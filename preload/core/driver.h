@@ -117,9 +117,10 @@ class Driver {
   // chunks of `chunk` bytes, each behind a wait on a gate word the host holds closed while it
   // makes an access grant, which then waits only for the chunk already past it. A grant costs
   // about 0.7 ms while a copy to the host runs and about 0.05 ms while none does
-  // (docs/results.md). False: not offered, copies and grants as without it.
-  virtual bool gate_copies_out(Stream s, uint64_t chunk) {
-    (void)s, (void)chunk;
+  // (docs/results.md). Chunks widen past `ahead` of them queued (GateChunks). False: not
+  // offered, copies and grants as without it.
+  virtual bool gate_copies_out(Stream s, uint64_t chunk, uint32_t ahead) {
+    (void)s, (void)chunk, (void)ahead;
     return false;
   }
   struct GateCounts {

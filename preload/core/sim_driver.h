@@ -130,7 +130,7 @@ class SimDriver final : public Driver {
   // The copy gate, modelled (Residency::Options::copy_gate): copies to the host on the gated
   // stream are queued in chunks of the gate's size, each an operation of its own, and mappings
   // granted while it is set count as gated grants.
-  bool gate_copies_out(Stream s, uint64_t chunk) override;
+  bool gate_copies_out(Stream s, uint64_t chunk, uint32_t ahead) override;
   GateCounts gate_counts() override { return {gate_grants_.load(), 0, gated_chunks_.load()}; }
   uint64_t gated_chunks() const { return gated_chunks_.load(); }  // tests
 

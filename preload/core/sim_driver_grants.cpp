@@ -24,7 +24,7 @@ bool SimDriver::map_run_ungranted(DevPtr va, const uint64_t* handles, const uint
   return true;
 }
 
-bool SimDriver::gate_copies_out(Stream s, uint64_t chunk) {
+bool SimDriver::gate_copies_out(Stream s, uint64_t chunk, uint32_t) {  // chunks of one size here
   if (!s || !chunk || gate_chunk_.load()) return false;
   gate_stream_.store(s);
   gate_chunk_.store(chunk);

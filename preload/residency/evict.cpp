@@ -63,7 +63,7 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   }
   if (!copy_stream_) {
     copy_stream_ = d_.create_stream();
-    if (o_.copy_gate && copy_stream_) d_.gate_copies_out(copy_stream_, o_.copy_gate);
+    if (o_.copy_gate && copy_stream_) d_.gate_copies_out(copy_stream_, o_.copy_gate, o_.copy_gate_ahead);
   }
   const bool loading = r.state == State::CopyingIn && query_event(r.copy_event) != 1;
   if (loading) r.load_event = std::exchange(r.copy_event, 0);  // the copy out gets an event of its own

@@ -629,6 +629,7 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->ahead_to_ceiling = s.cap_ahead_to_ceiling;
   o->grant_apart = s.cap_grant_apart;
   o->copy_gate = s.cap_gate;
+  o->copy_gate_ahead = s.cap_gate_ahead;
   o->low_water = s.cap_ahead_bytes;
   o->low_share = s.cap_ahead_share;
   o->prefetch = s.cap_prefetch_max != 0;

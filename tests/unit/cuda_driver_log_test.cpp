@@ -120,7 +120,7 @@ TEST(CudaDriverLog, CopiesOutWaitAtAGateThatEachGrantCloses) {
     d.learn_context();
     const Stream s = 0x20, other = 0x30;
     const DevPtr va = 0x7f0000000000ull;
-    if (!d.gate_copies_out(s, 4 << 20) || d.gate_copies_out(other, 4 << 20)) std::_Exit(3);
+    if (!d.gate_copies_out(s, 4 << 20, GateChunks::kAhead) || d.gate_copies_out(other, 4 << 20, GateChunks::kAhead)) std::_Exit(3);
     char host[1];
     if (!d.copy_to_host(host, 0x1000, 10 << 20, s)) std::_Exit(4);
     const std::string chunk = "wait:1 copy:4194304 ";

@@ -206,6 +206,8 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_CAP_GATE", "4MiB").cap_gate, 4ull << 20);
   EXPECT_EQ(one("OFFLOAD_CAP_GATE", "off").cap_gate, 0u);
   EXPECT_EQ(one("OFFLOAD_CAP_GATE", "0").cap_gate, 0u);
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_gate_ahead, 32u);
+  EXPECT_EQ(one("OFFLOAD_CAP_GATE_AHEAD", "128").cap_gate_ahead, 128u);
   EXPECT_DOUBLE_EQ(one("OFFLOAD_DISABLE", "0").cap_ahead_share, 0.125);
   EXPECT_EQ(one("OFFLOAD_DISABLE", "0").cap_ahead_bytes, 0u);
   EXPECT_DOUBLE_EQ(one("OFFLOAD_CAP_AHEAD", "3%").cap_ahead_share, 0.03);
@@ -231,7 +233,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_CAP_AHEAD", "-1%"}, {"OFFLOAD_CAP_AHEAD", "x%"}, {"OFFLOAD_CAP_AHEAD", "%"}, {"OFFLOAD_CAP_AHEAD", "a lot"},
       {"OFFLOAD_CAP_DROP_FIRST", "0"}, {"OFFLOAD_CAP_DROP_FIRST", "2000"}, {"OFFLOAD_CAP_DROP_FIRST", "first"},
       {"OFFLOAD_CAP_RECOMPUTE_PROBES", "2"}, {"OFFLOAD_CAP_RECOMPUTE_PROBES", "256"}, {"OFFLOAD_CAP_RECOMPUTE_PROBES", "many"},
-      {"OFFLOAD_CAP_RECOMPUTE_UPDATES", "yes"}, {"OFFLOAD_CAP_AHEAD_HORIZON", "far"}, {"OFFLOAD_CAP_GRANT", "later"}, {"OFFLOAD_CAP_GATE", "on"}, {"OFFLOAD_CAP_GATE", "4KiB"}, {"OFFLOAD_CAP_GATE", "2GiB"}, {"OFFLOAD_CAP_AHEAD_HORIZON", "1"},
+      {"OFFLOAD_CAP_RECOMPUTE_UPDATES", "yes"}, {"OFFLOAD_CAP_AHEAD_HORIZON", "far"}, {"OFFLOAD_CAP_GRANT", "later"}, {"OFFLOAD_CAP_GATE", "on"}, {"OFFLOAD_CAP_GATE", "4KiB"}, {"OFFLOAD_CAP_GATE", "2GiB"}, {"OFFLOAD_CAP_GATE_AHEAD", "0"}, {"OFFLOAD_CAP_GATE_AHEAD", "4096"}, {"OFFLOAD_CAP_GATE_AHEAD", "many"}, {"OFFLOAD_CAP_AHEAD_HORIZON", "1"},
       {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"},
       {"OFFLOAD_HOST_AHEAD", "on"}, {"OFFLOAD_HOST_AHEAD", "1MiB"}, {"OFFLOAD_HOST_AHEAD", "-1GiB"},
   };

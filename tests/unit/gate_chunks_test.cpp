@@ -50,5 +50,26 @@ TEST(GateChunks, ChunksGoBackToTheGatesSizeOnceTheLinkCatchesUp) {
   EXPECT_EQ(g.next(later, 3 * kMiB), 3 * kMiB);
 }
 
+// OFFLOAD_CAP_GATE_AHEAD: more chunks of the gate's size before they widen, and no chunk wider
+// than an `ahead`-th of all that is queued, so that a grant waits for less of a chunk.
+TEST(GateChunks, MoreAheadKeepsTheChunksNarrower) {
+  for (uint32_t ahead : {8u, 32u, 128u}) {
+    GateChunks g(4 * kMiB, ahead);
+    const std::vector<uint64_t> c = chunks_of(g, 1'000, 8192 * kMiB);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      sum += c[i];
+      EXPECT_EQ(c[i] % (4 * kMiB), 0u) << ahead << " " << i;
+      EXPECT_LE(c[i], 8192 * kMiB / ahead) << ahead << " " << i;  // never more than a share of it all
+    }
+    EXPECT_EQ(sum, 8192 * kMiB) << ahead;
+    for (size_t i = 0; i <= ahead; ++i) EXPECT_EQ(c[i], 4 * kMiB) << ahead << " " << i;
+    EXPECT_EQ(c[ahead + 1], 8 * kMiB) << ahead;
+    EXPECT_GE(c.size(), size_t{ahead}) << ahead;
+  }
+  GateChunks narrow(4 * kMiB, 128), wide(4 * kMiB, 32);
+  EXPECT_GT(chunks_of(narrow, 1'000, 8192 * kMiB).size(), chunks_of(wide, 1'000, 8192 * kMiB).size());
+}
+
 }  // namespace
 }  // namespace offload
