@@ -130,8 +130,8 @@ struct ResidencyOptions {
   // Copies out queued in chunks of this many bytes behind a gate that each access grant closes
   // (OFFLOAD_CAP_GATE; Driver::gate_copies_out), so that the grant need not wait for a copy to the
   // host. 0 (the default): off. On an H100, chunks that widen past 32 queued (4 MiB at first)
-  // took ResNet-50 6% and the reference 14% faster, the LSTM and Llama no faster, and kept
-  // Llama's and the reference's grants waiting for the wide chunks (docs/results.md).
+  // made ResNet-50 6% and the reference 14% faster, the LSTM and Llama no faster, as Llama's
+  // and the reference's grants waited for the wide chunks (docs/results.md).
   uint64_t copy_gate = 0;
   uint32_t copy_gate_ahead = 32;  // OFFLOAD_CAP_GATE_AHEAD: chunks of the gate's size queued before they widen
   enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait,
