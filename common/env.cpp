@@ -251,6 +251,11 @@ void read_cap(const SettingsReader& in, Settings& st) {
     if (const auto n = parse_count(v, 0, 1'000'000)) st.cap_prefetch_max = *n;
     else in.bad("OFFLOAD_CAP_PREFETCH_MAX", v, "a count of launches from 0 (no prefetching) to 1000000");
   }
+  if (const char* v = get("OFFLOAD_CAP_PREFETCH_GROW"); v && *v) {
+    if (std::string_view(v) == "unwasted") st.cap_prefetch_grow_unwasted = true;
+    else if (std::string_view(v) == "always") st.cap_prefetch_grow_unwasted = false;
+    else in.bad("OFFLOAD_CAP_PREFETCH_GROW", v, "always (a late prefetch doubles the lead) or unwasted (only with none gone out unused within the lead)");
+  }
 }
 
 }  // namespace
@@ -290,7 +295,7 @@ namespace {
 
 // Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
 constexpr const char* kKnownSettings[] = {
-    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_AHEAD_HORIZON", "OFFLOAD_CAP_GRANT", "OFFLOAD_CAP_GATE", "OFFLOAD_CAP_GATE_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_RECOMPUTE_PROBES", "OFFLOAD_CAP_RECOMPUTE_UPDATES", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_HOST_LIMIT", "OFFLOAD_HOST_AHEAD",
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_AHEAD_HORIZON", "OFFLOAD_CAP_GRANT", "OFFLOAD_CAP_GATE", "OFFLOAD_CAP_GATE_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_RECOMPUTE_PROBES", "OFFLOAD_CAP_RECOMPUTE_UPDATES", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_CAP_PREFETCH_GROW", "OFFLOAD_HOST_LIMIT", "OFFLOAD_HOST_AHEAD",
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",

@@ -248,6 +248,7 @@ void Residency::set_period(uint64_t launches) {
   asks_now_.clear();
   asks_step_ = UINT64_MAX;
   pf_lead_ = 0;
+  pf_wasted_at_ = 0;
 }
 
 }  // namespace offload

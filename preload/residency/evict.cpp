@@ -59,6 +59,7 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
   if (r.prefetched) {  // brought in ahead and going out unused: the lead outran the room
     r.prefetched = false;
     ++st_.prefetch_wasted;
+    pf_wasted_at_ = launches_seen_ + 1;
     pf_lead_ = std::max<uint64_t>(std::min<uint64_t>(8, lead_ceiling()), pf_lead_ - pf_lead_ / 4);
   }
   if (!copy_stream_) {

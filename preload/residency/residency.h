@@ -622,6 +622,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   std::vector<uint32_t> retiring_;          // freed ranges let go (let_go_freed), still mapped
   Stream prefetch_stream_ = 0;
   uint64_t pf_lead_ = 0;                    // launches ahead of a predicted use that it is reloaded
+  uint64_t pf_wasted_at_ = 0;               // 1 + the launch count when a prefetch last went out unused
   std::atomic<uint64_t> last_launch_{0};    // the last launch number any before_launch saw
   uint64_t birth_launch_ = 0, births_there_ = 0;  // allocations since that launch, for keys
   uint64_t copy_touches_ = 0;  // numbers the copy stream's touches of abandoned ranges

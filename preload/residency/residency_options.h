@@ -33,6 +33,12 @@ struct ResidencyOptions {
   // what a lead that long brings in).
   uint64_t prefetch_lead = 24;
   uint64_t prefetch_lead_max = UINT64_MAX;  // the lead's ceiling besides a quarter of the step
+  // A late prefetch doubles the lead only when none went out unused within the lead's launches
+  // before it (OFFLOAD_CAP_PREFETCH_GROW=unwasted): then the room, not the lead, ran short.
+  // Checkpointed Llama at half its peak on an H100 ended every step with the lead at its
+  // ceiling while 221-1,180 prefetches a step went out unused (docs/results.md). Off: not
+  // measured on a GPU.
+  bool lead_grow_unwasted = false;
   // The largest physical handle made: a range is backed by handles of this size and one for
   // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
   // backs only a range of its size.

@@ -827,7 +827,8 @@ struct FortyLaunchSteps {
   CapRig r;
   DevPtr x = 0, y = 0, z = 0;
   uint64_t sink = 0;
-  explicit FortyLaunchSteps(uint64_t lead_max = UINT64_MAX, bool prefetch = true) : r(with_lead(lead_max, prefetch)) {
+  explicit FortyLaunchSteps(uint64_t lead_max = UINT64_MAX, bool prefetch = true, bool grow_unwasted = false)
+      : r(with_lead(lead_max, prefetch, grow_unwasted)) {
     x = r.alloc(kGran, kA), z = r.alloc(kGran, kA);
     r.kernel(kA, {x}, fill(x, kGran, 1));
     r.kernel(kA, {z}, fill(z, kGran, 3));
@@ -835,10 +836,11 @@ struct FortyLaunchSteps {
     r.kernel(kA, {y}, fill(y, 2 * kGran, 2));
     r.res.set_period(40);
   }
-  static Residency::Options with_lead(uint64_t lead_max, bool prefetch) {
+  static Residency::Options with_lead(uint64_t lead_max, bool prefetch, bool grow_unwasted) {
     Residency::Options o = CapRig::options(3 * kGran, Residency::Options::Fault::None);
     o.prefetch_lead_max = lead_max;
     o.prefetch = prefetch;
+    o.lead_grow_unwasted = grow_unwasted;
     return o;
   }
   void launch(uint64_t i) {
@@ -917,6 +919,44 @@ TEST(Residency, APrefetchEvictedUnusedShortensTheLead) {
   for (uint64_t i = 23; i < 40; ++i) t.launch(i);
   r.sim.run_all();
   EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+}
+
+// OFFLOAD_CAP_PREFETCH_GROW=unwasted: a prefetch still copying at its use, within the lead's
+// launches of one that went out unused, leaves the lead as it is (the room ran short, not the
+// lead); by default it doubles the lead (up to a quarter of the step). The bytes read are the
+// same either way.
+TEST(Residency, ALatePrefetchSoonAfterAWastedOneLeavesTheLeadWhenGrowingIsUnwasted) {
+  uint64_t sinks[2] = {};
+  for (bool unwasted : {false, true}) {
+    FortyLaunchSteps t(UINT64_MAX, true, unwasted);
+    CapRig& r = t.r;
+    t.to_x_prefetched();
+    const DevPtr w = r.alloc(3 * kGran, kA);  // the whole budget: x goes out unused
+    ASSERT_NE(w, 0u) << r.res.error();
+    r.free(w, kA);
+    const Residency::Stats wasted = r.res.stats();
+    ASSERT_GT(wasted.prefetch_wasted, 0u);
+    r.sim.run_all();  // x's copy out ends: on the host again
+    r.res.poll();  // its copy out reaped
+    // Launch 22 reads z: the places up to it are looked at, and x, used at 25, is prefetched.
+    r.kernel(kA, {t.z}, [&t] { t.sink += words(t.z)[0]; });
+    t.launch(23);
+    r.kernel(kA, {}, [] {});  // launch 24, the GPU not caught up: x's copy in has not run
+    ASSERT_EQ(r.res.state_of(t.x), Residency::State::CopyingIn) << unwasted;
+    const Residency::Stats before = r.res.stats();
+    t.launch(25);  // uses x
+    const Residency::Stats after = r.res.stats();
+    EXPECT_EQ(after.prefetch_late, before.prefetch_late + 1) << unwasted;
+    // The late prefetches since the waste doubled the lead up to its
+    // ceiling by default, and left it where the waste put it with growing unwasted.
+    if (unwasted) EXPECT_EQ(after.prefetch_lead, wasted.prefetch_lead);
+    else EXPECT_GT(after.prefetch_lead, wasted.prefetch_lead);
+    for (uint64_t i = 26; i < 40; ++i) t.launch(i);
+    r.sim.run_all();
+    EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+    sinks[unwasted] = t.sink;
+  }
+  EXPECT_EQ(sinks[0], sinks[1]);
 }
 
 // A range prefetched and going out before any launch touched it still has its bytes on the host:
