@@ -53,7 +53,7 @@ class CudaDriver final : public Driver {
   bool grant(DevPtr va, uint64_t bytes) override;
   std::atomic<uint64_t>* grant_word() override;
   bool stream_wait_word(Stream s, uint64_t value) override;
-  // The copy gate (cuda_gate.cpp): three words in registered host memory, made on the first call.
+  // The copy gate (cuda_gate.cpp): one word in registered host memory, made on the first call.
   bool gate_copies_out(Stream s, uint64_t chunk, uint32_t ahead) override;
   GateCounts gate_counts() override;
   Stream create_stream() override;

@@ -51,7 +51,6 @@ bool list_step_files(const std::string& path, std::vector<fs::path>* files) {
   return !files->empty();
 }
 
-
 // One recorded step, as trace show prints it.
 struct StepRow {
   std::string file;

@@ -633,8 +633,8 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->low_water = s.cap_ahead_bytes;
   o->low_share = s.cap_ahead_share;
   o->prefetch = s.cap_prefetch_max != 0;
-  o->prefetch_lead_max = s.cap_prefetch_max;
-  o->lead_grow_unwasted = s.cap_prefetch_grow_unwasted;  // kQuarterStep: no ceiling but the step's quarter
+  o->prefetch_lead_max = s.cap_prefetch_max;  // kQuarterStep: no ceiling but the step's quarter
+  o->lead_grow_unwasted = s.cap_prefetch_grow_unwasted;
 }
 
 }  // namespace offload

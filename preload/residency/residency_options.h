@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "core/gate_chunks.h"
+
 namespace offload {
 
 inline constexpr double kGiB = double(1ull << 30);  // bytes in a GiB, for messages
@@ -139,7 +141,7 @@ struct ResidencyOptions {
   // made ResNet-50 6% and the reference 14% faster, the LSTM and Llama no faster, as Llama's
   // and the reference's grants waited for the wide chunks (docs/results.md).
   uint64_t copy_gate = 0;
-  uint32_t copy_gate_ahead = 32;  // OFFLOAD_CAP_GATE_AHEAD: chunks of the gate's size queued before they widen
+  uint32_t copy_gate_ahead = GateChunks::kAhead;  // OFFLOAD_CAP_GATE_AHEAD: chunks of the gate's size queued before they widen
   enum class Fault : uint8_t { None, SkipEvictWait, SkipGivenWait, SkipRefitFreeCheck, IgnoreCapture, SkipReloadWait,
                              RecomputeIgnoreVersions, RecomputeIgnoreNames, RecomputeIgnoreWrites,
                              RecomputeUnchecked, RecomputeSkipInputWait, RecomputeSkipReadOrder, RecomputeFreshByHash,
