@@ -186,41 +186,50 @@ bool Residency::let_go_cached() {
 void Residency::prefetch_due(uint64_t launch_no) {
   if (!period_ || !o_.prefetch) return;
   if (!pf_lead_) pf_lead_ = std::min(o_.prefetch_lead, lead_ceiling());
+  pf_due_.clear();
   for (uint32_t k = 0; k < slots_.size(); ++k) {
-    Range& r = slots_[k];
+    const Range& r = slots_[k];
     // A dropped range is made again where it is used: made ahead with its inputs, the recorded
     // steps moved more bytes in the replay (docs/results.md).
     if (!r.live || r.state != State::OnHost || r.dropped) continue;
     uint64_t d = 0;
-    if (!predicted_next_use(r, launch_no, &d) || d > pf_lead_) continue;
-    // A kernel not checked yet is made again, and checked, with its inputs brought back first, as
-    // a demand reload does: a range prefetched is never reloaded on demand, and a kernel never
-    // made again is never trusted, so nothing it makes is ever dropped.
-    // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
-    // Without room for its inputs as well it waits while its use is further than the next launch
-    // (looking, not letting freed ranges go: that unmaps), then takes what room there is, or is
-    // copied in as any other.
-    bool check = o_.recompute && o_.fault != Options::Fault::RecomputeNoCheckAhead && rc_check_wanted(k);
-    if (check && d > 1 && !fits(rc_restore_bytes(k))) {
-      ++st_.prefetch_no_room;
-      continue;
-    }
-    if (check && d <= 1 && !room_without_waiting(rc_restore_bytes(k))) check = false;
-    if (!check && !room_without_waiting(r.bytes)) {
-      ++st_.prefetch_no_room;
-      continue;
-    }
-    if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
-    std::string why;
-    const uint64_t copies = st_.reloads, in = st_.bytes_in;
-    if (!(check ? rc_restore(k, prefetch_stream_, nullptr, 0, &why) : reload(k, prefetch_stream_, &why, true))) continue;
-    // What was copied in (it, its inputs), a prefetch, not a demand reload.
-    st_.prefetches += std::max<uint64_t>(st_.reloads - copies, 1);
-    st_.prefetch_bytes += std::max(st_.bytes_in - in, r.bytes);
-    st_.reloads = copies;
-    st_.bytes_in = in;
-    r.prefetched = true;
+    if (predicted_next_use(r, launch_no, &d) && d <= pf_lead_) pf_due_.push_back({d, k});
   }
+  if (o_.prefetch_nearest) std::stable_sort(pf_due_.begin(), pf_due_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [d, k] : pf_due_) prefetch_one(k, d);
+}
+
+void Residency::prefetch_one(uint32_t k, uint64_t d) {
+  Range& r = slots_[k];
+  // A range due earlier in this pass may have been brought back already as this one's input.
+  if (!r.live || r.state != State::OnHost || r.dropped) return;
+  // A kernel not checked yet is made again, and checked, with its inputs brought back first, as
+  // a demand reload does: a range prefetched is never reloaded on demand, and a kernel never
+  // made again is never trusted, so nothing it makes is ever dropped.
+  // Only into room that is free now: a prefetch never waits, nor evicts what is used sooner.
+  // Without room for its inputs as well it waits while its use is further than the next launch
+  // (looking, not letting freed ranges go: that unmaps), then takes what room there is, or is
+  // copied in as any other.
+  bool check = o_.recompute && o_.fault != Options::Fault::RecomputeNoCheckAhead && rc_check_wanted(k);
+  if (check && d > 1 && !fits(rc_restore_bytes(k))) {
+    ++st_.prefetch_no_room;
+    return;
+  }
+  if (check && d <= 1 && !room_without_waiting(rc_restore_bytes(k))) check = false;
+  if (!check && !room_without_waiting(r.bytes)) {
+    ++st_.prefetch_no_room;
+    return;
+  }
+  if (!prefetch_stream_) prefetch_stream_ = d_.create_stream();
+  std::string why;
+  const uint64_t copies = st_.reloads, in = st_.bytes_in;
+  if (!(check ? rc_restore(k, prefetch_stream_, nullptr, 0, &why) : reload(k, prefetch_stream_, &why, true))) return;
+  // What was copied in (it, its inputs), a prefetch, not a demand reload.
+  st_.prefetches += std::max<uint64_t>(st_.reloads - copies, 1);
+  st_.prefetch_bytes += std::max(st_.bytes_in - in, r.bytes);
+  st_.reloads = copies;
+  st_.bytes_in = in;
+  r.prefetched = true;
 }
 
 void Residency::set_period(uint64_t launches) {

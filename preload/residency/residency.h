@@ -368,7 +368,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void note_death(const Range& r);           // a short life's uses become the prediction at its place
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
-  void prefetch_due(uint64_t launch_no);
+  void prefetch_due(uint64_t launch_no);  // each range due, through prefetch_one (`d`: launches to its use)
+  void prefetch_one(uint32_t k, uint64_t d);
   // Freed ranges kept for reuse, one let go for room (false: none kept); with keep_asked and the
   // period known, the one whose size the step asks for again furthest ahead. note_ask records an
   // allocation's size where in the step it is asked for; next_ask: launches until the step before
@@ -631,7 +632,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Sizes allocated in the step before and in this one -> where in the step (launch % period), in order.
   std::unordered_map<uint64_t, std::vector<uint32_t>> asks_prev_, asks_now_;
   uint64_t asks_step_ = UINT64_MAX;
-  std::vector<uint32_t> victims_;           // scratch
+  std::vector<uint32_t> victims_; std::vector<std::pair<uint64_t, uint32_t>> pf_due_;  // scratch
   Stats st_;
   std::string error_;
   Namer namer_ = nullptr;
@@ -693,8 +694,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
 // The manager's counters as JSON (offload_stats_json's "residency"); "null" for none.
 std::string residency_json(const Residency* r);
 
-// The manager's policy from the shim's OFFLOAD_CAP_* settings onto `o`: pieces, tiling, refits
-// and prefetching. The shim and `offloadctl replay --cap` both take it from here.
+// The manager's policy from the shim's OFFLOAD_CAP_* settings onto `o` (pieces, tiling, refits,
+// prefetching), for the shim and `offloadctl replay --cap` alike.
 void apply_cap_policy(const Settings& s, Residency::Options* o);
 
 }  // namespace offload

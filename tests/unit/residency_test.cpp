@@ -959,6 +959,64 @@ TEST(Residency, ALatePrefetchSoonAfterAWastedOneLeavesTheLeadWhenGrowingIsUnwast
   EXPECT_EQ(sinks[0], sinks[1]);
 }
 
+// OFFLOAD_CAP_PREFETCH_ORDER=nearest: of two ranges due for a prefetch at once with room for one,
+// the one used sooner is brought back; in the order the ranges were made (the default) the one
+// made first is, though it is used later. Steps of 40 launches on a budget of three granules:
+// `big` (three granules) is made at the first launch and freed, and `tmp` (two) made there and
+// freed at the 20th, so that `far` and `near` (one granule each) are both out and one granule is
+// free from the second launch; `near` is used at the 4th, `far` at the 6th. The bytes read are
+// the same either way.
+TEST(Residency, PrefetchesDueTogetherGoNearestUseFirstWhenOrderedByUse) {
+  uint64_t sinks[2] = {};
+  for (bool nearest : {false, true}) {
+    Residency::Options o = CapRig::options(3 * kGran, Residency::Options::Fault::None);
+    o.prefetch_nearest = nearest;
+    CapRig r(o);
+    const DevPtr far = r.alloc(kGran, kA), near = r.alloc(kGran, kA);  // far's slot comes first
+    r.kernel(kA, {far}, fill(far, kGran, 1));
+    r.kernel(kA, {near}, fill(near, kGran, 2));
+    r.res.set_period(40);
+    uint64_t& sink = sinks[nearest];
+    DevPtr tmp = 0;
+    uint64_t near_back = 0, far_back = 0;  // steps where, after the second launch, each was not on the host
+    for (int step = 0; step < 6; ++step)
+      for (uint64_t i = 0; i < 40; ++i) {
+        if (i == 0) {
+          const DevPtr big = r.alloc(3 * kGran, kA);
+          ASSERT_NE(big, 0u) << r.res.error();
+          r.kernel(kA, {big}, fill(big, 3 * kGran, 3));
+          r.free(big, kA);
+          tmp = r.alloc(2 * kGran, kA);
+          ASSERT_NE(tmp, 0u) << r.res.error();
+          r.kernel(kA, {tmp}, fill(tmp, 2 * kGran, 4));
+          r.sim.run_all();  // the copies out end: both are on the host before the second launch
+          r.res.poll();
+        } else if (i == 1 || i == 20) {
+          r.kernel(kA, {tmp}, [&sink, tmp] { sink += words(tmp)[0]; });
+          if (i == 20) r.free(tmp, kA);
+        } else if (i == 3 || i == 5) {
+          const DevPtr p = i == 3 ? near : far;
+          r.kernel(kA, {p}, [&sink, p] { sink += words(p)[0]; });
+        } else if (i < 39) {  // the first place launched two: forty a step
+          r.kernel(kA, {}, [] {});
+        }
+        if (i == 1 && step >= 2) {
+          const bool near_in = r.res.state_of(near) != Residency::State::OnHost;
+          const bool far_in = r.res.state_of(far) != Residency::State::OnHost;
+          ASSERT_NE(near_in, far_in) << "room for one of them, step " << step;
+          near_back += near_in;
+          far_back += far_in;
+        }
+        if (i % 5 == 4) r.sim.run_all();
+      }
+    r.sim.run_all();
+    EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+    if (nearest) EXPECT_EQ(near_back, 4u) << "far " << far_back;
+    else EXPECT_EQ(far_back, 4u) << "near " << near_back;
+  }
+  EXPECT_EQ(sinks[0], sinks[1]);
+}
+
 // A range prefetched and going out before any launch touched it still has its bytes on the host:
 // nothing is copied out, and they come back intact. Once a launch touched it (here one writing
 // it), it goes out with a copy, and its new bytes come back.
