@@ -49,7 +49,7 @@ void* HostStore::take(uint64_t bytes, bool grow) {
   if (void* p = take_locked(bytes)) return p;
   if (!grow) return nullptr;
   // Out of room: a chunk more.
-  const uint64_t size = bytes > o_.pin_piece ? bytes : std::max(bytes, o_.chunk_bytes);
+  const uint64_t size = chunk_for(bytes);
   if (st_.mapped + growing_ + size > o_.limit) {
     ++st_.refused;
     return nullptr;
@@ -67,6 +67,15 @@ void* HostStore::take(uint64_t bytes, bool grow) {
   }
   add_free(m.base, size, c);
   return take_locked(bytes);
+}
+
+uint64_t HostStore::chunk_for(uint64_t bytes) const {
+  // Rounded up to whole chunks: slots a little apart in size (a checkpointed Llama's 1,008, 1,010
+  // and 1,024 MiB ones on an H100) then take one chunk in turn, where chunks of their exact sizes
+  // grew the store by one each, a GiB a step with its most bytes in use flat (docs/results.md).
+  if (bytes <= o_.chunk_bytes) return o_.chunk_bytes;
+  const uint64_t whole = round_to(bytes, o_.chunk_bytes);
+  return bytes > o_.pin_piece ? whole : std::min(whole, o_.pin_piece);  // at most one registration
 }
 
 void* HostStore::take_locked(uint64_t bytes) {
@@ -152,16 +161,16 @@ void HostStore::note_made(const Made& m) {
 
 uint64_t HostStore::ahead_size_locked(uint64_t reserve) const {
   const uint64_t free = st_.mapped - st_.in_use;
-  if (free < reserve) return std::max(o_.chunk_bytes, largest_asked_);  // both at most pin_piece
+  if (free < reserve) return chunk_for(largest_asked_);  // at most pin_piece
   if (free >= 2 * reserve) return 0;
   // Room that cannot serve the largest slots asked for: a slot of several chunks is given a chunk
   // of its own on the evicting thread while smaller blocks lie free (on the H200, 1-5 GiB mapped
   // past the most held, beside the reference's large slots; docs/results.md), and a slot over
   // pin_piece one of its own size.
   const uint64_t largest_free = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
-  if (largest_free < largest_asked_) return largest_asked_;
+  if (largest_free < largest_asked_) return chunk_for(largest_asked_);
   if (largest_big_asked_ && (free_big_.empty() || free_big_.rbegin()->first < largest_big_asked_))
-    return largest_big_asked_;
+    return chunk_for(largest_big_asked_);
   return 0;
 }
 

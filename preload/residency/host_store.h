@@ -4,13 +4,13 @@
 // is becomes known only as the process allocates. The store maps anonymous memory in chunks
 // (pinned with Driver::pin_host, which faults them in, in pieces of at most `pin_piece` bytes:
 // one huge registration fails or takes minutes) and hands out slots inside them. A slot never
-// spans two chunks; a slot larger than a chunk gets a chunk of its own. Inside the chunks, slots
-// are placed best fit and freed slots merge with free neighbours of the same chunk, so that a
-// step whose mix of sizes out at once changes (a plan's prefetches and early evictions do) is
-// served from room already pinned: with slots reused by exact size only, the recorded steps'
-// stores grew 15-66% past their most bytes in use (`offloadctl replay --cap`, host_mapped_bytes
-// against host_peak_bytes; docs/results.md), and every byte of growth is pinned on the thread
-// that evicts. A slot over pin_piece takes a whole free chunk of at most twice its size.
+// spans two chunks; a slot larger than a chunk gets one of its own (its size in whole chunks).
+// Inside the chunks, slots are placed best fit and freed slots merge with free neighbours of the
+// same chunk, so that a step whose mix of sizes out at once changes (a plan's prefetches and
+// early evictions do) is served from room already pinned: with slots reused by exact size only,
+// the recorded steps' stores grew 15-66% past their most bytes in use (`offloadctl replay
+// --cap`, host_mapped_bytes against host_peak_bytes; docs/results.md), and every byte of growth
+// is pinned on the thread that evicts. A slot over pin_piece takes a whole free chunk of at most twice its size.
 //
 // A copy never spans two pinned registrations (a driver may take such a copy for pinned memory
 // it is not): a chunk of at most pin_piece is one registration, and a larger one holds one
@@ -104,6 +104,7 @@ class HostStore {
     BySize::iterator by_size;
   };
   void* take_locked(uint64_t bytes);
+  uint64_t chunk_for(uint64_t bytes) const;  // the chunk made for a slot that finds no room
   uint64_t ahead_size_locked(uint64_t reserve) const;  // the chunk grow_ahead() makes; 0: none
   void note_taken(uint64_t bytes);
   void add_free(unsigned char* p, uint64_t bytes, uint32_t chunk);
