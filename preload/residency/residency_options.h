@@ -38,14 +38,15 @@ struct ResidencyOptions {
   // A late prefetch doubles the lead only when none went out unused within the lead's launches
   // before it (OFFLOAD_CAP_PREFETCH_GROW=unwasted): then the room, not the lead, ran short.
   // Checkpointed Llama at half its peak on an H100 ended every step with the lead at its
-  // ceiling while 221-1,180 prefetches a step went out unused (docs/results.md). Off: not
-  // measured on a GPU.
+  // ceiling while 221-1,180 prefetches a step went out unused (docs/results.md). Off: on an
+  // H100 no family's step was faster with it, and as many prefetches came late.
   bool lead_grow_unwasted = false;
   // Ranges due for a prefetch go out nearest predicted use first (OFFLOAD_CAP_PREFETCH_ORDER=
   // nearest), so that the free room and the copy stream's queue serve the range needed soonest;
   // false (the default), in the order the ranges were made, where a range used hundreds of
   // launches on can take the room, and the link, ahead of one used next (a late prefetch then
-  // lengthens the lead, which queues more ahead of it). Not measured on a GPU yet.
+  // lengthens the lead, which queues more ahead of it). On an H100 no family gained, and as many
+  // prefetches came late (docs/results.md).
   bool prefetch_nearest = false;
   // The largest physical handle made: a range is backed by handles of this size and one for
   // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
