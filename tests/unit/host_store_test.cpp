@@ -32,6 +32,15 @@ struct MappedDevice {
   bool mapped = false;
 };
 
+// Chunks of 1 MiB, registrations of at most `pin_piece`, and `limit` bytes at most.
+HostStore::Options mib_chunks(uint64_t pin_piece, uint64_t limit) {
+  HostStore::Options o;
+  o.chunk_bytes = 1 << 20;
+  o.pin_piece = pin_piece;
+  o.limit = limit;
+  return o;
+}
+
 TEST(HostStore, ReusesSlotsAndRefusesPastItsLimit) {
   SimDriver sim;
   HostStore::Options o;
@@ -236,11 +245,7 @@ TEST(HostStore, GrowsAheadToItsReserveAndTakesPinNothingThen) {
 // one while none of its free blocks holds it, within twice the reserve.
 TEST(HostStore, GrowsAheadInChunksThatHoldTheLargestSlotAskedFor) {
   SimDriver sim;
-  HostStore::Options o;
-  o.chunk_bytes = 1 << 20;
-  o.pin_piece = 4 << 20;
-  o.limit = 64 << 20;
-  HostStore h(sim, o);
+  HostStore h(sim, mib_chunks(4 << 20, 64 << 20));
   void* big = h.take(3 << 20);  // a chunk of its own, made where it was asked for
   ASSERT_NE(big, nullptr);
   EXPECT_EQ(h.grow_ahead(2 << 20), 3u << 20) << "a chunk as large as the largest slot";
@@ -303,11 +308,7 @@ TEST(HostStore, SlotsOverAPinPieceTakeWholeChunksUpToTwiceTheirSizeAndAreGrownAh
 // made a chunk each, of their exact sizes), over a pin piece as under it.
 TEST(HostStore, SlotsALittleApartInSizeTakeOneChunkInTurn) {
   SimDriver sim;
-  HostStore::Options o;
-  o.chunk_bytes = 1 << 20;
-  o.pin_piece = 4 << 20;
-  o.limit = 64 << 20;
-  HostStore h(sim, o);
+  HostStore h(sim, mib_chunks(4 << 20, 64 << 20));
   for (uint64_t base : {uint64_t(2) << 20, uint64_t(6) << 20}) {  // under a pin piece, then over one
     const uint64_t mapped = h.stats().mapped;
     for (uint64_t bytes : {base - (16 << 10), base - (8 << 10), base}) {
