@@ -196,10 +196,10 @@ void Residency::prefetch_due(uint64_t launch_no) {
     if (predicted_next_use(r, launch_no, &d) && d <= pf_lead_) pf_due_.push_back({d, k});
   }
   if (o_.prefetch_nearest) std::stable_sort(pf_due_.begin(), pf_due_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [d, k] : pf_due_) prefetch_one(k, d);
+  for (const auto& [d, k] : pf_due_) prefetch_one(k, d, launch_no);
 }
 
-void Residency::prefetch_one(uint32_t k, uint64_t d) {
+void Residency::prefetch_one(uint32_t k, uint64_t d, uint64_t launch_no) {
   Range& r = slots_[k];
   // A range due earlier in this pass may have been brought back already as this one's input.
   if (!r.live || r.state != State::OnHost || r.dropped) return;
@@ -230,6 +230,7 @@ void Residency::prefetch_one(uint32_t k, uint64_t d) {
   st_.reloads = copies;
   st_.bytes_in = in;
   r.prefetched = true;
+  r.pf_at = launch_no;
 }
 
 void Residency::set_period(uint64_t launches) {

@@ -406,10 +406,14 @@ void Residency::mark_touched(uint32_t k, Stream s, uint64_t launch_no, InFlight&
   if (r.prefetched) {
     r.prefetched = false;
     ++st_.prefetch_hits;
+    const uint64_t lead = launch_no - std::min(launch_no, r.pf_at);
+    st_.prefetch_hit_lead += lead;
     // Still copying when its launch came: prefetches start twice as early from now on, unless
     // (lead_grow_unwasted) one went out unused within the lead's launches before it.
     if (r.state == State::CopyingIn && query_event(r.copy_event) != 1) {
       ++st_.prefetch_late;
+      st_.prefetch_late_lead += lead;
+      st_.prefetch_late_out += r.pf_at - std::min(r.pf_at, r.out_at);
       const bool wasted_near = o_.lead_grow_unwasted && pf_wasted_at_ && launch_no < pf_wasted_at_ + pf_lead_;
       if (!wasted_near) pf_lead_ = std::min(2 * pf_lead_, lead_ceiling());
     }

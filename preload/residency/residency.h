@@ -230,7 +230,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     bool out_ahead = false;
     uint32_t out_next = 0;
     uint32_t out_lead = 0, out_lag = 0;  // lead_reach() and out_lag_ then (capped), for Stats
-    uint64_t out_at = 0;        // the launches seen when its copy out was started
+    uint64_t out_at = 0, pf_at = 0;  // the launches seen when its copy out, and its prefetch, started
     // Options::recompute: born and not yet touched; bumped at each new life and at every launch
     // that may write it; the launch that produced it (rc_.producers), -1: none known.
     bool fresh = false;
@@ -368,7 +368,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void note_death(const Range& r);           // a short life's uses become the prediction at its place
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
-  void prefetch_due(uint64_t launch_no);  void prefetch_one(uint32_t k, uint64_t d);  // d: launches to its use
+  void prefetch_due(uint64_t launch_no);  void prefetch_one(uint32_t k, uint64_t d, uint64_t launch_no);  // d: to its use
   // Freed ranges kept for reuse, one let go for room (false: none kept); with keep_asked and the
   // period known, the one whose size the step asks for again furthest ahead. note_ask records an
   // allocation's size where in the step it is asked for; next_ask: launches until the step before

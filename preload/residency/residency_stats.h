@@ -48,6 +48,11 @@ struct ResidencyStats {
   uint64_t ahead = 0, ahead_bytes = 0;     // evictions started ahead of need
   uint64_t prefetches = 0, prefetch_bytes = 0, prefetch_hits = 0;  // reloads ahead of use, and used
   uint64_t prefetch_late = 0;              // used before their copy was known complete
+  // Launches from a prefetch to its use, summed over the prefetches used and over the late ones;
+  // and for the late ones, from the start of the copy out that put the range on the host to its
+  // prefetch: a late one prefetched soon after it went out was evicted too near its use, which
+  // no longer lead would help.
+  uint64_t prefetch_hit_lead = 0, prefetch_late_lead = 0, prefetch_late_out = 0;
   uint64_t prefetch_wasted = 0;            // evicted again before their use
   uint64_t clean_out = 0, clean_out_bytes = 0;  // evictions with nothing to copy: unused prefetches, whose host copy was kept
   uint64_t clean_handovers = 0;                 // of them, handed on: the taker waits for the copy in alone

@@ -136,6 +136,21 @@ def host_growth(r):
             d("host_pin_ns") / n / 1e6, d("host_ahead") / GiB, d("host_ahead_ns") / n / 1e6)
 
 
+def prefetch_leads(r):
+    """Prefetches over the steady steps: used and late a step, the mean launches from a prefetch to
+    its use (over those used, over the late ones) and, for the late ones, from the start of the copy
+    out that put the range on the host to its prefetch; None without the counters."""
+    c = steady_counters(r)
+    if not c or "prefetch_hit_lead" not in c[1]:
+        return None
+    a, b, n = c
+    d = lambda k: b.get(k, 0) - a.get(k, 0)
+    hits, late = d("prefetch_hits"), d("prefetch_late")
+    mean = lambda k, m: d(k) / m if m else float("nan")
+    return (hits / n, late / n, mean("prefetch_hit_lead", hits), mean("prefetch_late_lead", late),
+            mean("prefetch_late_out", late))
+
+
 def bound_ms(plain_ms, out_b, in_b, link):
     fwd, bwd = plain_ms / 3, plain_ms * 2 / 3
     return max(fwd, out_b / (link["d2h_gbps"] * 1e6)) + max(bwd, in_b / (link["h2d_gbps"] * 1e6))
@@ -206,6 +221,13 @@ def main(paths):
         for w, name, g in grown:
             print(f"| {w} | {name} | " + " | ".join(f"{v:.2f}" if i < 4 or i == 5 else f"{v:.1f}"
                                                   for i, v in enumerate(g)) + " |")
+    leads = [(w, name, p) for w, name, r, _ in split if (p := prefetch_leads(r))]
+    if leads:
+        print("\nPrefetches over the steady steps (a step; means in launches):\n")
+        print("| workload | run | used | late | prefetch to use | late: prefetch to use | late: out to prefetch |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for w, name, p in leads:
+            print(f"| {w} | {name} | " + " | ".join(f"{v:.0f}" for v in p) + " |")
     if link:
         print(f"\nLink: H2D {link['h2d_gbps']:.2f} GB/s, D2H {link['d2h_gbps']:.2f} GB/s (scripts/bench/link.py).")
 

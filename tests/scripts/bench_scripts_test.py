@@ -352,7 +352,8 @@ def check_budget_report():
     residency counters split its steady steps (the fourth to the seventh): 80 ms of host time in
     the manager and 40 mappings over four steps are 20.0 ms and 10 a step. Its fifth step took a
     range back, predicted and used 400 launches on, evicted with the lead at 8 and out_lag 3,
-    waited for 450 ms. Exit 1 otherwise."""
+    waited for 450 ms. Its 40 prefetches used over those steps (8 late) are 10 and 2 a step.
+    Exit 1 otherwise."""
     def run(name, ms, losses, budget="", peak=5 << 30):
         return name, {"workload": "w", "budget_env": budget, "step_ms": [900.0] + [ms] * 6,
                       "losses": losses, "param_hash": "h" + str(losses[0]), "peak_rise": peak, "error": None}
@@ -363,10 +364,12 @@ def check_budget_report():
         capped[1]["step_ms"] = [900.0, 110.0, 110.0, 105.0, 110.0, 120.0, 110.0]
         G = 1 << 30
         capped[1]["offload_at_3"] = {"busy_ns": 5_000_000, "maps": 7, "bytes_out": 0, "bytes_in": 0,
-                                     "host_mapped": 10 * G, "host_pin_ns": 9_000_000_000}
+                                     "host_mapped": 10 * G, "host_pin_ns": 9_000_000_000, "prefetch_hits": 0,
+                                     "prefetch_late": 0, "prefetch_hit_lead": 0, "prefetch_late_lead": 0, "prefetch_late_out": 0}
         capped[1]["offload"] = {"busy_ns": 85_000_000, "maps": 47, "bytes_out": 0, "bytes_in": 0,
                                 "host_mapped": 13 * G, "host_peak_in_use": 12 * G, "host_ahead": 2 * G,
-                                "host_pin_ns": 9_400_000_000, "host_ahead_ns": 800_000_000}
+                                "host_pin_ns": 9_400_000_000, "host_ahead_ns": 800_000_000, "prefetch_hits": 40,
+                                "prefetch_late": 8, "prefetch_hit_lead": 1200, "prefetch_late_lead": 40, "prefetch_late_out": 16}
         back = {"taken_back": 1, "taken_back_next": 400, "taken_back_after": 400, "taken_back_lead": 8,
                 "taken_back_lag": 3, "wait_abandon_ns": 450_000_000}
         capped[1]["offload_steps"] = [{}] * 4 + [back] * 3  # the fifth step's, then none more
@@ -385,6 +388,9 @@ def check_budget_report():
     # 3 GiB more over four steady steps, 2 of them made ahead (200 ms a step), 1 where needed (100 ms a step).
     expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 10\.00 \| 13\.00 \| 12\.00 \| 1\.00 \| 100\.0 \| 2\.00 \| 200\.0 \|",
                  "the host store over the steady steps")
+    # 40 prefetches used over four steady steps, 8 late: 30 launches from prefetch to use on average,
+    # 5 for the late ones, whose copies out had started 2 launches before their prefetches.
+    expect_match(failures, out, r"\| w \| ckpt-cap0\.5 \| 10 \| 2 \| 30 \| 5 \| 2 \|", "the prefetches' leads")
     if re.search(r"\| w \| ckpt-cap0\.5 \| [67] \|", out):
         failures.append("only the fifth step took a range back")
     return finish(failures)

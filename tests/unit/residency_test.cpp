@@ -947,6 +947,11 @@ TEST(Residency, ALatePrefetchSoonAfterAWastedOneLeavesTheLeadWhenGrowingIsUnwast
     t.launch(25);  // uses x
     const Residency::Stats after = r.res.stats();
     EXPECT_EQ(after.prefetch_late, before.prefetch_late + 1) << unwasted;
+    // Prefetched at launch 22, three launches before its use. Its copy out had started at the
+    // allocation of w, when the last launch seen with ranges was the 20th (z's): two before.
+    EXPECT_EQ(after.prefetch_late_lead - before.prefetch_late_lead, 3u) << unwasted;
+    EXPECT_EQ(after.prefetch_hit_lead - before.prefetch_hit_lead, 3u) << unwasted;
+    EXPECT_EQ(after.prefetch_late_out - before.prefetch_late_out, 2u) << unwasted;
     // The late prefetches since the waste doubled the lead up to its
     // ceiling by default, and left it where the waste put it with growing unwasted.
     if (unwasted) EXPECT_EQ(after.prefetch_lead, wasted.prefetch_lead);
