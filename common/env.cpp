@@ -256,6 +256,11 @@ void read_cap(const SettingsReader& in, Settings& st) {
     else if (std::string_view(v) == "always") st.cap_prefetch_grow_unwasted = false;
     else in.bad("OFFLOAD_CAP_PREFETCH_GROW", v, "always (a late prefetch doubles the lead) or unwasted (only with none gone out unused within the lead)");
   }
+  if (const char* v = get("OFFLOAD_CAP_VICTIMS"); v && *v) {
+    if (std::string_view(v) == "lru") st.cap_lru_victims = true;
+    else if (std::string_view(v) == "next-use") st.cap_lru_victims = false;
+    else in.bad("OFFLOAD_CAP_VICTIMS", v, "next-use (predicted from the step before, with prefetches) or lru (least recently used, reloads on demand only)");
+  }
   if (const char* v = get("OFFLOAD_CAP_PREFETCH_ORDER"); v && *v) {
     if (std::string_view(v) == "nearest") st.cap_prefetch_nearest = true;
     else if (std::string_view(v) == "slots") st.cap_prefetch_nearest = false;
@@ -300,7 +305,7 @@ namespace {
 
 // Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
 constexpr const char* kKnownSettings[] = {
-    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_AHEAD_HORIZON", "OFFLOAD_CAP_GRANT", "OFFLOAD_CAP_GATE", "OFFLOAD_CAP_GATE_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_RECOMPUTE_PROBES", "OFFLOAD_CAP_RECOMPUTE_UPDATES", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_CAP_PREFETCH_GROW", "OFFLOAD_CAP_PREFETCH_ORDER", "OFFLOAD_HOST_LIMIT", "OFFLOAD_HOST_AHEAD",
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_AHEAD_HORIZON", "OFFLOAD_CAP_GRANT", "OFFLOAD_CAP_GATE", "OFFLOAD_CAP_GATE_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_RECOMPUTE_PROBES", "OFFLOAD_CAP_RECOMPUTE_UPDATES", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_CAP_PREFETCH_GROW", "OFFLOAD_CAP_PREFETCH_ORDER", "OFFLOAD_CAP_VICTIMS", "OFFLOAD_HOST_LIMIT", "OFFLOAD_HOST_AHEAD",
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",

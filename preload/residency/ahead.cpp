@@ -235,6 +235,7 @@ void Residency::prefetch_one(uint32_t k, uint64_t d, uint64_t launch_no) {
 
 void Residency::set_period(uint64_t launches) {
   std::lock_guard<std::mutex> lk(mu_);
+  if (o_.lru_victims) launches = 0;  // Options::lru_victims: as before a period is found
   // A training step touches most of what lives across it (weights, optimizer state): a
   // "step" that leaves most live bytes untouched is a repeating part of one (a recurrent
   // net's time step), and predictions from it would be wrong. Least recently used then.

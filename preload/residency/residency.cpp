@@ -636,6 +636,7 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->prefetch_lead_max = s.cap_prefetch_max;  // kQuarterStep: no ceiling but the step's quarter
   o->lead_grow_unwasted = s.cap_prefetch_grow_unwasted;
   o->prefetch_nearest = s.cap_prefetch_nearest;
+  o->lru_victims = s.cap_lru_victims;
 }
 
 }  // namespace offload

@@ -827,8 +827,9 @@ struct FortyLaunchSteps {
   CapRig r;
   DevPtr x = 0, y = 0, z = 0;
   uint64_t sink = 0;
-  explicit FortyLaunchSteps(uint64_t lead_max = UINT64_MAX, bool prefetch = true, bool grow_unwasted = false)
-      : r(with_lead(lead_max, prefetch, grow_unwasted)) {
+  explicit FortyLaunchSteps(uint64_t lead_max = UINT64_MAX, bool prefetch = true, bool grow_unwasted = false,
+                            bool lru = false)
+      : r(with_lead(lead_max, prefetch, grow_unwasted, lru)) {
     x = r.alloc(kGran, kA), z = r.alloc(kGran, kA);
     r.kernel(kA, {x}, fill(x, kGran, 1));
     r.kernel(kA, {z}, fill(z, kGran, 3));
@@ -836,11 +837,12 @@ struct FortyLaunchSteps {
     r.kernel(kA, {y}, fill(y, 2 * kGran, 2));
     r.res.set_period(40);
   }
-  static Residency::Options with_lead(uint64_t lead_max, bool prefetch, bool grow_unwasted) {
+  static Residency::Options with_lead(uint64_t lead_max, bool prefetch, bool grow_unwasted, bool lru) {
     Residency::Options o = CapRig::options(3 * kGran, Residency::Options::Fault::None);
     o.prefetch_lead_max = lead_max;
     o.prefetch = prefetch;
     o.lead_grow_unwasted = grow_unwasted;
+    o.lru_victims = lru;
     return o;
   }
   void launch(uint64_t i) {
@@ -898,6 +900,24 @@ TEST(Residency, ThePrefetchLeadStaysUnderItsCeilingAndZeroTurnsPrefetchingOff) {
   EXPECT_EQ(off.r.res.stats().prefetches, 0u);
   EXPECT_GT(off.r.res.stats().reloads, 0u);
   EXPECT_EQ(off.sink, t.sink) << "the same bytes read either way";
+}
+
+// OFFLOAD_CAP_VICTIMS=lru: the period given is not used, so nothing is prefetched and x comes back
+// on demand at its use every step, with the same bytes read as with the period.
+TEST(Residency, WithLruVictimsThePeriodIsNotUsedAndRangesComeBackOnDemand) {
+  FortyLaunchSteps lru(UINT64_MAX, true, false, true), next_use;
+  for (FortyLaunchSteps* t : {&lru, &next_use})
+    for (int step = 0; step < 5; ++step)
+      for (uint64_t i = 0; i < 40; ++i) t->launch(i);
+  for (FortyLaunchSteps* t : {&lru, &next_use}) t->r.sim.run_all();
+  const Residency::Stats s = lru.r.res.stats(), n = next_use.r.res.stats();
+  EXPECT_EQ(s.period, 0u);
+  EXPECT_EQ(s.prefetches, 0u);
+  EXPECT_GE(s.reloads, 5u) << "x, at least, on demand every step";
+  EXPECT_EQ(n.period, 40u);
+  EXPECT_GT(n.prefetches, 0u);
+  EXPECT_EQ(lru.sink, next_use.sink);
+  EXPECT_LE(lru.r.sim.vmm_stats().physical_peak, 3 * kGran);
 }
 
 // A prefetched range that goes out again before its use means the lead brought it in too soon
