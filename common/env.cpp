@@ -90,6 +90,15 @@ struct SettingsReader {
     else if (s == "0" || s == "false") on = false;
     else bad(var, v, "0, 1, true or false");
   }
+  // One of two words: `off` leaves the setting off (the default), `on` turns it on; anything
+  // else is said, with what each means.
+  void choice(const char* var, const char* off, const char* on, bool& set, const char* accepted) const {
+    const char* v = get(var);
+    if (!v || !*v) return;
+    if (std::string_view(v) == on) set = true;
+    else if (std::string_view(v) == off) set = false;
+    else bad(var, v, accepted);
+  }
 };
 
 // The trace, telemetry, logging and daemon settings.
@@ -206,16 +215,10 @@ void read_cap(const SettingsReader& in, Settings& st) {
   in.flag("OFFLOAD_CAP_REFIT", st.cap_refit);
   in.flag("OFFLOAD_CAP_EVICT_FIRST", st.cap_evict_first);
   in.flag("OFFLOAD_CAP_KEEP_ASKED", st.cap_keep_asked);
-  if (const char* v = get("OFFLOAD_CAP_AHEAD_HORIZON"); v && *v) {
-    if (std::string_view(v) == "ceiling") st.cap_ahead_to_ceiling = true;
-    else if (std::string_view(v) == "lead") st.cap_ahead_to_ceiling = false;
-    else in.bad("OFFLOAD_CAP_AHEAD_HORIZON", v, "lead (the current prefetch lead) or ceiling (a quarter step)");
-  }
-  if (const char* v = get("OFFLOAD_CAP_GRANT"); v && *v) {
-    if (std::string_view(v) == "apart") st.cap_grant_apart = true;
-    else if (std::string_view(v) == "inline") st.cap_grant_apart = false;
-    else in.bad("OFFLOAD_CAP_GRANT", v, "inline (each mapping's access granted where it is made) or apart (on a thread of its own)");
-  }
+  in.choice("OFFLOAD_CAP_AHEAD_HORIZON", "lead", "ceiling", st.cap_ahead_to_ceiling,
+            "lead (the current prefetch lead) or ceiling (a quarter step)");
+  in.choice("OFFLOAD_CAP_GRANT", "inline", "apart", st.cap_grant_apart,
+            "inline (each mapping's access granted where it is made) or apart (on a thread of its own)");
   if (const char* v = get("OFFLOAD_CAP_GATE"); v && *v) {
     const auto size = std::string_view(v) == "off" ? std::optional<uint64_t>(0) : parse_size(v);
     if (!size || (*size && (*size < (256ull << 10) || *size > (1ull << 30))))
@@ -251,21 +254,12 @@ void read_cap(const SettingsReader& in, Settings& st) {
     if (const auto n = parse_count(v, 0, 1'000'000)) st.cap_prefetch_max = *n;
     else in.bad("OFFLOAD_CAP_PREFETCH_MAX", v, "a count of launches from 0 (no prefetching) to 1000000");
   }
-  if (const char* v = get("OFFLOAD_CAP_PREFETCH_GROW"); v && *v) {
-    if (std::string_view(v) == "unwasted") st.cap_prefetch_grow_unwasted = true;
-    else if (std::string_view(v) == "always") st.cap_prefetch_grow_unwasted = false;
-    else in.bad("OFFLOAD_CAP_PREFETCH_GROW", v, "always (a late prefetch doubles the lead) or unwasted (only with none gone out unused within the lead)");
-  }
-  if (const char* v = get("OFFLOAD_CAP_VICTIMS"); v && *v) {
-    if (std::string_view(v) == "lru") st.cap_lru_victims = true;
-    else if (std::string_view(v) == "next-use") st.cap_lru_victims = false;
-    else in.bad("OFFLOAD_CAP_VICTIMS", v, "next-use (predicted from the step before, with prefetches) or lru (least recently used, reloads on demand only)");
-  }
-  if (const char* v = get("OFFLOAD_CAP_PREFETCH_ORDER"); v && *v) {
-    if (std::string_view(v) == "nearest") st.cap_prefetch_nearest = true;
-    else if (std::string_view(v) == "slots") st.cap_prefetch_nearest = false;
-    else in.bad("OFFLOAD_CAP_PREFETCH_ORDER", v, "slots (in the order the ranges were made) or nearest (the nearest predicted use first)");
-  }
+  in.choice("OFFLOAD_CAP_PREFETCH_GROW", "always", "unwasted", st.cap_prefetch_grow_unwasted,
+            "always (a late prefetch doubles the lead) or unwasted (only with none gone out unused within the lead)");
+  in.choice("OFFLOAD_CAP_VICTIMS", "next-use", "lru", st.cap_lru_victims,
+            "next-use (predicted from the step before, with prefetches) or lru (least recently used, reloads on demand only)");
+  in.choice("OFFLOAD_CAP_PREFETCH_ORDER", "slots", "nearest", st.cap_prefetch_nearest,
+            "slots (in the order the ranges were made) or nearest (the nearest predicted use first)");
 }
 
 }  // namespace
