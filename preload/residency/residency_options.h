@@ -50,8 +50,8 @@ struct ResidencyOptions {
   bool prefetch_nearest = false;
   // The step's period is not used (OFFLOAD_CAP_VICTIMS=lru): victims are the least recently used,
   // nothing is prefetched or evicted by its predicted next use, and ranges come back on demand,
-  // as before a period is found. On an H100, checkpointed Llama at half its peak took 1.07-1.32 s
-  // over its last step without a period and 1.6-2.9 s a step once the prefetch lead was at its
+  // as before a period is found. On an H100, checkpointed Llama at half its peak took 1.04-1.32 s
+  // over its last step without a period and 1.6-3.1 s a step once the prefetch lead was at its
   // ceiling, though 2.2 s at a smaller budget (docs/results.md). Off: not compared over whole runs.
   bool lru_victims = false;
   // The largest physical handle made: a range is backed by handles of this size and one for
