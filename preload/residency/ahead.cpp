@@ -195,7 +195,8 @@ void Residency::prefetch_due(uint64_t launch_no) {
     uint64_t d = 0;
     if (predicted_next_use(r, launch_no, &d) && d <= pf_lead_) pf_due_.push_back({d, k});
   }
-  if (o_.prefetch_nearest) std::stable_sort(pf_due_.begin(), pf_due_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  // Nearest use first, ties in slot order (the pairs' own order: no buffer, as stable_sort takes).
+  if (o_.prefetch_nearest) std::sort(pf_due_.begin(), pf_due_.end());
   for (const auto& [d, k] : pf_due_) prefetch_one(k, d, launch_no);
 }
 
