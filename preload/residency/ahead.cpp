@@ -70,6 +70,7 @@ void Residency::note_birth(Range& r, uint64_t size) {
   if (o_.recompute) rc_new_life(r);
   r.life.clear();
   r.pred.clear();
+  r.pf_hold = r.pf_hold_at = 0;
   r.key = kNoKey;
   if (!period_) return;
   r.key = (now % period_) << 32 | std::min<uint64_t>(births_there_, 255) << 24 |
@@ -193,11 +194,18 @@ void Residency::prefetch_due(uint64_t launch_no) {
     // steps moved more bytes in the replay (docs/results.md).
     if (!r.live || r.state != State::OnHost || r.dropped) continue;
     uint64_t d = 0;
-    if (predicted_next_use(r, launch_no, &d) && d <= pf_lead_) pf_due_.push_back({d, k});
+    if (predicted_next_use(r, launch_no, &d) && d <= pf_lead_ && !held(r, launch_no, d)) pf_due_.push_back({d, k});
   }
   // Nearest use first, ties in slot order (the pairs' own order: no buffer, as stable_sort takes).
   if (o_.prefetch_nearest) std::sort(pf_due_.begin(), pf_due_.end());
   for (const auto& [d, k] : pf_due_) prefetch_one(k, d, launch_no);
+}
+
+bool Residency::held(const Range& r, uint64_t now, uint64_t d) const {
+  if (!o_.prefetch_hold) return false;
+  if (now < r.pf_hold) return true;
+  // The place it went out at, a whole number of periods on, before the use: held.
+  return r.pf_hold_at && (r.pf_hold_at - 1 + period_ - now % period_) % period_ < d;
 }
 
 void Residency::prefetch_one(uint32_t k, uint64_t d, uint64_t launch_no) {

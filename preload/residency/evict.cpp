@@ -61,6 +61,11 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
     ++st_.prefetch_wasted;
     pf_wasted_at_ = launches_seen_ + 1;
     pf_lead_ = std::max<uint64_t>(std::min<uint64_t>(8, lead_ceiling()), pf_lead_ - pf_lead_ / 4);
+    uint64_t d = 0;
+    if (o_.prefetch_hold && predicted_next_use(r, launches_seen_, &d)) {
+      r.pf_hold = launches_seen_ + d / 2;
+      r.pf_hold_at = launches_seen_ % period_ + 1;
+    }
   }
   if (!copy_stream_) {
     copy_stream_ = d_.create_stream();

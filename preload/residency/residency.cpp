@@ -637,6 +637,7 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->lead_grow_unwasted = s.cap_prefetch_grow_unwasted;
   o->prefetch_nearest = s.cap_prefetch_nearest;
   o->lru_victims = s.cap_lru_victims;
+  o->prefetch_hold = s.cap_prefetch_hold;
 }
 
 }  // namespace offload

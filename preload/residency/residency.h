@@ -231,6 +231,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
     uint32_t out_next = 0;
     uint32_t out_lead = 0, out_lag = 0;  // lead_reach() and out_lag_ then (capped), for Stats
     uint64_t out_at = 0, pf_at = 0;  // the launches seen when its copy out, and its prefetch, started
+    uint64_t pf_hold = 0, pf_hold_at = 0;  // Options::prefetch_hold: not before; nor across 1 + this phase
     // Options::recompute: born and not yet touched; bumped at each new life and at every launch
     // that may write it; the launch that produced it (rc_.producers), -1: none known.
     bool fresh = false;
@@ -369,6 +370,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
   void prefetch_due(uint64_t launch_no);  void prefetch_one(uint32_t k, uint64_t d, uint64_t launch_no);  // d: to its use
+  bool held(const Range& r, uint64_t now, uint64_t d) const;  // Options::prefetch_hold
   // Freed ranges kept for reuse, one let go for room (false: none kept); with keep_asked and the
   // period known, the one whose size the step asks for again furthest ahead. note_ask records an
   // allocation's size where in the step it is asked for; next_ask: launches until the step before

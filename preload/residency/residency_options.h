@@ -54,6 +54,13 @@ struct ResidencyOptions {
   // over its last step without a period and 1.6-3.1 s a step once the prefetch lead was at its
   // ceiling, though 2.2 s at a smaller budget (docs/results.md). Off: not compared over whole runs.
   bool lru_victims = false;
+  // A range prefetched and evicted again unused is prefetched again only once half its distance
+  // to the use it was brought in for has passed, and in later steps never for a use past the
+  // place in the step where it went out (OFFLOAD_CAP_PREFETCH_HOLD=on): the room that threw it
+  // out is needed there again every step.
+  // Checkpointed Llama at half its peak on an H100 prefetched 19-30 GiB a step, 522-1,150 of its
+  // 1,025-1,658 prefetches going out unused, to use 0.2-0.9 GiB on demand (docs/results.md).
+  bool prefetch_hold = false;
   // The largest physical handle made: a range is backed by handles of this size and one for
   // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
   // backs only a range of its size.

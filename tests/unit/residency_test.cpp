@@ -828,8 +828,8 @@ struct FortyLaunchSteps {
   DevPtr x = 0, y = 0, z = 0;
   uint64_t sink = 0;
   explicit FortyLaunchSteps(uint64_t lead_max = UINT64_MAX, bool prefetch = true, bool grow_unwasted = false,
-                            bool lru = false)
-      : r(with_lead(lead_max, prefetch, grow_unwasted, lru)) {
+                            bool lru = false, bool hold = false)
+      : r(with_lead(lead_max, prefetch, grow_unwasted, lru, hold)) {
     x = r.alloc(kGran, kA), z = r.alloc(kGran, kA);
     r.kernel(kA, {x}, fill(x, kGran, 1));
     r.kernel(kA, {z}, fill(z, kGran, 3));
@@ -837,12 +837,13 @@ struct FortyLaunchSteps {
     r.kernel(kA, {y}, fill(y, 2 * kGran, 2));
     r.res.set_period(40);
   }
-  static Residency::Options with_lead(uint64_t lead_max, bool prefetch, bool grow_unwasted, bool lru) {
+  static Residency::Options with_lead(uint64_t lead_max, bool prefetch, bool grow_unwasted, bool lru, bool hold) {
     Residency::Options o = CapRig::options(3 * kGran, Residency::Options::Fault::None);
     o.prefetch_lead_max = lead_max;
     o.prefetch = prefetch;
     o.lead_grow_unwasted = grow_unwasted;
     o.lru_victims = lru;
+    o.prefetch_hold = hold;
     return o;
   }
   void launch(uint64_t i) {
@@ -939,6 +940,37 @@ TEST(Residency, APrefetchEvictedUnusedShortensTheLead) {
   for (uint64_t i = 23; i < 40; ++i) t.launch(i);
   r.sim.run_all();
   EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+}
+
+// OFFLOAD_CAP_PREFETCH_HOLD=on: x, prefetched and thrown out unused by an allocation of the whole
+// budget after the 20th launch, is not prefetched again in the next step for its use at the 25th
+// while that place is not behind: at the 20th it is still on the host, where by default it is
+// brought back. It comes back all the same, and the bytes read are the same either way.
+TEST(Residency, APrefetchThrownOutUnusedIsNotBroughtBackAcrossThatPlaceInTheNextStep) {
+  uint64_t sinks[2] = {};
+  for (bool hold : {false, true}) {
+    FortyLaunchSteps t(UINT64_MAX, true, false, false, hold);
+    CapRig& r = t.r;
+    t.to_x_prefetched();
+    ASSERT_NE(r.res.state_of(t.x), Residency::State::OnHost) << hold;
+    const DevPtr w = r.alloc(3 * kGran, kA);  // the whole budget: x goes out unused
+    ASSERT_NE(w, 0u) << r.res.error();
+    r.free(w, kA);
+    ASSERT_EQ(r.res.stats().prefetch_wasted, 1u) << hold;
+    for (uint64_t i = 22; i < 40; ++i) t.launch(i);
+    for (uint64_t i = 0; i < 5; ++i) t.launch(i);
+    r.res.poll();
+    ASSERT_EQ(r.res.state_of(t.x), Residency::State::OnHost) << hold << ": y's use put x out";
+    for (uint64_t i = 5; i <= 20; ++i) t.launch(i);
+    if (hold) EXPECT_EQ(r.res.state_of(t.x), Residency::State::OnHost);
+    else EXPECT_NE(r.res.state_of(t.x), Residency::State::OnHost);
+    for (uint64_t i = 21; i < 40; ++i) t.launch(i);
+    r.sim.run_all();
+    EXPECT_GE(r.res.stats().prefetch_hits + r.res.stats().reloads, 7u) << hold << ": x used in each of six steps";
+    EXPECT_LE(r.sim.vmm_stats().physical_peak, 3 * kGran);
+    sinks[hold] = t.sink;
+  }
+  EXPECT_EQ(sinks[0], sinks[1]);
 }
 
 // OFFLOAD_CAP_PREFETCH_GROW=unwasted: a prefetch still copying at its use, within the lead's
