@@ -187,6 +187,7 @@ bool Residency::let_go_cached() {
 void Residency::prefetch_due(uint64_t launch_no) {
   if (!period_ || !o_.prefetch) return;
   if (!pf_lead_) pf_lead_ = std::min(o_.prefetch_lead, lead_ceiling());
+  if (o_.prefetch_room) room_.note(launch_no, period_, st_.live_bytes);
   pf_due_.clear();
   for (uint32_t k = 0; k < slots_.size(); ++k) {
     const Range& r = slots_[k];
@@ -198,7 +199,20 @@ void Residency::prefetch_due(uint64_t launch_no) {
   }
   // Nearest use first, ties in slot order (the pairs' own order: no buffer, as stable_sort takes).
   if (o_.prefetch_nearest) std::sort(pf_due_.begin(), pf_due_.end());
-  for (const auto& [d, k] : pf_due_) prefetch_one(k, d, launch_no);
+  for (const auto& [d, k] : pf_due_) {
+    if (o_.prefetch_room && !room_ahead(k, d, launch_no)) {
+      ++st_.prefetch_no_room;
+      continue;
+    }
+    prefetch_one(k, d, launch_no);
+  }
+}
+
+bool Residency::room_ahead(uint32_t k, uint64_t d, uint64_t now) const {
+  // What stays held once copies out, freed ranges and spares give their memory back, the range,
+  // and what the allocations before its use added to the live bytes a step ago.
+  const uint64_t held = held_ - std::min(held_, out_bytes_ + cached_bytes_ + spare_bytes_) + pool_share_;
+  return held + slots_[k].bytes + room_.rise(now, d) <= limit();
 }
 
 bool Residency::held(const Range& r, uint64_t now, uint64_t d) const {

@@ -638,6 +638,7 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->prefetch_nearest = s.cap_prefetch_nearest;
   o->lru_victims = s.cap_lru_victims;
   o->prefetch_hold = s.cap_prefetch_hold;
+  o->prefetch_room = s.cap_prefetch_room;
 }
 
 }  // namespace offload

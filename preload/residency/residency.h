@@ -58,6 +58,7 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "core/driver.h"
+#include "residency/room_profile.h"
 #include "core/event_log.h"
 #include "core/executor.h"
 #include "core/tracker.h"
@@ -371,6 +372,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
   void prefetch_due(uint64_t launch_no);  void prefetch_one(uint32_t k, uint64_t d, uint64_t launch_no);  // d: to its use
   bool held(const Range& r, uint64_t now, uint64_t d) const;  // Options::prefetch_hold
+  bool room_ahead(uint32_t k, uint64_t d, uint64_t now) const;  // Options::prefetch_room
   // Freed ranges kept for reuse, one let go for room (false: none kept); with keep_asked and the
   // period known, the one whose size the step asks for again furthest ahead. note_ask records an
   // allocation's size where in the step it is asked for; next_ask: launches until the step before
@@ -634,6 +636,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   std::unordered_map<uint64_t, std::vector<uint32_t>> asks_prev_, asks_now_;
   uint64_t asks_step_ = UINT64_MAX;
   std::vector<uint32_t> victims_; std::vector<std::pair<uint64_t, uint32_t>> pf_due_;  // scratch
+  RoomProfile room_;  // Options::prefetch_room
   Stats st_;
   std::string error_;
   Namer namer_ = nullptr;

@@ -61,6 +61,11 @@ struct ResidencyOptions {
   // Checkpointed Llama at half its peak on an H100 prefetched 19-30 GiB a step, 522-1,150 of its
   // 1,025-1,658 prefetches going out unused, to use 0.2-0.9 GiB on demand (docs/results.md).
   bool prefetch_hold = false;
+  // A range due for a prefetch is brought back only when the room left after it holds what the
+  // live bytes rose by, a step earlier, between this place and its use
+  // (OFFLOAD_CAP_PREFETCH_ROOM=on, RoomProfile): room an allocation is about to take is not
+  // room to prefetch into.
+  bool prefetch_room = false;
   // The largest physical handle made: a range is backed by handles of this size and one for
   // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
   // backs only a range of its size.

@@ -205,6 +205,9 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_prefetch_hold);
   EXPECT_TRUE(one("OFFLOAD_CAP_PREFETCH_HOLD", "on").cap_prefetch_hold);
   EXPECT_FALSE(one("OFFLOAD_CAP_PREFETCH_HOLD", "off").cap_prefetch_hold);
+  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_prefetch_room);
+  EXPECT_TRUE(one("OFFLOAD_CAP_PREFETCH_ROOM", "on").cap_prefetch_room);
+  EXPECT_FALSE(one("OFFLOAD_CAP_PREFETCH_ROOM", "off").cap_prefetch_room);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_tile_exact);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_keep_asked);
   EXPECT_TRUE(one("OFFLOAD_CAP_KEEP_ASKED", "1").cap_keep_asked);
@@ -246,7 +249,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_CAP_DROP_FIRST", "0"}, {"OFFLOAD_CAP_DROP_FIRST", "2000"}, {"OFFLOAD_CAP_DROP_FIRST", "first"},
       {"OFFLOAD_CAP_RECOMPUTE_PROBES", "2"}, {"OFFLOAD_CAP_RECOMPUTE_PROBES", "256"}, {"OFFLOAD_CAP_RECOMPUTE_PROBES", "many"},
       {"OFFLOAD_CAP_RECOMPUTE_UPDATES", "yes"}, {"OFFLOAD_CAP_AHEAD_HORIZON", "far"}, {"OFFLOAD_CAP_GRANT", "later"}, {"OFFLOAD_CAP_GATE", "on"}, {"OFFLOAD_CAP_GATE", "4KiB"}, {"OFFLOAD_CAP_GATE", "2GiB"}, {"OFFLOAD_CAP_GATE_AHEAD", "0"}, {"OFFLOAD_CAP_GATE_AHEAD", "4096"}, {"OFFLOAD_CAP_GATE_AHEAD", "many"}, {"OFFLOAD_CAP_AHEAD_HORIZON", "1"},
-      {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"}, {"OFFLOAD_CAP_PREFETCH_GROW", "never"}, {"OFFLOAD_CAP_PREFETCH_ORDER", "furthest"}, {"OFFLOAD_CAP_VICTIMS", "belady"}, {"OFFLOAD_CAP_PREFETCH_HOLD", "yes"},
+      {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"}, {"OFFLOAD_CAP_PREFETCH_GROW", "never"}, {"OFFLOAD_CAP_PREFETCH_ORDER", "furthest"}, {"OFFLOAD_CAP_VICTIMS", "belady"}, {"OFFLOAD_CAP_PREFETCH_HOLD", "yes"}, {"OFFLOAD_CAP_PREFETCH_ROOM", "1"},
       {"OFFLOAD_HOST_AHEAD", "on"}, {"OFFLOAD_HOST_AHEAD", "1MiB"}, {"OFFLOAD_HOST_AHEAD", "-1GiB"},
   };
   for (auto [var, val] : bad) {

@@ -193,6 +193,27 @@ TEST(ReplayCap, ConvnetAtHalfThePeak) { expect_clean("convnet"); }
 TEST(ReplayCap, LlamaCompiledAtHalfThePeak) { expect_clean("llama-compiled"); }
 TEST(ReplayCap, LoraAtHalfThePeak) { expect_clean("lora", 3); }  // four times the launches of the others
 
+// OFFLOAD_CAP_PREFETCH_ROOM=on, on the recorded checkpointed Llama step at 60% of its peak: by
+// default most prefetches of a steady step go out again unused (the next allocation takes the
+// room they came into and evicts them, used furthest ahead); leaving free what the allocations
+// before a range's use took a step earlier, almost none do, no more ranges come back on demand
+// and fewer bytes go out. Four steps: the third has a period, the fourth the third's profile.
+TEST(ReplayCap, PrefetchesLeaveTheRoomTheAllocationsBeforeTheirUseTook) {
+  CapReplayOptions o = options(0.6, 4);
+  const CapReplay plain = replay_under_cap(load("ckpt/hf_llama-ckpt"), o);
+  o.policy.prefetch_room = true;
+  const CapReplay room = replay_under_cap(load("ckpt/hf_llama-ckpt"), o);
+  for (const CapReplay* c : {&plain, &room}) {
+    EXPECT_TRUE(c->ok()) << c->refusal << c->first_mismatch;
+    ASSERT_EQ(c->steps.size(), 4u);
+  }
+  const CapReplayStep &a = plain.steps.back(), &b = room.steps.back();
+  EXPECT_GT(a.prefetch_wasted * 2, a.prefetches) << "by default most go out unused";
+  EXPECT_LT(b.prefetch_wasted * 20, a.prefetch_wasted) << b.prefetch_wasted << " of " << b.prefetches;
+  EXPECT_LE(b.reloads, a.reloads);
+  EXPECT_LT(b.bytes_out, a.bytes_out);
+}
+
 // The checks are real: when an eviction unmaps a range without waiting for the launches that
 // use it, a launch reads a range already gone (the simulated driver faults on it) or what a
 // later owner of its handles wrote. Every seed tried (1-5) failed on these two recordings.
