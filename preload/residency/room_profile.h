@@ -9,8 +9,8 @@
 //
 // note() is called at each launch that the manager sees (launch numbers only grow); a launch
 // not seen takes the live bytes of the next one seen. The step before's profile is kept as a
-// sparse table, so that rise() is two lookups whatever the distance. No allocation happens
-// except when the period changes.
+// sparse table, so that rise() is two lookups whatever the distance. Memory is taken only when
+// the period changes.
 #pragma once
 
 #include <algorithm>
@@ -21,19 +21,24 @@ namespace offload {
 
 class RoomProfile {
  public:
+  // At most `places` places are kept: a longer step is kept in groups of launches (the highest
+  // live bytes in each for what lies ahead, the lowest for where a launch is), so that the
+  // table stays under about 2 MB whatever the step's length.
+  explicit RoomProfile(uint64_t places = 16384) : most_(std::max<uint64_t>(places, 1)) {}
+
   // The live bytes at launch `launch_no` of steps `period` launches long.
   void note(uint64_t launch_no, uint64_t period, uint64_t live) {
     if (!period) return;
     if (period != period_) restart(period, launch_no);
     const uint64_t step = launch_no / period_;
     while (step_ < step) {  // the rest of the step ended takes the last bytes seen in it
-      std::fill(cur_.begin() + std::min<uint64_t>(next_, period_), cur_.end(), last_);
+      fill(next_, period_ - 1, last_);
       finish_step();
       next_ = 0;
       ++step_;
     }
     const uint64_t phase = launch_no % period_;
-    if (next_ <= phase) std::fill(cur_.begin() + next_, cur_.begin() + phase + 1, live);
+    if (next_ <= phase) fill(next_, phase, live);
     next_ = std::max(next_, phase + 1);
     last_ = live;
   }
@@ -43,8 +48,10 @@ class RoomProfile {
     if (!ready_ || !d) return 0;
     d = std::min(d, period_ - 1);
     const uint64_t at = launch_no % period_, first = at + 1, last = at + d;  // wraps past the end
-    uint64_t top = last < period_ ? max_of(first, last) : std::max(first < period_ ? max_of(first, period_ - 1) : 0, max_of(0, last - period_));
-    const uint64_t here = table_[at];
+    const uint64_t top = last < period_ ? max_of(first / per_, last / per_)
+                                        : std::max(first < period_ ? max_of(first / per_, groups_ - 1) : 0,
+                                                   max_of(0, (last - period_) / per_));
+    const uint64_t here = low_[at / per_];
     return top > here ? top - here : 0;
   }
   bool ready() const { return ready_; }
@@ -52,35 +59,50 @@ class RoomProfile {
  private:
   void restart(uint64_t period, uint64_t launch_no) {
     period_ = period;
-    cur_.assign(period, 0);
+    per_ = (period + most_ - 1) / most_;
+    groups_ = (period + per_ - 1) / per_;
+    cur_hi_.assign(groups_, 0);
+    cur_lo_.assign(groups_, UINT64_MAX);
+    low_.assign(groups_, 0);
     levels_ = 1;
-    while ((uint64_t(1) << levels_) <= period) ++levels_;
-    table_.assign(levels_ * period, 0);
+    while ((uint64_t(1) << levels_) <= groups_) ++levels_;
+    table_.assign(levels_ * groups_, 0);
     step_ = launch_no / period;
-    next_ = launch_no % period;  // the places before it in this step are not known
-    std::fill(cur_.begin(), cur_.begin() + next_, 0);
+    next_ = launch_no % period;  // the places before it in this step are not known: 0
+    if (next_) fill(0, next_ - 1, 0);
     ready_ = false;
   }
+  void fill(uint64_t from, uint64_t to, uint64_t live) {  // places from..to, inclusive
+    if (from > to) return;
+    for (uint64_t g = from / per_; g <= to / per_; ++g) {
+      cur_hi_[g] = std::max(cur_hi_[g], live);
+      cur_lo_[g] = std::min(cur_lo_[g], live);
+    }
+  }
   void finish_step() {
-    std::copy(cur_.begin(), cur_.end(), table_.begin());
+    std::copy(cur_hi_.begin(), cur_hi_.end(), table_.begin());
+    for (uint64_t g = 0; g < groups_; ++g) low_[g] = cur_lo_[g] == UINT64_MAX ? cur_hi_[g] : cur_lo_[g];
     for (uint64_t k = 1; k < levels_; ++k) {
       const uint64_t half = uint64_t(1) << (k - 1);
-      uint64_t* row = &table_[k * period_];
-      const uint64_t* below = &table_[(k - 1) * period_];
-      for (uint64_t i = 0; i + (uint64_t(1) << k) <= period_; ++i) row[i] = std::max(below[i], below[i + half]);
+      uint64_t* row = &table_[k * groups_];
+      const uint64_t* below = &table_[(k - 1) * groups_];
+      for (uint64_t i = 0; i + (uint64_t(1) << k) <= groups_; ++i) row[i] = std::max(below[i], below[i + half]);
     }
+    std::fill(cur_hi_.begin(), cur_hi_.end(), 0);
+    std::fill(cur_lo_.begin(), cur_lo_.end(), UINT64_MAX);
     ready_ = true;
   }
-  uint64_t max_of(uint64_t lo, uint64_t hi) const {  // inclusive, lo <= hi < period_
+  uint64_t max_of(uint64_t lo, uint64_t hi) const {  // groups, inclusive, lo <= hi < groups_
     uint64_t k = 0;
     while ((uint64_t(2) << k) <= hi - lo + 1) ++k;
-    return std::max(table_[k * period_ + lo], table_[k * period_ + hi + 1 - (uint64_t(1) << k)]);
+    return std::max(table_[k * groups_ + lo], table_[k * groups_ + hi + 1 - (uint64_t(1) << k)]);
   }
 
-  uint64_t period_ = 0, levels_ = 0, step_ = 0, next_ = 0, last_ = 0;
+  uint64_t most_, period_ = 0, per_ = 1, groups_ = 0, levels_ = 0, step_ = 0, next_ = 0, last_ = 0;
   bool ready_ = false;
-  std::vector<uint64_t> cur_;    // this step's live bytes by place
-  std::vector<uint64_t> table_;  // the step before's: row k holds the maxima of 2^k places
+  std::vector<uint64_t> cur_hi_, cur_lo_;  // this step's highest and lowest live bytes by group
+  std::vector<uint64_t> low_;              // the step before's lowest, by group
+  std::vector<uint64_t> table_;            // its highest: row k holds the maxima of 2^k groups
 };
 
 }  // namespace offload

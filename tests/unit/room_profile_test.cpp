@@ -51,5 +51,22 @@ TEST(RoomProfile, PlacesNotSeenAndLaterStepsFollow) {
   EXPECT_FALSE(p.ready());
 }
 
+// A step longer than the places kept is kept in groups: the rise read from them is never less
+// than the rise of the places themselves (a prefetch may wait longer, never take room the
+// allocations need), and with places enough it is the same.
+TEST(RoomProfile, GroupsOfLaunchesNeverUnderstateTheRise) {
+  RoomProfile exact, grouped(4), ample(10);
+  for (uint64_t i = 0; i < 20; ++i)
+    for (RoomProfile* p : {&exact, &grouped, &ample}) p->note(i, 10, live_at(i % 10) + 7 * (i % 3));
+  uint64_t above = 0;
+  for (uint64_t at = 20; at < 30; ++at)
+    for (uint64_t d = 1; d < 12; ++d) {
+      EXPECT_GE(grouped.rise(at, d), exact.rise(at, d)) << at << " " << d;
+      EXPECT_EQ(ample.rise(at, d), exact.rise(at, d)) << at << " " << d;
+      above += grouped.rise(at, d) > exact.rise(at, d);
+    }
+  EXPECT_GT(above, 0u) << "four groups of three launches are coarser than ten places";
+}
+
 }  // namespace
 }  // namespace offload
