@@ -69,7 +69,8 @@ fi
 echo "== fuzz the wire protocol's decoder (bounded) (at ${SECONDS} s)"
 scripts/run-fuzz.sh "${FUZZ_SECONDS:-30}"
 echo "== the recorded traces: replay on the simulated driver and trace check (at ${SECONDS} s)"
-# ckpt/: a checkpointed step, whose forward leaves activations untouched after it (trace check's rule).
+# ckpt/: a checkpointed step, kept apart because trace check takes its memory peak, late in the
+# backward, for the turn from the forward (docs/results.md, "Recorded traces").
 for t in tests/data/traces/*.trace tests/data/traces/ckpt/*.trace; do
   build-test-release/offloadctl replay "$t" > /dev/null
   build-test-release/offloadctl replay "$t" --cap 0.5 --steps 4 --scale 1024 > /dev/null  # the hard cap: about 6 s for all

@@ -106,11 +106,6 @@ void Residency::evict_ahead(const uint32_t* keep, size_t nkeep) {
   if (external_) return;
   const uint64_t low = std::min(o_.budget / 2, o_.low_water ? o_.low_water : uint64_t(double(o_.budget) * o_.low_share));
   const uint64_t lim = limit();
-  // What stays held if every copy out, freed range and spare handle gave its memory back.
-  auto projected = [&] {
-    const uint64_t going = out_bytes_ + cached_bytes_ + spare_bytes_;
-    return held_ - std::min(held_, going) + pool_share_;
-  };
   if (projected() + low <= lim) return;
   reap_copies();
   if (projected() + low <= lim) return;
@@ -209,10 +204,12 @@ void Residency::prefetch_due(uint64_t launch_no) {
 }
 
 bool Residency::room_ahead(uint32_t k, uint64_t d, uint64_t now) const {
-  // What stays held once copies out, freed ranges and spares give their memory back, the range,
-  // and what the allocations before its use added to the live bytes a step ago.
-  const uint64_t held = held_ - std::min(held_, out_bytes_ + cached_bytes_ + spare_bytes_) + pool_share_;
-  return held + slots_[k].bytes + room_.rise(now, d) <= limit();
+  // The range, and what the allocations before its use added to the live bytes a step ago.
+  return projected() + slots_[k].bytes + room_.rise(now, d) <= limit();
+}
+
+uint64_t Residency::projected() const {
+  return held_ - std::min(held_, out_bytes_ + cached_bytes_ + spare_bytes_) + pool_share_;
 }
 
 bool Residency::held(const Range& r, uint64_t now, uint64_t d) const {

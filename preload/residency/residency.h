@@ -58,7 +58,6 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "core/driver.h"
-#include "residency/room_profile.h"
 #include "core/event_log.h"
 #include "core/executor.h"
 #include "core/tracker.h"
@@ -67,6 +66,7 @@
 #include "residency/recompute.h"
 #include "residency/residency_options.h"
 #include "residency/residency_stats.h"
+#include "residency/room_profile.h"
 #include "residency/stream_ring.h"
 
 namespace offload {
@@ -373,6 +373,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   void prefetch_due(uint64_t launch_no);  void prefetch_one(uint32_t k, uint64_t d, uint64_t launch_no);  // d: to its use
   bool held(const Range& r, uint64_t now, uint64_t d) const;  // Options::prefetch_hold
   bool room_ahead(uint32_t k, uint64_t d, uint64_t now) const;  // Options::prefetch_room
+  uint64_t projected() const;  // held (the pool's share too) once copies out, freed ranges, spares go
   // Freed ranges kept for reuse, one let go for room (false: none kept); with keep_asked and the
   // period known, the one whose size the step asks for again furthest ahead. note_ask records an
   // allocation's size where in the step it is asked for; next_ask: launches until the step before
