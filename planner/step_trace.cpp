@@ -359,14 +359,17 @@ ActivationReport analyse_activations(const StepTrace& t, uint64_t min_bytes) {
     }
   }
   if (r.peak_pos < 0) return r;
+  r.turn_pos = r.peak_pos;
+  for (const TraceAlloc& a : t.allocs)
+    if (a.alloc_pos >= 0 && a.free_pos < 0 && a.bytes >= min_bytes) r.turn_pos = std::min(r.turn_pos, a.alloc_pos);
   std::vector<int64_t> last_use(t.allocs.size(), -1);
   for (const TraceLaunch& l : t.launches)
     for (uint32_t o : l.allocs) last_use[o] = std::max<int64_t>(last_use[o], l.pos);
   for (const TraceAlloc& a : t.allocs) {
-    // Freed after the peak, but not at the turnaround itself: tensors the loss function
+    // Freed after the turn, but not at the turnaround itself: tensors the loss function
     // held (the input batch, logits) die when it returns, before any backward launch.
-    if (a.alloc_pos < 0 || a.alloc_pos > r.peak_pos || a.free_pos <= r.peak_pos + 1) continue;
-    bool unread = last_use[a.ordinal] < r.peak_pos;
+    if (a.alloc_pos < 0 || a.alloc_pos > r.turn_pos || a.free_pos <= r.turn_pos + 1) continue;
+    bool unread = last_use[a.ordinal] < r.turn_pos;
     if (a.bytes < min_bytes) {
       ++r.small;
       r.small_without_backward_access += unread;

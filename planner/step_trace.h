@@ -88,16 +88,21 @@ void write_chrome_trace(const std::vector<StepTrace>& steps, std::ostream& os);
 std::string demangle(const std::string& symbol);
 
 // Activations, as seen from the trace alone: allocations of at least `min_bytes` born in the
-// step before its peak of live bytes and freed after the first launch that follows it (saved
-// in the forward, released in the backward; what dies at the turnaround itself is a forward
-// temporary the loss function held). Smaller ones are counted apart: a few bytes of RNG state that SDPA saves
-// and never reads again when dropout is off are not offload candidates.
+// step before its turn from the forward to the backward and freed after the first launch that
+// follows it (saved in the forward, released in the backward; what dies at the turnaround itself
+// is a forward temporary the loss function held). The turn is the peak of live bytes, or the
+// first birth of an allocation of at least `min_bytes` that outlives the step (a weight's
+// gradient) where that comes earlier: under activation checkpointing the peak lies late in the
+// backward, where the recomputed segments and the gradients meet. Smaller ones are counted
+// apart: a few bytes of RNG state that SDPA saves and never reads again when dropout is off are
+// not offload candidates.
 struct ActivationReport {
   int64_t peak_pos = -1;
   uint64_t peak_bytes = 0;
+  int64_t turn_pos = -1;  // the turn from the forward to the backward (above)
   size_t activations = 0;
   uint64_t activation_bytes = 0;
-  std::vector<uint32_t> without_backward_access;  // ordinals never touched after the peak
+  std::vector<uint32_t> without_backward_access;  // ordinals never touched after the turn
   size_t small = 0, small_without_backward_access = 0;  // those under min_bytes
 };
 inline constexpr uint64_t kActivationMinBytes = 64 * 1024;

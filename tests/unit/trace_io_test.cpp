@@ -571,11 +571,50 @@ TEST(Activations, PeakAndActivationsOfAHandBuiltStep) {
   ActivationReport r = analyse_activations(activation_step());
   EXPECT_EQ(r.peak_pos, 2);
   EXPECT_EQ(r.peak_bytes, 2091 * K);
+  EXPECT_EQ(r.turn_pos, 2);  // G, the first gradient, is born after the peak
   EXPECT_EQ(r.activations, 3u);  // A, B, E
   EXPECT_EQ(r.activation_bytes, (256 + 512 + 200) * K);
   EXPECT_EQ(r.without_backward_access, (std::vector<uint32_t>{2}));  // B
   EXPECT_EQ(r.small, 2u);                                             // S, T
   EXPECT_EQ(r.small_without_backward_access, 1u);                     // S
+}
+
+// A checkpointed step: the forward keeps only a segment's input X; the backward begins where
+// the first weight gradient G is born (2), then remakes the segment (Q, R), and the live bytes
+// peak there (4). Q is read once, before the peak, and freed after it.
+//   0: W                   1024
+//   1: + X 256 + F 128     1408
+//   2: - F + G 64          1344   <- turn
+//   3: + Q 512             1856
+//   4: + R 1024            2880   <- peak
+//   5:                     2880
+//   6: - R                 1856
+//   7: - X - Q             1088
+TEST(Activations, UnderCheckpointingTheTurnIsTheFirstGradientNotThePeak) {
+  StepTrace t;
+  t.kernels[0] = "k";
+  t.allocs = {
+      {0, 1024 * K, 0, -1, -1},  // W
+      {1, 256 * K, 0, 1, 7},     // X: the segment's input, read again in the backward (5)
+      {2, 128 * K, 0, 1, 2},     // F: a forward temporary
+      {3, 64 * K, 0, 2, -1},     // G: a weight's gradient, outlives the step
+      {4, 512 * K, 0, 3, 7},     // Q: remade in the backward, last read before the peak
+      {5, 1024 * K, 0, 4, 6},    // R: remade in the backward
+  };
+  std::vector<std::vector<uint32_t>> touches = {{0}, {0, 1, 2}, {3}, {4}, {5}, {1, 5}, {3}, {0}};
+  for (uint32_t p = 0; p < touches.size(); ++p)
+    t.launches.push_back(TraceLaunch{p, EventKind::Kernel, 0, 0, -1, -1, touches[p], std::nullopt, 0});
+  ActivationReport r = analyse_activations(t);
+  EXPECT_EQ(r.peak_pos, 4);
+  EXPECT_EQ(r.turn_pos, 2);
+  EXPECT_EQ(r.activations, 1u);  // X
+  EXPECT_EQ(r.activation_bytes, 256 * K);
+  EXPECT_TRUE(r.without_backward_access.empty());  // Q, taken for an activation at the peak, is not one
+  // Where no gradient is born in the step (accumulated into ones that exist), the peak is the turn.
+  t.allocs[3].alloc_pos = -1;
+  r = analyse_activations(t);
+  EXPECT_EQ(r.turn_pos, 4);
+  EXPECT_EQ(r.without_backward_access, (std::vector<uint32_t>{4}));
 }
 
 TEST(Activations, ThresholdDecidesWhatIsSmall) {
