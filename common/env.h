@@ -116,7 +116,7 @@ struct Settings {
   bool cap_prefetch_nearest = false;        // OFFLOAD_CAP_PREFETCH_ORDER=nearest (slots: the default)
   bool cap_lru_victims = false;             // OFFLOAD_CAP_VICTIMS=lru (next-use: the default)
   bool cap_prefetch_hold = false;           // OFFLOAD_CAP_PREFETCH_HOLD=on
-  bool cap_prefetch_room = false;           // OFFLOAD_CAP_PREFETCH_ROOM=on
+  bool cap_prefetch_room = true;            // OFFLOAD_CAP_PREFETCH_ROOM=on (off: =off)
   uint64_t host_limit = 0;  // OFFLOAD_HOST_LIMIT: host memory for evicted bytes; 0 = 3/4 of MemAvailable
   // OFFLOAD_HOST_AHEAD=auto|off|SIZE: under the cap, once steps are found, host memory for evicted
   // bytes kept made and pinned ahead of need by the shim's worker, off the training thread (auto:

@@ -82,7 +82,7 @@ done
 for t in tests/data/traces/*.trace; do
   case $t in *lora.trace | *reference.trace) continue ;; esac
   for policy in OFFLOAD_CAP=1 OFFLOAD_CAP_WHOLE=0 OFFLOAD_CAP_EXTRA_PIECES=1 OFFLOAD_CAP_PIECE=0 OFFLOAD_CAP_TILE=class OFFLOAD_CAP_AHEAD_HORIZON=ceiling OFFLOAD_CAP_GRANT=apart \
-    OFFLOAD_CAP_GATE=256KiB OFFLOAD_CAP_RECOMPUTE=1 OFFLOAD_CAP_PREFETCH_GROW=unwasted OFFLOAD_CAP_PREFETCH_ORDER=nearest OFFLOAD_CAP_VICTIMS=lru OFFLOAD_CAP_PREFETCH_HOLD=on OFFLOAD_CAP_PREFETCH_ROOM=on; do
+    OFFLOAD_CAP_GATE=256KiB OFFLOAD_CAP_RECOMPUTE=1 OFFLOAD_CAP_PREFETCH_GROW=unwasted OFFLOAD_CAP_PREFETCH_ORDER=nearest OFFLOAD_CAP_VICTIMS=lru OFFLOAD_CAP_PREFETCH_HOLD=on OFFLOAD_CAP_PREFETCH_ROOM=off; do
     echo "$policy $t"
   done
 done | xargs -P "$jobs" -L 1 sh -c 'env "$0" build-test-release/offloadctl replay "$1" --cap 0.5 --steps 10 > /dev/null ||

@@ -230,6 +230,20 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from, 
   const uint64_t top = o_.piece_max ? std::max(o_.piece_max, gran_) : 0;
   while (left) {
     const uint64_t size = top && left >= top ? top : left;
+    // The caller made room for these bytes (make_room, fits); a handle past the limit means it
+    // did not, and refusing here keeps that mistake from becoming a silent overrun.
+    if (held_ + pool_share_ + size > limit()) {
+      give_back();
+      if (why) {
+        char buf[256];
+        std::snprintf(buf, sizeof buf,
+                      "backing a range of %s would hold %.3f GiB with %.3f GiB for the allocator's pool, over the "
+                      "limit of %.3f GiB under the budget: no room was made for it",
+                      Size(r.bytes).s, (held_ + size) / kGiB, pool_share_ / kGiB, limit() / kGiB);
+        *why = buf;
+      }
+      return false;
+    }
     const uint64_t t0 = mono_now_ns();
     const uint64_t h = d_.create_physical(size);
     const uint64_t made_ns = mono_now_ns() - t0;

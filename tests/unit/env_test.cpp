@@ -205,7 +205,7 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_prefetch_hold);
   EXPECT_TRUE(one("OFFLOAD_CAP_PREFETCH_HOLD", "on").cap_prefetch_hold);
   EXPECT_FALSE(one("OFFLOAD_CAP_PREFETCH_HOLD", "off").cap_prefetch_hold);
-  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_prefetch_room);
+  EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").cap_prefetch_room);
   EXPECT_TRUE(one("OFFLOAD_CAP_PREFETCH_ROOM", "on").cap_prefetch_room);
   EXPECT_FALSE(one("OFFLOAD_CAP_PREFETCH_ROOM", "off").cap_prefetch_room);
   EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").cap_tile_exact);
