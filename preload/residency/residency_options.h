@@ -176,7 +176,7 @@ struct ResidencyOptions {
                              RecomputeNoCheckAhead, RecomputeNoChains, RecomputeChainRoomFlat,
                              RecomputeNoPrelude, RecomputeSkipPrelude, RecomputeCopyWritesAll,
                              TagEventsAsAsked, RecomputeNoUpdates, RecomputeUpdateInputsOwn,
-                             RecomputeChainUnchecked, SkipMapCarry, SkipGrantWait };  // tests: proves a missing wait is caught
+                             RecomputeChainUnchecked, SkipMapCarry, SkipGrantWait, SkipReloadRoom };  // tests: proves a missing wait is caught
   Fault fault = Fault::None;
 };
 

@@ -349,6 +349,29 @@ TEST(Residency, ALaunchWhoseRangesCannotFitIsRefusedWithTheKernelNamed) {
   EXPECT_TRUE(ran);
 }
 
+// A range is backed only where room was made for it: a reload that skipped making room (the
+// fault) is refused with the limit named, and the device never holds more than the budget.
+TEST(Residency, BackingARangeWithoutRoomMadeIsRefusedNotAnOverrun) {
+  CapRig r(2 * kGran, Residency::Options::Fault::SkipReloadRoom);
+  const DevPtr a = r.alloc(kGran, kA), b = r.alloc(kGran, kA);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(r.kernel(kA, {a}, fill(a, kGran, 1)));
+  ASSERT_TRUE(r.kernel(kA, {b}, fill(b, kGran, 2)));
+  const DevPtr c = r.alloc(kGran, kA);  // evicts a or b
+  ASSERT_NE(c, 0u) << r.res.error();
+  r.sim.run_all();
+  r.res.poll();
+  const DevPtr out = r.res.state_of(a) == Residency::State::OnHost ? a : b;
+  ASSERT_EQ(r.res.state_of(out), Residency::State::OnHost);
+  bool ran = false;
+  EXPECT_FALSE(r.kernel(kA, {out}, [&] { ran = true; }));
+  r.sim.run_all();
+  EXPECT_FALSE(ran);
+  EXPECT_NE(r.res.error().find("no room was made for it"), std::string::npos) << r.res.error();
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, 2 * kGran);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 TEST(Residency, AnAllocationLargerThanTheBudgetIsRefused) {
   CapRig r(2 * kGran);
   uint64_t tag = 0;
