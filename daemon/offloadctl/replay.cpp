@@ -398,6 +398,7 @@ void print_json(const std::string& path, const StepTrace& rec, const CapReplayOp
       .field("copied_unmade", st.copied_unmade).field("copied_lost", st.copied_lost)
       .field("not_producer_small", st.not_producer_small).field("not_producer_alone", st.not_producer_alone)
       .field("side_kept", st.side_kept).field("gate_grants", st.gate_grants)
+      .field("prefetch_no_room", st.prefetch_no_room).field("ahead_ns", st.ahead_ns).field("busy_ns", st.busy_ns)
       .field("period", st.period).end();
   w.field("vmm_misuses", c.vmm_misuses).field("matching_steps", c.matching_steps)
       .field("steps_replayed", c.steps_replayed).field("launches_verified", c.launches_verified)

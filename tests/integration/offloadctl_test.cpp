@@ -264,6 +264,11 @@ TEST(OffloadctlReplay, UnderTheCapTheBudgetHoldsOrTheRefusalIsSaid) {
   EXPECT_GT(cap["launches_verified"].num, 0);
   const testing::Json& st = cap["residency"];
   EXPECT_GT(st["evictions"].num, 0);
+  // The manager's own host time on this machine's CPU (the simulated driver's calls are quick):
+  // its scans ahead are part of its busy time.
+  EXPECT_GT(st["ahead_ns"].num, 0);
+  EXPECT_GE(st["busy_ns"].num, st["ahead_ns"].num);
+  EXPECT_GE(st["prefetch_no_room"].num, 0);
   EXPECT_NE(text.out.find("totals: " + st["evictions"].text + " evictions (" + st["ahead"].text + " ahead, " +
                           st["abandoned"].text + " abandoned), " + st["reloads"].text + " reloads on demand, " +
                           st["prefetches"].text + " prefetches"),
