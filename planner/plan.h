@@ -143,7 +143,7 @@ std::vector<int64_t> live_bytes(const StepTrace& t, const std::vector<char>* ski
 // What a planner needs to know about a step, from its trace alone.
 struct StepFacts {
   std::vector<int64_t> live;             // live bytes before each launch
-  int64_t peak_pos = 0;                  // the turnaround: the launch with the most live bytes
+  int64_t peak_pos = 0;                  // the turnaround: the peak of live bytes, or the first gradient's birth before it
   uint64_t peak = 0;
   std::vector<int64_t> fwd_last, bwd_first;  // per ordinal: last use by the peak, first after it
   std::vector<uint32_t> sub;             // per ordinal: its rank among those born before its launch

@@ -11,6 +11,7 @@
 
 #include "json_mini.h"
 #include "offload/trace_format.h"
+#include "planner/plan.h"
 
 namespace offload {
 namespace {
@@ -610,6 +611,11 @@ TEST(Activations, UnderCheckpointingTheTurnIsTheFirstGradientNotThePeak) {
   EXPECT_EQ(r.activations, 1u);  // X
   EXPECT_EQ(r.activation_bytes, 256 * K);
   EXPECT_TRUE(r.without_backward_access.empty());  // Q, taken for an activation at the peak, is not one
+  // The planner turns there too: its candidates are what the forward saved (X), not Q or R.
+  const StepFacts f = step_facts(t, 0);
+  EXPECT_EQ(f.peak_pos, 2);
+  EXPECT_EQ(f.peak, 2880 * K);
+  EXPECT_EQ(f.candidates, (std::vector<uint32_t>{1}));
   // Where no gradient is born in the step (accumulated into ones that exist), the peak is the turn.
   t.allocs[3].alloc_pos = -1;
   r = analyse_activations(t);
