@@ -109,8 +109,7 @@ StepFacts step_facts(const StepTrace& t, uint64_t min_bytes) {
   f.peak = static_cast<uint64_t>(f.live[static_cast<size_t>(f.peak_pos)]);
   // The turnaround is the peak, or the first gradient's birth where that comes earlier (under
   // activation checkpointing the peak lies late in the backward): as analyse_activations.
-  for (const TraceAlloc& a : t.allocs)
-    if (a.alloc_pos >= 0 && a.free_pos < 0 && a.bytes >= kActivationMinBytes) f.peak_pos = std::min(f.peak_pos, a.alloc_pos);
+  f.peak_pos = turn_position(t, f.peak_pos, kActivationMinBytes);
   // Accesses per allocation: the last before the turnaround, the first after it.
   f.fwd_last.assign(t.allocs.size(), -1);
   f.bwd_first.assign(t.allocs.size(), -1);

@@ -339,6 +339,13 @@ void write_chrome_trace(const std::vector<StepTrace>& steps, std::ostream& os) {
   os << "\n]}\n";
 }
 
+int64_t turn_position(const StepTrace& t, int64_t peak_pos, uint64_t min_bytes) {
+  int64_t turn = peak_pos;
+  for (const TraceAlloc& a : t.allocs)
+    if (a.alloc_pos >= 0 && a.free_pos < 0 && a.bytes >= min_bytes) turn = std::min(turn, a.alloc_pos);
+  return turn;
+}
+
 ActivationReport analyse_activations(const StepTrace& t, uint64_t min_bytes) {
   ActivationReport r;
   const int64_t n = static_cast<int64_t>(t.launches.size());
@@ -359,9 +366,7 @@ ActivationReport analyse_activations(const StepTrace& t, uint64_t min_bytes) {
     }
   }
   if (r.peak_pos < 0) return r;
-  r.turn_pos = r.peak_pos;
-  for (const TraceAlloc& a : t.allocs)
-    if (a.alloc_pos >= 0 && a.free_pos < 0 && a.bytes >= min_bytes) r.turn_pos = std::min(r.turn_pos, a.alloc_pos);
+  r.turn_pos = turn_position(t, r.peak_pos, min_bytes);
   std::vector<int64_t> last_use(t.allocs.size(), -1);
   for (const TraceLaunch& l : t.launches)
     for (uint32_t o : l.allocs) last_use[o] = std::max<int64_t>(last_use[o], l.pos);

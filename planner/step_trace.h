@@ -106,6 +106,9 @@ struct ActivationReport {
   size_t small = 0, small_without_backward_access = 0;  // those under min_bytes
 };
 inline constexpr uint64_t kActivationMinBytes = 64 * 1024;
+// The turn from the forward to the backward (ActivationReport above): `peak_pos`, or the first
+// birth of an allocation of at least `min_bytes` that outlives the step where that comes earlier.
+int64_t turn_position(const StepTrace& t, int64_t peak_pos, uint64_t min_bytes);
 ActivationReport analyse_activations(const StepTrace& t, uint64_t min_bytes = kActivationMinBytes);
 
 }  // namespace offload
