@@ -209,11 +209,15 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from, 
   if (!from) got.clear();
   const size_t first = got.size();  // the pieces mapped before `from` stay
   std::vector<uint64_t> events;  // of the spares taken: given back with them if mapping fails
-  auto give_back = [&] {
+  // Refused: the handles taken go back to the spares, and `why` says what failed.
+  auto refuse = [&](const char* what) {
     for (size_t i = first; i < got.size(); ++i)
       add_spare(got[i].bytes, got[i].handle, i - first < events.size() ? events[i - first] : 0);
     got.resize(first);
+    if (why) *why = what;
+    return false;
   };
+  char buf[256];
   // Spares first (pick_spares); one still being copied out of makes `s` wait for that copy.
   // Then new handles for the rest: whole pieces of piece_max, and one handle for the tail.
   // (Tails in handles of a power of two granules were slower on the H200 and did not stop the
@@ -233,16 +237,11 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from, 
     // The caller made room for these bytes (make_room, fits); a handle past the limit means it
     // did not, and refusing here keeps that mistake from becoming a silent overrun.
     if (held_ + pool_share_ + size > limit()) {
-      give_back();
-      if (why) {
-        char buf[256];
-        std::snprintf(buf, sizeof buf,
-                      "backing a range of %s would hold %.3f GiB with %.3f GiB for the allocator's pool, over the "
-                      "limit of %.3f GiB under the budget: no room was made for it",
-                      Size(r.bytes).s, (held_ + size) / kGiB, pool_share_ / kGiB, limit() / kGiB);
-        *why = buf;
-      }
-      return false;
+      std::snprintf(buf, sizeof buf,
+                    "backing a range of %s would hold %.3f GiB with %.3f GiB for the allocator's pool, over the "
+                    "limit of %.3f GiB under the budget: no room was made for it",
+                    Size(r.bytes).s, (held_ + size) / kGiB, pool_share_ / kGiB, limit() / kGiB);
+      return refuse(buf);
     }
     const uint64_t t0 = mono_now_ns();
     const uint64_t h = d_.create_physical(size);
@@ -250,16 +249,11 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from, 
     st_.create_ns += made_ns;
     average(&create_avg_, made_ns);
     if (!h) {
-      give_back();
-      if (why) {
-        char buf[256];
-        std::snprintf(buf, sizeof buf,
-                      "the device refused %.2f GiB with %.2f GiB held under a budget of %.2f GiB: memory outside "
-                      "the allocator (the CUDA context, libraries) leaves less than the budget",
-                      size / kGiB, held_ / kGiB, o_.budget / kGiB);
-        *why = buf;
-      }
-      return false;
+      std::snprintf(buf, sizeof buf,
+                    "the device refused %.2f GiB with %.2f GiB held under a budget of %.2f GiB: memory outside "
+                    "the allocator (the CUDA context, libraries) leaves less than the budget",
+                    size / kGiB, held_ / kGiB, o_.budget / kGiB);
+      return refuse(buf);
     }
     got.push_back({h, size});
     held_ += size;
@@ -277,11 +271,7 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from, 
   const bool apart = granter_ && !copied_into;
   const bool mapped = apart ? d_.map_run_ungranted(r.va + from, hs.data(), sz.data(), hs.size())
                             : d_.map_run(r.va + from, hs.data(), sz.data(), hs.size());
-  if (!mapped) {
-    give_back();
-    if (why) *why = "mapping a range failed";
-    return false;
-  }
+  if (!mapped) return refuse("mapping a range failed");
   if (apart && !hs.empty()) {
     // Granted on the Granter's thread: `s` waits for it on the GPU; any other stream, when a
     // launch there touches the range first (before_launch), or the copy out (enqueue_copy_out).
