@@ -64,8 +64,9 @@ struct ResidencyOptions {
   // A range due for a prefetch is brought back only when the room left after it holds what the
   // live bytes rose by, a step earlier, between this place and its use
   // (OFFLOAD_CAP_PREFETCH_ROOM=on, RoomProfile): room an allocation is about to take is not
-  // room to prefetch into. On by default: on an H100 it sent 58-65% fewer prefetches out unused
-  // on checkpointed Llama and the reference, with no family measurably slower (docs/results.md).
+  // room to prefetch into. On by default: on an H100 it sent 58-72% fewer prefetches out unused
+  // on checkpointed Llama and 19-46% fewer on the reference, with no family measurably slower
+  // (docs/results.md).
   bool prefetch_room = true;
   // The largest physical handle made: a range is backed by handles of this size and one for
   // the rest (or by spares of any size that tile it). 0: one handle per range, and a spare
