@@ -38,6 +38,9 @@ Workload families (seeded, nothing downloaded):
                 the experts' tensors change size with the routing every step
   convnext      torchvision ConvNeXt-T (depthwise 7x7 convolutions, LayerNorm, stochastic depth) under bf16
                 autocast, AdamW
+  varlen_llama  hf_llama with a sequence length drawn from four every step: no two steps need be alike
+  gnn           a message-passing network on random graphs: index_select gathers and index_add_ scatters
+                over irregular indices, a readout per graph, AdamW
   launches      the hooks' cost per launch: 2000 in-place adds on a small tensor a step, no allocation
   allocs        the hooks' cost per allocation: 2000 1 MiB tensors made and freed a step, no launch
 """
@@ -140,116 +143,13 @@ def managed_allocator(workdir):
 
 # ------------------------------------------------------------------------------ workloads
 
-class RecurrentLM(nn.Module):
-    """Embedding, the recurrent layers `make_rnn()` builds, and a head over the vocabulary (made in
-    that order: the seeded initialisation is the same as the families had before)."""
-
-    def __init__(self, vocab, d, make_rnn):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.rnn = make_rnn()
-        self.head = nn.Linear(d, vocab)
-
-    def forward(self, x):
-        return self.head(self.rnn(self.emb(x))[0])
-
-
-class UNet(nn.Module):
-    """Down and up paths of residual blocks (GroupNorm, SiLU, the timestep added), skips joined by
-    torch.cat, self-attention over the lowest resolution's positions."""
-
-    class Block(nn.Module):
-        def __init__(self, cin, cout, tdim):
-            super().__init__()
-            self.n1, self.c1 = nn.GroupNorm(8, cin), nn.Conv2d(cin, cout, 3, padding=1)
-            self.t = nn.Linear(tdim, cout)
-            self.n2, self.c2 = nn.GroupNorm(8, cout), nn.Conv2d(cout, cout, 3, padding=1)
-            self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
-
-        def forward(self, x, temb):
-            h = self.c1(F.silu(self.n1(x))) + self.t(temb)[:, :, None, None]
-            return self.skip(x) + self.c2(F.silu(self.n2(h)))
-
-    def __init__(self, ch, mults=(1, 2, 4), tdim=256):
-        super().__init__()
-        self.tdim = tdim
-        self.temb = nn.Sequential(nn.Linear(tdim, tdim), nn.SiLU(), nn.Linear(tdim, tdim))
-        self.inp = nn.Conv2d(3, ch, 3, padding=1)
-        chans = [ch * m for m in mults]
-        self.down, self.pool, c = nn.ModuleList(), nn.ModuleList(), ch
-        for co in chans:
-            self.down.append(UNet.Block(c, co, tdim))
-            self.pool.append(nn.Conv2d(co, co, 3, stride=2, padding=1))
-            c = co
-        self.mid = UNet.Block(c, c, tdim)
-        self.attn = nn.MultiheadAttention(c, 8, batch_first=True)
-        self.up = nn.ModuleList()
-        for co in reversed(chans):
-            self.up.append(UNet.Block(c + co, co, tdim))
-            c = co
-        self.out = nn.Sequential(nn.GroupNorm(8, c), nn.SiLU(), nn.Conv2d(c, 3, 3, padding=1))
-
-    def forward(self, x, t):
-        half = self.tdim // 2
-        freqs = torch.exp(-torch.arange(half, device=x.device) * (9.21 / half))
-        temb = self.temb(torch.cat([torch.sin(t[:, None] * freqs), torch.cos(t[:, None] * freqs)], dim=1))
-        h, skips = self.inp(x), []
-        for blk, pool in zip(self.down, self.pool):
-            h = blk(h, temb)
-            skips.append(h)
-            h = pool(h)
-        h = self.mid(h, temb)
-        b, c, hh, ww = h.shape
-        seq = h.flatten(2).transpose(1, 2)
-        h = h + self.attn(seq, seq, seq, need_weights=False)[0].transpose(1, 2).reshape(b, c, hh, ww)
-        for blk in self.up:
-            b, c, hh, ww = h.shape  # nearest 2x upsampling whose backward is a sum (interpolate's uses atomics)
-            h = h[:, :, :, None, :, None].expand(b, c, hh, 2, ww, 2).reshape(b, c, 2 * hh, 2 * ww)
-            h = blk(torch.cat([h, skips.pop()], dim=1), temb)
-        return self.out(h)
-
-
-class EmbeddingCat(nn.Module):
-    """`tables` embeddings (one index column each) joined by a many-input torch.cat under an MLP."""
-
-    def __init__(self, tables, rows, d, sparse=False):
-        super().__init__()
-        self.embs = nn.ModuleList(nn.Embedding(rows, d, sparse=sparse) for _ in range(tables))
-        self.mlp = nn.Sequential(nn.Linear(tables * d, 1024), nn.ReLU(), nn.Linear(1024, 1))
-
-    def forward(self, idx):
-        return self.mlp(torch.cat([e(idx[:, i]) for i, e in enumerate(self.embs)], dim=1)).squeeze(1)
-
-
-def mlp_blocks(d, depth):
-    """`depth` blocks of Linear, GELU, Linear and LayerNorm at width `d` (4x inside)."""
-    return nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.LayerNorm(d))
-                           for _ in range(depth)])
-
-
-class Checkpointed(nn.Module):
-    """`inner` under non-reentrant activation checkpointing."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *inputs, **kwargs):
-        from torch.utils.checkpoint import checkpoint
-        return checkpoint(self.inner, *inputs, use_reentrant=False, **kwargs)
-
-
-def hf_for_training(model, ckpt):
-    """A transformers model in training mode, with the checkpointing its users turn on (non-reentrant)."""
-    if ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    return model
+from budget_models import (Checkpointed, EmbeddingCat, RecurrentLM, UNet, FAMILIES,  # noqa: E402
+                           hf_for_training, mlp_blocks)
 
 
 def build(name, seed, scale, ckpt=False):
     torch.manual_seed(seed)
-    if ckpt and name in ("lstm", "embed_cat", "launches", "allocs", "graphed_mlp", "gru_amp", "sparse_embed", "ro_mlp"):
+    if ckpt and name in ("lstm", "embed_cat", "launches", "allocs", "graphed_mlp", "gru_amp", "sparse_embed", "ro_mlp", "gnn"):
         raise NoCheckpointing(name)
     dev = "cuda"
     gen = torch.Generator(device=dev)
@@ -257,6 +157,9 @@ def build(name, seed, scale, ckpt=False):
     def g(step):
         gen.manual_seed(seed * 1_000_003 + step)
         return gen
+
+    if name in FAMILIES:  # built in budget_models.py
+        return FAMILIES[name](scale, dev, g, ckpt)
 
     def classify_step(model, batch, res):
         """A channels-last image classifier's step under bf16 autocast, on 1000 classes."""
