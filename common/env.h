@@ -125,6 +125,12 @@ struct Settings {
   // where an eviction needs it.
   static constexpr uint64_t kHostAheadAuto = UINT64_MAX;
   uint64_t host_ahead = 0;
+  // OFFLOAD_HOST_PREMAKE=auto|off|SIZE: under the cap, host memory for evicted bytes faulted in by
+  // a thread of the shim's own from the first allocation until the first eviction, when the host is
+  // otherwise idle (residency/host_premade.h). auto (the default): as much as the budget, within
+  // OFFLOAD_HOST_LIMIT; off: none, the first steps make it where evictions need it.
+  static constexpr uint64_t kHostPremakeAuto = UINT64_MAX;
+  uint64_t host_premake = kHostPremakeAuto;
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // OFFLOAD_OBSERVE=light|full. Full: every launch is scanned for the allocations it touches,
   // and steps are found and timed (CUPTI), as a budget and OFFLOAD_TRACE need. Light: launches

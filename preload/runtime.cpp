@@ -134,6 +134,7 @@ void Runtime::stop() {
   stop_.store(true);
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (premade_) premade_->stop();
 }
 
 void Runtime::worker() {
@@ -162,6 +163,7 @@ void Runtime::end_at_exit() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (worker_done_.load(std::memory_order_acquire)) thread_.join();
   else thread_.detach();
+  if (premade_) premade_->stop();  // within one piece (tens of ms)
   if (Residency* r = cap_.load(std::memory_order_acquire)) r->end_grants();  // OFFLOAD_CAP_GRANT=apart's thread
 }
 

@@ -40,6 +40,7 @@
 #include "plan_controller.h"
 #include "planner/planner.h"
 #include "residency/cap_and_plan.h"
+#include "residency/host_premade.h"
 #include "residency/residency.h"
 #include "shim.h"
 #include "step_telemetry.h"
@@ -219,6 +220,8 @@ class Runtime final : private PlanContext {
   std::unique_ptr<CapAndPlan> gates_;
   // The hard cap (OFFLOAD_CAP, the default with a budget): built at the first allocation.
   std::unique_ptr<ChunkSource> pool_chunks_;  // the store's chunks from offloadd's pool
+  std::unique_ptr<PremadeHost> premade_;      // then those faulted in before the first eviction
+  bool said_premade_ = false;                 // its first take said (worker)
   std::unique_ptr<HostStore> host_store_;
   std::unique_ptr<Residency> residency_;
   std::atomic<Residency*> cap_{nullptr};

@@ -30,7 +30,17 @@ void Runtime::start_cap() {
   // A plan of arenas on top (OFFLOAD_CAP_PLAN) pins the pool's extents in its own grid: the store
   // then keeps to this process's memory, so that no page is registered twice.
   if (!planning_) pool_chunks_ = std::make_unique<LinkChunks>(link_);
-  host_store_ = std::make_unique<HostStore>(driver_, ho, pool_chunks_.get());
+  ChunkSource* chunks = pool_chunks_.get();
+  if (!planning_ && settings_.host_premake) {
+    // Faulted in while the model is built and the first launches run, until the first eviction:
+    // as much as the budget (what a model twice its size forces out) unless set.
+    const uint64_t limit = ho.limit ? ho.limit : HostStore::mem_available() / 4 * 3;
+    PremadeHost::Options po;
+    po.target = std::min(settings_.host_premake == Settings::kHostPremakeAuto ? budget : settings_.host_premake, limit);
+    premade_ = std::make_unique<PremadeHost>(po, chunks, [this] { return link_.up(); });
+    chunks = premade_.get();
+  }
+  host_store_ = std::make_unique<HostStore>(driver_, ho, chunks);
   Residency::Options ro;
   ro.budget = budget;
   ro.min_bytes = settings_.cap_min;
@@ -52,6 +62,7 @@ void Runtime::start_cap() {
   cap_context_ = context();
   cap_device_ = driver_.device();
   cap_.store(residency_.get(), std::memory_order_release);
+  if (premade_) premade_->start();
   log().info("device budget {:.2f} GiB ({} bytes), held from the first allocation: allocations of at least {:.1f} MiB "
              "are moved to host memory (up to {:.1f} GiB, OFFLOAD_HOST_LIMIT) when the budget needs room",
              budget / kGiB, budget, residency_->min_bytes() / double(1 << 20), host_store_->limit() / kGiB);
@@ -168,8 +179,20 @@ void Runtime::check_allocations_seen() {
 }
 
 void Runtime::grow_host_ahead() {
+  if (!cap_.load(std::memory_order_acquire)) return;
   const uint64_t reserve = host_reserve_.load(std::memory_order_relaxed);
-  if (reserve && cap_.load(std::memory_order_acquire)) host_store_->grow_ahead(reserve);
+  if (reserve) host_store_->grow_ahead(reserve);
+  if (!premade_) return;
+  const PremadeHost::Stats pm = premade_->stats();
+  if (!said_premade_ && pm.taken) {
+    said_premade_ = true;
+    log().info("host memory for evicted bytes: {:.2f} GiB faulted in before the first eviction ({:.1f} s on a thread of "
+               "its own, OFFLOAD_HOST_PREMAKE), only its pinning left to pay",
+               pm.made / kGiB, pm.make_ns / 1e9);
+  }
+  if (const uint64_t back = premade_->trim_idle(mono_ns()))
+    log().info("host memory faulted in ahead and not needed given back: {:.2f} GiB of {:.2f} GiB ({:.2f} GiB taken)",
+               back / kGiB, pm.made / kGiB, pm.taken / kGiB);
 }
 
 void Runtime::log_capped_step(const StepTrace& t, int64_t wall_ns) {

@@ -240,7 +240,7 @@ bool Residency::back_range(Range& r, Stream s, std::string* why, uint64_t from, 
       std::snprintf(buf, sizeof buf,
                     "backing a range of %s would hold %.3f GiB with %.3f GiB for the allocator's pool, over the "
                     "limit of %.3f GiB under the budget: no room was made for it",
-                    Size(r.bytes).s, (held_ + size) / kGiB, pool_share_ / kGiB, limit() / kGiB);
+                    SizeText(r.bytes).s, (held_ + size) / kGiB, pool_share_ / kGiB, limit() / kGiB);
       return refuse(buf);
     }
     const uint64_t t0 = mono_now_ns();

@@ -8,20 +8,6 @@
 #include "common/log.h"
 
 namespace offload {
-namespace {
-
-// A size for a message: GiB from 1 GiB up, else MiB (a 2 MiB allocation is not "0.00 GiB").
-struct Size {
-  char s[32];
-  explicit Size(uint64_t b) {
-    if (b >= (1ull << 30)) std::snprintf(s, sizeof s, "%.2f GiB", b / kGiB);
-    else std::snprintf(s, sizeof s, "%.1f MiB", b / double(1 << 20));
-  }
-};
-
-
-}  // namespace
-
 Residency::Residency(Driver& d, HostStore& host, Options o) : d_(d), host_(host), o_(o) {
   gran_ = d_.vmm_granularity();
   if (!gran_) gran_ = 2ull << 20;
@@ -252,7 +238,7 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     std::snprintf(buf, sizeof buf,
                   "%s more cannot fit the device budget of %.2f GiB: %.2f GiB held, %.2f GiB of it in use by "
                   "launches in flight, %.2f GiB set aside for the allocator's pool",
-                  Size(need).s, o_.budget / kGiB, held_ / kGiB, pinned / kGiB, pool_share_ / kGiB);
+                  SizeText(need).s, o_.budget / kGiB, held_ / kGiB, pinned / kGiB, pool_share_ / kGiB);
     *why = buf;
   }
   return false;
@@ -338,7 +324,7 @@ DevPtr Residency::new_range(uint64_t size, Stream s, uint64_t* tag, bool* refuse
       std::snprintf(buf, sizeof buf,
                     "an allocation of %s cannot fit the device budget of %.2f GiB (%.2f GiB set aside for "
                     "the allocator's pool)",
-                    Size(size).s, o_.budget / kGiB, pool_share_ / kGiB);
+                    SizeText(size).s, o_.budget / kGiB, pool_share_ / kGiB);
       *why = buf;
     }
     error_ = *why;

@@ -4,12 +4,22 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 
 #include "core/gate_chunks.h"
 
 namespace offload {
 
 inline constexpr double kGiB = double(1ull << 30);  // bytes in a GiB, for messages
+
+// A size for a message: GiB from 1 GiB up, else MiB (a 2 MiB allocation is not "0.00 GiB").
+struct SizeText {
+  char s[32];
+  explicit SizeText(uint64_t b) {
+    if (b >= (1ull << 30)) std::snprintf(s, sizeof s, "%.2f GiB", b / double(1ull << 30));
+    else std::snprintf(s, sizeof s, "%.1f MiB", b / double(1 << 20));
+  }
+};
 
 struct ResidencyOptions {
   uint64_t budget = 0;     // device bytes: our handles plus the pool's share

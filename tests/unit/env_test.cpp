@@ -234,6 +234,11 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_HOST_AHEAD", "off").host_ahead, 0u);
   EXPECT_EQ(one("OFFLOAD_HOST_AHEAD", "0").host_ahead, 0u);
   EXPECT_EQ(one("OFFLOAD_HOST_AHEAD", "3GiB").host_ahead, 3ull << 30);
+  EXPECT_EQ(one("OFFLOAD_DISABLE", "0").host_premake, Settings::kHostPremakeAuto);
+  EXPECT_EQ(one("OFFLOAD_HOST_PREMAKE", "auto").host_premake, Settings::kHostPremakeAuto);
+  EXPECT_EQ(one("OFFLOAD_HOST_PREMAKE", "off").host_premake, 0u);
+  EXPECT_EQ(one("OFFLOAD_HOST_PREMAKE", "0").host_premake, 0u);
+  EXPECT_EQ(one("OFFLOAD_HOST_PREMAKE", "16GiB").host_premake, 16ull << 30);
 }
 
 TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
@@ -251,6 +256,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_CAP_RECOMPUTE_UPDATES", "yes"}, {"OFFLOAD_CAP_AHEAD_HORIZON", "far"}, {"OFFLOAD_CAP_GRANT", "later"}, {"OFFLOAD_CAP_GATE", "on"}, {"OFFLOAD_CAP_GATE", "4KiB"}, {"OFFLOAD_CAP_GATE", "2GiB"}, {"OFFLOAD_CAP_GATE_AHEAD", "0"}, {"OFFLOAD_CAP_GATE_AHEAD", "4096"}, {"OFFLOAD_CAP_GATE_AHEAD", "many"}, {"OFFLOAD_CAP_AHEAD_HORIZON", "1"},
       {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"}, {"OFFLOAD_CAP_PREFETCH_GROW", "never"}, {"OFFLOAD_CAP_PREFETCH_ORDER", "furthest"}, {"OFFLOAD_CAP_VICTIMS", "belady"}, {"OFFLOAD_CAP_PREFETCH_HOLD", "yes"}, {"OFFLOAD_CAP_PREFETCH_ROOM", "1"},
       {"OFFLOAD_HOST_AHEAD", "on"}, {"OFFLOAD_HOST_AHEAD", "1MiB"}, {"OFFLOAD_HOST_AHEAD", "-1GiB"},
+      {"OFFLOAD_HOST_PREMAKE", "on"}, {"OFFLOAD_HOST_PREMAKE", "1MiB"}, {"OFFLOAD_HOST_PREMAKE", "lots"},
   };
   for (auto [var, val] : bad) {
     Env env;

@@ -1,0 +1,120 @@
+#include "residency/host_premade.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+
+#include "common/clock.h"
+
+namespace offload {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+
+uint64_t page_round(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
+
+}  // namespace
+
+PremadeHost::PremadeHost(Options o, ChunkSource* first, std::function<bool()> skip)
+    : o_(o), first_(first), skip_(std::move(skip)) {
+  if (o_.piece < kPage) o_.piece = kPage;
+  o_.piece = page_round(o_.piece);
+  const uint64_t bytes = page_round(o_.target);
+  if (!bytes) return;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return;
+  // A forked child (a data loader's worker) neither needs these pages nor should copy their tables.
+  madvise(p, bytes, MADV_DONTFORK);
+  base_ = static_cast<unsigned char*>(p);
+  bytes_ = bytes;
+}
+
+PremadeHost::~PremadeHost() {
+  stop();
+  if (base_) munmap(base_, bytes_);
+}
+
+void PremadeHost::start() {
+  std::lock_guard tl(thread_mu_);
+  if (!base_ || thread_.joinable() || stop_.load()) return;
+  making_.store(true);
+  thread_ = std::thread([this] { run(); });
+}
+
+void PremadeHost::run() {
+  while (make_more(o_.piece) != 0) {
+  }
+  std::lock_guard lk(mu_);
+  making_.store(false);
+  last_ns_ = mono_ns();
+  made_cv_.notify_all();
+}
+
+uint64_t PremadeHost::make_more(uint64_t max_bytes) {
+  const int64_t t0 = mono_ns();
+  uint64_t made = 0;
+  while (made < max_bytes && !stop_.load(std::memory_order_acquire) && !(skip_ && skip_())) {
+    const uint64_t from = frontier_.load(std::memory_order_relaxed);
+    if (from >= bytes_) break;
+    const uint64_t n = std::min({max_bytes - made, bytes_ - from, o_.piece});
+    // One write a page faults it in; the pages are fresh (zero), so the write changes nothing.
+    volatile unsigned char* p = base_ + from;
+    for (uint64_t off = 0; off < n; off += kPage) p[off] = 0;
+    frontier_.store(from + n, std::memory_order_release);
+    made += n;
+  }
+  if (made) make_ns_.fetch_add(mono_ns() - t0, std::memory_order_relaxed);
+  return made;
+}
+
+void PremadeHost::end_making() {
+  stop_.store(true, std::memory_order_release);
+  std::unique_lock lk(mu_);
+  made_cv_.wait(lk, [this] { return !making_.load(); });
+}
+
+void* PremadeHost::take(uint64_t bytes) {
+  if (first_)
+    if (void* p = first_->take(bytes)) return p;
+  if (!base_) return nullptr;
+  end_making();  // no page handed out is written by the thread
+  bytes = page_round(std::max<uint64_t>(bytes, 1));
+  std::lock_guard lk(mu_);
+  if (bytes > bytes_ - next_) return nullptr;
+  void* p = base_ + next_;
+  next_ += bytes;
+  taken_ += bytes;
+  last_ns_ = mono_ns();
+  return p;
+}
+
+uint64_t PremadeHost::trim_idle(int64_t now_ns) {
+  std::lock_guard lk(mu_);
+  if (trimmed_ || !base_ || making_.load() || last_ns_ == 0 || now_ns - last_ns_ < o_.idle_ns) return 0;
+  trimmed_ = true;
+  const uint64_t from = page_round(next_), to = frontier_.load(std::memory_order_acquire);
+  if (to <= from) return 0;
+  madvise(base_ + from, to - from, MADV_DONTNEED);
+  frontier_.store(from, std::memory_order_release);
+  released_ = to - from;
+  return released_;
+}
+
+void PremadeHost::stop() {
+  std::lock_guard tl(thread_mu_);
+  stop_.store(true, std::memory_order_release);
+  if (thread_.joinable()) thread_.join();
+}
+
+PremadeHost::Stats PremadeHost::stats() const {
+  std::lock_guard lk(mu_);
+  Stats s;
+  s.made = frontier_.load(std::memory_order_acquire) + released_;
+  s.taken = taken_;
+  s.released = released_;
+  s.make_ns = make_ns_.load(std::memory_order_relaxed);
+  s.making = making_.load();
+  return s;
+}
+
+}  // namespace offload

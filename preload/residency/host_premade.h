@@ -1,0 +1,91 @@
+// PremadeHost: host memory for evicted bytes, faulted in before the first eviction needs it.
+//
+// What holds a capped process's first step is making host memory: faulting fresh anonymous
+// memory in costs about 300-470 ms/GiB on the GPU machines' hosts, pinning memory already faulted
+// in about 42 (docs/results.md, "The first step waits for host memory"). Between the first
+// allocation under the budget and the first eviction the process builds its model and starts
+// its first step while the host's memory system is idle: a thread of its own faults memory in
+// then, and the host store takes its chunks from here first, so that only pinning is left to pay.
+//
+// The thread stops at the first take(), which waits for the piece it is faulting (at most
+// `piece` bytes): faulting while steps run slowed the driver's mappings (results.md), and no
+// page the store was given is ever written here. What the store has not taken once no take has
+// come for `idle_ns` after the making ended is given back to the system (madvise DONTNEED; the
+// addresses stay reserved and are faulted again if the store takes them later). The memory is
+// one reservation, never inherited by a forked child (MADV_DONTFORK).
+//
+// A first ChunkSource (offloadd's pool) is asked first; while `skip()` is true (that pool can
+// lend), nothing is made here.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "residency/host_store.h"
+
+namespace offload {
+
+class PremadeHost final : public ChunkSource {
+ public:
+  struct Options {
+    uint64_t target = 0;                  // bytes to fault in at most (the reservation's size)
+    uint64_t piece = 64ull << 20;         // faulted between looks at whether to stop
+    int64_t idle_ns = 10'000'000'000;     // no take for this long after the making: the rest goes back
+  };
+  struct Stats {
+    uint64_t made = 0;      // bytes faulted in here
+    uint64_t taken = 0;     // bytes lent to the store
+    uint64_t released = 0;  // bytes made, never taken, given back
+    int64_t make_ns = 0;    // the thread's time faulting
+    bool making = false;    // the thread is still at it
+  };
+
+  // Reserves `o.target` bytes (nothing when 0 or the reservation fails); start() begins the making.
+  explicit PremadeHost(Options o, ChunkSource* first = nullptr, std::function<bool()> skip = {});
+  ~PremadeHost() override;
+  PremadeHost(const PremadeHost&) = delete;
+  PremadeHost& operator=(const PremadeHost&) = delete;
+
+  void start();
+  // Faults up to `max_bytes` more in, on the caller's thread (the thread's step; tests); returns
+  // the bytes faulted. 0 once stopped, at the target, or while skip() holds.
+  uint64_t make_more(uint64_t max_bytes);
+  // From the first source, else carved from the reservation (faulted in or not): the first call
+  // stops the making. nullptr once the reservation is used up.
+  void* take(uint64_t bytes) override;
+  // Gives back what was made and not taken, once the making has ended and no take has come for
+  // idle_ns (at most once). Returns the bytes given back. For the shim's worker.
+  uint64_t trim_idle(int64_t now_ns);
+  // Stops the making and joins the thread (the exit paths; take() stops it too).
+  void stop();
+  Stats stats() const;
+  uint64_t reserved() const { return bytes_; }
+
+ private:
+  void run();
+  void end_making();  // holds no lock; returns once the thread faults nothing more
+
+  Options o_;
+  ChunkSource* first_;
+  std::function<bool()> skip_;
+  unsigned char* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> frontier_{0};  // bytes from base_ faulted in
+  std::atomic<bool> making_{false};    // run() is between pieces or in one
+  std::atomic<int64_t> make_ns_{0};
+  mutable std::mutex mu_;
+  std::condition_variable made_cv_;  // run() ended
+  uint64_t next_ = 0;                // bytes from base_ carved for the store
+  uint64_t taken_ = 0, released_ = 0;
+  int64_t last_ns_ = 0;              // the last take, or the end of the making
+  bool trimmed_ = false;
+  std::mutex thread_mu_;  // start() and stop() against each other
+  std::thread thread_;
+};
+
+}  // namespace offload

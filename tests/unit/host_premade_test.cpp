@@ -1,0 +1,158 @@
+// PremadeHost: host memory faulted in before the first eviction (preload/residency/host_premade.h).
+// Whether a page is faulted in is read from the kernel (mincore), not from the class's counters.
+#include "residency/host_premade.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "core/sim_driver.h"
+
+namespace offload {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+// How many of the pages of [p, p + bytes) are in memory.
+uint64_t resident_pages(const void* p, uint64_t bytes) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v((bytes + page - 1) / page);
+  if (mincore(const_cast<void*>(p), bytes, v.data()) != 0) return UINT64_MAX;
+  uint64_t n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n;
+}
+
+uint64_t pages(uint64_t bytes) { return bytes / static_cast<uint64_t>(sysconf(_SC_PAGESIZE)); }
+
+PremadeHost::Options target(uint64_t bytes, uint64_t piece = kMiB) {
+  PremadeHost::Options o;
+  o.target = bytes;
+  o.piece = piece;
+  return o;
+}
+
+// Lends one buffer, once.
+struct OneChunk : ChunkSource {
+  std::vector<unsigned char> buf = std::vector<unsigned char>(4 * kMiB);
+  int asked = 0;
+  void* take(uint64_t bytes) override {
+    ++asked;
+    return asked == 1 && bytes <= buf.size() ? buf.data() : nullptr;
+  }
+};
+
+TEST(PremadeHost, WhatIsFaultedInBeforeTheFirstTakeIsWhatTheStoreIsGiven) {
+  PremadeHost pm(target(8 * kMiB));
+  EXPECT_EQ(pm.make_more(6 * kMiB), 6 * kMiB);
+  auto* a = static_cast<unsigned char*>(pm.take(4 * kMiB));
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(resident_pages(a, 4 * kMiB), pages(4 * kMiB));  // faulted in before it was asked for
+  EXPECT_EQ(resident_pages(a + 6 * kMiB, 2 * kMiB), 0u);     // past what was made: not yet
+  EXPECT_EQ(pm.make_more(2 * kMiB), 0u);                     // the first take ended the making
+  auto* b = static_cast<unsigned char*>(pm.take(4 * kMiB));
+  EXPECT_EQ(b, a + 4 * kMiB);                                // carved after the first
+  EXPECT_EQ(pm.take(kMiB), nullptr);                         // the reservation is used up
+  const PremadeHost::Stats s = pm.stats();
+  EXPECT_EQ(s.made, 6 * kMiB);
+  EXPECT_EQ(s.taken, 8 * kMiB);
+}
+
+TEST(PremadeHost, TheThreadEndsBeforeTheFirstTakeReturnsAndNeverWritesWhatWasGiven) {
+  PremadeHost pm(target(512 * kMiB, kMiB));
+  pm.start();
+  const int64_t deadline = mono_ns() + 20'000'000'000;
+  while (pm.stats().made < 4 * kMiB && mono_ns() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_GE(pm.stats().made, 4 * kMiB);
+  auto* a = static_cast<unsigned char*>(pm.take(256 * kMiB));  // past what is made, as likely as not
+  ASSERT_NE(a, nullptr);
+  EXPECT_FALSE(pm.stats().making);  // take() waited for the piece being faulted
+  std::memset(a, 0xA5, 256 * kMiB);
+  const uint64_t made = pm.stats().made;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(pm.stats().made, made);
+  for (uint64_t off = 0; off < 256 * kMiB; off += 4096) ASSERT_EQ(a[off], 0xA5) << off;
+}
+
+TEST(PremadeHost, WhatWasNotTakenGoesBackOnceNoTakeCameForTheIdleTime) {
+  PremadeHost::Options o = target(16 * kMiB);
+  o.idle_ns = 1'000'000'000;
+  PremadeHost pm(o);
+  ASSERT_EQ(pm.make_more(16 * kMiB), 16 * kMiB);
+  auto* a = static_cast<unsigned char*>(pm.take(4 * kMiB));
+  ASSERT_NE(a, nullptr);
+  std::memset(a, 0x5A, 4 * kMiB);
+  EXPECT_EQ(pm.trim_idle(mono_ns()), 0u);  // a take just came
+  EXPECT_EQ(resident_pages(a + 4 * kMiB, 12 * kMiB), pages(12 * kMiB));
+  EXPECT_EQ(pm.trim_idle(mono_ns() + o.idle_ns + 1), 12 * kMiB);
+  EXPECT_EQ(resident_pages(a + 4 * kMiB, 12 * kMiB), 0u);  // given back to the system
+  EXPECT_EQ(resident_pages(a, 4 * kMiB), pages(4 * kMiB));  // the store's stays
+  EXPECT_EQ(a[0], 0x5A);
+  EXPECT_EQ(pm.trim_idle(mono_ns() + 2 * o.idle_ns), 0u);  // once
+  auto* b = static_cast<unsigned char*>(pm.take(4 * kMiB));  // still lent, faulted in anew by its user
+  ASSERT_EQ(b, a + 4 * kMiB);
+  std::memset(b, 1, 4 * kMiB);
+  EXPECT_EQ(pm.stats().released, 12 * kMiB);
+}
+
+TEST(PremadeHost, AFirstSourceLendsFirstAndWhileItCanNothingIsMade) {
+  OneChunk pool;
+  bool pool_up = true;
+  PremadeHost pm(target(8 * kMiB), &pool, [&] { return pool_up; });
+  EXPECT_EQ(pm.make_more(8 * kMiB), 0u);  // the pool lends: nothing made here
+  EXPECT_EQ(pm.take(kMiB), pool.buf.data());
+  pool_up = false;
+  void* own = pm.take(kMiB);  // the pool refuses: carved here
+  ASSERT_NE(own, nullptr);
+  EXPECT_NE(own, pool.buf.data());
+  EXPECT_EQ(pool.asked, 2);
+}
+
+TEST(PremadeHost, NoTargetMakesNothingAndLendsNothing) {
+  PremadeHost pm(target(0));
+  pm.start();
+  EXPECT_EQ(pm.make_more(kMiB), 0u);
+  EXPECT_EQ(pm.take(kMiB), nullptr);
+  EXPECT_EQ(pm.trim_idle(mono_ns() + 100'000'000'000), 0u);
+}
+
+TEST(PremadeHost, TheHostStoreTakesItsChunksAsLentAndPinsThem) {
+  SimDriver sim;
+  PremadeHost pm(target(4 * kMiB));
+  ASSERT_EQ(pm.make_more(4 * kMiB), 4 * kMiB);
+  HostStore::Options o;
+  o.chunk_bytes = kMiB;
+  o.limit = 8 * kMiB;
+  HostStore h(sim, o, &pm);
+  std::vector<void*> slots;
+  for (int i = 0; i < 6; ++i) slots.push_back(h.take(kMiB));
+  for (void* p : slots) ASSERT_NE(p, nullptr);
+  const HostStore::Stats s = h.stats();
+  EXPECT_EQ(s.lent, 4 * kMiB);  // the four made ahead
+  EXPECT_EQ(s.mapped, 6 * kMiB);  // then two of the store's own, past the reservation
+  EXPECT_EQ(sim.pinned().size(), 6u);
+  EXPECT_EQ(pm.stats().taken, 4 * kMiB);
+  EXPECT_EQ(resident_pages(slots[0], 4 * kMiB), pages(4 * kMiB));
+}
+
+TEST(PremadeHost, StopEndsTheMakingAndAStartAfterItDoesNothing) {
+  PremadeHost pm(target(1024 * kMiB, kMiB));
+  pm.start();
+  pm.stop();
+  EXPECT_FALSE(pm.stats().making);
+  const uint64_t made = pm.stats().made;
+  pm.start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(pm.stats().made, made);
+  EXPECT_LT(made, 1024 * kMiB);
+}
+
+}  // namespace
+}  // namespace offload
