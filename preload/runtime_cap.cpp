@@ -33,10 +33,14 @@ void Runtime::start_cap() {
   ChunkSource* chunks = pool_chunks_.get();
   if (!planning_ && settings_.host_premake) {
     // Faulted in while the model is built and the first launches run, until the first eviction:
-    // as much as the budget (what a model twice its size forces out) unless set.
-    const uint64_t limit = ho.limit ? ho.limit : HostStore::mem_available() / 4 * 3;
+    // unless set, as much as the budget (what a model twice its size forces out) and a quarter of
+    // the host's available memory, which a model that fits holds for a minute for nothing.
+    const uint64_t avail = HostStore::mem_available();
+    const uint64_t limit = ho.limit ? ho.limit : avail / 4 * 3;
+    const uint64_t want = settings_.host_premake == Settings::kHostPremakeAuto ? std::min(budget, avail / 4)
+                                                                              : settings_.host_premake;
     PremadeHost::Options po;
-    po.target = std::min(settings_.host_premake == Settings::kHostPremakeAuto ? budget : settings_.host_premake, limit);
+    po.target = std::min(want, limit);
     premade_ = std::make_unique<PremadeHost>(po, chunks, [this] { return link_.up(); });
     chunks = premade_.get();
   }

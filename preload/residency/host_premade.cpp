@@ -90,7 +90,8 @@ void* PremadeHost::take(uint64_t bytes) {
 
 uint64_t PremadeHost::trim_idle(int64_t now_ns) {
   std::lock_guard lk(mu_);
-  if (trimmed_ || !base_ || making_.load() || last_ns_ == 0 || now_ns - last_ns_ < o_.idle_ns) return 0;
+  if (trimmed_ || !base_ || making_.load() || last_ns_ == 0) return 0;
+  if (now_ns - last_ns_ < (taken_ ? o_.idle_ns : o_.unused_ns)) return 0;
   trimmed_ = true;
   const uint64_t from = page_round(next_), to = frontier_.load(std::memory_order_acquire);
   if (to <= from) return 0;

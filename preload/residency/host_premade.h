@@ -9,10 +9,11 @@
 //
 // The thread stops at the first take(), which waits for the piece it is faulting (at most
 // `piece` bytes): faulting while steps run slowed the driver's mappings (results.md), and no
-// page the store was given is ever written here. What the store has not taken once no take has
-// come for `idle_ns` after the making ended is given back to the system (madvise DONTNEED; the
-// addresses stay reserved and are faulted again if the store takes them later). The memory is
-// one reservation, never inherited by a forked child (MADV_DONTFORK).
+// page the store was given is ever written here. What the store has not taken is given back to
+// the system (madvise DONTNEED; the addresses stay reserved and are faulted again if the store
+// takes them later) once no take has come for `idle_ns`, or, when none came at all (the model
+// fits the budget, or its first eviction is late), for `unused_ns` since the making ended. The
+// memory is one reservation, never inherited by a forked child (MADV_DONTFORK).
 //
 // A first ChunkSource (offloadd's pool) is asked first; while `skip()` is true (that pool can
 // lend), nothing is made here.
@@ -34,7 +35,8 @@ class PremadeHost final : public ChunkSource {
   struct Options {
     uint64_t target = 0;                  // bytes to fault in at most (the reservation's size)
     uint64_t piece = 64ull << 20;         // faulted between looks at whether to stop
-    int64_t idle_ns = 10'000'000'000;     // no take for this long after the making: the rest goes back
+    int64_t idle_ns = 10'000'000'000;     // no take for this long since the last: the rest goes back
+    int64_t unused_ns = 60'000'000'000;   // no take at all for this long since the making ended: all of it
   };
   struct Stats {
     uint64_t made = 0;      // bytes faulted in here
@@ -58,7 +60,8 @@ class PremadeHost final : public ChunkSource {
   // stops the making. nullptr once the reservation is used up.
   void* take(uint64_t bytes) override;
   // Gives back what was made and not taken, once the making has ended and no take has come for
-  // idle_ns (at most once). Returns the bytes given back. For the shim's worker.
+  // idle_ns (unused_ns when none came yet); at most once. Returns the bytes given back. For the
+  // shim's worker.
   uint64_t trim_idle(int64_t now_ns);
   // Stops the making and joins the thread (the exit paths; take() stops it too).
   void stop();

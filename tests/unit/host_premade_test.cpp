@@ -102,6 +102,22 @@ TEST(PremadeHost, WhatWasNotTakenGoesBackOnceNoTakeCameForTheIdleTime) {
   EXPECT_EQ(pm.stats().released, 12 * kMiB);
 }
 
+TEST(PremadeHost, WithNoTakeAtAllTheMemoryGoesBackOnlyAfterTheLongerWait) {
+  PremadeHost::Options o = target(8 * kMiB, kMiB);
+  o.idle_ns = 1'000'000'000;
+  o.unused_ns = 5'000'000'000;
+  PremadeHost pm(o);
+  pm.start();  // makes all 8 MiB and ends, the end's time noted
+  const int64_t deadline = mono_ns() + 20'000'000'000;
+  while (pm.stats().making && mono_ns() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_FALSE(pm.stats().making);
+  ASSERT_EQ(pm.stats().made, 8 * kMiB);
+  const int64_t ended = mono_ns();
+  EXPECT_EQ(pm.trim_idle(ended + 2 * o.idle_ns), 0u);  // a late first eviction still finds it made
+  EXPECT_EQ(pm.trim_idle(ended + o.unused_ns + 1), 8 * kMiB);
+  EXPECT_EQ(pm.stats().released, 8 * kMiB);
+}
+
 TEST(PremadeHost, AFirstSourceLendsFirstAndWhileItCanNothingIsMade) {
   OneChunk pool;
   bool pool_up = true;
