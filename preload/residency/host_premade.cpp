@@ -80,7 +80,9 @@ void* PremadeHost::take(uint64_t bytes) {
   end_making();  // no page handed out is written by the thread
   bytes = page_round(std::max<uint64_t>(bytes, 1));
   std::lock_guard lk(mu_);
-  if (bytes > bytes_ - next_) return nullptr;
+  // Only what was faulted in: memory past it costs its user as much as the store's own, and the
+  // store counts its own as made where needed (host_making_note).
+  if (bytes > frontier_.load(std::memory_order_acquire) - next_) return nullptr;
   void* p = base_ + next_;
   next_ += bytes;
   taken_ += bytes;

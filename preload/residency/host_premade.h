@@ -10,8 +10,7 @@
 // The thread stops at the first take(), which waits for the piece it is faulting (at most
 // `piece` bytes): faulting while steps run slowed the driver's mappings (results.md), and no
 // page the store was given is ever written here. What the store has not taken is given back to
-// the system (madvise DONTNEED; the addresses stay reserved and are faulted again if the store
-// takes them later) once no take has come for `idle_ns`, or, when none came at all (the model
+// the system (madvise DONTNEED) once no take has come for `idle_ns`, or, when none came at all (the model
 // fits the budget, or its first eviction is late), for `unused_ns` since the making ended. The
 // memory is one reservation, never inherited by a forked child (MADV_DONTFORK).
 //
@@ -56,8 +55,8 @@ class PremadeHost final : public ChunkSource {
   // Faults up to `max_bytes` more in, on the caller's thread (the thread's step; tests); returns
   // the bytes faulted. 0 once stopped, at the target, or while skip() holds.
   uint64_t make_more(uint64_t max_bytes);
-  // From the first source, else carved from the reservation (faulted in or not): the first call
-  // stops the making. nullptr once the reservation is used up.
+  // From the first source, else carved from what was faulted in here (the first call here stops
+  // the making); nullptr when what is left of it is smaller.
   void* take(uint64_t bytes) override;
   // Gives back what was made and not taken, once the making has ended and no take has come for
   // idle_ns (unused_ns when none came yet); at most once. Returns the bytes given back. For the
