@@ -156,6 +156,7 @@ void HostStore::pin(Made* m, uint64_t size) const {
 
 void HostStore::note_made(const Made& m) {
   st_.pin_ns += m.pin_ns;
+  if (m.lent) st_.pin_lent_ns += m.pin_ns;
   st_.pin_failures += m.pin_failures;
 }
 
@@ -243,7 +244,8 @@ HostStore::Stats HostStore::stats() const {
 std::string host_making_note(uint64_t step, int64_t step_ns, const HostStore::Stats& now, const HostStore::Stats& was) {
   const uint64_t made_now = now.mapped - now.lent - now.ahead, made_was = was.mapped - was.lent - was.ahead;
   const uint64_t made = made_now - std::min(made_now, made_was);  // where take() needed it
-  const int64_t pin_ns = now.pin_ns - was.pin_ns;
+  // Only the store's own memory: pinning what a source lent is the faster part, not this cost.
+  const int64_t pin_ns = (now.pin_ns - now.pin_lent_ns) - (was.pin_ns - was.pin_lent_ns);
   if (made < (1ull << 30) || pin_ns < 500'000'000 || pin_ns * 4 < step_ns) return "";
   const double gib = double(1ull << 30);
   const uint64_t pool_gib = (now.mapped + now.mapped / 4 + (1ull << 30) - 1) >> 30;

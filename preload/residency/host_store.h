@@ -63,6 +63,7 @@ class HostStore {
     uint64_t refused = 0;  // take() past the limit
     int64_t pin_ns = 0;    // wall time pinning chunks where take() needed them (which faults them in)
     uint64_t lent = 0;     // of `mapped`, the bytes a ChunkSource lent
+    int64_t pin_lent_ns = 0;   // of pin_ns, pinning what a ChunkSource lent (made before, so quicker)
     uint64_t free_blocks = 0;  // free blocks inside chunks (how fragmented the room is)
     uint64_t ahead = 0;        // of `mapped`, the bytes grow_ahead() made
     int64_t ahead_ns = 0;      // wall time grow_ahead() spent making and pinning them (not in pin_ns)

@@ -387,6 +387,12 @@ TEST(HostStore, AStepThatSpentItsTimeMakingHostMemorySaysSo) {
   HostStore::Stats quick = now;
   quick.pin_ns = 400'000'000;
   EXPECT_EQ(host_making_note(1, 1'000'000'000, quick, was), "") << "under half a second";
+  HostStore::Stats part_lent = now;  // half of it lent and quickly pinned: the time is the own half's
+  part_lent.lent = now.mapped / 2;
+  part_lent.pin_ns = 5'000'000'000;
+  part_lent.pin_lent_ns = 400'000'000;
+  const std::string own = host_making_note(1, 7'700'000'000, part_lent, was);
+  EXPECT_NE(own.find("step 1 spent 4.6 s of its 7.7 s making 8.75 GiB"), std::string::npos) << own;
   HostStore::Stats ahead = now;
   ahead.ahead = now.mapped;  // made ahead, off the evicting thread: nothing to say
   EXPECT_EQ(host_making_note(1, 7'700'000'000, ahead, was), "");
