@@ -34,14 +34,17 @@ void Runtime::start_cap() {
   if (!planning_ && settings_.host_premake) {
     // Faulted in while the model is built and the first launches run, until the first eviction:
     // unless set, as much as the budget (what a model twice its size forces out) and a quarter of
-    // the host's available memory, which a model that fits holds for a minute for nothing.
+    // the host's available memory among the node's ranks, which a model that fits holds for a
+    // minute for nothing. The making stops where the host's available memory has halved (other
+    // processes, data loaders): host memory the job needs is not taken for a head start.
     const uint64_t avail = HostStore::mem_available();
-    const uint64_t limit = ho.limit ? ho.limit : avail / 4 * 3;
-    const uint64_t want = settings_.host_premake == Settings::kHostPremakeAuto ? std::min(budget, avail / 4)
-                                                                              : settings_.host_premake;
+    const int ranks = attach_info_from_env(-1, 0, "").local_world;
     PremadeHost::Options po;
-    po.target = std::min(want, limit);
-    premade_ = std::make_unique<PremadeHost>(po, chunks, [this] { return link_.up(); });
+    po.target = premake_target(settings_.host_premake == Settings::kHostPremakeAuto ? UINT64_MAX : settings_.host_premake,
+                               budget, avail, ho.limit ? ho.limit : avail / 4 * 3, ranks);
+    premade_ = std::make_unique<PremadeHost>(po, chunks, [this, floor = avail / 2] {
+      return link_.up() || HostStore::mem_available() < floor;
+    });
     chunks = premade_.get();
   }
   host_store_ = std::make_unique<HostStore>(driver_, ho, chunks);

@@ -109,6 +109,12 @@ void PremadeHost::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+uint64_t premake_target(uint64_t asked, uint64_t budget, uint64_t available, uint64_t limit, int local_ranks) {
+  const uint64_t ranks = local_ranks > 1 ? static_cast<uint64_t>(local_ranks) : 1;
+  const uint64_t want = asked == UINT64_MAX ? std::min(budget, available / 4 / ranks) : asked;
+  return std::min(want, limit);
+}
+
 PremadeHost::Stats PremadeHost::stats() const {
   std::lock_guard lk(mu_);
   Stats s;

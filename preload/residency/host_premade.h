@@ -90,4 +90,9 @@ class PremadeHost final : public ChunkSource {
   std::thread thread_;
 };
 
+// How much to make ahead: `asked` bytes (OFFLOAD_HOST_PREMAKE), or for `auto` (asked == UINT64_MAX)
+// as much as the budget and a quarter of the host's available memory shared among the node's
+// `local_ranks` processes (each makes its own, at once); never past the store's `limit`.
+uint64_t premake_target(uint64_t asked, uint64_t budget, uint64_t available, uint64_t limit, int local_ranks);
+
 }  // namespace offload

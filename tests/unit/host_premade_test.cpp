@@ -174,5 +174,15 @@ TEST(PremadeHost, StopEndsTheMakingAndAStartAfterItDoesNothing) {
   EXPECT_LT(made, 1024 * kMiB);
 }
 
+TEST(PremadeHost, TheTargetIsTheBudgetWithinAQuarterOfTheHostSharedAmongTheNodesRanks) {
+  constexpr uint64_t kGiB = 1ull << 30;
+  const uint64_t avail = 128 * kGiB, limit = 96 * kGiB;
+  EXPECT_EQ(premake_target(UINT64_MAX, 20 * kGiB, avail, limit, 0), 20 * kGiB);   // the budget
+  EXPECT_EQ(premake_target(UINT64_MAX, 60 * kGiB, avail, limit, 1), 32 * kGiB);   // a quarter of the host
+  EXPECT_EQ(premake_target(UINT64_MAX, 60 * kGiB, avail, limit, 8), 4 * kGiB);    // eight ranks, a quarter among them
+  EXPECT_EQ(premake_target(16 * kGiB, 60 * kGiB, avail, limit, 8), 16 * kGiB);    // asked for: as asked
+  EXPECT_EQ(premake_target(200 * kGiB, 60 * kGiB, avail, limit, 1), limit);      // never past the store's limit
+}
+
 }  // namespace
 }  // namespace offload
