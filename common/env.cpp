@@ -99,6 +99,17 @@ struct SettingsReader {
     else if (std::string_view(v) == off) set = false;
     else bad(var, v, accepted);
   }
+  // `auto` (set to `auto_value`), `off` or 0 (0), or a size of at least 64 MiB.
+  void auto_size(const char* var, uint64_t auto_value, uint64_t& set, const char* example) const {
+    const char* v = get(var);
+    if (!v || !*v) return;
+    const std::string_view sv(v);
+    const auto size = parse_size(v);
+    if (sv == "auto") set = auto_value;
+    else if (sv == "off" || (size && *size == 0)) set = 0;
+    else if (size && *size >= (64ull << 20)) set = *size;
+    else bad(var, v, (std::string("auto, off, or a size of at least 64MiB (e.g. ") + example + ")").c_str());
+  }
 };
 
 // The trace, telemetry, logging and daemon settings.
@@ -288,22 +299,8 @@ Settings read_settings(const std::function<const char*(const char*)>& get,
     if (!size || *size < (64ull << 20)) in.bad("OFFLOAD_HOST_LIMIT", v, "a size of at least 64MiB (e.g. 64GiB)");
     else st.host_limit = *size;
   }
-  if (const char* v = get("OFFLOAD_HOST_AHEAD"); v && *v) {
-    const std::string_view sv(v);
-    const auto size = parse_size(v);
-    if (sv == "auto") st.host_ahead = Settings::kHostAheadAuto;
-    else if (sv == "off" || (size && *size == 0)) st.host_ahead = 0;
-    else if (size && *size >= (64ull << 20)) st.host_ahead = *size;
-    else in.bad("OFFLOAD_HOST_AHEAD", v, "auto, off, or a size of at least 64MiB (e.g. 2GiB)");
-  }
-  if (const char* v = get("OFFLOAD_HOST_PREMAKE"); v && *v) {
-    const std::string_view sv(v);
-    const auto size = parse_size(v);
-    if (sv == "auto") st.host_premake = Settings::kHostPremakeAuto;
-    else if (sv == "off" || (size && *size == 0)) st.host_premake = 0;
-    else if (size && *size >= (64ull << 20)) st.host_premake = *size;
-    else in.bad("OFFLOAD_HOST_PREMAKE", v, "auto, off, or a size of at least 64MiB (e.g. 16GiB)");
-  }
+  in.auto_size("OFFLOAD_HOST_AHEAD", Settings::kHostAheadAuto, st.host_ahead, "2GiB");
+  in.auto_size("OFFLOAD_HOST_PREMAKE", Settings::kHostPremakeAuto, st.host_premake, "16GiB");
   return st;
 }
 
