@@ -131,6 +131,9 @@ struct Settings {
   // OFFLOAD_HOST_LIMIT; off: none, the first steps make it where evictions need it.
   static constexpr uint64_t kHostPremakeAuto = UINT64_MAX;
   uint64_t host_premake = kHostPremakeAuto;
+  // OFFLOAD_HOST_PREMAKE_UNTIL=eviction|target: the making stops at the first eviction (the
+  // default: measured on the H200), or goes on to its target while steps evict (not yet measured).
+  bool host_premake_past_eviction = false;
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // OFFLOAD_OBSERVE=light|full. Full: every launch is scanned for the allocations it touches,
   // and steps are found and timed (CUPTI), as a budget and OFFLOAD_TRACE need. Light: launches

@@ -40,6 +40,7 @@ void Runtime::start_cap() {
     const uint64_t avail = HostStore::mem_available();
     const int ranks = attach_info_from_env(-1, 0, "").local_world;
     PremadeHost::Options po;
+    po.past_first_take = settings_.host_premake_past_eviction;
     po.target = premake_target(settings_.host_premake == Settings::kHostPremakeAuto ? UINT64_MAX : settings_.host_premake,
                                budget, avail, ho.limit ? ho.limit : avail / 4 * 3, ranks);
     premade_ = std::make_unique<PremadeHost>(po, chunks, [this, floor = avail / 2] {

@@ -77,7 +77,7 @@ void* PremadeHost::take(uint64_t bytes) {
   if (first_)
     if (void* p = first_->take(bytes)) return p;
   if (!base_) return nullptr;
-  end_making();  // no page handed out is written by the thread
+  if (!o_.past_first_take) end_making();
   bytes = page_round(std::max<uint64_t>(bytes, 1));
   std::lock_guard lk(mu_);
   // Only what was faulted in: memory past it costs its user as much as the store's own, and the

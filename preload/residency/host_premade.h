@@ -8,8 +8,9 @@
 // then, and the host store takes its chunks from here first, so that only pinning is left to pay.
 //
 // The thread stops at the first take(), which waits for the piece it is faulting (at most
-// `piece` bytes): faulting while steps run slowed the driver's mappings (results.md), and no
-// page the store was given is ever written here. What the store has not taken is given back to
+// `piece` bytes): making host memory on the worker while steps ran (faulting on eight threads,
+// then pinning) slowed the driver's mappings (results.md). `past_first_take` lets it go on.
+// Either way the store is lent only pages already faulted, which the thread never writes again. What the store has not taken is given back to
 // the system (madvise DONTNEED) once no take has come for `idle_ns`, or, when none came at all (the model
 // fits the budget, or its first eviction is late), for `unused_ns` since the making ended. The
 // memory is one reservation, never inherited by a forked child (MADV_DONTFORK).
@@ -36,6 +37,10 @@ class PremadeHost final : public ChunkSource {
     uint64_t piece = 64ull << 20;         // faulted between looks at whether to stop
     int64_t idle_ns = 10'000'000'000;     // no take for this long since the last: the rest goes back
     int64_t unused_ns = 60'000'000'000;   // no take at all for this long since the making ended: all of it
+    // The making goes on past the first take, to the target (the store is lent only pages already
+    // faulted, which the thread never writes again; whether faulting while steps evict costs them
+    // is not measured yet).
+    bool past_first_take = false;
   };
   struct Stats {
     uint64_t made = 0;      // bytes faulted in here

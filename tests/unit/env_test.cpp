@@ -239,6 +239,9 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_HOST_PREMAKE", "off").host_premake, 0u);
   EXPECT_EQ(one("OFFLOAD_HOST_PREMAKE", "0").host_premake, 0u);
   EXPECT_EQ(one("OFFLOAD_HOST_PREMAKE", "16GiB").host_premake, 16ull << 30);
+  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").host_premake_past_eviction);
+  EXPECT_TRUE(one("OFFLOAD_HOST_PREMAKE_UNTIL", "target").host_premake_past_eviction);
+  EXPECT_FALSE(one("OFFLOAD_HOST_PREMAKE_UNTIL", "eviction").host_premake_past_eviction);
 }
 
 TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
@@ -257,6 +260,7 @@ TEST(ReadSettings, EachBadValueIsAnErrorNamingTheVariable) {
       {"OFFLOAD_CAP_PREFETCH_MAX", "-1"}, {"OFFLOAD_CAP_PREFETCH_MAX", "soon"}, {"OFFLOAD_CAP_PREFETCH_MAX", "2000000"}, {"OFFLOAD_CAP_PREFETCH_GROW", "never"}, {"OFFLOAD_CAP_PREFETCH_ORDER", "furthest"}, {"OFFLOAD_CAP_VICTIMS", "belady"}, {"OFFLOAD_CAP_PREFETCH_HOLD", "yes"}, {"OFFLOAD_CAP_PREFETCH_ROOM", "1"},
       {"OFFLOAD_HOST_AHEAD", "on"}, {"OFFLOAD_HOST_AHEAD", "1MiB"}, {"OFFLOAD_HOST_AHEAD", "-1GiB"},
       {"OFFLOAD_HOST_PREMAKE", "on"}, {"OFFLOAD_HOST_PREMAKE", "1MiB"}, {"OFFLOAD_HOST_PREMAKE", "lots"},
+      {"OFFLOAD_HOST_PREMAKE_UNTIL", "step"},
   };
   for (auto [var, val] : bad) {
     Env env;

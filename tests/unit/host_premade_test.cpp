@@ -86,6 +86,33 @@ TEST(PremadeHost, TheThreadEndsBeforeTheFirstTakeReturnsAndNeverWritesWhatWasGiv
   for (uint64_t off = 0; off < made; off += 4096) ASSERT_EQ(a[off], 0xA5) << off;
 }
 
+// Past the first take the thread goes on, and the store, lent only what was already faulted, is
+// never given a page the thread writes after: the bytes written into every slot survive.
+TEST(PremadeHost, MadePastTheFirstTakeTheSlotsLentAreNeverWrittenByTheThread) {
+  PremadeHost::Options o = target(256 * kMiB, kMiB);
+  o.past_first_take = true;
+  PremadeHost pm(o);
+  pm.start();
+  std::vector<std::pair<unsigned char*, unsigned char>> slots;
+  const int64_t deadline = mono_ns() + 20'000'000'000;
+  while (slots.size() < 64 && mono_ns() < deadline) {
+    auto* p = static_cast<unsigned char*>(pm.take(2 * kMiB));
+    if (!p) {
+      std::this_thread::yield();
+      continue;
+    }
+    const auto mark = static_cast<unsigned char>(slots.size() + 1);
+    std::memset(p, mark, 2 * kMiB);
+    slots.emplace_back(p, mark);
+  }
+  ASSERT_EQ(slots.size(), 64u);
+  EXPECT_GT(pm.stats().made, 2 * kMiB) << "the making went on past the first take";
+  pm.stop();
+  for (auto [p, mark] : slots)
+    for (uint64_t off = 0; off < 2 * kMiB; off += 4096) ASSERT_EQ(p[off], mark) << off;
+  EXPECT_LE(pm.stats().taken, pm.stats().made);
+}
+
 TEST(PremadeHost, WhatWasNotTakenGoesBackOnceNoTakeCameForTheIdleTime) {
   PremadeHost::Options o = target(16 * kMiB);
   o.idle_ns = 1'000'000'000;
