@@ -1,5 +1,7 @@
 #include "residency/host_premade.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -38,7 +40,15 @@ void PremadeHost::start() {
   std::lock_guard tl(thread_mu_);
   if (!base_ || thread_.joinable() || stop_.load()) return;
   making_.store(true);
-  thread_ = std::thread([this] { run(); });
+  // The thread takes no signal: they go to the application's threads (it inherits this mask).
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "offload-premake");
+    run();
+  });
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 void PremadeHost::run() {

@@ -2,11 +2,14 @@
 // Whether a page is faulted in is read from the kernel (mincore), not from the class's counters.
 #include "residency/host_premade.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -187,6 +190,31 @@ TEST(PremadeHost, TheHostStoreTakesItsChunksAsLentAndPinsThem) {
   EXPECT_EQ(sim.pinned().size(), 6u);
   EXPECT_EQ(pm.stats().taken, 4 * kMiB);
   EXPECT_EQ(resident_pages(slots[0], 4 * kMiB), pages(4 * kMiB));
+}
+
+// Signals go to the application's threads: the making thread blocks them all.
+TEST(PremadeHost, TheMakingThreadTakesNoSignal) {
+  PremadeHost::Options o = target(64 * kMiB, kMiB);
+  o.past_first_take = true;
+  std::atomic<bool> checked{false}, blocked{false};
+  PremadeHost pm(o, nullptr, [&] {
+    if (!checked.exchange(true)) {
+      sigset_t now;
+      pthread_sigmask(SIG_BLOCK, nullptr, &now);
+      blocked = sigismember(&now, SIGINT) == 1 && sigismember(&now, SIGTERM) == 1;
+    }
+    return false;
+  });
+  sigset_t none, old;
+  sigemptyset(&none);
+  pthread_sigmask(SIG_SETMASK, &none, &old);  // the caller takes every signal
+  pm.start();
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  const int64_t deadline = mono_ns() + 20'000'000'000;
+  while (!checked.load() && mono_ns() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  pm.stop();
+  ASSERT_TRUE(checked.load());
+  EXPECT_TRUE(blocked.load());
 }
 
 TEST(PremadeHost, StopEndsTheMakingAndAStartAfterItDoesNothing) {
