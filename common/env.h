@@ -127,8 +127,9 @@ struct Settings {
   uint64_t host_ahead = 0;
   // OFFLOAD_HOST_PREMAKE=auto|off|SIZE: under the cap, host memory for evicted bytes faulted in by
   // a thread of the shim's own from the first allocation until the first eviction, when the host is
-  // otherwise idle (residency/host_premade.h). auto (the default): as much as the budget, within
-  // OFFLOAD_HOST_LIMIT; off: none, the first steps make it where evictions need it.
+  // otherwise idle (residency/host_premade.h). auto (the default): as much as the budget and a
+  // quarter of the host's available memory among the node's ranks, within OFFLOAD_HOST_LIMIT;
+  // off: none, the first steps make it where evictions need it.
   static constexpr uint64_t kHostPremakeAuto = UINT64_MAX;
   uint64_t host_premake = kHostPremakeAuto;
   // OFFLOAD_HOST_PREMAKE_UNTIL=eviction|target: the making stops at the first eviction (the

@@ -41,8 +41,9 @@ void Runtime::start_cap() {
     const int ranks = attach_info_from_env(-1, 0, "").local_world;
     PremadeHost::Options po;
     po.past_first_take = settings_.host_premake_past_eviction;
+    if (!ho.limit) ho.limit = HostStore::default_limit(avail);  // the store's, read once for both
     po.target = premake_target(settings_.host_premake == Settings::kHostPremakeAuto ? UINT64_MAX : settings_.host_premake,
-                               budget, avail, ho.limit ? ho.limit : avail / 4 * 3, ranks);
+                               budget, avail, ho.limit, ranks);
     premade_ = std::make_unique<PremadeHost>(po, chunks, [this, floor = avail / 2] {
       return link_.up() || HostStore::mem_available() < floor;
     });

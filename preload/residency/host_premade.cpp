@@ -7,21 +7,20 @@
 #include <algorithm>
 
 #include "common/clock.h"
+#include "planner/plan.h"  // round_up
 
 namespace offload {
 namespace {
 
 constexpr uint64_t kPage = 4096;
 
-uint64_t page_round(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
-
 }  // namespace
 
 PremadeHost::PremadeHost(Options o, ChunkSource* first, std::function<bool()> skip)
     : o_(o), first_(first), skip_(std::move(skip)) {
   if (o_.piece < kPage) o_.piece = kPage;
-  o_.piece = page_round(o_.piece);
-  const uint64_t bytes = page_round(o_.target);
+  o_.piece = round_up(o_.piece, kPage);
+  const uint64_t bytes = round_up(o_.target, kPage);
   if (!bytes) return;
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return;
@@ -88,7 +87,7 @@ void* PremadeHost::take(uint64_t bytes) {
     if (void* p = first_->take(bytes)) return p;
   if (!base_) return nullptr;
   if (!o_.past_first_take) end_making();
-  bytes = page_round(std::max<uint64_t>(bytes, 1));
+  bytes = round_up(std::max<uint64_t>(bytes, 1), kPage);
   std::lock_guard lk(mu_);
   // Only what was faulted in: memory past it costs its user as much as the store's own, and the
   // store counts its own as made where needed (host_making_note).
@@ -105,7 +104,7 @@ uint64_t PremadeHost::trim_idle(int64_t now_ns) {
   if (trimmed_ || !base_ || making_.load() || last_ns_ == 0) return 0;
   if (now_ns - last_ns_ < (taken_ ? o_.idle_ns : o_.unused_ns)) return 0;
   trimmed_ = true;
-  const uint64_t from = page_round(next_), to = frontier_.load(std::memory_order_acquire);
+  const uint64_t from = round_up(next_, kPage), to = frontier_.load(std::memory_order_acquire);
   if (to <= from) return 0;
   madvise(base_ + from, to - from, MADV_DONTNEED);
   frontier_.store(from, std::memory_order_release);

@@ -10,10 +10,11 @@
 // The thread stops at the first take(), which waits for the piece it is faulting (at most
 // `piece` bytes): making host memory on the worker while steps ran (faulting on eight threads,
 // then pinning) slowed the driver's mappings (results.md). `past_first_take` lets it go on.
-// Either way the store is lent only pages already faulted, which the thread never writes again. What the store has not taken is given back to
-// the system (madvise DONTNEED) once no take has come for `idle_ns`, or, when none came at all (the model
-// fits the budget, or its first eviction is late), for `unused_ns` since the making ended. The
-// memory is one reservation, never inherited by a forked child (MADV_DONTFORK).
+// Either way the store is lent only pages already faulted, which the thread never writes again.
+// What the store has not taken is given back to the system (madvise DONTNEED) once no take has
+// come for `idle_ns`, or, when none came at all (the model fits the budget, or its first
+// eviction is late), for `unused_ns` since the making ended. The memory is one reservation,
+// never inherited by a forked child (MADV_DONTFORK).
 //
 // A first ChunkSource (offloadd's pool) is asked first; while `skip()` is true (that pool can
 // lend), nothing is made here.

@@ -8,13 +8,12 @@
 #include <iterator>
 
 #include "common/clock.h"
+#include "planner/plan.h"  // round_up
 
 namespace offload {
 namespace {
 
 constexpr uint64_t kSlotAlign = 4096;
-
-uint64_t round_to(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
@@ -32,8 +31,8 @@ uint64_t HostStore::mem_available() {
 HostStore::HostStore(Driver& d, Options o, ChunkSource* source) : d_(d), o_(o), source_(source) {
   if (o_.chunk_bytes == 0) o_.chunk_bytes = 256ull << 20;
   if (o_.pin_piece == 0) o_.pin_piece = 1ull << 30;
-  o_.chunk_bytes = std::min(round_to(o_.chunk_bytes, kSlotAlign), o_.pin_piece);  // one registration
-  if (o_.limit == 0) o_.limit = mem_available() / 4 * 3;
+  o_.chunk_bytes = std::min(round_up(o_.chunk_bytes, kSlotAlign), o_.pin_piece);  // one registration
+  if (o_.limit == 0) o_.limit = default_limit(mem_available());
 }
 
 HostStore::~HostStore() {
@@ -44,7 +43,7 @@ HostStore::~HostStore() {
 }
 
 void* HostStore::take(uint64_t bytes, bool grow) {
-  bytes = round_to(std::max<uint64_t>(bytes, 1), kSlotAlign);
+  bytes = round_up(std::max<uint64_t>(bytes, 1), kSlotAlign);
   std::lock_guard<std::mutex> lk(mu_);
   if (void* p = take_locked(bytes)) return p;
   if (!grow) return nullptr;
@@ -74,7 +73,7 @@ uint64_t HostStore::chunk_for(uint64_t bytes) const {
   // and 1,024 MiB ones on an H100) then take one chunk in turn, where chunks of their exact sizes
   // grew the store by one each, a GiB a step with its most bytes in use flat (docs/results.md).
   if (bytes <= o_.chunk_bytes) return o_.chunk_bytes;
-  const uint64_t whole = round_to(bytes, o_.chunk_bytes);
+  const uint64_t whole = round_up(bytes, o_.chunk_bytes);
   return bytes > o_.pin_piece ? whole : std::min(whole, o_.pin_piece);  // at most one registration
 }
 
@@ -209,7 +208,7 @@ uint32_t HostStore::add_chunk(unsigned char* base, uint64_t size, bool lent) {
 
 void HostStore::give(void* p, uint64_t bytes) {
   if (!p) return;
-  bytes = round_to(std::max<uint64_t>(bytes, 1), kSlotAlign);
+  bytes = round_up(std::max<uint64_t>(bytes, 1), kSlotAlign);
   std::lock_guard<std::mutex> lk(mu_);
   st_.in_use -= std::min(st_.in_use, bytes);
   if (bytes > o_.pin_piece) {  // the whole chunk it had, which may be larger

@@ -91,6 +91,8 @@ class HostStore {
 
   // MemAvailable from /proc/meminfo, bytes; 0 if unknown.
   static uint64_t mem_available();
+  // The limit when none is given: three quarters of `available` (MemAvailable).
+  static uint64_t default_limit(uint64_t available) { return available / 4 * 3; }
 
  private:
   struct Chunk {

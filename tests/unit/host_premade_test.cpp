@@ -35,6 +35,13 @@ uint64_t resident_pages(const void* p, uint64_t bytes) {
 
 uint64_t pages(uint64_t bytes) { return bytes / static_cast<uint64_t>(sysconf(_SC_PAGESIZE)); }
 
+// Waits until `done()` holds, for 20 s at most (the caller asserts what it waited for).
+template <class Done>
+void wait_until(Done done) {
+  const int64_t deadline = mono_ns() + 20'000'000'000;
+  while (!done() && mono_ns() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 PremadeHost::Options target(uint64_t bytes, uint64_t piece = kMiB) {
   PremadeHost::Options o;
   o.target = bytes;
@@ -72,8 +79,7 @@ TEST(PremadeHost, WhatIsFaultedInBeforeTheFirstTakeIsWhatTheStoreIsGiven) {
 TEST(PremadeHost, TheThreadEndsBeforeTheFirstTakeReturnsAndNeverWritesWhatWasGiven) {
   PremadeHost pm(target(512 * kMiB, kMiB));
   pm.start();
-  const int64_t deadline = mono_ns() + 20'000'000'000;
-  while (pm.stats().made < 8 * kMiB && mono_ns() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  wait_until([&] { return pm.stats().made >= 8 * kMiB; });
   ASSERT_GE(pm.stats().made, 8 * kMiB);
   auto* a = static_cast<unsigned char*>(pm.take(8 * kMiB));
   ASSERT_NE(a, nullptr);
@@ -141,8 +147,7 @@ TEST(PremadeHost, WithNoTakeAtAllTheMemoryGoesBackOnlyAfterTheLongerWait) {
   o.unused_ns = 5'000'000'000;
   PremadeHost pm(o);
   pm.start();  // makes all 8 MiB and ends, the end's time noted
-  const int64_t deadline = mono_ns() + 20'000'000'000;
-  while (pm.stats().making && mono_ns() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  wait_until([&] { return !pm.stats().making; });
   ASSERT_FALSE(pm.stats().making);
   ASSERT_EQ(pm.stats().made, 8 * kMiB);
   const int64_t ended = mono_ns();
@@ -210,8 +215,7 @@ TEST(PremadeHost, TheMakingThreadTakesNoSignal) {
   pthread_sigmask(SIG_SETMASK, &none, &old);  // the caller takes every signal
   pm.start();
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  const int64_t deadline = mono_ns() + 20'000'000'000;
-  while (!checked.load() && mono_ns() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  wait_until([&] { return checked.load(); });
   pm.stop();
   ASSERT_TRUE(checked.load());
   EXPECT_TRUE(blocked.load());
