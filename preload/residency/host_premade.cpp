@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 
 #include "common/clock.h"
 #include "planner/plan.h"  // round_up
@@ -13,11 +14,16 @@ namespace offload {
 namespace {
 
 constexpr uint64_t kPage = 4096;
+#ifdef MADV_POPULATE_WRITE
+constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kPopulateWrite = 23;  // Linux's number, for headers older than the kernels that have it
+#endif
 
 }  // namespace
 
 PremadeHost::PremadeHost(Options o, ChunkSource* first, std::function<bool()> skip)
-    : o_(o), first_(first), skip_(std::move(skip)) {
+    : o_(o), first_(first), skip_(std::move(skip)), populate_(o.populate) {
   if (o_.piece < kPage) o_.piece = kPage;
   o_.piece = round_up(o_.piece, kPage);
   const uint64_t bytes = round_up(o_.target, kPage);
@@ -66,14 +72,26 @@ uint64_t PremadeHost::make_more(uint64_t max_bytes) {
     const uint64_t from = frontier_.load(std::memory_order_relaxed);
     if (from >= bytes_) break;
     const uint64_t n = std::min({max_bytes - made, bytes_ - from, o_.piece});
-    // One write a page faults it in; the pages are fresh (zero), so the write changes nothing.
-    volatile unsigned char* p = base_ + from;
-    for (uint64_t off = 0; off < n; off += kPage) p[off] = 0;
+    if (!fault_in(base_ + from, n)) break;
     frontier_.store(from + n, std::memory_order_release);
     made += n;
   }
   if (made) make_ns_.fetch_add(mono_ns() - t0, std::memory_order_relaxed);
   return made;
+}
+
+bool PremadeHost::fault_in(unsigned char* p, uint64_t n) {
+  // The kernel faults the piece in itself (MADV_POPULATE_WRITE, Linux 5.14): a trap a page costs
+  // more, most of all in a virtual machine (scripts/gpu/pin_probe.cpp; docs/results.md). Refused
+  // as unknown (EINVAL), a write a page instead; the pages are fresh (zero), so it changes nothing.
+  if (populate_.load(std::memory_order_relaxed)) {
+    if (madvise(p, n, kPopulateWrite) == 0) return true;
+    if (errno != EINVAL) return false;  // out of memory, or a signal: make no more
+    populate_.store(false, std::memory_order_relaxed);
+  }
+  volatile unsigned char* q = p;
+  for (uint64_t off = 0; off < n; off += kPage) q[off] = 0;
+  return true;
 }
 
 void PremadeHost::end_making() {

@@ -1,6 +1,7 @@
 // How fast pinned host memory for evicted bytes can be made ready on this machine, in ms per
 // GiB of 4 GiB: faulted in (MAP_POPULATE) then pinned, pinned unfaulted (pinning faults it in),
-// cuMemHostAlloc, and faulting in on several threads. On the GPU machine:
+// cuMemHostAlloc, faulting in on several threads, and faulting in one thread's way: a write a
+// page against madvise(MADV_POPULATE_WRITE) a 64 MiB piece. On the GPU machine:
 //   g++ -std=c++20 -O2 -I/usr/local/cuda/include scripts/gpu/pin_probe.cpp -o /tmp/pin_probe \
 //     -L/usr/local/cuda/lib64/stubs -lcuda -lpthread && /tmp/pin_probe
 #include <cuda.h>
@@ -40,6 +41,17 @@ int main() {
     b = ms_since(t);
     cuMemFreeHost(h);
     printf("cuMemHostAlloc: %.0f ms/GiB (%d), first write after %.0f ms/GiB\n", a / 4, r, b / 4);
+    for (int populate = 0; populate < 2; ++populate) {
+      auto* q = static_cast<unsigned char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+      t = std::chrono::steady_clock::now();
+      int bad = 0;
+      for (size_t off = 0; off < n; off += 64ull << 20)
+        if (populate) bad |= madvise(q + off, 64ull << 20, 23 /* MADV_POPULATE_WRITE */);
+        else for (size_t k = 0; k < (64ull << 20); k += 4096) static_cast<volatile unsigned char*>(q)[off + k] = 0;
+      a = ms_since(t);
+      munmap(q, n);
+      printf("fault in on one thread, %s: %.0f ms/GiB%s\n", populate ? "MADV_POPULATE_WRITE" : "a write a page", a / 4, bad ? " (refused)" : "");
+    }
     for (int th : {4, 8}) {
       t = std::chrono::steady_clock::now();
       std::vector<void*> ps(th);
