@@ -406,17 +406,17 @@ void DaemonLink::drop_in_child() {
   mapping_.unmap_in_child();
 }
 
-void* LinkChunks::take(uint64_t bytes) {
-  if (!link_.up()) return nullptr;  // never waits for a reconnect holding the link's lock
+ChunkSource::Lent LinkChunks::lend(uint64_t bytes, bool) {
+  if (!link_.up()) return {};  // never waits for a reconnect holding the link's lock
   std::string why;
   std::optional<Extent> e = link_.lease(bytes, &why);
   if (!e) {
     if (!refused_said_.exchange(true))
       log().info("offloadd lends no more host memory ({}): evicted bytes go to this process's own, made as needed", why);
-    return nullptr;
+    return {};
   }
   if (!lent_said_.exchange(true)) log().info("evicted bytes go to offloadd's host pool first ({})", link_.describe());
-  return e->host;
+  return {e->host, false};
 }
 
 std::pair<unsigned char*, uint64_t> DaemonLink::data_area() {

@@ -174,7 +174,7 @@ class DaemonLink final : public HostPool {
 class LinkChunks final : public ChunkSource {
  public:
   explicit LinkChunks(DaemonLink& link) : link_(link) {}
-  void* take(uint64_t bytes) override;
+  Lent lend(uint64_t bytes, bool may_count) override;  // never counted: the node's pool
 
  private:
   DaemonLink& link_;

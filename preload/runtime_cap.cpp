@@ -26,7 +26,9 @@ void Runtime::start_cap() {
     return;
   }
   HostStore::Options ho;
-  ho.limit = settings_.host_limit;
+  const uint64_t avail = HostStore::mem_available();
+  const int ranks = attach_info_from_env(-1, 0, "").local_world;
+  ho.limit = settings_.host_limit ? settings_.host_limit : HostStore::default_limit(avail, ranks);
   // A plan of arenas on top (OFFLOAD_CAP_PLAN) pins the pool's extents in its own grid: the store
   // then keeps to this process's memory, so that no page is registered twice.
   if (!planning_) pool_chunks_ = std::make_unique<LinkChunks>(link_);
@@ -37,11 +39,8 @@ void Runtime::start_cap() {
     // the host's available memory among the node's ranks, which a model that fits holds for a
     // minute for nothing. The making stops where the host's available memory has halved (other
     // processes, data loaders): host memory the job needs is not taken for a head start.
-    const uint64_t avail = HostStore::mem_available();
-    const int ranks = attach_info_from_env(-1, 0, "").local_world;
     PremadeHost::Options po;
     po.past_first_take = settings_.host_premake_past_eviction;
-    if (!ho.limit) ho.limit = HostStore::default_limit(avail);  // the store's, read once for both
     po.target = premake_target(settings_.host_premake == Settings::kHostPremakeAuto ? UINT64_MAX : settings_.host_premake,
                                budget, avail, ho.limit, ranks);
     premade_ = std::make_unique<PremadeHost>(po, chunks, [this, floor = avail / 2] {

@@ -100,21 +100,21 @@ void PremadeHost::end_making() {
   made_cv_.wait(lk, [this] { return !making_.load(); });
 }
 
-void* PremadeHost::take(uint64_t bytes) {
+ChunkSource::Lent PremadeHost::lend(uint64_t bytes, bool may_count) {
   if (first_)
-    if (void* p = first_->take(bytes)) return p;
-  if (!base_) return nullptr;
+    if (const Lent got = first_->lend(bytes, may_count); got.p) return got;
+  if (!base_ || !may_count) return {};
   if (!o_.past_first_take) end_making();
   bytes = round_up(std::max<uint64_t>(bytes, 1), kPage);
   std::lock_guard lk(mu_);
   // Only what was faulted in: memory past it costs its user as much as the store's own, and the
   // store counts its own as made where needed (host_making_note).
-  if (bytes > frontier_.load(std::memory_order_acquire) - next_) return nullptr;
+  if (bytes > frontier_.load(std::memory_order_acquire) - next_) return {};
   void* p = base_ + next_;
   next_ += bytes;
   taken_ += bytes;
   last_ns_ = mono_ns();
-  return p;
+  return {p, true};
 }
 
 uint64_t PremadeHost::trim_idle(int64_t now_ns) {

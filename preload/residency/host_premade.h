@@ -7,7 +7,7 @@
 // its first step while the host's memory system is idle: a thread of its own faults memory in
 // then, and the host store takes its chunks from here first, so that only pinning is left to pay.
 //
-// The thread stops at the first take(), which waits for the piece it is faulting (at most
+// The thread stops at the first lend(), which waits for the piece it is faulting (at most
 // `piece` bytes): making host memory on the worker while steps ran (faulting on eight threads,
 // then pinning) slowed the driver's mappings (results.md). `past_first_take` lets it go on.
 // Either way the store is lent only pages already faulted, which the thread never writes again.
@@ -64,14 +64,14 @@ class PremadeHost final : public ChunkSource {
   // Faults up to `max_bytes` more in, on the caller's thread (the thread's step; tests); returns
   // the bytes faulted. 0 once stopped, at the target, or while skip() holds.
   uint64_t make_more(uint64_t max_bytes);
-  // From the first source, else carved from what was faulted in here (the first call here stops
-  // the making); nullptr when what is left of it is smaller.
-  void* take(uint64_t bytes) override;
+  // From the first source, else (with `may_count`) carved from what was faulted in here, counted
+  // (the first call here stops the making); none when what is left of it is smaller.
+  Lent lend(uint64_t bytes, bool may_count) override;
   // Gives back what was made and not taken, once the making has ended and no take has come for
   // idle_ns (unused_ns when none came yet); at most once. Returns the bytes given back. For the
   // shim's worker.
   uint64_t trim_idle(int64_t now_ns);
-  // Stops the making and joins the thread (the exit paths; take() stops it too).
+  // Stops the making and joins the thread (the exit paths; lend() stops it too).
   void stop();
   Stats stats() const;
   uint64_t reserved() const { return bytes_; }

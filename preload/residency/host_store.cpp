@@ -49,17 +49,13 @@ void* HostStore::take(uint64_t bytes, bool grow) {
   if (!grow) return nullptr;
   // Out of room: a chunk more.
   const uint64_t size = chunk_for(bytes);
-  if (st_.mapped + growing_ + size > o_.limit) {
-    ++st_.refused;
-    return nullptr;
-  }
-  const Made m = map_chunk(size, false);
+  const Made m = map_chunk(size, false, st_.counted + growing_ + size <= o_.limit);
   note_made(m);
   if (!m.base) {
     ++st_.refused;
     return nullptr;
   }
-  add_mapping(m.base, size, m.lent);
+  add_mapping(m, size);
   return take_locked(bytes);
 }
 
@@ -147,15 +143,17 @@ void HostStore::note_taken(uint64_t bytes) {
   st_.peak_in_use = std::max(st_.peak_in_use, st_.in_use);
 }
 
-HostStore::Made HostStore::map_chunk(uint64_t size, bool fault_first) const {
+HostStore::Made HostStore::map_chunk(uint64_t size, bool fault_first, bool may_count) const {
   Made m;
   if (source_)
-    if (void* p = source_->take(size)) {
-      m.base = static_cast<unsigned char*>(p);
+    if (const ChunkSource::Lent got = source_->lend(size, may_count); got.p) {
+      m.base = static_cast<unsigned char*>(got.p);
       m.lent = true;
+      m.counted = got.counted;
       pin(&m, size);
       return m;
     }
+  if (!may_count) return m;
   // Pinning faults the pages in itself: on the H200's host that made memory ready in about 340
   // ms/GiB, against 350-510 faulted in first (MAP_POPULATE) and then pinned, and transparent
   // huge pages were slower still (scripts/gpu/pin_probe.cpp; docs/results.md). Off the evicting
@@ -164,6 +162,7 @@ HostStore::Made HostStore::map_chunk(uint64_t size, bool fault_first) const {
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (p == MAP_FAILED) return m;
   m.base = static_cast<unsigned char*>(p);
+  m.counted = true;
   pin(&m, size);
   return m;
 }
@@ -203,31 +202,33 @@ uint64_t HostStore::grow_ahead(uint64_t reserve) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     size = ahead_size_locked(reserve);
-    if (growing_ || !size || st_.mapped + size > o_.limit) return 0;
+    if (growing_ || !size || st_.counted + size > o_.limit) return 0;
     growing_ = size;
   }
   const int64_t t0 = mono_ns();
-  const Made m = map_chunk(size, true);
+  const Made m = map_chunk(size, true, true);
   std::lock_guard<std::mutex> lk(mu_);
   growing_ = 0;
   st_.pin_failures += m.pin_failures;
   if (!m.base) return 0;
-  add_mapping(m.base, size, m.lent);
+  add_mapping(m, size);
   st_.ahead += size;
   st_.ahead_ns += mono_ns() - t0;
   return size;
 }
 
-uint32_t HostStore::add_mapping(unsigned char* base, uint64_t size, bool lent) {
+uint32_t HostStore::add_mapping(const Made& made, uint64_t size) {
   const auto index = static_cast<uint32_t>(mappings_.size());
-  Mapping m{base, size, lent, static_cast<uint32_t>(chunks_.size()), 0};
+  unsigned char* base = made.base;
+  Mapping m{base, size, made.lent, static_cast<uint32_t>(chunks_.size()), 0};
   for (uint64_t off = 0; off < size; off += o_.pin_piece, ++m.count) {
     chunk_at_.emplace(base + off, static_cast<uint32_t>(chunks_.size()));
     chunks_.push_back({base + off, std::min(o_.pin_piece, size - off), index});
   }
   mappings_.push_back(m);
   st_.mapped += size;
-  if (lent) st_.lent += size;
+  if (made.lent) st_.lent += size;
+  if (made.counted) st_.counted += size;
   ++st_.chunks;
   if (m.count > 1) free_big_.emplace(size, index);  // whole, registered in pieces from its start
   else add_free(base, size, m.first);

@@ -21,8 +21,9 @@
 // in pieces of pin_piece from its start: a slot over pin_piece takes it whole, from its start, as
 // copies are split, and a smaller slot lies inside one piece.
 //
-// `limit` bounds the store (0: MemAvailable at construction less a quarter). take() returns
-// nullptr past it: the caller says how much more was needed.
+// `limit` bounds the store's memory that this process made (0: MemAvailable at construction less
+// a quarter); what offloadd's pool lends is the node's, counted there. take() returns nullptr
+// past it: the caller says how much more was needed.
 //
 // Chunks come first from a ChunkSource when one is given: offloadd's node-wide pool, whose pages
 // the daemon faulted in before this process needed them, so that only pinning is left to pay
@@ -33,8 +34,9 @@
 // on the H200: pinned where it was needed, 173-469 ms a step; docs/results.md). Off by default:
 // made on the worker, the memory held the training thread up about as long.
 //
-// Thread-safe: one mutex, never held while memory is made or pinned. Never called from a hook
-// while another of its locks is held.
+// Thread-safe: one mutex, held by take() while it makes a chunk (the evicting thread waits for it
+// anyway), never by grow_ahead() while it makes one. Never called from a hook while another of
+// its locks is held.
 #pragma once
 
 #include <cstdint>
@@ -51,9 +53,14 @@ namespace offload {
 // (offloadd takes a client's leases back when its connection ends).
 class ChunkSource {
  public:
+  struct Lent {
+    void* p = nullptr;
+    bool counted = false;  // this process's memory (made ahead here): it counts against the store's limit
+  };
   virtual ~ChunkSource() = default;
-  // `bytes` at a page-aligned address, or nullptr (the store then maps its own).
-  virtual void* take(uint64_t bytes) = 0;
+  // `bytes` at a page-aligned address, or none (the store then maps its own); with `may_count`
+  // false, only memory that is not counted (another process's: offloadd's pool).
+  virtual Lent lend(uint64_t bytes, bool may_count) = 0;
 };
 
 class HostStore {
@@ -61,11 +68,12 @@ class HostStore {
   struct Options {
     uint64_t chunk_bytes = 256ull << 20;
     uint64_t pin_piece = 1ull << 30;  // registrations and copies never span more
-    uint64_t limit = 0;                // bytes mapped at most; 0: from MemAvailable
+    uint64_t limit = 0;                // bytes of this process's memory at most; 0: from MemAvailable
   };
   struct Stats {
     uint64_t mapped = 0, in_use = 0, peak_in_use = 0, chunks = 0, pin_failures = 0;
     uint64_t refused = 0;  // take() past the limit
+    uint64_t counted = 0;  // of `mapped`, the bytes counted against the limit (all but offloadd's)
     int64_t pin_ns = 0;    // wall time pinning chunks where take() needed them (which faults them in)
     uint64_t lent = 0;     // of `mapped`, the bytes a ChunkSource lent
     int64_t pin_lent_ns = 0;   // of pin_ns, pinning what a ChunkSource lent (made before, so quicker)
@@ -96,8 +104,12 @@ class HostStore {
 
   // MemAvailable from /proc/meminfo, bytes; 0 if unknown.
   static uint64_t mem_available();
-  // The limit when none is given: three quarters of `available` (MemAvailable).
-  static uint64_t default_limit(uint64_t available) { return available / 4 * 3; }
+  // The limit when none is given: three quarters of `available` (MemAvailable), shared among the
+  // node's `local_ranks` processes (each store grows on its own; eight at three quarters each
+  // would promise the host six times over).
+  static uint64_t default_limit(uint64_t available, int local_ranks = 1) {
+    return available / 4 * 3 / static_cast<uint64_t>(local_ranks > 1 ? local_ranks : 1);
+  }
 
  private:
   // One pinned registration (at most pin_piece): free blocks merge only within one, so that no
@@ -136,17 +148,19 @@ class HostStore {
   uint32_t chunk_of(const unsigned char* p) const;
   struct Made {
     unsigned char* base = nullptr;
-    bool lent = false;  // the source's
+    bool lent = false;     // the source's
+    bool counted = false;  // against the limit
     int64_t pin_ns = 0;
     uint64_t pin_failures = 0;
   };
-  // Mapped or lent, and pinned; `fault_first`: its pages faulted in before pinning.
-  Made map_chunk(uint64_t size, bool fault_first) const;
+  // Mapped or lent, and pinned; `fault_first`: its pages faulted in before pinning; `may_count`:
+  // memory counted against the limit may be used (else only what offloadd lends).
+  Made map_chunk(uint64_t size, bool fault_first, bool may_count) const;
   void pin(Made* m, uint64_t size) const;
   void note_made(const Made& m);
   // A mapping made, its chunks added; over pin_piece it goes to free_big_ closed, else its one
   // chunk's room to free_. Returns its index.
-  uint32_t add_mapping(unsigned char* base, uint64_t size, bool lent);
+  uint32_t add_mapping(const Made& m, uint64_t size);
 
   Driver& d_;
   Options o_;

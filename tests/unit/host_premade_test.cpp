@@ -49,13 +49,17 @@ PremadeHost::Options target(uint64_t bytes, uint64_t piece = kMiB) {
   return o;
 }
 
+// What the store is lent, as it asks when it may still make memory of its own.
+void* take(PremadeHost& pm, uint64_t bytes) { return pm.lend(bytes, true).p; }
+
 // Lends one buffer, once.
 struct OneChunk : ChunkSource {
   std::vector<unsigned char> buf = std::vector<unsigned char>(4 * kMiB);
   int asked = 0;
-  void* take(uint64_t bytes) override {
+  Lent lend(uint64_t bytes, bool) override {
     ++asked;
-    return asked == 1 && bytes <= buf.size() ? buf.data() : nullptr;
+    if (asked == 1 && bytes <= buf.size()) return {buf.data(), false};
+    return {};
   }
 };
 
@@ -67,15 +71,15 @@ void what_is_faulted_in_is_what_the_store_is_given(bool populate) {
   o.populate = populate;
   PremadeHost pm(o);
   EXPECT_EQ(pm.make_more(6 * kMiB), 6 * kMiB);
-  auto* a = static_cast<unsigned char*>(pm.take(4 * kMiB));
+  auto* a = static_cast<unsigned char*>(take(pm, 4 * kMiB));
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(resident_pages(a, 4 * kMiB), pages(4 * kMiB));  // faulted in before it was asked for
   EXPECT_EQ(resident_pages(a + 6 * kMiB, 2 * kMiB), 0u);     // past what was made: not yet
   EXPECT_EQ(pm.make_more(2 * kMiB), 0u);                     // the first take ended the making
-  EXPECT_EQ(pm.take(4 * kMiB), nullptr);  // 2 MiB of what was made is left: past it, the store makes its own
-  auto* b = static_cast<unsigned char*>(pm.take(2 * kMiB));
+  EXPECT_EQ(take(pm, 4 * kMiB), nullptr);  // 2 MiB of what was made is left: past it, the store makes its own
+  auto* b = static_cast<unsigned char*>(take(pm, 2 * kMiB));
   EXPECT_EQ(b, a + 4 * kMiB);  // carved after the first
-  EXPECT_EQ(pm.take(kMiB), nullptr);
+  EXPECT_EQ(take(pm, kMiB), nullptr);
   const PremadeHost::Stats s = pm.stats();
   EXPECT_EQ(s.made, 6 * kMiB);
   EXPECT_EQ(s.taken, 6 * kMiB);
@@ -91,13 +95,13 @@ TEST(PremadeHost, TheThreadEndsBeforeTheFirstTakeReturnsAndNeverWritesWhatWasGiv
   pm.start();
   wait_until([&] { return pm.stats().made >= 8 * kMiB; });
   ASSERT_GE(pm.stats().made, 8 * kMiB);
-  auto* a = static_cast<unsigned char*>(pm.take(8 * kMiB));
+  auto* a = static_cast<unsigned char*>(take(pm, 8 * kMiB));
   ASSERT_NE(a, nullptr);
   EXPECT_FALSE(pm.stats().making);  // take() waited for the piece being faulted
   const uint64_t made = pm.stats().made;
   ASSERT_LT(made, 512 * kMiB) << "the thread had ended before the take: nothing was checked";
   if (made > 8 * kMiB) {
-    ASSERT_EQ(pm.take(made - 8 * kMiB), a + 8 * kMiB);  // all the rest it made
+    ASSERT_EQ(take(pm, made - 8 * kMiB), a + 8 * kMiB);  // all the rest it made
   }
   std::memset(a, 0xA5, made);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -115,7 +119,7 @@ TEST(PremadeHost, MadePastTheFirstTakeTheSlotsLentAreNeverWrittenByTheThread) {
   std::vector<std::pair<unsigned char*, unsigned char>> slots;
   const int64_t deadline = mono_ns() + 20'000'000'000;
   while (slots.size() < 64 && mono_ns() < deadline) {
-    auto* p = static_cast<unsigned char*>(pm.take(2 * kMiB));
+    auto* p = static_cast<unsigned char*>(take(pm, 2 * kMiB));
     if (!p) {
       std::this_thread::yield();
       continue;
@@ -137,7 +141,7 @@ TEST(PremadeHost, WhatWasNotTakenGoesBackOnceNoTakeCameForTheIdleTime) {
   o.idle_ns = 1'000'000'000;
   PremadeHost pm(o);
   ASSERT_EQ(pm.make_more(16 * kMiB), 16 * kMiB);
-  auto* a = static_cast<unsigned char*>(pm.take(4 * kMiB));
+  auto* a = static_cast<unsigned char*>(take(pm, 4 * kMiB));
   ASSERT_NE(a, nullptr);
   std::memset(a, 0x5A, 4 * kMiB);
   EXPECT_EQ(pm.trim_idle(mono_ns()), 0u);  // a take just came
@@ -147,7 +151,7 @@ TEST(PremadeHost, WhatWasNotTakenGoesBackOnceNoTakeCameForTheIdleTime) {
   EXPECT_EQ(resident_pages(a, 4 * kMiB), pages(4 * kMiB));  // the store's stays
   EXPECT_EQ(a[0], 0x5A);
   EXPECT_EQ(pm.trim_idle(mono_ns() + 2 * o.idle_ns), 0u);  // once
-  EXPECT_EQ(pm.take(4 * kMiB), nullptr);  // nothing made is left: the store makes its own
+  EXPECT_EQ(take(pm, 4 * kMiB), nullptr);  // nothing made is left: the store makes its own
   EXPECT_EQ(pm.stats().released, 12 * kMiB);
 }
 
@@ -171,10 +175,10 @@ TEST(PremadeHost, AFirstSourceLendsFirstAndWhileItCanNothingIsMade) {
   bool pool_up = true;
   PremadeHost pm(target(8 * kMiB), &pool, [&] { return pool_up; });
   EXPECT_EQ(pm.make_more(8 * kMiB), 0u);  // the pool lends: nothing made here
-  EXPECT_EQ(pm.take(kMiB), pool.buf.data());
+  EXPECT_EQ(take(pm, kMiB), pool.buf.data());
   pool_up = false;
   EXPECT_EQ(pm.make_more(2 * kMiB), 2 * kMiB);
-  void* own = pm.take(kMiB);  // the pool refuses: carved here
+  void* own = take(pm, kMiB);  // the pool refuses: carved here
   ASSERT_NE(own, nullptr);
   EXPECT_NE(own, pool.buf.data());
   EXPECT_EQ(pool.asked, 2);
@@ -184,7 +188,7 @@ TEST(PremadeHost, NoTargetMakesNothingAndLendsNothing) {
   PremadeHost pm(target(0));
   pm.start();
   EXPECT_EQ(pm.make_more(kMiB), 0u);
-  EXPECT_EQ(pm.take(kMiB), nullptr);
+  EXPECT_EQ(take(pm, kMiB), nullptr);
   EXPECT_EQ(pm.trim_idle(mono_ns() + 100'000'000'000), 0u);
 }
 
@@ -205,6 +209,23 @@ TEST(PremadeHost, TheHostStoreTakesItsChunksAsLentAndPinsThem) {
   EXPECT_EQ(sim.pinned().size(), 6u);
   EXPECT_EQ(pm.stats().taken, 4 * kMiB);
   EXPECT_EQ(resident_pages(slots[0], 4 * kMiB), pages(4 * kMiB));
+}
+
+// Memory made ahead is this process's: it counts against the store's limit as the store's own
+// does, so that the two together never pass it.
+TEST(PremadeHost, WhatWasMadeAheadCountsAgainstTheStoresLimit) {
+  SimDriver sim;
+  PremadeHost pm(target(4 * kMiB));
+  ASSERT_EQ(pm.make_more(4 * kMiB), 4 * kMiB);
+  HostStore::Options o;
+  o.chunk_bytes = kMiB;
+  o.limit = 3 * kMiB;
+  HostStore h(sim, o, &pm);
+  for (int i = 0; i < 3; ++i) ASSERT_NE(h.take(kMiB), nullptr) << i;
+  EXPECT_EQ(h.take(kMiB), nullptr) << "a fourth made ahead would pass the limit";
+  EXPECT_EQ(pm.stats().taken, 3 * kMiB);
+  EXPECT_EQ(h.stats().counted, 3 * kMiB);
+  EXPECT_EQ(h.stats().lent, 3 * kMiB);
 }
 
 // Signals go to the application's threads: the making thread blocks them all.
@@ -251,6 +272,14 @@ TEST(PremadeHost, TheTargetIsTheBudgetWithinAQuarterOfTheHostSharedAmongTheNodes
   EXPECT_EQ(premake_target(UINT64_MAX, 60 * kGiB, avail, limit, 8), 4 * kGiB);    // eight ranks, a quarter among them
   EXPECT_EQ(premake_target(16 * kGiB, 60 * kGiB, avail, limit, 8), 16 * kGiB);    // asked for: as asked
   EXPECT_EQ(premake_target(200 * kGiB, 60 * kGiB, avail, limit, 1), limit);      // never past the store's limit
+}
+
+// The store's own limit is shared among the node's ranks as the making is.
+TEST(PremadeHost, TheStoresDefaultLimitIsThreeQuartersOfTheHostSharedAmongTheNodesRanks) {
+  constexpr uint64_t kGiB = 1ull << 30;
+  EXPECT_EQ(HostStore::default_limit(128 * kGiB), 96 * kGiB);
+  EXPECT_EQ(HostStore::default_limit(128 * kGiB, 0), 96 * kGiB);  // LOCAL_WORLD_SIZE unset
+  EXPECT_EQ(HostStore::default_limit(128 * kGiB, 8), 12 * kGiB);
 }
 
 }  // namespace

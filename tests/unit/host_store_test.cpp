@@ -63,12 +63,12 @@ TEST(HostStore, ReusesSlotsAndRefusesPastItsLimit) {
 class ArenaSource final : public ChunkSource {
  public:
   explicit ArenaSource(uint64_t bytes) : arena_(bytes + 4096) {}
-  void* take(uint64_t bytes) override {
+  Lent lend(uint64_t bytes, bool) override {
     ++asked;
-    if (used_ + bytes > arena_.size() - 4096) return nullptr;
+    if (used_ + bytes > arena_.size() - 4096) return {};
     void* p = base() + used_;
     used_ += bytes;
-    return p;
+    return {p, false};
   }
   unsigned char* base() {  // page-aligned, as the pool's extents are
     return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(arena_.data()) + 4095) & ~uintptr_t(4095));
@@ -106,6 +106,27 @@ TEST(HostStore, TakesItsChunksFromTheSourceFirstAndPinsThem) {
   h.give(got[0], 1 << 20);
   EXPECT_EQ(h.take(1 << 20), got[0]);  // a freed slot is reused before the source is asked again
   EXPECT_EQ(pool.asked, 4);
+}
+
+// The limit bounds the memory this process makes: what offloadd's pool lends is the node's,
+// sized and shared there, so a pool larger than the limit is used whole before the store's own.
+TEST(HostStore, WhatOffloaddLendsIsNotCountedAgainstTheLimit) {
+  SimDriver sim;
+  ArenaSource pool(6 << 20);
+  HostStore h(sim, mib_chunks(1 << 20, 2 << 20), &pool);
+  std::vector<void*> got;
+  for (int i = 0; i < 8; ++i) {
+    got.push_back(h.take(1 << 20));
+    ASSERT_NE(got.back(), nullptr) << i;
+  }
+  EXPECT_TRUE(pool.holds(got[5]));
+  EXPECT_FALSE(pool.holds(got[6]));
+  EXPECT_EQ(h.take(1 << 20), nullptr) << "2 MiB of its own: the limit";
+  const HostStore::Stats s = h.stats();
+  EXPECT_EQ(s.lent, 6u << 20);
+  EXPECT_EQ(s.counted, 2u << 20);
+  EXPECT_EQ(s.mapped, 8u << 20);
+  EXPECT_EQ(s.refused, 1u);
 }
 
 // Copies split in pieces of pin_piece from a slot's start never span two pinned registrations,
