@@ -38,8 +38,8 @@ HostStore::HostStore(Driver& d, Options o, ChunkSource* source) : d_(d), o_(o), 
 HostStore::~HostStore() {
   // The pinned registrations go with the mappings: the driver drops a registration whose
   // pages are unmapped when the process ends, and a store outlives every copy into it.
-  for (const Mapping& m : mappings_)
-    if (!m.lent) munmap(m.base, m.bytes);
+  for (const Chunk& c : chunks_)
+    if (!c.lent) munmap(c.base, c.bytes);
 }
 
 void* HostStore::take(uint64_t bytes, bool grow) {
@@ -55,7 +55,12 @@ void* HostStore::take(uint64_t bytes, bool grow) {
     ++st_.refused;
     return nullptr;
   }
-  add_mapping(m, size);
+  const uint32_t c = add_chunk(m, size);
+  if (bytes > o_.pin_piece) {  // its own chunk, whole
+    note_taken(bytes);
+    return m.base;
+  }
+  add_free(m.base, size, c);
   return take_locked(bytes);
 }
 
@@ -69,29 +74,20 @@ uint64_t HostStore::chunk_for(uint64_t bytes) const {
 }
 
 void* HostStore::take_locked(uint64_t bytes) {
-  // A slot over pin_piece had a mapping of its own, registered in pieces from its start: it is
+  // A slot over pin_piece had a chunk of its own, registered in pieces from its start: it is
   // never split, since a piece of it elsewhere would put a copy across two registrations.
   // It takes the smallest free one that holds it, whole, if at most twice its size: pinning a
-  // mapping more for each size asked costs the evicting thread more than the bytes left unused.
+  // chunk more for each size asked costs the evicting thread more than the bytes left unused.
   if (bytes > o_.pin_piece) {
     largest_big_asked_ = std::max(largest_big_asked_, bytes);
     auto it = free_big_.lower_bound(bytes);
     if (it == free_big_.end() || it->first > 2 * bytes) return nullptr;
-    const Mapping& m = mappings_[it->second];
+    void* p = it->second;
     free_big_.erase(it);
     note_taken(bytes);
-    return m.base;
+    return p;
   }
   largest_asked_ = std::max(largest_asked_, bytes);
-  if (void* p = take_small_locked(bytes)) return p;
-  // No room holds it: the smallest free mapping over pin_piece lends it its registrations (each
-  // holds any slot of at most pin_piece) before the store grows.
-  if (free_big_.empty()) return nullptr;
-  open_big(free_big_.begin());
-  return take_small_locked(bytes);
-}
-
-void* HostStore::take_small_locked(uint64_t bytes) {
   // Best fit: the smallest free block that holds it, its front taken, the rest left free.
   auto fit = free_by_size_.lower_bound(bytes);
   if (fit == free_by_size_.end()) return nullptr;
@@ -104,33 +100,14 @@ void* HostStore::take_small_locked(uint64_t bytes) {
   return p;
 }
 
-bool HostStore::whole(const unsigned char* p, uint64_t bytes, uint32_t chunk) const {
-  return p == chunks_[chunk].base && bytes == chunks_[chunk].bytes;
-}
-
 void HostStore::add_free(unsigned char* p, uint64_t bytes, uint32_t chunk) {
   const BySize::iterator s = free_by_size_.emplace(bytes, p);
   free_.emplace(p, Free{bytes, chunk, s});
-  if (whole(p, bytes, chunk)) ++mappings_[chunks_[chunk].mapping].whole_free;
 }
 
 void HostStore::drop_free(std::map<unsigned char*, Free>::iterator it) {
-  if (whole(it->first, it->second.bytes, it->second.chunk)) --mappings_[chunks_[it->second.chunk].mapping].whole_free;
   free_by_size_.erase(it->second.by_size);
   free_.erase(it);
-}
-
-void HostStore::open_big(std::multimap<uint64_t, uint32_t>::iterator it) {
-  const Mapping& m = mappings_[it->second];
-  free_big_.erase(it);
-  for (uint32_t c = m.first; c < m.first + m.count; ++c) add_free(chunks_[c].base, chunks_[c].bytes, c);
-}
-
-void HostStore::close_if_free(uint32_t mapping) {
-  const Mapping& m = mappings_[mapping];
-  if (m.count < 2 || m.whole_free < m.count) return;
-  for (uint32_t c = m.first; c < m.first + m.count; ++c) drop_free(free_.find(chunks_[c].base));
-  free_big_.emplace(m.bytes, mapping);
 }
 
 uint32_t HostStore::chunk_of(const unsigned char* p) const {
@@ -189,8 +166,7 @@ uint64_t HostStore::ahead_size_locked(uint64_t reserve) const {
   // of its own on the evicting thread while smaller blocks lie free (on the H200, 1-5 GiB mapped
   // past the most held, beside the reference's large slots; docs/results.md), and a slot over
   // pin_piece one of its own size.
-  // (A free mapping over pin_piece holds any slot of at most pin_piece.)
-  const uint64_t largest_free = !free_big_.empty() ? o_.pin_piece : free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+  const uint64_t largest_free = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
   if (largest_free < largest_asked_) return chunk_for(largest_asked_);
   if (largest_big_asked_ && (free_big_.empty() || free_big_.rbegin()->first < largest_big_asked_))
     return chunk_for(largest_big_asked_);
@@ -211,27 +187,22 @@ uint64_t HostStore::grow_ahead(uint64_t reserve) {
   growing_ = 0;
   st_.pin_failures += m.pin_failures;
   if (!m.base) return 0;
-  add_mapping(m, size);
+  const uint32_t c = add_chunk(m, size);
+  if (size > o_.pin_piece) free_big_.emplace(size, m.base);  // whole, registered in pieces from its start
+  else add_free(m.base, size, c);
   st_.ahead += size;
   st_.ahead_ns += mono_ns() - t0;
   return size;
 }
 
-uint32_t HostStore::add_mapping(const Made& made, uint64_t size) {
-  const auto index = static_cast<uint32_t>(mappings_.size());
-  unsigned char* base = made.base;
-  Mapping m{base, size, made.lent, static_cast<uint32_t>(chunks_.size()), 0};
-  for (uint64_t off = 0; off < size; off += o_.pin_piece, ++m.count) {
-    chunk_at_.emplace(base + off, static_cast<uint32_t>(chunks_.size()));
-    chunks_.push_back({base + off, std::min(o_.pin_piece, size - off), index});
-  }
-  mappings_.push_back(m);
+uint32_t HostStore::add_chunk(const Made& m, uint64_t size) {
+  const auto index = static_cast<uint32_t>(chunks_.size());
+  chunks_.push_back({m.base, size, m.lent});
+  chunk_at_.emplace(m.base, index);
   st_.mapped += size;
-  if (made.lent) st_.lent += size;
-  if (made.counted) st_.counted += size;
+  if (m.lent) st_.lent += size;
+  if (m.counted) st_.counted += size;
   ++st_.chunks;
-  if (m.count > 1) free_big_.emplace(size, index);  // whole, registered in pieces from its start
-  else add_free(base, size, m.first);
   return index;
 }
 
@@ -240,9 +211,8 @@ void HostStore::give(void* p, uint64_t bytes) {
   bytes = round_up(std::max<uint64_t>(bytes, 1), kSlotAlign);
   std::lock_guard<std::mutex> lk(mu_);
   st_.in_use -= std::min(st_.in_use, bytes);
-  if (bytes > o_.pin_piece) {  // the whole mapping it had, which may be larger
-    const uint32_t m = chunks_[chunk_of(static_cast<unsigned char*>(p))].mapping;
-    free_big_.emplace(mappings_[m].bytes, m);
+  if (bytes > o_.pin_piece) {  // the whole chunk it had, which may be larger
+    free_big_.emplace(chunks_[chunk_of(static_cast<unsigned char*>(p))].bytes, p);
     return;
   }
   // Merged with the free blocks either side that lie in the same chunk.
@@ -261,13 +231,12 @@ void HostStore::give(void* p, uint64_t bytes) {
     }
   }
   add_free(at, bytes, c);
-  close_if_free(chunks_[c].mapping);
 }
 
 HostStore::Stats HostStore::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   Stats s = st_;
-  s.free_blocks = free_.size() + free_big_.size();
+  s.free_blocks = free_.size();
   return s;
 }
 

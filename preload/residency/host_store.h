@@ -4,22 +4,17 @@
 // is becomes known only as the process allocates. The store maps anonymous memory in chunks
 // (pinned with Driver::pin_host, which faults them in, in pieces of at most `pin_piece` bytes:
 // one huge registration fails or takes minutes) and hands out slots inside them. A slot never
-// spans two registrations; a slot larger than a chunk gets a mapping of its own (its size in whole
-// chunks). Inside the registrations, slots are placed best fit and freed slots merge with free
-// neighbours of the same registration, so that a step whose mix of sizes out at once changes (a
-// plan's prefetches and early evictions do) is served from room already pinned: with slots reused
-// by exact size only, the recorded steps' stores grew 15-66% past their most bytes in use
-// (`offloadctl replay --cap`, host_mapped_bytes against host_peak_bytes; docs/results.md), and
-// every byte of growth is pinned on the thread that evicts. A slot over pin_piece takes a whole
-// free mapping of at most twice its size. When no room holds a smaller slot, a free mapping over
-// pin_piece lends its registrations to smaller slots, and takes large ones again once they are all
-// free: kept apart, the two kinds each grew to their own most in use (a graph network's 1.6 GiB and
-// 0.8 GiB slots mapped 14 GiB for 11 held; docs/results.md).
+// spans two chunks; a slot larger than a chunk gets one of its own (its size in whole chunks).
+// Inside the chunks, slots are placed best fit and freed slots merge with free neighbours of the
+// same chunk, so that a step whose mix of sizes out at once changes (a plan's prefetches and
+// early evictions do) is served from room already pinned: with slots reused by exact size only,
+// the recorded steps' stores grew 15-66% past their most bytes in use (`offloadctl replay
+// --cap`, host_mapped_bytes against host_peak_bytes; docs/results.md), and every byte of growth
+// is pinned on the thread that evicts. A slot over pin_piece takes a whole free chunk of at most twice its size.
 //
 // A copy never spans two pinned registrations (a driver may take such a copy for pinned memory
-// it is not): a mapping of at most pin_piece is one registration, and a larger one is registered
-// in pieces of pin_piece from its start: a slot over pin_piece takes it whole, from its start, as
-// copies are split, and a smaller slot lies inside one piece.
+// it is not): a chunk of at most pin_piece is one registration, and a larger one holds one
+// slot, registered in pieces of pin_piece from its start, as copies are split.
 //
 // `limit` bounds the store's memory that this process made (0: MemAvailable at construction less
 // a quarter); what offloadd's pool lends is the node's, counted there. take() returns nullptr
@@ -112,39 +107,23 @@ class HostStore {
   }
 
  private:
-  // One pinned registration (at most pin_piece): free blocks merge only within one, so that no
-  // copy spans two.
   struct Chunk {
     unsigned char* base;
     uint64_t bytes;
-    uint32_t mapping;
-  };
-  // One mapping (or one lent piece), registered in pieces of pin_piece from its start: chunks
-  // `first` .. `first + count`. One over pin_piece lies in free_big_ while every chunk of it is
-  // free ("closed": its blocks are not in free_), so that a slot over pin_piece can take it whole.
-  struct Mapping {
-    unsigned char* base;
-    uint64_t bytes;
     bool lent;  // the source's: never unmapped here
-    uint32_t first, count;
-    uint32_t whole_free = 0;  // of its chunks, those free from end to end (one block in free_)
   };
   using BySize = std::multimap<uint64_t, unsigned char*>;
   struct Free {
     uint64_t bytes;
-    uint32_t chunk;
+    uint32_t chunk;  // blocks merge only within one chunk: one pinned registration
     BySize::iterator by_size;
   };
   void* take_locked(uint64_t bytes);
-  void* take_small_locked(uint64_t bytes);
-  uint64_t chunk_for(uint64_t bytes) const;  // the mapping made for a slot that finds no room
-  uint64_t ahead_size_locked(uint64_t reserve) const;  // the mapping grow_ahead() makes; 0: none
+  uint64_t chunk_for(uint64_t bytes) const;  // the chunk made for a slot that finds no room
+  uint64_t ahead_size_locked(uint64_t reserve) const;  // the chunk grow_ahead() makes; 0: none
   void note_taken(uint64_t bytes);
   void add_free(unsigned char* p, uint64_t bytes, uint32_t chunk);
   void drop_free(std::map<unsigned char*, Free>::iterator it);
-  bool whole(const unsigned char* p, uint64_t bytes, uint32_t chunk) const;
-  void open_big(std::multimap<uint64_t, uint32_t>::iterator it);  // its chunks' room to smaller slots
-  void close_if_free(uint32_t mapping);                            // back to free_big_ once all free
   uint32_t chunk_of(const unsigned char* p) const;
   struct Made {
     unsigned char* base = nullptr;
@@ -158,20 +137,17 @@ class HostStore {
   Made map_chunk(uint64_t size, bool fault_first, bool may_count) const;
   void pin(Made* m, uint64_t size) const;
   void note_made(const Made& m);
-  // A mapping made, its chunks added; over pin_piece it goes to free_big_ closed, else its one
-  // chunk's room to free_. Returns its index.
-  uint32_t add_mapping(const Made& m, uint64_t size);
+  uint32_t add_chunk(const Made& m, uint64_t size);
 
   Driver& d_;
   Options o_;
   ChunkSource* source_;
   mutable std::mutex mu_;
   std::vector<Chunk> chunks_;
-  std::vector<Mapping> mappings_;
   std::map<const unsigned char*, uint32_t> chunk_at_;  // base -> index in chunks_
   std::map<unsigned char*, Free> free_;                // free blocks inside chunks, by address
   BySize free_by_size_;                                // the same blocks, by size (best fit)
-  std::multimap<uint64_t, uint32_t> free_big_;         // closed mappings over pin_piece, by size
+  std::multimap<uint64_t, void*> free_big_;            // free chunks over pin_piece, whole, by size
   Stats st_;
   uint64_t growing_ = 0;  // bytes grow_ahead() is making outside the lock
   uint64_t largest_asked_ = 0;      // the largest slot of at most pin_piece asked for

@@ -324,61 +324,6 @@ TEST(HostStore, SlotsOverAPinPieceTakeWholeChunksUpToTwiceTheirSizeAndAreGrownAh
   EXPECT_EQ(h.stats().in_use, 0u);
 }
 
-// A free mapping over pin_piece lends its registrations to smaller slots when no other room holds
-// them, each slot inside one registration, and serves a slot over pin_piece again once every
-// one of them is back.
-TEST(HostStore, AFreeLargeMappingServesSmallerSlotsAndIsWholeAgainOnceTheyReturn) {
-  SimDriver sim;
-  HostStore h(sim, mib_chunks(2 << 20, 64 << 20));
-  auto* a = static_cast<unsigned char*>(h.take(5 << 20));  // registered as 2 + 2 + 1 MiB
-  ASSERT_NE(a, nullptr);
-  h.give(a, 5 << 20);
-  const auto pins = sim.pinned().size();
-  std::vector<std::pair<unsigned char*, uint64_t>> small;
-  for (uint64_t bytes : {uint64_t(2) << 20, uint64_t(1) << 20, uint64_t(1) << 20, uint64_t(1) << 20}) {
-    auto* p = static_cast<unsigned char*>(h.take(bytes, false));
-    ASSERT_NE(p, nullptr) << "room already pinned holds " << bytes;
-    ASSERT_TRUE(p >= a && p + bytes <= a + (5 << 20));
-    const uint64_t piece = uint64_t(p - a) >> 21;
-    EXPECT_EQ(uint64_t(p + bytes - 1 - a) >> 21, piece) << "inside one registration";
-    small.push_back({p, bytes});
-  }
-  EXPECT_EQ(h.take(1 << 20, false), nullptr) << "all 5 MiB are out";
-  EXPECT_EQ(h.stats().mapped, 5u << 20);
-  h.give(small[0].first, small[0].second);
-  EXPECT_EQ(h.take(5 << 20, false), nullptr) << "not whole while a slot is out";
-  for (size_t i = 1; i < small.size(); ++i) h.give(small[i].first, small[i].second);
-  EXPECT_EQ(h.take(5 << 20, false), a) << "whole again";
-  EXPECT_EQ(h.take(1 << 20, false), nullptr) << "taken whole: no room left beside it";
-  EXPECT_EQ(sim.pinned().size(), pins);
-  h.give(a, 5 << 20);
-  EXPECT_EQ(h.stats().in_use, 0u);
-}
-
-// Steps that alternate between large slots and smaller ones out at once (a graph network's
-// gathers and concatenations) share the room: the store stops growing after one of each, and
-// below what the two kinds kept apart would map (12 MiB of large mappings and 16 of small).
-TEST(HostStore, StepsThatAlternateLargeAndSmallSlotsShareTheRoom) {
-  SimDriver sim;
-  HostStore h(sim, mib_chunks(2 << 20, 256 << 20));
-  const uint64_t big = 3 << 20, small = (3 << 20) / 2;  // 4 x 3 MiB, or 8 x 1.5 MiB: 12 MiB a step
-  uint64_t mapped_after_two = 0;
-  for (int step = 0; step < 8; ++step) {
-    const bool large = step % 2 == 0;
-    const uint64_t bytes = large ? big : small;
-    std::vector<void*> held;
-    for (int i = 0; i < (large ? 4 : 8); ++i) {
-      held.push_back(h.take(bytes));
-      ASSERT_NE(held.back(), nullptr);
-    }
-    for (void* p : held) h.give(p, bytes);
-    if (step == 1) mapped_after_two = h.stats().mapped;
-  }
-  EXPECT_EQ(h.stats().mapped, mapped_after_two) << "no growth after the first two steps";
-  EXPECT_LE(h.stats().mapped, 20u << 20) << "12 MiB of large mappings, of which 4 serve a small slot each, and 8 MiB more";
-  EXPECT_EQ(h.stats().in_use, 0u);
-}
-
 // A slot larger than a chunk gets one of its own, rounded up to whole chunks: slots a little apart
 // in size take it in turn (on an H100 a checkpointed Llama's slots of 1,008, 1,010 and 1,024 MiB
 // made a chunk each, of their exact sizes), over a pin piece as under it.
