@@ -23,7 +23,7 @@ constexpr int kPopulateWrite = 23;  // Linux's number, for headers older than th
 }  // namespace
 
 PremadeHost::PremadeHost(Options o, ChunkSource* first, std::function<bool()> skip)
-    : o_(o), first_(first), skip_(std::move(skip)), populate_(o.populate) {
+    : o_(o), first_(first), skip_(std::move(skip)), populate_(round_up(o.populate, kPage)) {
   if (o_.piece < kPage) o_.piece = kPage;
   o_.piece = round_up(o_.piece, kPage);
   const uint64_t bytes = round_up(o_.target, kPage);
@@ -81,13 +81,18 @@ uint64_t PremadeHost::make_more(uint64_t max_bytes) {
 }
 
 bool PremadeHost::fault_in(unsigned char* p, uint64_t n) {
-  // The kernel faults the piece in itself (MADV_POPULATE_WRITE, Linux 5.14): a trap a page costs
-  // more, most of all in a virtual machine (scripts/gpu/pin_probe.cpp; docs/results.md). Refused
-  // as unknown (EINVAL), a write a page instead; the pages are fresh (zero), so it changes nothing.
-  if (populate_.load(std::memory_order_relaxed)) {
-    if (madvise(p, n, kPopulateWrite) == 0) return true;
+  // The kernel faults a piece in itself (MADV_POPULATE_WRITE, Linux 5.14), faster than a trap a
+  // page, but holding the process's mmap lock, which the driver's mappings wait for
+  // (scripts/gpu/fault_probe.cpp; docs/results.md). Refused as unknown (EINVAL), a write a page
+  // instead; the pages are fresh (zero), so it changes nothing.
+  for (uint64_t off = 0, piece = populate_.load(std::memory_order_relaxed); piece && off < n; off += piece) {
+    if (madvise(p + off, std::min(piece, n - off), kPopulateWrite) == 0) {
+      if (off + piece >= n) return true;
+      continue;
+    }
     if (errno != EINVAL) return false;  // out of memory, or a signal: make no more
-    populate_.store(false, std::memory_order_relaxed);
+    populate_.store(0, std::memory_order_relaxed);
+    break;
   }
   volatile unsigned char* q = p;
   for (uint64_t off = 0; off < n; off += kPage) q[off] = 0;

@@ -42,9 +42,9 @@ class PremadeHost final : public ChunkSource {
     // faulted, which the thread never writes again; whether faulting while steps evict costs them
     // is not measured yet).
     bool past_first_take = false;
-    // Faulted in by the kernel a piece at a time (MADV_POPULATE_WRITE) where it can; false: by a
-    // write a page (what it falls back to).
-    bool populate = true;
+    // Bytes the kernel faults in at a time (MADV_POPULATE_WRITE, which holds the process's mmap
+    // lock meanwhile) where it can; 0: a write a page (what it falls back to).
+    uint64_t populate = 0;
   };
   struct Stats {
     uint64_t made = 0;      // bytes faulted in here
@@ -90,7 +90,7 @@ class PremadeHost final : public ChunkSource {
   std::atomic<uint64_t> frontier_{0};  // bytes from base_ faulted in
   std::atomic<bool> making_{false};    // run() is between pieces or in one
   std::atomic<int64_t> make_ns_{0};
-  std::atomic<bool> populate_;  // MADV_POPULATE_WRITE not yet refused as unknown
+  std::atomic<uint64_t> populate_;  // 0 once MADV_POPULATE_WRITE is refused as unknown
   mutable std::mutex mu_;
   std::condition_variable made_cv_;  // run() ended
   uint64_t next_ = 0;                // bytes from base_ carved for the store

@@ -65,7 +65,7 @@ struct OneChunk : ChunkSource {
 
 // Faulted in by the kernel (MADV_POPULATE_WRITE) or by a write a page, as where the kernel has no
 // such advice: the same pages either way.
-void what_is_faulted_in_is_what_the_store_is_given(bool populate) {
+void what_is_faulted_in_is_what_the_store_is_given(uint64_t populate) {
   SCOPED_TRACE(populate ? "populated" : "written a page at a time");
   PremadeHost::Options o = target(16 * kMiB);
   o.populate = populate;
@@ -86,8 +86,8 @@ void what_is_faulted_in_is_what_the_store_is_given(bool populate) {
 }
 
 TEST(PremadeHost, WhatIsFaultedInBeforeTheFirstTakeIsWhatTheStoreIsGiven) {
-  what_is_faulted_in_is_what_the_store_is_given(true);
-  what_is_faulted_in_is_what_the_store_is_given(false);
+  what_is_faulted_in_is_what_the_store_is_given(256 << 10);  // pieces of a quarter MiB
+  what_is_faulted_in_is_what_the_store_is_given(0);
 }
 
 TEST(PremadeHost, TheThreadEndsBeforeTheFirstTakeReturnsAndNeverWritesWhatWasGiven) {
