@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <cerrno>
 
 #include "common/clock.h"
 #include "planner/plan.h"  // round_up
@@ -14,16 +13,11 @@ namespace offload {
 namespace {
 
 constexpr uint64_t kPage = 4096;
-#ifdef MADV_POPULATE_WRITE
-constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
-#else
-constexpr int kPopulateWrite = 23;  // Linux's number, for headers older than the kernels that have it
-#endif
 
 }  // namespace
 
 PremadeHost::PremadeHost(Options o, ChunkSource* first, std::function<bool()> skip)
-    : o_(o), first_(first), skip_(std::move(skip)), populate_(round_up(o.populate, kPage)) {
+    : o_(o), first_(first), skip_(std::move(skip)) {
   if (o_.piece < kPage) o_.piece = kPage;
   o_.piece = round_up(o_.piece, kPage);
   const uint64_t bytes = round_up(o_.target, kPage);
@@ -72,31 +66,17 @@ uint64_t PremadeHost::make_more(uint64_t max_bytes) {
     const uint64_t from = frontier_.load(std::memory_order_relaxed);
     if (from >= bytes_) break;
     const uint64_t n = std::min({max_bytes - made, bytes_ - from, o_.piece});
-    if (!fault_in(base_ + from, n)) break;
+    // One write a page faults it in; the pages are fresh (zero), so the write changes nothing.
+    // A trap a page holds only that mapping's lock: madvise(MADV_POPULATE_WRITE) faulted 1.3-1.6x
+    // faster but held the process's mmap lock, and the driver's mappings on another thread then
+    // took 16-92 ms each against 0.08 (scripts/gpu/fault_probe.cpp; docs/results.md).
+    volatile unsigned char* p = base_ + from;
+    for (uint64_t off = 0; off < n; off += kPage) p[off] = 0;
     frontier_.store(from + n, std::memory_order_release);
     made += n;
   }
   if (made) make_ns_.fetch_add(mono_ns() - t0, std::memory_order_relaxed);
   return made;
-}
-
-bool PremadeHost::fault_in(unsigned char* p, uint64_t n) {
-  // The kernel faults a piece in itself (MADV_POPULATE_WRITE, Linux 5.14), faster than a trap a
-  // page, but holding the process's mmap lock, which the driver's mappings wait for
-  // (scripts/gpu/fault_probe.cpp; docs/results.md). Refused as unknown (EINVAL), a write a page
-  // instead; the pages are fresh (zero), so it changes nothing.
-  for (uint64_t off = 0, piece = populate_.load(std::memory_order_relaxed); piece && off < n; off += piece) {
-    if (madvise(p + off, std::min(piece, n - off), kPopulateWrite) == 0) {
-      if (off + piece >= n) return true;
-      continue;
-    }
-    if (errno != EINVAL) return false;  // out of memory, or a signal: make no more
-    populate_.store(0, std::memory_order_relaxed);
-    break;
-  }
-  volatile unsigned char* q = p;
-  for (uint64_t off = 0; off < n; off += kPage) q[off] = 0;
-  return true;
 }
 
 void PremadeHost::end_making() {

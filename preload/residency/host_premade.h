@@ -1,4 +1,4 @@
-// PremadeHost: host memory for evicted bytes, faulted in before the first eviction needs it.
+// PremadeHost: host memory for evicted bytes, faulted in before evictions need it.
 //
 // What holds a capped process's first step is making host memory: faulting fresh anonymous
 // memory in costs about 300-470 ms/GiB on the GPU machines' hosts, pinning memory already faulted
@@ -7,10 +7,12 @@
 // its first step while the host's memory system is idle: a thread of its own faults memory in
 // then, and the host store takes its chunks from here first, so that only pinning is left to pay.
 //
-// The thread stops at the first lend(), which waits for the piece it is faulting (at most
-// `piece` bytes): making host memory on the worker while steps ran (faulting on eight threads,
-// then pinning) slowed the driver's mappings (results.md). `past_first_take` lets it go on.
-// Either way the store is lent only pages already faulted, which the thread never writes again.
+// The thread goes on while steps evict, to its target (`past_first_take`; else it stops at the
+// first lend(), which then waits for the piece it is faulting): a write a page takes only that
+// mapping's lock, and the driver's mappings on other threads kept their speed, where populating
+// in the kernel (MAP_POPULATE, MADV_POPULATE_WRITE) holds the process's mmap lock and slowed them
+// 200-1,000-fold (scripts/gpu/fault_probe.cpp; docs/results.md). Either way the store is lent
+// only pages already faulted, which the thread never writes again.
 // What the store has not taken is given back to the system (madvise DONTNEED) once no take has
 // come for `idle_ns`, or, when none came at all (the model fits the budget, or its first
 // eviction is late), for `unused_ns` since the making ended. The memory is one reservation,
@@ -39,12 +41,8 @@ class PremadeHost final : public ChunkSource {
     int64_t idle_ns = 10'000'000'000;     // no take for this long since the last: the rest goes back
     int64_t unused_ns = 60'000'000'000;   // no take at all for this long since the making ended: all of it
     // The making goes on past the first take, to the target (the store is lent only pages already
-    // faulted, which the thread never writes again; whether faulting while steps evict costs them
-    // is not measured yet).
-    bool past_first_take = false;
-    // Bytes the kernel faults in at a time (MADV_POPULATE_WRITE, which holds the process's mmap
-    // lock meanwhile) where it can; 0: a write a page (what it falls back to).
-    uint64_t populate = 0;
+    // faulted, which the thread never writes again); false: it stops there.
+    bool past_first_take = true;
   };
   struct Stats {
     uint64_t made = 0;      // bytes faulted in here
@@ -79,7 +77,6 @@ class PremadeHost final : public ChunkSource {
  private:
   void run();
   void end_making();  // holds no lock; returns once the thread faults nothing more
-  bool fault_in(unsigned char* p, uint64_t n);  // false: the system refused (make no more)
 
   Options o_;
   ChunkSource* first_;
@@ -90,7 +87,6 @@ class PremadeHost final : public ChunkSource {
   std::atomic<uint64_t> frontier_{0};  // bytes from base_ faulted in
   std::atomic<bool> making_{false};    // run() is between pieces or in one
   std::atomic<int64_t> make_ns_{0};
-  std::atomic<uint64_t> populate_;  // 0 once MADV_POPULATE_WRITE is refused as unknown
   mutable std::mutex mu_;
   std::condition_variable made_cv_;  // run() ended
   uint64_t next_ = 0;                // bytes from base_ carved for the store

@@ -239,7 +239,7 @@ TEST(ReadSettings, AcceptedSpellings) {
   EXPECT_EQ(one("OFFLOAD_HOST_PREMAKE", "off").host_premake, 0u);
   EXPECT_EQ(one("OFFLOAD_HOST_PREMAKE", "0").host_premake, 0u);
   EXPECT_EQ(one("OFFLOAD_HOST_PREMAKE", "16GiB").host_premake, 16ull << 30);
-  EXPECT_FALSE(one("OFFLOAD_DISABLE", "0").host_premake_past_eviction);
+  EXPECT_TRUE(one("OFFLOAD_DISABLE", "0").host_premake_past_eviction);
   EXPECT_TRUE(one("OFFLOAD_HOST_PREMAKE_UNTIL", "target").host_premake_past_eviction);
   EXPECT_FALSE(one("OFFLOAD_HOST_PREMAKE_UNTIL", "eviction").host_premake_past_eviction);
 }
