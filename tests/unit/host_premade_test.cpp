@@ -183,14 +183,19 @@ TEST(PremadeHost, NoTargetMakesNothingAndLendsNothing) {
   EXPECT_EQ(pm.trim_idle(mono_ns() + 100'000'000'000), 0u);
 }
 
+// A store of 1 MiB chunks up to `limit` bytes.
+HostStore::Options mib_store(uint64_t limit) {
+  HostStore::Options o;
+  o.chunk_bytes = kMiB;
+  o.limit = limit;
+  return o;
+}
+
 TEST(PremadeHost, TheHostStoreTakesItsChunksAsLentAndPinsThem) {
   SimDriver sim;
   PremadeHost pm(target(4 * kMiB));
   ASSERT_EQ(pm.make_more(4 * kMiB), 4 * kMiB);
-  HostStore::Options o;
-  o.chunk_bytes = kMiB;
-  o.limit = 8 * kMiB;
-  HostStore h(sim, o, &pm);
+  HostStore h(sim, mib_store(8 * kMiB), &pm);
   std::vector<void*> slots;
   for (int i = 0; i < 6; ++i) slots.push_back(h.take(kMiB));
   for (void* p : slots) ASSERT_NE(p, nullptr);
@@ -208,10 +213,7 @@ TEST(PremadeHost, WhatWasMadeAheadCountsAgainstTheStoresLimit) {
   SimDriver sim;
   PremadeHost pm(target(4 * kMiB));
   ASSERT_EQ(pm.make_more(4 * kMiB), 4 * kMiB);
-  HostStore::Options o;
-  o.chunk_bytes = kMiB;
-  o.limit = 3 * kMiB;
-  HostStore h(sim, o, &pm);
+  HostStore h(sim, mib_store(3 * kMiB), &pm);
   for (int i = 0; i < 3; ++i) ASSERT_NE(h.take(kMiB), nullptr) << i;
   EXPECT_EQ(h.take(kMiB), nullptr) << "a fourth made ahead would pass the limit";
   EXPECT_EQ(pm.stats().taken, 3 * kMiB);
