@@ -132,9 +132,9 @@ struct Settings {
   static constexpr uint64_t kHostPremakeAuto = UINT64_MAX;
   uint64_t host_premake = kHostPremakeAuto;
   // OFFLOAD_HOST_PREMAKE_UNTIL=target|eviction: the making goes on to its target while steps
-  // evict (the default: on the H100 the first step of a graph network, an LSTM and a Llama that
-  // do not fit took 2.6/3.8, 2.2/2.9 and 1.9/2.2 s against stopping at the first eviction;
-  // docs/results.md), or stops at the first eviction.
+  // evict (the default: in one run each on an H100 the first step of a graph network, an LSTM
+  // and a Llama that do not fit took 2.6/3.8, 2.2/2.9 and 1.9/2.2 s against stopping at the first
+  // eviction; docs/results.md), or stops at the first eviction.
   bool host_premake_past_eviction = true;
   bool offload() const { return device_budget || device_budget_fraction > 0; }
   // OFFLOAD_OBSERVE=light|full. Full: every launch is scanned for the allocations it touches,
