@@ -419,7 +419,7 @@ std::string Runtime::stats_json_locked() {
   w.field("hook_ns_mean", c.hook_ns_mean());
   executor_json(w.key("executor"));
   w.key("residency").raw(residency_json(cap_.load(std::memory_order_acquire)));
-  if (cap_.load(std::memory_order_acquire) && premade_) {  // host memory made before the first eviction
+  if (cap_.load(std::memory_order_acquire) && premade_) {  // host memory made ahead of evictions
     const PremadeHost::Stats pm = premade_->stats();
     w.object("host_premade").field("target", premade_->reserved()).field("made", pm.made).field("taken", pm.taken)
         .field("released", pm.released).field("make_ns", uint64_t(pm.make_ns)).field("making", pm.making).end();

@@ -34,10 +34,10 @@ void Runtime::start_cap() {
   if (!planning_) pool_chunks_ = std::make_unique<LinkChunks>(link_);
   ChunkSource* chunks = pool_chunks_.get();
   if (!planning_ && settings_.host_premake) {
-    // Faulted in while the model is built and the first launches run, until the first eviction:
-    // unless set, as much as the budget (what a model twice its size forces out) and a quarter of
-    // the host's available memory among the node's ranks, which a model that fits holds for a
-    // minute for nothing. The making stops where the host's available memory has halved (other
+    // Faulted in while the model is built and the first steps run (to the target, or until the
+    // first eviction with OFFLOAD_HOST_PREMAKE_UNTIL=eviction): unless set, as much as the budget
+    // (what a model twice its size forces out) and a quarter of the host's available memory among
+    // the node's ranks, which a model that fits holds for a minute for nothing. The making stops where the host's available memory has halved (other
     // processes, data loaders): host memory the job needs is not taken for a head start.
     PremadeHost::Options po;
     po.past_first_take = settings_.host_premake_past_eviction;

@@ -63,13 +63,15 @@ class PremadeHost final : public ChunkSource {
   // the bytes faulted. 0 once stopped, at the target, or while skip() holds.
   uint64_t make_more(uint64_t max_bytes);
   // From the first source, else (with `may_count`) carved from what was faulted in here, counted
-  // (the first call here stops the making); none when what is left of it is smaller.
+  // (without past_first_take, the first call here stops the making); none when what is left of it
+  // is smaller.
   Lent lend(uint64_t bytes, bool may_count) override;
   // Gives back what was made and not taken, once the making has ended and no take has come for
   // idle_ns (unused_ns when none came yet); at most once. Returns the bytes given back. For the
   // shim's worker.
   uint64_t trim_idle(int64_t now_ns);
-  // Stops the making and joins the thread (the exit paths; lend() stops it too).
+  // Stops the making and joins the thread (the exit paths; without past_first_take, lend() stops
+  // it too).
   void stop();
   Stats stats() const;
   uint64_t reserved() const { return bytes_; }
