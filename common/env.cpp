@@ -226,6 +226,17 @@ void read_cap(const SettingsReader& in, Settings& st) {
   in.flag("OFFLOAD_CAP_REFIT", st.cap_refit);
   in.flag("OFFLOAD_CAP_EVICT_FIRST", st.cap_evict_first);
   in.flag("OFFLOAD_CAP_KEEP_ASKED", st.cap_keep_asked);
+  if (const char* v = get("OFFLOAD_CAP_POOL_SHORT"); v && *v) {
+    if (const auto n = parse_count(v, 0, 1'000'000)) st.cap_pool_short = uint32_t(*n);
+    else in.bad("OFFLOAD_CAP_POOL_SHORT", v, "a count of launches from 0 (off) to 1000000");
+  }
+  if (const char* v = get("OFFLOAD_CAP_POOL_SHORT_SHARE"); v && *v) {
+    const std::string_view sv(v);
+    char* end = nullptr;
+    const double pct = sv.ends_with("%") ? std::strtod(v, &end) : -1;
+    if (end != v && end == v + sv.size() - 1 && std::isfinite(pct) && pct > 0 && pct <= 50) st.cap_pool_short_share = pct / 100;
+    else in.bad("OFFLOAD_CAP_POOL_SHORT_SHARE", v, "a share of the budget above 0% and up to 50% (e.g. 25%)");
+  }
   in.choice("OFFLOAD_CAP_AHEAD_HORIZON", "lead", "ceiling", st.cap_ahead_to_ceiling,
             "lead (the current prefetch lead) or ceiling (a quarter step)");
   in.choice("OFFLOAD_CAP_GRANT", "inline", "apart", st.cap_grant_apart,
@@ -310,7 +321,7 @@ namespace {
 
 // Every variable liboffload reads (the README's table), and the launcher's OFFLOAD_LIB.
 constexpr const char* kKnownSettings[] = {
-    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_AHEAD_HORIZON", "OFFLOAD_CAP_GRANT", "OFFLOAD_CAP_GATE", "OFFLOAD_CAP_GATE_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_RECOMPUTE_PROBES", "OFFLOAD_CAP_RECOMPUTE_UPDATES", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_CAP_PREFETCH_GROW", "OFFLOAD_CAP_PREFETCH_ORDER", "OFFLOAD_CAP_PREFETCH_HOLD", "OFFLOAD_CAP_PREFETCH_ROOM", "OFFLOAD_CAP_VICTIMS", "OFFLOAD_HOST_LIMIT", "OFFLOAD_HOST_AHEAD", "OFFLOAD_HOST_PREMAKE", "OFFLOAD_HOST_PREMAKE_UNTIL",
+    "OFFLOAD_DEVICE_BUDGET", "OFFLOAD_CAP",       "OFFLOAD_CAP_MIN",     "OFFLOAD_CAP_PIECE", "OFFLOAD_CAP_WHOLE", "OFFLOAD_CAP_EXTRA_PIECES", "OFFLOAD_CAP_TILE", "OFFLOAD_CAP_REFIT", "OFFLOAD_CAP_EVICT_FIRST", "OFFLOAD_CAP_KEEP_ASKED", "OFFLOAD_CAP_POOL_SHORT", "OFFLOAD_CAP_POOL_SHORT_SHARE", "OFFLOAD_CAP_AHEAD", "OFFLOAD_CAP_AHEAD_HORIZON", "OFFLOAD_CAP_GRANT", "OFFLOAD_CAP_GATE", "OFFLOAD_CAP_GATE_AHEAD", "OFFLOAD_CAP_RECOMPUTE", "OFFLOAD_CAP_DROP_FIRST", "OFFLOAD_CAP_RECOMPUTE_PROBES", "OFFLOAD_CAP_RECOMPUTE_UPDATES", "OFFLOAD_CAP_PLAN", "OFFLOAD_CAP_PREFETCH_MAX", "OFFLOAD_CAP_PREFETCH_GROW", "OFFLOAD_CAP_PREFETCH_ORDER", "OFFLOAD_CAP_PREFETCH_HOLD", "OFFLOAD_CAP_PREFETCH_ROOM", "OFFLOAD_CAP_VICTIMS", "OFFLOAD_HOST_LIMIT", "OFFLOAD_HOST_AHEAD", "OFFLOAD_HOST_PREMAKE", "OFFLOAD_HOST_PREMAKE_UNTIL",
     "OFFLOAD_HOST_POOL",     "OFFLOAD_PERSISTENT_MIN", "OFFLOAD_PLANNER", "OFFLOAD_POOL_REFINE",
     "OFFLOAD_BLOCK_CACHE",   "OFFLOAD_TELEMETRY", "OFFLOAD_CUPTI_LIB",   "OFFLOAD_TRACE",
     "OFFLOAD_TRACE_STEPS",   "OFFLOAD_TRACE_LEAD", "OFFLOAD_DAEMON",     "OFFLOAD_DAEMON_BIN",

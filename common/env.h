@@ -84,6 +84,11 @@ struct Settings {
   // size again, furthest first; 0 (the default): the smallest first. Fewer mappings on the recorded
   // steps, 3.6% more on the H200's large Llama (docs/results.md), so off.
   bool cap_keep_asked = false;
+  // OFFLOAD_CAP_POOL_SHORT=N: once the step's length is known, an allocation born where the step
+  // before freed one of its size within N launches, never evicted, goes to the allocator's pool
+  // (inside its share of the budget) instead of a range of its own; 0 (the default): none.
+  uint32_t cap_pool_short = 0;
+  double cap_pool_short_share = 0.25;  // OFFLOAD_CAP_POOL_SHORT_SHARE=N%: the pooled bytes live at once, at most
   bool cap_ahead_to_ceiling = false;  // OFFLOAD_CAP_AHEAD_HORIZON=ceiling
   bool cap_grant_apart = false;       // OFFLOAD_CAP_GRANT=apart
   uint64_t cap_gate = 0;              // OFFLOAD_CAP_GATE: a gated chunk's bytes; 0 off

@@ -138,7 +138,7 @@ Runtime::Placed Runtime::place_capped(uint64_t bytes, Stream s, void** p) {
 
 void Runtime::forwarded_capped(Residency& r, DevPtr p, uint64_t bytes) {
   if (!tl_graph_alloc) {
-    r.small_allocated(bytes);
+    r.small_allocated(bytes, p);
     return;
   }
   tl_graph_alloc = false;
@@ -163,7 +163,7 @@ bool Runtime::release_capped(Residency& r, DevPtr d, Stream s) {
   if (r.free(d, s)) return true;
   if (planning_ && executor_.release(d, s)) return true;
   if (e && e->base == d) {
-    r.small_freed(e->size);
+    r.small_freed(e->size, d);
     r.forget_table(e->id, s);
   }
   return false;

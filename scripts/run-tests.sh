@@ -75,14 +75,14 @@ for t in tests/data/traces/*.trace tests/data/traces/ckpt/*.trace; do
   build-test-release/offloadctl replay "$t" > /dev/null
   build-test-release/offloadctl replay "$t" --cap 0.5 --steps 4 --scale 1024 > /dev/null  # the hard cap: about 6 s for all
 done
-# The hard cap's default and thirteen other policies (recompute among them), every launch's bytes checked, on the recorded steps that replay in a
+# The hard cap's default and fourteen other policies (recompute among them), every launch's bytes checked, on the recorded steps that replay in a
 # few seconds (lora and the reference take 10-20 s each): a policy changes which ranges and handles
 # meet, and so which orderings are exercised.
 # One replay per process, as many at once as there are cores.
 for t in tests/data/traces/*.trace; do
   case $t in *lora.trace | *reference.trace) continue ;; esac
   for policy in OFFLOAD_CAP=1 OFFLOAD_CAP_WHOLE=0 OFFLOAD_CAP_EXTRA_PIECES=1 OFFLOAD_CAP_PIECE=0 OFFLOAD_CAP_TILE=class OFFLOAD_CAP_AHEAD_HORIZON=ceiling OFFLOAD_CAP_GRANT=apart \
-    OFFLOAD_CAP_GATE=256KiB OFFLOAD_CAP_RECOMPUTE=1 OFFLOAD_CAP_PREFETCH_GROW=unwasted OFFLOAD_CAP_PREFETCH_ORDER=nearest OFFLOAD_CAP_VICTIMS=lru OFFLOAD_CAP_PREFETCH_HOLD=on OFFLOAD_CAP_PREFETCH_ROOM=off; do
+    OFFLOAD_CAP_GATE=256KiB OFFLOAD_CAP_RECOMPUTE=1 OFFLOAD_CAP_PREFETCH_GROW=unwasted OFFLOAD_CAP_PREFETCH_ORDER=nearest OFFLOAD_CAP_VICTIMS=lru OFFLOAD_CAP_PREFETCH_HOLD=on OFFLOAD_CAP_PREFETCH_ROOM=off OFFLOAD_CAP_POOL_SHORT=512; do
     echo "$policy $t"
   done
 done | xargs -P "$jobs" -L 1 sh -c 'env "$0" build-test-release/offloadctl replay "$1" --cap 0.5 --steps 10 > /dev/null ||

@@ -255,6 +255,7 @@ void Replayer::alloc(uint32_t o) {
       p = drv_.alloc(a.bytes);
     }
     plain_live_ += a.bytes;
+    if (opt_.cap) opt_.cap->pooled(p, a.bytes);
   }
   addr_[o] = p;
   tracker_.on_alloc(p, a.bytes, a.stream, tag);

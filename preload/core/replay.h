@@ -48,6 +48,7 @@ class ReplayCap {
   // An allocation: its address (*tag for the tracker), 0 for the replay's pool to serve it, or 0
   // with *refused set when the budget cannot hold it.
   virtual DevPtr alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) = 0;
+  virtual void pooled(DevPtr p, uint64_t bytes) = 0;  // alloc gave 0: the replay's pool served it at p
   virtual bool free(DevPtr p, Stream s, uint64_t bytes, AllocId id) = 0;  // false: the pool's (counted freed)
   virtual bool refused_launch() = 0;  // the gate refused the launch the tracker just saw
   virtual void after_launch() = 0;    // the launch was forwarded

@@ -62,24 +62,32 @@ uint64_t Residency::next_use_distance(const Range& r, uint64_t now) const {
   return now - std::min(now, r.last_use);
 }
 
-void Residency::note_birth(Range& r, uint64_t size) {
+uint64_t Residency::birth_key(uint64_t size) {
   const uint64_t now = last_launch_.load(std::memory_order_relaxed);
   births_there_ = now == birth_launch_ ? births_there_ + 1 : 0;
   birth_launch_ = now;
-  r.birth = now;
+  if (!period_) return kNoKey;
+  return (now % period_) << 32 | std::min<uint64_t>(births_there_, 255) << 24 |
+         std::min<uint64_t>(size / gran_, (1u << 24) - 1);
+}
+
+void Residency::note_birth(Range& r, uint64_t key) {
+  r.birth = last_launch_.load(std::memory_order_relaxed);
   if (o_.recompute) rc_new_life(r);
   r.life.clear();
   r.pred.clear();
   r.pf_hold = r.pf_hold_at = 0;
-  r.key = kNoKey;
-  if (!period_) return;
-  r.key = (now % period_) << 32 | std::min<uint64_t>(births_there_, 255) << 24 |
-          std::min<uint64_t>(size / gran_, (1u << 24) - 1);
+  r.moved = false;
+  r.key = key;
+  if (key == kNoKey) return;
   if (auto it = lives_.find(r.key); it != lives_.end()) r.pred.assign(it->second.begin(), it->second.end());
 }
 
 void Residency::note_death(const Range& r) {
-  if (!period_ || r.key == kNoKey || last_launch_.load(std::memory_order_relaxed) - r.birth >= period_) return;
+  if (!period_ || r.key == kNoKey) return;
+  const uint64_t span = last_launch_.load(std::memory_order_relaxed) - r.birth;
+  if (o_.pool_short) spans_[r.key] = ShortLife{uint32_t(std::min<uint64_t>(span, UINT32_MAX)), r.moved};
+  if (span >= period_) return;
   lives_[r.key].assign(r.life.begin(), r.life.end());
 }
 
@@ -182,7 +190,7 @@ bool Residency::let_go_cached() {
 void Residency::prefetch_due(uint64_t launch_no) {
   if (!period_ || !o_.prefetch) return;
   if (!pf_lead_) pf_lead_ = std::min(o_.prefetch_lead, lead_ceiling());
-  if (o_.prefetch_room) room_.note(launch_no, period_, st_.live_bytes);
+  if (o_.prefetch_room) room_.note(launch_no, period_, st_.live_bytes + pooled_live_);
   pf_due_.clear();
   for (uint32_t k = 0; k < slots_.size(); ++k) {
     const Range& r = slots_[k];
@@ -275,6 +283,7 @@ void Residency::set_period(uint64_t launches) {
   period_ = launches;
   st_.period = launches;
   lives_.clear();
+  spans_.clear();
   asks_prev_.clear();
   asks_now_.clear();
   asks_step_ = UINT64_MAX;

@@ -56,6 +56,7 @@ bool Residency::start_evict(uint32_t slot, std::string* why) {
     }
     return false;
   }
+  r.moved = true;  // not a short life for the pool (Options::pool_short)
   if (r.prefetched) {  // brought in ahead and going out unused: the lead outran the room
     r.prefetched = false;
     ++st_.prefetch_wasted;

@@ -66,6 +66,7 @@ struct Range {
   uint64_t uses[kUses] = {};
   uint8_t nuses = 0, upos = 0;
   bool prefetched = false;    // reloaded ahead and not yet touched
+  bool moved = false;         // evicted (or dropped) in this life
   // Prefetched and not touched since: `host` still holds its bytes, read by the copy in once
   // this event is done. An eviction then copies nothing out (clean); a touch gives the slot back.
   uint64_t host_read = 0;

@@ -29,17 +29,19 @@ class CapGate final : public ReplayCap {
         *refused = true;
         return 0;
       }
-      res_->small_allocated(bytes);
-      sample();
       return 0;
     }
     const DevPtr p = res_->alloc(bytes, s, tag, refused);
     sample();
     return p;
   }
+  void pooled(DevPtr p, uint64_t bytes) override {
+    res_->small_allocated(bytes, p);
+    sample();
+  }
   bool free(DevPtr p, Stream s, uint64_t bytes, AllocId id) override {
     if (res_->free(p, s)) return true;
-    res_->small_freed(bytes);
+    res_->small_freed(bytes, p);
     res_->forget_table(id, s);  // as the shim does: a pointer table, or a small allocation a producer read
     return false;
   }

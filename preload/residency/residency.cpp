@@ -256,6 +256,9 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   ++st_.allocs;
   largest_need_ = std::max(largest_need_, size);
   note_ask(size);
+  birth_key_ = birth_key(size);
+  tl_pool_key = kNoKey;
+  if (pool_short(bytes, birth_key_)) return 0;  // the allocator's pool serves it (small_allocated)
   const DevPtr va = alloc_range(size, s, tag, refused);
   if (va) slots_[uint32_t(*tag & ~kRangeTag)].asked = bytes;
   return va;
@@ -274,7 +277,7 @@ DevPtr Residency::alloc_range(uint64_t size, Stream s, uint64_t* tag, bool* refu
       Range& r = slots_[slot];
       r.live = true;
       r.last_use = launches_seen_;
-      note_birth(r, size);
+      note_birth(r, birth_key_);
       ++st_.refits;
       ++st_.ranges;
       st_.live_bytes += r.bytes;
@@ -309,7 +312,7 @@ DevPtr Residency::reuse_cached(uint64_t size, Stream s, uint64_t* tag) {
   if (r.free_stream != s) order_after(s, r.free_event);
   r.live = true;
   r.last_use = launches_seen_;
-  note_birth(r, size);
+  note_birth(r, birth_key_);
   ++st_.reused;
   ++st_.ranges;
   st_.live_bytes += size;
@@ -348,7 +351,7 @@ DevPtr Residency::new_range(uint64_t size, Stream s, uint64_t* tag, bool* refuse
   st_.alloc_maps += st_.maps - maps_before;
   r.live = true;
   r.last_use = launches_seen_;
-  note_birth(r, size);
+  note_birth(r, birth_key_);
   uint32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -439,6 +442,11 @@ bool Residency::free(DevPtr p, Stream s) {
 
 bool Residency::admit_small(uint64_t bytes) {
   Busy busy(*this);
+  tl_pool_key = kNoKey;  // small_allocated next is this one's
+  return admit_locked(bytes, false);
+}
+
+bool Residency::admit_locked(uint64_t bytes, bool quiet) {
   // The pool's memory is counted as the larger of its share and what it holds: it holds more than
   // its live bytes (blocks freed and kept, fragments), and grows by its own chunks.
   const uint64_t live = small_live_ + bytes;
@@ -463,6 +471,7 @@ bool Residency::admit_small(uint64_t bytes) {
   }
   if (held_ + pool_share_ > limit() || need > pool_share_) {
     pool_share_ = old;
+    if (quiet) return false;
     char buf[200];
     std::snprintf(buf, sizeof buf,
                   "the allocator's pool needs %.2f GiB for allocations under %.1f MiB (%.2f GiB of them live): ",
@@ -482,16 +491,6 @@ uint64_t Residency::see_pool() {
   st_.pool_reserved = reserved;
   if (reserved > pool_share_) st_.pool_over = std::max(st_.pool_over, reserved - pool_share_);
   return reserved;
-}
-
-void Residency::small_allocated(uint64_t bytes) {
-  std::lock_guard<std::mutex> lk(mu_);
-  small_live_ += bytes;
-}
-
-void Residency::small_freed(uint64_t bytes) {
-  std::lock_guard<std::mutex> lk(mu_);
-  small_live_ -= std::min(small_live_, bytes);
 }
 
 // ---- Host slots ------------------------------------------------------------------------------
@@ -612,6 +611,8 @@ void apply_cap_policy(const Settings& s, Residency::Options* o) {
   o->size_classes = s.cap_size_classes;
   o->refit = s.cap_refit;
   o->keep_asked = s.cap_keep_asked;
+  o->pool_short = s.cap_pool_short;
+  o->pool_short_share = s.cap_pool_short_share;
   o->ahead_to_ceiling = s.cap_ahead_to_ceiling;
   o->grant_apart = s.cap_grant_apart;
   o->copy_gate = s.cap_gate;

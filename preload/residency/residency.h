@@ -92,8 +92,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // An allocation under min_bytes about to go to the allocator's pool: grows the pool's share
   // first when the pool would need it. False when the budget cannot hold it.
   bool admit_small(uint64_t bytes);
-  void small_allocated(uint64_t bytes);  // the allocator served it
-  void small_freed(uint64_t bytes);
+  // The allocator served it at p (also an allocation alloc left to the pool: Options::pool_short).
+  void small_allocated(uint64_t bytes, DevPtr p = 0);
+  void small_freed(uint64_t bytes, DevPtr p = 0);
   uint64_t min_bytes() const { return o_.min_bytes; }
   uint64_t budget() const { return o_.budget; }
   // DeviceRoom: bytes another owner holds under this budget (a plan's arenas, core/executor.h),
@@ -275,7 +276,14 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t range_size(uint64_t bytes) const;  // the bytes a range for an allocation maps
   // Launches until the range's next use as the step's period predicts it; false: no prediction.
   bool predicted_next_use(const Range& r, uint64_t now, uint64_t* dist) const;
-  void note_birth(Range& r, uint64_t size);  // its place in the step, and the uses predicted there
+  // An allocation's place in the step (launch % period, births there, size; kNoKey before the
+  // period is known); a range born there, and the uses predicted for it.
+  uint64_t birth_key(uint64_t size);
+  void note_birth(Range& r, uint64_t key);
+  // Options::pool_short: the allocation born at `key` goes to the allocator's pool, its share of
+  // the budget grown for it (pool_short.cpp).
+  bool pool_short(uint64_t bytes, uint64_t key);
+  bool admit_locked(uint64_t bytes, bool quiet);  // admit_small's body, under mu_
   void note_death(const Range& r);           // a short life's uses become the prediction at its place
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
@@ -542,6 +550,20 @@ class Residency final : public LaunchGate, public DeviceRoom {
   uint64_t copy_touches_ = 0;  // numbers the copy stream's touches of abandoned ranges
   // Place of birth in the step -> the launches after birth that touched the range last born there.
   std::unordered_map<uint64_t, std::vector<uint32_t>> lives_;
+  // Options::pool_short. Place of birth -> how many launches the last one born there lived, and
+  // whether it was evicted; the allocations left to the pool (address -> place, birth, bytes).
+  struct ShortLife {
+    uint32_t span = 0;
+    bool moved = false;
+  };
+  std::unordered_map<uint64_t, ShortLife> spans_;
+  struct Pooled {
+    uint64_t key, birth, bytes;
+  };
+  std::unordered_map<DevPtr, Pooled> pooled_;
+  uint64_t pooled_live_ = 0;
+  uint64_t birth_key_ = kNoKey;  // the allocation being served's
+  static thread_local uint64_t tl_pool_key;  // alloc left it to the pool: its place, until small_allocated
   // Sizes allocated in the step before and in this one -> where in the step (launch % period), in order.
   std::unordered_map<uint64_t, std::vector<uint32_t>> asks_prev_, asks_now_;
   uint64_t asks_step_ = UINT64_MAX;

@@ -155,6 +155,14 @@ struct ResidencyOptions {
   // default, OFFLOAD_CAP_KEEP_ASKED): the smallest first. On the recorded steps it mapped 4.4%
   // less at half their peak; on the H200's large Llama at 70% free, 3.6% more (docs/results.md).
   bool keep_asked = false;
+  // Once the step's length is known, an allocation born where the step before freed one of its
+  // size within this many launches, never evicted in that life, is left to the allocator's pool
+  // (inside its share of the budget) instead of a range of its own: a range maps its pieces
+  // (and grants access) at birth whenever its room went to a reload, at 0.1-0.7 ms a piece, and
+  // allocations made 60-85% of a capped step's mappings (docs/results.md). The pooled bytes live
+  // at once stay under pool_short_share of the budget. OFFLOAD_CAP_POOL_SHORT; 0 (the default): off.
+  uint32_t pool_short = 0;
+  double pool_short_share = 0.25;
   // Evicting ahead of need leaves out what is used within this many launches: true
   // (OFFLOAD_CAP_AHEAD_HORIZON=ceiling), the prefetch lead's ceiling, a quarter step; false (the
   // default, =lead), the current prefetch lead, which an unused prefetch shortens by a quarter:

@@ -17,6 +17,9 @@ struct ResidencyStats {
   uint64_t external_refused = 0;           // takes that found no room
   uint64_t pool_share = 0, pool_reserved = 0, pool_trims = 0;
   uint64_t pool_over = 0;                  // most the pool was seen holding above its share
+  // Options::pool_short: allocations left to the pool as short lives, their bytes, and those of
+  // them that lived longer than predicted (their place goes back to ranges).
+  uint64_t pooled = 0, pooled_bytes = 0, pooled_long = 0;
   uint64_t footprint_peak = 0;             // held + the larger of the pool's share and holding, at its highest
   uint64_t refused_allocs = 0, refused_launches = 0, host_full = 0;
   uint64_t outside = 0;                    // device memory grown outside us since the first range

@@ -208,5 +208,99 @@ TEST(ResidencyLives, ACopyOutsLagIsCountedInLaunches) {
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
+
+// Options::pool_short. An allocation `res.alloc` leaves to the pool (0, not refused) is served by
+// the allocator, as the shim forwards it: the simulated pool here.
+DevPtr alloc_or_pool(CapRig& r, uint64_t bytes, bool* pooled) {
+  uint64_t tag = 0;
+  bool refused = false;
+  DevPtr p = r.res.alloc(bytes, kA, &tag, &refused);
+  *pooled = !p && !refused;
+  if (*pooled) {
+    p = r.sim.alloc(bytes);
+    r.res.small_allocated(bytes, p);
+  }
+  if (p) r.tr.on_alloc(p, bytes, kA, tag);
+  return p;
+}
+// The pool's free is stream-ordered: its memory goes back once the queued work has run (`later`).
+void free_or_pool(CapRig& r, DevPtr p, uint64_t bytes, std::vector<DevPtr>* later) {
+  r.tr.on_free(p, kA);
+  if (r.res.free(p, kA)) return;
+  r.res.small_freed(bytes, p);
+  later->push_back(p);
+}
+
+// Steps of 10 launches. `t` (two granules) is born at the step's first launch and lives `t_life`
+// launches; `l` (one granule) is born at the second and lives 8. With pool_short = 4, once a step
+// has shown their lives, `t` is left to the pool (no mapping, its bytes in the pool's share) and
+// `l` keeps a range; a `t` that then lives 6 launches sends its place back to a range the step
+// after.
+TEST(ResidencyLives, AShortLifeIsLeftToThePoolAndALongOneGoesBackToARange) {
+  constexpr uint64_t kBudget = 8 * kGran;
+  Residency::Options o = CapRig::options(kBudget, Residency::Options::Fault::None);
+  o.pool_short = 4;
+  o.pool_short_share = 0.5;
+  CapRig r(o);
+  uint64_t sink = 0, expect = 0;
+  struct Seen {
+    bool t_pooled = false, l_pooled = false;
+    uint64_t t_maps = 0;
+  };
+  auto step = [&](int n, uint64_t t_life) {
+    Seen seen;
+    std::vector<DevPtr> later;
+    DevPtr t = 0, l = 0;
+    for (uint64_t i = 0; i < 10; ++i) {
+      if (i == 0) {
+        const uint64_t maps = r.res.stats().maps;
+        t = alloc_or_pool(r, 2 * kGran, &seen.t_pooled);
+        seen.t_maps = r.res.stats().maps - maps;
+        EXPECT_NE(t, 0u) << r.res.error();
+        EXPECT_TRUE(r.kernel(kA, {t}, fill(t, 2 * kGran, uint64_t(n))));
+      } else if (i == 1) {
+        l = alloc_or_pool(r, kGran, &seen.l_pooled);
+        EXPECT_NE(l, 0u) << r.res.error();
+        EXPECT_TRUE(r.kernel(kA, {l}, fill(l, kGran, uint64_t(n) + 100)));
+      } else if (i == t_life) {
+        EXPECT_TRUE(r.kernel(kA, {t}, [&, t] { sink += hash(t, 2 * kGran); }));
+        expect += filled_hash(uint64_t(n), 2 * kGran);
+      } else if (i == 9) {
+        EXPECT_TRUE(r.kernel(kA, {l}, [&, l] { sink += hash(l, kGran); }));
+        expect += filled_hash(uint64_t(n) + 100, kGran);
+      } else {
+        EXPECT_TRUE(r.kernel(kA, {}, [] {}));
+      }
+      if (i == t_life) free_or_pool(r, t, 2 * kGran, &later);
+      if (i == 9) free_or_pool(r, l, kGran, &later);
+    }
+    r.sim.run_all();
+    for (DevPtr p : later) r.sim.free(p);
+    r.res.poll();
+    return seen;
+  };
+  const Seen first = step(0, 3);
+  EXPECT_FALSE(first.t_pooled) << "no period yet: every allocation is a range";
+  r.res.set_period(10);
+  const Seen second = step(1, 3);  // lives seen at their places
+  EXPECT_FALSE(second.t_pooled);
+  const Seen third = step(2, 3);
+  EXPECT_TRUE(third.t_pooled) << "t lived 3 launches a step before";
+  EXPECT_EQ(third.t_maps, 0u);
+  EXPECT_FALSE(third.l_pooled) << "l lived 8";
+  EXPECT_EQ(r.res.stats().pooled, 1u);
+  EXPECT_GE(r.res.stats().pool_share, 2 * kGran) << "the pooled bytes count in the pool's share";
+  const Seen fourth = step(3, 6);  // pooled, and lives longer than predicted
+  EXPECT_TRUE(fourth.t_pooled);
+  EXPECT_EQ(r.res.stats().pooled_long, 1u);
+  const Seen fifth = step(4, 3);
+  EXPECT_FALSE(fifth.t_pooled) << "its place lived 6 launches last step";
+  const Seen sixth = step(5, 3);
+  EXPECT_TRUE(sixth.t_pooled);
+  EXPECT_EQ(sink, expect) << "every use read the bytes written";
+  EXPECT_LE(r.res.stats().footprint_peak, kBudget);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 }  // namespace
 }  // namespace offload

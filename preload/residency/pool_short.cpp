@@ -1,0 +1,53 @@
+// Short lives left to the allocator's pool (Options::pool_short). A range maps its pieces, and
+// grants access to them, at its birth whenever its room went to a reload since; an allocation
+// the pool serves maps nothing once the pool holds its bytes. Which allocations are short is
+// predicted from the step before, by their place of birth, as their uses are (ahead.cpp): one
+// born where the last one lived at most pool_short launches and was never evicted. Its bytes
+// count in the pool's share of the budget, which grows for it as for a small allocation.
+#include <algorithm>
+
+#include "residency/residency.h"
+
+namespace offload {
+
+thread_local uint64_t Residency::tl_pool_key = residency_range::kNoKey;
+
+bool Residency::pool_short(uint64_t bytes, uint64_t key) {
+  if (!o_.pool_short || key == kNoKey || external_) return false;
+  const auto it = spans_.find(key);
+  if (it == spans_.end() || it->second.moved || it->second.span > o_.pool_short) return false;
+  // The pooled bytes live at once stay a share of the budget: the pool's memory is never evicted.
+  if (pooled_live_ + bytes > uint64_t(double(o_.budget) * o_.pool_short_share)) return false;
+  if (!admit_locked(bytes, true)) return false;  // no room for the share to grow: a range instead
+  tl_pool_key = key;
+  return true;
+}
+
+void Residency::small_allocated(uint64_t bytes, DevPtr p) {
+  std::lock_guard<std::mutex> lk(mu_);
+  small_live_ += bytes;
+  const uint64_t key = tl_pool_key;
+  tl_pool_key = kNoKey;
+  if (key == kNoKey || !p || bytes < o_.min_bytes) return;
+  pooled_[p] = Pooled{key, last_launch_.load(std::memory_order_relaxed), bytes};
+  pooled_live_ += bytes;
+  ++st_.pooled;
+  st_.pooled_bytes += bytes;
+}
+
+void Residency::small_freed(uint64_t bytes, DevPtr p) {
+  std::lock_guard<std::mutex> lk(mu_);
+  small_live_ -= std::min(small_live_, bytes);
+  if (!p || bytes < o_.min_bytes) return;
+  const auto it = pooled_.find(p);
+  if (it == pooled_.end()) return;
+  const Pooled e = it->second;
+  pooled_.erase(it);
+  pooled_live_ -= std::min(pooled_live_, e.bytes);
+  // Its life is the prediction at its place next step: a long one sends that place back to ranges.
+  const uint64_t span = last_launch_.load(std::memory_order_relaxed) - e.birth;
+  if (span > o_.pool_short) ++st_.pooled_long;
+  if (period_ && o_.pool_short) spans_[e.key] = ShortLife{uint32_t(std::min<uint64_t>(span, UINT32_MAX)), false};
+}
+
+}  // namespace offload
