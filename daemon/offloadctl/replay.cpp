@@ -389,7 +389,7 @@ void print_json(const std::string& path, const StepTrace& rec, const CapReplayOp
       .field("bytes_out", unscaled(st.bytes_out)).field("bytes_in", unscaled(st.bytes_in))
       .field("freed_out", st.freed_out).field("freed_out_bytes", unscaled(st.freed_out_bytes))
       .field("alloc_maps", st.alloc_maps).field("refits", st.refits).field("reused", st.reused).field("allocs", st.allocs)
-      .field("pooled", st.pooled).field("pooled_bytes", unscaled(st.pooled_bytes)).field("pooled_long", st.pooled_long)
+      .field("pooled", st.pooled).field("pooled_bytes", unscaled(st.pooled_bytes)).field("pooled_long", st.pooled_long).field("pool_shrinks", st.pool_shrinks)
       .field("pool_share_bytes", unscaled(st.pool_share))
       .field("recomputed", st.recomputed).field("recomputed_bytes", unscaled(st.recomputed_bytes))
       .field("recompute_checks", st.recompute_checks).field("recompute_bans", st.recompute_bans)

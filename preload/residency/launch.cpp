@@ -256,7 +256,7 @@ void Residency::before_launch(uint64_t launch_no, EventKind kind, uint32_t kerne
   uint64_t total = 0;
   for (uint32_t k : touched) total += slots_[k].bytes;
   largest_need_ = std::max(largest_need_, total);
-  if (total + pool_share_ > limit()) {
+  if (total + pool_share_ > limit() && !shrink_pool_share(limit() - std::min(limit(), total))) {
     refuse_launch(kernel, total, touched.size(), blind ? "a launch we cannot see into needs every range" : "");
     return;
   }

@@ -23,6 +23,25 @@ bool Residency::pool_short(uint64_t bytes, uint64_t key) {
   return true;
 }
 
+bool Residency::shrink_pool_share(uint64_t most) {
+  const uint64_t floor = std::min(o_.pool_floor, o_.budget / 2);
+  auto least = [&](uint64_t reserved) {
+    return std::max({floor, round_up(std::max(small_live_ + o_.pool_step, reserved), gran_)});
+  };
+  if (least(0) > most) return false;
+  uint64_t reserved = see_pool();
+  if (least(reserved) > most && reserved > small_live_) {
+    ++st_.pool_trims;
+    d_.pool_trim(0);
+    reserved = see_pool();
+  }
+  if (least(reserved) > most) return false;
+  pool_share_ = std::min(pool_share_, least(reserved));
+  ++st_.pool_shrinks;
+  note_footprint();
+  return true;
+}
+
 void Residency::small_allocated(uint64_t bytes, DevPtr p) {
   std::lock_guard<std::mutex> lk(mu_);
   small_live_ += bytes;

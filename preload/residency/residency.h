@@ -284,6 +284,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // the budget grown for it (pool_short.cpp).
   bool pool_short(uint64_t bytes, uint64_t key);
   bool admit_locked(uint64_t bytes, bool quiet);  // admit_small's body, under mu_
+  // The pool's share, grown for allocations since freed, back down to at most `most` where the
+  // pool (trimmed) holds no more: a launch's ranges need the room. False: it cannot.
+  bool shrink_pool_share(uint64_t most);
   void note_death(const Range& r);           // a short life's uses become the prediction at its place
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting

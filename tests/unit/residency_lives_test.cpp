@@ -235,7 +235,7 @@ void free_or_pool(CapRig& r, DevPtr p, uint64_t bytes, std::vector<DevPtr>* late
 // launches; `l` (one granule) is born at the second and lives 8. With pool_short = 4, once a step
 // has shown their lives, `t` is left to the pool (no mapping, its bytes in the pool's share) and
 // `l` keeps a range; a `t` that then lives 6 launches sends its place back to a range the step
-// after.
+// after. The share grown for `t` then gives way to a launch whose ranges need the room.
 TEST(ResidencyLives, AShortLifeIsLeftToThePoolAndALongOneGoesBackToARange) {
   constexpr uint64_t kBudget = 8 * kGran;
   Residency::Options o = CapRig::options(kBudget, Residency::Options::Fault::None);
@@ -298,7 +298,29 @@ TEST(ResidencyLives, AShortLifeIsLeftToThePoolAndALongOneGoesBackToARange) {
   const Seen sixth = step(5, 3);
   EXPECT_TRUE(sixth.t_pooled);
   EXPECT_EQ(sink, expect) << "every use read the bytes written";
+  // The share grown for t outlives it. A launch whose ranges need all but the pool's floor takes
+  // it back down instead of being refused.
+  const uint64_t share = r.res.stats().pool_share;
+  ASSERT_GE(share, 2 * kGran);
+  r.res.set_period(0);  // nothing more pooled: these allocations are ranges
+  std::vector<DevPtr> big;
+  for (int i = 0; i < 3; ++i) {
+    big.push_back(r.alloc(2 * kGran, kA));
+    ASSERT_NE(big.back(), 0u) << r.res.error();
+    ASSERT_TRUE(r.kernel(kA, {big.back()}, fill(big.back(), 2 * kGran, 200 + uint64_t(i))));
+  }
+  uint64_t got = 0;
+  ASSERT_TRUE(r.kernel(kA, {big[0], big[1], big[2]}, [&] {
+    got = hash(big[0], 2 * kGran) + hash(big[1], 2 * kGran) + hash(big[2], 2 * kGran);
+  })) << r.res.error();
+  r.sim.run_all();
+  uint64_t want = 0;
+  for (uint64_t i = 0; i < 3; ++i) want += filled_hash(200 + i, 2 * kGran);
+  EXPECT_EQ(got, want);
+  EXPECT_LT(r.res.stats().pool_share, share);
+  EXPECT_EQ(r.res.stats().pool_shrinks, 1u);
   EXPECT_LE(r.res.stats().footprint_peak, kBudget);
+  EXPECT_LE(r.sim.vmm_stats().physical_peak, kBudget);
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
