@@ -28,18 +28,19 @@ bool Residency::shrink_pool_share(uint64_t most) {
   auto least = [&](uint64_t reserved) {
     return std::max({floor, round_up(std::max(small_live_ + o_.pool_step, reserved), gran_)});
   };
-  if (least(0) > most) return false;
+  if (most >= pool_share_) return true;
+  if (least(0) >= pool_share_) return false;
   uint64_t reserved = see_pool();
   if (least(reserved) > most && reserved > small_live_) {
     ++st_.pool_trims;
     d_.pool_trim(0);
     reserved = see_pool();
   }
-  if (least(reserved) > most) return false;
-  pool_share_ = std::min(pool_share_, least(reserved));
+  if (least(reserved) >= pool_share_) return false;
+  pool_share_ = std::max(least(reserved), most);
   ++st_.pool_shrinks;
   note_footprint();
-  return true;
+  return pool_share_ <= most;
 }
 
 void Residency::small_allocated(uint64_t bytes, DevPtr p) {

@@ -183,6 +183,11 @@ bool Residency::fits(uint64_t need) const {
   return held_ + pool_share_ + fresh <= limit();
 }
 
+uint64_t Residency::short_of(uint64_t need) {
+  const uint64_t want = held_ + pool_share_ + need - spare_cover(need);
+  return want - std::min(limit(), want);
+}
+
 bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why) {
   WaitAt site(*this, WaitSite::Room);
   auto fits = [&] { return this->fits(need); };
@@ -202,13 +207,14 @@ bool Residency::make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std
     finish_evict(*it);
   }
   if (fits()) return true;
+  // The pool's share grown for short lives now freed (Options::pool_short), before live bytes move.
+  if (o_.pool_short && shrink_pool_share(pool_share_ - std::min(pool_share_, short_of(need))) && fits()) return true;
   // Resident ranges, the furthest next use (or the least recent use) first.
   std::vector<uint32_t>& victims = victims_;
   pick_victims(&victims, keep, nkeep, launches_seen_);
   // Start as many copies as the shortfall needs, then finish them: the copies queue together.
   uint64_t freeing = 0;
-  const uint64_t want = held_ + pool_share_ + need - spare_cover(need);
-  const uint64_t short_by = want - std::min(limit(), want);
+  const uint64_t short_by = short_of(need);
   std::vector<uint32_t> started;
   for (uint32_t v : victims) {
     if (freeing >= short_by) break;

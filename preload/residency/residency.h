@@ -198,6 +198,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // back, and resident ranges
   // not in `keep` nor in flight are evicted, least recently touched first.
   bool make_room(uint64_t need, const uint32_t* keep, size_t nkeep, std::string* why);
+  uint64_t short_of(uint64_t need);  // bytes the budget lacks for `need` with the spares that back it
   bool start_evict(uint32_t slot, std::string* why);  // the copy out: queued, or held back (DeferCopies)
   // Queues a started eviction's copy out: after the work of every stream that touched the range.
   void enqueue_copy_out(uint32_t slot);
@@ -284,8 +285,8 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // the budget grown for it (pool_short.cpp).
   bool pool_short(uint64_t bytes, uint64_t key);
   bool admit_locked(uint64_t bytes, bool quiet);  // admit_small's body, under mu_
-  // The pool's share, grown for allocations since freed, back down to at most `most` where the
-  // pool (trimmed) holds no more: a launch's ranges need the room. False: it cannot.
+  // The pool's share, grown for allocations since freed, back down towards `most` as far as the
+  // pool (trimmed) allows: a launch's ranges or an allocation need the room. False: not to `most`.
   bool shrink_pool_share(uint64_t most);
   void note_death(const Range& r);           // a short life's uses become the prediction at its place
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
