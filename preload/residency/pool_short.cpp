@@ -39,7 +39,7 @@ bool Residency::shrink_pool_share(uint64_t most) {
   if (least(reserved) >= pool_share_) return false;
   pool_share_ = std::max(least(reserved), most);
   ++st_.pool_shrinks;
-  note_footprint();
+  st_.pool_share = pool_share_;
   return pool_share_ <= most;
 }
 
