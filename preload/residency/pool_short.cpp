@@ -26,7 +26,7 @@ bool Residency::pool_short(uint64_t bytes, uint64_t key) {
 bool Residency::shrink_pool_share(uint64_t most) {
   const uint64_t floor = std::min(o_.pool_floor, o_.budget / 2);
   auto least = [&](uint64_t reserved) {
-    return std::max({floor, round_up(std::max(small_live_ + o_.pool_step, reserved), gran_)});
+    return std::max({floor, round_up(std::max({small_live_ + o_.pool_step, pool_need_, reserved}), gran_)});
   };
   if (most >= pool_share_) return true;
   if (least(0) >= pool_share_) return false;

@@ -480,7 +480,9 @@ bool Residency::admit_locked(uint64_t bytes, bool quiet) {
     if (quiet) {
       if (!room_without_waiting(0)) pool_share_ = std::max(round_up(need, gran_), limit() - std::min(limit(), held_));
     } else {
+      pool_need_ = need;  // what make_room may take the share back to, not below
       make_room(0, nullptr, 0, &why);
+      pool_need_ = 0;
     }
   }
   if (held_ + pool_share_ > limit() || need > pool_share_) {

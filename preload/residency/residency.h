@@ -566,6 +566,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   };
   std::unordered_map<DevPtr, Pooled> pooled_;
   uint64_t pooled_live_ = 0;
+  uint64_t pool_need_ = 0;  // admit_locked is making room for the share to hold this much
   uint64_t birth_key_ = kNoKey;  // the allocation being served's
   static thread_local uint64_t tl_pool_key;  // alloc left it to the pool: its place, until small_allocated
   // Sizes allocated in the step before and in this one -> where in the step (launch % period), in order.
