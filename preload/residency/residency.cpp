@@ -328,7 +328,7 @@ DevPtr Residency::reuse_cached(uint64_t size, Stream s, uint64_t* tag) {
 
 DevPtr Residency::new_range(uint64_t size, Stream s, uint64_t* tag, bool* refused, std::string* why) {
   // The pool's share grown for short lives gives way first (Options::pool_short).
-  const bool share_fits = size + pool_share_ <= limit() || shrink_pool_share(limit() - std::min(limit(), size));
+  const bool share_fits = size <= limit() && (size + pool_share_ <= limit() || shrink_pool_share(limit() - size));
   if (!share_fits || !make_room(size, nullptr, 0, why)) {
     if (why->empty()) {
       char buf[256];
