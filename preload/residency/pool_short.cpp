@@ -33,7 +33,7 @@ bool Residency::shrink_pool_share(uint64_t most) {
   uint64_t reserved = see_pool();
   if (least(reserved) > most && reserved > small_live_) {
     ++st_.pool_trims;
-    d_.pool_trim(0);
+    d_.pool_trim(most);  // what it must give back, no more: the pool maps again what it gives
     reserved = see_pool();
   }
   if (least(reserved) >= pool_share_) return false;

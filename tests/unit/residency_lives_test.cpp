@@ -380,5 +380,40 @@ TEST(ResidencyLives, AShortLifeIsPooledOnlyIntoRoomNoLiveRangeHolds) {
   EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
 }
 
+
+// The pool's share gives way to a launch's ranges by trimming the pool down to what the launch
+// leaves, not to nothing: the pool would map again what it gave back. The share grew to 4
+// granules for 3 small ones since freed (the pool keeps their 3); the launch needs 6 of 8.
+TEST(ResidencyLives, ThePoolIsTrimmedOnlyByWhatALaunchNeeds) {
+  constexpr uint64_t kBudget = 8 * kGran;
+  Residency::Options o = CapRig::options(kBudget, Residency::Options::Fault::None);
+  o.low_share = 0;
+  CapRig r(o);
+  r.sim.set_pool(0, 0);
+  ASSERT_TRUE(r.res.admit_small(3 * kGran));
+  r.res.small_allocated(3 * kGran);
+  r.sim.set_pool(3 * kGran, 3 * kGran);
+  r.res.small_freed(3 * kGran);
+  r.sim.set_pool(3 * kGran, 0);
+  ASSERT_GE(r.res.stats().pool_share, 4 * kGran);
+  std::vector<DevPtr> t;
+  for (int i = 0; i < 3; ++i) {
+    t.push_back(r.alloc(2 * kGran, kA));
+    ASSERT_NE(t.back(), 0u) << r.res.error();
+    ASSERT_TRUE(r.kernel(kA, {t.back()}, fill(t.back(), 2 * kGran, uint64_t(i))));
+  }
+  uint64_t got = 0;
+  ASSERT_TRUE(r.kernel(kA, {t[0], t[1], t[2]}, [&] {
+    got = hash(t[0], 2 * kGran) + hash(t[1], 2 * kGran) + hash(t[2], 2 * kGran);
+  })) << r.res.error();
+  r.sim.run_all();
+  EXPECT_EQ(got, filled_hash(0, 2 * kGran) + filled_hash(1, 2 * kGran) + filled_hash(2, 2 * kGran));
+  EXPECT_EQ(r.sim.pool_trims().last_keep, 2 * kGran) << "trimmed to what the launch leaves";
+  EXPECT_EQ(r.sim.pool_reserved_current(), 2 * kGran);
+  EXPECT_EQ(r.res.stats().pool_share, 2 * kGran);
+  EXPECT_LE(r.sim.vmm_stats().physical_peak + 2 * kGran, kBudget);
+  EXPECT_EQ(r.sim.vmm_stats().misuses, 0u);
+}
+
 }  // namespace
 }  // namespace offload
