@@ -73,6 +73,16 @@ std::optional<uint64_t> parse_count(const char* v, uint64_t lo, uint64_t hi) {
   return n;
 }
 
+// A percentage, "N%" with nothing else (N finite), as N; nullopt for anything else.
+std::optional<double> parse_percent(const char* v) {
+  const std::string_view sv(v);
+  if (!sv.ends_with("%")) return std::nullopt;
+  char* end = nullptr;
+  const double pct = std::strtod(v, &end);
+  if (end == v || end != v + sv.size() - 1 || !std::isfinite(pct)) return std::nullopt;
+  return pct;
+}
+
 // Reads the variables one at a time; what is wrong with each is said in the order read.
 struct SettingsReader {
   const std::function<const char*(const char*)>& get;
@@ -231,10 +241,7 @@ void read_cap(const SettingsReader& in, Settings& st) {
     else in.bad("OFFLOAD_CAP_POOL_SHORT", v, "a count of launches from 0 (off) to 1000000");
   }
   if (const char* v = get("OFFLOAD_CAP_POOL_SHORT_SHARE"); v && *v) {
-    const std::string_view sv(v);
-    char* end = nullptr;
-    const double pct = sv.ends_with("%") ? std::strtod(v, &end) : -1;
-    if (end != v && end == v + sv.size() - 1 && std::isfinite(pct) && pct > 0 && pct <= 50) st.cap_pool_short_share = pct / 100;
+    if (const auto pct = parse_percent(v); pct && *pct > 0 && *pct <= 50) st.cap_pool_short_share = *pct / 100;
     else in.bad("OFFLOAD_CAP_POOL_SHORT_SHARE", v, "a share of the budget above 0% and up to 50% (e.g. 25%)");
   }
   in.choice("OFFLOAD_CAP_AHEAD_HORIZON", "lead", "ceiling", st.cap_ahead_to_ceiling,
@@ -252,13 +259,10 @@ void read_cap(const SettingsReader& in, Settings& st) {
     else in.bad("OFFLOAD_CAP_GATE_AHEAD", v, "a count of gated chunks from 1 to 1024 queued ahead of the link before chunks widen");
   }
   if (const char* v = get("OFFLOAD_CAP_AHEAD"); v && *v) {
-    const std::string_view sv(v);
-    char* end = nullptr;
-    const double pct = sv.ends_with("%") ? std::strtod(v, &end) : -1;
-    const auto size = sv.ends_with("%") ? std::nullopt : parse_size(v);
+    const auto pct = parse_percent(v);
+    const auto size = std::string_view(v).ends_with("%") ? std::nullopt : parse_size(v);
     if (size) st.cap_ahead_bytes = *size, st.cap_ahead_share = 0;
-    else if (end != v && end == v + sv.size() - 1 && std::isfinite(pct) && pct >= 0 && pct <= 50)
-      st.cap_ahead_share = pct / 100, st.cap_ahead_bytes = 0;
+    else if (pct && *pct >= 0 && *pct <= 50) st.cap_ahead_share = *pct / 100, st.cap_ahead_bytes = 0;
     else in.bad("OFFLOAD_CAP_AHEAD", v, "a share of the budget from 0% to 50% (e.g. 12.5%), or a size (e.g. 2GiB)");
   }
   in.flag("OFFLOAD_CAP_RECOMPUTE", st.cap_recompute);
