@@ -86,9 +86,13 @@ void Residency::note_birth(Range& r, uint64_t key) {
 void Residency::note_death(const Range& r) {
   if (!period_ || r.key == kNoKey) return;
   const uint64_t span = last_launch_.load(std::memory_order_relaxed) - r.birth;
-  if (o_.pool_short) spans_[r.key] = ShortLife{uint32_t(std::min<uint64_t>(span, UINT32_MAX)), r.moved};
+  note_span(r.key, span, r.moved);
   if (span >= period_) return;
   lives_[r.key].assign(r.life.begin(), r.life.end());
+}
+
+void Residency::note_span(uint64_t key, uint64_t span, bool moved) {
+  if (period_ && o_.pool_short) spans_[key] = ShortLife{uint32_t(std::min<uint64_t>(span, UINT32_MAX)), moved};
 }
 
 void Residency::pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now) {

@@ -49,7 +49,7 @@ void Residency::small_allocated(uint64_t bytes, DevPtr p) {
   const uint64_t key = tl_pool_key;
   tl_pool_key = kNoKey;
   if (key == kNoKey || !p || bytes < o_.min_bytes) return;
-  pooled_[p] = Pooled{key, last_launch_.load(std::memory_order_relaxed), bytes};
+  pooled_[p] = Pooled{key, last_launch_.load(std::memory_order_relaxed)};
   pooled_live_ += bytes;
   ++st_.pooled;
   st_.pooled_bytes += bytes;
@@ -63,11 +63,11 @@ void Residency::small_freed(uint64_t bytes, DevPtr p) {
   if (it == pooled_.end()) return;
   const Pooled e = it->second;
   pooled_.erase(it);
-  pooled_live_ -= std::min(pooled_live_, e.bytes);
+  pooled_live_ -= std::min(pooled_live_, bytes);
   // Its life is the prediction at its place next step: a long one sends that place back to ranges.
   const uint64_t span = last_launch_.load(std::memory_order_relaxed) - e.birth;
   if (span > o_.pool_short) ++st_.pooled_long;
-  if (period_ && o_.pool_short) spans_[e.key] = ShortLife{uint32_t(std::min<uint64_t>(span, UINT32_MAX)), false};
+  note_span(e.key, span, false);
 }
 
 }  // namespace offload

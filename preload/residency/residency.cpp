@@ -262,16 +262,16 @@ DevPtr Residency::alloc(uint64_t bytes, Stream s, uint64_t* tag, bool* refused) 
   ++st_.allocs;
   largest_need_ = std::max(largest_need_, size);
   note_ask(size);
-  birth_key_ = birth_key(size);
+  const uint64_t key = birth_key(size);
   tl_pool_key = kNoKey;
-  if (pool_short(bytes, birth_key_)) return 0;  // the allocator's pool serves it (small_allocated)
-  const DevPtr va = alloc_range(size, s, tag, refused);
+  if (pool_short(bytes, key)) return 0;  // the allocator's pool serves it (small_allocated)
+  const DevPtr va = alloc_range(size, key, s, tag, refused);
   if (va) slots_[uint32_t(*tag & ~kRangeTag)].asked = bytes;
   return va;
 }
 
-DevPtr Residency::alloc_range(uint64_t size, Stream s, uint64_t* tag, bool* refused) {
-  if (const DevPtr va = reuse_cached(size, s, tag)) return va;
+DevPtr Residency::alloc_range(uint64_t size, uint64_t key, Stream s, uint64_t* tag, bool* refused) {
+  if (const DevPtr va = reuse_cached(size, key, s, tag)) return va;
   std::string why;
   if (outside_base_ == UINT64_MAX) refresh_outside();  // the first range: what is outside now is the base
   if (o_.refit && !cached_.empty()) {
@@ -283,7 +283,7 @@ DevPtr Residency::alloc_range(uint64_t size, Stream s, uint64_t* tag, bool* refu
       Range& r = slots_[slot];
       r.live = true;
       r.last_use = launches_seen_;
-      note_birth(r, birth_key_);
+      note_birth(r, key);
       ++st_.refits;
       ++st_.ranges;
       st_.live_bytes += r.bytes;
@@ -297,10 +297,10 @@ DevPtr Residency::alloc_range(uint64_t size, Stream s, uint64_t* tag, bool* refu
       return 0;
     }
   }
-  return new_range(size, s, tag, refused, &why);
+  return new_range(size, key, s, tag, refused, &why);
 }
 
-DevPtr Residency::reuse_cached(uint64_t size, Stream s, uint64_t* tag) {
+DevPtr Residency::reuse_cached(uint64_t size, uint64_t key, Stream s, uint64_t* tag) {
   // A freed range of the size, on this stream first (stream order makes it usable at once).
   auto [lo, hi] = cached_.equal_range(size);
   auto pick = hi;
@@ -318,7 +318,7 @@ DevPtr Residency::reuse_cached(uint64_t size, Stream s, uint64_t* tag) {
   if (r.free_stream != s) order_after(s, r.free_event);
   r.live = true;
   r.last_use = launches_seen_;
-  note_birth(r, birth_key_);
+  note_birth(r, key);
   ++st_.reused;
   ++st_.ranges;
   st_.live_bytes += size;
@@ -326,7 +326,7 @@ DevPtr Residency::reuse_cached(uint64_t size, Stream s, uint64_t* tag) {
   return r.va;
 }
 
-DevPtr Residency::new_range(uint64_t size, Stream s, uint64_t* tag, bool* refused, std::string* why) {
+DevPtr Residency::new_range(uint64_t size, uint64_t key, Stream s, uint64_t* tag, bool* refused, std::string* why) {
   // The pool's share grown for short lives gives way first (Options::pool_short).
   const bool share_fits = size <= limit() && (size + pool_share_ <= limit() || shrink_pool_share(limit() - size));
   if (!share_fits || !make_room(size, nullptr, 0, why)) {
@@ -359,7 +359,7 @@ DevPtr Residency::new_range(uint64_t size, Stream s, uint64_t* tag, bool* refuse
   st_.alloc_maps += st_.maps - maps_before;
   r.live = true;
   r.last_use = launches_seen_;
-  note_birth(r, birth_key_);
+  note_birth(r, key);
   uint32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();

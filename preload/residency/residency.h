@@ -247,9 +247,9 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // on `s` (its address; 0: none kept, as no range's address is 0). new_range: a range made for
   // `size`, room made first; 0 with *refused and error_ set when the budget cannot hold it (*why:
   // the reason found so far, if any).
-  DevPtr alloc_range(uint64_t size, Stream s, uint64_t* tag, bool* refused);  // alloc's, under mu_
-  DevPtr reuse_cached(uint64_t size, Stream s, uint64_t* tag);
-  DevPtr new_range(uint64_t size, Stream s, uint64_t* tag, bool* refused, std::string* why);
+  DevPtr alloc_range(uint64_t size, uint64_t key, Stream s, uint64_t* tag, bool* refused);  // alloc's, under mu_
+  DevPtr reuse_cached(uint64_t size, uint64_t key, Stream s, uint64_t* tag);
+  DevPtr new_range(uint64_t size, uint64_t key, Stream s, uint64_t* tag, bool* refused, std::string* why);
   // A freed range refitted to serve an allocation of `size` on `s` (refit): its slot, or -1 when
   // none changes fewer mapped bytes than a new range would. *refused when the budget cannot hold it.
   int32_t refit_cached(uint64_t size, Stream s, std::string* why, bool* refused);
@@ -289,6 +289,7 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // pool (trimmed) allows: a launch's ranges or an allocation need the room. False: not to `most`.
   bool shrink_pool_share(uint64_t most);
   void note_death(const Range& r);           // a short life's uses become the prediction at its place
+  void note_span(uint64_t key, uint64_t span, bool moved);  // Options::pool_short: a life's length at its place
   void pick_victims(std::vector<uint32_t>* out, const uint32_t* keep, size_t nkeep, uint64_t now);
   void evict_ahead(const uint32_t* keep, size_t nkeep);  // down to the low-water mark, no waiting
   void prefetch_due(uint64_t launch_no);  void prefetch_one(uint32_t k, uint64_t d, uint64_t launch_no);  // d: to its use
@@ -555,19 +556,18 @@ class Residency final : public LaunchGate, public DeviceRoom {
   // Place of birth in the step -> the launches after birth that touched the range last born there.
   std::unordered_map<uint64_t, std::vector<uint32_t>> lives_;
   // Options::pool_short. Place of birth -> how many launches the last one born there lived, and
-  // whether it was evicted; the allocations left to the pool (address -> place, birth, bytes).
+  // whether it was evicted; the allocations left to the pool (address -> place, birth).
   struct ShortLife {
     uint32_t span = 0;
     bool moved = false;
   };
   std::unordered_map<uint64_t, ShortLife> spans_;
   struct Pooled {
-    uint64_t key, birth, bytes;
+    uint64_t key, birth;
   };
   std::unordered_map<DevPtr, Pooled> pooled_;
   uint64_t pooled_live_ = 0;
   uint64_t pool_need_ = 0;  // admit_locked is making room for the share to hold this much
-  uint64_t birth_key_ = kNoKey;  // the allocation being served's
   static thread_local uint64_t tl_pool_key;  // alloc left it to the pool: its place, until small_allocated
   // Sizes allocated in the step before and in this one -> where in the step (launch % period), in order.
   std::unordered_map<uint64_t, std::vector<uint32_t>> asks_prev_, asks_now_;

@@ -20,7 +20,7 @@ struct ResidencyStats {
   // Options::pool_short: allocations left to the pool as short lives, their bytes, and those of
   // them that lived longer than predicted (their place goes back to ranges).
   uint64_t pooled = 0, pooled_bytes = 0, pooled_long = 0;
-  uint64_t pool_shrinks = 0;               // the share taken back down for a launch's ranges
+  uint64_t pool_shrinks = 0;               // the share taken back down for a launch, a new range or room
   uint64_t footprint_peak = 0;             // held + the larger of the pool's share and holding, at its highest
   uint64_t refused_allocs = 0, refused_launches = 0, host_full = 0;
   uint64_t outside = 0;                    // device memory grown outside us since the first range
